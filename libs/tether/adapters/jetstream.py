@@ -1,0 +1,304 @@
+"""The event log on NATS JetStream.
+
+One subject per run (`<prefix>.evt.<parent_agent>.<parent_name>.<run_id>`) in the
+`<PREFIX>_EVENTS` stream. Appends carry `Nats-Msg-Id` (the event id) so a retried append
+is dropped by the server's duplicate window, and `Nats-Expected-Last-Subject-Sequence`
+so that two writers deciding on the same run from the same history never both succeed:
+the loser gets `ConcurrencyConflict`, re-reads and decides again.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import APIError, NotFoundError
+
+from tether.contract.codec import EventDecodeError, decode_event, encode_event
+from tether.contract.subjects import Subjects
+from tether.domain.events import Event, ParentRef
+from tether.domain.run_state import RunState, evolve
+
+WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
+STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configuration
+DAY_S = 24 * 60 * 60
+
+
+class ConcurrencyConflict(Exception):
+    """Someone appended to the run since we read it; re-read and decide again."""
+
+    def __init__(self, subject: str, expected_last_seq: int) -> None:
+        super().__init__(f"{subject}: the run moved past sequence {expected_last_seq}")
+        self.subject = subject
+        self.expected_last_seq = expected_last_seq
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One message of the log: its stream sequence, subject, and the decoded event.
+
+    `event` is None when the message could not be decoded; `error` then says why.
+    `pending` is how many messages matching the filter followed it when it was delivered.
+    """
+
+    seq: int
+    subject: str
+    event: Event | None
+    error: EventDecodeError | None
+    raw: bytes
+    pending: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunHistory:
+    events: tuple[Event, ...]
+    last_seq: int  # the subject's last stream sequence; 0 when the run has no events
+    state: RunState | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    replicas: int = 1
+    duplicate_window_s: float = 120.0
+
+
+def stream_configs(subjects: Subjects, settings: StreamSettings) -> list[js_api.StreamConfig]:
+    """Every stream of the contract, with each setting spelled out."""
+    p = subjects.prefix
+
+    def config(name: str, subject: str, **overrides: object) -> js_api.StreamConfig:
+        values: dict[str, object] = dict(
+            name=name,
+            subjects=[subject],
+            storage=js_api.StorageType.FILE,
+            retention=js_api.RetentionPolicy.LIMITS,
+            discard=js_api.DiscardPolicy.OLD,
+            num_replicas=settings.replicas,
+            duplicate_window=settings.duplicate_window_s,
+            max_msgs=-1,
+            max_bytes=-1,
+            max_age=0,
+            max_msgs_per_subject=-1,
+            allow_direct=True,
+            deny_delete=False,
+            deny_purge=False,
+        )
+        values.update(overrides)
+        return js_api.StreamConfig(**values)
+
+    return [
+        # Commands are kept a week for audit; the parent consumes them with a durable consumer.
+        config(subjects.commands_stream, f"{p}.cmd.>", max_age=7 * DAY_S),
+        # The log itself: kept forever; purged per run only by `clear`.
+        config(subjects.events_stream, f"{p}.evt.>"),
+        # Ephemeral progress: the latest value per run for late subscribers.
+        config(subjects.progress_stream, f"{p}.progress.>", max_msgs_per_subject=1,
+               max_age=7 * DAY_S),
+        config(subjects.work_stream, f"{p}.work.>", retention=js_api.RetentionPolicy.WORK_QUEUE),
+        config(subjects.hooks_stream, f"{p}.hook.>", max_age=7 * DAY_S),
+        config(subjects.chat_stream, f"{p}.chat.>", max_age=30 * DAY_S),
+    ]
+
+
+async def ensure_streams(js: JetStreamContext, subjects: Subjects,
+                         settings: StreamSettings) -> None:
+    """Create every stream, or bring an existing one to the configured settings."""
+    for config in stream_configs(subjects, settings):
+        try:
+            await js.add_stream(config)
+        except APIError as error:
+            if error.err_code != STREAM_NAME_IN_USE:
+                raise
+            await js.update_stream(config)
+
+
+class EventLog:
+    """Append to and read from the run-events stream."""
+
+    def __init__(self, nc: NATS, subjects: Subjects, *, timeout: float = 5.0) -> None:
+        self._nc = nc
+        self._js = nc.jetstream(timeout=timeout)
+        self.subjects = subjects
+
+    @property
+    def jetstream(self) -> JetStreamContext:
+        return self._js
+
+    async def append(self, event: Event, *, expected_last_seq: int | None) -> int:
+        """Append one event; returns its stream sequence.
+
+        `expected_last_seq` is the run subject's last sequence the caller decided from
+        (0: the run has no events yet); None appends unconditionally, for facts that do
+        not depend on the run's state (an output chunk a single runner owns).
+        A retried append with the same event id is deduplicated and returns the
+        original sequence. (Recent servers check the expected sequence before the
+        duplicate window, so a retry whose first attempt did land comes back as a
+        conflict; finding our own event id in the run's history tells the two apart.)
+        """
+        subject = self.subjects.run_events(event.parent, event.run_id)
+        headers = {"Nats-Msg-Id": event.event_id}
+        if expected_last_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
+        try:
+            ack = await self._js.publish(subject, encode_event(event), headers=headers,
+                                         stream=self.subjects.events_stream)
+        except APIError as error:
+            if error.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            stored_seq = await self._seq_of(subject, event.event_id)
+            if stored_seq is None:
+                raise ConcurrencyConflict(subject, expected_last_seq or 0) from None
+            return stored_seq
+        return ack.seq
+
+    async def _seq_of(self, subject: str, event_id: str) -> int | None:
+        try:
+            last = await self._js.get_last_msg(self.subjects.events_stream, subject, direct=True)
+        except NotFoundError:
+            return None
+        async with aclosing(self._replay(subject, start_seq=1, until_seq=int(last.seq))) as stream:
+            async for stored in stream:
+                if stored.event is not None and stored.event.event_id == event_id:
+                    return stored.seq
+        return None
+
+    async def append_batch(self, events: Sequence[Event], *, expected_last_seq: int) -> int:
+        """Append several events of one run in order, each expecting its predecessor."""
+        seq = expected_last_seq
+        for event in events:
+            seq = await self.append(event, expected_last_seq=seq)
+        return seq
+
+    async def update(self, parent: ParentRef, run_id: str,
+                     decide: Callable[[RunState | None], Sequence[Event]], *,
+                     attempts: int = 20) -> tuple[RunState | None, list[Event]]:
+        """Read the run, decide, append; on a conflict re-read and decide again.
+
+        `decide` maps the current state to the events still needed (none: nothing to
+        do). Events are appended one by one, each expecting its predecessor, so after a
+        conflict part of an earlier decision may already be in the log: `decide` must
+        look at the state it is given, not at what it returned before. Returns the state
+        after the appended events and the events this call appended.
+        """
+        appended: list[Event] = []
+        for _ in range(attempts):
+            history = await self.read_run(parent, run_id)
+            state, seq = history.state, history.last_seq
+            try:
+                for event in decide(state):
+                    seq = await self.append(event, expected_last_seq=seq)
+                    appended.append(event)
+                    state = evolve(state, event).state
+                return state, appended
+            except ConcurrencyConflict:
+                continue
+        raise ConcurrencyConflict(self.subjects.run_events(parent, run_id), seq)
+
+    async def last_seq(self, parent: ParentRef, run_id: str) -> int:
+        subject = self.subjects.run_events(parent, run_id)
+        try:
+            message = await self._js.get_last_msg(self.subjects.events_stream, subject, direct=True)
+        except NotFoundError:
+            return 0
+        return int(message.seq or 0)
+
+    async def read_run(self, parent: ParentRef, run_id: str) -> RunHistory:
+        """Every event of one run, in order, and the state they fold to.
+
+        Undecodable messages are skipped here (the projector dead-letters them); the
+        returned `last_seq` still covers them so an append after this read is consistent.
+        """
+        subject = self.subjects.run_events(parent, run_id)
+        last = await self.last_seq(parent, run_id)
+        events: list[Event] = []
+        state: RunState | None = None
+        if not last:
+            return RunHistory((), 0, None)
+        async with aclosing(self._replay(subject, start_seq=1, until_seq=last)) as stream:
+            async for stored in stream:
+                if stored.event is not None:
+                    events.append(stored.event)
+                    state = evolve(state, stored.event).state
+                last = max(last, stored.seq)
+        return RunHistory(tuple(events), last, state)
+
+    async def _replay(self, subject: str, *, start_seq: int,
+                      until_seq: int) -> AsyncIterator[StoredEvent]:
+        async with aclosing(self.follow(subject, start_seq=start_seq)) as stream:
+            async for stored in stream:
+                yield stored
+                # `pending` covers a last message that was purged after we looked it up.
+                if stored.seq >= until_seq or stored.pending == 0:
+                    return
+
+    async def follow(self, filter_subject: str, *, start_seq: int = 1,
+                     idle_heartbeat: float = 5.0) -> AsyncIterator[StoredEvent]:
+        """Replay from `start_seq`, then go on live, in one ordered sequence."""
+        async with aclosing(self.follow_batches(filter_subject, start_seq=start_seq,
+                                                max_batch=1, idle_heartbeat=idle_heartbeat)) as batches:
+            async for batch in batches:
+                for stored in batch:
+                    yield stored
+
+    async def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
+                             max_batch: int = 1000,
+                             idle_heartbeat: float = 5.0) -> AsyncIterator[list[StoredEvent]]:
+        """Like `follow`, in batches of what has already arrived (never waiting to fill one).
+
+        An ordered consumer delivers in stream order and restarts itself from the last
+        delivered sequence after a gap, so no message is skipped; the stream sequence is
+        the deduplication key, never a counter that restarts.
+        """
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def enqueue(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        config = js_api.ConsumerConfig(
+            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=max(start_seq, 1),
+        )
+        subscription = await self._js.subscribe(
+            filter_subject, stream=self.subjects.events_stream, cb=enqueue,
+            ordered_consumer=True, config=config, idle_heartbeat=idle_heartbeat,
+        )
+        last_seq = start_seq - 1
+        try:
+            while True:
+                messages = [await queue.get()]
+                while len(messages) < max_batch and not queue.empty():
+                    messages.append(queue.get_nowait())
+                batch = []
+                for msg in messages:
+                    seq = msg.metadata.sequence.stream
+                    if seq <= last_seq:
+                        continue
+                    last_seq = seq
+                    batch.append(to_stored_event(seq, msg.subject, msg.data,
+                                                 msg.metadata.num_pending))
+                if batch:
+                    yield batch
+        finally:
+            await subscription.unsubscribe()
+
+    async def stream_last_seq(self) -> int:
+        info = await self._js.stream_info(self.subjects.events_stream)
+        return int(info.state.last_seq)
+
+
+def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> StoredEvent:
+    try:
+        return StoredEvent(seq, subject, decode_event(raw), None, raw, pending)
+    except EventDecodeError as error:
+        return StoredEvent(seq, subject, None, error, raw, pending)
+
+
+async def connect_nats(url: str, *, name: str) -> NATS:
+    """A connection that keeps reconnecting; failures to connect at start are raised."""
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1,
+                              reconnect_time_wait=0.5, connect_timeout=5)

@@ -1,0 +1,1 @@
+"""Postgres projections of the event log: migrations, the projector, rebuild and verify."""

@@ -1,0 +1,326 @@
+"""Apply a batch of log messages to the projection tables, in one transaction.
+
+The batch's events are folded with the same `evolve` the services decide with: the
+current states of the runs it touches are loaded, folded in memory, and written back
+with multi-row statements. The checkpoint is read `FOR UPDATE` and advanced in the same
+transaction, and messages at or below it are skipped, so a batch applied twice (a
+projector killed after commit but before it knew, two projectors racing) changes
+nothing. Messages that cannot be decoded go to `dead_letters` with their sequence and
+the reason; they advance the checkpoint too, so nothing is skipped silently and nothing
+blocks the log.
+"""
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from tether.adapters.jetstream import StoredEvent
+from tether.adapters.postgres.migrator import check_schema_name
+from tether.domain.run_state import RunState, evolve
+
+RunKey = tuple[str, str, str]  # parent agent, parent name, run id
+
+PROJECTION_NAME = "runs"
+
+DIGEST_TABLES: dict[str, str] = {
+    "runs": "parent_agent, parent_name, run_id",
+    "milestones": "parent_agent, parent_name, run_id, sequence",
+    "reattach_decisions": "parent_agent, parent_name, run_id, decision_id",
+    "dead_letters": "stream_seq",
+}
+
+
+@dataclass
+class BatchResult:
+    checkpoint: int
+    applied: int = 0
+    skipped: int = 0  # at or below the checkpoint: already projected
+    dead_lettered: int = 0
+    anomalies: list[tuple[int, str]] = field(default_factory=list)  # (seq, note)
+
+
+@dataclass(frozen=True)
+class Statements:
+    """The SQL of one projection schema, qualified so a swapped-in schema is picked up."""
+
+    schema: str
+
+    def __post_init__(self) -> None:
+        check_schema_name(self.schema)
+
+    def _q(self, sql: str) -> str:
+        return sql.replace("{s}", f'"{self.schema}"')
+
+    @property
+    def lock_checkpoint(self) -> str:
+        return self._q("SELECT last_seq FROM {s}.checkpoints WHERE projection = $1 FOR UPDATE")
+
+    @property
+    def create_checkpoint(self) -> str:
+        return self._q("INSERT INTO {s}.checkpoints (projection, last_seq) VALUES ($1, 0) "
+                       "ON CONFLICT (projection) DO NOTHING")
+
+    @property
+    def read_checkpoint(self) -> str:
+        return self._q("SELECT last_seq FROM {s}.checkpoints WHERE projection = $1")
+
+    @property
+    def advance_checkpoint(self) -> str:
+        return self._q("UPDATE {s}.checkpoints SET last_seq = $2 WHERE projection = $1")
+
+    @property
+    def load_states(self) -> str:
+        return self._q("""
+            SELECT r.parent_agent, r.parent_name, r.run_id, r.state::text AS state
+            FROM {s}.runs r
+            JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(a, n, id)
+              ON r.parent_agent = k.a AND r.parent_name = k.n AND r.run_id = k.id
+        """)
+
+    @property
+    def upsert_runs(self) -> str:
+        columns = ", ".join(RUN_COLUMNS)
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in RUN_COLUMNS[3:])
+        return self._q(f"""
+            INSERT INTO {{s}}.runs ({columns})
+            SELECT * FROM jsonb_to_recordset($1::jsonb) AS x({RUN_COLUMN_TYPES})
+            ON CONFLICT (parent_agent, parent_name, run_id) DO UPDATE SET {updates}
+        """)
+
+    @property
+    def delete_runs(self) -> str:
+        return self._q(_DELETE_BY_KEYS.format(table="{s}.runs"))
+
+    @property
+    def delete_milestones(self) -> str:
+        return self._q(_DELETE_BY_KEYS.format(table="{s}.milestones"))
+
+    @property
+    def delete_decisions(self) -> str:
+        return self._q(_DELETE_BY_KEYS.format(table="{s}.reattach_decisions"))
+
+    @property
+    def insert_milestones(self) -> str:
+        return self._q("""
+            INSERT INTO {s}.milestones
+                (parent_agent, parent_name, run_id, sequence, name, data, occurred_at)
+            SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(parent_agent text,
+                parent_name text, run_id text, sequence integer, name text, data jsonb,
+                occurred_at bigint)
+            ON CONFLICT DO NOTHING
+        """)
+
+    @property
+    def insert_decisions(self) -> str:
+        return self._q("""
+            INSERT INTO {s}.reattach_decisions (parent_agent, parent_name, run_id,
+                decision_id, outcome, reason, child_still_running, timings, decided_at)
+            SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(parent_agent text,
+                parent_name text, run_id text, decision_id text, outcome text, reason text,
+                child_still_running boolean, timings jsonb, decided_at bigint)
+            ON CONFLICT DO NOTHING
+        """)
+
+    @property
+    def insert_dead_letters(self) -> str:
+        return self._q("""
+            INSERT INTO {s}.dead_letters (stream_seq, subject, error_kind, error, payload)
+            SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+            ON CONFLICT DO NOTHING
+        """)
+
+    def digest(self, table: str) -> str:
+        order = DIGEST_TABLES[table]
+        return self._q(f"SELECT count(*) AS rows, coalesce(md5(string_agg(t::text, E'\\n' "
+                       f"ORDER BY {order})), md5('')) AS digest FROM {{s}}.{table} t")
+
+
+_DELETE_BY_KEYS = """
+    DELETE FROM {table} t
+    USING unnest($1::text[], $2::text[], $3::text[]) AS k(a, n, id)
+    WHERE t.parent_agent = k.a AND t.parent_name = k.n AND t.run_id = k.id
+"""
+
+RUN_COLUMN_DEFINITIONS: tuple[tuple[str, str], ...] = (
+    ("parent_agent", "text"), ("parent_name", "text"), ("run_id", "text"),
+    ("agent_type", "text"), ("status", "text"), ("detached", "boolean"),
+    ("input_preview", "text"), ("parent_tool_call_id", "text"), ("display_order", "integer"),
+    ("display", "text"), ("summary", "text"), ("output", "jsonb"), ("error", "text"),
+    ("reason", "text"), ("child_still_running", "boolean"), ("progress", "jsonb"),
+    ("last_signal_at", "bigint"), ("requested_at", "bigint"), ("started_at", "bigint"),
+    ("ended_at", "bigint"), ("max_budget_deadline", "bigint"),
+    ("no_progress_deadline", "bigint"), ("cancel_requested_at", "bigint"),
+    ("attempt", "integer"), ("milestone_count", "integer"), ("output_chunks", "integer"),
+    ("step_count", "integer"), ("delivery", "jsonb"), ("events_applied", "integer"),
+    ("last_seq", "bigint"), ("state", "jsonb"),
+)
+RUN_COLUMNS = tuple(name for name, _ in RUN_COLUMN_DEFINITIONS)
+RUN_COLUMN_TYPES = ", ".join(f"{name} {kind}" for name, kind in RUN_COLUMN_DEFINITIONS)
+
+
+def input_preview(state: RunState, limit: int) -> str:
+    text = json.dumps(state.input, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
+
+
+def run_row(state: RunState, last_seq: int, preview_chars: int) -> dict[str, object]:
+    return {
+        "parent_agent": state.parent.agent,
+        "parent_name": state.parent.name,
+        "run_id": state.run_id,
+        "agent_type": state.agent_type,
+        "status": state.status,
+        "detached": state.detached is not None,
+        "input_preview": input_preview(state, preview_chars),
+        "parent_tool_call_id": state.parent_tool_call_id,
+        "display_order": state.display_order,
+        "display": state.display,
+        "summary": state.summary,
+        "output": state.output,
+        "error": state.error,
+        "reason": state.reason,
+        "child_still_running": state.child_still_running,
+        "progress": state.progress.model_dump(mode="json") if state.progress else None,
+        "last_signal_at": state.last_signal_at,
+        "requested_at": state.requested_at,
+        "started_at": state.started_at,
+        "ended_at": state.ended_at,
+        "max_budget_deadline": state.max_budget_deadline,
+        "no_progress_deadline": state.no_progress_deadline,
+        "cancel_requested_at": state.cancel_requested_at,
+        "attempt": state.attempt,
+        "milestone_count": len(state.milestones),
+        "output_chunks": len(state.output_parts),
+        "step_count": len(state.steps),
+        "delivery": state.ledger.model_dump(mode="json"),
+        "events_applied": state.events_applied,
+        "last_seq": last_seq,
+        "state": state.model_dump(mode="json"),
+    }
+
+
+def _keys_arrays(keys: Sequence[RunKey]) -> tuple[list[str], list[str], list[str]]:
+    return [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]
+
+
+async def ensure_checkpoint(conn: asyncpg.Connection, sql: Statements) -> int:
+    await conn.execute(sql.create_checkpoint, PROJECTION_NAME)
+    return int(await conn.fetchval(sql.read_checkpoint, PROJECTION_NAME))
+
+
+async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence[StoredEvent],
+                      *, preview_chars: int = 500,
+                      before_commit: Callable[[Sequence[StoredEvent]], Awaitable[None]] | None = None,
+                      ) -> BatchResult:
+    """Project `batch` (in stream order) in one transaction; see the module docstring."""
+    async with conn.transaction():
+        await conn.execute(sql.create_checkpoint, PROJECTION_NAME)
+        checkpoint = int(await conn.fetchval(sql.lock_checkpoint, PROJECTION_NAME))
+        fresh = [stored for stored in batch if stored.seq > checkpoint]
+        result = BatchResult(checkpoint=checkpoint, skipped=len(batch) - len(fresh))
+        if not fresh:
+            return result
+
+        events = [stored for stored in fresh if stored.event is not None]
+        dead = [stored for stored in fresh if stored.event is None]
+        keys = list(dict.fromkeys(_key(stored) for stored in events))
+        before = await _load_states(conn, sql, keys)
+        states: dict[RunKey, RunState | None] = dict(before)
+        last_seq: dict[RunKey, int] = {}
+        cleared: set[RunKey] = set()
+        for stored in events:
+            key = _key(stored)
+            evolved = evolve(states.get(key), stored.event)
+            if not evolved.applied:
+                if evolved.note is not None:
+                    result.anomalies.append((stored.seq, evolved.note))
+                continue
+            result.applied += 1
+            if evolved.state is None:
+                cleared.add(key)
+            states[key] = evolved.state
+            last_seq[key] = stored.seq
+
+        changed = list(last_seq)
+        gone = [key for key in changed if states[key] is None]
+        # A run cleared in this batch may have been requested again after the clear:
+        # its old milestones and decisions go, and the new state's are inserted below.
+        reset = [key for key in changed if key in cleared]
+        if gone:
+            await conn.execute(sql.delete_runs, *_keys_arrays(gone))
+        if reset:
+            await conn.execute(sql.delete_milestones, *_keys_arrays(reset))
+            await conn.execute(sql.delete_decisions, *_keys_arrays(reset))
+
+        alive = [(key, states[key]) for key in changed if states[key] is not None]
+        if alive:
+            rows = [run_row(state, last_seq[key], preview_chars) for key, state in alive]
+            await conn.execute(sql.upsert_runs, json.dumps(rows))
+            milestones, decisions = [], []
+            for key, state in alive:
+                previous = None if key in reset else before.get(key)
+                milestones += _new_milestone_rows(key, state, previous)
+                decisions += _new_decision_rows(key, state, previous)
+            if milestones:
+                await conn.execute(sql.insert_milestones, json.dumps(milestones))
+            if decisions:
+                await conn.execute(sql.insert_decisions, json.dumps(decisions))
+
+        if dead:
+            await conn.execute(
+                sql.insert_dead_letters,
+                [s.seq for s in dead], [s.subject for s in dead],
+                [s.error.kind if s.error else "unknown" for s in dead],
+                [str(s.error) for s in dead], [s.raw for s in dead],
+            )
+            result.dead_lettered = len(dead)
+
+        result.checkpoint = fresh[-1].seq
+        await conn.execute(sql.advance_checkpoint, PROJECTION_NAME, result.checkpoint)
+        if before_commit is not None:
+            await before_commit(fresh)
+        return result
+
+
+def _new_milestone_rows(key: RunKey, state: RunState,
+                        previous: RunState | None) -> list[dict[str, object]]:
+    known = {m.sequence for m in previous.milestones} if previous else set()
+    return [{"parent_agent": key[0], "parent_name": key[1], "run_id": key[2],
+             "sequence": m.sequence, "name": m.name, "data": m.data, "occurred_at": m.at}
+            for m in state.milestones if m.sequence not in known]
+
+
+def _new_decision_rows(key: RunKey, state: RunState,
+                       previous: RunState | None) -> list[dict[str, object]]:
+    known = {d.decision_id for d in previous.reattach_decisions} if previous else set()
+    return [{"parent_agent": key[0], "parent_name": key[1], "run_id": key[2],
+             "decision_id": d.decision_id, "outcome": d.outcome, "reason": d.reason,
+             "child_still_running": d.child_still_running, "timings": d.timings,
+             "decided_at": d.at}
+            for d in state.reattach_decisions if d.decision_id not in known]
+
+
+def _key(stored: StoredEvent) -> RunKey:
+    event = stored.event
+    assert event is not None
+    return (event.parent.agent, event.parent.name, event.run_id)
+
+
+async def _load_states(conn: asyncpg.Connection, sql: Statements,
+                       keys: list[RunKey]) -> dict[RunKey, RunState]:
+    if not keys:
+        return {}
+    rows = await conn.fetch(sql.load_states, *_keys_arrays(keys))
+    return {(r["parent_agent"], r["parent_name"], r["run_id"]): RunState.model_validate_json(r["state"])
+            for r in rows}
+
+
+async def table_digests(conn: asyncpg.Connection, sql: Statements) -> dict[str, tuple[int, str]]:
+    """(row count, md5 of every row in key order) per projected table."""
+    digests = {}
+    for table in DIGEST_TABLES:
+        row = await conn.fetchrow(sql.digest(table))
+        digests[table] = (int(row["rows"]), str(row["digest"]))
+    return digests

@@ -1,0 +1,261 @@
+"""The projector: follows the log into the projection tables; rebuild and verify.
+
+Exactly one projector writes a schema at a time (a session advisory lock); a standby
+waits for the lock. The checkpoint lives in the projected schema, in the same
+transaction as the rows, so the position and the tables never disagree.
+"""
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from tether.adapters.jetstream import EventLog, StoredEvent
+from tether.adapters.postgres.migrator import check_schema_name, migrate
+from tether.adapters.postgres.projection import (
+    PROJECTION_NAME,
+    BatchResult,
+    Statements,
+    apply_batch,
+    ensure_checkpoint,
+    table_digests,
+)
+
+Progress = Callable[[int, int, float], None]  # projected seq, target seq, events per second
+BeforeCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
+
+# A swapped schema or a dropped table invalidates statements a live connection prepared;
+# the batch is simply applied again against the new tables.
+RETRYABLE = (asyncpg.InvalidCachedStatementError, asyncpg.UndefinedTableError,
+             asyncpg.DeadlockDetectedError, asyncpg.SerializationError)
+
+
+@dataclass
+class ProjectorStats:
+    position: int = 0
+    events_applied: int = 0
+    dead_lettered: int = 0
+    anomalies: int = 0
+    batches: int = 0
+    stream_last_seq: int = 0
+    last_batch_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def lag(self) -> int:
+        return max(self.stream_last_seq - self.position, 0)
+
+
+class Projector:
+    def __init__(self, pool: asyncpg.Pool, log: EventLog, schema: str, *,
+                 batch_size: int = 1000, preview_chars: int = 500,
+                 logger=None, before_commit: BeforeCommit | None = None) -> None:
+        self._pool = pool
+        self._log = log
+        self._sql = Statements(check_schema_name(schema))
+        self._batch_size = batch_size
+        self._preview_chars = preview_chars
+        self._logger = logger
+        self._before_commit = before_commit
+        self.stats = ProjectorStats()
+        self.active = asyncio.Event()
+        self._progressed = asyncio.Condition()
+
+    async def wait_for_position(self, seq: int) -> None:
+        """Return once every message up to stream sequence `seq` is projected."""
+        async with self._progressed:
+            await self._progressed.wait_for(lambda: self.stats.position >= seq)
+
+    @property
+    def lock_key(self) -> str:
+        return f"tether-projector:{self._sql.schema}"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Project until `stop` is set; the batch in hand is finished first."""
+        async with self._pool.acquire() as lock_conn:
+            if not await self._wait_for_lock(lock_conn, stop):
+                return
+            try:
+                self.active.set()
+                async with self._pool.acquire() as conn:
+                    await self._follow(conn, stop)
+            finally:
+                self.active.clear()
+                await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", self.lock_key)
+
+    async def _wait_for_lock(self, conn: asyncpg.Connection, stop: asyncio.Event) -> bool:
+        while not stop.is_set():
+            if await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", self.lock_key):
+                return True
+            if self._logger:
+                self._logger.info("projector.standby", schema=self._sql.schema)
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+            except TimeoutError:
+                pass
+        return False
+
+    async def _follow(self, conn: asyncpg.Connection, stop: asyncio.Event) -> None:
+        self.stats.position = await ensure_checkpoint(conn, self._sql)
+        self.stats.stream_last_seq = await self._log.stream_last_seq()
+        if self._logger:
+            self._logger.info("projector.started", schema=self._sql.schema,
+                              checkpoint=self.stats.position, stream_last_seq=self.stats.stream_last_seq)
+        stopping = asyncio.ensure_future(stop.wait())
+        batches = self._log.follow_batches(self._log.subjects.all_events,
+                                           start_seq=self.stats.position + 1,
+                                           max_batch=self._batch_size)
+        try:
+            async with aclosing(batches):
+                while True:
+                    receiving = asyncio.ensure_future(anext(batches))
+                    await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    if not receiving.done():
+                        receiving.cancel()
+                        await asyncio.gather(receiving, return_exceptions=True)
+                        return
+                    await self._apply(conn, receiving.result())
+        finally:
+            stopping.cancel()
+
+    async def _apply(self, conn: asyncpg.Connection, batch: list[StoredEvent]) -> None:
+        previous = self.stats.position
+        for attempt in range(1, 6):
+            try:
+                result = await apply_batch(conn, self._sql, batch, preview_chars=self._preview_chars,
+                                           before_commit=self._before_commit)
+                break
+            except RETRYABLE as error:
+                if attempt == 5:
+                    raise
+                if self._logger:
+                    self._logger.warning("projector.batch_retried", error=str(error), attempt=attempt)
+                await asyncio.sleep(0.05 * attempt)
+        self._record(result, [stored for stored in batch if stored.seq > previous])
+        async with self._progressed:
+            self._progressed.notify_all()
+
+    def _record(self, result: BatchResult, batch: list[StoredEvent]) -> None:
+        stats = self.stats
+        stats.position = max(stats.position, result.checkpoint)
+        stats.events_applied += result.applied
+        stats.dead_lettered += result.dead_lettered
+        stats.anomalies += len(result.anomalies)
+        stats.batches += 1
+        stats.last_batch_at = time.monotonic()
+        if batch:
+            stats.stream_last_seq = max(stats.stream_last_seq, batch[-1].seq + batch[-1].pending)
+        if self._logger is None:
+            return
+        for seq, note in result.anomalies:
+            self._logger.warning("projector.event_not_applied", stream_seq=seq, note=note)
+        for stored in batch:
+            if stored.event is None:
+                self._logger.error("projector.dead_lettered", stream_seq=stored.seq,
+                                   subject=stored.subject, error_kind=stored.error.kind if stored.error else None,
+                                   error=str(stored.error))
+
+
+@dataclass(frozen=True)
+class Replayed:
+    checkpoint: int
+    events: int  # messages projected by this replay, dead letters included
+
+
+async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, until_seq: int,
+                      batch_size: int = 5000, preview_chars: int = 500,
+                      on_progress: Progress | None = None) -> Replayed:
+    """Project the log from the schema's checkpoint up to `until_seq`."""
+    sql = Statements(schema)
+    checkpoint = await ensure_checkpoint(conn, sql)
+    if checkpoint >= until_seq:
+        return Replayed(checkpoint, 0)
+    started, done = time.monotonic(), 0
+    batches = log.follow_batches(log.subjects.all_events, start_seq=checkpoint + 1,
+                                 max_batch=batch_size)
+    async with aclosing(batches):
+        async for batch in batches:
+            wanted = [stored for stored in batch if stored.seq <= until_seq]
+            if wanted:
+                checkpoint = (await apply_batch(conn, sql, wanted,
+                                                preview_chars=preview_chars)).checkpoint
+                done += len(wanted)
+            if on_progress:
+                on_progress(checkpoint, until_seq, done / max(time.monotonic() - started, 1e-9))
+            # `pending == 0`: the stream ends here (its last messages may have been purged).
+            if batch[-1].seq >= until_seq or batch[-1].pending == 0:
+                break
+    return Replayed(checkpoint, done)
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    checkpoint: int
+    events: int
+    seconds: float
+    digests: dict[str, tuple[int, str]]
+
+
+async def rebuild(pool: asyncpg.Pool, log: EventLog, schema: str, *, batch_size: int = 5000,
+                  preview_chars: int = 500, on_progress: Progress | None = None) -> RebuildReport:
+    """Replay the whole log into fresh tables and swap them in atomically.
+
+    The live tables keep serving during the replay. For the swap, the live checkpoint
+    row is locked (the live projector waits), the last events are replayed, and the
+    schemas are renamed in the same transaction; the live projector then resumes on the
+    new tables from their checkpoint.
+    """
+    check_schema_name(schema)
+    scratch, retired = f"{schema}_rebuild", f"{schema}_retired"
+    options = dict(batch_size=batch_size, preview_chars=preview_chars, on_progress=on_progress)
+    started = time.monotonic()
+    async with pool.acquire() as conn:
+        await migrate(conn, schema)
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{scratch}" CASCADE')
+        await migrate(conn, scratch)
+        bulk = await replay_into(conn, log, scratch, until_seq=await log.stream_last_seq(),
+                                 **options)
+        async with conn.transaction():
+            await conn.execute(f'LOCK TABLE "{schema}".checkpoints IN ACCESS EXCLUSIVE MODE')
+            tail = await replay_into(conn, log, scratch, until_seq=await log.stream_last_seq(),
+                                     **options)
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{retired}" CASCADE')
+            await conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{retired}"')
+            await conn.execute(f'ALTER SCHEMA "{scratch}" RENAME TO "{schema}"')
+            await conn.execute(f'DROP SCHEMA "{retired}" CASCADE')
+        digests = await table_digests(conn, Statements(schema))
+    return RebuildReport(tail.checkpoint, bulk.events + tail.events,
+                         time.monotonic() - started, digests)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    checkpoint: int
+    live: dict[str, tuple[int, str]]
+    replayed: dict[str, tuple[int, str]]
+
+    @property
+    def differences(self) -> list[str]:
+        return [table for table in self.live if self.live[table] != self.replayed.get(table)]
+
+
+async def verify(pool: asyncpg.Pool, log: EventLog, schema: str, *, batch_size: int = 5000,
+                 preview_chars: int = 500, on_progress: Progress | None = None) -> VerifyReport:
+    """Compare the live tables with a fresh replay of the log up to the live checkpoint."""
+    sql = Statements(schema)
+    scratch = f"{schema}_verify"
+    async with pool.acquire() as conn:
+        async with conn.transaction(isolation="repeatable_read", readonly=True):
+            checkpoint = await conn.fetchval(sql.read_checkpoint, PROJECTION_NAME) or 0
+            live = await table_digests(conn, sql)
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{scratch}" CASCADE')
+        try:
+            await migrate(conn, scratch)
+            await replay_into(conn, log, scratch, until_seq=checkpoint, batch_size=batch_size,
+                              preview_chars=preview_chars, on_progress=on_progress)
+            replayed = await table_digests(conn, Statements(scratch))
+        finally:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{scratch}" CASCADE')
+    return VerifyReport(int(checkpoint), live, replayed)

@@ -1,0 +1,132 @@
+"""The `tether` command for operators and developers."""
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+
+from tether.config import ConfigurationError, Settings
+from tether.log import configure_logging
+
+SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084}
+
+
+def _services() -> dict[str, Callable[..., Awaitable[None]]]:
+    from tether_services import projector
+
+    return {"projector": projector.serve}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tether", description=__doc__)
+    parser.add_argument("--nats-url", help="default: $TETHER_NATS_URL")
+    parser.add_argument("--database-url", help="default: $TETHER_DATABASE_URL")
+    parser.add_argument("--prefix", help="subject prefix (default: $TETHER_PREFIX or tether)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    services = commands.add_parser("services", help="run Tether services")
+    services.add_argument("name", choices=[*sorted(_services()), "all"])
+
+    projections = commands.add_parser("projections", help="manage the Postgres projections")
+    projections.add_argument("action", choices=["migrate", "rebuild", "verify"])
+    projections.add_argument("--batch-size", type=int, default=5000)
+
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env(nats_url=args.nats_url, database_url=args.database_url,
+                                     prefix=args.prefix)
+    except ConfigurationError as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        if args.command == "services":
+            return asyncio.run(_run_services(settings, args.name))
+        return asyncio.run(_projections(settings, args.action, args.batch_size))
+    except (OSError, asyncpg.PostgresError, ConnectionError) as error:
+        print(f"tether: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run_services(settings: Settings, name: str) -> int:
+    from tether.runtime import run_service
+
+    available = _services()
+    chosen = sorted(available) if name == "all" else [name]
+
+    async def run_all(stop: asyncio.Event, checks: dict) -> None:
+        await asyncio.gather(*(available[service](settings, stop, checks) for service in chosen))
+
+    port = settings.health_port
+    if port is None:
+        port = SERVICE_HEALTH_PORTS.get(name, 8080)
+    await run_service(name, run_all, health_host=settings.health_host, health_port=port)
+    return 0
+
+
+async def _projections(settings: Settings, action: str, batch_size: int) -> int:
+    from tether.adapters.jetstream import EventLog, connect_nats
+    from tether.adapters.postgres.migrator import migrate
+    from tether.adapters.postgres.projector import rebuild, verify
+
+    schema = settings.projection_schema
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    try:
+        if action == "migrate":
+            async with pool.acquire() as conn:
+                applied = await migrate(conn, schema)
+            print(f"schema {schema}: applied {applied or 'nothing (up to date)'}")
+            return 0
+        nc = await connect_nats(settings.nats_url, name=f"tether-{action}")
+        try:
+            log = EventLog(nc, settings.subjects)
+            options = dict(batch_size=batch_size, preview_chars=settings.input_preview_chars,
+                           on_progress=_progress_printer(action))
+            if action == "rebuild":
+                report = await rebuild(pool, log, schema, **options)
+                print(file=sys.stderr)
+                print(f"rebuilt {schema} from {report.events} events up to sequence "
+                      f"{report.checkpoint} in {report.seconds:.2f}s "
+                      f"({report.events / max(report.seconds, 1e-9):,.0f} events/s)")
+                _print_digests(report.digests)
+                return 0
+            result = await verify(pool, log, schema, **options)
+            print(file=sys.stderr)
+            print(f"verified {schema} against a replay up to sequence {result.checkpoint}")
+            _print_digests(result.live, result.replayed)
+            if result.differences:
+                print(f"DIFFERENT: {', '.join(result.differences)}", file=sys.stderr)
+                return 1
+            print("identical")
+            return 0
+        finally:
+            await nc.drain()
+    finally:
+        await pool.close()
+
+
+def _progress_printer(action: str) -> Callable[[int, int, float], None]:
+    def show(seq: int, target: int, rate: float) -> None:
+        done = seq / target if target else 1.0
+        print(f"\r{action}: sequence {seq:,} of {target:,} ({done:.0%}), {rate:,.0f} events/s",
+              end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _print_digests(live: dict[str, tuple[int, str]],
+                   replayed: dict[str, tuple[int, str]] | None = None) -> None:
+    for table, (rows, digest) in live.items():
+        line = f"  {table:<20} {rows:>9,} rows  md5 {digest}"
+        if replayed is not None:
+            other = replayed.get(table)
+            line += "  ==" if other == (rows, digest) else f"  != replay {other}"
+        print(line)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Subject and stream names of the wire contract (DESIGN.md, "Wire contract").
+
+Every name is derived from one prefix (default `tether`), so several Tether installations,
+or several test cases, can share one NATS server without seeing each other.
+"""
+
+import re
+from dataclasses import dataclass
+
+from tether.domain.events import ParentRef
+from tether.domain.ids import check_identifier
+
+_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    prefix: str = "tether"
+
+    def __post_init__(self) -> None:
+        if not _PREFIX.fullmatch(self.prefix):
+            raise ValueError(
+                f"invalid subject prefix {self.prefix!r}: a letter, then at most 31 letters, "
+                "digits, '_' or '-'"
+            )
+
+    # --- streams ---------------------------------------------------------------------
+    def stream(self, kind: str) -> str:
+        return f"{self.prefix.upper().replace('-', '_')}_{kind}"
+
+    @property
+    def commands_stream(self) -> str:
+        return self.stream("CMD")
+
+    @property
+    def events_stream(self) -> str:
+        return self.stream("EVENTS")
+
+    @property
+    def progress_stream(self) -> str:
+        return self.stream("PROGRESS")
+
+    @property
+    def work_stream(self) -> str:
+        return self.stream("WORK")
+
+    @property
+    def hooks_stream(self) -> str:
+        return self.stream("HOOKS")
+
+    @property
+    def chat_stream(self) -> str:
+        return self.stream("CHAT")
+
+    # --- subjects --------------------------------------------------------------------
+    def command(self, kind: str) -> str:
+        return f"{self.prefix}.cmd.{kind}"
+
+    def run_events(self, parent: ParentRef, run_id: str) -> str:
+        return f"{self.prefix}.evt.{parent.agent}.{parent.name}.{check_identifier(run_id, 'run id')}"
+
+    def parent_events(self, parent: ParentRef) -> str:
+        return f"{self.prefix}.evt.{parent.agent}.{parent.name}.>"
+
+    @property
+    def all_events(self) -> str:
+        return f"{self.prefix}.evt.>"
+
+    def run_progress(self, parent: ParentRef, run_id: str) -> str:
+        return f"{self.prefix}.progress.{parent.agent}.{parent.name}.{check_identifier(run_id, 'run id')}"
+
+    def parent_progress(self, parent: ParentRef) -> str:
+        return f"{self.prefix}.progress.{parent.agent}.{parent.name}.>"
+
+    def work(self, agent_type: str) -> str:
+        return f"{self.prefix}.work.{check_identifier(agent_type, 'agent type')}"
+
+    def hook(self, parent_agent: str, method: str) -> str:
+        return (f"{self.prefix}.hook.{check_identifier(parent_agent, 'parent agent')}."
+                f"{check_identifier(method, 'hook method')}")
+
+    def chat(self, parent: ParentRef) -> str:
+        return f"{self.prefix}.chat.{parent.agent}.{parent.name}"
+
+    def rpc(self, kind: str) -> str:
+        return f"{self.prefix}.rpc.{kind}"
+
+    def observability(self, event: str) -> str:
+        return f"{self.prefix}.obs.agent_tool.{event}"
+
+    def parse_run_events(self, subject: str) -> tuple[ParentRef, str]:
+        """The parent and run id of a run-events subject."""
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[0] != self.prefix or parts[1] != "evt":
+            raise ValueError(f"{subject!r} is not a run-events subject under {self.prefix!r}")
+        return ParentRef(agent=parts[2], name=parts[3]), parts[4]

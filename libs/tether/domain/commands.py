@@ -1,0 +1,94 @@
+"""What clients ask of a parent: imperative commands and request/reply queries.
+
+Each command travels on its own subject (`tether.cmd.run`, ...), and the payload may
+leave `type` out; `parse_command` fills it in from the subject so the same union serves
+payloads from any NATS client.
+"""
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, TypeAdapter
+
+from tether.domain.events import DetachedOptions, EpochMs, Model, ParentRef, RunStatus
+from tether.domain.ids import Identifier
+
+
+class RunCommand(Model):
+    type: Literal["run"] = "run"
+    run_id: Identifier
+    parent: ParentRef
+    agent_type: Identifier
+    input: dict[str, Any] = Field(default_factory=dict)
+    parent_tool_call_id: str | None = Field(default=None, max_length=256)
+    display_order: int | None = None
+    display: str | None = Field(default=None, max_length=256)
+    detached: Literal[False] | Literal[True] | DetachedOptions = False
+
+    def detached_options(self) -> DetachedOptions | None:
+        if self.detached is False:
+            return None
+        if self.detached is True:
+            return DetachedOptions()
+        return self.detached
+
+
+class CancelCommand(Model):
+    type: Literal["cancel"] = "cancel"
+    run_id: Identifier
+    parent: ParentRef
+
+
+class ClearCommand(Model):
+    type: Literal["clear"] = "clear"
+    parent: ParentRef
+    status: list[RunStatus] | None = None
+    older_than: EpochMs | None = None
+
+
+class ContinueCommand(Model):
+    type: Literal["continue"] = "continue"
+    run_id: Identifier
+    parent: ParentRef
+    approvals: list[str] = Field(default_factory=list)
+    rejections: list[str] = Field(default_factory=list)
+    tool_outputs: dict[str, Any] = Field(default_factory=dict)
+    human_input: str | None = None
+
+
+class InspectQuery(Model):
+    type: Literal["inspect"] = "inspect"
+    run_id: Identifier
+    parent: ParentRef
+
+
+class ListQuery(Model):
+    type: Literal["list"] = "list"
+    parent: ParentRef
+    status: list[RunStatus] | None = None
+    limit: Annotated[int, Field(gt=0, le=10_000)] = 100
+
+
+class HasRunQuery(Model):
+    type: Literal["has_run"] = "has_run"
+    run_id: Identifier
+    parent: ParentRef
+
+
+Command = Annotated[
+    Union[RunCommand, CancelCommand, ClearCommand, ContinueCommand,
+          InspectQuery, ListQuery, HasRunQuery],
+    Field(discriminator="type"),
+]
+COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,
+                   InspectQuery, ListQuery, HasRunQuery)
+COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
+COMMAND_TYPES: frozenset[str] = frozenset(cls.model_fields["type"].default for cls in COMMAND_CLASSES)
+
+
+def parse_command(kind: str, payload: dict[str, Any]) -> Command:
+    """Validate `payload` as the command `kind` ("run", "cancel", ...); raises ValidationError."""
+    if kind not in COMMAND_TYPES:
+        raise ValueError(f"unknown command {kind!r}; expected one of {sorted(COMMAND_TYPES)}")
+    if "type" in payload and payload["type"] != kind:
+        raise ValueError(f"a {payload['type']!r} payload was sent as a {kind!r} command")
+    return COMMAND_ADAPTER.validate_python({**payload, "type": kind})

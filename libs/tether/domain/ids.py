@@ -1,0 +1,29 @@
+"""Identifiers that end up in NATS subjects and Postgres keys.
+
+A run id, an agent or parent name and a hook method name all travel inside subjects
+(`tether.evt.<agent>.<name>.<run_id>`), so anything that could add a token, a wildcard or
+whitespace is refused before it reaches one.
+"""
+
+import re
+from typing import Annotated
+
+from pydantic import StringConstraints
+
+IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,127}$"
+_IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
+
+Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
+
+
+class InvalidIdentifier(ValueError):
+    """An identifier that would be unsafe in a subject or a key."""
+
+
+def check_identifier(value: object, what: str = "identifier") -> str:
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+        raise InvalidIdentifier(
+            f"invalid {what} {value!r}: it must match {IDENTIFIER_PATTERN} "
+            "(a letter or digit, then at most 127 letters, digits, '_', ':' or '-')"
+        )
+    return value

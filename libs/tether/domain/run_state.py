@@ -1,0 +1,435 @@
+"""The run state machine: one pure fold, `evolve(state, event)`.
+
+starting -> running -> completed | error | aborted, and interrupted from starting or
+running. The three hard terminal statuses never change again, except that a completed
+run's missing output or summary may be back-filled. `interrupted` is soft: a later real
+outcome (completed, error, aborted) repairs it.
+
+Every transition is idempotent by a key carried in the event (the milestone sequence,
+the output index, the delivered status, ...), so applying an event twice changes nothing,
+and an event that makes no sense in the current state is reported in `Evolved.note` and
+not applied. The fold reads no clock: times are copied from `occurred_at`.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field
+
+from tether.domain.events import (
+    HARD_TERMINAL,
+    DetachedOptions,
+    Event,
+    InterruptedReason,
+    Model,
+    ParentRef,
+    RunAborted,
+    RunCancelRequested,
+    RunCleared,
+    RunCompleted,
+    RunFailed,
+    RunFinishDelivered,
+    RunInterrupted,
+    RunMilestone,
+    RunNotified,
+    RunOutput,
+    RunPaused,
+    RunProgressPersisted,
+    RunReattachDecided,
+    RunReattachStarted,
+    RunRejected,
+    RunRequested,
+    RunResumed,
+    RunRunning,
+    RunStarted,
+    RunStatus,
+    RunStepRecorded,
+)
+
+
+class ProgressSnapshot(Model):
+    fraction: float | None = None
+    message: str | None = None
+    phase: str | None = None
+    milestone: str | None = None
+    data: Any = None
+    at: int
+
+
+class Milestone(Model):
+    sequence: int
+    name: str
+    data: Any = None
+    at: int
+
+
+class ReattachDecision(Model):
+    decision_id: str
+    outcome: str
+    reason: InterruptedReason | None = None
+    child_still_running: bool
+    timings: dict[str, int]
+    at: int
+
+
+class PauseInfo(Model):
+    reason: str
+    pending: list[dict[str, Any]]
+    at: int
+
+
+class DeliveryLedger(Model):
+    """What has been delivered for a run, keyed so a second delivery is recognisable.
+
+    `finish` maps a status to the time its finish hook (or give-up hook, for
+    `interrupted`) was acknowledged; `notifications` maps `finish:<status>` or
+    `milestone:<name>` to the time its chat message was put on the chat stream.
+    """
+
+    finish: dict[str, int] = Field(default_factory=dict)
+    notifications: dict[str, int] = Field(default_factory=dict)
+
+
+class RunState(Model):
+    run_id: str
+    parent: ParentRef
+    agent_type: str
+    status: RunStatus
+    input: dict[str, Any]
+    parent_tool_call_id: str | None = None
+    display_order: int | None = None
+    display: str | None = None
+    detached: DetachedOptions | None = None
+    requested_at: int
+    dispatched_at: int | None = None
+    started_at: int | None = None
+    ended_at: int | None = None
+    attempt: int = 0
+    runner_id: str | None = None
+    summary: str | None = None
+    output: Any = None
+    error: str | None = None
+    reason: InterruptedReason | None = None
+    child_still_running: bool | None = None
+    aborted_cause: str | None = None
+    cancel_requested_at: int | None = None
+    progress: ProgressSnapshot | None = None
+    last_signal_at: int | None = None
+    milestones: tuple[Milestone, ...] = ()
+    output_parts: tuple[str, ...] = ()
+    steps: tuple[dict[str, Any], ...] = ()
+    paused: PauseInfo | None = None
+    max_budget_deadline: int | None = None
+    no_progress_budget_ms: int = 0
+    no_progress_deadline: int | None = None
+    ledger: DeliveryLedger = Field(default_factory=DeliveryLedger)
+    reattach_attempts: int = 0
+    reattach_decisions: tuple[ReattachDecision, ...] = ()
+    # Ids of the applied events that carry no key of their own (pause, resume, interrupt),
+    # so that one of them seen again later is still recognised as a duplicate.
+    keyless_event_ids: tuple[str, ...] = ()
+    events_applied: int = 1
+
+    @property
+    def is_hard_terminal(self) -> bool:
+        return self.status in HARD_TERMINAL
+
+    @property
+    def is_open(self) -> bool:
+        """Starting or running: a child turn may still be under way."""
+        return self.status in ("starting", "running")
+
+    @property
+    def next_milestone_sequence(self) -> int:
+        return len(self.milestones)
+
+
+@dataclass(frozen=True, slots=True)
+class Evolved:
+    """The result of one fold step.
+
+    `applied` is False when the event changed nothing; `note` then says why, unless the
+    event is one that never changes a run (a rejection).
+    """
+
+    state: RunState | None
+    applied: bool
+    note: str | None = None
+
+
+def _applied(state: RunState | None, **changes: Any) -> Evolved:
+    if state is None:
+        return Evolved(None, True)
+    changes["events_applied"] = state.events_applied + 1
+    return Evolved(state.model_copy(update=changes), True)
+
+
+def _ignored(state: RunState | None, note: str) -> Evolved:
+    return Evolved(state, False, note)
+
+
+def _applied_keyless(state: RunState, event: Event, **changes: Any) -> Evolved:
+    return _applied(state, keyless_event_ids=(*state.keyless_event_ids, event.event_id), **changes)
+
+
+def _seen(state: RunState, event: Event) -> bool:
+    return event.event_id in state.keyless_event_ids
+
+
+def _with_signal(state: RunState, at: int) -> dict[str, Any]:
+    """A progress signal or milestone moves the last-signal time and the no-progress deadline."""
+    last = at if state.last_signal_at is None else max(state.last_signal_at, at)
+    deadline = None
+    if state.detached is not None and state.no_progress_budget_ms > 0:
+        deadline = last + state.no_progress_budget_ms
+    return {"last_signal_at": last, "no_progress_deadline": deadline}
+
+
+def _requested(state: RunState | None, event: RunRequested) -> Evolved:
+    if state is not None:
+        return _ignored(state, "duplicate: the run already exists")
+    data = event.data
+    deadline = None
+    if data.max_budget_ms is not None:
+        deadline = event.occurred_at + data.max_budget_ms
+    return Evolved(
+        RunState(
+            run_id=event.run_id,
+            parent=event.parent,
+            agent_type=data.agent_type,
+            status="starting",
+            input=data.input,
+            parent_tool_call_id=data.parent_tool_call_id,
+            display_order=data.display_order,
+            display=data.display,
+            detached=data.detached,
+            requested_at=event.occurred_at,
+            max_budget_deadline=deadline,
+            no_progress_budget_ms=data.no_progress_budget_ms,
+        ),
+        True,
+    )
+
+
+def _started(state: RunState, event: RunStarted) -> Evolved:
+    if state.dispatched_at is not None:
+        return _ignored(state, "duplicate: the run was already dispatched")
+    if state.status != "starting":
+        return _ignored(state, f"a {state.status} run cannot be dispatched")
+    return _applied(state, dispatched_at=event.occurred_at)
+
+
+def _running(state: RunState, event: RunRunning) -> Evolved:
+    if event.data.attempt <= state.attempt:
+        return _ignored(state, f"duplicate: attempt {event.data.attempt} already recorded")
+    if state.is_hard_terminal:
+        return _ignored(state, f"a {state.status} run cannot start running")
+    changes: dict[str, Any] = {"attempt": event.data.attempt, "runner_id": event.data.runner_id}
+    if state.status == "starting":
+        changes |= {"status": "running", "started_at": event.occurred_at}
+    return _applied(state, **changes)
+
+
+def _output(state: RunState, event: RunOutput) -> Evolved:
+    index, expected = event.data.index, len(state.output_parts)
+    if index < expected:
+        return _ignored(state, f"duplicate: output chunk {index} already recorded")
+    if index > expected:
+        return _ignored(state, f"output chunk {index} arrived before chunk {expected}")
+    if state.is_hard_terminal:
+        return _ignored(state, f"a {state.status} run takes no more output")
+    return _applied(state, output_parts=(*state.output_parts, event.data.text))
+
+
+def _milestone(state: RunState, event: RunMilestone) -> Evolved:
+    data = event.data
+    if any(m.sequence == data.sequence for m in state.milestones):
+        return _ignored(state, f"duplicate: milestone {data.sequence} already recorded")
+    if state.is_hard_terminal:
+        return _ignored(state, f"a {state.status} run takes no more milestones")
+    milestone = Milestone(sequence=data.sequence, name=data.name, data=data.data,
+                          at=event.occurred_at)
+    milestones = tuple(sorted((*state.milestones, milestone), key=lambda m: m.sequence))
+    snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message, phase=data.phase,
+                                milestone=data.name, data=data.data, at=event.occurred_at)
+    return _applied(state, milestones=milestones, progress=_newer(state.progress, snapshot),
+                    **_with_signal(state, event.occurred_at))
+
+
+def _newer(current: ProgressSnapshot | None, candidate: ProgressSnapshot) -> ProgressSnapshot:
+    if current is not None and current.at > candidate.at:
+        return current
+    return candidate
+
+
+def _progress_persisted(state: RunState, event: RunProgressPersisted) -> Evolved:
+    data = event.data
+    snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message, phase=data.phase,
+                                data=data.data, at=event.occurred_at)
+    if state.progress is not None and snapshot.at <= state.progress.at:
+        # Progress is "latest value wins"; an older or same-instant snapshot is a duplicate
+        # or stale, and applying it again must change nothing.
+        return _ignored(state, "duplicate or stale progress snapshot")
+    if state.is_hard_terminal:
+        return _ignored(state, f"a {state.status} run takes no more progress")
+    return _applied(state, progress=_newer(state.progress, snapshot),
+                    **_with_signal(state, event.occurred_at))
+
+
+def _step_recorded(state: RunState, event: RunStepRecorded) -> Evolved:
+    index, expected = event.data.index, len(state.steps)
+    if index < expected:
+        return _ignored(state, f"duplicate: step {index} already recorded")
+    if index > expected:
+        return _ignored(state, f"step {index} arrived before step {expected}")
+    if state.is_hard_terminal:
+        return _ignored(state, f"a {state.status} run records no more steps")
+    return _applied(state, steps=(*state.steps, event.data.step))
+
+
+def _paused(state: RunState, event: RunPaused) -> Evolved:
+    if _seen(state, event):
+        return _ignored(state, "duplicate: this pause was already applied")
+    if state.status not in ("starting", "running"):
+        return _ignored(state, f"a {state.status} run cannot pause")
+    pause = PauseInfo(reason=event.data.reason, pending=event.data.pending, at=event.occurred_at)
+    return _applied_keyless(state, event, paused=pause)
+
+
+def _resumed(state: RunState, event: RunResumed) -> Evolved:
+    if _seen(state, event):
+        return _ignored(state, "duplicate: this resume was already applied")
+    if state.paused is None:
+        return _ignored(state, "the run is not paused")
+    return _applied_keyless(state, event, paused=None)
+
+
+def _cancel_requested(state: RunState, event: RunCancelRequested) -> Evolved:
+    if state.cancel_requested_at is not None:
+        return _ignored(state, "duplicate: cancellation already requested")
+    if state.is_hard_terminal:
+        return _ignored(state, f"a {state.status} run has nothing to cancel")
+    return _applied(state, cancel_requested_at=event.occurred_at)
+
+
+def _finished(state: RunState, event: RunCompleted | RunFailed | RunAborted) -> Evolved:
+    if isinstance(event, RunCompleted):
+        changes: dict[str, Any] = {"status": "completed", "summary": event.data.summary,
+                                   "output": event.data.output, "error": None}
+    elif isinstance(event, RunFailed):
+        changes = {"status": "error", "error": event.data.error}
+    else:
+        changes = {"status": "aborted", "error": event.data.error,
+                   "aborted_cause": event.data.cause}
+    if state.is_hard_terminal:
+        if isinstance(event, RunCompleted) and state.status == "completed":
+            return _backfill(state, event)
+        return _ignored(state, f"the run already ended {state.status}")
+    # A real outcome repairs an interrupted run; the give-up fields stop applying.
+    changes |= {"ended_at": event.occurred_at, "reason": None, "child_still_running": False,
+                "paused": None, "no_progress_deadline": None}
+    return _applied(state, **changes)
+
+
+def _backfill(state: RunState, event: RunCompleted) -> Evolved:
+    changes: dict[str, Any] = {}
+    if not state.summary and event.data.summary:
+        changes["summary"] = event.data.summary
+    if state.output is None and event.data.output is not None:
+        changes["output"] = event.data.output
+    if not changes:
+        return _ignored(state, "duplicate: the run already completed")
+    return _applied(state, **changes)
+
+
+def _interrupted(state: RunState, event: RunInterrupted) -> Evolved:
+    data = event.data
+    if _seen(state, event):
+        return _ignored(state, "duplicate: this interruption was already applied")
+    if state.is_hard_terminal:
+        return _ignored(state, f"the run already ended {state.status}")
+    # A second interruption (a re-attach that gave up again) updates the reason.
+    return _applied_keyless(state, event, status="interrupted", reason=data.reason, error=data.error,
+                    child_still_running=data.child_still_running, ended_at=event.occurred_at,
+                    no_progress_deadline=None)
+
+
+def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
+    if event.data.status in state.ledger.finish:
+        return _ignored(state, f"duplicate: the {event.data.status} finish was already delivered")
+    ledger = state.ledger.model_copy(
+        update={"finish": {**state.ledger.finish, event.data.status: event.occurred_at}}
+    )
+    return _applied(state, ledger=ledger)
+
+
+def _notified(state: RunState, event: RunNotified) -> Evolved:
+    key = f"{event.data.kind}:{event.data.key}"
+    if key in state.ledger.notifications:
+        return _ignored(state, f"duplicate: notification {key} was already sent")
+    ledger = state.ledger.model_copy(
+        update={"notifications": {**state.ledger.notifications, key: event.occurred_at}}
+    )
+    return _applied(state, ledger=ledger)
+
+
+def _reattach_started(state: RunState, event: RunReattachStarted) -> Evolved:
+    if event.data.attempt <= state.reattach_attempts:
+        return _ignored(state, f"duplicate: re-attach {event.data.attempt} already started")
+    return _applied(state, reattach_attempts=event.data.attempt)
+
+
+def _reattach_decided(state: RunState, event: RunReattachDecided) -> Evolved:
+    data = event.data
+    if any(d.decision_id == data.decision_id for d in state.reattach_decisions):
+        return _ignored(state, f"duplicate: decision {data.decision_id} already recorded")
+    decision = ReattachDecision(decision_id=data.decision_id, outcome=data.outcome,
+                                reason=data.reason, child_still_running=data.child_still_running,
+                                timings=data.timings, at=event.occurred_at)
+    return _applied(state, reattach_decisions=(*state.reattach_decisions, decision))
+
+
+_TRANSITIONS = {
+    "run.started": _started,
+    "run.running": _running,
+    "run.output": _output,
+    "run.milestone": _milestone,
+    "run.progress_persisted": _progress_persisted,
+    "run.step_recorded": _step_recorded,
+    "run.paused": _paused,
+    "run.resumed": _resumed,
+    "run.cancel_requested": _cancel_requested,
+    "run.completed": _finished,
+    "run.failed": _finished,
+    "run.aborted": _finished,
+    "run.interrupted": _interrupted,
+    "run.finish_delivered": _finish_delivered,
+    "run.notified": _notified,
+    "run.reattach_started": _reattach_started,
+    "run.reattach_decided": _reattach_decided,
+}
+
+
+def evolve(state: RunState | None, event: Event) -> Evolved:
+    """Apply one event to a run's state (None: no run yet, or cleared)."""
+    if state is not None and (state.run_id, state.parent) != (event.run_id, event.parent):
+        return _ignored(state, f"event {event.event_id} belongs to another run")
+    if isinstance(event, RunRequested):
+        return _requested(state, event)
+    if isinstance(event, RunRejected):
+        # A rejection creates no run and does not block a later request with the same id;
+        # it is recorded in the log for the requester, and is no anomaly.
+        return Evolved(state, False, None)
+    if isinstance(event, RunCleared):
+        if state is None:
+            return _ignored(None, "duplicate: no run to clear")
+        return Evolved(None, True)
+    if state is None:
+        return _ignored(None, f"{event.type} before run.requested")
+    return _TRANSITIONS[event.type](state, event)
+
+
+def fold(events: "list[Event] | tuple[Event, ...]", state: RunState | None = None) -> RunState | None:
+    for event in events:
+        state = evolve(state, event).state
+    return state

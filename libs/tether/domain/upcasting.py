@@ -1,0 +1,93 @@
+"""Bring old event shapes forward.
+
+An event in the log is never rewritten. When a shape changes, its `schema_version` is
+bumped and an upcaster `vN -> vN+1` is registered here; decoding applies them in order
+until the payload has the current shape. Each old version has a golden JSON file under
+`tests/golden/events/` that must keep loading.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from tether.domain.events import CURRENT_VERSIONS
+
+Payload = dict[str, Any]
+Upcaster = Callable[[Payload], Payload]
+
+_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+# The defaults in force when version-1 events were written.
+_V1_DETACHED_MAX_BUDGET_MS = 24 * 60 * 60 * 1000
+_V1_DETACHED_NO_PROGRESS_BUDGET_MS = 60 * 60 * 1000
+
+
+class EventShapeError(ValueError):
+    """An event payload that cannot be brought to a current shape."""
+
+
+class UnknownEventType(EventShapeError):
+    pass
+
+
+class UnknownSchemaVersion(EventShapeError):
+    pass
+
+
+def upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    def register(function: Upcaster) -> Upcaster:
+        key = (event_type, from_version)
+        if key in _UPCASTERS:
+            raise RuntimeError(f"two upcasters for {event_type} v{from_version}")
+        _UPCASTERS[key] = function
+        return function
+
+    return register
+
+
+def upcast(payload: Payload) -> Payload:
+    """Return `payload` in the current shape of its type (a new dict; the input is kept)."""
+    event_type = payload.get("type")
+    if event_type not in CURRENT_VERSIONS:
+        raise UnknownEventType(f"unknown event type {event_type!r}")
+    current = CURRENT_VERSIONS[event_type]
+    version = payload.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise UnknownSchemaVersion(f"{event_type}: schema_version {version!r} is not a version")
+    if version > current:
+        raise UnknownSchemaVersion(
+            f"{event_type}: schema_version {version} is newer than this build knows ({current})"
+        )
+    while version < current:
+        step = _UPCASTERS.get((event_type, version))
+        if step is None:
+            raise UnknownSchemaVersion(f"{event_type}: no upcaster from version {version}")
+        payload = {**step(dict(payload)), "schema_version": version + 1}
+        version += 1
+    return payload
+
+
+@upcaster("run.requested", from_version=1)
+def upcast_run_requested_v1_v2(payload: Payload) -> Payload:
+    """v1 had `detached: bool` and a top-level `on_finish`; v2 has options and budgets."""
+    data = dict(payload["data"])
+    detached = bool(data.pop("detached", False))
+    on_finish = data.pop("on_finish", None)
+    if detached:
+        data["detached"] = {"on_finish": on_finish}
+        data["max_budget_ms"] = _V1_DETACHED_MAX_BUDGET_MS
+        data["no_progress_budget_ms"] = _V1_DETACHED_NO_PROGRESS_BUDGET_MS
+    else:
+        data["detached"] = None
+        data["max_budget_ms"] = None
+        data["no_progress_budget_ms"] = 0
+    return {**payload, "data": data}
+
+
+@upcaster("run.interrupted", from_version=1)
+def upcast_run_interrupted_v1_v2(payload: Payload) -> Payload:
+    """v1 did not say whether the child was still running; it was never kept alive then."""
+    return {**payload, "data": {"child_still_running": False, **payload["data"]}}
+
+
+def registered_upcasters() -> dict[tuple[str, int], Upcaster]:
+    return dict(_UPCASTERS)

@@ -1,0 +1,94 @@
+"""What every service process shares: signals, graceful shutdown, health endpoints.
+
+`/healthz` answers 200 while the event loop runs; `/readyz` answers 200 only when every
+readiness check passes, and 503 with the failing checks otherwise. SIGTERM and SIGINT
+set the stop event; the service finishes the work in hand and returns, and the process
+exits 0.
+"""
+
+import asyncio
+import json
+import signal
+from collections.abc import Awaitable, Callable
+
+from tether.log import get_logger
+
+ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
+
+
+class HealthServer:
+    def __init__(self, host: str, port: int, checks: dict[str, ReadinessCheck]) -> None:
+        self._host, self._port, self._checks = host, port, checks
+        self._server: asyncio.base_events.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def readiness(self) -> tuple[bool, dict[str, str]]:
+        results: dict[str, str] = {}
+        ready = True
+        for name, check in self._checks.items():
+            try:
+                ok, detail = await asyncio.wait_for(check(), timeout=2.0)
+            except Exception as error:  # a failing check is an answer, not a crash
+                ok, detail = False, f"{type(error).__name__}: {error}"
+            ready &= ok
+            results[name] = ("ok: " if ok else "failing: ") + detail
+        return ready, results
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            while (await asyncio.wait_for(reader.readline(), timeout=5.0)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = request.decode("latin-1").split()
+            path = parts[1].split("?")[0] if len(parts) > 1 else ""
+            if path == "/healthz":
+                status, body = 200, {"status": "alive"}
+            elif path == "/readyz":
+                ready, checks = await self.readiness()
+                status, body = (200 if ready else 503), {"ready": ready, "checks": checks}
+            else:
+                status, body = 404, {"error": f"no such endpoint {path!r}; try /healthz or /readyz"}
+            payload = json.dumps(body).encode()
+            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+                         + payload)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, ReadinessCheck]], Awaitable[None]],
+                      *, health_host: str, health_port: int) -> None:
+    """Run `main(stop, checks)` until it returns; SIGTERM/SIGINT set `stop`.
+
+    `main` registers its readiness checks in `checks` as it brings its parts up.
+    """
+    logger = get_logger(service=name)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    checks: dict[str, ReadinessCheck] = {}
+    health = HealthServer(health_host, health_port, checks)
+    await health.start()
+    logger.info("service.started", health_port=health.port)
+    try:
+        await main(stop, checks)
+    finally:
+        await health.stop()
+        logger.info("service.stopped")

@@ -1,0 +1,60 @@
+"""Fixtures shared by every test tier (unit, integration, e2e).
+
+`nats_url` / `database_url` come from TETHER_NATS_URL / TETHER_DATABASE_URL (set by
+`make test`, i.e. scripts/devstack.py); when unset, this session starts its own throwaway
+server with the same code and stops it at the end, so a plain `pytest` works too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_TESTS = Path(__file__).resolve().parent
+_TIERS = ("unit", "integration", "e2e")
+
+
+def _devstack():
+    spec = importlib.util.spec_from_file_location(
+        "tether_devstack", _TESTS.parent / "scripts" / "devstack.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    if url := os.environ.get("TETHER_NATS_URL"):
+        yield url
+        return
+    with _devstack().temporary_nats() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    if url := os.environ.get("TETHER_DATABASE_URL"):
+        yield url
+        return
+    with _devstack().temporary_postgres("tether_test") as url:
+        yield url
+
+
+@pytest.fixture
+def unique_name() -> str:
+    """Short unique lowercase identifier (`t` + 10 hex) for stream prefixes and schema names."""
+    return "t" + uuid.uuid4().hex[:10]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by its tier directory: tests/unit -> unit, and so on."""
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(_TESTS) and (tier := path.relative_to(_TESTS).parts[0]) in _TIERS:
+            item.add_marker(tier)

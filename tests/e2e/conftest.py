@@ -1,0 +1,126 @@
+"""The services as real processes: started, killed and restarted by the tests."""
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import asyncpg
+import pytest
+
+from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
+from tether.config import Settings
+
+
+class ServiceProcess:
+    """`tether services NAME` in a child process, with its JSON log lines collected."""
+
+    def __init__(self, name: str, env: dict[str, str]) -> None:
+        self.name, self.env = name, env
+        self.process: asyncio.subprocess.Process | None = None
+        self.lines: list[dict] = []
+        self._reader: asyncio.Task | None = None
+        self._started = asyncio.Event()
+        self.health_port: int | None = None
+
+    async def start(self) -> "ServiceProcess":
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tether.cli", "services", self.name,
+            env=self.env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        self._reader = asyncio.create_task(self._read())
+        await asyncio.wait_for(self._started.wait(), timeout=30)
+        return self
+
+    async def _read(self) -> None:
+        assert self.process and self.process.stderr
+        async for raw in self.process.stderr:
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                line = {"event": "raw", "text": raw.decode(errors="replace")}
+            self.lines.append(line)
+            if line.get("event") == "service.started":
+                self.health_port = line["health_port"]
+                self._started.set()
+
+    def signal(self, signum: int) -> None:
+        assert self.process
+        self.process.send_signal(signum)
+
+    async def wait(self, timeout: float = 30) -> int:
+        assert self.process
+        code = await asyncio.wait_for(self.process.wait(), timeout=timeout)
+        if self._reader:
+            await asyncio.wait_for(self._reader, timeout=5)
+        return code
+
+    async def stop(self) -> None:
+        if self.process and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+        if self._reader:
+            self._reader.cancel()
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], *, timeout: float = 30,
+                     interval: float = 0.05, message: str = "condition") -> None:
+    """For state that lives in another process: poll it, within a deadline."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(interval)
+
+
+@pytest.fixture
+def settings(nats_url: str, database_url: str, unique_name: str) -> Settings:
+    return Settings(nats_url=nats_url, database_url=database_url, prefix=unique_name,
+                    projection_schema=unique_name)
+
+
+@pytest.fixture
+def service_env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(TETHER_NATS_URL=settings.nats_url, TETHER_DATABASE_URL=settings.database_url,
+               TETHER_PREFIX=settings.prefix, TETHER_PROJECTION_SCHEMA=settings.projection_schema,
+               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json")
+    return env
+
+
+@pytest.fixture
+async def services(service_env):
+    started: list[ServiceProcess] = []
+
+    async def start(name: str, **extra_env: str) -> ServiceProcess:
+        service = await ServiceProcess(name, {**service_env, **extra_env}).start()
+        started.append(service)
+        return service
+
+    yield start
+    for service in started:
+        await service.stop()
+
+
+@pytest.fixture
+async def log(settings: Settings):
+    nc = await connect_nats(settings.nats_url, name="tether-e2e")
+    await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings())
+    yield EventLog(nc, settings.subjects)
+    for kind in ("CMD", "EVENTS", "PROGRESS", "WORK", "HOOKS", "CHAT"):
+        await nc.jetstream().delete_stream(settings.subjects.stream(kind))
+    await nc.drain()
+
+
+@pytest.fixture
+async def pool(settings: Settings):
+    created = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    yield created
+    for suffix in ("", "_rebuild", "_verify", "_retired"):
+        await created.execute(f'DROP SCHEMA IF EXISTS "{settings.projection_schema}{suffix}" CASCADE')
+    await created.close()
+
+
+__all__ = ["ServiceProcess", "eventually", "signal"]

@@ -1,0 +1,142 @@
+"""The JetStream event log: streams, dedupe, optimistic concurrency, reads and follows."""
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+from nats.js import api as js_api
+
+from tether.adapters.jetstream import (
+    ConcurrencyConflict,
+    EventLog,
+    StreamSettings,
+    ensure_streams,
+    stream_configs,
+)
+from tether.domain.events import ParentRef, RunCompleted
+from tether.testing import RunEvents
+
+
+async def test_streams_are_created_with_explicit_settings_and_updated_in_place(nc, settings):
+    js = nc.jetstream()
+    await ensure_streams(js, settings.subjects, StreamSettings(duplicate_window_s=30))
+    events = await js.stream_info(settings.subjects.events_stream)
+    assert events.config.storage == js_api.StorageType.FILE
+    assert events.config.subjects == [f"{settings.prefix}.evt.>"]
+    assert events.config.duplicate_window == 30
+    work = await js.stream_info(settings.subjects.work_stream)
+    assert work.config.retention == js_api.RetentionPolicy.WORK_QUEUE
+    progress = await js.stream_info(settings.subjects.progress_stream)
+    assert progress.config.max_msgs_per_subject == 1
+
+    await ensure_streams(js, settings.subjects, StreamSettings(duplicate_window_s=90))
+    events = await js.stream_info(settings.subjects.events_stream)
+    assert events.config.duplicate_window == 90
+    assert len(stream_configs(settings.subjects, StreamSettings())) == 6
+    for config in stream_configs(settings.subjects, StreamSettings()):
+        await js.delete_stream(config.name)
+
+
+async def test_an_append_retried_with_the_same_event_id_is_stored_once(log: EventLog):
+    run = RunEvents("r-dedupe")
+    requested = run.requested()
+    first = await log.append(requested, expected_last_seq=0)
+    again = await log.append(requested, expected_last_seq=0)
+    assert again == first
+    history = await log.read_run(run.parent, run.run_id)
+    assert [e.event_id for e in history.events] == [requested.event_id]
+    assert history.last_seq == first
+
+
+async def test_two_writers_deciding_from_the_same_history_never_both_succeed(log: EventLog):
+    run = RunEvents("r-race")
+    await log.append(run.requested(), expected_last_seq=0)
+    seen = await log.read_run(run.parent, run.run_id)
+    first, second = run.completed("from writer one"), run.failed("from writer two")
+    results = await asyncio.gather(
+        log.append(first, expected_last_seq=seen.last_seq),
+        log.append(second, expected_last_seq=seen.last_seq),
+        return_exceptions=True,
+    )
+    conflicts = [r for r in results if isinstance(r, ConcurrencyConflict)]
+    assert len(conflicts) == 1
+    assert sum(isinstance(r, int) for r in results) == 1
+    history = await log.read_run(run.parent, run.run_id)
+    assert len(history.events) == 2
+
+
+async def test_the_loser_re_reads_and_decides_again(log: EventLog):
+    run = RunEvents("r-update")
+    await log.append(run.requested(), expected_last_seq=0)
+    decisions: list[str] = []
+
+    def finish_once(writer: str):
+        def decide(state):
+            decisions.append(writer)
+            if state is None or state.is_hard_terminal:
+                return []
+            return [run.completed(f"finished by {writer}")]
+        return decide
+
+    outcomes = await asyncio.gather(*(
+        log.update(run.parent, run.run_id, finish_once(f"w{i}")) for i in range(8)
+    ))
+    appended = [events for _, events in outcomes if events]
+    assert len(appended) == 1, "exactly one writer completes the run"
+    assert all(state.status == "completed" for state, _ in outcomes)
+    assert len(decisions) > 8, "losers decided again after a conflict"
+    history = await log.read_run(run.parent, run.run_id)
+    assert sum(isinstance(e, RunCompleted) for e in history.events) == 1
+
+
+async def test_a_stale_expected_sequence_is_a_conflict_not_an_append(log: EventLog):
+    run = RunEvents("r-stale")
+    await log.append(run.requested(), expected_last_seq=0)
+    with pytest.raises(ConcurrencyConflict):
+        await log.append(run.started(), expected_last_seq=0)
+    assert len((await log.read_run(run.parent, run.run_id)).events) == 1
+
+
+async def test_read_run_folds_the_history_of_one_run_only(log: EventLog):
+    mine, other = RunEvents("r-mine"), RunEvents("r-other")
+    for event in (mine.requested(), other.requested(), mine.running(), other.failed(),
+                  mine.milestone("half"), mine.completed("ok")):
+        await log.append(event, expected_last_seq=None)
+    history = await log.read_run(mine.parent, mine.run_id)
+    assert [e.type for e in history.events] == ["run.requested", "run.running",
+                                                 "run.milestone", "run.completed"]
+    assert history.state.status == "completed"
+    assert history.state.milestones[0].name == "half"
+    assert (await log.read_run(mine.parent, "r-missing")).state is None
+
+
+async def test_a_parent_timeline_replays_then_follows_live_in_order(log: EventLog):
+    parent = ParentRef(agent="Assistant", name="user-7")
+    a, b = RunEvents("r-a", parent), RunEvents("r-b", parent)
+    stranger = RunEvents("r-x", ParentRef(agent="Assistant", name="user-8"))
+    before = [a.requested(), stranger.requested(), b.requested(), a.milestone("m0")]
+    for event in before:
+        await log.append(event, expected_last_seq=None)
+
+    async def follow(start_seq: int) -> list[tuple[int, str]]:
+        seen = []
+        timeline = log.follow(log.subjects.parent_events(parent), start_seq=start_seq)
+        async with aclosing(timeline) as stream:
+            async for stored in stream:
+                seen.append((stored.seq, stored.event.event_id))
+                if stored.event.event_id == "r-b-3":
+                    return seen
+
+    follower = asyncio.create_task(follow(1))
+    after = [b.running(), a.completed(), b.completed()]
+    for event in after:
+        await log.append(event, expected_last_seq=None)
+    received = await asyncio.wait_for(follower, timeout=10)
+
+    ids = [event_id for _, event_id in received]
+    assert ids == ["r-a-1", "r-b-1", "r-a-2", "r-b-2", "r-a-3", "r-b-3"]
+    seqs = [seq for seq, _ in received]
+    assert seqs == sorted(set(seqs)), "ordered by stream sequence, no duplicates"
+
+    late = await asyncio.wait_for(follow(seqs[2]), timeout=10)
+    assert late == received[2:], "a follower starting from a sequence sees the same suffix"

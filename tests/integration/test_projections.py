@@ -1,0 +1,175 @@
+"""Postgres projections: batches, idempotency, dead letters, rebuild and verify."""
+
+import asyncio
+import json
+
+from tether.adapters.jetstream import StoredEvent
+from tether.adapters.postgres.projection import Statements, apply_batch, table_digests
+from tether.adapters.postgres.projector import Projector, rebuild, verify
+from tether.contract.codec import encode_event
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents, append_finished_runs
+
+
+async def project_until(projector: Projector, seq: int) -> None:
+    await projector.wait_for_position(seq)
+
+
+async def run_projector_until(pool, log, schema, seq: int, **options) -> Projector:
+    projector = Projector(pool, log, schema, **options)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    await asyncio.wait_for(project_until(projector, seq), timeout=60)
+    stop.set()
+    await asyncio.wait_for(task, timeout=10)
+    return projector
+
+
+async def test_the_projector_projects_runs_milestones_and_its_checkpoint(log, pool, settings):
+    total = await append_finished_runs(log, 30)
+    projector = await run_projector_until(pool, log, settings.projection_schema, total,
+                                          batch_size=50)
+    assert projector.stats.events_applied == total
+    assert projector.stats.batches >= total // 50
+    schema = settings.projection_schema
+    rows = await pool.fetch(f'SELECT * FROM "{schema}".runs ORDER BY run_id')
+    assert len(rows) == 30
+    by_id = {r["run_id"]: r for r in rows}
+    assert by_id["run-1"]["status"] == "completed"
+    assert by_id["run-1"]["summary"] == "summary 1"
+    assert json.loads(by_id["run-1"]["output"]) == {"n": 1}
+    assert by_id["run-3"]["status"] == "error" and by_id["run-3"]["error"] == "nope"
+    assert by_id["run-2"]["input_preview"] == '{"n":2}'
+    assert {r["milestone_count"] for r in rows} == {2}
+    assert {r["output_chunks"] for r in rows} == {3}
+    assert await pool.fetchval(f'SELECT count(*) FROM "{schema}".milestones') == 60
+    assert await pool.fetchval(f'SELECT last_seq FROM "{schema}".checkpoints') == total
+
+
+async def test_applying_the_same_batch_twice_changes_nothing(log, pool, settings):
+    run = RunEvents("r-twice")
+    events = [run.requested(), run.running(), run.milestone("m"), run.completed("ok")]
+    batch = [StoredEvent(i + 1, log.subjects.run_events(e.parent, e.run_id), e, None,
+                         encode_event(e)) for i, e in enumerate(events)]
+    sql = Statements(settings.projection_schema)
+    async with pool.acquire() as conn:
+        first = await apply_batch(conn, sql, batch)
+        digests = await table_digests(conn, sql)
+        second = await apply_batch(conn, sql, batch)
+        assert await table_digests(conn, sql) == digests
+        # Overlapping batches, as after a crash between commit and acknowledgement.
+        third = await apply_batch(conn, sql, batch[2:] + batch[:1])
+        assert await table_digests(conn, sql) == digests
+    assert (first.applied, second.applied, third.applied) == (4, 0, 0)
+    assert second.skipped == 4
+
+
+async def test_poison_messages_are_dead_lettered_and_the_projector_goes_on(log, pool, settings):
+    run = RunEvents("r-ok")
+    subject = log.subjects.run_events(run.parent, "r-poison")
+    js = log.jetstream
+    await log.append(run.requested(), expected_last_seq=None)
+    requested = json.loads(encode_event(RunEvents("r-poison").requested()))
+    poison = [
+        b"{not json",
+        b"[1, 2, 3]",
+        json.dumps({**requested, "type": "run.exploded"}).encode(),
+        json.dumps({**requested, "schema_version": 99}).encode(),
+        json.dumps({**requested, "data": {"agent_type": "X"}}).encode(),
+    ]
+    for payload in poison:
+        await js.publish(subject, payload)
+    last = await log.append(run.completed("still projected"), expected_last_seq=None)
+
+    projector = await run_projector_until(pool, log, settings.projection_schema, last)
+    schema = settings.projection_schema
+    dead = await pool.fetch(f'SELECT * FROM "{schema}".dead_letters ORDER BY stream_seq')
+    assert [r["error_kind"] for r in dead] == ["malformed", "malformed", "unknown-type",
+                                               "unknown-version", "invalid"]
+    assert [bytes(r["payload"]) for r in dead] == poison
+    assert [r["stream_seq"] for r in dead] == list(range(2, 7))
+    assert "newer than this build knows" in dead[3]["error"]
+    assert projector.stats.dead_lettered == 5
+    status = await pool.fetchval(f'SELECT status FROM "{schema}".runs WHERE run_id = $1', "r-ok")
+    assert status == "completed"
+
+
+async def test_a_cleared_run_leaves_no_rows_and_can_be_requested_again(log, pool, settings):
+    run = RunEvents("r-clear")
+    for event in (run.requested(), run.milestone("m"), run.completed(), run.cleared()):
+        await log.append(event, expected_last_seq=None)
+    again = RunEvents("r-clear", id_prefix="r-clear-again", start_ms=9_000)
+    last = await log.append(again.requested(input={"second": True}), expected_last_seq=None)
+    await run_projector_until(pool, log, settings.projection_schema, last)
+    schema = settings.projection_schema
+    rows = await pool.fetch(f'SELECT status, input_preview FROM "{schema}".runs')
+    assert [(r["status"], r["input_preview"]) for r in rows] == [("starting", '{"second":true}')]
+    assert await pool.fetchval(f'SELECT count(*) FROM "{schema}".milestones') == 0
+
+
+async def test_rebuild_of_a_10000_event_log_equals_the_live_projection(log, pool, settings):
+    total = await append_finished_runs(log, 1000, milestones=2, outputs=4)
+    assert total == 10_000
+    schema = settings.projection_schema
+    live = Projector(pool, log, schema, batch_size=500)
+    stop = asyncio.Event()
+    task = asyncio.create_task(live.run(stop))
+    await asyncio.wait_for(project_until(live, total), timeout=60)
+    async with pool.acquire() as conn:
+        live_digests = await table_digests(conn, Statements(schema))
+
+    progress: list[int] = []
+    report = await rebuild(pool, log, schema, batch_size=2000,
+                           on_progress=lambda seq, target, rate: progress.append(seq))
+    assert report.events == total and report.checkpoint == total
+    assert report.digests == live_digests
+    assert progress and progress[-1] == total
+
+    # The live projector keeps going on the swapped-in tables.
+    more = RunEvents("after-rebuild")
+    last = await log.append(more.requested(), expected_last_seq=None)
+    await asyncio.wait_for(project_until(live, last), timeout=30)
+    stop.set()
+    await asyncio.wait_for(task, timeout=10)
+    count = await pool.fetchval(f'SELECT count(*) FROM "{schema}".runs')
+    assert count == 1001
+
+    verified = await verify(pool, log, schema)
+    assert verified.checkpoint == last
+    assert verified.differences == []
+
+
+async def test_verify_reports_a_tampered_table(log, pool, settings):
+    last = None
+    for i in range(3):
+        run = RunEvents(f"r{i}")
+        for event in (run.requested(), run.completed()):
+            last = await log.append(event, expected_last_seq=None)
+    await run_projector_until(pool, log, settings.projection_schema, last)
+    schema = settings.projection_schema
+    assert (await verify(pool, log, schema)).differences == []
+    await pool.execute(f"UPDATE \"{schema}\".runs SET summary = 'edited' WHERE run_id = 'r1'")
+    assert (await verify(pool, log, schema)).differences == ["runs"]
+
+
+async def test_a_standby_projector_waits_for_the_active_one(log, pool, settings):
+    run = RunEvents("r-standby")
+    last = await log.append(run.requested(), expected_last_seq=None)
+    schema = settings.projection_schema
+    first, second = Projector(pool, log, schema), Projector(pool, log, schema)
+    stop_first, stop_second = asyncio.Event(), asyncio.Event()
+    task_first = asyncio.create_task(first.run(stop_first))
+    await asyncio.wait_for(first.active.wait(), timeout=10)
+    task_second = asyncio.create_task(second.run(stop_second))
+    await asyncio.wait_for(project_until(first, last), timeout=10)
+    assert not second.active.is_set()
+
+    stop_first.set()
+    await asyncio.wait_for(task_first, timeout=10)
+    await asyncio.wait_for(second.active.wait(), timeout=10)
+    more = await log.append(run.completed(), expected_last_seq=None)
+    await asyncio.wait_for(project_until(second, more), timeout=10)
+    stop_second.set()
+    await asyncio.wait_for(task_second, timeout=10)
+    status = await pool.fetchval(f'SELECT status FROM "{schema}".runs')
+    assert status == "completed"
