@@ -84,8 +84,8 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
         nc = await connect_nats(settings.nats_url, name=f"tether-{action}")
         try:
             log = EventLog(nc, settings.subjects)
-            options = dict(batch_size=batch_size, preview_chars=settings.input_preview_chars,
-                           on_progress=_progress_printer(action))
+            options = {"batch_size": batch_size, "preview_chars": settings.input_preview_chars,
+                           "on_progress": _progress_printer(action)}
             if action == "rebuild":
                 report = await rebuild(pool, log, schema, **options)
                 print(file=sys.stderr)

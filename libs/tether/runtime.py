@@ -40,7 +40,7 @@ class HealthServer:
         for name, check in self._checks.items():
             try:
                 ok, detail = await asyncio.wait_for(check(), timeout=2.0)
-            except Exception as error:  # a failing check is an answer, not a crash
+            except Exception as error:  # noqa: BLE001 - a failing check is an answer, not a crash
                 ok, detail = False, f"{type(error).__name__}: {error}"
             ready &= ok
             results[name] = ("ok: " if ok else "failing: ") + detail

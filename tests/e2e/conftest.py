@@ -3,10 +3,7 @@
 import asyncio
 import json
 import os
-import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -65,16 +62,6 @@ class ServiceProcess:
             self._reader.cancel()
 
 
-async def eventually(condition: Callable[[], Awaitable[bool]], *, timeout: float = 30,
-                     interval: float = 0.05, message: str = "condition") -> None:
-    """For state that lives in another process: poll it, within a deadline."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
-        await asyncio.sleep(interval)
-
-
 @pytest.fixture
 def settings(nats_url: str, database_url: str, unique_name: str) -> Settings:
     return Settings(nats_url=nats_url, database_url=database_url, prefix=unique_name,
@@ -122,5 +109,3 @@ async def pool(settings: Settings):
         await created.execute(f'DROP SCHEMA IF EXISTS "{settings.projection_schema}{suffix}" CASCADE')
     await created.close()
 
-
-__all__ = ["ServiceProcess", "eventually", "signal"]

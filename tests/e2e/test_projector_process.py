@@ -57,7 +57,7 @@ async def test_a_projector_killed_mid_batch_resumes_without_loss_or_double_count
     assert await doomed.wait() == -signal.SIGKILL
     reached = await checkpoint(pool, schema)
     assert reached < 1500, "the batch holding the fatal sequence never committed"
-    runs, events, _, _ = await projected_counts(pool, schema)
+    _, events, _, _ = await projected_counts(pool, schema)
     assert events == reached, "the tables hold exactly the events up to the checkpoint"
 
     survivor = await services("projector", TETHER_PROJECTOR_BATCH_SIZE="400")

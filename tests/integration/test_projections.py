@@ -7,7 +7,6 @@ from tether.adapters.jetstream import StoredEvent
 from tether.adapters.postgres.projection import Statements, apply_batch, table_digests
 from tether.adapters.postgres.projector import Projector, rebuild, verify
 from tether.contract.codec import encode_event
-from tether.domain.events import ParentRef
 from tether.testing import RunEvents, append_finished_runs
 
 

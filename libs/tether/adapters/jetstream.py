@@ -72,22 +72,22 @@ def stream_configs(subjects: Subjects, settings: StreamSettings) -> list[js_api.
     p = subjects.prefix
 
     def config(name: str, subject: str, **overrides: object) -> js_api.StreamConfig:
-        values: dict[str, object] = dict(
-            name=name,
-            subjects=[subject],
-            storage=js_api.StorageType.FILE,
-            retention=js_api.RetentionPolicy.LIMITS,
-            discard=js_api.DiscardPolicy.OLD,
-            num_replicas=settings.replicas,
-            duplicate_window=settings.duplicate_window_s,
-            max_msgs=-1,
-            max_bytes=-1,
-            max_age=0,
-            max_msgs_per_subject=-1,
-            allow_direct=True,
-            deny_delete=False,
-            deny_purge=False,
-        )
+        values: dict[str, object] = {
+            "name": name,
+            "subjects": [subject],
+            "storage": js_api.StorageType.FILE,
+            "retention": js_api.RetentionPolicy.LIMITS,
+            "discard": js_api.DiscardPolicy.OLD,
+            "num_replicas": settings.replicas,
+            "duplicate_window": settings.duplicate_window_s,
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
+            "max_msgs_per_subject": -1,
+            "allow_direct": True,
+            "deny_delete": False,
+            "deny_purge": False,
+        }
         values.update(overrides)
         return js_api.StreamConfig(**values)
 

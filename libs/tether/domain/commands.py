@@ -5,7 +5,7 @@ leave `type` out; `parse_command` fills it in from the subject so the same union
 payloads from any NATS client.
 """
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -22,7 +22,7 @@ class RunCommand(Model):
     parent_tool_call_id: str | None = Field(default=None, max_length=256)
     display_order: int | None = None
     display: str | None = Field(default=None, max_length=256)
-    detached: Literal[False] | Literal[True] | DetachedOptions = False
+    detached: bool | DetachedOptions = False
 
     def detached_options(self) -> DetachedOptions | None:
         if self.detached is False:
@@ -75,8 +75,7 @@ class HasRunQuery(Model):
 
 
 Command = Annotated[
-    Union[RunCommand, CancelCommand, ClearCommand, ContinueCommand,
-          InspectQuery, ListQuery, HasRunQuery],
+    RunCommand | CancelCommand | ClearCommand | ContinueCommand | InspectQuery | ListQuery | HasRunQuery,
     Field(discriminator="type"),
 ]
 COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,

@@ -6,7 +6,7 @@ log are brought forward by the upcasters in `tether.domain.upcasting`, never rew
 """
 
 import math
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
@@ -150,6 +150,7 @@ class RunPausedData(Model):
 
 
 class RunResumedData(Model):
+    pause_id: str  # the event id of the run.paused this resume ends
     decisions: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -368,28 +369,7 @@ EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
 )
 
 Event = Annotated[
-    Union[
-        RunRequested,
-        RunRejected,
-        RunStarted,
-        RunRunning,
-        RunOutput,
-        RunMilestone,
-        RunProgressPersisted,
-        RunStepRecorded,
-        RunPaused,
-        RunResumed,
-        RunCancelRequested,
-        RunCompleted,
-        RunFailed,
-        RunAborted,
-        RunInterrupted,
-        RunFinishDelivered,
-        RunNotified,
-        RunReattachStarted,
-        RunReattachDecided,
-        RunCleared,
-    ],
+    RunRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunCancelRequested | RunCompleted | RunFailed | RunAborted | RunInterrupted | RunFinishDelivered | RunNotified | RunReattachStarted | RunReattachDecided | RunCleared,
     Field(discriminator="type"),
 ]
 

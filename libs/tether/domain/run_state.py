@@ -73,6 +73,7 @@ class ReattachDecision(Model):
 
 
 class PauseInfo(Model):
+    pause_id: str  # the event id of the run.paused; a run.resumed names the pause it ends
     reason: str
     pending: list[dict[str, Any]]
     at: int
@@ -81,8 +82,9 @@ class PauseInfo(Model):
 class DeliveryLedger(Model):
     """What has been delivered for a run, keyed so a second delivery is recognisable.
 
-    `finish` maps a status to the time its finish hook (or give-up hook, for
-    `interrupted`) was acknowledged; `notifications` maps `finish:<status>` or
+    `finish` maps `<method>:<status>` (method `*` for the parent's global finish hook) to
+    the time that hook (the give-up hook, for `interrupted`) was acknowledged by its
+    handler; `notifications` maps `finish:<status>` or
     `milestone:<name>` to the time its chat message was put on the chat stream.
     """
 
@@ -116,8 +118,9 @@ class RunState(Model):
     progress: ProgressSnapshot | None = None
     last_signal_at: int | None = None
     milestones: tuple[Milestone, ...] = ()
-    output_parts: tuple[str, ...] = ()
-    steps: tuple[dict[str, Any], ...] = ()
+    # Keyed by index: a chunk or step is stored once whatever order it arrives in.
+    output_parts: dict[int, str] = Field(default_factory=dict)
+    steps: dict[int, dict[str, Any]] = Field(default_factory=dict)
     paused: PauseInfo | None = None
     max_budget_deadline: int | None = None
     no_progress_budget_ms: int = 0
@@ -125,7 +128,7 @@ class RunState(Model):
     ledger: DeliveryLedger = Field(default_factory=DeliveryLedger)
     reattach_attempts: int = 0
     reattach_decisions: tuple[ReattachDecision, ...] = ()
-    # Ids of the applied events that carry no key of their own (pause, resume, interrupt),
+    # Ids of the applied events that carry no key of their own (pause, interrupt),
     # so that one of them seen again later is still recognised as a duplicate.
     keyless_event_ids: tuple[str, ...] = ()
     events_applied: int = 1
@@ -142,6 +145,17 @@ class RunState(Model):
     @property
     def next_milestone_sequence(self) -> int:
         return len(self.milestones)
+
+    @property
+    def output_text(self) -> str:
+        return "".join(self.output_parts[index] for index in sorted(self.output_parts))
+
+    def finish_delivered(self, status: str, method: str | None) -> bool:
+        return finish_key(status, method) in self.ledger.finish
+
+
+def finish_key(status: str, method: str | None) -> str:
+    return f"{method or '*'}:{status}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +191,13 @@ def _seen(state: RunState, event: Event) -> bool:
 
 
 def _with_signal(state: RunState, at: int) -> dict[str, Any]:
-    """A progress signal or milestone moves the last-signal time and the no-progress deadline."""
+    """A progress signal or milestone moves the last-signal time and the no-progress deadline.
+
+    Only an open run has a live deadline: an interrupted run was already given up on.
+    """
     last = at if state.last_signal_at is None else max(state.last_signal_at, at)
     deadline = None
-    if state.detached is not None and state.no_progress_budget_ms > 0:
+    if state.is_open and state.detached is not None and state.no_progress_budget_ms > 0:
         deadline = last + state.no_progress_budget_ms
     return {"last_signal_at": last, "no_progress_deadline": deadline}
 
@@ -231,14 +248,12 @@ def _running(state: RunState, event: RunRunning) -> Evolved:
 
 
 def _output(state: RunState, event: RunOutput) -> Evolved:
-    index, expected = event.data.index, len(state.output_parts)
-    if index < expected:
+    index = event.data.index
+    if index in state.output_parts:
         return _ignored(state, f"duplicate: output chunk {index} already recorded")
-    if index > expected:
-        return _ignored(state, f"output chunk {index} arrived before chunk {expected}")
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run takes no more output")
-    return _applied(state, output_parts=(*state.output_parts, event.data.text))
+    return _applied(state, output_parts={**state.output_parts, index: event.data.text})
 
 
 def _milestone(state: RunState, event: RunMilestone) -> Evolved:
@@ -277,14 +292,12 @@ def _progress_persisted(state: RunState, event: RunProgressPersisted) -> Evolved
 
 
 def _step_recorded(state: RunState, event: RunStepRecorded) -> Evolved:
-    index, expected = event.data.index, len(state.steps)
-    if index < expected:
+    index = event.data.index
+    if index in state.steps:
         return _ignored(state, f"duplicate: step {index} already recorded")
-    if index > expected:
-        return _ignored(state, f"step {index} arrived before step {expected}")
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run records no more steps")
-    return _applied(state, steps=(*state.steps, event.data.step))
+    return _applied(state, steps={**state.steps, index: event.data.step})
 
 
 def _paused(state: RunState, event: RunPaused) -> Evolved:
@@ -292,16 +305,17 @@ def _paused(state: RunState, event: RunPaused) -> Evolved:
         return _ignored(state, "duplicate: this pause was already applied")
     if state.status not in ("starting", "running"):
         return _ignored(state, f"a {state.status} run cannot pause")
-    pause = PauseInfo(reason=event.data.reason, pending=event.data.pending, at=event.occurred_at)
+    pause = PauseInfo(pause_id=event.event_id, reason=event.data.reason,
+                      pending=event.data.pending, at=event.occurred_at)
     return _applied_keyless(state, event, paused=pause)
 
 
 def _resumed(state: RunState, event: RunResumed) -> Evolved:
-    if _seen(state, event):
-        return _ignored(state, "duplicate: this resume was already applied")
     if state.paused is None:
         return _ignored(state, "the run is not paused")
-    return _applied_keyless(state, event, paused=None)
+    if state.paused.pause_id != event.data.pause_id:
+        return _ignored(state, f"resumes pause {event.data.pause_id}, not the current one")
+    return _applied(state, paused=None)
 
 
 def _cancel_requested(state: RunState, event: RunCancelRequested) -> Evolved:
@@ -355,10 +369,11 @@ def _interrupted(state: RunState, event: RunInterrupted) -> Evolved:
 
 
 def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
-    if event.data.status in state.ledger.finish:
-        return _ignored(state, f"duplicate: the {event.data.status} finish was already delivered")
+    key = finish_key(event.data.status, event.data.method)
+    if key in state.ledger.finish:
+        return _ignored(state, f"duplicate: finish {key} was already delivered")
     ledger = state.ledger.model_copy(
-        update={"finish": {**state.ledger.finish, event.data.status: event.occurred_at}}
+        update={"finish": {**state.ledger.finish, key: event.occurred_at}}
     )
     return _applied(state, ledger=ledger)
 

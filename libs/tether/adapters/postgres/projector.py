@@ -209,7 +209,7 @@ async def rebuild(pool: asyncpg.Pool, log: EventLog, schema: str, *, batch_size:
     """
     check_schema_name(schema)
     scratch, retired = f"{schema}_rebuild", f"{schema}_retired"
-    options = dict(batch_size=batch_size, preview_chars=preview_chars, on_progress=on_progress)
+    options = {"batch_size": batch_size, "preview_chars": preview_chars, "on_progress": on_progress}
     started = time.monotonic()
     async with pool.acquire() as conn:
         await migrate(conn, schema)

@@ -1,0 +1,273 @@
+"""The wire contract: identifiers, command parsing, subject names and the JSON Schemas."""
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tether.contract import schemas
+from tether.contract.subjects import Subjects
+from tether.domain.commands import (
+    CancelCommand,
+    ClearCommand,
+    ContinueCommand,
+    HasRunQuery,
+    InspectQuery,
+    ListQuery,
+    RunCommand,
+    parse_command,
+)
+from tether.domain.events import DetachedOptions, ParentRef
+from tether.domain.ids import IDENTIFIER_PATTERN, InvalidIdentifier, check_identifier
+
+REPO = Path(__file__).resolve().parents[2]
+PARENT = {"agent": "Assistant", "name": "user-42"}
+
+VALID_IDENTIFIERS = ["r1", "A", "7", "run-2026:01_x", "Assistant", "a" * 128, "x:y:z", "0-_:"]
+INVALID_IDENTIFIERS = [
+    "", "run 1", " r1", "r1 ", "run.1", "*", "r*", ">", "r>", "-r1", "_r1", ":r1",
+    "a" * 129, "héllo", "ü", "日本", "r1\n", "r1\t", "r/1",
+]
+
+
+# --- identifiers ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", VALID_IDENTIFIERS)
+def test_valid_identifiers_are_accepted(value: str) -> None:
+    assert check_identifier(value) == value
+
+
+@pytest.mark.parametrize("value", INVALID_IDENTIFIERS)
+def test_invalid_identifiers_are_refused_naming_the_value_and_the_pattern(value: str) -> None:
+    with pytest.raises(InvalidIdentifier) as error:
+        check_identifier(value, "run id")
+
+    message = str(error.value)
+    assert "run id" in message
+    assert repr(value) in message
+    assert IDENTIFIER_PATTERN in message
+
+
+@pytest.mark.parametrize("value", [None, 7, b"r1", ["r1"]], ids=["none", "int", "bytes", "list"])
+def test_an_identifier_must_be_a_string(value: Any) -> None:
+    with pytest.raises(InvalidIdentifier, match="invalid identifier"):
+        check_identifier(value)
+
+
+def test_an_invalid_identifier_is_a_value_error() -> None:
+    assert issubclass(InvalidIdentifier, ValueError)
+
+
+@pytest.mark.parametrize("value", INVALID_IDENTIFIERS)
+def test_run_command_refuses_an_invalid_run_id(value: str) -> None:
+    with pytest.raises(ValidationError, match="run_id"):
+        RunCommand(run_id=value, parent=PARENT, agent_type="Researcher")
+
+
+@pytest.mark.parametrize("name", ["user.42", "user 42", "*", ">", "-u"])
+def test_a_parent_name_that_would_add_a_subject_token_is_refused(name: str) -> None:
+    with pytest.raises(ValidationError, match="name"):
+        ParentRef(agent="Assistant", name=name)
+    with pytest.raises(ValidationError, match="parent.name"):
+        parse_command("cancel", {"run_id": "r1", "parent": {"agent": "Assistant", "name": name}})
+
+
+def test_a_hook_method_name_is_an_identifier() -> None:
+    with pytest.raises(ValidationError, match="on_finish"):
+        DetachedOptions(on_finish="on.done")
+
+
+# --- commands -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "payload", "model"), [
+    ("run", {"run_id": "r1", "parent": PARENT, "agent_type": "Researcher"}, RunCommand),
+    ("cancel", {"run_id": "r1", "parent": PARENT}, CancelCommand),
+    ("clear", {"parent": PARENT, "status": ["completed"], "older_than": 1}, ClearCommand),
+    ("continue", {"run_id": "r1", "parent": PARENT, "approvals": ["c1"]}, ContinueCommand),
+    ("inspect", {"run_id": "r1", "parent": PARENT}, InspectQuery),
+    ("list", {"parent": PARENT}, ListQuery),
+    ("has_run", {"run_id": "r1", "parent": PARENT}, HasRunQuery),
+])
+def test_parse_command_fills_the_type_from_the_subject(kind: str, payload: dict[str, Any],
+                                                       model: type) -> None:
+    command = parse_command(kind, payload)
+
+    assert type(command) is model
+    assert command.type == kind
+    assert "type" not in payload
+
+
+def test_parse_command_accepts_a_matching_type() -> None:
+    command = parse_command("cancel", {"type": "cancel", "run_id": "r1", "parent": PARENT})
+
+    assert isinstance(command, CancelCommand)
+
+
+def test_parse_command_refuses_a_payload_of_another_type() -> None:
+    with pytest.raises(ValueError, match="'cancel' payload was sent as a 'run' command") as error:
+        parse_command("run", {"type": "cancel", "run_id": "r1", "parent": PARENT})
+
+    assert not isinstance(error.value, ValidationError)
+
+
+def test_parse_command_refuses_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="unknown command 'launch'"):
+        parse_command("launch", {"run_id": "r1", "parent": PARENT})
+
+
+def test_parse_command_refuses_unknown_fields() -> None:
+    with pytest.raises(ValidationError, match="priority"):
+        parse_command("cancel", {"run_id": "r1", "parent": PARENT, "priority": 1})
+
+
+def test_infinite_no_progress_budget_is_stored_as_zero() -> None:
+    assert DetachedOptions(no_progress_budget_ms=float("inf")).no_progress_budget_ms == 0
+    command = parse_command("run", {"run_id": "r1", "parent": PARENT, "agent_type": "Researcher",
+                                    "detached": {"no_progress_budget_ms": math.inf}})
+    assert command.detached_options().no_progress_budget_ms == 0
+
+
+@pytest.mark.parametrize("budget", [float("-inf"), -1, float("nan")])
+def test_a_negative_or_undefined_no_progress_budget_is_refused(budget: float) -> None:
+    with pytest.raises(ValidationError, match="no_progress_budget_ms"):
+        DetachedOptions(no_progress_budget_ms=budget)
+
+
+@pytest.mark.parametrize(("detached", "expected"), [
+    (False, None),
+    (True, DetachedOptions()),
+    ({"on_finish": "on_done", "max_budget_ms": 60_000},
+     DetachedOptions(on_finish="on_done", max_budget_ms=60_000)),
+], ids=["awaited", "detached-defaults", "detached-options"])
+def test_run_command_detached_options(detached: Any, expected: DetachedOptions | None) -> None:
+    command = RunCommand(run_id="r1", parent=PARENT, agent_type="Researcher", detached=detached)
+
+    assert command.detached_options() == expected
+
+
+@pytest.mark.parametrize(("on_milestones", "names", "mode"), [
+    (None, [], "narrate"),
+    (["sources-gathered"], ["sources-gathered"], "narrate"),
+    ({"names": ["needs-approval"], "mode": "react"}, ["needs-approval"], "react"),
+])
+def test_milestone_notification_options(on_milestones: Any, names: list[str], mode: str) -> None:
+    options = DetachedOptions(on_milestones=on_milestones)
+
+    assert (options.milestone_names(), options.milestone_mode()) == (names, mode)
+
+
+# --- subjects -------------------------------------------------------------------------
+
+
+def test_default_subjects_are_the_ones_in_the_design() -> None:
+    subjects = Subjects()
+    parent = ParentRef(agent="A", name="u")
+
+    assert subjects.command("run") == "tether.cmd.run"
+    assert subjects.command("cancel") == "tether.cmd.cancel"
+    assert subjects.run_events(parent, "r1") == "tether.evt.A.u.r1"
+    assert subjects.parent_events(parent) == "tether.evt.A.u.>"
+    assert subjects.all_events == "tether.evt.>"
+    assert subjects.run_progress(parent, "r1") == "tether.progress.A.u.r1"
+    assert subjects.parent_progress(parent) == "tether.progress.A.u.>"
+    assert subjects.work("Researcher") == "tether.work.Researcher"
+    assert subjects.hook("A", "on_done") == "tether.hook.A.on_done"
+    assert subjects.chat(parent) == "tether.chat.A.u"
+    assert subjects.rpc("inspect") == "tether.rpc.inspect"
+    assert subjects.observability("x") == "tether.obs.agent_tool.x"
+
+
+def test_default_streams_are_the_ones_in_the_design() -> None:
+    subjects = Subjects()
+
+    assert [subjects.commands_stream, subjects.events_stream, subjects.progress_stream,
+            subjects.work_stream, subjects.hooks_stream, subjects.chat_stream] == [
+        "TETHER_CMD", "TETHER_EVENTS", "TETHER_PROGRESS", "TETHER_WORK", "TETHER_HOOKS",
+        "TETHER_CHAT"]
+
+
+def test_another_prefix_renames_every_subject_and_stream() -> None:
+    subjects = Subjects("t-1a")
+
+    assert subjects.command("run") == "t-1a.cmd.run"
+    assert subjects.run_events(ParentRef(agent="A", name="u"), "r1") == "t-1a.evt.A.u.r1"
+    assert subjects.events_stream == "T_1A_EVENTS"
+
+
+@pytest.mark.parametrize("run_id", ["r1", "run-2026:01_x", "a" * 128])
+def test_parse_run_events_round_trips(run_id: str) -> None:
+    subjects = Subjects()
+    parent = ParentRef(agent="Assistant", name="user-42")
+
+    assert subjects.parse_run_events(subjects.run_events(parent, run_id)) == (parent, run_id)
+
+
+@pytest.mark.parametrize("subject", [
+    "tether.evt.A.u", "tether.evt.A.u.r1.extra", "other.evt.A.u.r1", "tether.progress.A.u.r1",
+    "tether.evt.A.u.r1.>",
+])
+def test_parse_run_events_refuses_other_subjects(subject: str) -> None:
+    with pytest.raises(ValueError, match="not a run-events subject"):
+        Subjects().parse_run_events(subject)
+
+
+def test_parse_run_events_refuses_an_invalid_parent_token() -> None:
+    with pytest.raises(ValidationError):
+        Subjects().parse_run_events("tether.evt.A.*.r1")
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.run_events(ParentRef(agent="A", name="u"), "r.1"),
+    lambda s: s.run_progress(ParentRef(agent="A", name="u"), "*"),
+    lambda s: s.work("Research er"),
+    lambda s: s.hook("A", "on.done"),
+    lambda s: s.hook("A.b", "on_done"),
+], ids=["run-events", "run-progress", "work", "hook-method", "hook-agent"])
+def test_a_subject_is_never_built_from_an_invalid_identifier(call: Any) -> None:
+    with pytest.raises(InvalidIdentifier):
+        call(Subjects())
+
+
+@pytest.mark.parametrize("prefix", ["", "1tether", "-t", "te.ther", "te ther", "t*", "t>",
+                                    "t" * 33, "tëther"])
+def test_a_bad_prefix_is_refused(prefix: str) -> None:
+    with pytest.raises(ValueError, match="invalid subject prefix"):
+        Subjects(prefix)
+
+
+# --- schemas --------------------------------------------------------------------------
+
+
+def test_checked_in_schemas_match_the_models() -> None:
+    assert schemas.differences(REPO / "schemas") == [], "run `make schemas` and commit the result"
+
+
+def test_schema_drift_is_reported(tmp_path: Path) -> None:
+    for path, document in schemas.generate().items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(schemas.render(document))
+    assert schemas.differences(tmp_path) == []
+
+    changed = tmp_path / "events" / "run.completed.v1.json"
+    changed.write_text(changed.read_text().replace('"summary"', '"summary_text"'))
+    (tmp_path / "commands" / "cancel.json").unlink()
+    (tmp_path / "events" / "run.completed.v0.json").write_text("{}\n")
+
+    assert schemas.differences(tmp_path) == [
+        "missing: commands/cancel.json",
+        "not generated by any model: events/run.completed.v0.json",
+        "differs: events/run.completed.v1.json",
+    ]
+
+
+def test_schemas_cover_every_event_and_command() -> None:
+    generated = schemas.generate()
+
+    assert {"events/run.requested.v2.json", "events/run.interrupted.v2.json",
+            "events/event.json", "commands/run.json"} <= set(generated)
+    assert len([p for p in generated if p.startswith("events/run.")]) == 20
+    assert len([p for p in generated if p.startswith("commands/")]) == 7

@@ -1,0 +1,262 @@
+"""Golden events: one stored JSON file per event type and schema version ever written.
+
+The log keeps old shapes for ever, so every version must keep decoding (through the
+upcasters) to the current model. A new version without a golden file fails here.
+"""
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.contract.codec import EventDecodeError, decode_event, encode_event
+from tether.domain.events import (
+    CURRENT_VERSIONS,
+    EVENT_CLASSES,
+    DetachedOptions,
+    RunInterrupted,
+    RunRequested,
+)
+from tether.domain.upcasting import registered_upcasters, upcast
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"
+NAME = re.compile(
+    r"^(?P<type>run\.[a-z_]+)\.v(?P<version>[1-9][0-9]*)(?:\.(?P<variant>[a-z0-9-]+))?\.json$"
+)
+CLASS_OF = {cls.model_fields["type"].default: cls for cls in EVENT_CLASSES}
+
+GOLDEN_FILES = sorted(GOLDEN.glob("*.json"))
+
+
+def load(name: str) -> dict[str, Any]:
+    return json.loads((GOLDEN / name).read_text())
+
+
+def type_and_version(path: Path) -> tuple[str, int]:
+    match = NAME.fullmatch(path.name)
+    assert match, f"{path.name} is not named <type>.v<N>[.<variant>].json"
+    return match["type"], int(match["version"])
+
+
+def test_there_are_golden_files() -> None:
+    assert len(GOLDEN_FILES) >= len(CURRENT_VERSIONS)
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: p.name)
+def test_golden_file_name_matches_its_content(path: Path) -> None:
+    event_type, version = type_and_version(path)
+    payload = json.loads(path.read_text())
+
+    assert (payload["type"], payload["schema_version"]) == (event_type, version)
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: p.name)
+def test_golden_event_decodes_to_the_current_model(path: Path) -> None:
+    event_type, _ = type_and_version(path)
+    raw = path.read_bytes()
+
+    event = decode_event(raw)
+
+    assert type(event) is CLASS_OF[event_type]
+    assert event.schema_version == CURRENT_VERSIONS[event_type]
+    assert decode_event(raw.decode()) == event
+    assert decode_event(json.loads(raw)) == event
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: p.name)
+def test_golden_event_reencodes_and_decodes_stably(path: Path) -> None:
+    event = decode_event(path.read_bytes())
+
+    encoded = encode_event(event)
+
+    assert decode_event(encoded) == event
+    assert encode_event(decode_event(encoded)) == encoded
+
+
+CURRENT_GOLDEN_FILES = [p for p in GOLDEN_FILES
+                        if type_and_version(p)[1] == CURRENT_VERSIONS.get(type_and_version(p)[0])]
+
+
+@pytest.mark.parametrize("path", CURRENT_GOLDEN_FILES, ids=lambda p: p.name)
+def test_current_golden_file_is_exactly_what_the_codec_writes(path: Path) -> None:
+    payload = json.loads(path.read_text())
+
+    assert json.loads(encode_event(decode_event(payload))) == payload
+
+
+@pytest.mark.parametrize("path", CURRENT_GOLDEN_FILES, ids=lambda p: p.name)
+def test_current_golden_file_fills_every_data_field(path: Path) -> None:
+    event_type, _ = type_and_version(path)
+    data_model = CLASS_OF[event_type].model_fields["data"].annotation
+    data = json.loads(path.read_text())["data"]
+
+    assert set(data) == set(data_model.model_fields)
+    assert [field for field, value in data.items() if value is None] == []
+
+
+def test_every_version_of_every_event_type_has_a_golden_file() -> None:
+    expected = {(event_type, version) for event_type, current in CURRENT_VERSIONS.items()
+                for version in range(1, current + 1)}
+    found = {type_and_version(path) for path in GOLDEN_FILES}
+
+    assert sorted(expected - found) == [], "add a golden file for each new schema version"
+    assert sorted(found - expected) == [], "a golden file for a type or version that does not exist"
+
+
+def test_every_old_version_has_exactly_one_upcaster() -> None:
+    old_versions = {(event_type, version) for event_type, current in CURRENT_VERSIONS.items()
+                    for version in range(1, current)}
+
+    assert set(registered_upcasters()) == old_versions
+
+
+# --- the old shapes, field by field -----------------------------------------------------
+
+
+def test_run_requested_v1_detached_is_upcast_to_options_and_the_v1_default_budgets() -> None:
+    original = load("run.requested.v1.json")
+
+    event = decode_event(original)
+
+    assert isinstance(event, RunRequested)
+    assert event.schema_version == 2
+    assert (event.event_id, event.run_id, event.occurred_at) == (
+        original["event_id"], original["run_id"], original["occurred_at"])
+    assert (event.parent.agent, event.parent.name) == ("Assistant", "user-42")
+    assert (event.correlation_id, event.causation_id) == (
+        original["correlation_id"], original["causation_id"])
+    data = event.data
+    assert data.agent_type == "Importer"
+    assert data.input == {"file": "s3://imports/2026-01/customers.csv"}
+    assert (data.parent_tool_call_id, data.display_order, data.display) == (
+        "call_Q1pz", 1, "Import customers")
+    assert data.detached == DetachedOptions(on_finish="onImportDone")
+    assert data.detached.notify is False
+    assert data.detached.on_milestones is None
+    assert data.detached.max_budget_ms is None
+    assert data.detached.no_progress_budget_ms is None
+    assert data.max_budget_ms == 24 * 60 * 60 * 1000
+    assert data.no_progress_budget_ms == 60 * 60 * 1000
+
+
+def test_run_requested_v1_awaited_is_upcast_to_no_options_and_no_budgets() -> None:
+    original = load("run.requested.v1.awaited.json")
+
+    event = decode_event(original)
+
+    assert isinstance(event, RunRequested)
+    assert event.schema_version == 2
+    assert event.event_id == original["event_id"]
+    data = event.data
+    assert data.agent_type == "Researcher"
+    assert data.input == {"query": "gRPC deadlines"}
+    assert (data.parent_tool_call_id, data.display_order, data.display) == (
+        "call_Zt7m", 0, "Research gRPC")
+    assert data.detached is None
+    assert data.max_budget_ms is None
+    assert data.no_progress_budget_ms == 0
+
+
+def test_run_interrupted_v1_is_upcast_with_the_child_no_longer_running() -> None:
+    original = load("run.interrupted.v1.json")
+
+    event = decode_event(original)
+
+    assert isinstance(event, RunInterrupted)
+    assert event.schema_version == 2
+    assert (event.event_id, event.run_id, event.occurred_at) == (
+        original["event_id"], original["run_id"], original["occurred_at"])
+    assert event.data.reason == "recovery-deadline"
+    assert event.data.error == "recovery did not reach the child within 5000 ms"
+    assert event.data.child_still_running is False
+
+
+@pytest.mark.parametrize("name", ["run.requested.v1.json", "run.interrupted.v1.json"])
+def test_upcasting_leaves_the_stored_payload_untouched(name: str) -> None:
+    original = load(name)
+    kept = copy.deepcopy(original)
+
+    upcast(original)
+
+    assert original == kept
+
+
+# --- what cannot be decoded -------------------------------------------------------------
+
+
+def test_an_unknown_event_type_is_refused() -> None:
+    payload = {**load("run.completed.v1.json"), "type": "run.teleported"}
+
+    with pytest.raises(EventDecodeError, match="run.teleported") as error:
+        decode_event(payload)
+
+    assert error.value.kind == "unknown-type"
+
+
+def test_an_event_without_a_type_is_refused() -> None:
+    payload = load("run.completed.v1.json")
+    del payload["type"]
+
+    with pytest.raises(EventDecodeError) as error:
+        decode_event(payload)
+
+    assert error.value.kind == "unknown-type"
+
+
+def test_a_version_newer_than_this_build_is_refused() -> None:
+    current = CURRENT_VERSIONS["run.requested"]
+    payload = {**load("run.requested.v2.json"), "schema_version": current + 1}
+
+    with pytest.raises(EventDecodeError, match="newer") as error:
+        decode_event(payload)
+
+    assert error.value.kind == "unknown-version"
+
+
+@pytest.mark.parametrize("version", [0, -1, "2", True, 1.5])
+def test_a_version_that_is_not_a_positive_integer_is_refused(version: Any) -> None:
+    payload = {**load("run.completed.v1.json"), "schema_version": version}
+
+    with pytest.raises(EventDecodeError) as error:
+        decode_event(payload)
+
+    assert error.value.kind == "unknown-version"
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b"\xff\xfe", "", b"[1, 2]", b'"run.completed"', b"null"],
+    ids=["broken", "not-utf8", "empty", "array", "string", "null"],
+)
+def test_a_message_that_is_not_a_json_object_is_malformed(raw: bytes | str) -> None:
+    with pytest.raises(EventDecodeError) as error:
+        decode_event(raw)
+
+    assert error.value.kind == "malformed"
+
+
+@pytest.mark.parametrize(("field", "change"), [
+    ("run_id", {"run_id": "run 7"}),
+    ("sequence", {"data": {**load("run.milestone.v1.json")["data"], "sequence": -1}}),
+    ("data", {"data": None}),
+    ("unexpected", {"data": {**load("run.milestone.v1.json")["data"], "unexpected": 1}}),
+], ids=["bad-run-id", "negative-sequence", "no-data", "extra-field"])
+def test_a_payload_that_fails_the_model_is_invalid(field: str, change: dict[str, Any]) -> None:
+    payload = {**load("run.milestone.v1.json"), **change}
+
+    with pytest.raises(EventDecodeError, match=field) as error:
+        decode_event(json.dumps(payload))
+
+    assert error.value.kind == "invalid"
+
+
+def test_an_old_shape_that_fails_the_model_after_upcasting_is_invalid() -> None:
+    payload = load("run.requested.v1.json")
+    payload["data"]["on_finish"] = "on.finish"
+
+    with pytest.raises(EventDecodeError, match="on_finish") as error:
+        decode_event(payload)
+
+    assert error.value.kind == "invalid"

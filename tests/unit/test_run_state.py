@@ -1,0 +1,866 @@
+"""The run state machine (`tether.domain.run_state.evolve`), one rule per test.
+
+Rules from DESIGN.md ("Run statuses") and seeds/agents-as-tools: statuses, soft
+`interrupted`, back-fill of a completed run, milestones, progress, detached budgets as
+absolute deadlines, the delivery ledger, rejection and clearing.
+"""
+
+import itertools
+from typing import Any
+
+import pytest
+
+from tether.domain.events import (
+    EventEnvelope,
+    ParentRef,
+    RunAborted,
+    RunCancelRequested,
+    RunCleared,
+    RunCompleted,
+    RunFailed,
+    RunFinishDelivered,
+    RunInterrupted,
+    RunMilestone,
+    RunNotified,
+    RunOutput,
+    RunPaused,
+    RunProgressPersisted,
+    RunReattachDecided,
+    RunReattachStarted,
+    RunRejected,
+    RunRequested,
+    RunResumed,
+    RunRunning,
+    RunStarted,
+    RunStepRecorded,
+)
+from tether.domain.run_state import (
+    DeliveryLedger,
+    Evolved,
+    Milestone,
+    ProgressSnapshot,
+    RunState,
+    evolve,
+    fold,
+)
+
+RUN_ID = "r1"
+PARENT = ParentRef(agent="Assistant", name="user-42")
+T0 = 1_700_000_000_000
+SECOND = 1_000
+MINUTE = 60 * SECOND
+HOUR = 60 * MINUTE
+
+_event_ids = itertools.count()
+
+
+# --- event factories ----------------------------------------------------------------------
+
+
+def make(event_cls: type[EventEnvelope], data: dict[str, Any] | None = None, *, at: int = T0,
+         event_id: str | None = None, run_id: str = RUN_ID,
+         parent: ParentRef = PARENT) -> Any:
+    return event_cls.model_validate({
+        "event_id": event_id or f"e{next(_event_ids)}",
+        "run_id": run_id,
+        "parent": parent,
+        "occurred_at": at,
+        "data": data or {},
+    })
+
+
+def requested(at: int = T0, *, detached: dict[str, Any] | None = None,
+              max_budget_ms: int | None = None, no_progress_budget_ms: int = 0,
+              input: dict[str, Any] | None = None, **kw: Any) -> RunRequested:
+    return make(RunRequested, {
+        "agent_type": "Researcher",
+        "input": input if input is not None else {"query": "HTTP/3"},
+        "parent_tool_call_id": "call-1",
+        "display_order": 1,
+        "display": "Research HTTP/3",
+        "detached": detached,
+        "max_budget_ms": max_budget_ms,
+        "no_progress_budget_ms": no_progress_budget_ms,
+    }, at=at, **kw)
+
+
+def detached_request(at: int = T0, *, max_budget_ms: int | None = 24 * HOUR,
+                     no_progress_budget_ms: int = HOUR) -> RunRequested:
+    return requested(at, detached={"on_finish": "on_research_done"},
+                     max_budget_ms=max_budget_ms, no_progress_budget_ms=no_progress_budget_ms)
+
+
+def started(at: int = T0, **kw: Any) -> RunStarted:
+    return make(RunStarted, {"work_subject": "tether.work.Researcher"}, at=at, **kw)
+
+
+def running(attempt: int = 1, at: int = T0, runner: str = "runner-a", **kw: Any) -> RunRunning:
+    return make(RunRunning, {"attempt": attempt, "runner_id": runner}, at=at, **kw)
+
+
+def output(index: int, text: str, at: int = T0, **kw: Any) -> RunOutput:
+    return make(RunOutput, {"index": index, "text": text}, at=at, **kw)
+
+
+def step(index: int, at: int = T0, **kw: Any) -> RunStepRecorded:
+    return make(RunStepRecorded, {"index": index, "step": {"n": index}}, at=at, **kw)
+
+
+def milestone(sequence: int, name: str = "sources-gathered", at: int = T0,
+              **data: Any) -> RunMilestone:
+    return make(RunMilestone, {"sequence": sequence, "name": name, **data}, at=at)
+
+
+def progress(at: int, fraction: float | None = 0.5, **data: Any) -> RunProgressPersisted:
+    return make(RunProgressPersisted, {"fraction": fraction, **data}, at=at)
+
+
+def paused(at: int = T0, **kw: Any) -> RunPaused:
+    return make(RunPaused, {"reason": "waiting_for_human",
+                            "pending": [{"tool_call_id": "c1", "tool": "send_email"}]}, at=at, **kw)
+
+
+def resumed(pause_id: str, at: int = T0, **kw: Any) -> RunResumed:
+    return make(RunResumed, {"pause_id": pause_id, "decisions": {"c1": "approved"}}, at=at, **kw)
+
+
+def cancel_requested(at: int = T0) -> RunCancelRequested:
+    return make(RunCancelRequested, {"reason": "user"}, at=at)
+
+
+def completed(summary: str = "HTTP/3 runs over QUIC", output: Any = None,
+              at: int = T0) -> RunCompleted:
+    return make(RunCompleted, {"summary": summary, "output": output}, at=at)
+
+
+def failed(error: str = "model refused", at: int = T0) -> RunFailed:
+    return make(RunFailed, {"error": error}, at=at)
+
+
+def aborted(cause: str = "cancel", at: int = T0) -> RunAborted:
+    return make(RunAborted, {"error": "aborted by the parent", "cause": cause}, at=at)
+
+
+def interrupted(reason: str = "no-progress", child_still_running: bool = True,
+                at: int = T0, **kw: Any) -> RunInterrupted:
+    return make(RunInterrupted, {"reason": reason, "error": f"gave up: {reason}",
+                                 "child_still_running": child_still_running}, at=at, **kw)
+
+
+def finish_delivered(status: str, at: int = T0) -> RunFinishDelivered:
+    return make(RunFinishDelivered, {"status": status, "method": "on_research_done",
+                                     "message_id": f"finish:{RUN_ID}:{status}"}, at=at)
+
+
+def notified(kind: str, key: str, at: int = T0) -> RunNotified:
+    return make(RunNotified, {"kind": kind, "key": key, "mode": "narrate",
+                              "message_id": f"detached-{kind}:{RUN_ID}:{key}"}, at=at)
+
+
+def reattach_started(attempt: int, at: int = T0) -> RunReattachStarted:
+    return make(RunReattachStarted, {"attempt": attempt}, at=at)
+
+
+def reattach_decided(decision_id: str, outcome: str = "reattached",
+                     at: int = T0) -> RunReattachDecided:
+    return make(RunReattachDecided, {"decision_id": decision_id, "outcome": outcome,
+                                     "timings": {"inspect_ms": 12}}, at=at)
+
+
+def rejected(at: int = T0) -> RunRejected:
+    return make(RunRejected, {"agent_type": "Researcher", "code": "concurrency-cap",
+                              "error": "at most 2 agent tools may run at once"}, at=at)
+
+
+def cleared(at: int = T0) -> RunCleared:
+    return make(RunCleared, {"reason": "retention"}, at=at)
+
+
+HARD_ENDINGS = [completed, failed, aborted]
+HARD_ENDING_IDS = ["completed", "error", "aborted"]
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def state_after(*events: Any) -> RunState:
+    state = fold(list(events))
+    assert state is not None
+    return state
+
+
+def assert_reported(result: Evolved, before: RunState | None, *words: str) -> None:
+    """The event was not applied, the state is unchanged and the note says why."""
+    assert result.applied is False
+    assert result.state == before
+    assert result.note is not None
+    for word in words:
+        assert word in result.note, (word, result.note)
+
+
+def assert_applied(result: Evolved) -> RunState:
+    assert result.applied is True, result.note
+    assert result.note is None
+    assert result.state is not None
+    return result.state
+
+
+# --- request ------------------------------------------------------------------------------
+
+
+def test_request_creates_a_starting_run_from_the_event() -> None:
+    result = evolve(None, requested(at=T0))
+
+    state = assert_applied(result)
+    assert state.run_id == RUN_ID and state.parent == PARENT
+    assert state.status == "starting"
+    assert state.agent_type == "Researcher"
+    assert state.input == {"query": "HTTP/3"}
+    assert (state.parent_tool_call_id, state.display_order, state.display) == (
+        "call-1", 1, "Research HTTP/3")
+    assert state.requested_at == T0
+    assert state.detached is None
+    assert state.is_open and not state.is_hard_terminal
+    assert state.events_applied == 1
+
+
+def test_a_second_request_for_the_same_run_is_a_duplicate() -> None:
+    before = state_after(requested(input={"query": "first"}))
+
+    result = evolve(before, requested(at=T0 + SECOND, input={"query": "second"}))
+
+    assert_reported(result, before, "duplicate")
+    assert result.state.input == {"query": "first"}
+
+
+def test_events_applied_counts_only_applied_events() -> None:
+    state = state_after(requested(), started(), started(), running(1), running(1))
+
+    assert state.events_applied == 3
+
+
+# --- dispatch and running -------------------------------------------------------------------
+
+
+def test_dispatch_is_recorded_once() -> None:
+    before = state_after(requested(), started(at=T0 + 10))
+
+    result = evolve(before, started(at=T0 + 20))
+
+    assert before.dispatched_at == T0 + 10
+    assert before.status == "starting"
+    assert_reported(result, before, "duplicate")
+
+
+def test_a_run_already_running_is_not_dispatched() -> None:
+    before = state_after(requested(), running(1))
+
+    assert_reported(evolve(before, started()), before, "running")
+
+
+def test_running_moves_a_starting_run_to_running() -> None:
+    state = state_after(requested(), started(at=T0 + 10), running(1, at=T0 + 20, runner="runner-a"))
+
+    assert state.status == "running"
+    assert (state.attempt, state.runner_id, state.started_at) == (1, "runner-a", T0 + 20)
+
+
+def test_a_later_attempt_is_recorded_without_restarting_the_run() -> None:
+    state = state_after(requested(), running(1, at=T0 + 20, runner="runner-a"),
+                        running(2, at=T0 + 90, runner="runner-b"))
+
+    assert state.status == "running"
+    assert (state.attempt, state.runner_id, state.started_at) == (2, "runner-b", T0 + 20)
+
+
+def test_an_attempt_already_recorded_is_a_duplicate() -> None:
+    before = state_after(requested(), running(1), running(2, runner="runner-b"))
+
+    result = evolve(before, running(1, runner="runner-c"))
+
+    assert_reported(result, before, "duplicate", "attempt 1")
+    assert result.state.runner_id == "runner-b"
+
+
+def test_a_new_attempt_does_not_reopen_an_interrupted_run() -> None:
+    state = state_after(requested(), running(1), interrupted(), running(2, runner="runner-b"))
+
+    assert state.status == "interrupted"
+    assert state.attempt == 2
+
+
+def test_a_finished_run_does_not_start_running_again() -> None:
+    before = state_after(requested(), running(1), completed())
+
+    assert_reported(evolve(before, running(2)), before, "completed")
+
+
+# --- real outcomes and hard terminal statuses -----------------------------------------------
+
+
+def test_completion_ends_the_run_with_summary_and_output() -> None:
+    state = state_after(requested(), running(1), completed("done", {"rows": 3}, at=T0 + MINUTE))
+
+    assert state.status == "completed"
+    assert (state.summary, state.output, state.error) == ("done", {"rows": 3}, None)
+    assert state.ended_at == T0 + MINUTE
+    assert state.is_hard_terminal and not state.is_open
+
+
+def test_a_run_can_complete_straight_from_starting() -> None:
+    assert state_after(requested(), completed()).status == "completed"
+
+
+def test_failure_ends_the_run_with_its_error() -> None:
+    state = state_after(requested(), running(1), failed("model refused", at=T0 + MINUTE))
+
+    assert (state.status, state.error, state.ended_at) == ("error", "model refused", T0 + MINUTE)
+    assert state.is_hard_terminal
+
+
+def test_abort_records_its_cause() -> None:
+    state = state_after(requested(), running(1), aborted(cause="give-up", at=T0 + MINUTE))
+
+    assert state.status == "aborted"
+    assert (state.error, state.aborted_cause, state.ended_at) == (
+        "aborted by the parent", "give-up", T0 + MINUTE)
+
+
+def test_completed_run_ignores_a_later_failure() -> None:
+    before = state_after(requested(), running(1), completed("done"))
+
+    result = evolve(before, failed("late crash"))
+
+    assert_reported(result, before, "already ended completed")
+    assert (result.state.status, result.state.error) == ("completed", None)
+
+
+def test_failed_run_ignores_a_later_completion() -> None:
+    before = state_after(requested(), running(1), failed())
+
+    assert_reported(evolve(before, completed("too late")), before, "already ended error")
+
+
+def test_aborted_run_ignores_a_later_completion() -> None:
+    before = state_after(requested(), running(1), aborted())
+
+    assert_reported(evolve(before, completed("too late")), before, "already ended aborted")
+
+
+@pytest.mark.parametrize("outcome", HARD_ENDINGS, ids=HARD_ENDING_IDS)
+def test_hard_terminal_run_ignores_a_later_interruption(outcome: Any) -> None:
+    before = state_after(requested(), running(1), outcome())
+
+    assert_reported(evolve(before, interrupted()), before, "already ended")
+
+
+# --- interrupted is soft --------------------------------------------------------------------
+
+
+def test_interrupted_from_starting_is_a_soft_ending() -> None:
+    state = state_after(requested(), interrupted("recovery-deadline", child_still_running=False,
+                                                 at=T0 + MINUTE))
+
+    assert state.status == "interrupted"
+    assert (state.reason, state.child_still_running) == ("recovery-deadline", False)
+    assert state.error == "gave up: recovery-deadline"
+    assert state.ended_at == T0 + MINUTE
+    assert not state.is_hard_terminal and not state.is_open
+
+
+def test_interrupted_from_running_keeps_whether_the_child_still_runs() -> None:
+    state = state_after(requested(), running(1),
+                        interrupted("no-progress", child_still_running=True))
+
+    assert (state.status, state.reason, state.child_still_running) == (
+        "interrupted", "no-progress", True)
+
+
+def test_interrupted_run_is_repaired_by_a_late_completion() -> None:
+    state = state_after(requested(), running(1), interrupted(at=T0 + HOUR),
+                        completed("late but done", {"rows": 3}, at=T0 + 2 * HOUR))
+
+    assert state.status == "completed"
+    assert (state.summary, state.output) == ("late but done", {"rows": 3})
+    assert (state.reason, state.child_still_running, state.error) == (None, False, None)
+    assert state.ended_at == T0 + 2 * HOUR
+
+
+def test_interrupted_run_is_repaired_by_a_late_failure() -> None:
+    state = state_after(requested(), running(1), interrupted(), failed("crashed later"))
+
+    assert (state.status, state.error, state.reason, state.child_still_running) == (
+        "error", "crashed later", None, False)
+
+
+def test_interrupted_run_is_repaired_by_a_late_abort() -> None:
+    state = state_after(requested(), running(1), interrupted("budget-exceeded"), aborted("give-up"))
+
+    assert (state.status, state.aborted_cause, state.reason) == ("aborted", "give-up", None)
+
+
+def test_a_second_interruption_updates_the_reason() -> None:
+    state = state_after(requested(), running(1), interrupted("no-progress", True, at=T0 + 1),
+                        interrupted("window-exceeded", False, at=T0 + 2))
+
+    assert (state.status, state.reason, state.child_still_running, state.ended_at) == (
+        "interrupted", "window-exceeded", False, T0 + 2)
+
+
+def test_the_same_interruption_seen_again_is_a_duplicate() -> None:
+    first = interrupted("no-progress", event_id="int-1")
+    before = state_after(requested(), running(1), first)
+
+    assert_reported(evolve(before, first), before, "duplicate")
+
+
+# --- back-fill of a completed run -----------------------------------------------------------
+
+
+def test_completed_summary_can_be_backfilled() -> None:
+    before = state_after(requested(), running(1), completed("", {"rows": 3}, at=T0 + MINUTE))
+
+    state = assert_applied(evolve(before, completed("Imported 3 rows", None, at=T0 + HOUR)))
+
+    assert state.status == "completed"
+    assert (state.summary, state.output) == ("Imported 3 rows", {"rows": 3})
+    assert state.ended_at == T0 + MINUTE
+
+
+def test_completed_output_can_be_backfilled() -> None:
+    before = state_after(requested(), running(1), completed("done", None))
+
+    state = assert_applied(evolve(before, completed("", {"rows": 3})))
+
+    assert (state.summary, state.output) == ("done", {"rows": 3})
+
+
+def test_backfill_never_overwrites_a_summary_or_an_output() -> None:
+    before = state_after(requested(), running(1), completed("first", {"v": 1}))
+
+    result = evolve(before, completed("second", {"v": 2}))
+
+    assert_reported(result, before, "duplicate", "completed")
+    assert (result.state.summary, result.state.output) == ("first", {"v": 1})
+
+
+# --- milestones -----------------------------------------------------------------------------
+
+
+def test_milestones_are_sequenced_from_zero_and_deduplicated() -> None:
+    state = state_after(requested(), running(1),
+                        milestone(0, "sources-gathered", at=T0 + 1, data={"sources": 2}),
+                        milestone(1, "drafted", at=T0 + 2))
+    assert state.next_milestone_sequence == 2
+
+    result = evolve(state, milestone(1, "something-else", at=T0 + 3))
+
+    assert_reported(result, state, "duplicate", "milestone 1")
+    assert result.state.milestones == (
+        Milestone(sequence=0, name="sources-gathered", data={"sources": 2}, at=T0 + 1),
+        Milestone(sequence=1, name="drafted", data=None, at=T0 + 2),
+    )
+
+
+def test_a_late_milestone_takes_its_place_by_sequence() -> None:
+    state = state_after(requested(), milestone(1, "drafted", at=T0 + 1),
+                        milestone(0, "sources-gathered", at=T0 + 2))
+
+    assert [m.sequence for m in state.milestones] == [0, 1]
+    assert [m.name for m in state.milestones] == ["sources-gathered", "drafted"]
+
+
+def test_a_milestone_is_also_the_latest_progress_snapshot() -> None:
+    state = state_after(requested(), milestone(0, "sources-gathered", at=T0 + 5, fraction=0.4,
+                                               message="2 sources", phase="search",
+                                               data={"sources": 2}))
+
+    assert state.progress == ProgressSnapshot(fraction=0.4, message="2 sources", phase="search",
+                                              milestone="sources-gathered",
+                                              data={"sources": 2}, at=T0 + 5)
+    assert state.last_signal_at == T0 + 5
+
+
+def test_an_interrupted_run_still_records_milestones() -> None:
+    state = state_after(requested(), running(1), interrupted(), milestone(0, at=T0 + 1))
+
+    assert [m.sequence for m in state.milestones] == [0]
+
+
+@pytest.mark.parametrize("outcome", HARD_ENDINGS, ids=HARD_ENDING_IDS)
+def test_a_finished_run_takes_no_more_milestones(outcome: Any) -> None:
+    before = state_after(requested(), running(1), outcome())
+
+    assert_reported(evolve(before, milestone(0)), before, "no more milestones")
+
+
+# --- progress -------------------------------------------------------------------------------
+
+
+def test_progress_snapshot_and_last_signal_time_are_kept() -> None:
+    state = state_after(requested(), running(1),
+                        progress(T0 + 5, 0.5, message="3 of 6 sources", phase="searching",
+                                 data={"done": 3}))
+
+    assert state.progress == ProgressSnapshot(fraction=0.5, message="3 of 6 sources",
+                                              phase="searching", milestone=None,
+                                              data={"done": 3}, at=T0 + 5)
+    assert state.last_signal_at == T0 + 5
+
+
+def test_newer_progress_replaces_the_snapshot() -> None:
+    state = state_after(requested(), progress(T0 + 5, 0.2), progress(T0 + 9, 0.7))
+
+    assert (state.progress.fraction, state.progress.at, state.last_signal_at) == (
+        0.7, T0 + 9, T0 + 9)
+
+
+def test_the_same_progress_seen_again_is_a_duplicate() -> None:
+    snapshot = progress(T0 + 9, 0.7)
+    before = state_after(requested(), snapshot)
+
+    assert_reported(evolve(before, snapshot), before, "duplicate")
+
+
+def test_stale_progress_does_not_overwrite_newer() -> None:
+    before = state_after(requested(), progress(T0 + 9, 0.7))
+
+    assert_reported(evolve(before, progress(T0 + 5, 0.2)), before, "stale")
+
+
+def test_an_older_milestone_is_kept_but_does_not_replace_a_newer_snapshot() -> None:
+    state = state_after(requested(), progress(T0 + 9, 0.7), milestone(0, at=T0 + 5))
+
+    assert [m.sequence for m in state.milestones] == [0]
+    assert (state.progress.fraction, state.progress.at) == (0.7, T0 + 9)
+    assert state.last_signal_at == T0 + 9
+
+
+def test_a_finished_run_takes_no_more_progress() -> None:
+    before = state_after(requested(), running(1), completed(at=T0 + 1))
+
+    assert_reported(evolve(before, progress(T0 + 2)), before, "no more progress")
+
+
+# --- detached budgets -----------------------------------------------------------------------
+
+
+def test_absolute_budget_is_an_absolute_deadline_from_request_time() -> None:
+    state = state_after(detached_request(at=T0, max_budget_ms=2 * HOUR),
+                        started(at=T0 + SECOND), running(1, at=T0 + 2 * SECOND),
+                        progress(T0 + MINUTE), milestone(0, at=T0 + 2 * MINUTE))
+
+    assert state.max_budget_deadline == T0 + 2 * HOUR
+
+
+def test_a_run_without_an_absolute_budget_has_no_deadline() -> None:
+    state = state_after(requested(max_budget_ms=None), running(1), progress(T0 + 1))
+
+    assert state.max_budget_deadline is None
+
+
+def test_no_progress_deadline_starts_only_after_first_signal() -> None:
+    request = detached_request(at=T0, no_progress_budget_ms=10 * MINUTE)
+    quiet = state_after(request, started(at=T0 + 1), running(1, at=T0 + 2))
+    assert (quiet.no_progress_budget_ms, quiet.no_progress_deadline, quiet.last_signal_at) == (
+        10 * MINUTE, None, None)
+
+    state = assert_applied(evolve(quiet, progress(T0 + HOUR)))
+
+    assert state.last_signal_at == T0 + HOUR
+    assert state.no_progress_deadline == T0 + HOUR + 10 * MINUTE
+
+
+def test_a_first_milestone_also_starts_the_no_progress_deadline() -> None:
+    state = state_after(detached_request(no_progress_budget_ms=10 * MINUTE), running(1),
+                        milestone(0, at=T0 + HOUR))
+
+    assert state.no_progress_deadline == T0 + HOUR + 10 * MINUTE
+
+
+def test_signal_resets_no_progress_deadline() -> None:
+    budget = 10 * MINUTE
+    after_progress = state_after(detached_request(no_progress_budget_ms=budget), running(1),
+                                 progress(T0 + MINUTE))
+    after_milestone = fold([milestone(0, at=T0 + 5 * MINUTE)], after_progress)
+    after_more_progress = fold([progress(T0 + 7 * MINUTE)], after_milestone)
+
+    assert after_progress.no_progress_deadline == T0 + MINUTE + budget
+    assert after_milestone.no_progress_deadline == T0 + 5 * MINUTE + budget
+    assert after_more_progress.no_progress_deadline == T0 + 7 * MINUTE + budget
+
+
+def test_zero_no_progress_budget_disables_the_deadline() -> None:
+    state = state_after(detached_request(no_progress_budget_ms=0), running(1),
+                        progress(T0 + MINUTE), milestone(0, at=T0 + 2 * MINUTE))
+
+    assert state.last_signal_at == T0 + 2 * MINUTE
+    assert state.no_progress_deadline is None
+
+
+def test_an_awaited_run_has_no_no_progress_deadline() -> None:
+    state = state_after(requested(detached=None, no_progress_budget_ms=10 * MINUTE), running(1),
+                        progress(T0 + MINUTE))
+
+    assert state.no_progress_deadline is None
+
+
+@pytest.mark.parametrize("ending", [completed, failed, aborted, interrupted],
+                         ids=["completed", "error", "aborted", "interrupted"])
+def test_ending_a_run_clears_the_no_progress_deadline(ending: Any) -> None:
+    state = state_after(detached_request(no_progress_budget_ms=MINUTE), running(1),
+                        progress(T0 + 1), ending(at=T0 + 2))
+
+    assert state.no_progress_deadline is None
+    assert state.max_budget_deadline == T0 + 24 * HOUR
+
+
+# --- output chunks and steps ----------------------------------------------------------------
+
+
+def test_output_chunks_keep_order_and_ignore_duplicates() -> None:
+    before = state_after(requested(), running(1), output(0, "HTTP/3 "), output(1, "runs over QUIC"))
+
+    result = evolve(before, output(0, "something else"))
+
+    assert_reported(result, before, "duplicate", "chunk 0")
+    assert result.state.output_parts == {0: "HTTP/3 ", 1: "runs over QUIC"}
+    assert result.state.output_text == "HTTP/3 runs over QUIC"
+
+
+def test_an_early_output_chunk_is_kept_in_its_place() -> None:
+    state = state_after(requested(), running(1), output(0, "HTTP/3 "), output(2, "QUIC"))
+
+    assert state.output_text == "HTTP/3 QUIC"
+    state = assert_applied(evolve(state, output(1, "runs over ")))
+    assert state.output_text == "HTTP/3 runs over QUIC"
+    assert_reported(evolve(state, output(2, "QUIC")), state, "duplicate", "chunk 2")
+
+
+def test_a_finished_run_takes_no_more_output() -> None:
+    before = state_after(requested(), running(1), output(0, "a"), failed())
+
+    assert_reported(evolve(before, output(1, "b")), before, "no more output")
+
+
+def test_steps_keep_order_and_ignore_duplicates() -> None:
+    before = state_after(requested(), running(1), step(0), step(1))
+
+    assert before.steps == {0: {"n": 0}, 1: {"n": 1}}
+    assert_reported(evolve(before, step(1)), before, "duplicate", "step 1")
+
+
+def test_an_early_step_is_kept_by_its_index() -> None:
+    state = state_after(requested(), running(1), step(0), step(3))
+
+    assert sorted(state.steps) == [0, 3]
+    assert_reported(evolve(state, step(3)), state, "duplicate", "step 3")
+
+
+def test_a_finished_run_records_no_more_steps() -> None:
+    before = state_after(requested(), running(1), step(0), completed())
+
+    assert_reported(evolve(before, step(1)), before, "no more steps")
+
+
+# --- pause and resume -----------------------------------------------------------------------
+
+
+def test_pause_records_what_the_run_waits_for_and_resume_clears_it() -> None:
+    state = state_after(requested(), running(1), paused(at=T0 + 5, event_id="pause-1"))
+    assert state.paused is not None
+    assert (state.paused.reason, state.paused.pending, state.paused.at) == (
+        "waiting_for_human", [{"tool_call_id": "c1", "tool": "send_email"}], T0 + 5)
+    assert state.status == "running"
+
+    state = assert_applied(evolve(state, resumed("pause-1", at=T0 + 9)))
+
+    assert state.paused is None
+
+
+def test_the_same_pause_seen_again_is_a_duplicate() -> None:
+    pause = paused(event_id="pause-1")
+    before = state_after(requested(), running(1), pause, resumed("pause-1"))
+
+    result = evolve(before, pause)
+
+    assert_reported(result, before, "duplicate")
+    assert result.state.paused is None
+
+
+def test_a_resume_seen_again_does_not_end_a_later_pause() -> None:
+    resume = resumed("pause-1", event_id="resume-1")
+    before = state_after(requested(), running(1), paused(event_id="pause-1"), resume,
+                         paused(event_id="pause-2"))
+
+    result = evolve(before, resume)
+
+    assert_reported(result, before, "pause-1", "not the current one")
+    assert result.state.paused is not None and result.state.paused.pause_id == "pause-2"
+
+
+def test_resume_without_a_pause_is_reported() -> None:
+    before = state_after(requested(), running(1))
+
+    assert_reported(evolve(before, resumed("pause-9")), before, "not paused")
+
+
+@pytest.mark.parametrize("ending", [completed, interrupted], ids=["completed", "interrupted"])
+def test_a_run_that_ended_cannot_pause(ending: Any) -> None:
+    before = state_after(requested(), running(1), ending())
+
+    assert_reported(evolve(before, paused()), before, "cannot pause")
+
+
+def test_a_real_outcome_clears_the_pause() -> None:
+    assert state_after(requested(), running(1), paused(), completed()).paused is None
+
+
+# --- cancellation ---------------------------------------------------------------------------
+
+
+def test_cancel_request_is_recorded_once() -> None:
+    before = state_after(requested(), running(1), cancel_requested(at=T0 + 5))
+
+    result = evolve(before, cancel_requested(at=T0 + 9))
+
+    assert before.cancel_requested_at == T0 + 5
+    assert before.status == "running"
+    assert_reported(result, before, "duplicate")
+
+
+@pytest.mark.parametrize("outcome", HARD_ENDINGS, ids=HARD_ENDING_IDS)
+def test_cancel_requested_on_a_finished_run_is_a_no_op(outcome: Any) -> None:
+    before = state_after(requested(), running(1), outcome())
+
+    result = evolve(before, cancel_requested())
+
+    assert_reported(result, before, "nothing to cancel")
+    assert result.state.cancel_requested_at is None
+
+
+def test_cancel_of_an_interrupted_run_is_recorded() -> None:
+    # The child may still be running after a soft give-up; cancelling it must still count.
+    state = state_after(requested(), running(1), interrupted(child_still_running=True),
+                        cancel_requested(at=T0 + 5))
+
+    assert (state.status, state.cancel_requested_at) == ("interrupted", T0 + 5)
+
+
+# --- delivery ledger ------------------------------------------------------------------------
+
+
+def test_finish_delivery_is_recorded_once_per_status() -> None:
+    before = state_after(requested(), running(1), interrupted(at=T0 + 1),
+                         finish_delivered("interrupted", at=T0 + 2), completed(at=T0 + 3),
+                         finish_delivered("completed", at=T0 + 4))
+    assert before.ledger.finish == {"on_research_done:interrupted": T0 + 2,
+                                    "on_research_done:completed": T0 + 4}
+    assert before.finish_delivered("completed", "on_research_done")
+    assert not before.finish_delivered("completed", None)
+
+    result = evolve(before, finish_delivered("completed", at=T0 + 5))
+
+    assert_reported(result, before, "duplicate", "completed")
+
+
+def test_notifications_are_recorded_once_per_kind_and_key() -> None:
+    before = state_after(requested(), running(1), notified("milestone", "drafted", at=T0 + 1),
+                         notified("finish", "completed", at=T0 + 2),
+                         notified("milestone", "completed", at=T0 + 3))
+    assert before.ledger == DeliveryLedger(finish={}, notifications={
+        "milestone:drafted": T0 + 1, "finish:completed": T0 + 2, "milestone:completed": T0 + 3})
+
+    result = evolve(before, notified("milestone", "drafted", at=T0 + 4))
+
+    assert_reported(result, before, "duplicate", "milestone:drafted")
+
+
+# --- re-attach ------------------------------------------------------------------------------
+
+
+def test_reattach_attempts_are_recorded_once() -> None:
+    before = state_after(requested(), running(1), reattach_started(1), reattach_started(2))
+    assert before.reattach_attempts == 2
+
+    assert_reported(evolve(before, reattach_started(2)), before, "duplicate")
+    assert_reported(evolve(before, reattach_started(1)), before, "duplicate")
+
+
+def test_reattach_decisions_are_recorded_once_by_id() -> None:
+    before = state_after(requested(), running(1), reattach_decided("d1", "reattached", at=T0 + 1))
+
+    result = evolve(before, reattach_decided("d1", "interrupted", at=T0 + 2))
+    after = fold([reattach_decided("d2", "finished", at=T0 + 3)], before)
+
+    assert_reported(result, before, "duplicate", "d1")
+    assert [(d.decision_id, d.outcome, d.at) for d in after.reattach_decisions] == [
+        ("d1", "reattached", T0 + 1), ("d2", "finished", T0 + 3)]
+
+
+# --- rejection and clearing -----------------------------------------------------------------
+
+
+def test_rejection_creates_no_run_and_does_not_block_a_later_request() -> None:
+    result = evolve(None, rejected(at=T0))
+
+    # A rejection is no anomaly, so it carries no note either.
+    assert (result.state, result.applied, result.note) == (None, False, None)
+    state = assert_applied(evolve(result.state, requested(at=T0 + SECOND)))
+    assert (state.status, state.requested_at) == ("starting", T0 + SECOND)
+
+
+def test_rejection_of_a_repeated_request_leaves_the_existing_run_alone() -> None:
+    before = state_after(requested(), running(1))
+
+    result = evolve(before, rejected())
+
+    assert (result.state, result.applied, result.note) == (before, False, None)
+
+
+def test_cleared_run_can_be_requested_again() -> None:
+    before = state_after(requested(input={"query": "first"}), running(1), milestone(0),
+                         completed(), finish_delivered("completed"))
+
+    clearing = evolve(before, cleared(at=T0 + HOUR))
+    assert (clearing.applied, clearing.state, clearing.note) == (True, None, None)
+
+    state = assert_applied(evolve(None, requested(at=T0 + 2 * HOUR, input={"query": "second"})))
+    assert (state.status, state.input, state.requested_at) == (
+        "starting", {"query": "second"}, T0 + 2 * HOUR)
+    assert state.milestones == () and state.ledger == DeliveryLedger()
+
+
+def test_clearing_a_run_that_does_not_exist_is_reported() -> None:
+    assert_reported(evolve(None, cleared()), None, "no run to clear")
+
+
+# --- events that belong elsewhere -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("event", [
+    started(), running(1), output(0, "x"), milestone(0), progress(T0), completed(), failed(),
+    interrupted(), finish_delivered("completed"), notified("finish", "completed"),
+    reattach_decided("d1"),
+], ids=lambda e: e.type)
+def test_event_before_request_is_reported_not_applied(event: Any) -> None:
+    assert_reported(evolve(None, event), None, event.type, "before run.requested")
+
+
+@pytest.mark.parametrize("other", [
+    {"run_id": "r2"},
+    {"parent": ParentRef(agent="Assistant", name="user-7")},
+    {"parent": ParentRef(agent="Planner", name="user-42")},
+], ids=["other-run-id", "other-parent-name", "other-parent-agent"])
+def test_event_of_another_run_is_reported(other: dict[str, Any]) -> None:
+    before = state_after(requested(), running(1))
+    foreign = make(RunCompleted, {"summary": "not yours"}, event_id="foreign-1", **other)
+
+    assert_reported(evolve(before, foreign), before, "foreign-1", "another run")
+
+
+def test_a_request_of_another_run_does_not_replace_this_one() -> None:
+    before = state_after(requested())
+    foreign = make(RunRequested, {"agent_type": "Researcher", "input": {}}, run_id="r2")
+
+    assert_reported(evolve(before, foreign), before, "another run")

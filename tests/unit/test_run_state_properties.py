@@ -1,0 +1,239 @@
+"""Properties of the run fold over generated event histories of one run.
+
+The projections store `RunState` as JSON and the projector may see an event twice, so the
+fold must be deterministic, resumable from a (JSON) snapshot and indifferent to
+duplicates; and a hard terminal status is final.
+"""
+
+import itertools
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tether.contract.codec import decode_event, encode_event
+from tether.domain.events import (
+    HARD_TERMINAL,
+    EventEnvelope,
+    ParentRef,
+    RunAborted,
+    RunCancelRequested,
+    RunCleared,
+    RunCompleted,
+    RunFailed,
+    RunFinishDelivered,
+    RunInterrupted,
+    RunMilestone,
+    RunNotified,
+    RunOutput,
+    RunPaused,
+    RunProgressPersisted,
+    RunReattachDecided,
+    RunReattachStarted,
+    RunRejected,
+    RunRequested,
+    RunResumed,
+    RunRunning,
+    RunStarted,
+    RunStepRecorded,
+)
+from tether.domain.run_state import RunState, evolve, fold
+
+RUN_ID = "r1"
+PARENT = ParentRef(agent="Assistant", name="user-42")
+T0 = 1_700_000_000_000
+
+PROPERTY = settings(max_examples=200, deadline=None)
+
+
+def variants(**choices: list[Any]) -> st.SearchStrategy[dict[str, Any]]:
+    """Every combination of the given field values, drawn in one choice (cheap to generate)."""
+    names = list(choices)
+    return st.sampled_from([dict(zip(names, values, strict=True))
+                            for values in itertools.product(*choices.values())])
+
+
+SMALL_JSON = [None, 3, {"sources": 2}, {"rows": [1, 2], "ok": True}]
+FRACTIONS = [None, 0.0, 1 / 3, 1.0]
+TEXTS = [None, "", "3 of 6 sources"]
+# Mostly the next key in order (0); sometimes a repeated (< 0) or skipped (> 0) one.
+key_offsets = st.sampled_from([0, 0, 0, -2, -1, 1, 2])
+elapsed_ms = st.sampled_from([0, 1, 250, 5_000])
+
+request_data = st.one_of(
+    variants(agent_type=["Researcher"], input=[{"query": "HTTP/3"}, {}],
+             parent_tool_call_id=[None, "call-1"], detached=[None]),
+    variants(agent_type=["Researcher"], input=[{"query": "gRPC"}],
+             detached=[{"on_finish": "on_done", "notify": True, "on_milestones": ["drafted"]},
+                       {"notify": {"source": "agent-tool"}}],
+             max_budget_ms=[None, 1, 3_600_000], no_progress_budget_ms=[0, 1_000, 60_000]),
+)
+
+LATEST_PAUSE, EARLIER_PAUSE = "<latest pause>", "<earlier pause>"
+
+# kind -> (event class, name of its per-run key or None, strategy for the rest of the data)
+EVENT_KINDS: dict[str, tuple[type[EventEnvelope], str | None, st.SearchStrategy[dict]]] = {
+    "requested": (RunRequested, None, request_data),
+    "rejected": (RunRejected, None, variants(agent_type=["Researcher"], code=["cap"],
+                                             error=["too many runs"])),
+    "started": (RunStarted, None, variants(work_subject=["tether.work.Researcher"])),
+    "running": (RunRunning, "attempt", variants(runner_id=["runner-a", "runner-b"])),
+    "output": (RunOutput, "index", variants(text=["", "HTTP/3 ", "QUIC"])),
+    "milestone": (RunMilestone, "sequence", variants(
+        name=["sources-gathered", "drafted"], data=SMALL_JSON, fraction=FRACTIONS,
+        message=TEXTS, phase=[None, "search"])),
+    "progress": (RunProgressPersisted, None, variants(
+        fraction=FRACTIONS, message=TEXTS, phase=[None, "search"], data=SMALL_JSON)),
+    "step": (RunStepRecorded, "index", variants(step=[{"tool": "search"}, {"tool": "fetch"}])),
+    "paused": (RunPaused, None, variants(reason=["waiting_for_human", "waiting_for_tools"],
+                                         pending=[[], [{"tool_call_id": "c1"}]])),
+    "resumed": (RunResumed, None, variants(decisions=[{}, {"c1": "approved"}],
+                                           pause_id=[LATEST_PAUSE, EARLIER_PAUSE, "no-such"])),
+    "cancel": (RunCancelRequested, None, variants(reason=[None, "user"])),
+    "completed": (RunCompleted, None, variants(summary=["", "done"], output=SMALL_JSON)),
+    "failed": (RunFailed, None, variants(error=["boom"])),
+    "aborted": (RunAborted, None, variants(error=["aborted"],
+                                           cause=["cancel", "give-up", "child"])),
+    "interrupted": (RunInterrupted, None, variants(
+        reason=["no-progress", "window-exceeded", "budget-exceeded"], error=["gave up"],
+        child_still_running=[True, False])),
+    "finish_delivered": (RunFinishDelivered, None, variants(
+        status=["completed", "error", "aborted", "interrupted"], method=[None, "on_done"],
+        message_id=["finish:r1"])),
+    "notified": (RunNotified, None, variants(
+        kind=["finish", "milestone"], key=["completed", "drafted"],
+        mode=["notify", "narrate", "react"], message_id=["detached:r1"])),
+    "reattach_started": (RunReattachStarted, "attempt", variants(cause=["parent-restart"])),
+    "reattach_decided": (RunReattachDecided, None, variants(
+        decision_id=["d1", "d2", "d3"], outcome=["finished", "reattached", "interrupted"],
+        reason=[None, "no-progress"], child_still_running=[True, False],
+        timings=[{}, {"inspect_ms": 12}])),
+    "cleared": (RunCleared, None, variants(reason=[None, "retention"])),
+}
+ENDINGS = ["completed", "failed", "aborted", "interrupted"]
+FIRST_KEY = {"attempt": 1, "index": 0, "sequence": 0}
+STEP_OF_KIND = {kind: st.tuples(st.just(kind), data, key_offsets, elapsed_ms)
+                for kind, (_, _, data) in EVENT_KINDS.items()}
+
+
+def _steps(kinds: list[str]) -> st.SearchStrategy[list[tuple[str, dict, int, int]]]:
+    """(kind, data without its key, key offset, ms since the previous event) per event."""
+    one = st.sampled_from(kinds).flatmap(STEP_OF_KIND.__getitem__)
+    return st.lists(one, min_size=3, max_size=30)
+
+
+@st.composite
+def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
+    """A run.requested, then a random mix of a few event types for the same run.
+
+    Per-run keys (attempts, output and step indexes, milestone sequences) mostly take the
+    lowest one not used yet, so a skipped key is usually filled in later, but are sometimes
+    repeated or skip ahead; times never go backwards; event ids are unique.
+    """
+    kinds = [kind for kind in EVENT_KINDS if with_clears or kind != "cleared"]
+    # Each history uses a few event types only ("swarm testing"), so interplays between
+    # two types (a resume before its pause, a chunk after a gap) come up often; half of
+    # them get one way of ending the run on top, so what follows an ending comes up too.
+    kinds = draw(st.lists(st.sampled_from(kinds), min_size=1, max_size=4, unique=True))
+    if draw(st.booleans()):
+        kinds.append(draw(st.sampled_from(ENDINGS)))
+    steps = [("requested", draw(request_data), 0, 0), *draw(_steps(kinds))]
+    clock = T0
+    used_keys: dict[str, set[int]] = {}
+    events = []
+    pauses: list[str] = []
+    for position, (kind, data, offset, elapsed) in enumerate(steps):
+        event_cls, key, _ = EVENT_KINDS[kind]
+        data = dict(data)
+        if kind == "paused":
+            pauses.append(f"e{position}")
+        if kind == "resumed":
+            # A resume names a pause that exists by then (it is caused by it).
+            data["pause_id"] = _pause_named(data["pause_id"], pauses)
+        if key is not None:
+            used = used_keys.setdefault(kind, set())
+            expected = min(set(range(FIRST_KEY[key], FIRST_KEY[key] + len(used) + 1)) - used)
+            data[key] = max(FIRST_KEY[key], expected + offset)
+            used.add(data[key])
+        clock += elapsed
+        events.append(event_cls.model_validate({
+            "event_id": f"e{position}", "run_id": RUN_ID, "parent": PARENT,
+            "occurred_at": clock, "data": data,
+        }))
+    return events
+
+
+def _pause_named(choice: str, pauses: list[str]) -> str:
+    if choice == LATEST_PAUSE and pauses:
+        return pauses[-1]
+    if choice == EARLIER_PAUSE and len(pauses) > 1:
+        return pauses[-2]
+    return "no-such"
+
+
+def states_after_each(events: list[Any]) -> list[RunState | None]:
+    """states[k] is the state after the first k events."""
+    states: list[RunState | None] = [None]
+    for event in events:
+        states.append(evolve(states[-1], event).state)
+    return states
+
+
+def through_json(state: RunState | None) -> RunState | None:
+    return None if state is None else RunState.model_validate_json(state.model_dump_json())
+
+
+@PROPERTY
+@given(run_histories())
+def test_folding_is_deterministic_and_replaying_the_log_again_changes_nothing(
+    events: list[Any],
+) -> None:
+    once = fold(events)
+
+    assert fold(events) == once
+    assert fold([decode_event(encode_event(event)) for event in events]) == once
+    for end in range(1, len(events) + 1):
+        prefix = events[:end]
+        assert fold(prefix + prefix) == fold(prefix), f"replaying the first {end} events again"
+
+
+@PROPERTY
+@given(run_histories())
+def test_snapshot_plus_the_remaining_events_equals_a_full_replay(events: list[Any]) -> None:
+    full = fold(events)
+
+    for split, snapshot in enumerate(states_after_each(events)):
+        assert fold(events[split:], snapshot) == full
+        assert fold(events[split:], through_json(snapshot)) == full, f"snapshot after {split}"
+
+
+@PROPERTY
+@given(run_histories(), st.data())
+def test_a_duplicate_of_any_event_changes_nothing(events: list[Any], data: st.DataObject) -> None:
+    full = fold(events)
+    states = states_after_each(events)
+
+    for original in range(len(events)):
+        # Seen again right after itself, or after any later event: states[later] is the
+        # state at that point, and an unchanged state leaves the rest of the fold unchanged.
+        for later in range(original + 1, len(events) + 1):
+            again = evolve(states[later], events[original])
+            assert again.state == states[later], (original, later, again.note)
+
+    original = data.draw(st.integers(0, len(events) - 1), label="duplicated event")
+    later = data.draw(st.integers(original + 1, len(events)), label="inserted before position")
+    with_duplicate = [*events[:later], events[original], *events[later:]]
+    assert fold(with_duplicate) == full
+
+
+@PROPERTY
+@given(run_histories(with_clears=True))
+def test_a_hard_terminal_status_never_changes_until_the_run_is_cleared(events: list[Any]) -> None:
+    final: str | None = None
+    for event, state in zip(events, states_after_each(events)[1:], strict=True):
+        if isinstance(event, RunCleared):
+            final = None
+        elif final is not None:
+            assert state is not None and state.status == final, (event.type, final)
+        elif state is not None and state.status in HARD_TERMINAL:
+            final = state.status
