@@ -15,7 +15,13 @@ import uuid
 
 import asyncpg
 
-from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
+from tether.adapters.jetstream import (
+    EventLog,
+    StreamSettings,
+    connect_nats,
+    ensure_streams,
+    remove_streams,
+)
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
@@ -83,8 +89,7 @@ async def main() -> None:
         await projector.wait()
         await pool.execute(f'DROP SCHEMA IF EXISTS "{prefix}" CASCADE')
         await pool.close()
-        for kind in ("CMD", "EVENTS", "PROGRESS", "WORK", "HOOKS", "CHAT"):
-            await nc.jetstream().delete_stream(settings.subjects.stream(kind))
+        await remove_streams(nc.jetstream(), settings.subjects)
         await nc.drain()
 
 

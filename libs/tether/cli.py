@@ -7,16 +7,22 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_client_command
 from tether.config import ConfigurationError, Settings
 from tether.log import configure_logging
 
 SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084}
 
 
-def _services() -> dict[str, Callable[..., Awaitable[None]]]:
-    from tether_services import projector
+SERVICE_MODULES = {"parent": "tether_services.parent",
+                   "child-runner": "tether_services.child_runner",
+                   "projector": "tether_services.projector"}
 
-    return {"projector": projector.serve}
+
+def _services() -> dict[str, Callable[..., Awaitable[None]]]:
+    import importlib
+
+    return {name: importlib.import_module(module).serve for name, module in SERVICE_MODULES.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,21 +33,26 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     services = commands.add_parser("services", help="run Tether services")
-    services.add_argument("name", choices=[*sorted(_services()), "all"])
+    services.add_argument("name", choices=[*sorted(SERVICE_MODULES), "all"])
+    services.add_argument("--agents", help="child agents, module:Class[,module:Class] "
+                                           "(default: $TETHER_AGENTS)")
 
     projections = commands.add_parser("projections", help="manage the Postgres projections")
     projections.add_argument("action", choices=["migrate", "rebuild", "verify"])
     projections.add_argument("--batch-size", type=int, default=5000)
+    add_client_commands(commands)
 
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(nats_url=args.nats_url, database_url=args.database_url,
-                                     prefix=args.prefix)
+                                     prefix=args.prefix, agents=getattr(args, "agents", None))
     except ConfigurationError as error:
         print(f"tether: {error}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
     try:
+        if args.command in CLIENT_COMMANDS:
+            return run_client_command(args, settings)
         if args.command == "services":
             return asyncio.run(_run_services(settings, args.name))
         return asyncio.run(_projections(settings, args.action, args.batch_size))

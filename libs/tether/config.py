@@ -32,6 +32,20 @@ class Settings(BaseModel):
     input_preview_chars: int = Field(default=500, ge=0)
     detached_max_budget_ms: int = Field(default=24 * HOUR_MS, gt=0)
     detached_no_progress_budget_ms: int = Field(default=HOUR_MS, ge=0)
+    # Child agents by import path (`module:Class`), comma-separated in TETHER_AGENTS.
+    agents: tuple[str, ...] = ()
+    # Per parent instance; None: unlimited. A ChildAgent's own class attribute sets the
+    # cap when that child acts as a parent.
+    max_concurrent_agent_tools: int | None = Field(default=None, ge=1)
+    max_input_bytes: int = Field(default=256 * 1024, ge=1)
+    progress_coalesce_ms: int = Field(default=200, ge=0)
+    hook_lease_ms: int = Field(default=60_000, ge=100)
+    runner_concurrency: int = Field(default=16, ge=1)
+    work_ack_wait_ms: int = Field(default=30_000, ge=500)
+    max_attempts: int = Field(default=5, ge=1)
+    # An object (`module:attribute`) with format_detached_completion(run, result) and/or
+    # format_detached_milestone(run, milestone) overriding the chat texts.
+    formatters: str | None = None
     health_host: str = "0.0.0.0"
     # None: the service's own default (parent 8081, child-runner 8082, reconciler 8083,
     # projector 8084); 0 picks a free port.
@@ -51,6 +65,13 @@ class Settings(BaseModel):
     def _postgres_scheme(cls, value: str) -> str:
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("expected a URL like postgresql://USER@HOST:PORT/DATABASE")
+        return value
+
+    @field_validator("agents", mode="before")
+    @classmethod
+    def _split_agents(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
 
     @field_validator("prefix")

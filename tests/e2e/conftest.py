@@ -8,7 +8,13 @@ import sys
 import asyncpg
 import pytest
 
-from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
+from tether.adapters.jetstream import (
+    EventLog,
+    StreamSettings,
+    connect_nats,
+    ensure_streams,
+    remove_streams,
+)
 from tether.config import Settings
 
 
@@ -96,8 +102,7 @@ async def log(settings: Settings):
     nc = await connect_nats(settings.nats_url, name="tether-e2e")
     await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings())
     yield EventLog(nc, settings.subjects)
-    for kind in ("CMD", "EVENTS", "PROGRESS", "WORK", "HOOKS", "CHAT"):
-        await nc.jetstream().delete_stream(settings.subjects.stream(kind))
+    await remove_streams(nc.jetstream(), settings.subjects)
     await nc.drain()
 
 

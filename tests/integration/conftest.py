@@ -3,7 +3,13 @@
 import asyncpg
 import pytest
 
-from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
+from tether.adapters.jetstream import (
+    EventLog,
+    StreamSettings,
+    connect_nats,
+    ensure_streams,
+    remove_streams,
+)
 from tether.adapters.postgres.migrator import migrate
 from tether.config import Settings
 
@@ -26,9 +32,7 @@ async def log(nc, settings: Settings):
     js = nc.jetstream()
     await ensure_streams(js, settings.subjects, StreamSettings())
     yield EventLog(nc, settings.subjects)
-    for name in (settings.subjects.stream(kind)
-                 for kind in ("CMD", "EVENTS", "PROGRESS", "WORK", "HOOKS", "CHAT")):
-        await js.delete_stream(name)
+    await remove_streams(js, settings.subjects)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from tether.adapters.jetstream import (
     EventLog,
     StreamSettings,
     ensure_streams,
+    remove_streams,
     stream_configs,
 )
 from tether.domain.events import ParentRef, RunCompleted
@@ -33,8 +34,7 @@ async def test_streams_are_created_with_explicit_settings_and_updated_in_place(n
     events = await js.stream_info(settings.subjects.events_stream)
     assert events.config.duplicate_window == 90
     assert len(stream_configs(settings.subjects, StreamSettings())) == 6
-    for config in stream_configs(settings.subjects, StreamSettings()):
-        await js.delete_stream(config.name)
+    await remove_streams(js, settings.subjects)
 
 
 async def test_an_append_retried_with_the_same_event_id_is_stored_once(log: EventLog):

@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
+from nats.js.kv import KeyValue
 
 from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
@@ -107,7 +108,7 @@ def stream_configs(subjects: Subjects, settings: StreamSettings) -> list[js_api.
 
 async def ensure_streams(js: JetStreamContext, subjects: Subjects,
                          settings: StreamSettings) -> None:
-    """Create every stream, or bring an existing one to the configured settings."""
+    """Create every stream and KV bucket, or bring an existing one to the configured settings."""
     for config in stream_configs(subjects, settings):
         try:
             await js.add_stream(config)
@@ -115,6 +116,42 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects,
             if error.err_code != STREAM_NAME_IN_USE:
                 raise
             await js.update_stream(config)
+    for bucket in (subjects.registry_bucket, subjects.slots_bucket):
+        await key_value(js, bucket, settings)
+
+
+async def durable_pull(js: JetStreamContext, stream: str,
+                       config: js_api.ConsumerConfig) -> JetStreamContext.PullSubscription:
+    """Create (or update to `config`) a durable pull consumer and bind to it.
+
+    Every replica of a service binds to the same durable consumer, so they share its
+    messages, and a restarted process resumes where the consumer's acks left off.
+    """
+    await js.add_consumer(stream, config)
+    return await js.pull_subscribe_bind(durable=config.durable_name, stream=stream)
+
+
+async def remove_streams(js: JetStreamContext, subjects: Subjects) -> None:
+    """Delete every stream and bucket of one prefix (tests, demos, uninstall)."""
+    names = [config.name for config in stream_configs(subjects, StreamSettings())]
+    names += [f"KV_{bucket}" for bucket in (subjects.registry_bucket, subjects.slots_bucket)]
+    for name in names:
+        try:
+            await js.delete_stream(name)
+        except NotFoundError:
+            pass
+
+
+async def key_value(js: JetStreamContext, bucket: str, settings: StreamSettings) -> KeyValue:
+    """The bucket, created with the one configuration every service uses."""
+    config = js_api.KeyValueConfig(bucket=bucket, history=1, storage=js_api.StorageType.FILE,
+                                   replicas=settings.replicas)
+    try:
+        return await js.create_key_value(config)
+    except APIError as error:
+        if error.err_code != STREAM_NAME_IN_USE:
+            raise
+        return await js.key_value(bucket)
 
 
 class EventLog:
@@ -128,6 +165,10 @@ class EventLog:
     @property
     def jetstream(self) -> JetStreamContext:
         return self._js
+
+    @property
+    def nats(self) -> NATS:
+        return self._nc
 
     async def append(self, event: Event, *, expected_last_seq: int | None) -> int:
         """Append one event; returns its stream sequence.
@@ -207,20 +248,27 @@ class EventLog:
             return 0
         return int(message.seq or 0)
 
-    async def read_run(self, parent: ParentRef, run_id: str) -> RunHistory:
+    async def read_run(self, parent: ParentRef, run_id: str, *,
+                       before_seq: int | None = None) -> RunHistory:
         """Every event of one run, in order, and the state they fold to.
 
+        `before_seq` stops short of that stream sequence: the run as it was before a
+        given event, for a consumer that must judge that event itself.
         Undecodable messages are skipped here (the projector dead-letters them); the
         returned `last_seq` still covers them so an append after this read is consistent.
         """
         subject = self.subjects.run_events(parent, run_id)
         last = await self.last_seq(parent, run_id)
+        if before_seq is not None:
+            last = min(last, before_seq - 1)
         events: list[Event] = []
         state: RunState | None = None
         if not last:
             return RunHistory((), 0, None)
         async with aclosing(self._replay(subject, start_seq=1, until_seq=last)) as stream:
             async for stored in stream:
+                if stored.seq > last and before_seq is not None:
+                    break
                 if stored.event is not None:
                     events.append(stored.event)
                     state = evolve(state, stored.event).state

@@ -56,6 +56,11 @@ class Subjects:
     def command(self, kind: str) -> str:
         return f"{self.prefix}.cmd.{kind}"
 
+    @property
+    def command_dead_letters(self) -> str:
+        """Commands that could not be parsed, with the reason in a `Tether-Error` header."""
+        return f"{self.prefix}.cmd.dead_letter"
+
     def run_events(self, parent: ParentRef, run_id: str) -> str:
         return f"{self.prefix}.evt.{parent.agent}.{parent.name}.{check_identifier(run_id, 'run id')}"
 
@@ -81,6 +86,19 @@ class Subjects:
 
     def chat(self, parent: ParentRef) -> str:
         return f"{self.prefix}.chat.{parent.agent}.{parent.name}"
+
+    def cancel_signal(self, agent_type: str) -> str:
+        return f"{self.prefix}.ctl.cancel.{check_identifier(agent_type, 'agent type')}"
+
+    @property
+    def registry_bucket(self) -> str:
+        """KV: `hook.<parent_agent>.<method>` for every registered hook handler."""
+        return self.stream("REGISTRY")
+
+    @property
+    def slots_bucket(self) -> str:
+        """KV: `<parent_agent>.<parent_name>` -> the parent's open runs, for the cap."""
+        return self.stream("SLOTS")
 
     def rpc(self, kind: str) -> str:
         return f"{self.prefix}.rpc.{kind}"

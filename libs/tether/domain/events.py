@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
-from tether.domain.ids import Identifier
+from tether.domain.ids import EventId, Identifier
 
 RunStatus = Literal["starting", "running", "completed", "error", "aborted", "interrupted"]
 HARD_TERMINAL: frozenset[str] = frozenset({"completed", "error", "aborted"})
@@ -214,7 +214,7 @@ class RunClearedData(Model):
 
 
 class EventEnvelope(Model):
-    event_id: Identifier
+    event_id: EventId
     type: str
     schema_version: int
     run_id: Identifier

@@ -27,3 +27,12 @@ def check_identifier(value: object, what: str = "identifier") -> str:
             "(a letter or digit, then at most 127 letters, digits, '_', ':' or '-')"
         )
     return value
+
+
+EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,299}$"
+EventId = Annotated[str, StringConstraints(pattern=EVENT_ID_PATTERN)]
+
+
+def derived_event_id(run_id: str, *parts: object) -> str:
+    """A deterministic event id, so that a retried append is deduplicated by the log."""
+    return ":".join([run_id, *(str(part) for part in parts)])

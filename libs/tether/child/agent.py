@@ -1,0 +1,110 @@
+"""What a child agent is, for the child-runner and for the parent's validation.
+
+A child agent is a Python class registered by import path (`TETHER_AGENTS`,
+`--agents module:Class`). Its `agent_type` defaults to the class name.
+"""
+
+import importlib
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from tether.child.context import report_progress as report_current_progress
+from tether.domain.ids import check_identifier
+
+if TYPE_CHECKING:
+    from tether.child.context import RunContext
+
+
+class AnyInput(BaseModel):
+    """The input model of a child that declares none: any JSON object."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ChildAgent:
+    """Subclass and implement `run`; see the README for the full surface.
+
+    `run` returns the child's final text (the default summary), or a structured value
+    (the output), or None. Workflow-style children with no text override `get_output`
+    and `get_summary`, which are read once `run` has returned.
+    """
+
+    agent_type: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    input_model: ClassVar[type[BaseModel]] = AnyInput
+    # The cap on this child's own agent tools when it acts as a parent (None: the
+    # service's `max_concurrent_agent_tools`).
+    max_concurrent_agent_tools: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("agent_type"):
+            cls.agent_type = cls.__name__
+        check_identifier(cls.agent_type, "agent type")
+
+    async def run(self, ctx: "RunContext", input: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement run(ctx, input)")
+
+    async def get_output(self, run_id: str) -> Any:
+        return None
+
+    async def report_progress(self, fraction: float | None = None, message: str | None = None,
+                              phase: str | None = None, milestone: str | None = None,
+                              data: Any = None, persist: bool = False) -> None:
+        """`ctx.report_progress` for the run this agent is executing, found from the task.
+
+        Code that has no `ctx` at hand (a tool function deep inside the child) can report
+        through the agent; run standalone, this is a no-op with a development warning.
+        """
+        await report_current_progress(fraction=fraction, message=message, phase=phase,
+                              milestone=milestone, data=data, persist=persist)
+
+    async def get_summary(self, run_id: str, output: Any) -> str | None:
+        return None
+
+
+class AgentConfigurationError(ValueError):
+    pass
+
+
+def load_agent(path: str) -> type[ChildAgent]:
+    """`package.module:ClassName` -> the class, with an error that says what is wrong."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise AgentConfigurationError(
+            f"agent {path!r}: expected an import path like package.module:ClassName")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise AgentConfigurationError(f"agent {path!r}: cannot import {module_name}: {error}") from None
+    cls = getattr(module, attribute, None)
+    if not (isinstance(cls, type) and issubclass(cls, ChildAgent)):
+        raise AgentConfigurationError(
+            f"agent {path!r}: {attribute} is not a ChildAgent subclass in {module_name}")
+    return cls
+
+
+class AgentRegistry:
+    """The child agents a service knows, by agent type."""
+
+    def __init__(self, classes: "list[type[ChildAgent]] | tuple[type[ChildAgent], ...]" = ()) -> None:
+        self._by_type: dict[str, type[ChildAgent]] = {}
+        for cls in classes:
+            if cls.agent_type in self._by_type and self._by_type[cls.agent_type] is not cls:
+                raise AgentConfigurationError(f"two agents are named {cls.agent_type!r}")
+            self._by_type[cls.agent_type] = cls
+
+    @classmethod
+    def from_paths(cls, paths: "list[str] | tuple[str, ...]") -> "AgentRegistry":
+        return cls([load_agent(path) for path in paths])
+
+    def get(self, agent_type: str) -> type[ChildAgent] | None:
+        return self._by_type.get(agent_type)
+
+    @property
+    def agent_types(self) -> list[str]:
+        return sorted(self._by_type)
+
+    def __bool__(self) -> bool:
+        return bool(self._by_type)

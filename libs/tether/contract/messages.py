@@ -1,0 +1,246 @@
+"""Payloads that are not events: work items, signals, hooks, chat messages, RPC replies.
+
+Each travels on a subject of `tether.contract.subjects.Subjects`; the comment on each
+model names it and its deduplication id.
+"""
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tether.domain.events import (
+    DetachedOptions,
+    InterruptedReason,
+    Model,
+    ParentRef,
+    RunStatus,
+)
+from tether.domain.ids import Identifier
+from tether.domain.run_state import RunState
+
+GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
+
+
+class WorkItem(Model):
+    """`<prefix>.work.<agent_type>`, `Nats-Msg-Id: work:<run_id>:<dispatch>`.
+
+    Deliberately small: the runner reads everything else (input, budgets, what was
+    already recorded) from the run's events, which are the truth.
+    """
+
+    run_id: Identifier
+    parent: ParentRef
+    agent_type: Identifier
+    dispatch: int = Field(default=1, ge=1)
+
+
+class CancelSignal(Model):
+    """Core NATS `<prefix>.ctl.cancel.<agent_type>`: stop this run's child now.
+
+    Only a nudge; the durable fact is the `run.cancel_requested` event, which a runner
+    also checks when it picks a run up and while it heartbeats.
+    """
+
+    run_id: Identifier
+    parent: ParentRef
+    reason: str | None = None
+
+
+class ProgressSignal(Model):
+    """`<prefix>.progress.<parent_agent>.<parent_name>.<run_id>` (the stream keeps the last)."""
+
+    run_id: Identifier
+    parent: ParentRef
+    fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    message: str | None = None
+    phase: str | None = None
+    milestone: str | None = None
+    data: Any = None
+    at: int
+
+
+class RunInfo(Model):
+    """What a hook or a formatter is told about the run (the seed's AgentToolRunInfo)."""
+
+    run_id: str
+    agent_type: str
+    parent: ParentRef
+    parent_tool_call_id: str | None = None
+    display_order: int | None = None
+    detached: DetachedOptions | None = None
+    requested_at: int
+
+    @classmethod
+    def of(cls, state: RunState) -> "RunInfo":
+        return cls(run_id=state.run_id, agent_type=state.agent_type, parent=state.parent,
+                   parent_tool_call_id=state.parent_tool_call_id,
+                   display_order=state.display_order, detached=state.detached,
+                   requested_at=state.requested_at)
+
+
+class LifecycleResult(Model):
+    """How a run ended (the seed's AgentToolLifecycleResult)."""
+
+    status: Literal["completed", "error", "aborted", "interrupted"]
+    summary: str | None = None
+    output: Any = None
+    error: str | None = None
+    reason: InterruptedReason | None = None
+    child_still_running: bool | None = None
+
+    @classmethod
+    def of(cls, state: RunState) -> "LifecycleResult":
+        if state.status == "completed":
+            return cls(status="completed", summary=state.summary, output=state.output)
+        if state.status == "interrupted":
+            return cls(status="interrupted", error=state.error, reason=state.reason,
+                       child_still_running=state.child_still_running)
+        if state.status in ("error", "aborted"):
+            return cls(status=state.status, error=state.error)
+        raise ValueError(f"a {state.status} run has no result yet")
+
+
+class HookMessage(Model):
+    """`<prefix>.hook.<parent_agent>.<method>`, `Nats-Msg-Id: finish:<run_id>:<status>`
+    (`finish-global:<run_id>:<status>` for the parent's global finish hook)."""
+
+    method: Identifier
+    run: RunInfo
+    result: LifecycleResult
+
+
+class ChatMessage(Model):
+    """`<prefix>.chat.<parent_agent>.<parent_name>`, `Nats-Msg-Id` = `id`:
+    `detached-finish:<run_id>:<status>` or `detached-ms:<run_id>:<name>`."""
+
+    id: str
+    role: Literal["user", "assistant"]
+    content: str
+    metadata: dict[str, Any]
+
+
+class AgentToolSuccess(Model):
+    ok: Literal[True] = True
+    run_id: str
+    agent_type: str
+    summary: str
+    output: Any = None
+
+
+class AgentToolFailure(Model):
+    """The seed's AgentToolFailure: `retryable` only for an interrupted run."""
+
+    ok: Literal[False] = False
+    run_id: str
+    agent_type: str | None = None
+    status: Literal["error", "aborted", "interrupted"]
+    error: str
+    retryable: bool
+    reason: InterruptedReason | None = None
+    child_still_running: bool | None = None
+
+    @classmethod
+    def of(cls, state: RunState) -> "AgentToolFailure":
+        if state.status == "interrupted":
+            return cls(run_id=state.run_id, agent_type=state.agent_type, status="interrupted",
+                       error=state.error or "interrupted", retryable=True, reason=state.reason,
+                       child_still_running=state.child_still_running)
+        if state.status not in ("error", "aborted"):
+            raise ValueError(f"a {state.status} run is no failure")
+        return cls(run_id=state.run_id, agent_type=state.agent_type, status=state.status,
+                   error=state.error or state.status, retryable=False)
+
+
+class DetachedHandle(Model):
+    """What a detached `run_agent_tool` returns at once (the seed's DetachedRunAgentToolResult)."""
+
+    run_id: str
+    agent_type: str
+    status: Literal["running", "error"]
+    error: str | None = None
+
+
+class MilestoneView(Model):
+    sequence: int
+    name: str
+    data: Any = None
+    at: int
+
+
+class RunSnapshot(Model):
+    """A run as inspect and list show it."""
+
+    run_id: str
+    parent: ParentRef
+    agent_type: str
+    status: RunStatus
+    detached: bool
+    parent_tool_call_id: str | None = None
+    display_order: int | None = None
+    display: str | None = None
+    summary: str | None = None
+    output: Any = None
+    error: str | None = None
+    reason: InterruptedReason | None = None
+    child_still_running: bool | None = None
+    progress: dict[str, Any] | None = None
+    milestones: list[MilestoneView] = Field(default_factory=list)
+    output_text: str = ""
+    attempt: int = 0
+    cancel_requested: bool = False
+    waiting_for: str | None = None
+    requested_at: int
+    started_at: int | None = None
+    ended_at: int | None = None
+
+    @classmethod
+    def of(cls, state: RunState) -> "RunSnapshot":
+        return cls(
+            run_id=state.run_id, parent=state.parent, agent_type=state.agent_type,
+            status=state.status, detached=state.detached is not None,
+            parent_tool_call_id=state.parent_tool_call_id, display_order=state.display_order,
+            display=state.display, summary=state.summary, output=state.output,
+            error=state.error, reason=state.reason, child_still_running=state.child_still_running,
+            progress=state.progress.model_dump(mode="json") if state.progress else None,
+            milestones=[MilestoneView(sequence=m.sequence, name=m.name, data=m.data, at=m.at)
+                        for m in state.milestones],
+            output_text=state.output_text, attempt=state.attempt,
+            cancel_requested=state.cancel_requested_at is not None,
+            waiting_for=state.paused.reason if state.paused else None,
+            requested_at=state.requested_at, started_at=state.started_at,
+            ended_at=state.ended_at,
+        )
+
+
+class InspectReply(Model):
+    """`<prefix>.rpc.inspect`: the run, or null when there is none for that parent."""
+
+    run: RunSnapshot | None = None
+    error: str | None = None
+
+
+class ListReply(Model):
+    runs: list[RunSnapshot] = Field(default_factory=list)
+    error: str | None = None
+
+
+class HasRunReply(Model):
+    has_run: bool = False
+    error: str | None = None
+
+
+def work_message_id(run_id: str, dispatch: int) -> str:
+    return f"work:{run_id}:{dispatch}"
+
+
+def finish_message_id(run_id: str, status: str, method: str) -> str:
+    prefix = "finish-global" if method == GLOBAL_FINISH_HOOK else "finish"
+    return f"{prefix}:{run_id}:{status}"
+
+
+def chat_finish_id(run_id: str, status: str) -> str:
+    return f"detached-finish:{run_id}:{status}"
+
+
+def chat_milestone_id(run_id: str, name: str) -> str:
+    return f"detached-ms:{run_id}:{name}"

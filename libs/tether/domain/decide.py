@@ -1,0 +1,143 @@
+"""The parent's decisions, as pure functions from a run's state to the events it needs.
+
+Each function looks only at the state it is given, so calling it again after a partial
+append or a concurrency conflict (see `EventLog.update`) converges instead of repeating
+itself. Time and ids come in as arguments.
+"""
+
+from dataclasses import dataclass
+
+from tether.domain.commands import RunCommand
+from tether.domain.events import (
+    Event,
+    ParentRef,
+    RunAborted,
+    RunAbortedData,
+    RunCancelRequested,
+    RunCancelRequestedData,
+    RunCleared,
+    RunClearedData,
+    RunReattachStarted,
+    RunReattachStartedData,
+    RunRejected,
+    RunRejectedData,
+    RunRequested,
+    RunRequestedData,
+    RunStarted,
+    RunStartedData,
+)
+from tether.domain.ids import derived_event_id
+from tether.domain.run_state import RunState
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """Defaults for detached runs; a request may set its own."""
+
+    detached_max_budget_ms: int
+    detached_no_progress_budget_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """Where a decision comes from: the command's stream sequence and the time it was handled."""
+
+    command_seq: int
+    now: int
+
+    @property
+    def causation_id(self) -> str:
+        return f"cmd:{self.command_seq}"
+
+    def event_id(self, run_id: str, kind: str) -> str:
+        return derived_event_id(run_id, kind, self.command_seq)
+
+
+def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict:
+    return {"event_id": cause.event_id(run_id, kind), "run_id": run_id, "parent": parent,
+            "occurred_at": cause.now, "causation_id": cause.causation_id,
+            "correlation_id": run_id}
+
+
+def request_run(command: RunCommand, budgets: Budgets, cause: Cause) -> RunRequested:
+    detached = command.detached_options()
+    max_budget_ms, no_progress_budget_ms = None, 0
+    if detached is not None:
+        max_budget_ms = detached.max_budget_ms or budgets.detached_max_budget_ms
+        no_progress_budget_ms = (budgets.detached_no_progress_budget_ms
+                                 if detached.no_progress_budget_ms is None
+                                 else detached.no_progress_budget_ms)
+    return RunRequested(
+        **_envelope(command.run_id, command.parent, cause, "requested"),
+        data=RunRequestedData(
+            agent_type=command.agent_type, input=command.input,
+            parent_tool_call_id=command.parent_tool_call_id,
+            display_order=command.display_order, display=command.display, detached=detached,
+            max_budget_ms=max_budget_ms, no_progress_budget_ms=no_progress_budget_ms,
+        ),
+    )
+
+
+def reject_run(run_id: str, parent: ParentRef, agent_type: str | None, code: str, error: str,
+               cause: Cause) -> RunRejected:
+    return RunRejected(**_envelope(run_id, parent, cause, "rejected"),
+                       data=RunRejectedData(agent_type=agent_type, code=code, error=error))
+
+
+def dispatch(state: RunState | None, work_subject: str, cause: Cause) -> list[Event]:
+    """A registered run that was never handed to the runners is handed over now."""
+    if state is None or state.status != "starting" or state.dispatched_at is not None:
+        return []
+    return [RunStarted(**_envelope(state.run_id, state.parent, cause, "started"),
+                       data=RunStartedData(work_subject=work_subject))]
+
+
+def reattach(state: RunState | None, cause: Cause) -> list[Event]:
+    """A repeated request for an interrupted run re-attaches to it."""
+    if state is None or state.status != "interrupted":
+        return []
+    return [RunReattachStarted(**_envelope(state.run_id, state.parent, cause, "reattach"),
+                               data=RunReattachStartedData(attempt=state.reattach_attempts + 1,
+                                                           cause="repeated-request"))]
+
+
+def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> list[Event]:
+    """Idempotent; a no-op on a finished run.
+
+    An awaited run ends `aborted` when its child stops (the runner appends it). A
+    detached run ends `aborted` at once, so its finish hook is delivered without waiting
+    for a child that may never answer.
+    """
+    if state is None or state.is_hard_terminal:
+        return []
+    events: list[Event] = []
+    if state.cancel_requested_at is None:
+        events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+                                         data=RunCancelRequestedData(reason=reason)))
+    if state.detached is not None or state.status == "interrupted":
+        events.append(RunAborted(**_envelope(state.run_id, state.parent, cause, "aborted"),
+                                 data=RunAbortedData(error=f"cancelled{': ' + reason if reason else ''}",
+                                                     cause="cancel")))
+    return events
+
+
+def clear(state: RunState | None, cause: Cause) -> list[Event]:
+    """Retention: a run that is still open is aborted first, then cleared."""
+    if state is None:
+        return []
+    events: list[Event] = []
+    if not state.is_hard_terminal:
+        if state.cancel_requested_at is None:
+            events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+                                             data=RunCancelRequestedData(reason="cleared")))
+        events.append(RunAborted(**_envelope(state.run_id, state.parent, cause, "aborted"),
+                                 data=RunAbortedData(error="cancelled: cleared", cause="cancel")))
+    events.append(RunCleared(**_envelope(state.run_id, state.parent, cause, "cleared"),
+                             data=RunClearedData(reason="clear")))
+    return events
+
+
+def matches_clear(state: RunState, statuses: list[str] | None, older_than: int | None) -> bool:
+    if statuses is not None and state.status not in statuses:
+        return False
+    return older_than is None or state.requested_at < older_than

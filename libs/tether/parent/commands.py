@@ -1,0 +1,245 @@
+"""The parent's command handlers: run, cancel, clear.
+
+Each handler parses, loads the run from the log, decides with the pure functions of
+`tether.domain.decide`, and appends with optimistic concurrency (`EventLog.update`), so
+concurrent requests for one run id on any number of parent replicas converge on one
+child turn. Answers go back as events on the run's subject; a command that cannot be
+parsed at all is kept as a dead letter.
+"""
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from tether.adapters.jetstream import EventLog
+from tether.child.agent import AgentRegistry
+from tether.contract.messages import CancelSignal, WorkItem, work_message_id
+from tether.domain import decide
+from tether.domain.commands import CancelCommand, ClearCommand, RunCommand, parse_command
+from tether.domain.events import ParentRef
+from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.domain.run_state import RunState
+from tether.parent.slots import SlotKeeper
+
+
+class UnparseableCommand(Exception):
+    """A command with no valid run id and parent to answer on: it is dead-lettered."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run request came to, for logs and tests."""
+
+    decision: str  # created | rejected | existing | reattached | redispatched
+    status: str | None = None
+    code: str | None = None
+
+
+class CommandHandlers:
+    def __init__(self, log: EventLog, agents: AgentRegistry, *, budgets: decide.Budgets,
+                 slots: SlotKeeper | None, default_cap: int | None, max_input_bytes: int,
+                 hook_registered) -> None:
+        self._log = log
+        self._js = log.jetstream
+        self._subjects = log.subjects
+        self._agents = agents
+        self._budgets = budgets
+        self._slots = slots
+        self._default_cap = default_cap
+        self._max_input_bytes = max_input_bytes
+        self._hook_registered = hook_registered
+
+    def cap_for(self, parent: ParentRef) -> int | None:
+        """The parent's cap: its own class attribute when it is a child agent, else the service's."""
+        agent = self._agents.get(parent.agent)
+        if agent is not None and agent.max_concurrent_agent_tools is not None:
+            return agent.max_concurrent_agent_tools
+        return self._default_cap
+
+    # --- run ------------------------------------------------------------------------
+
+    async def run(self, payload: bytes, seq: int) -> RunOutcome:
+        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        raw = _json_object(payload)
+        try:
+            command = parse_command("run", raw)
+        except (ValidationError, ValueError) as error:
+            run_id, parent = _answerable(raw)
+            await self._reject(run_id, parent, raw.get("agent_type"), "invalid-request",
+                               _explain(error), cause)
+            return RunOutcome("rejected", code="invalid-request")
+
+        history = await self._log.read_run(command.parent, command.run_id)
+        if history.state is not None:
+            return await self._existing(history.state, cause)
+
+        problem = await self._validate(command)
+        if problem is not None:
+            code, error = problem
+            await self._reject(command.run_id, command.parent, command.agent_type, code, error, cause)
+            return RunOutcome("rejected", code=code)
+
+        cap = self.cap_for(command.parent)
+        if cap is not None and self._slots is not None:
+            slot = await self._slots.acquire(command.parent, command.run_id, cap, cause.now)
+            if not slot.admitted:
+                await self._reject(command.run_id, command.parent, command.agent_type,
+                                   "concurrency-cap", f"maxConcurrentAgentTools ({cap}) exceeded",
+                                   cause)
+                return RunOutcome("rejected", code="concurrency-cap")
+
+        requested = decide.request_run(command, self._budgets, cause)
+        state, appended = await self._log.update(
+            command.parent, command.run_id, lambda s: [requested] if s is None else [])
+        if not appended:
+            # Another replica created it between our read and our append.
+            return await self._existing(state, cause)
+        await self._dispatch(state, cause)
+        return RunOutcome("created", status="starting")
+
+    async def _existing(self, state: RunState, cause: decide.Cause) -> RunOutcome:
+        """A repeated run id never starts a second child turn."""
+        if state.status == "starting" and state.dispatched_at is None:
+            await self._dispatch(state, cause)  # the first attempt died before dispatching
+            return RunOutcome("redispatched", status=state.status)
+        if state.status == "interrupted":
+            state, appended = await self._log.update(
+                state.parent, state.run_id, lambda s: decide.reattach(s, cause))
+            if appended and state is not None and not state.child_still_running:
+                # Nobody is running the child: hand it to a runner, which resumes the
+                # same turn after what was recorded.
+                await self._publish_work(state, dispatch=state.reattach_attempts + 1)
+            return RunOutcome("reattached", status="interrupted")
+        return RunOutcome("existing", status=state.status)
+
+    async def _validate(self, command: RunCommand) -> tuple[str, str] | None:
+        size = len(json.dumps(command.input, separators=(",", ":")).encode())
+        if size > self._max_input_bytes:
+            return ("input-too-large",
+                    f"input is {size} bytes; the limit is {self._max_input_bytes} bytes")
+        agent = self._agents.get(command.agent_type)
+        if agent is None:
+            known = ", ".join(self._agents.agent_types) or "none"
+            return ("unknown-agent-type",
+                    f"unknown agent type {command.agent_type!r}; this parent knows: {known}")
+        try:
+            agent.input_model.model_validate(command.input)
+        except ValidationError as error:
+            return ("invalid-input", f"input for {command.agent_type}: {_explain(error)}")
+        options = command.detached_options()
+        on_finish = options.on_finish if options is not None else None
+        if on_finish and not await self._hook_registered(command.parent.agent, on_finish):
+            error = (f"no hook handler has registered {on_finish!r} for parent agent "
+                     f"{command.parent.agent!r}; register it before starting detached runs")
+            return ("unknown-hook", error)
+        return None
+
+    async def _dispatch(self, state: RunState | None, cause: decide.Cause) -> None:
+        if state is None:
+            return
+        work_subject = self._subjects.work(state.agent_type)
+        await self._publish_work(state, dispatch=1)
+        await self._log.update(state.parent, state.run_id,
+                               lambda s: decide.dispatch(s, work_subject, cause))
+
+    async def _publish_work(self, state: RunState, dispatch: int) -> None:
+        item = WorkItem(run_id=state.run_id, parent=state.parent, agent_type=state.agent_type,
+                        dispatch=dispatch)
+        await self._js.publish(self._subjects.work(state.agent_type), item.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": work_message_id(state.run_id, dispatch)},
+                               stream=self._subjects.work_stream)
+
+    async def _reject(self, run_id: str | None, parent: ParentRef | None, agent_type: Any,
+                      code: str, error: str, cause: decide.Cause) -> None:
+        if run_id is None or parent is None:
+            raise UnparseableCommand(f"{code}: {error}")
+        rejection = decide.reject_run(run_id, parent, agent_type if isinstance(agent_type, str)
+                                      else None, code, error, cause)
+        await self._log.append(rejection, expected_last_seq=None)
+
+    # --- cancel and clear ---------------------------------------------------------------
+
+    async def cancel(self, payload: bytes, seq: int) -> str | None:
+        command = self._parse(CancelCommand, "cancel", payload)
+        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        state, appended = await self._log.update(command.parent, command.run_id,
+                                                 lambda s: decide.cancel(s, cause))
+        if state is not None and appended:
+            await self._signal_cancel(state)
+        return state.status if state is not None else None
+
+    async def clear(self, payload: bytes, seq: int) -> list[str]:
+        command = self._parse(ClearCommand, "clear", payload)
+        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        cleared = []
+        for run_id in await self._run_ids(command.parent):
+            state = (await self._log.read_run(command.parent, run_id)).state
+            if state is None or not decide.matches_clear(state, command.status, command.older_than):
+                continue
+            if state.is_open:
+                await self._signal_cancel(state)
+            await self._log.update(command.parent, run_id,
+                                   lambda s: decide.clear(s, cause) if s is not None else [])
+            # Keep only the tombstone, so a rebuild does not bring the run back.
+            await self._js.purge_stream(self._subjects.events_stream,
+                                        subject=self._subjects.run_events(command.parent, run_id),
+                                        keep=1)
+            await self._js.purge_stream(self._subjects.progress_stream,
+                                        subject=self._subjects.run_progress(command.parent, run_id))
+            if self._slots is not None:
+                await self._slots.release(command.parent, run_id)
+            cleared.append(run_id)
+        return cleared
+
+    async def _run_ids(self, parent: ParentRef) -> list[str]:
+        prefix = self._subjects.parent_events(parent)[:-1]
+        info = await self._js.stream_info(self._subjects.events_stream,
+                                          subjects_filter=prefix + "*")
+        return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
+
+    async def _signal_cancel(self, state: RunState) -> None:
+        signal = CancelSignal(run_id=state.run_id, parent=state.parent, reason="cancelled")
+        await self._log.nats.publish(self._subjects.cancel_signal(state.agent_type),
+                                   signal.model_dump_json().encode())
+
+    def _parse(self, model: type, kind: str, payload: bytes):
+        try:
+            command = parse_command(kind, _json_object(payload))
+        except (ValidationError, ValueError) as error:
+            raise UnparseableCommand(f"invalid {kind} command: {_explain(error)}") from None
+        assert isinstance(command, model)
+        return command
+
+
+def _json_object(payload: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnparseableCommand(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise UnparseableCommand(f"a command is a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _answerable(raw: dict[str, Any]) -> tuple[str | None, ParentRef | None]:
+    """The run id and parent of a request that failed validation, when both are valid."""
+    try:
+        run_id = check_identifier(raw.get("run_id"), "run id")
+        parent = ParentRef.model_validate(raw.get("parent"))
+    except (InvalidIdentifier, ValidationError):
+        return None, None
+    return run_id, parent
+
+
+def _explain(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
+                         for e in error.errors()[:5])
+    return str(error)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

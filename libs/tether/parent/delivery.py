@@ -1,0 +1,248 @@
+"""The fast path of finish hooks and chat notifications for detached runs.
+
+A durable consumer follows every run event. When a detached run ends it publishes the
+finish hook (`finish:<run_id>:<status>`) and, when the application registered one, the
+parent agent's global finish hook; without `on_finish`, `notify` puts one chat message
+per (run, status); `on_milestones` puts one per (run, milestone name). Message ids are
+deterministic, so a redelivered event publishes a duplicate the stream drops; the
+delivery ledger in the run's events (written after the chat message, and by the hook
+handler after the user's function returns) stops a delivery after a restart.
+
+Run states are folded from the events as they pass, in a bounded cache; a run not in
+the cache is read from the log once. `evolve` is idempotent, so applying events the
+read already contained changes nothing.
+"""
+
+import asyncio
+import time
+from collections import OrderedDict
+
+from nats.js import api as js_api
+from nats.js.errors import FetchTimeoutError, KeyNotFoundError
+from nats.js.kv import KeyValue
+
+from tether.adapters.jetstream import EventLog, StoredEvent, durable_pull, to_stored_event
+from tether.contract.messages import (
+    GLOBAL_FINISH_HOOK,
+    ChatMessage,
+    HookMessage,
+    LifecycleResult,
+    MilestoneView,
+    RunInfo,
+    chat_finish_id,
+    chat_milestone_id,
+    finish_message_id,
+)
+from tether.domain.events import (
+    TERMINAL_EVENT_STATUS,
+    NotifyOptions,
+    RunAborted,
+    RunCompleted,
+    RunFailed,
+    RunInterrupted,
+    RunMilestone,
+    RunNotified,
+    RunNotifiedData,
+)
+from tether.domain.ids import derived_event_id
+from tether.domain.run_state import RunState, evolve
+from tether.parent.formatters import Formatters
+
+CACHE_SIZE = 20_000
+REGISTRY_TTL_S = 2.0
+
+RunKey = tuple[str, str, str]
+
+
+def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> LifecycleResult:
+    """The outcome an event reports, independent of what happened to the run since."""
+    if isinstance(event, RunCompleted):
+        return LifecycleResult(status="completed", summary=event.data.summary,
+                               output=event.data.output)
+    if isinstance(event, RunInterrupted):
+        return LifecycleResult(status="interrupted", error=event.data.error,
+                               reason=event.data.reason,
+                               child_still_running=event.data.child_still_running)
+    status = "error" if isinstance(event, RunFailed) else "aborted"
+    return LifecycleResult(status=status, error=event.data.error)
+
+
+class Deliverer:
+    def __init__(self, log: EventLog, registry: KeyValue, formatters: Formatters, logger, *,
+                 consumer: str = "parent-deliverer", batch: int = 256) -> None:
+        self._log = log
+        self._js = log.jetstream
+        self._registry = registry
+        self._formatters = formatters
+        self._logger = logger
+        self._consumer = consumer
+        self._batch = batch
+        self._states: OrderedDict[RunKey, RunState | None] = OrderedDict()
+        self._registered: dict[str, tuple[bool, float]] = {}
+        self.delivered = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        subjects = self._log.subjects
+        config = js_api.ConsumerConfig(
+            durable_name=self._consumer, ack_policy=js_api.AckPolicy.EXPLICIT,
+            deliver_policy=js_api.DeliverPolicy.ALL, ack_wait=30, max_deliver=-1,
+            max_ack_pending=self._batch * 4, filter_subject=subjects.all_events,
+        )
+        subscription = await durable_pull(self._js, subjects.events_stream, config)
+        try:
+            while not stop.is_set():
+                try:
+                    messages = await subscription.fetch(self._batch, timeout=0.5)
+                except (TimeoutError, FetchTimeoutError):
+                    continue
+                for msg in messages:
+                    stored = to_stored_event(msg.metadata.sequence.stream, msg.subject, msg.data)
+                    try:
+                        await self.handle(stored)
+                    except Exception:
+                        self._logger.exception("delivery.failed", stream_seq=stored.seq)
+                        await msg.nak(delay=1.0)
+                        if stored.event is not None:
+                            self._states.pop(_key(stored), None)
+                        continue
+                    await msg.ack()
+        finally:
+            await subscription.unsubscribe()
+
+    async def handle(self, stored: StoredEvent) -> None:
+        event = stored.event
+        if event is None:
+            return
+        key = _key(stored)
+        state, applied = await self._fold(key, stored)
+        if state is None or state.detached is None or not applied:
+            return
+        if event.type in TERMINAL_EVENT_STATUS:
+            if isinstance(event, RunAborted) and event.data.cause == "give-up":
+                return  # the give-up already delivered its interrupted hook
+            await self._finished(state, result_of(event))
+        elif isinstance(event, RunMilestone):
+            await self._milestone(state, event)
+
+    async def _fold(self, key: RunKey, stored: StoredEvent) -> tuple[RunState | None, bool]:
+        if key in self._states:
+            evolved = evolve(self._states[key], stored.event)
+            self._remember(key, evolved.state)
+            return evolved.state, evolved.applied
+        # The run as it was just before this event, so that this event (and the ones
+        # after it) are judged by the same fold as on the warm path.
+        before = (await self._log.read_run(stored.event.parent, stored.event.run_id,
+                                           before_seq=stored.seq)).state
+        evolved = evolve(before, stored.event)
+        self._remember(key, evolved.state)
+        return evolved.state, evolved.applied
+
+    def _remember(self, key: RunKey, state: RunState | None) -> None:
+        self._states[key] = state
+        self._states.move_to_end(key)
+        while len(self._states) > CACHE_SIZE:
+            self._states.popitem(last=False)
+
+    async def _finished(self, state: RunState, result: LifecycleResult) -> None:
+        options = state.detached
+        info = RunInfo.of(state)
+        if options.on_finish and not state.finish_delivered(result.status, options.on_finish):
+            await self._publish_hook(state, options.on_finish, info, result)
+        if (not state.finish_delivered(result.status, GLOBAL_FINISH_HOOK)
+                and await self._is_registered(state.parent.agent, GLOBAL_FINISH_HOOK)):
+            await self._publish_hook(state, GLOBAL_FINISH_HOOK, info, result)
+        # An explicit on_finish takes precedence over notify.
+        if options.on_finish or not options.notify:
+            return
+        ledger_key = f"finish:{result.status}"
+        if ledger_key in state.ledger.notifications:
+            return
+        text = self._formatters.format_detached_completion(info, result)
+        if text:
+            message = ChatMessage(id=chat_finish_id(state.run_id, result.status), role="user",
+                                  content=text, metadata={
+                                      "source": _source(state), "run_id": state.run_id,
+                                      "agent_type": state.agent_type, "kind": "finish",
+                                      "status": result.status})
+            await self._publish_chat(state, message)
+        await self._record_notified(state, "finish", result.status, "notify",
+                                    chat_finish_id(state.run_id, result.status))
+
+    async def _milestone(self, state: RunState, event: RunMilestone) -> None:
+        options = state.detached
+        name = event.data.name
+        if name not in options.milestone_names() or f"milestone:{name}" in state.ledger.notifications:
+            return
+        mode = options.milestone_mode()
+        milestone = MilestoneView(sequence=event.data.sequence, name=name, data=event.data.data,
+                                  at=event.occurred_at)
+        text = self._formatters.format_detached_milestone(RunInfo.of(state), milestone)
+        message_id = chat_milestone_id(state.run_id, name)
+        if text:
+            # narrate: a status line from the assistant, no model turn; react: a user turn.
+            role = "assistant" if mode == "narrate" else "user"
+            await self._publish_chat(state, ChatMessage(id=message_id, role=role, content=text,
+                                                        metadata={
+                "source": _source(state), "run_id": state.run_id,
+                "agent_type": state.agent_type, "kind": "milestone", "milestone": name,
+                "sequence": event.data.sequence, "mode": mode}))
+        await self._record_notified(state, "milestone", name, mode, message_id)
+
+    async def _publish_hook(self, state: RunState, method: str, info: RunInfo,
+                            result: LifecycleResult) -> None:
+        message = HookMessage(method=method, run=info, result=result)
+        message_id = finish_message_id(state.run_id, result.status, method)
+        await self._js.publish(self._log.subjects.hook(state.parent.agent, method),
+                               message.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": message_id},
+                               stream=self._log.subjects.hooks_stream)
+        self.delivered += 1
+        self._logger.info("delivery.hook_published", run_id=state.run_id, method=method,
+                          status=result.status)
+
+    async def _publish_chat(self, state: RunState, message: ChatMessage) -> None:
+        await self._js.publish(self._log.subjects.chat(state.parent),
+                               message.model_dump_json().encode(),
+                               headers={"Nats-Msg-Id": message.id},
+                               stream=self._log.subjects.chat_stream)
+        self.delivered += 1
+
+    async def _record_notified(self, state: RunState, kind: str, key: str, mode: str,
+                               message_id: str) -> None:
+        def decide(current: RunState | None) -> list:
+            if current is None or f"{kind}:{key}" in current.ledger.notifications:
+                return []
+            return [RunNotified(
+                event_id=derived_event_id(state.run_id, "notified", kind, key),
+                run_id=state.run_id, parent=state.parent, occurred_at=_now_ms(),
+                causation_id=message_id, correlation_id=state.run_id,
+                data=RunNotifiedData(kind=kind, key=key, mode=mode, message_id=message_id))]
+
+        await self._log.update(state.parent, state.run_id, decide)
+
+    async def _is_registered(self, parent_agent: str, method: str) -> bool:
+        key = f"hook.{parent_agent}.{method}"
+        cached = self._registered.get(key)
+        if cached and time.monotonic() - cached[1] < REGISTRY_TTL_S:
+            return cached[0]
+        try:
+            await self._registry.get(key)
+            found = True
+        except KeyNotFoundError:
+            found = False
+        self._registered[key] = (found, time.monotonic())
+        return found
+
+
+def _source(state: RunState) -> str:
+    notify = state.detached.notify if state.detached else None
+    return notify.source if isinstance(notify, NotifyOptions) else "agent-tool"
+
+
+def _key(stored: StoredEvent) -> RunKey:
+    event = stored.event
+    return (event.parent.agent, event.parent.name, event.run_id)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

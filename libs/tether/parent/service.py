@@ -1,0 +1,220 @@
+"""The parent service: consumes commands, answers inspect/list/has-run, delivers hooks.
+
+Commands are pulled from a durable consumer shared by every parent replica, a batch at a
+time; commands for the same run are handled in order, different runs concurrently. A
+command is acknowledged after its events are appended; a failure leaves it to be
+redelivered (bounded), and a command that can never be handled is moved to the
+dead-letter subject with the reason.
+"""
+
+import asyncio
+import json
+from collections import defaultdict
+
+import asyncpg
+from nats.aio.msg import Msg
+from nats.js import api as js_api
+from nats.js.errors import FetchTimeoutError, KeyNotFoundError
+from pydantic import ValidationError
+
+from tether.adapters.jetstream import EventLog, StreamSettings, durable_pull, key_value
+from tether.child.agent import AgentRegistry
+from tether.config import Settings
+from tether.contract.messages import (
+    HasRunReply,
+    InspectReply,
+    ListReply,
+    RunSnapshot,
+)
+from tether.domain import decide
+from tether.domain.commands import HasRunQuery, InspectQuery, ListQuery, parse_command
+from tether.domain.run_state import RunState
+from tether.parent.commands import CommandHandlers, UnparseableCommand
+from tether.parent.delivery import Deliverer
+from tether.parent.formatters import load_formatters
+from tether.parent.slots import SlotKeeper
+
+COMMAND_KINDS = ("run", "cancel", "clear")
+MAX_COMMAND_DELIVERIES = 10
+
+LIST_RUNS = """
+    SELECT state::text AS state FROM {schema}.runs
+    WHERE parent_agent = $1 AND parent_name = $2
+      AND ($3::text[] IS NULL OR status = ANY($3::text[]))
+    ORDER BY requested_at DESC, run_id
+    LIMIT $4
+"""
+
+
+class ParentService:
+    def __init__(self, settings: Settings, log: EventLog, pool: asyncpg.Pool,
+                 agents: AgentRegistry, logger) -> None:
+        self._settings = settings
+        self._log = log
+        self._js = log.jetstream
+        self._subjects = log.subjects
+        self._pool = pool
+        self._agents = agents
+        self._logger = logger
+        self.handled = 0
+        self._handlers: CommandHandlers | None = None
+        self._deliverer: Deliverer | None = None
+
+    async def start(self) -> None:
+        stream_settings = StreamSettings(replicas=self._settings.stream_replicas)
+        self._registry = await key_value(self._js, self._subjects.registry_bucket, stream_settings)
+        slots = await key_value(self._js, self._subjects.slots_bucket, stream_settings)
+        self._handlers = CommandHandlers(
+            self._log, self._agents,
+            budgets=decide.Budgets(self._settings.detached_max_budget_ms,
+                                   self._settings.detached_no_progress_budget_ms),
+            slots=SlotKeeper(slots, self._log),
+            default_cap=self._settings.max_concurrent_agent_tools,
+            max_input_bytes=self._settings.max_input_bytes,
+            hook_registered=self._hook_registered,
+        )
+        self._deliverer = Deliverer(self._log, self._registry,
+                                    load_formatters(self._settings.formatters), self._logger)
+        nc = self._log.nats
+        queue = "tether-parent"
+        self._rpc = [
+            await nc.subscribe(self._subjects.rpc("inspect"), queue=queue, cb=self._inspect),
+            await nc.subscribe(self._subjects.rpc("list"), queue=queue, cb=self._list),
+            await nc.subscribe(self._subjects.rpc("has_run"), queue=queue, cb=self._has_run),
+        ]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        assert self._deliverer is not None
+        try:
+            await asyncio.gather(self._consume_commands(stop), self._deliverer.run(stop))
+        finally:
+            for subscription in self._rpc:
+                await subscription.unsubscribe()
+
+    # --- commands -------------------------------------------------------------------
+
+    async def _consume_commands(self, stop: asyncio.Event) -> None:
+        durable = "parent-commands"
+        config = js_api.ConsumerConfig(
+            durable_name=durable, ack_policy=js_api.AckPolicy.EXPLICIT,
+            deliver_policy=js_api.DeliverPolicy.ALL, ack_wait=30,
+            max_deliver=MAX_COMMAND_DELIVERIES, max_ack_pending=1024,
+            filter_subjects=[self._subjects.command(kind) for kind in COMMAND_KINDS],
+        )
+        subscription = await durable_pull(self._js, self._subjects.commands_stream, config)
+        try:
+            while not stop.is_set():
+                try:
+                    messages = await subscription.fetch(64, timeout=0.5)
+                except (TimeoutError, FetchTimeoutError):
+                    continue
+                by_run: dict[str, list[Msg]] = defaultdict(list)
+                for msg in messages:
+                    by_run[_run_key(msg)].append(msg)
+                await asyncio.gather(*(self._in_order(batch) for batch in by_run.values()))
+        finally:
+            await subscription.unsubscribe()
+
+    async def _in_order(self, messages: list[Msg]) -> None:
+        for msg in messages:
+            await self._handle_command(msg)
+
+    async def _handle_command(self, msg: Msg) -> None:
+        assert self._handlers is not None
+        seq = msg.metadata.sequence.stream
+        kind = msg.subject.rsplit(".", 1)[-1]
+        log = self._logger.bind(subject=msg.subject, stream_seq=seq)
+        try:
+            if kind == "run":
+                outcome = await self._handlers.run(msg.data, seq)
+                log.info("command.run", decision=outcome.decision, status=outcome.status,
+                         code=outcome.code)
+            elif kind == "cancel":
+                status = await self._handlers.cancel(msg.data, seq)
+                log.info("command.cancel", status=status)
+            else:
+                cleared = await self._handlers.clear(msg.data, seq)
+                log.info("command.clear", cleared=len(cleared))
+        except UnparseableCommand as error:
+            await self._dead_letter(msg, str(error))
+            log.error("command.dead_lettered", error=str(error))
+        except Exception as error:  # noqa: BLE001 - retried by redelivery, then dead-lettered
+            if msg.metadata.num_delivered >= MAX_COMMAND_DELIVERIES:
+                await self._dead_letter(msg, f"failed {MAX_COMMAND_DELIVERIES} times: {error!r}")
+                log.error("command.dead_lettered", error=repr(error))
+            else:
+                log.warning("command.failed", error=repr(error),
+                            delivered=msg.metadata.num_delivered)
+                await msg.nak(delay=min(0.2 * 2 ** msg.metadata.num_delivered, 10.0))
+                return
+        self.handled += 1
+        await msg.ack()
+
+    async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        await self._js.publish(self._subjects.command_dead_letters, msg.data, headers={
+            "Tether-Error": reason[:1000], "Tether-Subject": msg.subject,
+            "Tether-Stream-Seq": str(msg.metadata.sequence.stream)},
+            stream=self._subjects.commands_stream)
+
+    async def _hook_registered(self, parent_agent: str, method: str) -> bool:
+        try:
+            await self._registry.get(f"hook.{parent_agent}.{method}")
+            return True
+        except KeyNotFoundError:
+            return False
+
+    # --- request/reply ----------------------------------------------------------------
+
+    async def _inspect(self, msg: Msg) -> None:
+        async def answer() -> InspectReply:
+            query = parse_command("inspect", json.loads(msg.data))
+            assert isinstance(query, InspectQuery)
+            # The run's subject contains its parent, so another parent's run id is
+            # simply not there: "not found", never data.
+            state = (await self._log.read_run(query.parent, query.run_id)).state
+            return InspectReply(run=RunSnapshot.of(state) if state else None)
+
+        await self._reply(msg, answer, InspectReply)
+
+    async def _has_run(self, msg: Msg) -> None:
+        async def answer() -> HasRunReply:
+            query = parse_command("has_run", json.loads(msg.data))
+            assert isinstance(query, HasRunQuery)
+            state = (await self._log.read_run(query.parent, query.run_id)).state
+            return HasRunReply(has_run=state is not None)
+
+        await self._reply(msg, answer, HasRunReply)
+
+    async def _list(self, msg: Msg) -> None:
+        async def answer() -> ListReply:
+            query = parse_command("list", json.loads(msg.data))
+            assert isinstance(query, ListQuery)
+            sql = LIST_RUNS.format(schema=f'"{self._settings.projection_schema}"')
+            rows = await self._pool.fetch(sql, query.parent.agent, query.parent.name,
+                                          query.status, query.limit)
+            return ListReply(runs=[RunSnapshot.of(RunState.model_validate_json(r["state"]))
+                                   for r in rows])
+
+        await self._reply(msg, answer, ListReply)
+
+    async def _reply(self, msg: Msg, answer, reply_model) -> None:
+        if not msg.reply:
+            return
+        try:
+            reply = await answer()
+        except (ValidationError, ValueError) as error:
+            reply = reply_model(error=f"invalid request: {error}")
+        except Exception as error:
+            self._logger.exception("rpc.failed", subject=msg.subject)
+            reply = reply_model(error=f"{type(error).__name__}: {error}")
+        await msg.respond(reply.model_dump_json().encode())
+
+
+def _run_key(msg: Msg) -> str:
+    """Commands of one run are handled in order; clears are ordered per parent."""
+    try:
+        payload = json.loads(msg.data)
+        parent = payload.get("parent") or {}
+        return f"{parent.get('agent')}.{parent.get('name')}.{payload.get('run_id', '*')}"
+    except (ValueError, AttributeError):
+        return f"unparseable.{msg.metadata.sequence.stream}"

@@ -1,0 +1,42 @@
+"""The parent service: commands, request/reply, and the fast path of hooks and chat."""
+
+import asyncio
+
+import asyncpg
+
+from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
+from tether.adapters.postgres.migrator import migrate
+from tether.child.agent import AgentRegistry
+from tether.config import Settings
+from tether.log import get_logger
+from tether.parent.service import ParentService
+from tether.runtime import ReadinessCheck
+
+
+async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
+    logger = get_logger(service="parent")
+    agents = AgentRegistry.from_paths(settings.agents)
+    nc = await connect_nats(settings.nats_url, name="tether-parent")
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
+    try:
+        await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings(
+            replicas=settings.stream_replicas,
+            duplicate_window_s=settings.duplicate_window_ms / 1000))
+        async with pool.acquire() as conn:
+            await migrate(conn, settings.projection_schema)
+        service = ParentService(settings, EventLog(nc, settings.subjects), pool, agents, logger)
+        await service.start()
+        logger.info("parent.ready", agents=agents.agent_types)
+
+        async def nats_connected() -> tuple[bool, str]:
+            return nc.is_connected, "connected" if nc.is_connected else "disconnected"
+
+        async def postgres_reachable() -> tuple[bool, str]:
+            await pool.fetchval("SELECT 1")
+            return True, "reachable"
+
+        checks.update(parent_nats=nats_connected, parent_postgres=postgres_reachable)
+        await service.run(stop)
+    finally:
+        await pool.close()
+        await nc.drain()

@@ -1,0 +1,358 @@
+"""The parent service in-process against real NATS and Postgres (no child-runner)."""
+
+import asyncio
+import json
+import uuid
+from contextlib import aclosing
+
+import pytest
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel, Field
+
+from tether.adapters.jetstream import EventLog
+from tether.child.agent import AgentRegistry, ChildAgent
+from tether.contract.messages import ChatMessage, HookMessage, InspectReply, WorkItem
+from tether.domain.events import ParentRef
+from tether.domain.run_state import RunState, evolve
+from tether.log import get_logger
+from tether.parent.service import ParentService
+from tether.testing import RunEvents
+
+PARENT = ParentRef(agent="Assistant", name="user-1")
+
+
+class QueryInput(BaseModel):
+    query: str = Field(min_length=3)
+
+
+class Researcher(ChildAgent):
+    input_model = QueryInput
+
+
+class Helper(ChildAgent):
+    max_concurrent_agent_tools = 1  # when a Helper run is itself a parent
+
+
+@pytest.fixture
+async def parent(settings, log, pool):
+    configured = settings.model_copy(update={"max_concurrent_agent_tools": None})
+    service = ParentService(configured, log, pool, AgentRegistry([Researcher, Helper]),
+                            get_logger(service="parent-test"))
+    await service.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    yield service
+    stop.set()
+    await asyncio.wait_for(task, timeout=10)
+
+
+async def send(log: EventLog, kind: str, payload: dict, *, msg_id: str | None = None) -> None:
+    headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    await log.jetstream.publish(log.subjects.command(kind), json.dumps(payload).encode(),
+                                headers=headers)
+
+
+def run_request(run_id: str, agent_type: str = "Researcher", **extra) -> dict:
+    return {"run_id": run_id, "parent": PARENT.model_dump(), "agent_type": agent_type,
+            "input": extra.pop("input", {"query": "HTTP/3"}), **extra}
+
+
+async def until(log: EventLog, run_id: str, predicate, parent: ParentRef = PARENT,
+                timeout: float = 10) -> tuple[RunState | None, list]:
+    """Follow the run's events until `predicate(state, events)` holds."""
+    state, events = None, []
+
+    async def follow():
+        nonlocal state
+        stream = log.follow(log.subjects.run_events(parent, run_id))
+        async with aclosing(stream) as stored_events:
+            async for stored in stored_events:
+                events.append(stored.event)
+                state = evolve(state, stored.event).state
+                if predicate(state, events):
+                    return
+
+    await asyncio.wait_for(follow(), timeout=timeout)
+    return state, events
+
+
+def types(events) -> list[str]:
+    return [e.type for e in events]
+
+
+async def work_items(log: EventLog, agent_type: str) -> list[WorkItem]:
+    """What waits on the work queue (read by sequence: a work queue admits no second consumer)."""
+    state = (await log.jetstream.stream_info(log.subjects.work_stream)).state
+    subject = log.subjects.work(agent_type)
+    found = []
+    for seq in range(state.first_seq, state.last_seq + 1):
+        try:
+            message = await log.jetstream.get_msg(log.subjects.work_stream, seq)
+        except NotFoundError:
+            continue
+        if message.subject == subject:
+            found.append(WorkItem.model_validate_json(message.data))
+    return found
+
+
+async def test_a_run_request_is_registered_and_dispatched_once(parent, log):
+    await send(log, "run", run_request("r1"), msg_id="run:r1")
+    state, events = await until(log, "r1", lambda s, e: s and s.dispatched_at)
+    assert types(events) == ["run.requested", "run.started"]
+    assert state.status == "starting" and state.input == {"query": "HTTP/3"}
+    assert [w.run_id for w in await work_items(log, "Researcher")] == ["r1"]
+
+
+async def test_fifty_concurrent_identical_requests_make_one_child_turn(parent, log):
+    # Distinct message ids defeat the stream's duplicate window: the parent itself
+    # must keep one child turn per run id.
+    await asyncio.gather(*(send(log, "run", run_request("r-50"), msg_id=f"run:r-50:{i}")
+                           for i in range(50)))
+    await until(log, "r-50", lambda s, e: s and s.dispatched_at)
+    async def all_handled() -> None:
+        while parent.handled < 50:
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(all_handled(), timeout=20)
+    history = await log.read_run(PARENT, "r-50")
+    assert types(history.events) == ["run.requested", "run.started"]
+    assert len(await work_items(log, "Researcher")) == 1
+
+
+@pytest.mark.parametrize(("request_overrides", "code", "fragment"), [
+    ({"agent_type": "Nobody"}, "unknown-agent-type", "this parent knows: Helper, Researcher"),
+    ({"input": {"query": "ab"}}, "invalid-input", "query"),
+    ({"input": {"blob": "x" * 300_000}}, "input-too-large", "limit"),
+    ({"detached": {"on_finish": "on_nobody_listens"}}, "unknown-hook", "on_nobody_listens"),
+    ({"display_order": "first"}, "invalid-request", "display_order"),
+])
+async def test_an_invalid_request_is_rejected_and_leaves_no_run(parent, log, request_overrides,
+                                                                 code, fragment):
+    run_id = f"bad-{uuid.uuid4().hex[:6]}"
+    payload = {**run_request(run_id), **request_overrides}
+    await send(log, "run", payload)
+    state, events = await until(log, run_id, lambda s, e: e and e[-1].type == "run.rejected")
+    rejection = events[-1].data
+    assert state is None
+    assert (rejection.code, fragment in rejection.error) == (code, True), rejection.error
+
+    # Not sticky: the same run id with a good request is accepted.
+    await send(log, "run", run_request(run_id))
+    state, _ = await until(log, run_id, lambda s, e: s is not None)
+    assert state.status == "starting"
+
+
+async def test_a_request_without_a_valid_run_id_is_dead_lettered(parent, log):
+    await send(log, "run", {"run_id": "has space", "parent": PARENT.model_dump(),
+                            "agent_type": "Researcher"})
+    await log.jetstream.publish(log.subjects.command("run"), b"{not json")
+    subscription = await log.jetstream.subscribe(log.subjects.command_dead_letters,
+                                                 ordered_consumer=True)
+    first = await subscription.next_msg(timeout=10)
+    second = await subscription.next_msg(timeout=10)
+    await subscription.unsubscribe()
+    assert "run_id" in first.headers["Tether-Error"]
+    assert "not JSON" in second.headers["Tether-Error"]
+    assert json.loads(first.data)["run_id"] == "has space"
+
+
+async def test_the_cap_is_never_exceeded_under_concurrent_requests(parent, log):
+    parent._handlers._default_cap = 3
+    run_ids = [f"cap-{i}" for i in range(12)]
+    await asyncio.gather(*(send(log, "run", run_request(r)) for r in run_ids))
+    outcomes = await asyncio.gather(*(until(log, r, lambda s, e: e and (
+        e[-1].type in ("run.rejected", "run.started"))) for r in run_ids))
+    admitted = [r for r, (s, _) in zip(run_ids, outcomes, strict=True) if s is not None]
+    rejected = [events[-1].data.error for s, events in outcomes if s is None]
+    assert len(admitted) == 3
+    assert set(rejected) == {"maxConcurrentAgentTools (3) exceeded"}
+
+    # Interrupted runs do not count, and a rejection is not sticky.
+    first = admitted[0]
+    history = await log.read_run(PARENT, first)
+    interrupted = RunEvents(first, PARENT, id_prefix="int").interrupted("no-progress")
+    await log.append(interrupted, expected_last_seq=history.last_seq)
+    retry = next(r for r in run_ids if r not in admitted)
+    await send(log, "run", run_request(retry), msg_id=f"run:{retry}:again")
+    state, _ = await until(log, retry, lambda s, e: s is not None)
+    assert state.status == "starting"
+
+
+async def test_a_child_acting_as_parent_has_its_own_cap(parent, log):
+    nested = ParentRef(agent="Helper", name="helper-run-1")
+    for run_id in ("n1", "n2"):
+        await send(log, "run", {**run_request(run_id), "parent": nested.model_dump()})
+    outcomes = [await until(log, run_id, lambda s, e: e, parent=nested) for run_id in ("n1", "n2")]
+    admitted = [state for state, _ in outcomes if state is not None]
+    rejections = [events[-1].data.error for state, events in outcomes if state is None]
+    assert len(admitted) == 1
+    assert rejections == ["maxConcurrentAgentTools (1) exceeded"]
+
+
+async def test_cancel_in_each_state(parent, log):
+    # awaited and open: cancellation is requested; the runner ends it when the child stops
+    await send(log, "run", run_request("c-awaited"))
+    await until(log, "c-awaited", lambda s, e: s and s.dispatched_at)
+    await send(log, "cancel", {"run_id": "c-awaited", "parent": PARENT.model_dump()})
+    state, _ = await until(log, "c-awaited", lambda s, e: s.cancel_requested_at)
+    assert state.status == "starting"
+
+    # detached: aborted at once
+    await send(log, "run", run_request("c-detached", detached=True))
+    await until(log, "c-detached", lambda s, e: s and s.dispatched_at)
+    await send(log, "cancel", {"run_id": "c-detached", "parent": PARENT.model_dump()})
+    state, _ = await until(log, "c-detached", lambda s, e: s.status == "aborted")
+    assert state.aborted_cause == "cancel"
+
+    # finished: a no-op, and cancelling twice is too
+    for _ in range(2):
+        await send(log, "cancel", {"run_id": "c-detached", "parent": PARENT.model_dump()})
+    await send(log, "cancel", {"run_id": "never-existed", "parent": PARENT.model_dump()})
+    await send(log, "run", run_request("c-marker"))
+    await until(log, "c-marker", lambda s, e: s is not None)
+    history = await log.read_run(PARENT, "c-detached")
+    assert types(history.events).count("run.cancel_requested") == 1
+    assert (await log.read_run(PARENT, "never-existed")).state is None
+
+
+async def test_repeated_request_of_a_finished_run_changes_nothing(parent, log):
+    run = RunEvents("done-1", PARENT)
+    for event in (run.requested(), run.started(), run.running(), run.completed("stored")):
+        await log.append(event, expected_last_seq=None)
+    await send(log, "run", run_request("done-1", input={"query": "something new"}))
+    await send(log, "run", run_request("marker-1"))
+    await until(log, "marker-1", lambda s, e: s is not None)
+    history = await log.read_run(PARENT, "done-1")
+    assert history.state.summary == "stored" and len(history.events) == 4
+
+
+async def test_repeated_request_of_an_interrupted_run_reattaches(parent, log):
+    run = RunEvents("int-1", PARENT)
+    for event in (run.requested(), run.started(), run.running(),
+                  run.interrupted("recovery-deadline", child_still_running=False)):
+        await log.append(event, expected_last_seq=None)
+    await send(log, "run", run_request("int-1"))
+    state, events = await until(log, "int-1", lambda s, e: s.reattach_attempts == 1)
+    assert events[-1].type == "run.reattach_started"
+
+    async def redispatched() -> list[WorkItem]:
+        # The work item goes out just after the event that decided it.
+        while not (items := await work_items(log, "Researcher")):
+            await asyncio.sleep(0.01)
+        return items
+
+    items = await asyncio.wait_for(redispatched(), timeout=5)
+    assert [(w.run_id, w.dispatch) for w in items] == [("int-1", 2)]
+
+
+async def test_clear_cancels_open_runs_purges_the_log_and_has_run_is_false(parent, log):
+    done = RunEvents("old-done", PARENT)
+    for event in (done.requested(), done.running(), done.completed()):
+        await log.append(event, expected_last_seq=None)
+    await send(log, "run", run_request("still-open"))
+    await until(log, "still-open", lambda s, e: s and s.dispatched_at)
+
+    await send(log, "clear", {"parent": PARENT.model_dump(), "status": ["completed", "starting"]})
+    _, events = await until(log, "still-open", lambda s, e: e[-1].type == "run.cleared")
+    assert "run.aborted" in types(events)
+    for run_id in ("old-done", "still-open"):
+        history = await log.read_run(PARENT, run_id)
+        assert history.state is None
+        assert types(history.events) == ["run.cleared"], "only the tombstone is left"
+        reply = await log.nats.request(log.subjects.rpc("has_run"), json.dumps(
+            {"run_id": run_id, "parent": PARENT.model_dump()}).encode(), timeout=5)
+        assert json.loads(reply.data)["has_run"] is False
+
+
+async def test_inspect_answers_only_the_owning_parent(parent, log):
+    await send(log, "run", run_request("mine"))
+    await until(log, "mine", lambda s, e: s and s.dispatched_at)
+    ask = log.subjects.rpc("inspect")
+    reply = InspectReply.model_validate_json((await log.nats.request(ask, json.dumps(
+        {"run_id": "mine", "parent": PARENT.model_dump()}).encode(), timeout=5)).data)
+    assert reply.run is not None and reply.run.status == "starting"
+    stranger = {"agent": "Assistant", "name": "user-2"}
+    reply = InspectReply.model_validate_json((await log.nats.request(ask, json.dumps(
+        {"run_id": "mine", "parent": stranger}).encode(), timeout=5)).data)
+    assert reply.run is None and reply.error is None
+    bad = InspectReply.model_validate_json((await log.nats.request(ask, b'{"run_id": 1}',
+                                                                   timeout=5)).data)
+    assert bad.error and "invalid request" in bad.error
+
+
+async def next_messages(log: EventLog, subject: str, count: int, timeout: float = 10) -> list:
+    subscription = await log.jetstream.subscribe(subject, ordered_consumer=True)
+    try:
+        return [await subscription.next_msg(timeout=timeout) for _ in range(count)]
+    finally:
+        await subscription.unsubscribe()
+
+
+async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log):
+    registry = await log.jetstream.key_value(log.subjects.registry_bucket)
+    await registry.put("hook.Assistant.on_done", b"{}")
+    await send(log, "run", run_request("h1", detached={"on_finish": "on_done", "notify": True}))
+    await until(log, "h1", lambda s, e: s and s.dispatched_at)
+    history = await log.read_run(PARENT, "h1")
+    run = RunEvents("h1", PARENT, id_prefix="runner", start_ms=history.state.requested_at + 1)
+    for event in (run.running(), run.interrupted("no-progress"), run.completed("late but done")):
+        await log.append(event, expected_last_seq=None)
+
+    messages = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 2)
+    hooks = [HookMessage.model_validate_json(m.data) for m in messages]
+    assert [h.result.status for h in hooks] == ["interrupted", "completed"]
+    assert hooks[1].result.summary == "late but done" and hooks[1].run.run_id == "h1"
+    assert [m.headers["Nats-Msg-Id"] for m in messages] == ["finish:h1:interrupted",
+                                                            "finish:h1:completed"]
+    info = await log.jetstream.stream_info(log.subjects.chat_stream)
+    assert info.state.messages == 0, "on_finish takes precedence over notify"
+
+
+async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
+        settings, log, pool):
+    options = {"notify": {"source": "research-bg"}, "on_milestones": ["drafted"]}
+    chat = log.subjects.chat(PARENT)
+
+    async def chat_count() -> int:
+        return (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages
+
+    async def serve_while(waiting) -> object:
+        """A parent service that lives until `waiting` is done, then stops (a restart)."""
+        service = ParentService(settings, log, pool, AgentRegistry([Researcher]),
+                                get_logger(service="parent-test"))
+        await service.start()
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        try:
+            return await asyncio.wait_for(waiting, timeout=10)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=10)
+
+    async def deliverer_idle() -> None:
+        while True:
+            info = await log.jetstream.consumer_info(log.subjects.events_stream,
+                                                     "parent-deliverer")
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                return
+            await asyncio.sleep(0.02)
+
+    await send(log, "run", run_request("n1", detached=options))
+    state, _ = await serve_while(until(log, "n1", lambda s, e: s and s.dispatched_at))
+    run = RunEvents("n1", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
+    for event in (run.running(), run.milestone("drafted"), run.milestone("other")):
+        await log.append(event, expected_last_seq=None)
+    await serve_while(until(log, "n1", lambda s, e: "milestone:drafted" in s.ledger.notifications))
+    await log.append(run.completed("all done"), expected_last_seq=None)
+    await serve_while(until(log, "n1", lambda s, e: "finish:completed" in s.ledger.notifications))
+    # A restarted service whose deliverer consumed everything sent nothing more.
+    await serve_while(deliverer_idle())
+
+    messages = [ChatMessage.model_validate_json(m.data)
+                for m in await next_messages(log, chat, 2)]
+    assert [(m.role, m.metadata["kind"]) for m in messages] == [("assistant", "milestone"),
+                                                               ("user", "finish")]
+    assert messages[1].metadata["source"] == "research-bg"
+    assert "all done" in messages[1].content
+    assert (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages == 2
+    ledger = (await log.read_run(PARENT, "n1")).state.ledger.notifications
+    assert set(ledger) == {"milestone:drafted", "finish:completed"}
