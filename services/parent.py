@@ -27,6 +27,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         service = ParentService(settings, EventLog(nc, settings.subjects), pool, agents, logger)
         await service.start()
         logger.info("parent.ready", agents=agents.agent_types)
+        # The reconciler recovers the awaited runs a previous incarnation left open.
+        await nc.publish(settings.subjects.parent_started, b"{}")
 
         async def nats_connected() -> tuple[bool, str]:
             return nc.is_connected, "connected" if nc.is_connected else "disconnected"

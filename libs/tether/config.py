@@ -46,6 +46,15 @@ class Settings(BaseModel):
     # An object (`module:attribute`) with format_detached_completion(run, result) and/or
     # format_detached_milestone(run, milestone) overriding the chat texts.
     formatters: str | None = None
+    # Re-attach after a parent restart (the seed's agentToolReattach* options).
+    reattach_no_progress_timeout_ms: int = Field(default=120_000, gt=0)
+    reattach_max_window_ms: int | None = Field(default=None, gt=0)  # None: infinite
+    recovery_inspect_timeout_ms: int = Field(default=2_000, gt=0)
+    recovery_deadline_ms: int = Field(default=5_000, gt=0)
+    delivery_lease_ms: int = Field(default=60_000, gt=0)
+    delivery_max_backoff_ms: int = Field(default=15 * 60_000, gt=0)
+    # Cancel requests wait this long for a runner to confirm the child stopped.
+    cancel_grace_ms: int = Field(default=2_000, gt=0)
     health_host: str = "0.0.0.0"
     # None: the service's own default (parent 8081, child-runner 8082, reconciler 8083,
     # projector 8084); 0 picks a free port.

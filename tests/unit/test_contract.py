@@ -178,7 +178,7 @@ def test_default_subjects_are_the_ones_in_the_design() -> None:
     assert subjects.hook("A", "on_done") == "tether.hook.A.on_done"
     assert subjects.chat(parent) == "tether.chat.A.u"
     assert subjects.rpc("inspect") == "tether.rpc.inspect"
-    assert subjects.observability("x") == "tether.obs.agent_tool.x"
+    assert subjects.observability("agent_tool:recovery:row") == "tether.obs.agent_tool.recovery.row"
 
 
 def test_default_streams_are_the_ones_in_the_design() -> None:

@@ -252,10 +252,18 @@ def test_dispatch_is_recorded_once() -> None:
     assert_reported(result, before, "duplicate")
 
 
-def test_a_run_already_running_is_not_dispatched() -> None:
-    before = state_after(requested(), running(1))
+def test_a_dispatch_recorded_after_a_fast_runner_started_keeps_its_time() -> None:
+    before = state_after(requested(), running(1, at=T0 + 5))
 
-    assert_reported(evolve(before, started()), before, "running")
+    state = assert_applied(evolve(before, started(at=T0 + 7)))
+
+    assert (state.status, state.dispatched_at) == ("running", T0 + 7)
+
+
+def test_a_finished_run_is_not_dispatched() -> None:
+    before = state_after(requested(), running(1), completed())
+
+    assert_reported(evolve(before, started()), before, "completed")
 
 
 def test_running_moves_a_starting_run_to_running() -> None:

@@ -244,3 +244,44 @@ def chat_finish_id(run_id: str, status: str) -> str:
 
 def chat_milestone_id(run_id: str, name: str) -> str:
     return f"detached-ms:{run_id}:{name}"
+
+
+class ChildRecord(Model):
+    """What a runner knows of a run it holds (the child agent's own record)."""
+
+    status: Literal["queued", "running", "waiting_for_tools", "waiting_for_human", "completed",
+                    "stopped", "failed", "cancelled"]
+    attempt: int = 0
+    runner_id: str | None = None
+
+
+class ChildInspectRequest(Model):
+    """Core request on `<prefix>.ctl.inspect.<agent_type>`; every runner answers."""
+
+    run_id: Identifier
+    parent: ParentRef
+
+
+class ChildInspectReply(Model):
+    """None means "no record yet": keep watching within the budget, never a failure."""
+
+    record: ChildRecord | None = None
+
+
+class CancelReply(Model):
+    """A runner's answer to a CancelSignal sent as a request: did it hold the run, and
+    did the child stop within the grace period."""
+
+    had_run: bool
+    stopped: bool
+
+
+class ObservabilityEvent(Model):
+    """Core `<prefix>.obs.agent_tool.<event>` (with ':' as '.'), and a log line."""
+
+    type: str  # e.g. "agent_tool:recovery:row"
+    run_id: str
+    parent: ParentRef
+    reason: str | None = None
+    at: int
+    details: dict[str, Any] = Field(default_factory=dict)

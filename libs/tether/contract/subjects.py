@@ -90,6 +90,15 @@ class Subjects:
     def cancel_signal(self, agent_type: str) -> str:
         return f"{self.prefix}.ctl.cancel.{check_identifier(agent_type, 'agent type')}"
 
+    def inspect_child(self, agent_type: str) -> str:
+        """Core request to the runners of an agent type: do you hold this run?"""
+        return f"{self.prefix}.ctl.inspect.{check_identifier(agent_type, 'agent type')}"
+
+    @property
+    def parent_started(self) -> str:
+        """Core: a parent service (re)started; the reconciler recovers awaited runs."""
+        return f"{self.prefix}.ctl.parent_started"
+
     @property
     def registry_bucket(self) -> str:
         """KV: `hook.<parent_agent>.<method>` for every registered hook handler."""
@@ -104,7 +113,8 @@ class Subjects:
         return f"{self.prefix}.rpc.{kind}"
 
     def observability(self, event: str) -> str:
-        return f"{self.prefix}.obs.agent_tool.{event}"
+        """`agent_tool:recovery:row` -> `<prefix>.obs.agent_tool.recovery.row`."""
+        return f"{self.prefix}.obs.{event.replace(':', '.')}"
 
     def parse_run_events(self, subject: str) -> tuple[ParentRef, str]:
         """The parent and run id of a run-events subject."""

@@ -17,6 +17,10 @@ from tether.domain.events import (
     RunCancelRequestedData,
     RunCleared,
     RunClearedData,
+    RunInterrupted,
+    RunInterruptedData,
+    RunReattachDecided,
+    RunReattachDecidedData,
     RunReattachStarted,
     RunReattachStartedData,
     RunRejected,
@@ -40,17 +44,30 @@ class Budgets:
 
 @dataclass(frozen=True, slots=True)
 class Cause:
-    """Where a decision comes from: the command's stream sequence and the time it was handled."""
+    """Where a decision comes from: the command's stream sequence and the time it was handled.
+
+    Event ids derive from it, so the same command handled twice (a redelivery, two
+    replicas) yields the same ids and the log keeps one copy. Decisions that come from
+    no command (a reconciler's timer) carry an `origin` unique to the decider, so that
+    two deciders never mistake each other's event for their own.
+    """
 
     command_seq: int
     now: int
+    origin: str | None = None
 
     @property
     def causation_id(self) -> str:
-        return f"cmd:{self.command_seq}"
+        return f"cmd:{self.command_seq}" if self.origin is None else f"{self.origin}:{self.command_seq}"
 
     def event_id(self, run_id: str, kind: str) -> str:
-        return derived_event_id(run_id, kind, self.command_seq)
+        if self.origin is None:
+            return derived_event_id(run_id, kind, self.command_seq)
+        return derived_event_id(run_id, kind, self.origin, self.command_seq)
+
+
+def timer_cause(now: int, origin: str) -> Cause:
+    return Cause(command_seq=now, now=now, origin=origin)
 
 
 def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict:
@@ -96,9 +113,15 @@ def reattach(state: RunState | None, cause: Cause) -> list[Event]:
     """A repeated request for an interrupted run re-attaches to it."""
     if state is None or state.status != "interrupted":
         return []
+    return reattach_started(state, cause, "repeated-request")
+
+
+def reattach_started(state: RunState | None, cause: Cause, why: str) -> list[Event]:
+    if state is None or state.is_hard_terminal:
+        return []
     return [RunReattachStarted(**_envelope(state.run_id, state.parent, cause, "reattach"),
                                data=RunReattachStartedData(attempt=state.reattach_attempts + 1,
-                                                           cause="repeated-request"))]
+                                                           cause=why))]
 
 
 def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> list[Event]:
@@ -141,3 +164,61 @@ def matches_clear(state: RunState, statuses: list[str] | None, older_than: int |
     if statuses is not None and state.status not in statuses:
         return False
     return older_than is None or state.requested_at < older_than
+
+
+def give_up(state: RunState | None, cause: Cause, reason: str, error: str,
+            child_still_running: bool) -> list[Event]:
+    """The parent stops waiting: the run ends `interrupted` (soft) if it is still open.
+
+    A real outcome that landed first wins; the give-up then decides nothing. The child
+    is cancelled by the caller before this is appended, with reason "give-up", so the
+    abort it causes never fires a second finish hook.
+    """
+    if state is None or not state.is_open:
+        return []
+    events: list[Event] = []
+    if state.cancel_requested_at is None:
+        # Also when the cancel failed: a runner that still has the child sees the
+        # request at its next heartbeat, and a queued work item is aborted on pickup.
+        events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+                                         data=RunCancelRequestedData(reason=GIVE_UP)))
+    events.append(RunInterrupted(**_envelope(state.run_id, state.parent, cause, "interrupted"),
+                                 data=RunInterruptedData(reason=reason, error=error,
+                                                         child_still_running=child_still_running)))
+    return events
+
+
+def reattach_decided(state: RunState | None, cause: Cause, *, outcome: str,
+                     reason: str | None, child_still_running: bool,
+                     timings: dict[str, int]) -> list[Event]:
+    """Record a recovery decision; an interruption ends the run softly if it is still open."""
+    if state is None:
+        return []
+    decision_id = cause.event_id(state.run_id, "decision")
+    if any(d.decision_id == decision_id for d in state.reattach_decisions):
+        return []
+    events: list[Event] = [RunReattachDecided(
+        **_envelope(state.run_id, state.parent, cause, "decided"),
+        data=RunReattachDecidedData(decision_id=decision_id, outcome=outcome, reason=reason,
+                                    child_still_running=child_still_running, timings=timings))]
+    # An interrupted run that was re-attached and gave up again is interrupted anew, so
+    # the caller that re-issued the request gets an answer.
+    if outcome == "interrupted" and not state.is_hard_terminal and reason is not None:
+        events.append(RunInterrupted(
+            **_envelope(state.run_id, state.parent, cause, "interrupted"),
+            data=RunInterruptedData(reason=reason, error=INTERRUPTED_ERRORS[reason],
+                                    child_still_running=child_still_running)))
+    return events
+
+
+GIVE_UP = "give-up"
+
+INTERRUPTED_ERRORS = {
+    "no-progress": "the child made no progress within the no-progress budget",
+    "window-exceeded": "the child ran past the re-attach window and was cancelled",
+    "not-tailable": "the child's events could not be followed",
+    "inspect-timeout": "no child-runner answered the recovery inspection in time",
+    "inspect-failed": "the recovery inspection of the child failed",
+    "recovery-deadline": "recovery ran out of time before this child could be inspected",
+    "budget-exceeded": "the run used up its absolute budget",
+}

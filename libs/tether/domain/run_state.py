@@ -115,6 +115,7 @@ class RunState(Model):
     child_still_running: bool | None = None
     aborted_cause: str | None = None
     cancel_requested_at: int | None = None
+    cancel_reason: str | None = None
     progress: ProgressSnapshot | None = None
     last_signal_at: int | None = None
     milestones: tuple[Milestone, ...] = ()
@@ -231,8 +232,10 @@ def _requested(state: RunState | None, event: RunRequested) -> Evolved:
 def _started(state: RunState, event: RunStarted) -> Evolved:
     if state.dispatched_at is not None:
         return _ignored(state, "duplicate: the run was already dispatched")
-    if state.status != "starting":
+    if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run cannot be dispatched")
+    # The work item goes out before this event is appended, so a fast runner's
+    # run.running may already be in the log: the dispatch time is still recorded.
     return _applied(state, dispatched_at=event.occurred_at)
 
 
@@ -323,7 +326,7 @@ def _cancel_requested(state: RunState, event: RunCancelRequested) -> Evolved:
         return _ignored(state, "duplicate: cancellation already requested")
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run has nothing to cancel")
-    return _applied(state, cancel_requested_at=event.occurred_at)
+    return _applied(state, cancel_requested_at=event.occurred_at, cancel_reason=event.data.reason)
 
 
 def _finished(state: RunState, event: RunCompleted | RunFailed | RunAborted) -> Evolved:

@@ -120,7 +120,7 @@ class Deliverer:
         if event.type in TERMINAL_EVENT_STATUS:
             if isinstance(event, RunAborted) and event.data.cause == "give-up":
                 return  # the give-up already delivered its interrupted hook
-            await self._finished(state, result_of(event))
+            await self.deliver_finish(state, result_of(event))
         elif isinstance(event, RunMilestone):
             await self._milestone(state, event)
 
@@ -143,14 +143,20 @@ class Deliverer:
         while len(self._states) > CACHE_SIZE:
             self._states.popitem(last=False)
 
-    async def _finished(self, state: RunState, result: LifecycleResult) -> None:
+    async def deliver_finish(self, state: RunState, result: LifecycleResult,
+                             retry: int = 0) -> None:
+        """Publish what the ledger says is still owed for this outcome.
+
+        `retry` > 0 (the reconciler, after a lease) gives hook messages a new id, since
+        the first one may still be inside the stream's duplicate window.
+        """
         options = state.detached
         info = RunInfo.of(state)
         if options.on_finish and not state.finish_delivered(result.status, options.on_finish):
-            await self._publish_hook(state, options.on_finish, info, result)
+            await self._publish_hook(state, options.on_finish, info, result, retry)
         if (not state.finish_delivered(result.status, GLOBAL_FINISH_HOOK)
                 and await self._is_registered(state.parent.agent, GLOBAL_FINISH_HOOK)):
-            await self._publish_hook(state, GLOBAL_FINISH_HOOK, info, result)
+            await self._publish_hook(state, GLOBAL_FINISH_HOOK, info, result, retry)
         # An explicit on_finish takes precedence over notify.
         if options.on_finish or not options.notify:
             return
@@ -189,9 +195,11 @@ class Deliverer:
         await self._record_notified(state, "milestone", name, mode, message_id)
 
     async def _publish_hook(self, state: RunState, method: str, info: RunInfo,
-                            result: LifecycleResult) -> None:
+                            result: LifecycleResult, retry: int = 0) -> None:
         message = HookMessage(method=method, run=info, result=result)
         message_id = finish_message_id(state.run_id, result.status, method)
+        if retry:
+            message_id = f"{message_id}:retry{retry}"
         await self._js.publish(self._log.subjects.hook(state.parent.agent, method),
                                message.model_dump_json().encode(),
                                headers={"Nats-Msg-Id": message_id},

@@ -1,0 +1,164 @@
+"""What a child agent gets in `run(ctx, input)`: its run, progress, milestones, output, cancel.
+
+The same child code must also run standalone (a script, a unit test, an agent used as a
+plain object): every reporting call then becomes a no-op that logs one development
+warning per process, as the seed asks of `reportProgress()` outside a run.
+"""
+
+import asyncio
+import math
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from tether.domain.events import ParentRef
+from tether.domain.ids import check_identifier
+from tether.log import get_logger
+
+if TYPE_CHECKING:
+    from tether.child.recorder import RunRecorder
+
+_current: ContextVar["RunContext | None"] = ContextVar("tether_run_context", default=None)
+_warned_outside_run = False
+
+
+class RunCancelled(Exception):
+    """Raised by `ctx.raise_if_cancelled()`; the runner records the run as `aborted`."""
+
+
+def current_context() -> "RunContext | None":
+    """The context of the agent-tool run this task belongs to; None outside a run."""
+    return _current.get()
+
+
+def bind_context(ctx: "RunContext") -> None:
+    """Make `ctx` the current context of the calling task (the runner's child task).
+
+    A task runs in a copy of the context it was created in, so this never leaks into the
+    runner's own tasks.
+    """
+    _current.set(ctx)
+
+
+async def report_progress(fraction: float | None = None, message: str | None = None,
+                          phase: str | None = None, milestone: str | None = None,
+                          data: Any = None, persist: bool = False) -> None:
+    """`ctx.report_progress` for the current run; a no-op with a warning outside one."""
+    ctx = current_context()
+    if ctx is None:
+        check_progress(fraction, milestone, data, message, phase)
+        _warn_outside_run()
+        return
+    await ctx.report_progress(fraction=fraction, message=message, phase=phase,
+                              milestone=milestone, data=data, persist=persist)
+
+
+def _warn_outside_run() -> None:
+    global _warned_outside_run
+    if _warned_outside_run:
+        return
+    _warned_outside_run = True
+    get_logger().warning(
+        "report_progress.outside_run",
+        detail="report_progress/output was called outside an agent-tool run, so it does "
+               "nothing; this is expected when the child runs standalone (shown once)")
+
+
+def check_progress(fraction: float | None, milestone: str | None, data: Any,
+                   message: str | None = None, phase: str | None = None) -> None:
+    """Refuse a bad signal where the child made it, not later in the runner."""
+    for name, text in (("message", message), ("phase", phase)):
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"progress {name} must be a str, not {type(text).__name__}")
+    if fraction is not None and (isinstance(fraction, bool)
+                                 or not isinstance(fraction, (int, float))
+                                 or math.isnan(fraction) or not 0.0 <= fraction <= 1.0):
+        raise ValueError(f"progress fraction must be a number from 0 to 1, not {fraction!r}")
+    if milestone is not None:
+        check_identifier(milestone, "milestone name")
+    if data is not None:
+        try:
+            to_jsonable_python(data)
+        except PydanticSerializationError as error:
+            raise ValueError(f"progress data must be JSON-serialisable: {error}") from None
+
+
+class RunContext:
+    """One attempt of one run, as the child sees it.
+
+    `client` is how a child becomes a parent itself (nested agent tools): the runner sets
+    it to an object whose `run_agent_tool(agent_type, input, **options)` starts a run
+    owned by `ctx.as_parent()`, i.e. by this child's agent type and this run's id, so the
+    nested runs appear on their own parent timeline. It is None until a client factory
+    is given to the runner; `run_agent_tool` then says so instead of failing obscurely.
+    """
+
+    def __init__(self, *, run_id: str, parent: ParentRef, agent_type: str, attempt: int,
+                 recorder: "RunRecorder | None", client: Any = None) -> None:
+        self.run_id = run_id
+        self.parent = parent
+        self.agent_type = agent_type
+        self.attempt = attempt
+        self.client = client
+        self.cancelled = asyncio.Event()
+        self._recorder = recorder
+
+    @classmethod
+    def standalone(cls, agent_type: str = "standalone",
+                   run_id: str = "standalone") -> "RunContext":
+        """A context for running a child outside Tether: reporting does nothing."""
+        return cls(run_id=run_id, parent=ParentRef(agent=agent_type, name="standalone"),
+                   agent_type=agent_type, attempt=1, recorder=None)
+
+    @property
+    def in_run(self) -> bool:
+        return self._recorder is not None
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise RunCancelled(f"run {self.run_id} was cancelled")
+
+    async def report_progress(self, fraction: float | None = None, message: str | None = None,
+                              phase: str | None = None, milestone: str | None = None,
+                              data: Any = None, persist: bool = False) -> None:
+        """Report progress; with `milestone`, a durable milestone.
+
+        Without a milestone the signal is ephemeral: coalesced per run (latest value wins,
+        at most one per `progress_coalesce_ms`, `fraction >= 1` at once), published on the
+        run's progress subject, and persisted as the run's progress snapshot, whose `data`
+        is kept only with `persist=True`. A milestone is always recorded, in order, with
+        the run's next sequence; on a resumed run it is not recorded twice.
+        """
+        check_progress(fraction, milestone, data, message, phase)
+        if self._recorder is None:
+            _warn_outside_run()
+            return
+        if milestone is not None:
+            await self._recorder.milestone(milestone, fraction=fraction, message=message,
+                                           phase=phase, data=data)
+        else:
+            await self._recorder.progress(fraction=fraction, message=message, phase=phase,
+                                          data=data, persist=persist)
+
+    async def output(self, text: str) -> None:
+        """Stream a chunk of the child's output text (recorded as `run.output`)."""
+        if not isinstance(text, str):
+            raise TypeError(f"output text must be a str, not {type(text).__name__}")
+        if self._recorder is None:
+            _warn_outside_run()
+            return
+        if text:
+            await self._recorder.output(text)
+
+    def as_parent(self) -> ParentRef:
+        """This run as the parent of nested agent-tool runs."""
+        return ParentRef(agent=self.agent_type, name=self.run_id)
+
+    async def run_agent_tool(self, agent_type: str, input: dict[str, Any], **options: Any) -> Any:
+        """Delegate to another child agent, with this run as its parent."""
+        if self.client is None:
+            raise RuntimeError(
+                "nested agent tools need a Tether client: give the child-runner a "
+                "parent_client factory so that ctx.client is set")
+        return await self.client.run_agent_tool(agent_type, input, **options)

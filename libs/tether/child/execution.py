@@ -1,0 +1,363 @@
+"""One work item, from its delivery to its acknowledgement.
+
+The work item only names the run; the run's events are the truth. Every step is safe to
+repeat, because a work item is redelivered whenever its runner dies or gives it back:
+
+- `run.running` is appended with optimistic concurrency and the next attempt number, so
+  of two runners holding the same run only one goes on;
+- the outcome is appended only while the run is not hard-terminal (never a second
+  `run.completed`), with a deterministic event id so a retried append is stored once;
+- the work item is acknowledged only after the outcome is in the log: a runner that
+  dies before that leaves the item to be redelivered and the run to be resumed.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from nats.aio.msg import Msg
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from tether.adapters.jetstream import EventLog
+from tether.child.agent import ChildAgent
+from tether.child.context import RunCancelled, RunContext, bind_context
+from tether.child.recorder import RunRecorder, now_ms
+from tether.config import Settings
+from tether.contract.codec import encode_event
+from tether.contract.messages import WorkItem
+from tether.domain.decide import GIVE_UP
+from tether.domain.events import (
+    Event,
+    ParentRef,
+    RunAborted,
+    RunAbortedData,
+    RunCompleted,
+    RunCompletedData,
+    RunFailed,
+    RunFailedData,
+    RunRunning,
+    RunRunningData,
+)
+from tether.domain.ids import derived_event_id
+from tether.domain.run_state import RunState
+from tether.log import get_logger
+
+MAX_ERROR_CHARS = 500
+
+OutcomeKind = Literal["completed", "failed", "aborted", "skipped", "released", "superseded"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one work item; the runner logs one line per outcome."""
+
+    run_id: str
+    parent: ParentRef
+    agent_type: str
+    kind: OutcomeKind
+    attempt: int
+    detail: str | None = None
+    duration_ms: int = 0
+    # The child's exception, for the runner's log line (with its traceback); never stored.
+    exception: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerEnvironment:
+    """What every execution of one runner shares."""
+
+    log: EventLog
+    settings: Settings
+    runner_id: str
+    cancel_grace_s: float
+    parent_client: Callable[[ParentRef], Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    summary: str
+    output: Any
+
+
+def safe_error(error: BaseException) -> str:
+    """What a caller may see of a child's exception: its type and message, never a traceback."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
+
+
+def explain_validation(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in problem['loc']) or 'input'}: {problem['msg']}"
+                     for problem in error.errors())
+
+
+def _finish_unless_terminal(event: Event) -> Callable[[RunState | None], list[Event]]:
+    def decide(state: RunState | None) -> list[Event]:
+        if state is None or state.is_hard_terminal:
+            return []
+        return [event]
+    return decide
+
+
+class Execution:
+    def __init__(self, env: RunnerEnvironment, agent_cls: type[ChildAgent], msg: Msg,
+                 item: WorkItem) -> None:
+        self._env, self._agent_cls, self._msg, self.item = env, agent_cls, msg, item
+        self.run_id, self.parent = item.run_id, item.parent
+        self.attempt = 0
+        self._started = time.monotonic()
+        self._ctx: RunContext | None = None
+        self._child: asyncio.Task[_Result] | None = None
+        self._hard_cancel: asyncio.TimerHandle | None = None
+        self._causation_id = f"work:{item.run_id}:{item.dispatch}"
+        # Why the child is being stopped: a cancel (recorded as aborted), the run ended or
+        # vanished elsewhere (nothing to record), a newer attempt took over, a shutdown.
+        self._stop_reason: Literal["cancel", "give-up", "gone", "superseded", "shutdown"] | None = None
+        self._cancel_detail: str | None = None
+        self.finished = asyncio.Event()
+
+    # --- stopping the child, from the runner --------------------------------------------
+
+    def cancel(self, detail: str | None = None) -> None:
+        """Cooperative first (`ctx.cancelled`), then the child's task after a short grace.
+
+        A give-up (the reconciler ended the run `interrupted` on a budget) stops the child
+        and records nothing: the interruption is the run's outcome, and an abort here
+        would only hide it.
+        """
+        self._stop("give-up" if detail == GIVE_UP else "cancel", detail)
+
+    @property
+    def child_status(self) -> str:
+        if self._child is None:
+            return "queued"
+        if self._child.done():
+            return "stopped"
+        return "running"
+
+    def release_for_shutdown(self) -> None:
+        """The process is stopping: stop the child now and give the item back."""
+        if self._stop_reason is None:
+            self._stop_reason = "shutdown"
+        if self._child is not None:
+            self._child.cancel()
+
+    def _stop(self, reason: Literal["cancel", "give-up", "gone", "superseded"],
+              detail: str | None) -> None:
+        if self._stop_reason is not None:
+            return
+        self._stop_reason, self._cancel_detail = reason, detail
+        if self._ctx is not None:
+            self._ctx.cancelled.set()
+        if self._child is not None and self._hard_cancel is None:
+            self._hard_cancel = asyncio.get_running_loop().call_later(
+                self._env.cancel_grace_s, self._child.cancel)
+
+    # --- the lifecycle -----------------------------------------------------------------
+
+    async def run(self) -> Outcome:
+        try:
+            return await self._run()
+        finally:
+            self.finished.set()
+
+    async def _run(self) -> Outcome:
+        log, settings = self._env.log, self._env.settings
+        state = (await log.read_run(self.parent, self.run_id)).state
+        if state is None:
+            return await self._ack("skipped", "no such run (never requested, or cleared)")
+        self.attempt = state.attempt
+        if state.is_hard_terminal:
+            return await self._ack("skipped", f"the run already ended {state.status}")
+        if state.agent_type != self.item.agent_type:
+            return await self._ack("skipped", f"the run is for {state.agent_type}, "
+                                              f"not {self.item.agent_type}")
+        if state.cancel_requested_at is not None:
+            if state.cancel_reason == GIVE_UP:
+                return await self._ack("skipped", "the reconciler gave up on the run")
+            return await self._abort(None)
+        if state.attempt >= settings.max_attempts:
+            return await self._fail(f"gave up after {state.attempt} attempts: the child's "
+                                    f"runner stopped each time before the run finished")
+
+        expected = state.attempt
+        running = RunRunning(
+            event_id=derived_event_id(self.run_id, "running", expected + 1), run_id=self.run_id,
+            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            causation_id=self._causation_id,
+            data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id))
+
+        def start(current: RunState | None) -> list[Event]:
+            # Another runner advancing the attempt in the meantime holds the run now.
+            if (current is None or current.is_hard_terminal or current.attempt != expected
+                    or current.cancel_requested_at is not None):
+                return []
+            return [running]
+
+        state, appended = await log.update(self.parent, self.run_id, start)
+        if not appended:
+            if state is not None and state.cancel_requested_at is not None \
+                    and not state.is_hard_terminal and state.attempt == expected:
+                return await self._abort(None)
+            return await self._ack("skipped", "another runner took the run")
+        assert state is not None
+        self.attempt = expected + 1
+        self._causation_id = running.event_id
+
+        try:
+            payload = self._agent_cls.input_model.model_validate(state.input)
+        except ValidationError as error:
+            return await self._fail(f"invalid input for {self.item.agent_type}: "
+                                    f"{explain_validation(error)}"[:MAX_ERROR_CHARS])
+        return await self._run_child(state, payload)
+
+    async def _run_child(self, state: RunState, payload: BaseModel) -> Outcome:
+        env = self._env
+        recorder = RunRecorder(env.log, state, attempt=self.attempt,
+                               coalesce_ms=env.settings.progress_coalesce_ms,
+                               causation_id=self._causation_id)
+        ctx = RunContext(run_id=self.run_id, parent=self.parent, agent_type=state.agent_type,
+                         attempt=self.attempt, recorder=recorder)
+        if env.parent_client is not None:
+            ctx.client = env.parent_client(ctx.as_parent())
+        self._ctx = ctx
+        # Stopped while we prepared: do not start a child only to stop it.
+        if self._stop_reason == "shutdown":
+            await self._msg.nak()
+            return self._outcome("released", "the runner stopped before the child started")
+        if self._stop_reason == "give-up":
+            return await self._ack("skipped", "the reconciler gave up on the run")
+        if self._stop_reason is not None:
+            return await self._abort(self._cancel_detail)
+        self._child = asyncio.create_task(self._invoke(ctx, payload, recorder),
+                                          name=f"child:{self.run_id}")
+        heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.run_id}")
+        try:
+            await asyncio.wait({self._child})
+        finally:
+            heartbeat.cancel()
+            if self._hard_cancel is not None:
+                self._hard_cancel.cancel()
+            if not self._child.done():  # this handler itself was cancelled
+                self._child.cancel()
+            await recorder.flush()
+        return await self._settle(self._child)
+
+    async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:
+        bind_context(ctx)
+        agent = self._agent_cls()
+        returned = await agent.run(ctx, payload)
+        ctx.raise_if_cancelled()  # a cooperative child that stopped early was cancelled
+        final_text = returned if isinstance(returned, str) else None
+        output = None if isinstance(returned, str) else returned
+        override = await agent.get_output(self.run_id)
+        if override is not None:
+            output = override
+        try:
+            output = to_jsonable_python(output)
+        except PydanticSerializationError as error:
+            raise TypeError(f"the child's output is not JSON-serialisable: {error}") from None
+        summary = await agent.get_summary(self.run_id, output)
+        if summary is None:
+            summary = final_text if final_text is not None else recorder.output_text
+        return _Result(summary=str(summary), output=output)
+
+    async def _settle(self, child: asyncio.Task[_Result]) -> Outcome:
+        error = None if child.cancelled() else child.exception()
+        if child.cancelled() or isinstance(error, RunCancelled):
+            if self._stop_reason == "shutdown":
+                await self._msg.nak()  # another runner resumes the run at once
+                return self._outcome("released", "the runner stopped before the child finished")
+            if self._stop_reason == "superseded":
+                # The newer attempt owns the run and its work item; leave both alone.
+                return self._outcome("superseded", self._cancel_detail)
+            if self._stop_reason == "gone":
+                return await self._ack("skipped", self._cancel_detail)
+            if self._stop_reason == "cancel":
+                return await self._abort(self._cancel_detail)
+            if self._stop_reason == "give-up":
+                return await self._ack("aborted", "stopped: the reconciler gave up on the run")
+            if error is not None:  # the child gave up on its own
+                return await self._abort(str(error) or None, cause="child")
+            error = asyncio.CancelledError("the child's task was cancelled by the child itself")
+        if error is not None:
+            return await self._fail(safe_error(error), error)
+        result = child.result()
+        completed = RunCompleted(
+            event_id=derived_event_id(self.run_id, "completed"), run_id=self.run_id,
+            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            causation_id=self._causation_id,
+            data=RunCompletedData(summary=result.summary, output=result.output))
+        size, limit = len(encode_event(completed)), self._env.log.nats.max_payload
+        if size > limit:
+            return await self._fail(f"the child's result is {size} bytes; the largest event "
+                                    f"NATS accepts is {limit} bytes")
+        _, appended = await self._env.log.update(self.parent, self.run_id,
+                                                 _finish_unless_terminal(completed))
+        if not appended:
+            return await self._ack("skipped", "the child finished but the run had already ended")
+        return await self._ack("completed")
+
+    async def _heartbeat(self) -> None:
+        """Keep the work item ours while the child runs, and notice what we were not told.
+
+        A cancel signal is only a nudge on core NATS; the durable fact is in the log, so
+        each beat also looks at the run when its subject moved.
+        """
+        interval = self._env.settings.work_ack_wait_ms / 1000 / 3
+        log, known_seq = self._env.log, -1
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._msg.in_progress()
+                seq = await log.last_seq(self.parent, self.run_id)
+                if seq == known_seq:
+                    continue
+                known_seq = seq
+                state = (await log.read_run(self.parent, self.run_id)).state
+            except Exception as error:  # noqa: BLE001 - a missed beat is retried at the next
+                get_logger(run_id=self.run_id).warning(
+                    "child.heartbeat_failed", error=f"{type(error).__name__}: {error}")
+                continue
+            if state is None:
+                self._stop("gone", "the run was cleared while the child ran")
+            elif state.attempt > self.attempt:
+                self._stop("superseded", f"attempt {state.attempt} took over the run")
+            elif state.is_hard_terminal:
+                self._stop("gone", f"the run ended {state.status} elsewhere")
+            elif state.cancel_requested_at is not None:
+                self.cancel(state.cancel_reason)
+
+    # --- outcomes ----------------------------------------------------------------------
+
+    async def _abort(self, reason: str | None,
+                     cause: Literal["cancel", "child"] = "cancel") -> Outcome:
+        error = "cancelled" if reason in (None, "", "cancelled") else f"cancelled: {reason}"
+        aborted = RunAborted(
+            event_id=derived_event_id(self.run_id, "aborted"), run_id=self.run_id,
+            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
+        await self._env.log.update(self.parent, self.run_id, _finish_unless_terminal(aborted))
+        return await self._ack("aborted", error)
+
+    async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
+        failed = RunFailed(
+            event_id=derived_event_id(self.run_id, "failed"), run_id=self.run_id,
+            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            causation_id=self._causation_id, data=RunFailedData(error=error))
+        await self._env.log.update(self.parent, self.run_id, _finish_unless_terminal(failed))
+        await self._msg.ack()
+        return self._outcome("failed", error, exception)
+
+    async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
+        await self._msg.ack()
+        return self._outcome(kind, detail)
+
+    def _outcome(self, kind: OutcomeKind, detail: str | None = None,
+                 exception: BaseException | None = None) -> Outcome:
+        return Outcome(run_id=self.run_id, parent=self.parent, agent_type=self.item.agent_type,
+                       kind=kind, attempt=self.attempt, detail=detail,
+                       duration_ms=int((time.monotonic() - self._started) * 1000),
+                       exception=exception)

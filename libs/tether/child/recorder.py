@@ -1,0 +1,234 @@
+"""Records what a child reports during one attempt: milestones, output, progress.
+
+A resumed run (a redelivered work item) re-runs the child from the start, so the
+recorder begins from what the run already holds and recognises the replay:
+
+- the n-th milestone named X in this attempt is the n-th one recorded under that name,
+  so it is skipped while the log already has it (with unique names: a recorded name is
+  skipped), and new ones continue the sequence;
+- output text that matches the recorded output from the start is skipped chunk by chunk,
+  and new text continues the indexes.
+
+Milestones and outputs carry deterministic event ids (`<run>:ms:<seq>`, `<run>:out:<i>`),
+so an append retried after a lost acknowledgement is stored once. They are appended
+without an expected sequence: the run's current runner is their only writer, and the
+parent or reconciler appending to the same run must not make a child's report fail.
+"""
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from tether.adapters.jetstream import EventLog
+from tether.contract.messages import ProgressSignal
+from tether.domain.events import (
+    RunMilestone,
+    RunMilestoneData,
+    RunOutput,
+    RunOutputData,
+    RunProgressPersisted,
+    RunProgressPersistedData,
+)
+from tether.domain.ids import derived_event_id
+from tether.domain.run_state import RunState
+from tether.log import get_logger
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Progress:
+    fraction: float | None
+    message: str | None
+    phase: str | None
+    data: Any
+    persist: bool
+
+
+class RunRecorder:
+    def __init__(self, log: EventLog, state: RunState, *, attempt: int, coalesce_ms: int,
+                 causation_id: str | None = None) -> None:
+        self._log = log
+        self.run_id, self.parent = state.run_id, state.parent
+        self._attempt = attempt
+        self._window_s = coalesce_ms / 1000
+        self._causation_id = causation_id
+        self._logger = get_logger(run_id=state.run_id, agent_type=state.agent_type)
+        self._progress_subject = log.subjects.run_progress(state.parent, state.run_id)
+
+        self._recorded_names = Counter(m.name for m in state.milestones)
+        self._names_this_attempt: Counter[str] = Counter()
+        self._next_sequence = max((m.sequence for m in state.milestones), default=-1) + 1
+        self.milestones_recorded = 0
+
+        self._recorded_text = state.output_text
+        self._replayed_chars = 0  # how much of the recorded text this attempt has re-emitted
+        self._next_index = max(state.output_parts, default=-1) + 1
+        self._new_text: list[str] = []
+
+        # Progress snapshots are "latest `at` wins" in the fold, so every snapshot this
+        # recorder writes gets a strictly later `at` than the one before, even within 1 ms.
+        self._last_at = state.progress.at if state.progress else 0
+        self._progress_count = 0
+        self._pending: _Progress | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._last_send = -float("inf")
+        self._send_lock = asyncio.Lock()  # one signal at a time, in the order reported
+        self._milestone_lock = asyncio.Lock()
+        self._output_lock = asyncio.Lock()
+        self._warned_send_failure = False
+
+    @property
+    def output_text(self) -> str:
+        """The run's whole output text: what was recorded before plus this attempt's."""
+        return self._recorded_text + "".join(self._new_text)
+
+    # --- milestones -------------------------------------------------------------------
+
+    async def milestone(self, name: str, *, fraction: float | None, message: str | None,
+                        phase: str | None, data: Any) -> bool:
+        """Record a milestone; False when it is a replay of one already recorded."""
+        async with self._milestone_lock:
+            self._names_this_attempt[name] += 1
+            if self._names_this_attempt[name] <= self._recorded_names[name]:
+                return False
+            # Sent in order: an older ephemeral signal must not land after the milestone.
+            await self.flush()
+            sequence = self._next_sequence
+            async with self._send_lock:
+                at = self._next_at()
+                await self._log.append(RunMilestone(
+                    event_id=derived_event_id(self.run_id, "ms", sequence), run_id=self.run_id,
+                    parent=self.parent, occurred_at=at, correlation_id=self.run_id,
+                    causation_id=self._causation_id,
+                    data=RunMilestoneData(sequence=sequence, name=name, data=data,
+                                          fraction=fraction, message=message, phase=phase),
+                ), expected_last_seq=None)
+                self._next_sequence += 1
+                self.milestones_recorded += 1
+                # Live subscribers see the milestone on the progress subject too, marked
+                # by `milestone`, so a progress bar and an onProgress hook need one feed.
+                await self._publish_signal(_Progress(fraction, message, phase, data, True), at,
+                                           milestone=name)
+            return True
+
+    # --- output -----------------------------------------------------------------------
+
+    async def output(self, text: str) -> None:
+        async with self._output_lock:
+            text = self._skip_replayed(text)
+            if not text:
+                return
+            index = self._next_index
+            await self._log.append(RunOutput(
+                event_id=derived_event_id(self.run_id, "out", index), run_id=self.run_id,
+                parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+                causation_id=self._causation_id, data=RunOutputData(index=index, text=text),
+            ), expected_last_seq=None)
+            self._next_index += 1
+            self._new_text.append(text)
+
+    def _skip_replayed(self, text: str) -> str:
+        """The part of `text` that is not a re-emission of already recorded output."""
+        remaining = self._recorded_text[self._replayed_chars:]
+        if not remaining:
+            return text
+        if remaining.startswith(text):
+            self._replayed_chars += len(text)
+            return ""
+        if text.startswith(remaining):
+            self._replayed_chars = len(self._recorded_text)
+            return text[len(remaining):]
+        # The child said something else this time. What was recorded stays; the new text
+        # follows it rather than being lost.
+        self._logger.warning("child.output_diverged_on_resume", attempt=self._attempt,
+                             recorded_chars=len(self._recorded_text),
+                             matched_chars=self._replayed_chars)
+        self._replayed_chars = len(self._recorded_text)
+        return text
+
+    # --- ephemeral progress -----------------------------------------------------------
+
+    async def progress(self, *, fraction: float | None, message: str | None, phase: str | None,
+                       data: Any, persist: bool) -> None:
+        """Coalesce: latest value wins, at most one send per window.
+
+        `fraction >= 1` is sent at once, right after the pending value it supersedes, so
+        a subscriber sees the last intermediate state and then the end, in that order.
+        """
+        update = _Progress(fraction, message, phase, data, persist)
+        if fraction is not None and fraction >= 1:
+            await self.flush()
+            await self._send(update)
+            return
+        elapsed = time.monotonic() - self._last_send
+        if self._pending is None and self._timer is None and elapsed >= self._window_s:
+            await self._send(update)
+            return
+        self._pending = update
+        if self._timer is None:
+            delay = max(0.0, self._window_s - elapsed)
+            self._timer = asyncio.create_task(self._send_after(delay),
+                                              name=f"progress:{self.run_id}")
+
+    async def _send_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        # From here on the send belongs to this task; `flush` waits for it instead of
+        # cancelling it half-way.
+        self._timer = None
+        await self._send_pending()
+
+    async def flush(self) -> None:
+        """Send the pending coalesced signal now and wait until every send has landed.
+
+        The runner calls this before appending the run's outcome, so no progress of the
+        run lands after it.
+        """
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        await self._send_pending()
+        async with self._send_lock:
+            pass
+
+    async def _send_pending(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            await self._send(pending)
+
+    async def _send(self, update: _Progress) -> None:
+        async with self._send_lock:
+            self._last_send = time.monotonic()
+            at = self._next_at()
+            self._progress_count += 1
+            try:
+                await self._publish_signal(update, at)
+                await self._log.append(RunProgressPersisted(
+                    event_id=derived_event_id(self.run_id, "progress", self._attempt,
+                                              self._progress_count),
+                    run_id=self.run_id, parent=self.parent, occurred_at=at,
+                    correlation_id=self.run_id, causation_id=self._causation_id,
+                    data=RunProgressPersistedData(
+                        fraction=update.fraction, message=update.message, phase=update.phase,
+                        data=update.data if update.persist else None),
+                ), expected_last_seq=None)
+            except Exception as error:  # noqa: BLE001 - progress is best effort; the run goes on
+                if not self._warned_send_failure:
+                    self._warned_send_failure = True
+                    self._logger.warning("child.progress_not_sent",
+                                         error=f"{type(error).__name__}: {error}")
+
+    async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
+        signal = ProgressSignal(run_id=self.run_id, parent=self.parent, fraction=update.fraction,
+                                message=update.message, phase=update.phase, milestone=milestone,
+                                data=update.data, at=at)
+        await self._log.jetstream.publish(self._progress_subject, signal.model_dump_json().encode(),
+                                          stream=self._log.subjects.progress_stream)
+
+    def _next_at(self) -> int:
+        self._last_at = max(now_ms(), self._last_at + 1)
+        return self._last_at

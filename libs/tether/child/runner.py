@@ -1,0 +1,285 @@
+"""The child-runner: pulls work items and runs child agents, several at a time.
+
+One durable pull consumer per agent type on the work-queue stream (`runner-<agent_type>`,
+filtered to that type's work subject), shared by every runner process: the server hands
+each item to one of them, and hands it again after `work_ack_wait_ms` without a sign of
+life, which is how a killed runner's run is resumed elsewhere. Each `Execution` keeps
+its item alive with in-progress acknowledgements while the child runs.
+
+Cancellation arrives as a core NATS `CancelSignal` broadcast to every runner of the
+agent type; the one running the run stops its child. Signals can be missed, so each
+execution also looks for `run.cancel_requested` in the log at every heartbeat.
+
+On stop (SIGTERM) the runner stops fetching, gives running children `shutdown_grace_s`
+to finish, then stops the rest and gives their items back (NAK) so another runner
+resumes them at once.
+"""
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from pydantic import ValidationError
+
+from tether.adapters.jetstream import EventLog
+from tether.child.agent import AgentRegistry
+from tether.child.execution import Execution, Outcome, RunnerEnvironment
+from tether.config import Settings
+from tether.contract.messages import (
+    CancelReply,
+    CancelSignal,
+    ChildInspectReply,
+    ChildInspectRequest,
+    ChildRecord,
+    WorkItem,
+)
+from tether.domain.events import ParentRef
+from tether.log import get_logger
+
+# Deliveries beyond `max_attempts`: a delivery can end without starting an attempt (a
+# shutdown gives it back, a lost race skips it), and the last delivery must still reach a
+# runner so that it records "gave up" instead of leaving the run open.
+MAX_DELIVER_MARGIN = 3
+FETCH_BATCH = 10
+DEFAULT_SHUTDOWN_GRACE_S = 20.0
+DEFAULT_CANCEL_GRACE_S = 1.0
+
+
+def new_runner_id() -> str:
+    """hostname:pid:random, so a run's `run.running` says which process holds it."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def consumer_name(agent_type: str) -> str:
+    return f"runner-{agent_type}"
+
+
+class _Slots:
+    """At most `limit` children at once, shared by the fetch loops of every agent type."""
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._changed = asyncio.Condition()
+        self._closed = False
+
+    async def take_up_to(self, wanted: int) -> int:
+        """Wait for at least one free slot and take up to `wanted`; 0 once closed."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._free > 0 or self._closed)
+            if self._closed:
+                return 0
+            taken = min(wanted, self._free)
+            self._free -= taken
+            return taken
+
+    async def give_back(self, count: int) -> None:
+        if count:
+            async with self._changed:
+                self._free += count
+                self._changed.notify_all()
+
+    async def close(self) -> None:
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+
+class ChildRunner:
+    def __init__(self, nc: NATS, settings: Settings, registry: AgentRegistry, *,
+                 runner_id: str | None = None,
+                 shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+                 cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
+                 fetch_timeout_s: float = 1.0,
+                 parent_client: Callable[[ParentRef], Any] | None = None,
+                 on_outcome: Callable[[Outcome], None] | None = None) -> None:
+        if not registry:
+            raise ValueError("the child-runner needs at least one agent (TETHER_AGENTS or "
+                             "--agents module:Class)")
+        self._nc, self._settings, self._registry = nc, settings, registry
+        self.runner_id = runner_id or new_runner_id()
+        self._js: JetStreamContext = nc.jetstream()
+        self._env = RunnerEnvironment(log=EventLog(nc, settings.subjects), settings=settings,
+                                      runner_id=self.runner_id, cancel_grace_s=cancel_grace_s,
+                                      parent_client=parent_client)
+        self._shutdown_grace_s = shutdown_grace_s
+        self._fetch_timeout_s = fetch_timeout_s
+        self._on_outcome = on_outcome
+        self._logger = get_logger(service="child-runner", runner_id=self.runner_id)
+        self._slots = _Slots(settings.runner_concurrency)
+        self._active: dict[tuple[str, str, str], Execution] = {}
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._subscriptions: list[Subscription] = []
+        self._pulls: dict[str, JetStreamContext.PullSubscription] = {}
+        self.consuming = False
+
+    def consumer_config(self, agent_type: str) -> js_api.ConsumerConfig:
+        settings = self._settings
+        return js_api.ConsumerConfig(
+            name=consumer_name(agent_type), durable_name=consumer_name(agent_type),
+            filter_subject=settings.subjects.work(agent_type),
+            ack_policy=js_api.AckPolicy.EXPLICIT, deliver_policy=js_api.DeliverPolicy.ALL,
+            ack_wait=settings.work_ack_wait_ms / 1000,
+            max_deliver=settings.max_attempts + MAX_DELIVER_MARGIN,
+            max_ack_pending=-1)
+
+    async def start(self) -> None:
+        """Create (or bring up to date) the consumers and listen for cancel signals."""
+        stream = self._settings.subjects.work_stream
+        for agent_type in self._registry.agent_types:
+            # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.
+            await self._js.add_consumer(stream, self.consumer_config(agent_type))
+            self._pulls[agent_type] = await self._js.pull_subscribe_bind(
+                durable=consumer_name(agent_type), stream=stream)
+            self._subscriptions.append(await self._nc.subscribe(
+                self._settings.subjects.cancel_signal(agent_type), cb=self._on_cancel_signal))
+            self._subscriptions.append(await self._nc.subscribe(
+                self._settings.subjects.inspect_child(agent_type), cb=self._on_inspect))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until `stop` is set, then shut down gracefully (see the module doc)."""
+        if not self._pulls:
+            await self.start()
+        # Each loop holds the slots it fetches for while its fetch waits, so no agent type
+        # may take them all and keep the others waiting for a fetch timeout.
+        batch = max(1, min(FETCH_BATCH, self._settings.runner_concurrency // len(self._pulls)))
+        loops = [asyncio.create_task(self._consume(agent_type, pull, stop, batch),
+                                     name=f"consume:{agent_type}")
+                 for agent_type, pull in self._pulls.items()]
+        self.consuming = True
+        self._logger.info("child_runner.consuming", agents=self._registry.agent_types,
+                          concurrency=self._settings.runner_concurrency)
+        try:
+            await stop.wait()
+        finally:
+            self.consuming = False
+            await self._slots.close()
+            # Each loop ends after its current fetch (at most `fetch_timeout_s`), which
+            # does not leave a pull request behind to swallow an item after we are gone.
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._drain()
+            for subscription in [*self._subscriptions, *self._pulls.values()]:
+                await subscription.unsubscribe()
+
+    async def _drain(self) -> None:
+        if not self._handlers:
+            return
+        self._logger.info("child_runner.draining", running=len(self._handlers),
+                          grace_s=self._shutdown_grace_s)
+        _, unfinished = await asyncio.wait(set(self._handlers), timeout=self._shutdown_grace_s)
+        if unfinished:
+            for execution in list(self._active.values()):
+                execution.release_for_shutdown()
+            await asyncio.wait(unfinished, timeout=self._shutdown_grace_s)
+
+    async def _consume(self, agent_type: str, pull: JetStreamContext.PullSubscription,
+                       stop: asyncio.Event, batch: int) -> None:
+        while not stop.is_set():
+            wanted = await self._slots.take_up_to(batch)
+            if not wanted:
+                return
+            try:
+                messages = await pull.fetch(wanted, timeout=self._fetch_timeout_s)
+            except TimeoutError:  # nothing to do; nats' timeouts subclass the builtin one
+                messages = []
+            except Exception as error:  # noqa: BLE001 - a NATS hiccup must not end the loop
+                self._logger.warning("child_runner.fetch_failed", agent_type=agent_type,
+                                     error=f"{type(error).__name__}: {error}")
+                messages = []
+                await asyncio.sleep(min(1.0, self._fetch_timeout_s))
+            await self._slots.give_back(wanted - len(messages))
+            for msg in messages:
+                if stop.is_set():  # fetched as we were stopping: let another runner have it
+                    await msg.nak()
+                    await self._slots.give_back(1)
+                    continue
+                handler = asyncio.create_task(self._handle(agent_type, msg))
+                self._handlers.add(handler)
+                handler.add_done_callback(self._handlers.discard)
+
+    async def _handle(self, agent_type: str, msg: Msg) -> None:
+        try:
+            try:
+                item = WorkItem.model_validate_json(msg.data)
+            except ValidationError as error:
+                # Redelivering it would fail the same way.
+                await msg.term()
+                self._logger.error("work_item.unreadable", agent_type=agent_type,
+                                   error=str(error).splitlines()[0])
+                return
+            agent_cls = self._registry.get(agent_type)
+            assert agent_cls is not None  # the consumer exists only for registered types
+            execution = Execution(self._env, agent_cls, msg, item)
+            key = (item.parent.agent, item.parent.name, item.run_id)
+            self._active[key] = execution
+            try:
+                outcome = await execution.run()
+            except Exception as error:  # the item is redelivered after ack_wait
+                self._logger.error("work_item.error", run_id=item.run_id, agent_type=agent_type,
+                                   parent=f"{item.parent.agent}/{item.parent.name}",
+                                   attempt=execution.attempt,
+                                   error=f"{type(error).__name__}: {error}", exc_info=error)
+                return
+            finally:
+                if self._active.get(key) is execution:
+                    del self._active[key]
+            self._log_outcome(outcome)
+            if self._on_outcome is not None:
+                self._on_outcome(outcome)
+        finally:
+            await self._slots.give_back(1)
+
+    def _log_outcome(self, outcome: Outcome) -> None:
+        fields: dict[str, Any] = {
+            "run_id": outcome.run_id, "agent_type": outcome.agent_type,
+            "parent": f"{outcome.parent.agent}/{outcome.parent.name}",
+            "outcome": outcome.kind, "attempt": outcome.attempt,
+            "duration_ms": outcome.duration_ms}
+        if outcome.detail:
+            fields["detail"] = outcome.detail
+        if outcome.exception is not None:
+            self._logger.warning("work_item.done", exc_info=outcome.exception, **fields)
+        else:
+            self._logger.info("work_item.done", **fields)
+
+    async def _on_cancel_signal(self, msg: Msg) -> None:
+        try:
+            signal = CancelSignal.model_validate_json(msg.data)
+        except ValidationError:
+            self._logger.warning("cancel_signal.unreadable", subject=msg.subject)
+            return
+        execution = self._active.get((signal.parent.agent, signal.parent.name, signal.run_id))
+        if execution is None:
+            return  # only the runner holding the run answers a cancel request
+        execution.cancel(signal.reason)
+        if msg.reply:
+            # Asked as a request (the reconciler): say whether the child really stopped.
+            grace = self._env.cancel_grace_s + 1.0
+            try:
+                await asyncio.wait_for(execution.finished.wait(), timeout=grace)
+            except TimeoutError:
+                pass
+            reply = CancelReply(had_run=True, stopped=execution.finished.is_set())
+            await msg.respond(reply.model_dump_json().encode())
+
+    async def _on_inspect(self, msg: Msg) -> None:
+        """Every runner answers; "no record" from all of them means "not started yet"."""
+        if not msg.reply:
+            return
+        try:
+            request = ChildInspectRequest.model_validate_json(msg.data)
+        except ValidationError:
+            return
+        execution = self._active.get((request.parent.agent, request.parent.name, request.run_id))
+        record = None
+        if execution is not None:
+            record = ChildRecord(status=execution.child_status, attempt=execution.attempt,
+                                 runner_id=self.runner_id)
+        await msg.respond(ChildInspectReply(record=record).model_dump_json().encode())

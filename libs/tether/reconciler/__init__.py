@@ -1,0 +1,1 @@
+"""The reconciler: budgets, recovery and re-attach, delivery retries, observability."""

@@ -1,0 +1,228 @@
+"""Recovery and re-attach (the seed's "Interrupted runs and recovery").
+
+When a parent service starts (it announces itself on `<prefix>.ctl.parent_started`) or a
+reconciler becomes active, every awaited run that is still starting or running is
+recovered in two passes:
+
+1. inspect each child through the runners (per child `recovery_inspect_timeout_ms`, all
+   of them within `recovery_deadline_ms`): a child whose run already ended is recorded
+   as finished, never run again; no runner answering ends the run `interrupted` with
+   `inspect-timeout`, a failed inspection with `inspect-failed`, and a child not reached
+   before the total deadline with `recovery-deadline`. "No record yet" is not a failure:
+   the run is watched like a live one.
+2. re-attach to each live child: follow its events and progress; every one resets the
+   no-progress timeout. Silence for the whole timeout ends the run `interrupted`,
+   `no-progress`, with the child still running (a repeated request re-attaches to it);
+   a finite max window ends it `window-exceeded` and cancels the child.
+
+Each decision is a `run.reattach_decided` event with its reason and timings. Recovering
+twice is harmless: decisions are appended with optimistic concurrency and only while the
+run is still open.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+
+from tether.adapters.jetstream import EventLog
+from tether.config import Settings
+from tether.domain import decide
+from tether.domain.run_state import RunState, evolve
+from tether.reconciler.control import ChildControl, Inspection, Observability
+
+RunKey = tuple[str, str, str]
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _key(state: RunState) -> RunKey:
+    return (state.parent.agent, state.parent.name, state.run_id)
+
+
+class Recovery:
+    def __init__(self, settings: Settings, log: EventLog, control: ChildControl,
+                 observability: Observability, logger, *, origin: str) -> None:
+        self._settings = settings
+        self._log = log
+        self._control = control
+        self._obs = observability
+        self._logger = logger
+        self._origin = origin
+        self._watching: dict[RunKey, asyncio.Task] = {}
+        self._passes: set[asyncio.Task] = set()
+
+    async def run(self, stop: asyncio.Event, awaited_open_runs: Callable[[], list[RunState]]) -> None:
+        async def on_parent_started(_msg) -> None:
+            self._start_pass(awaited_open_runs())
+
+        subscription = await self._log.nats.subscribe(self._log.subjects.parent_started,
+                                                      cb=on_parent_started)
+        self._start_pass(awaited_open_runs())
+        try:
+            await stop.wait()
+        finally:
+            await subscription.unsubscribe()
+            for task in [*self._passes, *self._watching.values()]:
+                task.cancel()
+            await asyncio.gather(*self._passes, *self._watching.values(), return_exceptions=True)
+
+    def _start_pass(self, runs: list[RunState]) -> None:
+        task = asyncio.create_task(self.recover(runs))
+        self._passes.add(task)
+        task.add_done_callback(self._passes.discard)
+
+    async def recover(self, runs: list[RunState]) -> None:
+        runs = [run for run in runs if _key(run) not in self._watching]
+        if not runs:
+            return
+        started = time.monotonic()
+        total_s = self._settings.recovery_deadline_ms / 1000
+        each_s = self._settings.recovery_inspect_timeout_ms / 1000
+        for run in runs:
+            await self._obs.emit("agent_tool:recovery:row", run.run_id, run.parent,
+                                 status=run.status, agent_type=run.agent_type)
+        inspections = [asyncio.ensure_future(self._control.inspect(run, each_s)) for run in runs]
+        _, late = await asyncio.wait(inspections, timeout=total_s)
+        for run, inspection in zip(runs, inspections, strict=True):
+            if inspection in late:
+                inspection.cancel()
+                await self._interrupt(run, "recovery-deadline", started, inspect_ms=None,
+                                      child_still_running=False)
+                await self._obs.emit("agent_tool:recovery:deadline", run.run_id, run.parent,
+                                     reason="recovery-deadline")
+                continue
+            await self._decide_after_inspection(run, inspection.result(), started)
+
+    async def _decide_after_inspection(self, run: RunState, inspection: Inspection,
+                                       started: float) -> None:
+        current = (await self._log.read_run(run.parent, run.run_id)).state
+        if current is None:
+            return
+        if not current.is_open:
+            # The child finished meanwhile: its outcome is already in the log.
+            await self._record(current, "finished", None, False, started,
+                               inspect_ms=inspection.elapsed_ms)
+            return
+        if inspection.outcome == "silent":
+            await self._interrupt(current, "inspect-timeout", started,
+                                  inspect_ms=inspection.elapsed_ms, child_still_running=False)
+        elif inspection.outcome == "failed":
+            self._logger.warning("recovery.inspect_failed", run_id=run.run_id,
+                                 error=inspection.error)
+            await self._interrupt(current, "inspect-failed", started,
+                                  inspect_ms=inspection.elapsed_ms, child_still_running=False)
+        else:
+            await self._obs.emit("agent_tool:recovery:reattach", run.run_id, run.parent,
+                                 found=inspection.outcome == "found")
+            self.watch(current, inspect_ms=inspection.elapsed_ms)
+
+    def watch(self, state: RunState, inspect_ms: int | None = None, *,
+              announce: bool = True) -> None:
+        """Pass 2: follow a live child to its end, or give up on it.
+
+        `announce` appends a `run.reattach_started`; a repeated request already did.
+        """
+        key = _key(state)
+        if key in self._watching:
+            return
+        task = asyncio.create_task(self._reattach(state, inspect_ms, announce))
+        self._watching[key] = task
+        task.add_done_callback(lambda _: self._watching.pop(key, None))
+
+    async def _reattach(self, state: RunState, inspect_ms: int | None, announce: bool) -> None:
+        started = time.monotonic()
+        history = await self._log.read_run(state.parent, state.run_id)
+        current = history.state
+        if current is None or current.is_hard_terminal:
+            return
+        if announce:
+            cause = decide.timer_cause(now_ms(), self._origin)
+            current, _ = await self._log.update(
+                state.parent, state.run_id, lambda s: decide.reattach_started(s, cause, "recovery"))
+            history = await self._log.read_run(state.parent, state.run_id)
+        silence_s = self._settings.reattach_no_progress_timeout_ms / 1000
+        window_ms = self._settings.reattach_max_window_ms
+        window_ends = None if window_ms is None else started + window_ms / 1000
+        signals: asyncio.Queue[None] = asyncio.Queue()
+
+        async def on_progress(_msg) -> None:
+            signals.put_nowait(None)
+
+        progress = await self._log.nats.subscribe(
+            self._log.subjects.run_progress(state.parent, state.run_id), cb=on_progress)
+        events = self._log.follow(self._log.subjects.run_events(state.parent, state.run_id),
+                                  start_seq=history.last_seq + 1)
+        last_signal = time.monotonic()
+        try:
+            async with aclosing(events) as stream:
+                next_event = asyncio.ensure_future(anext(stream))
+                while True:
+                    give_up_at = last_signal + silence_s
+                    if window_ends is not None:
+                        give_up_at = min(give_up_at, window_ends)
+                    next_signal = asyncio.ensure_future(signals.get())
+                    done, _ = await asyncio.wait({next_event, next_signal},
+                                                 timeout=max(give_up_at - time.monotonic(), 0),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    next_signal.cancel()
+                    if next_event in done:
+                        stored = next_event.result()
+                        current = evolve(current, stored.event).state if stored.event else current
+                        if current is None:
+                            return  # cleared while we watched
+                        if current.is_hard_terminal:
+                            await self._record(current, "finished", None, False, started,
+                                               inspect_ms=inspect_ms)
+                            return
+                        if stored.event and stored.event.type == "run.interrupted":
+                            return  # someone else gave up on it (a budget): not ours to judge
+                        last_signal = time.monotonic()
+                        next_event = asyncio.ensure_future(anext(stream))
+                    elif next_signal in done:
+                        last_signal = time.monotonic()
+                    else:
+                        next_event.cancel()
+                        # Let the cancelled read finish before the stream is closed.
+                        await asyncio.gather(next_event, return_exceptions=True)
+                        break
+            if window_ends is not None and time.monotonic() >= window_ends:
+                # The child had its whole window: it is cancelled and considered spent.
+                await self._control.cancel(current, decide.GIVE_UP,
+                                           self._settings.cancel_grace_ms / 1000)
+                await self._interrupt(current, "window-exceeded", started,
+                                      inspect_ms=inspect_ms, child_still_running=False)
+            else:
+                # Soft: the child keeps running; a repeated request re-attaches to it.
+                await self._interrupt(current, "no-progress", started, inspect_ms=inspect_ms,
+                                      child_still_running=True,
+                                      silent_ms=int((time.monotonic() - last_signal) * 1000))
+        except (ConnectionError, OSError) as error:
+            self._logger.warning("recovery.not_tailable", run_id=state.run_id, error=str(error))
+            await self._interrupt(current, "not-tailable", started, inspect_ms=inspect_ms,
+                                  child_still_running=True)
+        finally:
+            await progress.unsubscribe()
+
+    async def _interrupt(self, state: RunState, reason: str, started: float, *,
+                         inspect_ms: int | None, child_still_running: bool,
+                         silent_ms: int | None = None) -> None:
+        await self._record(state, "interrupted", reason, child_still_running, started,
+                           inspect_ms=inspect_ms, silent_ms=silent_ms)
+
+    async def _record(self, state: RunState, outcome: str, reason: str | None,
+                      child_still_running: bool, started: float, **timings: int | None) -> None:
+        timings_ms = {k: v for k, v in timings.items() if v is not None}
+        timings_ms["waited_ms"] = int((time.monotonic() - started) * 1000)
+        cause = decide.timer_cause(now_ms(), self._origin)
+        _, appended = await self._log.update(
+            state.parent, state.run_id,
+            lambda s: decide.reattach_decided(s, cause, outcome=outcome, reason=reason,
+                                              child_still_running=child_still_running,
+                                              timings=timings_ms))
+        if appended:
+            self._logger.info("recovery.decided", run_id=state.run_id, outcome=outcome,
+                              reason=reason, child_still_running=child_still_running,
+                              **timings_ms)

@@ -1,0 +1,278 @@
+"""The reconciler: detached budgets, recovery after a parent restart, delivery retries.
+
+One reconciler is active at a time (a Postgres session advisory lock; a standby waits for
+it and takes over when the active one's connection dies). On becoming active it loads the
+runs it must watch from the projection, with the checkpoint they are consistent with,
+then follows the log from there, so its view is the projection plus the tail of the log.
+
+Deadlines (absolute budget, no-progress budget, delivery retries) live in a
+`DeadlineIndex`; the timer sleeps until the earliest one, so a deadline fires when it
+falls due and a tick costs in proportion to the due runs. Every decision re-reads the
+run from the log and appends with optimistic concurrency, so a decision taken twice
+(two reconcilers for a moment, a restart mid-decision) lands once.
+"""
+
+import asyncio
+import time
+import uuid
+from collections.abc import Hashable
+from contextlib import aclosing
+
+import asyncpg
+
+from tether.adapters.jetstream import EventLog
+from tether.config import Settings
+from tether.contract.messages import LifecycleResult
+from tether.domain import decide
+from tether.domain.events import RunRequested
+from tether.domain.run_state import RunState, evolve
+from tether.parent.delivery import Deliverer
+from tether.reconciler.control import ChildControl, Observability
+from tether.reconciler.deadlines import DeadlineIndex
+from tether.reconciler.recovery import Recovery
+
+RunKey = tuple[str, str, str]
+
+LOAD_RUNS = """
+    SELECT state::text AS state FROM {schema}.runs
+    WHERE status IN ('starting', 'running')
+       OR (detached AND status IN ('completed', 'error', 'aborted', 'interrupted'))
+"""
+READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Reconciler:
+    def __init__(self, settings: Settings, log: EventLog, pool: asyncpg.Pool,
+                 deliverer: Deliverer, logger) -> None:
+        self._settings = settings
+        self._log = log
+        self._pool = pool
+        self._logger = logger
+        self._deliverer = deliverer
+        # Distinguishes this reconciler's decisions from another's (see decide.Cause).
+        self.origin = f"rec-{uuid.uuid4().hex[:8]}"
+        self._control = ChildControl(log.nats, log.subjects)
+        self.observability = Observability(log.nats, log.subjects, logger)
+        self.recovery = Recovery(settings, log, self._control, self.observability, logger,
+                                 origin=self.origin)
+        self._states: dict[RunKey, RunState] = {}
+        self._index = DeadlineIndex()
+        self._changed = asyncio.Event()
+        self._delivery_attempts: dict[RunKey, int] = {}
+        self._in_flight: set[Hashable] = set()
+        self.active = asyncio.Event()
+        self.decisions = 0
+
+    @property
+    def lock_key(self) -> str:
+        return f"tether-reconciler:{self._settings.prefix}"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with self._pool.acquire() as lock_conn:
+            while not stop.is_set():
+                if await lock_conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))",
+                                            self.lock_key):
+                    break
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
+                except TimeoutError:
+                    continue
+            if stop.is_set():
+                return
+            self.active.set()
+            self._logger.info("reconciler.active")
+            try:
+                checkpoint = await self._load()
+                await asyncio.gather(self._follow(stop, checkpoint), self._timer(stop),
+                                     self.recovery.run(stop, self._awaited_open_runs))
+            finally:
+                self.active.clear()
+                await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", self.lock_key)
+
+    def _awaited_open_runs(self) -> list[RunState]:
+        return [s for s in self._states.values() if s.is_open and s.detached is None]
+
+    # --- the view: projection, then the log -----------------------------------------
+
+    async def _load(self) -> int:
+        schema = f'"{self._settings.projection_schema}"'
+        async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+            try:
+                checkpoint = int(await conn.fetchval(READ_CHECKPOINT.format(schema=schema)))
+                rows = await conn.fetch(LOAD_RUNS.format(schema=schema))
+            except asyncpg.UndefinedTableError:
+                return 0  # no projection yet: the log from the start is the view
+        for row in rows:
+            self._track(RunState.model_validate_json(row["state"]))
+        self._logger.info("reconciler.loaded", runs=len(self._states), checkpoint=checkpoint)
+        return checkpoint
+
+    async def _follow(self, stop: asyncio.Event, checkpoint: int) -> None:
+        batches = self._log.follow_batches(self._log.subjects.all_events,
+                                           start_seq=checkpoint + 1, max_batch=1000)
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            async with aclosing(batches):
+                while True:
+                    receiving = asyncio.ensure_future(anext(batches))
+                    await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    if not receiving.done():
+                        receiving.cancel()
+                        await asyncio.gather(receiving, return_exceptions=True)
+                        return
+                    for stored in receiving.result():
+                        if stored.event is not None:
+                            await self._observe(stored.event, stored.seq)
+        finally:
+            stopping.cancel()
+
+    async def _observe(self, event, seq: int) -> None:
+        key = (event.parent.agent, event.parent.name, event.run_id)
+        state = self._states.get(key)
+        if state is None and not isinstance(event, RunRequested):
+            if event.type not in ("run.completed", "run.failed", "run.aborted",
+                                  "run.interrupted", "run.reattach_started"):
+                return
+            # A run we stopped watching moved again (a late outcome repairing an
+            # interrupted run, a re-attach): read it once.
+            state = (await self._log.read_run(event.parent, event.run_id,
+                                              before_seq=seq)).state
+        evolved = evolve(state, event)
+        if evolved.state is None:
+            self._untrack(key)
+            return
+        self._track(evolved.state)
+        if event.type == "run.reattach_started" and evolved.state.status == "interrupted":
+            # A repeated request re-attached to an interrupted run: follow it again.
+            self.recovery.watch(evolved.state, announce=False)
+
+    def _track(self, state: RunState) -> None:
+        key = (state.parent.agent, state.parent.name, state.run_id)
+        detached_open = state.detached is not None and state.is_open
+        pending = self._pending_delivery(state)
+        if not (state.is_open or pending):
+            self._untrack(key)
+            return
+        self._states[key] = state
+        self._index.set((key, "budget"), state.max_budget_deadline if detached_open else None)
+        self._index.set((key, "no-progress"),
+                        state.no_progress_deadline if detached_open else None)
+        if pending and self._index.get((key, "delivery")) is None:
+            attempts = self._delivery_attempts.get(key, 0)
+            self._index.set((key, "delivery"),
+                            (state.ended_at or now_ms()) + self._backoff(attempts))
+        elif not pending:
+            self._index.set((key, "delivery"), None)
+        self._changed.set()
+
+    def _untrack(self, key: RunKey) -> None:
+        self._states.pop(key, None)
+        self._delivery_attempts.pop(key, None)
+        for kind in ("budget", "no-progress", "delivery"):
+            self._index.set((key, kind), None)
+
+    def _pending_delivery(self, state: RunState) -> bool:
+        options = state.detached
+        if options is None or state.is_open:
+            return False
+        if state.status == "aborted" and state.aborted_cause == decide.GIVE_UP:
+            return False
+        if options.on_finish:
+            return not state.finish_delivered(state.status, options.on_finish)
+        if options.notify:
+            return f"finish:{state.status}" not in state.ledger.notifications
+        return False
+
+    def _backoff(self, attempts: int) -> int:
+        return min(self._settings.delivery_lease_ms * 2 ** attempts,
+                   self._settings.delivery_max_backoff_ms)
+
+    # --- the timer ------------------------------------------------------------------
+
+    async def _timer(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            due_at = self._index.next_due()
+            timeout = None if due_at is None else max(due_at - now_ms(), 0) / 1000
+            self._changed.clear()
+            waiters = [asyncio.ensure_future(self._changed.wait()),
+                       asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            for (key, kind), _ in self._index.pop_due(now_ms()):
+                if (key, kind) not in self._in_flight:
+                    self._in_flight.add((key, kind))
+                    asyncio.create_task(self._fire(key, kind))
+
+    async def _fire(self, key: RunKey, kind: str) -> None:
+        try:
+            if kind == "delivery":
+                await self._retry_delivery(key)
+            else:
+                await self._budget_due(key)
+        except Exception:
+            self._logger.exception("reconciler.decision_failed", run_id=key[2], kind=kind)
+            self._index.set((key, kind), now_ms() + 1_000)
+            self._changed.set()
+        finally:
+            self._in_flight.discard((key, kind))
+
+    async def _budget_due(self, key: RunKey) -> None:
+        state = self._states.get(key)
+        if state is None:
+            return
+        state = (await self._log.read_run(state.parent, state.run_id)).state
+        if state is None or not state.is_open or state.detached is None:
+            if state is not None:
+                self._track(state)
+            return
+        now = now_ms()
+        over_budget = state.max_budget_deadline is not None and state.max_budget_deadline <= now
+        silent = state.no_progress_deadline is not None and state.no_progress_deadline <= now
+        if not (over_budget or silent):
+            self._track(state)  # a signal moved the deadline since
+            return
+        # The absolute budget wins when both ran out.
+        reason = "budget-exceeded" if over_budget else "no-progress"
+        stopped = await self._control.cancel(state, decide.GIVE_UP,
+                                             self._settings.cancel_grace_ms / 1000)
+        cause = decide.timer_cause(now_ms(), self.origin)
+        final, appended = await self._log.update(
+            state.parent, state.run_id,
+            lambda s: decide.give_up(s, cause, reason, decide.INTERRUPTED_ERRORS[reason],
+                                     child_still_running=not stopped))
+        if final is not None:
+            self._track(final)
+        # Two deciders may each append part of a decision (one the cancel request, the
+        # other the interruption); the one whose interruption landed owns the give-up.
+        if any(event.type == "run.interrupted" for event in appended):
+            self.decisions += 1
+            await self.observability.emit("agent_tool:detached:give_up", state.run_id,
+                                          state.parent, reason=reason,
+                                          child_still_running=not stopped)
+
+    async def _retry_delivery(self, key: RunKey) -> None:
+        """A finish hook or notification not confirmed within its lease is published again."""
+        state = self._states.get(key)
+        if state is None:
+            return
+        state = (await self._log.read_run(state.parent, state.run_id)).state
+        if state is None or not self._pending_delivery(state):
+            if state is not None:
+                self._track(state)
+            else:
+                self._untrack(key)
+            return
+        attempts = self._delivery_attempts.get(key, 0) + 1
+        self._delivery_attempts[key] = attempts
+        await self._deliverer.deliver_finish(state, LifecycleResult.of(state), retry=attempts)
+        await self.observability.emit("agent_tool:detached:delivery_failed", state.run_id,
+                                      state.parent, reason="not-acknowledged",
+                                      status=state.status, attempts=attempts,
+                                      method=state.detached.on_finish)
+        self._index.set((key, "delivery"), now_ms() + self._backoff(attempts))
+        self._changed.set()

@@ -1,0 +1,52 @@
+"""The child-runner service: runs the child agents named by TETHER_AGENTS / --agents."""
+
+import asyncio
+
+from tether.adapters.jetstream import StreamSettings, connect_nats, ensure_streams
+from tether.child.agent import AgentConfigurationError, AgentRegistry
+from tether.child.runner import DEFAULT_SHUTDOWN_GRACE_S, ChildRunner
+from tether.config import Settings
+from tether.log import get_logger
+from tether.runtime import ReadinessCheck
+
+
+async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
+    logger = get_logger(service="child-runner")
+    try:
+        registry = AgentRegistry.from_paths(settings.agents)
+        if not registry:
+            raise AgentConfigurationError(
+                "no child agents to run: set TETHER_AGENTS or pass --agents module:Class[,...]")
+    except AgentConfigurationError as error:
+        # Nothing useful can run; say why in one line instead of a traceback.
+        logger.error("child_runner.misconfigured", error=str(error))
+        raise SystemExit(2) from None
+
+    nc = await connect_nats(settings.nats_url, name="tether-child-runner")
+    try:
+        js = nc.jetstream()
+        await ensure_streams(js, settings.subjects, StreamSettings(
+            replicas=settings.stream_replicas,
+            duplicate_window_s=settings.duplicate_window_ms / 1000))
+        runner = ChildRunner(nc, settings, registry, shutdown_grace_s=DEFAULT_SHUTDOWN_GRACE_S)
+        await runner.start()
+
+        async def nats_connected() -> tuple[bool, str]:
+            return nc.is_connected, "connected" if nc.is_connected else "disconnected"
+
+        async def streams_present() -> tuple[bool, str]:
+            for stream in (settings.subjects.work_stream, settings.subjects.events_stream,
+                           settings.subjects.progress_stream):
+                await js.stream_info(stream)
+            return True, "work, events and progress streams present"
+
+        async def consuming() -> tuple[bool, str]:
+            agents = ", ".join(registry.agent_types)
+            if runner.consuming:
+                return True, f"consuming work for {agents}"
+            return False, "not consuming (starting or stopping)"
+
+        checks.update(nats=nats_connected, streams=streams_present, consuming=consuming)
+        await runner.run(stop)
+    finally:
+        await nc.drain()

@@ -1,0 +1,71 @@
+"""Child-runner processes: one is killed mid-run, the other resumes the run."""
+
+import asyncio
+import signal
+from contextlib import aclosing
+
+from tether.adapters.jetstream import EventLog
+from tether.contract.messages import WorkItem, work_message_id
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents
+
+PARENT = ParentRef(agent="Assistant", name="user-42")
+AGENTS = "examples.agents:Sleeper,examples.agents:Summarizer"
+
+
+async def dispatch(log: EventLog, agent_type: str, input: dict) -> RunEvents:
+    run = RunEvents("r-resume", PARENT)
+    await log.append_batch([run.requested(agent_type, input=input), run.started()],
+                           expected_last_seq=0)
+    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type=agent_type)
+    await log.jetstream.publish(log.subjects.work(agent_type), item.model_dump_json().encode(),
+                                headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
+                                stream=log.subjects.work_stream)
+    return run
+
+
+async def test_a_runner_killed_mid_run_is_resumed_by_another_without_duplicates(
+        log, services):
+    runners = await asyncio.gather(
+        services("child-runner", TETHER_AGENTS=AGENTS, TETHER_WORK_ACK_WAIT_MS="1500"),
+        services("child-runner", TETHER_AGENTS=AGENTS, TETHER_WORK_ACK_WAIT_MS="1500"))
+    by_pid = {str(runner.process.pid): runner for runner in runners}
+    run = await dispatch(log, "Sleeper", {"seconds": 2, "milestones": 4})
+
+    subject = log.subjects.run_events(PARENT, run.run_id)
+    victim = None
+    async with asyncio.timeout(20), aclosing(log.follow(subject)) as events:
+        async for stored in events:
+            event = stored.event
+            if event.type == "run.running" and victim is None:
+                victim = by_pid[event.data.runner_id.split(":")[1]]
+            elif event.type == "run.milestone" and victim.process.returncode is None:
+                victim.signal(signal.SIGKILL)
+            elif event.type == "run.completed":
+                break
+    assert await victim.wait() == -signal.SIGKILL
+    [survivor] = [runner for runner in runners if runner is not victim]
+
+    history = await log.read_run(PARENT, run.run_id)
+    running = [e.data for e in history.events if e.type == "run.running"]
+    assert [r.attempt for r in running] == [1, 2]
+    assert running[1].runner_id.split(":")[1] == str(survivor.process.pid)
+    milestones = [(e.data.sequence, e.data.name) for e in history.events
+                  if e.type == "run.milestone"]
+    assert milestones == [(0, "step-1"), (1, "step-2"), (2, "step-3"), (3, "step-4")]
+    assert [e.type for e in history.events].count("run.completed") == 1
+    assert history.state.summary == "slept 2s"
+    done = [line for line in survivor.lines if line.get("event") == "work_item.done"]
+    assert [(line["outcome"], line["attempt"]) for line in done] == [("completed", 2)]
+
+    # Idle now: SIGTERM stops it cleanly.
+    survivor.signal(signal.SIGTERM)
+    assert await survivor.wait() == 0
+    assert any(line.get("event") == "service.stopped" for line in survivor.lines)
+
+
+async def test_a_runner_without_agents_stops_with_a_clear_error(services):
+    runner = await services("child-runner")
+    assert await runner.wait() == 2
+    [error] = [line for line in runner.lines if line.get("event") == "child_runner.misconfigured"]
+    assert "TETHER_AGENTS" in error["error"]

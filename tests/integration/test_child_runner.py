@@ -1,0 +1,401 @@
+"""The child-runner in-process against a real NATS: work items in, run events out.
+
+Each test appends `run.requested` + `run.started` itself and publishes the work item
+(the parent service is not under test), then awaits the run's events with
+`EventLog.follow`, so nothing here sleeps to wait for the runner.
+"""
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import structlog
+from pydantic import BaseModel
+
+from examples.agents import Extractor, Failing, Researcher, ResearchInput, Sleeper
+from tether.adapters.jetstream import EventLog, RunHistory
+from tether.child import context as context_module
+from tether.child.agent import AgentRegistry, ChildAgent
+from tether.child.context import RunContext, report_progress
+from tether.child.execution import Outcome
+from tether.child.runner import MAX_DELIVER_MARGIN, ChildRunner, consumer_name
+from tether.contract.messages import CancelSignal, ProgressSignal, WorkItem, work_message_id
+from tether.domain.events import Event, ParentRef, RunCancelRequested
+from tether.testing import RunEvents
+
+PARENT = ParentRef(agent="Assistant", name="user-42")
+TERMINAL = {"run.completed", "run.failed", "run.aborted"}
+
+
+@dataclass
+class RunningRunner:
+    runner: ChildRunner
+    stop: asyncio.Event
+    task: asyncio.Task
+    outcomes: asyncio.Queue[Outcome] = field(default_factory=asyncio.Queue)
+
+    async def stopped(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, timeout=10)
+
+
+@pytest.fixture
+async def start_runner(nc, log, settings):
+    started: list[RunningRunner] = []
+
+    async def start(*agents: type[ChildAgent], **options: Any) -> RunningRunner:
+        overrides = {"work_ack_wait_ms": 1000, **options.pop("settings", {})}
+        outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        runner = ChildRunner(nc, settings.model_copy(update=overrides), AgentRegistry(agents),
+                             on_outcome=outcomes.put_nowait, fetch_timeout_s=0.3,
+                             **{"cancel_grace_s": 0.2, **options})
+        stop = asyncio.Event()
+        await runner.start()
+        running = RunningRunner(runner, stop, asyncio.create_task(runner.run(stop)), outcomes)
+        started.append(running)
+        return running
+
+    yield start
+    for running in started:
+        await running.stopped()
+
+
+async def dispatch(log: EventLog, agent_type: str, input: dict[str, Any],
+                   recorded: Callable[[RunEvents], list[Event]] = lambda run: []) -> RunEvents:
+    run = RunEvents(f"r-{uuid.uuid4().hex[:8]}", PARENT)
+    events = [run.requested(agent_type, input=input), run.started(), *recorded(run)]
+    await log.append_batch(events, expected_last_seq=0)
+    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type=agent_type)
+    await log.jetstream.publish(log.subjects.work(agent_type), item.model_dump_json().encode(),
+                                headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
+                                stream=log.subjects.work_stream)
+    return run
+
+
+async def event_of(log: EventLog, run: RunEvents, wanted: Callable[[Event], bool],
+                   timeout: float = 10) -> Event:
+    """The first event of the run (replayed or live) that `wanted` accepts."""
+    subject = log.subjects.run_events(run.parent, run.run_id)
+    async with asyncio.timeout(timeout), aclosing(log.follow(subject)) as stream:
+        async for stored in stream:
+            if stored.event is not None and wanted(stored.event):
+                return stored.event
+    raise AssertionError("unreachable")
+
+
+async def finished(log: EventLog, run: RunEvents, timeout: float = 10) -> RunHistory:
+    await event_of(log, run, lambda e: e.type in TERMINAL, timeout)
+    return await log.read_run(run.parent, run.run_id)
+
+
+def of_type(history: RunHistory, event_type: str) -> list[Event]:
+    return [e for e in history.events if e.type == event_type]
+
+
+async def last_progress_signal(log: EventLog, run: RunEvents) -> ProgressSignal:
+    message = await log.jetstream.get_last_msg(log.subjects.progress_stream,
+                                               log.subjects.run_progress(run.parent, run.run_id))
+    return ProgressSignal.model_validate_json(message.data)
+
+
+# --- outcomes ------------------------------------------------------------------------
+
+
+async def test_a_researcher_completes_with_summary_output_milestone_and_progress(
+        log, start_runner, settings):
+    runner = await start_runner(Researcher)
+    run = await dispatch(log, "Researcher", {"query": "HTTP/3"})
+    history = await finished(log, run)
+    state = history.state
+
+    assert state.status == "completed"
+    assert state.summary == "HTTP/3: the two sources agree on the essentials."
+    assert state.output is None
+    assert state.output_text == ("Searching the web for 'HTTP/3'.\n"
+                                 "Two sources agree; writing the summary.\n")
+    [running] = of_type(history, "run.running")
+    assert (running.data.attempt, running.data.runner_id) == (1, runner.runner.runner_id)
+    [milestone] = of_type(history, "run.milestone")
+    assert (milestone.data.sequence, milestone.data.name, milestone.data.data) == (
+        0, "sources-gathered", {"sources": 2})
+    assert milestone.event_id == f"{run.run_id}:ms:0"
+    # 0.1 goes at once, 0.5 waits in its window until the milestone flushes it, 1.0 is final.
+    assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.1, 0.5, 1.0]
+    assert history.events[-1].type == "run.completed"
+    assert history.events[-1].event_id == f"{run.run_id}:completed"
+    assert (await last_progress_signal(log, run)).fraction == 1.0
+    outcome = await runner.outcomes.get()
+    assert (outcome.kind, outcome.attempt) == ("completed", 1)
+
+
+async def test_a_workflow_child_completes_with_its_own_output_and_summary(log, start_runner):
+    await start_runner(Extractor)
+    run = await dispatch(log, "Extractor", {"text": "name: Ada\nborn: 1815\nno colon here"})
+    state = (await finished(log, run)).state
+    assert state.status == "completed"
+    assert state.summary == "Extraction complete"
+    assert state.output == {"rows": [{"key": "name", "value": "Ada"},
+                                     {"key": "born", "value": "1815"}]}
+
+
+async def test_a_child_that_raises_fails_with_a_safe_message(log, start_runner):
+    await start_runner(Failing)
+    plain = await dispatch(log, "Failing", {})
+    long = await dispatch(log, "Failing", {"message": "x" * 2000})
+    state = (await finished(log, plain)).state
+    assert (state.status, state.error) == ("error", "ValueError: the child failed on purpose")
+    error = (await finished(log, long)).state.error
+    assert error.startswith("ValueError: xxx") and len(error) <= 500
+    assert "Traceback" not in error
+
+
+async def test_invalid_input_fails_the_run_with_the_validation_error(log, start_runner):
+    await start_runner(Researcher)
+    run = await dispatch(log, "Researcher", {"query": "ab"})
+    history = await finished(log, run)
+    assert history.state.status == "error"
+    assert history.state.error == ("invalid input for Researcher: query: String should have at "
+                                   "least 3 characters")
+    assert len(of_type(history, "run.running")) == 1
+
+
+# --- progress ------------------------------------------------------------------------
+
+
+class BurstInput(BaseModel):
+    signals: int
+    pause_s: float = 0.0
+    final: bool = True
+
+
+class Chatty(ChildAgent):
+    input_model = BurstInput
+
+    async def run(self, ctx: RunContext, input: BurstInput) -> dict[str, float]:
+        started = time.monotonic()
+        for i in range(1, input.signals + 1):
+            await ctx.report_progress(fraction=i / (input.signals + 1), message=f"signal {i}")
+            await asyncio.sleep(input.pause_s)
+        elapsed = time.monotonic() - started
+        if input.final:
+            await ctx.report_progress(fraction=1.0, message="done")
+        return {"elapsed_s": elapsed}
+
+
+async def test_rapid_progress_is_coalesced_latest_value_kept_and_completion_sent(
+        log, start_runner, settings):
+    await start_runner(Chatty)
+    run = await dispatch(log, "Chatty", {"signals": 60, "pause_s": 0.005})
+    history = await finished(log, run)
+    persisted = of_type(history, "run.progress_persisted")
+    window_s = settings.progress_coalesce_ms / 1000
+    elapsed_s = history.state.output["elapsed_s"]
+
+    *coalesced, final = persisted
+    # One at once, then at most one per window, then the pending one flushed by the final.
+    assert 2 <= len(coalesced) <= int(elapsed_s / window_s) + 2, (len(coalesced), elapsed_s)
+    assert coalesced[-1].data.message == "signal 60"
+    assert (final.data.fraction, final.data.message) == (1.0, "done")
+    assert history.events[-1].type == "run.completed"
+    assert (await last_progress_signal(log, run)).message == "done"
+
+
+async def test_a_pending_signal_is_flushed_before_the_outcome(log, start_runner):
+    await start_runner(Chatty)
+    run = await dispatch(log, "Chatty", {"signals": 20, "final": False})
+    history = await finished(log, run)
+    persisted = of_type(history, "run.progress_persisted")
+    assert [e.data.message for e in persisted] == ["signal 1", "signal 20"]
+    assert history.events.index(persisted[-1]) < history.events.index(history.events[-1])
+    assert history.state.progress.message == "signal 20"
+
+
+class Persisting(ChildAgent):
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        await ctx.report_progress(fraction=0.2, data={"rows": 5}, persist=True)
+        await ctx.report_progress(fraction=0.4, data={"secret": "live only"})
+        return "ok"
+
+
+async def test_progress_data_is_persisted_only_when_asked(log, start_runner):
+    await start_runner(Persisting)
+    run = await dispatch(log, "Persisting", {})
+    history = await finished(log, run)
+    kept, live_only = of_type(history, "run.progress_persisted")
+    assert (kept.data.fraction, kept.data.data) == (0.2, {"rows": 5})
+    assert (live_only.data.fraction, live_only.data.data) == (0.4, None)
+    assert (await last_progress_signal(log, run)).data == {"secret": "live only"}
+
+
+async def test_milestones_are_sequenced_from_zero(log, start_runner):
+    await start_runner(Sleeper)
+    run = await dispatch(log, "Sleeper", {"seconds": 0.06, "milestones": 3})
+    history = await finished(log, run)
+    assert [(e.data.sequence, e.data.name, e.data.data) for e in of_type(history, "run.milestone")] \
+        == [(0, "step-1", {"step": 1}), (1, "step-2", {"step": 2}), (2, "step-3", {"step": 3})]
+    assert [m.sequence for m in history.state.milestones] == [0, 1, 2]
+
+
+async def test_a_resumed_run_keeps_what_was_recorded_and_does_not_repeat_it(log, start_runner):
+    await start_runner(Researcher)
+
+    def first_attempt(run: RunEvents) -> list[Event]:
+        return [run.running(attempt=1), run.output("Searching the web for 'HTTP/3'.\n"),
+                run.milestone("sources-gathered", {"sources": 2})]
+
+    run = await dispatch(log, "Researcher", {"query": "HTTP/3"}, first_attempt)
+    history = await finished(log, run)
+    assert [e.data.attempt for e in of_type(history, "run.running")] == [1, 2]
+    assert [(e.data.sequence, e.data.name) for e in of_type(history, "run.milestone")] == [
+        (0, "sources-gathered")]
+    assert [(e.data.index, e.data.text) for e in of_type(history, "run.output")] == [
+        (0, "Searching the web for 'HTTP/3'.\n"), (1, "Two sources agree; writing the summary.\n")]
+    assert history.state.status == "completed"
+
+
+# --- cancellation and skips ----------------------------------------------------------
+
+
+def cancel_requested(run: RunEvents) -> Event:
+    return run.make(RunCancelRequested)
+
+
+async def test_a_cancel_signal_aborts_a_running_child(log, start_runner, nc):
+    await start_runner(Sleeper)
+    run = await dispatch(log, "Sleeper", {"seconds": 30})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    started = time.monotonic()
+    await log.append(cancel_requested(run), expected_last_seq=None)
+    await nc.publish(log.subjects.cancel_signal("Sleeper"),
+                     CancelSignal(run_id=run.run_id, parent=PARENT).model_dump_json().encode())
+    state = (await finished(log, run)).state
+    assert (state.status, state.aborted_cause, state.error) == ("aborted", "cancel", "cancelled")
+    assert time.monotonic() - started < 1.0
+
+
+class Stubborn(ChildAgent):
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        while True:  # never looks at ctx.cancelled
+            await asyncio.sleep(0.01)
+
+
+async def test_a_child_that_ignores_cancellation_is_stopped_after_the_grace(
+        log, start_runner, nc):
+    await start_runner(Stubborn)
+    run = await dispatch(log, "Stubborn", {})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    await nc.publish(log.subjects.cancel_signal("Stubborn"),
+                     CancelSignal(run_id=run.run_id, parent=PARENT).model_dump_json().encode())
+    assert (await finished(log, run)).state.status == "aborted"
+
+
+async def test_a_missed_cancel_signal_is_noticed_at_the_heartbeat(log, start_runner):
+    await start_runner(Sleeper, settings={"work_ack_wait_ms": 600})
+    run = await dispatch(log, "Sleeper", {"seconds": 30})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    await log.append(cancel_requested(run), expected_last_seq=None)  # and no signal
+    assert (await finished(log, run, timeout=5)).state.status == "aborted"
+
+
+async def test_a_run_cancelled_before_it_started_is_aborted_without_running(log, start_runner):
+    await start_runner(Sleeper)
+    run = await dispatch(log, "Sleeper", {"seconds": 30}, lambda run: [cancel_requested(run)])
+    history = await finished(log, run)
+    assert history.state.status == "aborted"
+    assert of_type(history, "run.running") == []
+
+
+async def test_a_finished_or_cleared_run_is_skipped(log, start_runner):
+    runner = await start_runner(Sleeper)
+    done = await dispatch(log, "Sleeper", {"seconds": 30},
+                          lambda run: [run.running(), run.completed("earlier")])
+    outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
+    assert (outcome.run_id, outcome.kind) == (done.run_id, "skipped")
+    assert len((await log.read_run(PARENT, done.run_id)).events) == 4
+
+    missing = WorkItem(run_id="r-never-requested", parent=PARENT, agent_type="Sleeper")
+    await log.jetstream.publish(log.subjects.work("Sleeper"), missing.model_dump_json().encode())
+    outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
+    assert (outcome.run_id, outcome.kind) == ("r-never-requested", "skipped")
+
+
+async def test_a_run_out_of_attempts_fails_with_a_clear_error(log, start_runner):
+    await start_runner(Sleeper, settings={"max_attempts": 2})
+    run = await dispatch(log, "Sleeper", {"seconds": 30},
+                         lambda run: [run.running(1), run.running(2)])
+    state = (await finished(log, run)).state
+    assert state.status == "error"
+    assert state.error.startswith("gave up after 2 attempts")
+
+
+# --- runners ------------------------------------------------------------------------
+
+
+async def test_a_stopping_runner_gives_its_run_back_and_another_resumes_it(log, start_runner):
+    first = await start_runner(Sleeper, shutdown_grace_s=0.05)
+    run = await dispatch(log, "Sleeper", {"seconds": 0.6, "milestones": 3})
+    await event_of(log, run, lambda e: e.type == "run.milestone")
+    second = await start_runner(Sleeper)
+    await first.stopped()
+    assert (await first.outcomes.get()).kind == "released"
+
+    history = await finished(log, run)
+    assert history.state.status == "completed"
+    assert [(e.data.attempt, e.data.runner_id) for e in of_type(history, "run.running")] == [
+        (1, first.runner.runner_id), (2, second.runner.runner_id)]
+    assert [e.data.name for e in of_type(history, "run.milestone")] == ["step-1", "step-2",
+                                                                        "step-3"]
+    assert len(of_type(history, "run.completed")) == 1
+
+
+class Counting(ChildAgent):
+    running = 0
+    most = 0
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        Counting.running += 1
+        Counting.most = max(Counting.most, Counting.running)
+        await asyncio.sleep(0.1)
+        Counting.running -= 1
+        return "counted"
+
+
+async def test_no_more_children_run_at_once_than_the_concurrency_allows(log, start_runner):
+    await start_runner(Counting, settings={"runner_concurrency": 2})
+    runs = [await dispatch(log, "Counting", {}) for _ in range(5)]
+    for run in runs:
+        assert (await finished(log, run)).state.status == "completed"
+    assert Counting.most == 2
+
+
+async def test_the_work_consumer_is_durable_shared_and_configured(log, start_runner, settings):
+    await start_runner(Sleeper, settings={"max_attempts": 4})
+    info = await log.jetstream.consumer_info(settings.subjects.work_stream, consumer_name("Sleeper"))
+    assert info.config.durable_name == "runner-Sleeper"
+    assert info.config.filter_subject == settings.subjects.work("Sleeper")
+    assert info.config.ack_wait == 1.0
+    assert info.config.max_deliver == 4 + MAX_DELIVER_MARGIN
+
+
+# --- outside a run -------------------------------------------------------------------
+
+
+async def test_report_progress_outside_a_run_is_a_no_op_with_one_warning(monkeypatch):
+    monkeypatch.setattr(context_module, "_warned_outside_run", False)
+    with structlog.testing.capture_logs() as logs:
+        await report_progress(fraction=0.5, message="nobody listens")
+        await report_progress(milestone="ignored")
+        summary = await Researcher().run(RunContext.standalone("Researcher"),
+                                         ResearchInput(query="HTTP/3"))
+        await Researcher().report_progress(fraction=1.0)
+    assert summary.startswith("HTTP/3")
+    assert [entry["event"] for entry in logs] == ["report_progress.outside_run"]
+    with pytest.raises(ValueError, match="from 0 to 1"):
+        await report_progress(fraction=1.5)
+    with pytest.raises(ValueError, match="invalid milestone name"):
+        await RunContext.standalone().report_progress(milestone="has spaces")

@@ -1,0 +1,198 @@
+"""The reconciler in-process: budgets in milliseconds, give-up once, delivery retries."""
+
+import asyncio
+import time
+from contextlib import aclosing
+
+import pytest
+
+from tether.adapters.jetstream import EventLog, StreamSettings, key_value
+from tether.contract.messages import HookMessage, ObservabilityEvent
+from tether.domain.events import (
+    ParentRef,
+    RunCompleted,
+    RunFinishDelivered,
+    RunProgressPersisted,
+)
+from tether.domain.run_state import evolve
+from tether.log import get_logger
+from tether.parent.delivery import Deliverer
+from tether.parent.formatters import DefaultFormatters
+from tether.reconciler.service import Reconciler
+from tether.testing import RunEvents
+
+PARENT = ParentRef(agent="Importer", name="tenant-1")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@pytest.fixture
+def fast(settings):
+    return settings.model_copy(update={"delivery_lease_ms": 300, "cancel_grace_ms": 100,
+                                       "reattach_no_progress_timeout_ms": 400})
+
+
+async def start(fast, log, pool, cls: type[Reconciler] = Reconciler):
+    registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
+    deliverer = Deliverer(log, registry, DefaultFormatters(), get_logger(service="test"))
+    reconciler = cls(fast, log, pool, deliverer, get_logger(service="reconciler-test"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(reconciler.run(stop))
+    await asyncio.wait_for(reconciler.active.wait(), timeout=10)
+    return reconciler, stop, task
+
+
+@pytest.fixture
+async def reconciler(fast, log, pool):
+    instance, stop, task = await start(fast, log, pool)
+    yield instance
+    stop.set()
+    await asyncio.wait_for(task, timeout=10)
+
+
+async def append_all(log: EventLog, *events) -> None:
+    for event in events:
+        await log.append(event, expected_last_seq=None)
+
+
+async def outcome(log: EventLog, run_id: str, timeout: float = 10):
+    """The run's state once an interrupted or hard-terminal event arrives, and its events."""
+    state, events = None, []
+
+    async def follow():
+        nonlocal state
+        async with aclosing(log.follow(log.subjects.run_events(PARENT, run_id))) as stream:
+            async for stored in stream:
+                events.append(stored.event)
+                state = evolve(state, stored.event).state
+                if state.status in ("interrupted", "completed", "error", "aborted"):
+                    return
+
+    await asyncio.wait_for(follow(), timeout=timeout)
+    return state, events
+
+
+def detached_run(run_id: str, *, max_budget_ms: int, no_progress_budget_ms: int,
+                 on_finish: str | None = None) -> tuple[RunEvents, list]:
+    run = RunEvents(run_id, PARENT, start_ms=now_ms())
+    requested = run.requested(detached={"on_finish": on_finish}, max_budget_ms=max_budget_ms,
+                              no_progress_budget_ms=no_progress_budget_ms)
+    return run, [requested, run.started(), run.running()]
+
+
+async def test_no_progress_after_a_signal_interrupts_the_run(reconciler, log):
+    run, events = detached_run("np-1", max_budget_ms=60_000, no_progress_budget_ms=300)
+    signal = run.make(RunProgressPersisted, fraction=0.1, at=now_ms())
+    await append_all(log, *events, signal)
+
+    state, history = await outcome(log, "np-1")
+
+    interrupted = history[-1]
+    assert (state.status, state.reason, state.child_still_running) == (
+        "interrupted", "no-progress", False)
+    assert interrupted.occurred_at >= signal.occurred_at + 300
+    assert interrupted.occurred_at < signal.occurred_at + 300 + 1_000, "fires within a second"
+    assert "run.cancel_requested" in [e.type for e in history]
+
+
+async def test_a_child_that_never_signals_is_bounded_only_by_the_absolute_budget(reconciler, log):
+    _, events = detached_run("quiet-1", max_budget_ms=700, no_progress_budget_ms=100)
+    await append_all(log, *events)
+
+    state, history = await outcome(log, "quiet-1")
+
+    assert state.reason == "budget-exceeded"
+    assert history[-1].occurred_at >= events[0].occurred_at + 700
+
+
+async def test_fresh_signals_keep_a_run_alive(reconciler, log):
+    run, events = detached_run("alive-1", max_budget_ms=60_000, no_progress_budget_ms=400)
+    await append_all(log, *events)
+    started = now_ms()
+    while now_ms() - started < 1_200:  # three budgets long, a signal every 150 ms
+        await log.append(run.make(RunProgressPersisted, fraction=0.5, at=now_ms()),
+                         expected_last_seq=None)
+        await asyncio.sleep(0.15)
+    assert (await log.read_run(PARENT, "alive-1")).state.status == "running"
+
+    state, _ = await outcome(log, "alive-1")
+    assert state.reason == "no-progress"
+
+
+async def test_budget_exceeded_wins_when_both_budgets_run_out(reconciler, log):
+    run, events = detached_run("both-1", max_budget_ms=400, no_progress_budget_ms=400)
+    events.insert(2, run.make(RunProgressPersisted, fraction=0.1, at=events[0].occurred_at))
+    await append_all(log, *events)
+
+    state, _ = await outcome(log, "both-1")
+
+    assert state.reason == "budget-exceeded"
+
+
+async def test_a_late_completion_repairs_an_interrupted_run(reconciler, log):
+    run, events = detached_run("late-1", max_budget_ms=300, no_progress_budget_ms=0)
+    await append_all(log, *events)
+    state, _ = await outcome(log, "late-1")
+    assert state.status == "interrupted"
+
+    await log.append(run.make(RunCompleted, summary="finished anyway", at=now_ms()),
+                     expected_last_seq=None)
+    history = await log.read_run(PARENT, "late-1")
+    assert history.state.status == "completed" and history.state.reason is None
+
+
+async def test_two_reconcilers_deciding_at_once_give_up_once(fast, log, pool, reconciler):
+    class SplitBrain(Reconciler):
+        lock_key = "a-different-lock"  # both believe they are the active one
+
+    other, stop, task = await start(fast, log, pool, SplitBrain)
+    try:
+        for i in range(5):
+            _, events = detached_run(f"race-{i}", max_budget_ms=300, no_progress_budget_ms=0)
+            await append_all(log, *events)
+        for i in range(5):
+            await outcome(log, f"race-{i}")
+        await asyncio.sleep(0.5)  # let the slower one finish deciding
+        for i in range(5):
+            history = await log.read_run(PARENT, f"race-{i}")
+            assert [e.type for e in history.events].count("run.interrupted") == 1
+        assert reconciler.decisions + other.decisions == 5
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+async def test_an_unacknowledged_finish_hook_is_published_again_after_its_lease(reconciler, log):
+    observed: list[ObservabilityEvent] = []
+
+    async def collect(msg) -> None:
+        observed.append(ObservabilityEvent.model_validate_json(msg.data))
+
+    obs = await log.nats.subscribe(log.subjects.observability("agent_tool:detached:>"),
+                                   cb=collect)
+    hooks = await log.jetstream.subscribe(log.subjects.hook(PARENT.agent, "on_import_done"),
+                                          ordered_consumer=True)
+    run, events = detached_run("hook-1", max_budget_ms=60_000, no_progress_budget_ms=0,
+                               on_finish="on_import_done")
+    completed = run.make(RunCompleted, summary="imported", at=now_ms())
+    await append_all(log, *events, completed)
+
+    first = await hooks.next_msg(timeout=5)
+    second = await hooks.next_msg(timeout=5)
+    ids = [first.headers["Nats-Msg-Id"], second.headers["Nats-Msg-Id"]]
+    assert ids == ["finish:hook-1:completed:retry1", "finish:hook-1:completed:retry2"]
+    assert HookMessage.model_validate_json(first.data).result.summary == "imported"
+    assert {e.type for e in observed} == {"agent_tool:detached:delivery_failed"}
+    assert observed[0].run_id == "hook-1" and observed[0].details["attempts"] == 1
+
+    # Once the handler records the delivery, the retries stop.
+    await log.append(run.make(RunFinishDelivered, status="completed", method="on_import_done",
+                              message_id="finish:hook-1:completed", at=now_ms()),
+                     expected_last_seq=None)
+    count = len(observed)
+    await asyncio.sleep(1.5)
+    assert len(observed) == count
+    await obs.unsubscribe()
+    await hooks.unsubscribe()
