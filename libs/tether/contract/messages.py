@@ -22,7 +22,7 @@ GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
 
 
 class WorkItem(Model):
-    """`<prefix>.work.<agent_type>`, `Nats-Msg-Id: work:<run_id>:<dispatch>`.
+    """`<prefix>.work.<agent_type>`, `Nats-Msg-Id: work:<run_id>:<why>:<dispatch>`.
 
     Deliberately small: the runner reads everything else (input, budgets, what was
     already recorded) from the run's events, which are the truth.
@@ -229,8 +229,10 @@ class HasRunReply(Model):
     error: str | None = None
 
 
-def work_message_id(run_id: str, dispatch: int) -> str:
-    return f"work:{run_id}:{dispatch}"
+def work_message_id(run_id: str, dispatch: int, why: str = "start") -> str:
+    """`work:<run_id>:<why>:<n>`: a re-dispatch for a new reason is never mistaken for
+    a retry of an earlier one inside the stream's duplicate window."""
+    return f"work:{run_id}:{why}:{dispatch}"
 
 
 def finish_message_id(run_id: str, status: str, method: str) -> str:

@@ -7,7 +7,7 @@ itself. Time and ids come in as arguments.
 
 from dataclasses import dataclass
 
-from tether.domain.commands import RunCommand
+from tether.domain.commands import ContinueCommand, RunCommand
 from tether.domain.events import (
     Event,
     ParentRef,
@@ -27,6 +27,8 @@ from tether.domain.events import (
     RunRejectedData,
     RunRequested,
     RunRequestedData,
+    RunResumed,
+    RunResumedData,
     RunStarted,
     RunStartedData,
 )
@@ -142,6 +144,16 @@ def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> l
                                  data=RunAbortedData(error=f"cancelled{': ' + reason if reason else ''}",
                                                      cause="cancel")))
     return events
+
+
+def resume(state: RunState | None, command: ContinueCommand, cause: Cause) -> list[Event]:
+    """A paused run takes the answers and goes on; anything else ignores them."""
+    if state is None or state.paused is None or state.is_hard_terminal:
+        return []
+    decisions = command.model_dump(include={"approvals", "rejections", "tool_outputs",
+                                            "human_input"})
+    return [RunResumed(**_envelope(state.run_id, state.parent, cause, "resumed"),
+                       data=RunResumedData(pause_id=state.paused.pause_id, decisions=decisions))]
 
 
 def clear(state: RunState | None, cause: Cause) -> list[Event]:

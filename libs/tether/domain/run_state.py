@@ -79,6 +79,14 @@ class PauseInfo(Model):
     at: int
 
 
+class Resumption(Model):
+    """A human's or a tool's answer to a pause, as `tether.cmd.continue` delivered it."""
+
+    pause_id: str
+    decisions: dict[str, Any]
+    at: int
+
+
 class DeliveryLedger(Model):
     """What has been delivered for a run, keyed so a second delivery is recognisable.
 
@@ -123,6 +131,7 @@ class RunState(Model):
     output_parts: dict[int, str] = Field(default_factory=dict)
     steps: dict[int, dict[str, Any]] = Field(default_factory=dict)
     paused: PauseInfo | None = None
+    resumptions: tuple[Resumption, ...] = ()
     max_budget_deadline: int | None = None
     no_progress_budget_ms: int = 0
     no_progress_deadline: int | None = None
@@ -310,7 +319,8 @@ def _paused(state: RunState, event: RunPaused) -> Evolved:
         return _ignored(state, f"a {state.status} run cannot pause")
     pause = PauseInfo(pause_id=event.event_id, reason=event.data.reason,
                       pending=event.data.pending, at=event.occurred_at)
-    return _applied_keyless(state, event, paused=pause)
+    # Waiting for a human is not a silent child: the no-progress budget stops meanwhile.
+    return _applied_keyless(state, event, paused=pause, no_progress_deadline=None)
 
 
 def _resumed(state: RunState, event: RunResumed) -> Evolved:
@@ -318,7 +328,10 @@ def _resumed(state: RunState, event: RunResumed) -> Evolved:
         return _ignored(state, "the run is not paused")
     if state.paused.pause_id != event.data.pause_id:
         return _ignored(state, f"resumes pause {event.data.pause_id}, not the current one")
-    return _applied(state, paused=None)
+    resumption = Resumption(pause_id=event.data.pause_id, decisions=event.data.decisions,
+                            at=event.occurred_at)
+    return _applied(state, paused=None, resumptions=(*state.resumptions, resumption),
+                    **_with_signal(state, event.occurred_at))
 
 
 def _cancel_requested(state: RunState, event: RunCancelRequested) -> Evolved:

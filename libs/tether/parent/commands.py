@@ -18,7 +18,13 @@ from tether.adapters.jetstream import EventLog
 from tether.child.agent import AgentRegistry
 from tether.contract.messages import CancelSignal, WorkItem, work_message_id
 from tether.domain import decide
-from tether.domain.commands import CancelCommand, ClearCommand, RunCommand, parse_command
+from tether.domain.commands import (
+    CancelCommand,
+    ClearCommand,
+    ContinueCommand,
+    RunCommand,
+    parse_command,
+)
 from tether.domain.events import ParentRef
 from tether.domain.ids import InvalidIdentifier, check_identifier
 from tether.domain.run_state import RunState
@@ -111,7 +117,7 @@ class CommandHandlers:
             if appended and state is not None and not state.child_still_running:
                 # Nobody is running the child: hand it to a runner, which resumes the
                 # same turn after what was recorded.
-                await self._publish_work(state, dispatch=state.reattach_attempts + 1)
+                await self._publish_work(state, dispatch=state.reattach_attempts, why="reattach")
             return RunOutcome("reattached", status="interrupted")
         return RunOutcome("existing", status=state.status)
 
@@ -145,11 +151,11 @@ class CommandHandlers:
         await self._log.update(state.parent, state.run_id,
                                lambda s: decide.dispatch(s, work_subject, cause))
 
-    async def _publish_work(self, state: RunState, dispatch: int) -> None:
+    async def _publish_work(self, state: RunState, dispatch: int, why: str = "start") -> None:
         item = WorkItem(run_id=state.run_id, parent=state.parent, agent_type=state.agent_type,
                         dispatch=dispatch)
         await self._js.publish(self._subjects.work(state.agent_type), item.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": work_message_id(state.run_id, dispatch)},
+                               headers={"Nats-Msg-Id": work_message_id(state.run_id, dispatch, why)},
                                stream=self._subjects.work_stream)
 
     async def _reject(self, run_id: str | None, parent: ParentRef | None, agent_type: Any,
@@ -170,6 +176,26 @@ class CommandHandlers:
         if state is not None and appended:
             await self._signal_cancel(state)
         return state.status if state is not None else None
+
+    async def continue_run(self, payload: bytes, seq: int) -> str:
+        """Answers to a paused run resume it in whichever runner picks the work up."""
+        command = self._parse(ContinueCommand, "continue", payload)
+        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        state, appended = await self._log.update(command.parent, command.run_id,
+                                                 lambda s: decide.resume(s, command, cause))
+        if appended and state is not None:
+            await self._publish_work(state, dispatch=len(state.resumptions), why="resume")
+            return "resumed"
+        if state is None:
+            return "no such run"
+        history = await self._log.read_run(command.parent, command.run_id)
+        if any(e.event_id == cause.event_id(command.run_id, "resumed") for e in history.events):
+            return "already resumed"  # this very command, delivered again
+        why = (f"run {command.run_id!r} is not waiting for input "
+               f"(it is {state.status}{', not paused' if state.is_open else ''})")
+        await self._reject(command.run_id, command.parent, state.agent_type, "not-paused", why,
+                           cause)
+        return "not paused"
 
     async def clear(self, payload: bytes, seq: int) -> list[str]:
         command = self._parse(ClearCommand, "clear", payload)

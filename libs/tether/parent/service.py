@@ -34,7 +34,7 @@ from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
 from tether.parent.slots import SlotKeeper
 
-COMMAND_KINDS = ("run", "cancel", "clear")
+COMMAND_KINDS = ("run", "cancel", "clear", "continue")
 MAX_COMMAND_DELIVERIES = 10
 
 LIST_RUNS = """
@@ -132,6 +132,9 @@ class ParentService:
             elif kind == "cancel":
                 status = await self._handlers.cancel(msg.data, seq)
                 log.info("command.cancel", status=status)
+            elif kind == "continue":
+                result = await self._handlers.continue_run(msg.data, seq)
+                log.info("command.continue", result=result)
             else:
                 cleared = await self._handlers.clear(msg.data, seq)
                 log.info("command.clear", cleared=len(cleared))

@@ -94,7 +94,10 @@ class Reconciler:
                 await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", self.lock_key)
 
     def _awaited_open_runs(self) -> list[RunState]:
-        return [s for s in self._states.values() if s.is_open and s.detached is None]
+        """Recovery's rows: awaited runs a child should be working on (a paused run waits
+        for a human, not for a child)."""
+        return [s for s in self._states.values()
+                if s.is_open and s.detached is None and s.paused is None]
 
     # --- the view: projection, then the log -----------------------------------------
 
