@@ -241,7 +241,7 @@ async def test_repeated_request_of_an_interrupted_run_reattaches(parent, log):
         return items
 
     items = await asyncio.wait_for(redispatched(), timeout=5)
-    assert [(w.run_id, w.dispatch) for w in items] == [("int-1", 2)]
+    assert [(w.run_id, w.dispatch) for w in items] == [("int-1", 1)]
 
 
 async def test_clear_cancels_open_runs_purges_the_log_and_has_run_is_false(parent, log):

@@ -8,6 +8,8 @@ the loser gets `ConcurrencyConflict`, re-reads and decides again.
 """
 
 import asyncio
+import itertools
+import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -28,6 +30,7 @@ from tether.domain.run_state import RunState, evolve
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
 STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configuration
 DAY_S = 24 * 60 * 60
+DIRECT_BATCH = 500
 
 
 class ConcurrencyConflict(Exception):
@@ -158,6 +161,10 @@ class EventLog:
     """Append to and read from the run-events stream."""
 
     def __init__(self, nc: NATS, subjects: Subjects, *, timeout: float = 5.0) -> None:
+        self._timeout = timeout
+        self._replies: str | None = None
+        self._waiting: dict[str, asyncio.Queue[Msg]] = {}
+        self._tokens = itertools.count(1)
         self._nc = nc
         self._js = nc.jetstream(timeout=timeout)
         self.subjects = subjects
@@ -198,14 +205,9 @@ class EventLog:
         return ack.seq
 
     async def _seq_of(self, subject: str, event_id: str) -> int | None:
-        try:
-            last = await self._js.get_last_msg(self.subjects.events_stream, subject, direct=True)
-        except NotFoundError:
-            return None
-        async with aclosing(self._replay(subject, start_seq=1, until_seq=int(last.seq))) as stream:
-            async for stored in stream:
-                if stored.event is not None and stored.event.event_id == event_id:
-                    return stored.seq
+        for stored in await self.read_subject(subject):
+            if stored.event is not None and stored.event.event_id == event_id:
+                return stored.seq
         return None
 
     async def append_batch(self, events: Sequence[Event], *, expected_last_seq: int) -> int:
@@ -258,31 +260,75 @@ class EventLog:
         returned `last_seq` still covers them so an append after this read is consistent.
         """
         subject = self.subjects.run_events(parent, run_id)
-        last = await self.last_seq(parent, run_id)
-        if before_seq is not None:
-            last = min(last, before_seq - 1)
         events: list[Event] = []
         state: RunState | None = None
-        if not last:
-            return RunHistory((), 0, None)
-        async with aclosing(self._replay(subject, start_seq=1, until_seq=last)) as stream:
-            async for stored in stream:
-                if stored.seq > last and before_seq is not None:
-                    break
-                if stored.event is not None:
-                    events.append(stored.event)
-                    state = evolve(state, stored.event).state
-                last = max(last, stored.seq)
+        last = 0
+        for stored in await self.read_subject(subject, before_seq=before_seq):
+            if stored.event is not None:
+                events.append(stored.event)
+                state = evolve(state, stored.event).state
+            last = stored.seq
         return RunHistory(tuple(events), last, state)
 
-    async def _replay(self, subject: str, *, start_seq: int,
-                      until_seq: int) -> AsyncIterator[StoredEvent]:
-        async with aclosing(self.follow(subject, start_seq=start_seq)) as stream:
-            async for stored in stream:
-                yield stored
-                # `pending` covers a last message that was purged after we looked it up.
-                if stored.seq >= until_seq or stored.pending == 0:
-                    return
+    async def read_subject(self, subject: str, *, start_seq: int = 1,
+                           before_seq: int | None = None) -> list[StoredEvent]:
+        """The stored messages of one subject, in order, by batched direct gets.
+
+        One request returns up to a batch of the subject's messages (the server skips the
+        others) and ends with an end-of-batch status that says how many are left: a run's
+        history is one round trip, and no consumer is created for it.
+        """
+        found: list[StoredEvent] = []
+        seq = start_seq
+        while True:
+            batch, pending = await self._direct_batch(subject, seq)
+            for stored in batch:
+                if before_seq is not None and stored.seq >= before_seq:
+                    return found
+                found.append(stored)
+            if not batch or not pending:
+                return found
+            seq = batch[-1].seq + 1
+
+    async def _direct_batch(self, subject: str, start_seq: int,
+                            size: int = DIRECT_BATCH) -> tuple[list[StoredEvent], int]:
+        replies = await self._direct_replies()
+        token = str(next(self._tokens))
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        self._waiting[token] = queue
+        try:
+            request = json.dumps({"seq": start_seq, "next_by_subj": subject, "batch": size})
+            await self._nc.publish(f"$JS.API.DIRECT.GET.{self.subjects.events_stream}",
+                                   request.encode(), reply=f"{replies}.{token}")
+            batch: list[StoredEvent] = []
+            while True:
+                msg = await asyncio.wait_for(queue.get(), timeout=self._timeout)
+                headers = msg.headers or {}
+                status = headers.get("Status")
+                if status == "404":
+                    return batch, 0
+                if status == "204":  # end of batch
+                    return batch, int(headers.get("Nats-Num-Pending", 0))
+                if status is not None:
+                    raise APIError(code=int(status), description=headers.get("Description"))
+                batch.append(to_stored_event(int(headers["Nats-Sequence"]), subject, msg.data,
+                                             int(headers.get("Nats-Num-Pending", 0))))
+        finally:
+            del self._waiting[token]
+
+    async def _direct_replies(self) -> str:
+        """One wildcard inbox for every direct get of this log, routed by a token."""
+        if self._replies is None:
+            prefix = self._nc.new_inbox()
+
+            async def route(msg: Msg) -> None:
+                queue = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
+                if queue is not None:
+                    queue.put_nowait(msg)
+
+            await self._nc.subscribe(f"{prefix}.*", cb=route)
+            self._replies = prefix
+        return self._replies
 
     async def follow(self, filter_subject: str, *, start_seq: int = 1,
                      idle_heartbeat: float = 5.0) -> AsyncIterator[StoredEvent]:

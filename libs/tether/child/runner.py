@@ -43,6 +43,7 @@ from tether.contract.messages import (
 )
 from tether.domain.events import ParentRef
 from tether.log import get_logger
+from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS, RUNNER_SLOTS_IN_USE, WORK_ITEMS
 
 # Deliveries beyond `max_attempts`: a delivery can end without starting an attempt (a
 # shutdown gives it back, a lost race skips it), and the last delivery must still reach a
@@ -63,33 +64,48 @@ def consumer_name(agent_type: str) -> str:
 
 
 class _Slots:
-    """At most `limit` children at once, shared by the fetch loops of every agent type."""
+    """At most `limit` children at once, shared by the fetch loops of every agent type.
+
+    A loop fetches only as many items as there are free slots, and takes a slot per item
+    in FIFO order (an asyncio.Semaphore), so no agent type can keep taking the slots the
+    others are waiting for, and a fetched item never waits long for its child to start.
+    """
 
     def __init__(self, limit: int) -> None:
-        self._free = limit
-        self._changed = asyncio.Condition()
+        self._semaphore = asyncio.Semaphore(limit)
+        self._freed = asyncio.Event()
+        self._freed.set()
         self._closed = False
 
-    async def take_up_to(self, wanted: int) -> int:
-        """Wait for at least one free slot and take up to `wanted`; 0 once closed."""
-        async with self._changed:
-            await self._changed.wait_for(lambda: self._free > 0 or self._closed)
-            if self._closed:
-                return 0
-            taken = min(wanted, self._free)
-            self._free -= taken
-            return taken
+    @property
+    def free(self) -> int:
+        return self._semaphore._value  # noqa: SLF001 - the count asyncio keeps anyway
+
+    async def wait_for_free(self) -> bool:
+        """Until a slot is free (True), or the slots are closed (False)."""
+        while not self._closed and self.free <= 0:
+            self._freed.clear()
+            await self._freed.wait()
+        return not self._closed
+
+    async def take(self, msg: Msg, keepalive_s: float) -> None:
+        """One slot for `msg`, keeping the item ours while it waits for one."""
+        while True:
+            try:
+                await asyncio.wait_for(self._semaphore.acquire(), timeout=keepalive_s)
+                return
+            except TimeoutError:
+                await msg.in_progress()
 
     async def give_back(self, count: int) -> None:
+        for _ in range(count):
+            self._semaphore.release()
         if count:
-            async with self._changed:
-                self._free += count
-                self._changed.notify_all()
+            self._freed.set()
 
     async def close(self) -> None:
-        async with self._changed:
-            self._closed = True
-            self._changed.notify_all()
+        self._closed = True
+        self._freed.set()
 
 
 class ChildRunner:
@@ -181,12 +197,13 @@ class ChildRunner:
 
     async def _consume(self, agent_type: str, pull: JetStreamContext.PullSubscription,
                        stop: asyncio.Event, batch: int) -> None:
+        keepalive_s = self._settings.work_ack_wait_ms / 1000 / 3
         while not stop.is_set():
-            wanted = await self._slots.take_up_to(batch)
-            if not wanted:
+            if not await self._slots.wait_for_free():
                 return
             try:
-                messages = await pull.fetch(wanted, timeout=self._fetch_timeout_s)
+                messages = await pull.fetch(min(batch, max(self._slots.free, 1)),
+                                            timeout=self._fetch_timeout_s)
             except TimeoutError:  # nothing to do; nats' timeouts subclass the builtin one
                 messages = []
             except Exception as error:  # noqa: BLE001 - a NATS hiccup must not end the loop
@@ -194,23 +211,24 @@ class ChildRunner:
                                      error=f"{type(error).__name__}: {error}")
                 messages = []
                 await asyncio.sleep(min(1.0, self._fetch_timeout_s))
-            await self._slots.give_back(wanted - len(messages))
             for msg in messages:
                 if stop.is_set():  # fetched as we were stopping: let another runner have it
                     await msg.nak()
-                    await self._slots.give_back(1)
                     continue
+                await self._slots.take(msg, keepalive_s)
                 handler = asyncio.create_task(self._handle(agent_type, msg))
                 self._handlers.add(handler)
                 handler.add_done_callback(self._handlers.discard)
 
     async def _handle(self, agent_type: str, msg: Msg) -> None:
+        RUNNER_SLOTS_IN_USE.inc()
         try:
             try:
                 item = WorkItem.model_validate_json(msg.data)
             except ValidationError as error:
                 # Redelivering it would fail the same way.
                 await msg.term()
+                DEAD_LETTERED.inc(kind="work_item")
                 self._logger.error("work_item.unreadable", agent_type=agent_type,
                                    error=str(error).splitlines()[0])
                 return
@@ -234,9 +252,12 @@ class ChildRunner:
             if self._on_outcome is not None:
                 self._on_outcome(outcome)
         finally:
+            RUNNER_SLOTS_IN_USE.dec()
             await self._slots.give_back(1)
 
     def _log_outcome(self, outcome: Outcome) -> None:
+        WORK_ITEMS.inc(agent_type=outcome.agent_type, outcome=outcome.kind)
+        HANDLER_SECONDS.observe(outcome.duration_ms / 1000, service="child-runner", handler="work")
         fields: dict[str, Any] = {
             "run_id": outcome.run_id, "agent_type": outcome.agent_type,
             "parent": f"{outcome.parent.agent}/{outcome.parent.name}",

@@ -1,0 +1,33 @@
+"""The application side of Tether: run child agents, follow timelines, handle hooks.
+
+```python
+async with connect() as tether:
+    me = tether.parent("Assistant", "user-42")
+    result = await me.run_agent_tool("Researcher", {"query": "HTTP/3"})
+```
+"""
+
+from tether.client.awaiting import RunWaiter
+from tether.client.connection import Tether, connect
+from tether.client.errors import RequestFailed, ServiceUnavailable, TetherError
+from tether.client.hooks import HookRegistry
+from tether.client.parent import ParentHandle
+from tether.client.timeline import ProgressView, RunView, TimelineView
+from tether.client.tools import AgentTool, agent_tool, tool_run_id
+
+__all__ = [
+    "AgentTool",
+    "HookRegistry",
+    "ParentHandle",
+    "ProgressView",
+    "RequestFailed",
+    "RunView",
+    "RunWaiter",
+    "ServiceUnavailable",
+    "Tether",
+    "TetherError",
+    "TimelineView",
+    "agent_tool",
+    "connect",
+    "tool_run_id",
+]

@@ -1,0 +1,143 @@
+"""When a run request has its answer, decided from the run's events alone.
+
+The client subscribes to the run's subject from its first event, notes the subject's last
+sequence (the *mark*), publishes the request, and feeds every event to a `RunWaiter`.
+Anything at or below the mark happened before this request: a stored outcome there is
+the answer (a repeated run id never starts a second child turn), but a rejection or an
+interruption there answered someone else's earlier request. Nothing is decided before the
+replay has reached the mark, so a run that was cleared and is requested again is never
+answered from its previous life.
+
+If the server dropped the request as a repeat of one still in its duplicate window, no
+parent will act on it: an open run is awaited, a run that does not exist yet is awaited
+(the first request is in flight) unless that request was already rejected, and an
+interrupted run that is not being re-attached is answered with its interruption, since
+nobody is going to re-attach it for us.
+"""
+
+from dataclasses import dataclass
+
+from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
+from tether.domain.events import (
+    Event,
+    RunCleared,
+    RunInterrupted,
+    RunReattachStarted,
+    RunRejected,
+    RunRequested,
+)
+from tether.domain.run_state import RunState, evolve
+
+Answer = AgentToolSuccess | AgentToolFailure | DetachedHandle
+
+
+@dataclass(slots=True)
+class _Rejection:
+    seq: int
+    at: int
+    error: str
+
+
+class RunWaiter:
+    def __init__(self, run_id: str, agent_type: str, *, mark: int, detached: bool,
+                 published_at_ms: int = 0, duplicate_window_ms: int = 120_000) -> None:
+        self.run_id = run_id
+        self.agent_type = agent_type
+        self.mark = mark
+        self.detached = detached
+        self.state: RunState | None = None
+        self.answer: Answer | None = None
+        self._caught_up = mark == 0
+        self._duplicate = False
+        self._published_at_ms = published_at_ms
+        self._duplicate_window_ms = duplicate_window_ms
+        self._rejection: _Rejection | None = None
+        self._interrupted_seq = 0
+        self._reattaching = False
+        self._cleared_after_mark = False
+
+    @property
+    def caught_up(self) -> bool:
+        return self._caught_up
+
+    def on_event(self, seq: int, event: Event | None, pending: int = 1) -> Answer | None:
+        """Fold one message of the run's subject (None: undecodable, only moves the position)."""
+        if event is not None and event.run_id == self.run_id:
+            self._fold(seq, event)
+        if seq >= self.mark or pending == 0:
+            self._caught_up = True
+        return self._decide()
+
+    def on_published(self, duplicate: bool) -> Answer | None:
+        self._duplicate = duplicate
+        return self._decide()
+
+    def _fold(self, seq: int, event: Event) -> None:
+        if isinstance(event, RunRejected):
+            self._rejection = _Rejection(seq, event.occurred_at, event.data.error)
+            return
+        if isinstance(event, RunRequested):
+            self._rejection = None
+            self._interrupted_seq = 0
+            self._reattaching = False
+            self._cleared_after_mark = False
+        elif isinstance(event, RunInterrupted):
+            self._interrupted_seq = seq
+            self._reattaching = False
+        elif isinstance(event, RunReattachStarted):
+            self._reattaching = True
+        elif isinstance(event, RunCleared) and self.state is not None and seq > self.mark:
+            self._cleared_after_mark = True
+        self.state = evolve(self.state, event).state
+
+    def _decide(self) -> Answer | None:
+        if self.answer is None and self._caught_up:
+            self.answer = self._detached() if self.detached else self._awaited()
+        return self.answer
+
+    def _detached(self) -> Answer | None:
+        if self.state is not None:
+            return DetachedHandle(run_id=self.run_id, agent_type=self.state.agent_type,
+                                  status="running")
+        rejection = self._answering_rejection()
+        if rejection is not None:
+            return DetachedHandle(run_id=self.run_id, agent_type=self.agent_type,
+                                  status="error", error=rejection.error)
+        return None
+
+    def _awaited(self) -> Answer | None:
+        state = self.state
+        if state is None:
+            if self._cleared_after_mark:
+                return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
+                                        status="aborted", error="the run was cleared",
+                                        retryable=False)
+            rejection = self._answering_rejection()
+            if rejection is None:
+                return None
+            return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
+                                    status="error", error=rejection.error, retryable=False)
+        if state.status == "completed":
+            return AgentToolSuccess(run_id=state.run_id, agent_type=state.agent_type,
+                                    summary=state.summary or "", output=state.output)
+        if state.status in ("error", "aborted"):
+            return AgentToolFailure.of(state)
+        if state.status == "interrupted":
+            if self._interrupted_seq > self.mark:
+                return AgentToolFailure.of(state)
+            if self._duplicate and not self._reattaching:
+                return AgentToolFailure.of(state)
+        return None
+
+    def _answering_rejection(self) -> _Rejection | None:
+        """A rejection that answers our request: one after the mark, or, when our request
+        was dropped as a repeat, the rejection of the request it repeated."""
+        rejection = self._rejection
+        if rejection is None:
+            return None
+        if rejection.seq > self.mark:
+            return rejection
+        recent = rejection.at >= self._published_at_ms - self._duplicate_window_ms
+        if self._duplicate and recent:
+            return rejection
+        return None

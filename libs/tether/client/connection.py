@@ -1,0 +1,148 @@
+"""One NATS connection for an application: `async with connect() as tether: ...`."""
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, TypeVar
+
+import nats.errors
+from nats.aio.client import Client as NATS
+from nats.js import api as js_api
+from nats.js.errors import NoStreamResponseError
+from pydantic import BaseModel, ValidationError
+
+from tether.adapters.jetstream import EventLog, connect_nats
+from tether.client.errors import RequestFailed, ServiceUnavailable
+from tether.config import Settings
+from tether.contract.subjects import Subjects
+from tether.domain.events import ParentRef
+from tether.domain.ids import check_identifier
+
+if TYPE_CHECKING:
+    from tether.client.hooks import HookRegistry
+    from tether.client.parent import ParentHandle
+    from tether.contract.messages import ChatMessage
+
+Reply = TypeVar("Reply", bound=BaseModel)
+DEFAULT_RPC_TIMEOUT_S = 5.0
+
+
+class Tether:
+    """A client of one Tether installation (one prefix) over one NATS connection.
+
+    Safe to share between tasks: every run, timeline and hook handler gets its own
+    subscription on the same connection.
+    """
+
+    def __init__(self, nc: NATS, settings: Settings, *, rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S) -> None:
+        self.nc = nc
+        self.settings = settings
+        self.subjects: Subjects = settings.subjects
+        self.log = EventLog(nc, self.subjects)
+        self.js = self.log.jetstream
+        self.rpc_timeout = rpc_timeout
+
+    def parent(self, agent: str, name: str) -> "ParentHandle":
+        """The parent agent instance (`agent` class, `name` instance) runs are made for."""
+        from tether.client.parent import ParentHandle
+
+        ref = ParentRef(agent=check_identifier(agent, "parent agent"),
+                        name=check_identifier(name, "parent name"))
+        return ParentHandle(self, ref)
+
+    def hooks(self, parent_agent: str, *, lease_ms: int | None = None,
+              concurrency: int = 8) -> "HookRegistry":
+        """Finish-hook handlers of one parent agent class (all its instances)."""
+        from tether.client.hooks import HookRegistry
+
+        return HookRegistry(self, parent_agent, lease_ms=lease_ms, concurrency=concurrency)
+
+    def chat(self, parent: "ParentHandle | ParentRef", *, durable: str | None = None,
+             new_only: bool = False) -> AsyncIterator["ChatMessage"]:
+        """Chat notifications for one parent instance; see `tether.client.chat.follow_chat`."""
+        from tether.client.chat import follow_chat
+
+        ref = parent if isinstance(parent, ParentRef) else parent.ref
+        return follow_chat(self, ref, durable=durable, new_only=new_only)
+
+    async def publish_command(self, kind: str, command: BaseModel, msg_id: str) -> js_api.PubAck:
+        try:
+            return await self.js.publish(self.subjects.command(kind),
+                                         command.model_dump_json().encode(),
+                                         headers={"Nats-Msg-Id": msg_id},
+                                         stream=self.subjects.commands_stream)
+        except NoStreamResponseError:
+            raise ServiceUnavailable(
+                f"no stream takes {self.subjects.command(kind)}: the Tether services create "
+                f"it at start-up; are they running with prefix {self.subjects.prefix!r}?"
+            ) from None
+
+    async def request(self, kind: str, query: BaseModel, reply_model: type[Reply], *,
+                      timeout: float | None = None) -> Reply:
+        """Core request/reply with the parent service; raises ServiceUnavailable or RequestFailed."""
+        subject = self.subjects.rpc(kind)
+        timeout = self.rpc_timeout if timeout is None else timeout
+        try:
+            message = await self.nc.request(subject, query.model_dump_json().encode(),
+                                            timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise ServiceUnavailable(
+                f"no parent service answers {subject}: is `tether services parent` running "
+                f"with prefix {self.subjects.prefix!r}?") from None
+        except nats.errors.TimeoutError:
+            raise ServiceUnavailable(f"the parent service did not answer {subject} "
+                                     f"within {timeout:g}s") from None
+        try:
+            reply = reply_model.model_validate_json(message.data)
+        except ValidationError as error:
+            raise RequestFailed(f"unexpected reply on {subject}: {error}") from None
+        if getattr(reply, "error", None):
+            raise RequestFailed(f"{subject}: {reply.error}")
+        return reply
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+
+class _Connection:
+    """What `connect` returns: use it with `async with`, or `await` it and `close()` later."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
+        self._settings = settings
+        self._name = name
+        self._tether: Tether | None = None
+
+    async def _open(self) -> Tether:
+        try:
+            nc = await connect_nats(self._settings.nats_connect_url, name=self._name)
+        except (OSError, nats.errors.Error) as error:
+            raise ServiceUnavailable(
+                f"cannot connect to NATS at {self._settings.nats_url}: {error}") from None
+        self._tether = Tether(nc, self._settings)
+        return self._tether
+
+    def __await__(self):
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Tether:
+        return await self._open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._tether is not None:
+            await self._tether.close()
+
+
+def connect(nats_url: str | None = None, *, prefix: str | None = None,
+            settings: Settings | None = None, name: str = "tether-client") -> _Connection:
+    """Connect to Tether; defaults come from `TETHER_NATS_URL` and `TETHER_PREFIX`.
+
+    `settings` (a `tether.config.Settings`) replaces the environment; `nats_url` and
+    `prefix` override either.
+    """
+    overrides = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
+                 if value is not None}
+    if settings is None:
+        settings = Settings.from_env(**overrides)
+    elif overrides:
+        settings = Settings(**{**settings.model_dump(), **overrides})
+    return _Connection(settings, name)
+

@@ -1,0 +1,13 @@
+"""Errors a client raises; each message says what to check."""
+
+
+class TetherError(Exception):
+    """Base class of the client's own errors."""
+
+
+class ServiceUnavailable(TetherError):
+    """No Tether service answered: not running, another prefix, or the streams are missing."""
+
+
+class RequestFailed(TetherError):
+    """A service answered a request with an error."""

@@ -1,0 +1,91 @@
+"""Replay-then-live reading of one stream filter, in stream order.
+
+The same mechanism as `EventLog.follow_batches` (an ordered push consumer; the stream
+sequence is the deduplication key), with two things the client needs on top: the
+subscription exists when `start()` returns, so a caller can publish a request knowing it
+cannot miss the answer; and whether there was anything to replay at all, so a reader can
+tell when it has caught up with the stream as it was when it subscribed.
+"""
+
+import asyncio
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Self
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import NotFoundError
+
+from tether.client.errors import ServiceUnavailable
+
+
+@dataclass(frozen=True, slots=True)
+class FeedMessage:
+    """`pending`: how many matching messages followed this one when it was delivered."""
+
+    source: str
+    seq: int
+    subject: str
+    data: bytes
+    pending: int
+
+
+class OrderedFeed:
+    """Messages of `filter_subject` in `stream` from `start_seq`, put on `sink` in order."""
+
+    def __init__(self, js: JetStreamContext, stream: str, filter_subject: str, *,
+                 source: str = "", start_seq: int = 1, deliver_new: bool = False,
+                 sink: "asyncio.Queue[FeedMessage] | None" = None,
+                 idle_heartbeat: float = 5.0) -> None:
+        self._js = js
+        self._stream = stream
+        self._filter = filter_subject
+        self.source = source
+        self._start_seq = max(start_seq, 1)
+        self._deliver_new = deliver_new
+        self.sink: asyncio.Queue[FeedMessage] = sink if sink is not None else asyncio.Queue()
+        self._idle_heartbeat = idle_heartbeat
+        self._subscription: JetStreamContext.PushSubscription | None = None
+        self._last_seq = 0
+        # True when the stream held nothing to replay for this filter at subscription time.
+        self.initially_empty = False
+
+    async def start(self) -> Self:
+        if self._deliver_new:
+            config = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.NEW)
+        else:
+            config = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+                                           opt_start_seq=self._start_seq)
+        try:
+            self._subscription = await self._js.subscribe(
+                self._filter, stream=self._stream, cb=self._enqueue, ordered_consumer=True,
+                config=config, idle_heartbeat=self._idle_heartbeat)
+        except NotFoundError:
+            raise ServiceUnavailable(
+                f"stream {self._stream} does not exist: start the Tether services "
+                "(they create the streams) or check the prefix") from None
+        info = await self._subscription.consumer_info()
+        self.initially_empty = (self._deliver_new
+                                or (info.num_pending == 0 and info.delivered.consumer_seq == 0))
+        return self
+
+    async def _enqueue(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
+        if seq <= self._last_seq:  # an ordered consumer's reset may deliver a message again
+            return
+        self._last_seq = seq
+        self.sink.put_nowait(FeedMessage(self.source, seq, msg.subject, msg.data,
+                                         msg.metadata.num_pending))
+
+    async def stop(self) -> None:
+        if self._subscription is not None:
+            subscription, self._subscription = self._subscription, None
+            with suppress(Exception):  # the connection may already be closing
+                await subscription.unsubscribe()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

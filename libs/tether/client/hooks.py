@@ -1,0 +1,246 @@
+"""Finish hooks of detached runs, delivered to the application that owns the parent.
+
+The parent publishes a `HookMessage` to `<prefix>.hook.<parent_agent>.<method>` when a
+detached run with `on_finish: method` ends (and to `on_agent_tool_finish` for every
+detached run of a parent agent whose application registered a global handler). A handler
+registers each method in the registry bucket, so the parent accepts runs that name it,
+and consumes each method's subject with a durable pull consumer shared by its replicas.
+
+Delivery: exactly once normally, at least once on a crash. After the function returns,
+`run.finish_delivered` is appended to the run (the ledger) and only then the message is
+acknowledged; a message whose (run, status, method) is already in the ledger is
+acknowledged without calling the function, so a redelivery after a lost ack or a crash
+between the two steps does not call it again. A function that raises is retried after
+the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1); a process that dies
+mid-call leaves the message to be redelivered when the lease runs out. Handlers must
+still be idempotent: a crash after the function and before the ledger calls it again.
+"""
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nats.aio.msg import Msg
+from nats.js import api as js_api
+from nats.js.errors import FetchTimeoutError, NotFoundError
+from pydantic import ValidationError
+
+from tether.adapters.jetstream import StreamSettings, key_value
+from tether.client.errors import ServiceUnavailable
+from tether.contract.messages import (
+    GLOBAL_FINISH_HOOK,
+    HookMessage,
+    LifecycleResult,
+    RunInfo,
+    finish_message_id,
+)
+from tether.domain.events import RunFinishDelivered, RunFinishDeliveredData
+from tether.domain.ids import check_identifier, derived_event_id
+from tether.domain.run_state import RunState
+from tether.log import get_logger
+
+if TYPE_CHECKING:
+    from tether.client.connection import Tether
+
+HookFunction = Callable[[RunInfo, LifecycleResult], Awaitable[object] | object]
+FETCH_WAIT_S = 0.5
+
+
+def registry_key(parent_agent: str, method: str) -> str:
+    """`hook.<parent_agent>.<method>`: NATS KV keys take no ':', identifiers may."""
+    key = f"hook.{parent_agent}.{method}"
+    if ":" in key:
+        raise ValueError(f"hook {parent_agent}.{method}: a hook's parent agent and method "
+                         "names cannot contain ':' (they become a NATS KV key)")
+    return key
+
+
+def consumer_name(parent_agent: str, method: str) -> str:
+    return f"hooks-{parent_agent}-{method}"
+
+
+@dataclass(slots=True)
+class HookStats:
+    called: int = 0  # the function returned
+    failed: int = 0  # the function raised; retried after the lease
+    skipped: int = 0  # already in the ledger: acknowledged without a call
+    malformed: int = 0  # not a HookMessage: terminated, never retried
+
+
+class HookRegistry:
+    def __init__(self, tether: "Tether", parent_agent: str, *, lease_ms: int | None = None,
+                 concurrency: int = 8) -> None:
+        self.tether = tether
+        self.parent_agent = check_identifier(parent_agent, "parent agent")
+        self.lease_s = (lease_ms if lease_ms is not None else tether.settings.hook_lease_ms) / 1000
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.concurrency = concurrency
+        self.functions: dict[str, HookFunction] = {}
+        self.stats = HookStats()
+        self.ready = asyncio.Event()
+        self._logger = get_logger(component="hooks", parent_agent=parent_agent)
+
+    def register(self, method: str, function: HookFunction) -> HookFunction:
+        check_identifier(method, "hook method")
+        registry_key(self.parent_agent, method)
+        if not callable(function):
+            raise TypeError(f"the {method} hook must be a function (run, result)")
+        if method in self.functions:
+            raise ValueError(f"a {method} hook is already registered for {self.parent_agent}")
+        self.functions[method] = function
+        return function
+
+    def on_finish(self, method: str) -> Callable[[HookFunction], HookFunction]:
+        """Decorator: `@hooks.on_finish("on_import_done")`."""
+        return lambda function: self.register(method, function)
+
+    def on_any_finish(self, function: HookFunction) -> HookFunction:
+        """The global hook: every detached run of this parent agent, whatever its on_finish."""
+        return self.register(GLOBAL_FINISH_HOOK, function)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator["HookRegistry"]:
+        """Serve in the background; entered once every method is registered and consumed."""
+        stop = asyncio.Event()
+        task = asyncio.create_task(self.serve(stop))
+        ready = asyncio.create_task(self.ready.wait())
+        await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            ready.cancel()
+            task.result()  # raises why serving could not start
+        try:
+            yield self
+        finally:
+            stop.set()
+            await task
+
+    async def serve(self, stop: asyncio.Event | None = None) -> None:
+        """Register every method, then deliver until `stop` is set (calls in flight finish)."""
+        if not self.functions:
+            raise ValueError(f"no hooks registered for {self.parent_agent}")
+        stop = stop or asyncio.Event()
+        subscriptions = {method: await self._consume(method) for method in self.functions}
+        await self._register_methods()
+        self.ready.set()
+        self._logger.info("hooks.serving", methods=sorted(self.functions),
+                          lease_s=self.lease_s)
+        try:
+            await asyncio.gather(*(self._deliver(method, subscription, stop)
+                                   for method, subscription in subscriptions.items()))
+        finally:
+            self.ready.clear()
+            for subscription in subscriptions.values():
+                with suppress(Exception):
+                    await subscription.unsubscribe()
+
+    async def _register_methods(self) -> None:
+        settings = self.tether.settings
+        bucket = await key_value(self.tether.js, self.tether.subjects.registry_bucket,
+                                 StreamSettings(replicas=settings.stream_replicas))
+        value = json.dumps({"registered_at": int(time.time() * 1000)}).encode()
+        for method in self.functions:
+            await bucket.put(registry_key(self.parent_agent, method), value)
+
+    async def _consume(self, method: str):
+        subjects = self.tether.subjects
+        durable = consumer_name(self.parent_agent, method)
+        config = js_api.ConsumerConfig(
+            name=durable, durable_name=durable, filter_subject=subjects.hook(self.parent_agent, method),
+            ack_policy=js_api.AckPolicy.EXPLICIT, deliver_policy=js_api.DeliverPolicy.ALL,
+            ack_wait=self.lease_s, max_deliver=-1, max_ack_pending=self.concurrency * 4)
+        try:
+            # Create or update: a changed lease applies to the existing consumer.
+            await self.tether.js.add_consumer(subjects.hooks_stream, config)
+        except NotFoundError:
+            raise ServiceUnavailable(
+                f"stream {subjects.hooks_stream} does not exist: start the Tether services "
+                "(they create the streams) or check the prefix") from None
+        return await self.tether.js.pull_subscribe_bind(durable=durable,
+                                                        stream=subjects.hooks_stream)
+
+    async def _deliver(self, method: str, subscription, stop: asyncio.Event) -> None:
+        in_flight: set[asyncio.Task] = set()
+        try:
+            while not stop.is_set():
+                free = self.concurrency - len(in_flight)
+                if free == 0:
+                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                try:
+                    messages = await subscription.fetch(free, timeout=FETCH_WAIT_S)
+                except (FetchTimeoutError, TimeoutError):
+                    continue
+                except Exception as error:  # noqa: BLE001 - a NATS hiccup must not end the loop
+                    self._logger.warning("hooks.fetch_failed", method=method,
+                                         error=f"{type(error).__name__}: {error}")
+                    await asyncio.sleep(FETCH_WAIT_S)
+                    continue
+                for msg in messages:
+                    task = asyncio.create_task(self._handle_guarded(method, msg))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+        finally:
+            if in_flight:
+                await asyncio.gather(*in_flight, return_exceptions=True)
+
+    async def _handle_guarded(self, method: str, msg: Msg) -> None:
+        try:
+            await self.handle(method, msg)
+        except Exception:  # never lose a hook to a bug or a NATS hiccup
+            self._logger.exception("hooks.handling_failed", method=method)
+            with suppress(Exception):
+                await msg.nak(delay=self.lease_s)
+
+    async def handle(self, method: str, msg: Msg) -> None:
+        try:
+            hook = HookMessage.model_validate_json(msg.data)
+        except ValidationError as error:
+            self.stats.malformed += 1
+            self._logger.error("hooks.malformed", method=method, error=str(error).splitlines()[0])
+            await msg.term()
+            return
+        run, result = hook.run, hook.result
+        logger = self._logger.bind(method=method, run_id=run.run_id, status=result.status,
+                                   stream_seq=msg.metadata.sequence.stream)
+        state = (await self.tether.log.read_run(run.parent, run.run_id)).state
+        if state is not None and state.finish_delivered(result.status, method):
+            self.stats.skipped += 1
+            logger.info("hooks.already_delivered")
+            await msg.ack()
+            return
+        try:
+            outcome = self.functions[method](run, result)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:  # the user's function failed: retry after the lease
+            self.stats.failed += 1
+            logger.exception("hooks.function_failed", retry_in_s=self.lease_s)
+            await msg.nak(delay=self.lease_s)
+            return
+        self.stats.called += 1
+        message_id = (msg.headers or {}).get("Nats-Msg-Id") or finish_message_id(
+            run.run_id, result.status, method)
+        await self._record_delivered(hook, method, message_id)
+        await msg.ack()
+        logger.info("hooks.delivered")
+
+    async def _record_delivered(self, hook: HookMessage, method: str, message_id: str) -> None:
+        run, status = hook.run, hook.result.status
+
+        def decide(state: RunState | None) -> list[RunFinishDelivered]:
+            if state is None or state.finish_delivered(status, method):
+                return []  # a cleared run keeps no ledger; a concurrent delivery recorded it
+            return [RunFinishDelivered(
+                event_id=derived_event_id(run.run_id, "finish_delivered", method, status),
+                run_id=run.run_id, parent=run.parent, occurred_at=int(time.time() * 1000),
+                causation_id=message_id, correlation_id=run.run_id,
+                data=RunFinishDeliveredData(status=status, method=method,
+                                            message_id=message_id))]
+
+        await self.tether.log.update(run.parent, run.run_id, decide)

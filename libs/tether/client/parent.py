@@ -1,0 +1,241 @@
+"""A parent agent instance, as the application that owns it sees it."""
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import suppress
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from tether.client.awaiting import Answer, RunWaiter
+from tether.client.feed import OrderedFeed
+from tether.contract.codec import EventDecodeError, decode_event
+from tether.contract.messages import (
+    AgentToolFailure,
+    AgentToolSuccess,
+    DetachedHandle,
+    HasRunReply,
+    InspectReply,
+    ListReply,
+    RunSnapshot,
+)
+from tether.domain.commands import (
+    CancelCommand,
+    ClearCommand,
+    HasRunQuery,
+    InspectQuery,
+    ListQuery,
+    RunCommand,
+)
+from tether.domain.events import DetachedOptions, ParentRef
+from tether.domain.ids import check_identifier
+
+if TYPE_CHECKING:
+    from tether.client.connection import Tether
+    from tether.client.timeline import TimelineView
+    from tether.client.tools import AgentTool
+    from tether.contract.messages import ChatMessage
+
+CANCEL_PUBLISH_TIMEOUT_S = 5.0
+
+
+class ParentHandle:
+    def __init__(self, tether: "Tether", ref: ParentRef) -> None:
+        self.tether = tether
+        self.ref = ref
+
+    @property
+    def agent(self) -> str:
+        return self.ref.agent
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    def __repr__(self) -> str:
+        return f"ParentHandle({self.ref.agent}/{self.ref.name})"
+
+    # --- runs -------------------------------------------------------------------------
+
+    async def run_agent_tool(
+        self, agent_type: str, input: dict[str, Any] | BaseModel | None = None, *,
+        run_id: str | None = None, parent_tool_call_id: str | None = None,
+        display_order: int | None = None, display: str | None = None,
+        detached: bool | dict[str, Any] | DetachedOptions = False,
+        timeout: float | None = None,
+    ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
+        """Run a child agent; idempotent by `run_id` (default: a new one).
+
+        Awaited (the default): returns `AgentToolSuccess` or `AgentToolFailure` when the run
+        ends; cancelling the awaiting task cancels the run. `timeout` (seconds) bounds the
+        wait only: on expiry `TimeoutError` is raised and the run goes on.
+        Detached: returns a `DetachedHandle` as soon as the parent accepted or rejected it.
+        """
+        command = build_run_command(self.ref, agent_type, input, run_id=run_id,
+                                    parent_tool_call_id=parent_tool_call_id,
+                                    display_order=display_order, display=display,
+                                    detached=detached)
+        return await self._run(command, command.detached is not False, timeout)
+
+    async def _run(self, command: RunCommand, detached: bool, timeout: float | None) -> Answer:
+        log = self.tether.log
+        subject = self.tether.subjects.run_events(self.ref, command.run_id)
+        feed = OrderedFeed(self.tether.js, self.tether.subjects.events_stream, subject,
+                           source="run")
+        await feed.start()
+        requested = False
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        try:
+            mark = await log.last_seq(self.ref, command.run_id)
+            waiter = RunWaiter(command.run_id, command.agent_type, mark=mark, detached=detached,
+                               published_at_ms=_now_ms(),
+                               duplicate_window_ms=self.tether.settings.duplicate_window_ms)
+            requested = True  # from here on the request may have reached the stream
+            ack = await self.tether.publish_command("run", command, f"run:{command.run_id}")
+            answer = waiter.on_published(bool(ack.duplicate))
+            while answer is None:
+                remaining = None if deadline is None else max(deadline - loop.time(), 0)
+                try:
+                    # Only the wait is bounded: a timeout must not look like a cancellation.
+                    message = await asyncio.wait_for(feed.sink.get(), remaining)
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"run {command.run_id} gave no answer within {timeout:g}s; it goes on: "
+                        "inspect it, or await it again with the same run_id") from None
+                try:
+                    event = decode_event(message.data)
+                except EventDecodeError:
+                    event = None
+                answer = waiter.on_event(message.seq, event, message.pending)
+            return answer
+        except asyncio.CancelledError:
+            if requested and not detached:
+                # The caller gave up on an awaited run: the run must not outlive it.
+                await asyncio.shield(self._cancel_quietly(command.run_id))
+            raise
+        finally:
+            await feed.stop()
+
+    async def _cancel_quietly(self, run_id: str) -> None:
+        # Best effort: the caller is leaving, and a cancel that cannot be sent must not
+        # replace the CancelledError it is handling.
+        with suppress(Exception):
+            async with asyncio.timeout(CANCEL_PUBLISH_TIMEOUT_S):
+                await self.cancel(run_id)
+
+    async def cancel(self, run_id: str) -> None:
+        """Ask the parent to cancel the run; idempotent, and a finished run stays as it is."""
+        check_identifier(run_id, "run id")
+        command = CancelCommand(run_id=run_id, parent=self.ref)
+        await self.tether.publish_command("cancel", command,
+                                          f"cancel:{run_id}:{uuid.uuid4().hex}")
+
+    async def clear(self, status: Iterable[str] | str | None = None,
+                    older_than: int | datetime | None = None) -> None:
+        """Ask the parent to clear retained runs (open ones are cancelled first).
+
+        `status`: only runs in these statuses; `older_than`: only runs requested before this
+        moment (epoch milliseconds or a datetime).
+        """
+        if isinstance(status, str):
+            status = [status]
+        if isinstance(older_than, datetime):
+            older_than = int(older_than.timestamp() * 1000)
+        try:
+            command = ClearCommand(parent=self.ref,
+                                   status=list(status) if status is not None else None,
+                                   older_than=older_than)
+        except ValidationError as error:
+            raise ValueError(f"invalid clear request: {_first_error(error)}") from None
+        await self.tether.publish_command(
+            "clear", command, f"clear:{self.ref.agent}:{self.ref.name}:{uuid.uuid4().hex}")
+
+    # --- queries ----------------------------------------------------------------------
+
+    async def inspect(self, run_id: str, *, timeout: float | None = None) -> RunSnapshot | None:
+        """The run as the parent knows it; None when this parent has no such run."""
+        query = InspectQuery(run_id=check_identifier(run_id, "run id"), parent=self.ref)
+        reply = await self.tether.request("inspect", query, InspectReply, timeout=timeout)
+        return reply.run
+
+    async def list_runs(self, status: Iterable[str] | str | None = None, limit: int = 100, *,
+                        timeout: float | None = None) -> list[RunSnapshot]:
+        if isinstance(status, str):
+            status = [status]
+        try:
+            query = ListQuery(parent=self.ref, limit=limit,
+                              status=list(status) if status is not None else None)
+        except ValidationError as error:
+            raise ValueError(f"invalid list request: {_first_error(error)}") from None
+        return (await self.tether.request("list", query, ListReply, timeout=timeout)).runs
+
+    async def has_run(self, run_id: str, *, timeout: float | None = None) -> bool:
+        query = HasRunQuery(run_id=check_identifier(run_id, "run id"), parent=self.ref)
+        return (await self.tether.request("has_run", query, HasRunReply, timeout=timeout)).has_run
+
+    # --- subscriptions and tools ------------------------------------------------------
+
+    def timeline(self, *, run_id: str | None = None,
+                 live: bool = True) -> AsyncIterator["TimelineView"]:
+        """The parent's runs (or one run), replayed from the start and then live.
+
+        Yields a `TimelineView` once caught up with the log (even an empty one) and after
+        every change; with `live=False` it ends once caught up.
+        """
+        from tether.client.timeline import follow_timeline
+
+        return follow_timeline(self.tether, self.ref, run_id=run_id, live=live)
+
+    def chat(self, *, durable: str | None = None,
+             new_only: bool = False) -> AsyncIterator["ChatMessage"]:
+        return self.tether.chat(self.ref, durable=durable, new_only=new_only)
+
+    def agent_tool(self, agent_type: Any, *, description: str | None = None,
+                   display_name: str | None = None, input_model: type[BaseModel] | None = None,
+                   name: str | None = None) -> "AgentTool":
+        """An `AgentTool` bound to this parent (see `tether.client.tools.agent_tool`)."""
+        from tether.client.tools import agent_tool
+
+        return agent_tool(agent_type, description=description, display_name=display_name,
+                          input_model=input_model, name=name).bind(self)
+
+
+def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id: str | None,
+                      parent_tool_call_id: str | None, display_order: int | None,
+                      display: str | None,
+                      detached: bool | dict[str, Any] | DetachedOptions) -> RunCommand:
+    """The run command, with every argument checked here rather than by a rejection."""
+    check_identifier(agent_type, "agent type")
+    run_id = check_identifier(run_id, "run id") if run_id is not None else new_run_id()
+    if isinstance(input, BaseModel):
+        input = input.model_dump(mode="json")
+    if input is None:
+        input = {}
+    if not isinstance(input, dict):
+        raise TypeError(f"the input of a run is a JSON object, not {type(input).__name__}")
+    if isinstance(detached, dict) and detached.get("on_finish") is not None:
+        check_identifier(detached["on_finish"], "on_finish method")
+    try:
+        return RunCommand(run_id=run_id, parent=parent, agent_type=agent_type, input=input,
+                          parent_tool_call_id=parent_tool_call_id, display_order=display_order,
+                          display=display, detached=detached)
+    except ValidationError as error:
+        raise ValueError(f"invalid run request: {_first_error(error)}") from None
+
+
+def new_run_id() -> str:
+    return f"run-{uuid.uuid4().hex}"
+
+
+def _first_error(error: ValidationError) -> str:
+    problem = error.errors()[0]
+    where = ".".join(str(part) for part in problem["loc"])
+    return f"{where}: {problem['msg']}" if where else problem["msg"]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

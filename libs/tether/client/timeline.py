@@ -1,0 +1,231 @@
+"""A parent's child runs as a live view (the seed's useAgentToolEvents).
+
+Two sources, each replayed from the start and then followed live: the run events of the
+parent (`<prefix>.evt.<agent>.<name>.>`) and its ephemeral progress signals
+(`<prefix>.progress.<agent>.<name>.>`, where the stream keeps the last signal per run).
+Each is deduplicated by its stream sequence, and each run is folded with the same
+`evolve` as the services.
+
+The view is a function of what the streams hold, never of when the reader joined: a
+run's signal is the last one by stream sequence (the one a late reader also gets), a
+signal older than the run's request belongs to an earlier run with the same id, and the
+progress shown is the newer of the signal and the persisted snapshot (the persisted one
+on a tie). So a late subscriber ends in exactly the view of one that was there from the
+start.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import ValidationError
+
+from tether.client.feed import FeedMessage, OrderedFeed
+from tether.contract.codec import EventDecodeError, decode_event
+from tether.contract.messages import MilestoneView, ProgressSignal
+from tether.domain.events import Event, Model, ParentRef, RunCleared
+from tether.domain.run_state import RunState, evolve
+
+if TYPE_CHECKING:
+    from tether.client.connection import Tether
+
+
+class ProgressView(Model):
+    fraction: float | None = None
+    message: str | None = None
+    phase: str | None = None
+    milestone: str | None = None
+    data: Any = None
+    at: int
+    source: Literal["signal", "persisted"]
+
+
+class RunView(Model):
+    """One child run as a timeline shows it (the seed's AgentToolRunState)."""
+
+    run_id: str
+    agent_type: str
+    status: str
+    parent_tool_call_id: str | None = None
+    display_order: int | None = None
+    display: str | None = None
+    detached: bool = False
+    progress: ProgressView | None = None
+    milestones: tuple[MilestoneView, ...] = ()
+    output_parts: tuple[str, ...] = ()
+    summary: str | None = None
+    error: str | None = None
+    reason: str | None = None
+    child_still_running: bool | None = None
+    cancel_requested: bool = False
+    waiting_for: str | None = None
+    requested_at: int
+    started_at: int | None = None
+    ended_at: int | None = None
+
+    @property
+    def output_text(self) -> str:
+        return "".join(self.output_parts)
+
+
+def _order(run: RunView) -> tuple:
+    return (run.display_order is None, run.display_order or 0, run.requested_at, run.run_id)
+
+
+@dataclass(frozen=True)
+class TimelineView:
+    """All runs by id. Equality compares the runs only.
+
+    `changed`: the runs that changed since the previous view; `caught_up`: the view covers
+    everything the streams held when the subscription started.
+    """
+
+    runs: Mapping[str, RunView]
+    changed: frozenset[str] = field(default=frozenset(), compare=False)
+    caught_up: bool = field(default=False, compare=False)
+
+    def runs_for_tool_call(self, tool_call_id: str) -> list[RunView]:
+        return sorted((run for run in self.runs.values()
+                       if run.parent_tool_call_id == tool_call_id), key=_order)
+
+    @property
+    def unbound_runs(self) -> list[RunView]:
+        """Runs started without a parent tool call (imperative runs)."""
+        return sorted((run for run in self.runs.values() if run.parent_tool_call_id is None),
+                      key=_order)
+
+    @property
+    def tool_call_ids(self) -> list[str]:
+        firsts: dict[str, RunView] = {}
+        for run in sorted(self.runs.values(), key=lambda r: (r.requested_at, r.run_id)):
+            if run.parent_tool_call_id is not None:
+                firsts.setdefault(run.parent_tool_call_id, run)
+        return list(firsts)
+
+    def ordered(self) -> list[RunView]:
+        return sorted(self.runs.values(), key=lambda r: (r.requested_at, r.run_id))
+
+
+class TimelineFolder:
+    """The pure part: events and signals in, run views out."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, RunState] = {}
+        self._signals: dict[str, ProgressSignal] = {}
+        self._views: dict[str, RunView] = {}
+
+    def apply_event(self, event: Event) -> str | None:
+        """Fold one event; returns the run id when its view changed."""
+        run_id = event.run_id
+        evolved = evolve(self._states.get(run_id), event)
+        if not evolved.applied:
+            return None
+        if evolved.state is None:
+            self._states.pop(run_id, None)
+            signal = self._signals.get(run_id)
+            if isinstance(event, RunCleared) and signal is not None and signal.at <= event.occurred_at:
+                del self._signals[run_id]
+        else:
+            self._states[run_id] = evolved.state
+        return self._refresh(run_id)
+
+    def apply_signal(self, signal: ProgressSignal) -> str | None:
+        """Keep the latest signal of a run (callers pass them in stream order)."""
+        self._signals[signal.run_id] = signal
+        return self._refresh(signal.run_id)
+
+    def _refresh(self, run_id: str) -> str | None:
+        state = self._states.get(run_id)
+        view = None if state is None else run_view(state, self._signals.get(run_id))
+        if view == self._views.get(run_id):
+            return None
+        if view is None:
+            del self._views[run_id]
+        else:
+            self._views[run_id] = view
+        return run_id
+
+    def view(self, changed: set[str] | frozenset[str] = frozenset(),
+             caught_up: bool = False) -> TimelineView:
+        return TimelineView(dict(self._views), frozenset(changed), caught_up)
+
+
+def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
+    return RunView(
+        run_id=state.run_id, agent_type=state.agent_type, status=state.status,
+        parent_tool_call_id=state.parent_tool_call_id, display_order=state.display_order,
+        display=state.display, detached=state.detached is not None,
+        progress=_progress(state, signal),
+        milestones=tuple(MilestoneView(sequence=m.sequence, name=m.name, data=m.data, at=m.at)
+                         for m in state.milestones),
+        output_parts=tuple(state.output_parts[i] for i in sorted(state.output_parts)),
+        summary=state.summary, error=state.error, reason=state.reason,
+        child_still_running=state.child_still_running,
+        cancel_requested=state.cancel_requested_at is not None,
+        waiting_for=state.paused.reason if state.paused else None,
+        requested_at=state.requested_at, started_at=state.started_at, ended_at=state.ended_at,
+    )
+
+
+def _progress(state: RunState, signal: ProgressSignal | None) -> ProgressView | None:
+    persisted = state.progress
+    if signal is not None and signal.at < state.requested_at:
+        signal = None  # a signal of an earlier run with the same id
+    if signal is not None and (persisted is None or signal.at > persisted.at):
+        return ProgressView(fraction=signal.fraction, message=signal.message, phase=signal.phase,
+                            milestone=signal.milestone, data=signal.data, at=signal.at,
+                            source="signal")
+    if persisted is None:
+        return None
+    return ProgressView(**persisted.model_dump(), source="persisted")
+
+
+async def follow_timeline(tether: "Tether", parent: ParentRef, *, run_id: str | None = None,
+                          live: bool = True) -> AsyncIterator[TimelineView]:
+    subjects = tether.subjects
+    if run_id is None:
+        events_subject, progress_subject = subjects.parent_events(parent), subjects.parent_progress(parent)
+    else:
+        events_subject = subjects.run_events(parent, run_id)
+        progress_subject = subjects.run_progress(parent, run_id)
+    sink: asyncio.Queue[FeedMessage] = asyncio.Queue()
+    events = OrderedFeed(tether.js, subjects.events_stream, events_subject, source="event",
+                         sink=sink)
+    progress = OrderedFeed(tether.js, subjects.progress_stream, progress_subject,
+                           source="progress", sink=sink)
+    folder = TimelineFolder()
+    async with events, progress:
+        caught = {"event": events.initially_empty, "progress": progress.initially_empty}
+        announced = False
+        while True:
+            if all(caught.values()) and not announced:
+                batch = []  # announce the caught-up view without waiting for a message
+            else:
+                batch = [await sink.get()]
+            while not sink.empty():
+                batch.append(sink.get_nowait())
+            changed: set[str] = set()
+            for message in batch:
+                if (run := _apply(folder, message)) is not None:
+                    changed.add(run)
+                if message.pending == 0:
+                    caught[message.source] = True
+            caught_up = all(caught.values())
+            if changed or (caught_up and not announced):
+                yield folder.view(changed, caught_up)
+                announced = announced or caught_up
+            if caught_up and not live:
+                return
+
+
+def _apply(folder: TimelineFolder, message: FeedMessage) -> str | None:
+    if message.source == "event":
+        try:
+            return folder.apply_event(decode_event(message.data))
+        except EventDecodeError:
+            return None  # the projector dead-letters it; a timeline just skips it
+    try:
+        return folder.apply_signal(ProgressSignal.model_validate_json(message.data))
+    except ValidationError:
+        return None

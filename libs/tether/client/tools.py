@@ -1,0 +1,150 @@
+"""A child agent as a tool in a parent model's tool list (the seed's agentTool).
+
+`definition()` is what the parent model is shown; `execute(parent, tool_call_id, input)`
+is what the application runs when the model calls the tool: an awaited run with run id
+`agent-tool:<tool_call_id>`, so a retried tool call never starts a second child turn. It
+returns the child's summary on success and the `AgentToolFailure` as a dict otherwise,
+both ready to go back to the model as the tool result.
+"""
+
+import hashlib
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from tether.domain.ids import check_identifier
+
+if TYPE_CHECKING:
+    from tether.client.parent import ParentHandle
+
+RUN_ID_PREFIX = "agent-tool:"
+_TOOL_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_:-]")
+_MAX_TOOL_NAME = 64  # what OpenAI-style function names allow
+_MAX_RUN_ID = 128
+ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True}
+
+
+def tool_run_id(tool_call_id: str) -> str:
+    """`agent-tool:<tool_call_id>`, made safe for a subject when the id is not.
+
+    An id that had to be changed (or shortened) gets a hash of the original, so two
+    different tool calls never share a run id.
+    """
+    if not tool_call_id:
+        raise ValueError("a tool call id is required")
+    safe = _RUN_ID_UNSAFE.sub("-", tool_call_id)
+    run_id = RUN_ID_PREFIX + safe
+    if safe != tool_call_id or len(run_id) > _MAX_RUN_ID:
+        digest = hashlib.sha256(tool_call_id.encode()).hexdigest()[:16]
+        run_id = f"{RUN_ID_PREFIX}{safe[:_MAX_RUN_ID - len(RUN_ID_PREFIX) - 17]}-{digest}"
+    return check_identifier(run_id, "run id")
+
+
+def tool_name(agent_type: str) -> str:
+    return _TOOL_NAME_UNSAFE.sub("_", agent_type)[:_MAX_TOOL_NAME]
+
+
+class AgentTool:
+    def __init__(self, agent_type: str, *, description: str, name: str | None = None,
+                 display_name: str | None = None,
+                 input_model: type[BaseModel] | None = None) -> None:
+        self.agent_type = check_identifier(agent_type, "agent type")
+        if not description or not description.strip():
+            raise ValueError(f"the {agent_type} tool needs a description for the parent model")
+        self.description = description
+        self.name = name if name is not None else tool_name(agent_type)
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.name):
+            raise ValueError(f"invalid tool name {self.name!r}: 1 to 64 letters, digits, '_' or '-'")
+        self.display_name = display_name or agent_type
+        self.input_model = input_model
+        self.parent: ParentHandle | None = None
+
+    def __repr__(self) -> str:
+        return f"AgentTool({self.name!r}, agent_type={self.agent_type!r})"
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        if self.input_model is None:
+            return dict(ANY_OBJECT_SCHEMA)
+        return self.input_model.model_json_schema()
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as an OpenAI-style function definition."""
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description,
+                             "parameters": self.input_schema}}
+
+    def bind(self, parent: "ParentHandle") -> "AgentTool":
+        """A copy whose `execute` may leave the parent out."""
+        bound = AgentTool(self.agent_type, description=self.description, name=self.name,
+                          display_name=self.display_name, input_model=self.input_model)
+        bound.parent = parent
+        return bound
+
+    async def execute(self, parent: "ParentHandle | None", tool_call_id: str,
+                      input: dict[str, Any] | str | BaseModel | None,
+                      display_order: int | None = None) -> str | dict[str, Any]:
+        """Run the child for one tool call: its summary, or the failure as a dict.
+
+        `input` may be the model's raw JSON arguments; input that does not fit the input
+        model comes back as a non-retryable failure, for the model to correct.
+        """
+        parent = parent or self.parent
+        if parent is None:
+            raise ValueError(f"{self!r} is not bound to a parent: pass one to execute()")
+        run_id = tool_run_id(tool_call_id)
+        try:
+            arguments = self._arguments(input)
+        except (ValueError, TypeError) as error:
+            return {"ok": False, "run_id": run_id, "agent_type": self.agent_type,
+                    "status": "error", "error": f"invalid input: {error}", "retryable": False}
+        result = await parent.run_agent_tool(
+            self.agent_type, arguments, run_id=run_id, parent_tool_call_id=tool_call_id,
+            display_order=display_order, display=self.display_name)
+        if result.ok:
+            return result.summary
+        return result.model_dump(mode="json", exclude_none=True)
+
+    def _arguments(self, input: dict[str, Any] | str | BaseModel | None) -> dict[str, Any]:
+        if isinstance(input, str):
+            try:
+                input = json.loads(input) if input.strip() else {}
+            except json.JSONDecodeError as error:
+                raise ValueError(f"not JSON: {error}") from None
+        if isinstance(input, BaseModel):
+            input = input.model_dump(mode="json")
+        input = {} if input is None else input
+        if not isinstance(input, dict):
+            raise TypeError(f"expected a JSON object, not {type(input).__name__}")
+        if self.input_model is None:
+            return input
+        try:
+            return self.input_model.model_validate(input).model_dump(mode="json")
+        except ValidationError as error:
+            problems = "; ".join(f"{'.'.join(map(str, p['loc'])) or 'input'}: {p['msg']}"
+                                 for p in error.errors())
+            raise ValueError(problems) from None
+
+
+def agent_tool(agent: Any, *, description: str | None = None, display_name: str | None = None,
+               input_model: type[BaseModel] | None = None, name: str | None = None) -> AgentTool:
+    """An `AgentTool` for a child agent, named by its agent type or given as its class.
+
+    With a `ChildAgent` subclass, its `agent_type`, `description` and `input_model` are the
+    defaults (a class without an input model of its own takes any object).
+    """
+    if isinstance(agent, type):
+        from tether.child.agent import AnyInput
+
+        agent_type = getattr(agent, "agent_type", "") or agent.__name__
+        description = description or getattr(agent, "description", "") or ""
+        declared = getattr(agent, "input_model", None)
+        if input_model is None and declared not in (None, AnyInput):
+            input_model = declared
+    else:
+        agent_type = agent
+    return AgentTool(agent_type, description=description or "", name=name,
+                     display_name=display_name, input_model=input_model)

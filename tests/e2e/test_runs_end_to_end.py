@@ -1,0 +1,237 @@
+"""Runs through the whole system: the client, the parent, child-runners and the projector
+as real processes, over the wire contract only."""
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import pytest
+
+from tether.adapters.jetstream import EventLog
+from tether.client import Tether, TimelineView, connect
+from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle, RunInfo
+from tether.domain.events import ParentRef
+
+AGENTS = ("examples.agents:Researcher,examples.agents:Summarizer,"
+          "examples.agents:Failing,examples.agents:Sleeper")
+ASSISTANT = ("Assistant", "user-42")
+RESEARCH_SUMMARY = "HTTP/3: the two sources agree on the essentials."
+
+
+async def http_status(port: int, path: str) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readline()
+    writer.close()
+    return int(head.split()[1])
+
+
+async def ready(service, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while await http_status(service.health_port, "/readyz") != 200:
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def stack(log, pool, services) -> None:
+    """Parent, two child-runners and the projector; `log` and `pool` clean up after."""
+    # Enough runner slots for all four agent types' fetch loops (batches of 10) at once.
+    runner_env = {"TETHER_AGENTS": AGENTS, "TETHER_RUNNER_CONCURRENCY": "64"}
+    started = await asyncio.gather(
+        services("parent", TETHER_AGENTS=AGENTS), services("projector"),
+        services("child-runner", **runner_env), services("child-runner", **runner_env))
+    await asyncio.gather(*(ready(service) for service in started))
+
+
+@pytest.fixture
+async def tether(stack, settings) -> AsyncIterator[Tether]:
+    async with connect(settings=settings) as client:
+        yield client
+
+
+async def events_of(log: EventLog, run_id: str, parent=ASSISTANT) -> list[str]:
+    return [e.type for e in (await log.read_run(ParentRef(agent=parent[0], name=parent[1]),
+                                                run_id)).events]
+
+
+async def wait_for_event(log: EventLog, run_id: str, event_type: str, timeout: float = 30) -> None:
+    subject = log.subjects.run_events(ParentRef(agent=ASSISTANT[0], name=ASSISTANT[1]), run_id)
+    async with asyncio.timeout(timeout), aclosing(log.follow(subject)) as events:
+        async for stored in events:
+            if stored.event is not None and stored.event.type == event_type:
+                return
+
+
+async def test_an_awaited_run_returns_the_summary_and_a_repeat_returns_it_again(tether, log):
+    me = tether.parent(*ASSISTANT)
+    result = await me.run_agent_tool("Researcher", {"query": "HTTP/3"}, run_id="research-1")
+    assert isinstance(result, AgentToolSuccess)
+    assert result.summary == RESEARCH_SUMMARY
+
+    again = await me.run_agent_tool("Researcher", {"query": "HTTP/3"}, run_id="research-1")
+    assert again == result
+    types = await events_of(log, "research-1")
+    assert types.count("run.requested") == 1 and types.count("run.running") == 1
+    snapshot = await me.inspect("research-1")
+    assert snapshot.status == "completed"
+    assert [m.name for m in snapshot.milestones] == ["sources-gathered"]
+
+
+async def test_a_detached_run_returns_at_once_and_its_finish_hook_fires_once(tether, log):
+    calls: list[tuple[RunInfo, str]] = []
+    fired = asyncio.Event()
+    hooks = tether.hooks(ASSISTANT[0])
+
+    @hooks.on_finish("on_nap_done")
+    async def on_nap_done(run, result):
+        calls.append((run, result.status))
+        fired.set()
+
+    me = tether.parent(*ASSISTANT)
+    async with hooks.running():
+        started = time.monotonic()
+        handle = await me.run_agent_tool("Sleeper", {"seconds": 1.5}, run_id="nap-1",
+                                         detached={"on_finish": "on_nap_done"})
+        returned_after = time.monotonic() - started
+        assert handle == DetachedHandle(run_id="nap-1", agent_type="Sleeper", status="running")
+        assert returned_after < 1.0, "the handle does not wait for the child"
+        await asyncio.wait_for(fired.wait(), timeout=30)
+        await wait_for_event(log, "nap-1", "run.finish_delivered")
+    assert [(run.run_id, status) for run, status in calls] == [("nap-1", "completed")]
+    assert (await events_of(log, "nap-1")).count("run.finish_delivered") == 1
+
+
+async def test_a_detached_run_naming_an_unregistered_hook_is_rejected(tether):
+    handle = await tether.parent(*ASSISTANT).run_agent_tool(
+        "Summarizer", {"text": "x"}, detached={"on_finish": "nobody_listens"})
+    assert handle.status == "error" and "nobody_listens" in handle.error
+
+
+async def test_a_fan_out_of_three_runs_concurrently_on_one_connection(tether):
+    me = tether.parent(*ASSISTANT)
+    texts = ["alpha", "beta", "gamma"]
+    results = await asyncio.gather(*(
+        me.run_agent_tool("Summarizer", {"text": text}, parent_tool_call_id="call-fan",
+                          display_order=order)
+        for order, text in enumerate(texts)))
+    assert [result.summary for result in results] == ["ALPHA", "BETA", "GAMMA"]
+    view = None
+    async for view in me.timeline(live=False):
+        pass
+    assert [run.summary for run in view.runs_for_tool_call("call-fan")] == ["ALPHA", "BETA", "GAMMA"]
+
+
+async def test_an_unknown_agent_type_is_a_failure_and_leaves_no_run(tether):
+    me = tether.parent(*ASSISTANT)
+    result = await me.run_agent_tool("Nope", {"x": 1}, run_id="nope-1")
+    assert isinstance(result, AgentToolFailure)
+    assert (result.status, result.retryable) == ("error", False)
+    assert "Nope" in result.error
+    assert await me.has_run("nope-1") is False
+    assert await me.inspect("nope-1") is None
+
+
+async def test_a_child_that_raises_is_an_error_failure(tether):
+    result = await tether.parent(*ASSISTANT).run_agent_tool("Failing", {"message": "kaputt"})
+    assert (result.ok, result.status, result.retryable) == (False, "error", False)
+    assert "kaputt" in result.error
+
+
+async def test_cancel_ends_an_awaited_run_aborted(tether, log):
+    me = tether.parent(*ASSISTANT)
+    awaiting = asyncio.create_task(me.run_agent_tool("Sleeper", {"seconds": 60}, run_id="long-1"))
+    await wait_for_event(log, "long-1", "run.running")
+    await me.cancel("long-1")
+    result = await asyncio.wait_for(awaiting, timeout=30)
+    assert (result.ok, result.status, result.retryable) == (False, "aborted", False)
+
+    # Cancelling the awaiting task cancels the run too.
+    abandoned = asyncio.create_task(me.run_agent_tool("Sleeper", {"seconds": 60}, run_id="long-2"))
+    await wait_for_event(log, "long-2", "run.running")
+    abandoned.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await abandoned
+    await wait_for_event(log, "long-2", "run.aborted")
+    assert (await me.inspect("long-2")).status == "aborted"
+
+
+async def test_inspect_from_another_parent_gets_none(tether):
+    owner, stranger = tether.parent(*ASSISTANT), tether.parent("Assistant", "user-7")
+    await owner.run_agent_tool("Summarizer", {"text": "mine"}, run_id="private-1")
+    assert (await owner.inspect("private-1")).summary == "MINE"
+    assert await stranger.inspect("private-1") is None
+    assert await stranger.has_run("private-1") is False
+
+
+async def test_list_runs_comes_from_the_projections(tether):
+    me = tether.parent(*ASSISTANT)
+    await me.run_agent_tool("Summarizer", {"text": "listed"}, run_id="listed-1")
+    async with asyncio.timeout(30):
+        while not (runs := await me.list_runs(status=["completed"])):
+            await asyncio.sleep(0.1)  # the projector catches up asynchronously
+    assert [run.run_id for run in runs] == ["listed-1"]
+
+
+async def test_a_late_timeline_subscriber_sees_what_an_early_one_saw(tether):
+    me = tether.parent(*ASSISTANT)
+    views: list[TimelineView] = []
+    changed = asyncio.Condition()
+
+    async def watch() -> None:
+        async for view in me.timeline():
+            async with changed:
+                views.append(view)
+                changed.notify_all()
+
+    early = asyncio.create_task(watch())
+    try:
+        async with changed:
+            await changed.wait_for(lambda: bool(views) and views[-1].caught_up)
+        await asyncio.gather(
+            me.run_agent_tool("Researcher", {"query": "HTTP/3"}, parent_tool_call_id="call-t"),
+            me.run_agent_tool("Summarizer", {"text": "side"}))
+        late = None
+        async for late in me.timeline(live=False):
+            pass
+        async with asyncio.timeout(10), changed:
+            await changed.wait_for(lambda: views[-1] == late)
+    finally:
+        early.cancel()
+        await asyncio.gather(early, return_exceptions=True)
+    [research] = late.runs_for_tool_call("call-t")
+    assert research.status == "completed" and research.summary == RESEARCH_SUMMARY
+    assert [m.name for m in research.milestones] == ["sources-gathered"]
+    assert [run.summary for run in late.unbound_runs] == ["SIDE"]
+    assert len(views) > 2, "the early subscriber followed the runs live"
+
+
+async def test_the_cli_runs_an_agent_and_rejects_bad_arguments(stack, service_env):
+    async def cli(*args: str) -> tuple[int, str, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tether.cli", *args, env=service_env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(process.communicate(), timeout=60)
+        return process.returncode, out.decode(), err.decode()
+
+    code, out, err = await cli("run", "Researcher", "--parent", "Assistant/cli",
+                               "--input", '{"query": "HTTP/3"}', "--run-id", "cli-1")
+    assert code == 0, err
+    assert json.loads(out)["summary"] == RESEARCH_SUMMARY
+    assert "sources-gathered" in err, "the progress line shows the milestone"
+
+    code, out, _ = await cli("inspect", "Assistant/cli", "cli-1")
+    assert code == 0 and json.loads(out)["status"] == "completed"
+    code, out, _ = await cli("watch", "Assistant/cli", "--once")
+    assert code == 0 and "cli-1 Researcher" in out and "sources-gathered" in out
+    code, out, _ = await cli("hooks", "Assistant")
+    assert code == 0 and "no hook handler has registered for Assistant" in out
+    code, out, _ = await cli("run", "Failing", "--parent", "Assistant/cli", "--quiet")
+    assert code == 1 and json.loads(out)["status"] == "error"
+    code, _, err = await cli("run", "Researcher", "--parent", "Assistant/cli", "--input", "{x")
+    assert code == 2 and "not valid JSON" in err
+    code, _, err = await cli("cancel", "Assistant/c li", "r1")
+    assert code == 2 and "invalid parent name" in err

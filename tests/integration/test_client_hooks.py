@@ -1,0 +1,225 @@
+"""Finish-hook handlers against real JetStream: registration, ledger, retries.
+
+No parent service: run histories are appended with `EventLog.append`, and HookMessages
+are published to the hook subjects the way the parent publishes them.
+"""
+
+import asyncio
+import itertools
+import json
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tether.adapters.jetstream import EventLog
+from tether.client import Tether, connect
+from tether.client.hooks import consumer_name
+from tether.contract.messages import (
+    GLOBAL_FINISH_HOOK,
+    HookMessage,
+    LifecycleResult,
+    RunInfo,
+    finish_message_id,
+)
+from tether.domain.events import DetachedOptions, ParentRef, RunFinishDelivered
+from tether.domain.run_state import RunState
+from tether.testing import RunEvents
+
+PARENT = ParentRef(agent="Importer", name="acme")
+METHOD = "on_import_done"
+LEASE_MS = 300  # the configured lease: short, for the retry test
+STEADY_LEASE_MS = 30_000  # elsewhere a slow machine must not cause a redelivery
+
+
+@pytest.fixture
+async def tether(log: EventLog, settings) -> AsyncIterator[Tether]:
+    async with connect(settings=settings.model_copy(update={"hook_lease_ms": LEASE_MS})) as client:
+        yield client
+
+
+async def finished_run(log: EventLog, run_id: str, method: str = METHOD, *extra) -> RunState:
+    run = RunEvents(run_id, PARENT)
+    events = [run.requested("ImportAgent", detached=DetachedOptions(on_finish=method)),
+              run.started(), run.running(), run.completed(f"imported {run_id}"), *extra]
+    for event in events:
+        await log.append(event, expected_last_seq=None)
+    return (await log.read_run(PARENT, run_id)).state
+
+
+async def publish_hook(log: EventLog, state: RunState, method: str = METHOD,
+                       msg_id: str | None = None) -> None:
+    message = HookMessage(method=method, run=RunInfo.of(state), result=LifecycleResult.of(state))
+    await log.jetstream.publish(
+        log.subjects.hook(PARENT.agent, method), message.model_dump_json().encode(),
+        headers={"Nats-Msg-Id": msg_id or finish_message_id(state.run_id, state.status, method)},
+        stream=log.subjects.hooks_stream)
+
+
+async def ledger_entry(log: EventLog, run_id: str, timeout: float = 10) -> RunFinishDelivered:
+    """Wait for the run's `run.finish_delivered` event as it is appended."""
+    async with asyncio.timeout(timeout):
+        async for stored in log.follow(log.subjects.run_events(PARENT, run_id)):
+            if isinstance(stored.event, RunFinishDelivered):
+                return stored.event
+    raise AssertionError("unreachable")
+
+
+async def settled(tether: Tether, method: str = METHOD, timeout: float = 10) -> None:
+    """Wait until the method's consumer has no message waiting or in delivery."""
+    async with asyncio.timeout(timeout):
+        while True:
+            info = await tether.js.consumer_info(tether.subjects.hooks_stream,
+                                                 consumer_name(PARENT.agent, method))
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                return
+            await asyncio.sleep(0.02)
+
+
+class Recorder:
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[tuple[RunInfo, LifecycleResult, float]] = []
+        self.failures = failures
+        self.called = asyncio.Event()
+
+    async def __call__(self, run: RunInfo, result: LifecycleResult) -> None:
+        self.calls.append((run, result, time.monotonic()))
+        if len(self.calls) <= self.failures:
+            raise RuntimeError(f"transient failure {len(self.calls)}")
+        self.called.set()
+
+
+async def test_a_hook_is_registered_called_once_and_recorded_in_the_ledger(log, tether):
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks.on_finish(METHOD)(recorder)
+    async with hooks.running():
+        bucket = await tether.js.key_value(tether.subjects.registry_bucket)
+        entry = await bucket.get(f"hook.{PARENT.agent}.{METHOD}")
+        assert json.loads(entry.value)["registered_at"] > 0
+
+        state = await finished_run(log, "import-1")
+        await publish_hook(log, state)
+        delivered = await ledger_entry(log, "import-1")
+        await settled(tether)
+
+    assert len(recorder.calls) == 1
+    run, result, _ = recorder.calls[0]
+    assert (run.run_id, run.detached.on_finish) == ("import-1", METHOD)
+    assert (result.status, result.summary) == ("completed", "imported import-1")
+    assert (delivered.data.status, delivered.data.method) == ("completed", METHOD)
+    assert delivered.data.message_id == finish_message_id("import-1", "completed", METHOD)
+    assert (await log.read_run(PARENT, "import-1")).state.finish_delivered("completed", METHOD)
+    assert hooks.stats.called == 1
+
+
+async def test_a_raising_function_is_retried_after_the_lease_and_never_dropped(log, tether):
+    recorder = Recorder(failures=2)
+    hooks = tether.hooks(PARENT.agent)  # the lease from the settings
+    hooks.register(METHOD, recorder)
+    async with hooks.running():
+        state = await finished_run(log, "import-2")
+        await publish_hook(log, state)
+        await ledger_entry(log, "import-2")
+        await settled(tether)
+
+    times = [at for _, _, at in recorder.calls]
+    assert len(times) == 3
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert all(gap >= LEASE_MS / 1000 * 0.9 for gap in gaps), gaps
+    assert hooks.stats.failed == 2 and hooks.stats.called == 1
+
+
+async def test_a_hook_already_in_the_ledger_is_acknowledged_without_a_call(log, tether):
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks.register(METHOD, recorder)
+    run = RunEvents("import-3", PARENT, id_prefix="ledger", start_ms=90_000)
+    recorded = run.make(RunFinishDelivered, status="completed", method=METHOD,
+                        message_id="finish:import-3:completed")
+    state = await finished_run(log, "import-3", METHOD, recorded)
+    async with hooks.running():
+        await publish_hook(log, state)
+        await settled(tether)
+    assert recorder.calls == []
+    assert hooks.stats.skipped == 1
+
+
+async def test_a_redelivered_hook_does_not_call_the_function_again(log, tether):
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks.register(METHOD, recorder)
+    async with hooks.running():
+        state = await finished_run(log, "import-4")
+        await publish_hook(log, state)
+        await ledger_entry(log, "import-4")
+        # The reconciler's retry (or a publish after a lost ack) is a new message.
+        await publish_hook(log, state, msg_id="finish:import-4:completed:retry")
+        await settled(tether)
+    assert len(recorder.calls) == 1
+    assert hooks.stats.skipped == 1
+
+
+async def test_two_replicas_share_the_consumer_and_each_hook_runs_once(log, tether):
+    calls: list[str] = []
+
+    async def on_done(run: RunInfo, result: LifecycleResult) -> None:
+        calls.append(run.run_id)
+
+    states = [await finished_run(log, f"import-r{i}") for i in range(6)]
+    async with connect(settings=tether.settings) as other:
+        first = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+        second = other.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+        first.register(METHOD, on_done)
+        second.register(METHOD, on_done)
+        async with first.running(), second.running():
+            for state in states:
+                await publish_hook(log, state)
+            for state in states:
+                await ledger_entry(log, state.run_id)
+            await settled(tether)
+    assert sorted(calls) == sorted(state.run_id for state in states)
+
+
+async def test_the_global_hook_gets_every_detached_run(log, tether):
+    seen: list[tuple[str, str]] = []
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+
+    @hooks.on_any_finish
+    def on_agent_tool_finish(run: RunInfo, result: LifecycleResult) -> None:
+        seen.append((run.run_id, result.status))  # a plain function works too
+
+    async with hooks.running():
+        bucket = await tether.js.key_value(tether.subjects.registry_bucket)
+        await bucket.get(f"hook.{PARENT.agent}.{GLOBAL_FINISH_HOOK}")
+        state = await finished_run(log, "import-5", "elsewhere")
+        await publish_hook(log, state, GLOBAL_FINISH_HOOK)
+        delivered = await ledger_entry(log, "import-5")
+        await settled(tether, GLOBAL_FINISH_HOOK)
+    assert seen == [("import-5", "completed")]
+    assert delivered.data.method == GLOBAL_FINISH_HOOK
+    assert delivered.data.message_id == "finish-global:import-5:completed"
+
+
+async def test_a_malformed_hook_message_is_terminated_not_retried(log, tether):
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks.register(METHOD, recorder)
+    async with hooks.running():
+        await log.jetstream.publish(log.subjects.hook(PARENT.agent, METHOD), b"{not json",
+                                    stream=log.subjects.hooks_stream)
+        await settled(tether)
+    assert recorder.calls == [] and hooks.stats.malformed == 1
+
+
+async def test_registration_refuses_bad_names_and_serving_nothing(tether):
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    with pytest.raises(ValueError, match="cannot contain ':'"):
+        hooks.register("on:done", Recorder())
+    with pytest.raises(ValueError, match="invalid hook method"):
+        hooks.register("on done", Recorder())
+    with pytest.raises(ValueError, match="no hooks registered"):
+        await hooks.serve()
+    hooks.register(METHOD, Recorder())
+    with pytest.raises(ValueError, match="already registered"):
+        hooks.register(METHOD, Recorder())

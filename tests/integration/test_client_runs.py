@@ -1,0 +1,213 @@
+"""run_agent_tool against real JetStream, with a scripted stand-in for the parent service.
+
+The stand-in reads the command stream and appends the events a test scripts for each
+run request, so the client's waiting rules (mark, duplicates, rejections, cancellation)
+are exercised over the real wire without the parent service.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Self
+
+import pytest
+
+from tether.adapters.jetstream import EventLog
+from tether.client import ServiceUnavailable, Tether, connect
+from tether.client.feed import OrderedFeed
+from tether.contract.messages import AgentToolFailure, ChatMessage, DetachedHandle
+from tether.domain.commands import CancelCommand, RunCommand, parse_command
+from tether.domain.events import Event, ParentRef, RunRejected
+from tether.testing import RunEvents
+
+PARENT = ParentRef(agent="Assistant", name="user-1")
+Script = Callable[[RunEvents, RunCommand], list[Event]]
+
+
+def completes(run: RunEvents, command: RunCommand) -> list[Event]:
+    return [run.requested(command.agent_type, input=command.input), run.started(),
+            run.running(), run.completed(f"done {command.input.get('n', '')}".strip())]
+
+
+def hangs(run: RunEvents, command: RunCommand) -> list[Event]:
+    return [run.requested(command.agent_type, input=command.input), run.started(), run.running()]
+
+
+def rejects(run: RunEvents, command: RunCommand) -> list[Event]:
+    return [run.make(RunRejected, agent_type=command.agent_type, code="unknown-agent",
+                     error=f"unknown agent type {command.agent_type!r}")]
+
+
+class ScriptedParent:
+    def __init__(self, log: EventLog, script: Script) -> None:
+        self.log, self.script = log, script
+        self.commands: list[object] = []
+        self.received = asyncio.Condition()
+        self._feed = OrderedFeed(log.jetstream, log.subjects.commands_stream,
+                                 f"{log.subjects.prefix}.cmd.>")
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> Self:
+        await self._feed.start()
+        self._task = asyncio.create_task(self._serve())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        # Python 3.11's wait_for (inside nats-py requests) can swallow a cancellation that
+        # lands as the request completes, so cancel until the task is really done.
+        while not self._task.done():
+            self._task.cancel()
+            await asyncio.wait({self._task}, timeout=0.1)
+        await self._feed.stop()
+
+    async def _serve(self) -> None:
+        while True:
+            message = await self._feed.sink.get()
+            command = parse_command(message.subject.rsplit(".", 1)[1], json.loads(message.data))
+            if isinstance(command, RunCommand):
+                run = RunEvents(command.run_id, command.parent, start_ms=int(time.time() * 1000),
+                                id_prefix=f"{command.run_id}-{message.seq}")
+                for event in self.script(run, command):
+                    await self.log.append(event, expected_last_seq=None)
+            async with self.received:
+                self.commands.append(command)
+                self.received.notify_all()
+
+    async def until(self, predicate, timeout: float = 10) -> None:
+        async with asyncio.timeout(timeout), self.received:
+            await self.received.wait_for(lambda: predicate(self.commands))
+
+
+@pytest.fixture
+async def tether(log: EventLog, settings) -> AsyncIterator[Tether]:
+    async with connect(settings=settings) as client:
+        yield client
+
+
+async def test_an_awaited_run_returns_the_summary_and_fan_out_shares_one_connection(log, tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with ScriptedParent(log, completes):
+        one = await me.run_agent_tool("Researcher", {"n": 0})
+        many = await asyncio.gather(*(me.run_agent_tool("Researcher", {"n": n})
+                                      for n in range(1, 6)))
+    assert one.ok and one.summary == "done 0"
+    assert [result.summary for result in many] == [f"done {n}" for n in range(1, 6)]
+    assert len({result.run_id for result in [one, *many]}) == 6
+
+
+async def test_a_repeated_run_id_returns_the_stored_outcome_without_a_second_turn(log, tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with ScriptedParent(log, completes) as parent:
+        first = await me.run_agent_tool("Researcher", {"n": 1}, run_id="same")
+        again = await me.run_agent_tool("Researcher", {"n": 1}, run_id="same")
+    assert again == first
+    assert len(parent.commands) == 1, "the server dropped the repeat as a duplicate"
+    assert [e.type for e in (await log.read_run(PARENT, "same")).events].count("run.running") == 1
+
+
+async def test_a_rejection_is_a_non_retryable_failure_and_a_later_request_may_succeed(log, tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with ScriptedParent(log, rejects):
+        failure = await me.run_agent_tool("Nope", {}, run_id="rejected-1")
+        handle = await me.run_agent_tool("Nope", {}, run_id="rejected-2", detached=True)
+    assert isinstance(failure, AgentToolFailure)
+    assert (failure.status, failure.retryable, failure.error) == (
+        "error", False, "unknown agent type 'Nope'")
+    assert handle == DetachedHandle(run_id="rejected-2", agent_type="Nope", status="error",
+                                    error="unknown agent type 'Nope'")
+    assert (await log.read_run(PARENT, "rejected-1")).state is None
+
+
+async def test_a_duplicate_request_for_an_interrupted_run_returns_the_interruption(log, tether):
+    run = RunEvents("stuck", PARENT)
+    for event in [run.requested(), run.running(), run.interrupted("inspect-timeout", False)]:
+        await log.append(event, expected_last_seq=None)
+    # An earlier request with this run id is still in the server's duplicate window.
+    await tether.publish_command("run", RunCommand(run_id="stuck", parent=PARENT,
+                                                   agent_type="Researcher"), "run:stuck")
+    result = await tether.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        "Researcher", {}, run_id="stuck", timeout=10)
+    assert (result.status, result.retryable, result.reason, result.child_still_running) == (
+        "interrupted", True, "inspect-timeout", False)
+
+
+async def test_a_detached_run_returns_a_handle_at_the_request(log, tether):
+    async with ScriptedParent(log, hangs):
+        handle = await tether.parent(PARENT.agent, PARENT.name).run_agent_tool(
+            "Researcher", {"n": 1}, run_id="bg-1", detached={"on_finish": "on_done"})
+    assert handle == DetachedHandle(run_id="bg-1", agent_type="Researcher", status="running")
+
+
+async def test_cancelling_the_awaiting_task_cancels_the_run(log, tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with ScriptedParent(log, hangs) as parent:
+        awaiting = asyncio.create_task(me.run_agent_tool("Researcher", {}, run_id="abandoned"))
+        await parent.until(lambda commands: any(isinstance(c, RunCommand) for c in commands))
+        awaiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await awaiting
+        await parent.until(lambda commands: any(isinstance(c, CancelCommand) for c in commands))
+    [cancel] = [c for c in parent.commands if isinstance(c, CancelCommand)]
+    assert (cancel.run_id, cancel.parent) == ("abandoned", PARENT)
+
+
+async def test_a_timeout_stops_waiting_but_does_not_cancel(log, tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with ScriptedParent(log, hangs) as parent:
+        with pytest.raises(TimeoutError, match="it goes on"):
+            await me.run_agent_tool("Researcher", {}, run_id="slow", timeout=0.3)
+        await me.cancel("marker")  # commands are handled in order: this one comes last
+        await parent.until(lambda commands: any(getattr(c, "run_id", None) == "marker"
+                                                for c in commands))
+    assert [c.run_id for c in parent.commands if isinstance(c, CancelCommand)] == ["marker"]
+
+
+async def test_bad_arguments_are_refused_before_anything_is_sent(tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    with pytest.raises(ValueError, match="invalid run id"):
+        await me.run_agent_tool("Researcher", {}, run_id="has space")
+    with pytest.raises(ValueError, match="invalid agent type"):
+        await me.run_agent_tool("Re.searcher", {})
+    with pytest.raises(ValueError, match="on_finish"):
+        await me.run_agent_tool("Researcher", {}, detached={"on_finish": "a b"})
+    with pytest.raises(TypeError, match="JSON object"):
+        await me.run_agent_tool("Researcher", ["not", "an", "object"])
+    with pytest.raises(ValueError, match="invalid parent name"):
+        tether.parent("Assistant", "user.1")
+
+
+async def test_queries_without_a_parent_service_fail_clearly(tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    with pytest.raises(ServiceUnavailable, match="no parent service answers .*rpc.inspect"):
+        await me.inspect("r1")
+    with pytest.raises(ServiceUnavailable, match="rpc.has_run"):
+        await me.has_run("r1")
+
+
+async def test_chat_messages_are_replayed_and_shared_by_a_durable_reader(log, tether):
+    messages = [ChatMessage(id=f"detached-finish:r{i}:completed", role="user",
+                            content=f"run r{i} completed", metadata={"run_id": f"r{i}"})
+                for i in range(3)]
+    for message in messages:
+        await log.jetstream.publish(log.subjects.chat(PARENT), message.model_dump_json().encode(),
+                                    headers={"Nats-Msg-Id": message.id},
+                                    stream=log.subjects.chat_stream)
+    me = tether.parent(PARENT.agent, PARENT.name)
+
+    async def first(count: int, **options) -> list[ChatMessage]:
+        got: list[ChatMessage] = []
+        async with asyncio.timeout(10), aclosing(me.chat(**options)) as chat:
+            async for message in chat:
+                got.append(message)
+                if len(got) == count:
+                    return got
+        raise AssertionError("the chat ended early")
+
+    assert await first(3) == messages
+    assert await first(2, durable="app") == messages[:2]
+    # A message is acknowledged when its reader asks for the next one: the second was
+    # handed out but never acknowledged (it comes back after the ack wait), so the next
+    # reader of the durable consumer gets the third.
+    assert await first(1, durable="app") == messages[2:]

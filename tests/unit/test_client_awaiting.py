@@ -1,0 +1,146 @@
+"""RunWaiter: when a run request has its answer, from the run's events and the mark."""
+
+from tether.client.awaiting import RunWaiter
+from tether.domain import events as ev
+from tether.testing import RunEvents
+
+T_PUBLISH = 100_000
+
+
+def waiter(mark: int, detached: bool = False) -> RunWaiter:
+    return RunWaiter("r1", "Researcher", mark=mark, detached=detached,
+                     published_at_ms=T_PUBLISH, duplicate_window_ms=5_000)
+
+
+def feed(w: RunWaiter, events: list, first_seq: int = 1):
+    answer = None
+    for offset, event in enumerate(events):
+        answer = w.on_event(first_seq + offset, event)
+    return answer
+
+
+def rejected(run: RunEvents, error: str = "unknown agent type 'Nope'", at: int | None = None):
+    return run.make(ev.RunRejected, at=at, code="validation", error=error, agent_type="Nope")
+
+
+def test_a_new_run_is_answered_by_its_outcome() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    assert w.on_published(duplicate=False) is None
+    assert feed(w, [run.requested(), run.started(), run.running()]) is None
+    answer = w.on_event(4, run.completed("the summary", {"n": 1}))
+    assert answer.ok and answer.summary == "the summary" and answer.output == {"n": 1}
+
+
+def test_a_failure_keeps_the_seed_shape() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    w.on_published(duplicate=False)
+    answer = feed(w, [run.requested(), run.started(), run.failed("boom")])
+    assert (answer.ok, answer.status, answer.error, answer.retryable) == (False, "error", "boom", False)
+
+
+def test_a_stored_outcome_is_the_answer_to_a_repeated_run_id() -> None:
+    run = RunEvents("r1")
+    history = [run.requested(), run.started(), run.running(), run.completed("stored")]
+    w = waiter(mark=4)
+    w.on_published(duplicate=False)
+    assert feed(w, history[:3]) is None, "nothing is decided before the replay reaches the mark"
+    assert w.on_event(4, history[3]).summary == "stored"
+
+
+def test_a_rejection_after_the_mark_is_a_non_retryable_error() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    w.on_published(duplicate=False)
+    answer = w.on_event(1, rejected(run))
+    assert (answer.status, answer.retryable) == ("error", False)
+    assert answer.error == "unknown agent type 'Nope'"
+
+
+def test_an_old_rejection_answers_nobody_and_a_later_request_may_succeed() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=1)
+    w.on_published(duplicate=False)
+    assert w.on_event(1, rejected(run, at=1)) is None
+    assert feed(w, [run.requested(), run.completed("second try")], first_seq=2).summary == "second try"
+
+
+def test_an_old_interruption_is_reattached_and_the_real_outcome_awaited() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=3)
+    w.on_published(duplicate=False)
+    assert feed(w, [run.requested(), run.running(), run.interrupted()]) is None
+    assert w.on_event(4, run.make(ev.RunReattachStarted, attempt=1)) is None
+    assert w.on_event(5, run.completed("finished after all")).summary == "finished after all"
+
+
+def test_an_interruption_after_the_mark_is_a_retryable_failure() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    w.on_published(duplicate=False)
+    answer = feed(w, [run.requested(), run.running(), run.interrupted("no-progress")])
+    assert (answer.status, answer.retryable, answer.reason, answer.child_still_running) == (
+        "interrupted", True, "no-progress", True)
+
+
+def test_a_duplicate_of_an_interrupted_run_nobody_reattaches_returns_the_interruption() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=3)
+    feed(w, [run.requested(), run.running(), run.interrupted()])
+    assert w.on_published(duplicate=True).status == "interrupted"
+
+
+def test_a_duplicate_of_a_run_being_reattached_waits_for_the_outcome() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=4)
+    feed(w, [run.requested(), run.running(), run.interrupted(),
+             run.make(ev.RunReattachStarted, attempt=1)])
+    assert w.on_published(duplicate=True) is None
+    assert w.on_event(5, run.completed("ok")).ok
+
+
+def test_a_duplicate_of_a_request_in_flight_waits_for_its_run() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    assert w.on_published(duplicate=True) is None
+    assert feed(w, [run.requested(), run.completed("ok")]).ok
+
+
+def test_a_duplicate_of_a_rejected_request_gets_that_rejection() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=1)
+    w.on_event(1, rejected(run, at=T_PUBLISH - 100))
+    assert w.on_published(duplicate=True).error == "unknown agent type 'Nope'"
+    stale = waiter(mark=1)
+    stale.on_event(1, rejected(run, at=T_PUBLISH - 60_000))
+    assert stale.on_published(duplicate=True) is None, "outside the window: not what we repeated"
+
+
+def test_detached_is_answered_at_the_request_or_the_rejection() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0, detached=True)
+    w.on_published(duplicate=False)
+    handle = w.on_event(1, run.requested())
+    assert (handle.run_id, handle.agent_type, handle.status) == ("r1", "Researcher", "running")
+    refused = waiter(mark=0, detached=True)
+    refused.on_published(duplicate=False)
+    handle = refused.on_event(1, rejected(run, error="too many agent tools"))
+    assert (handle.status, handle.error) == ("error", "too many agent tools")
+
+
+def test_a_cleared_run_is_not_answered_from_its_previous_life() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=3)
+    w.on_published(duplicate=False)
+    assert feed(w, [run.requested(), run.completed("old"), run.cleared()]) is None
+    again = RunEvents("r1", id_prefix="again", start_ms=5_000)
+    assert feed(w, [again.requested(), again.completed("new")], first_seq=4).summary == "new"
+
+
+def test_a_run_cleared_while_awaited_ends_the_wait() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    w.on_published(duplicate=False)
+    answer = feed(w, [run.requested(), run.running(), run.cleared()])
+    assert (answer.status, answer.error) == ("aborted", "the run was cleared")
