@@ -196,3 +196,19 @@ async def test_an_unacknowledged_finish_hook_is_published_again_after_its_lease(
     assert len(observed) == count
     await obs.unsubscribe()
     await hooks.unsubscribe()
+
+
+async def test_the_client_observes_a_give_up_as_a_typed_event(reconciler, log, settings):
+    from tether.client import connect
+
+    async with connect(settings=settings) as tether:
+        stream = tether.observe("agent_tool:detached:>")
+        first = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)  # subscribe first; the 200 ms budget leaves it ample time
+        _, events = detached_run("observed-1", max_budget_ms=200, no_progress_budget_ms=0)
+        await append_all(log, *events)
+        event = await asyncio.wait_for(first, timeout=10)
+        await stream.aclose()
+    assert (event.type, event.run_id, event.reason) == (
+        "agent_tool:detached:give_up", "observed-1", "budget-exceeded")
+    assert event.parent == PARENT and event.details == {"child_still_running": False}

@@ -1,5 +1,6 @@
 """One NATS connection for an application: `async with connect() as tether: ...`."""
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -19,7 +20,7 @@ from tether.domain.ids import check_identifier
 if TYPE_CHECKING:
     from tether.client.hooks import HookRegistry
     from tether.client.parent import ParentHandle
-    from tether.contract.messages import ChatMessage
+    from tether.contract.messages import ChatMessage, ObservabilityEvent
 
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
@@ -62,6 +63,24 @@ class Tether:
 
         ref = parent if isinstance(parent, ParentRef) else parent.ref
         return follow_chat(self, ref, durable=durable, new_only=new_only)
+
+    async def observe(self, pattern: str = "agent_tool:>") -> AsyncIterator["ObservabilityEvent"]:
+        """The reconciler's typed events as they happen (`agent_tool:recovery:row`,
+        `agent_tool:detached:give_up`, ...); `pattern` narrows them, e.g.
+        `agent_tool:detached:>`. Live only: nothing is replayed."""
+        from tether.contract.messages import ObservabilityEvent
+
+        events: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def receive(msg) -> None:
+            events.put_nowait(msg.data)
+
+        subscription = await self.nc.subscribe(self.subjects.observability(pattern), cb=receive)
+        try:
+            while True:
+                yield ObservabilityEvent.model_validate_json(await events.get())
+        finally:
+            await subscription.unsubscribe()
 
     async def publish_command(self, kind: str, command: BaseModel, msg_id: str) -> js_api.PubAck:
         try:
