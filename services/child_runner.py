@@ -4,9 +4,11 @@ import asyncio
 
 from tether.adapters.jetstream import StreamSettings, connect_nats, ensure_streams
 from tether.child.agent import AgentConfigurationError, AgentRegistry
-from tether.child.runner import DEFAULT_SHUTDOWN_GRACE_S, ChildRunner
+from tether.child.runner import ChildRunner, consumer_name
+from tether.client.connection import Tether
 from tether.config import Settings
 from tether.log import get_logger
+from tether.metrics import REGISTRY, RUNNER_SLOTS, WORK_PENDING
 from tether.runtime import ReadinessCheck
 
 
@@ -22,13 +24,19 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         logger.error("child_runner.misconfigured", error=str(error))
         raise SystemExit(2) from None
 
-    nc = await connect_nats(settings.nats_url, name="tether-child-runner")
+    nc = await connect_nats(settings.nats_connect_url, name="tether-child-runner")
+    remove_collector = None
     try:
         js = nc.jetstream()
         await ensure_streams(js, settings.subjects, StreamSettings(
             replicas=settings.stream_replicas,
             duplicate_window_s=settings.duplicate_window_ms / 1000))
-        runner = ChildRunner(nc, settings, registry, shutdown_grace_s=DEFAULT_SHUTDOWN_GRACE_S)
+        # A child may itself be a parent: its nested runs go through the same connection,
+        # owned by (its agent type, its run id), so they stay off the top parent's timeline.
+        client = Tether(nc, settings)
+        runner = ChildRunner(nc, settings, registry,
+                             shutdown_grace_s=settings.runner_shutdown_grace_ms / 1000,
+                             parent_client=lambda ref: client.parent(ref.agent, ref.name))
         await runner.start()
 
         async def nats_connected() -> tuple[bool, str]:
@@ -47,6 +55,18 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
             return False, "not consuming (starting or stopping)"
 
         checks.update(nats=nats_connected, streams=streams_present, consuming=consuming)
+        RUNNER_SLOTS.set(settings.runner_concurrency)
+
+        async def collect_work_queue() -> None:
+            # Waiting plus held items: what an autoscaler on work would look at.
+            for agent_type in registry.agent_types:
+                info = await js.consumer_info(settings.subjects.work_stream,
+                                              consumer_name(agent_type))
+                WORK_PENDING.set(info.num_pending + info.num_ack_pending, agent_type=agent_type)
+
+        remove_collector = REGISTRY.add_collector(collect_work_queue)
         await runner.run(stop)
     finally:
+        if remove_collector is not None:
+            remove_collector()
         await nc.drain()

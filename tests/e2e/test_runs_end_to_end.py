@@ -16,7 +16,7 @@ from tether.contract.messages import AgentToolFailure, AgentToolSuccess, Detache
 from tether.domain.events import ParentRef
 
 AGENTS = ("examples.agents:Researcher,examples.agents:Summarizer,"
-          "examples.agents:Failing,examples.agents:Sleeper")
+          "examples.agents:Failing,examples.agents:Sleeper,examples.nested:Coordinator")
 ASSISTANT = ("Assistant", "user-42")
 RESEARCH_SUMMARY = "HTTP/3: the two sources agree on the essentials."
 
@@ -207,6 +207,25 @@ async def test_a_late_timeline_subscriber_sees_what_an_early_one_saw(tether):
     assert [m.name for m in research.milestones] == ["sources-gathered"]
     assert [run.summary for run in late.unbound_runs] == ["SIDE"]
     assert len(views) > 2, "the early subscriber followed the runs live"
+
+
+async def test_a_child_runs_its_own_agent_tools_on_its_own_timeline(tether, log):
+    me = tether.parent(*ASSISTANT)
+    result = await me.run_agent_tool("Coordinator", {"parts": ["one", "two"]},
+                                     run_id="coordinate-1")
+    assert isinstance(result, AgentToolSuccess) and result.summary == "ONE | TWO"
+
+    nested = tether.parent("Coordinator", "coordinate-1")
+    for index, text in enumerate(["ONE", "TWO"]):
+        snapshot = await nested.inspect(f"coordinate-1-part-{index}")
+        assert snapshot is not None and snapshot.summary == text
+    # The grandchildren are not on the top parent's timeline.
+    view = None
+    async for view in me.timeline(live=False):
+        pass
+    assert "coordinate-1" in view.runs
+    assert not any(run_id.startswith("coordinate-1-part") for run_id in view.runs)
+    assert await me.inspect("coordinate-1-part-0") is None
 
 
 async def test_the_cli_runs_an_agent_and_rejects_bad_arguments(stack, service_env):
