@@ -356,3 +356,30 @@ async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
     assert (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages == 2
     ledger = (await log.read_run(PARENT, "n1")).state.ledger.notifications
     assert set(ledger) == {"milestone:drafted", "finish:completed"}
+
+
+async def test_overridden_formatters_set_the_text_and_an_empty_one_suppresses_it(
+        settings, log, pool):
+    configured = settings.model_copy(update={"formatters": "examples.formatters:Terse"})
+    service = ParentService(configured, log, pool, AgentRegistry([Researcher]),
+                            get_logger(service="parent-test"))
+    await service.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    try:
+        await send(log, "run", run_request("f1", detached={"notify": True,
+                                                           "on_milestones": ["drafted"]}))
+        state, _ = await until(log, "f1", lambda s, e: s and s.dispatched_at)
+        run = RunEvents("f1", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
+        for event in (run.running(), run.milestone("drafted"), run.completed("the answer")):
+            await log.append(event, expected_last_seq=None)
+        state, _ = await until(log, "f1", lambda s, e: "finish:completed" in s.ledger.notifications)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    # The milestone's text was empty: recorded as handled, nothing put on the chat.
+    assert "milestone:drafted" in state.ledger.notifications
+    [message] = [ChatMessage.model_validate_json(m.data)
+                 for m in await next_messages(log, log.subjects.chat(PARENT), 1)]
+    assert message.content == "[Researcher] done: the answer"
+    assert (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages == 1
