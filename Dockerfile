@@ -40,6 +40,10 @@ RUN --mount=type=bind,from=build,source=/wheels/deps,target=/wheels/deps \
     pip install --no-index --find-links /wheels/deps -r /wheels/deps/requirements.txt
 RUN --mount=type=bind,from=build,source=/wheels/app,target=/wheels/app \
     pip install --no-index --no-deps /wheels/app/*.whl
+# The example children (examples/agents.py), so `TETHER_AGENTS=examples.agents:...` runs
+# as it is in compose and the dev overlay; your own image adds your agents the same way.
+COPY examples/ /app/examples/
+ENV PYTHONPATH=/app
 
 USER 10001:10001
 WORKDIR /tmp

@@ -42,6 +42,28 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info libs/*.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-# Until the services of the runs issue land, the demo tours the log and the projections.
+# Throwaway NATS + Postgres, the four services as processes, and examples/demo.py;
+# everything stops when the demo ends (on a terminal: after Enter) or on Ctrl-C.
+DEMO_AGENTS := examples.agents:Researcher,examples.agents:Importer
 demo: venv
-	$(PY) scripts/devstack.py test -- $(PY) examples/log_and_projections.py
+	$(PY) scripts/devstack.py run --hold --agents $(DEMO_AGENTS) \
+		--service projector --service parent --service child-runner --service reconciler \
+		-- $(PY) examples/demo.py
+
+# The benchmark of issue 7 (bench/README.md). `make bench RUNS=300` for a quick look;
+# BENCH_ARGS passes more flags, e.g. BENCH_ARGS=--profile. Extras: `bench` (matplotlib,
+# py-spy) and, for bench-peers, `peers` (dbos); pip only warns while an extra is missing.
+RUNS ?= 5000
+BENCH_ARGS ?=
+
+.PHONY: bench bench-peers
+
+$(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e '.[dev,bench,peers]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(PY) -m bench.run --runs $(RUNS) $(BENCH_ARGS)
+
+bench-peers: $(VENV)/.bench-installed
+	$(PY) -m bench.run --runs $(RUNS) --peers $(BENCH_ARGS)

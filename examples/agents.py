@@ -15,6 +15,8 @@ from tether.child.context import RunContext
 
 class ResearchInput(BaseModel):
     query: str = Field(min_length=3, max_length=500)
+    # Seconds between steps, so a demo has progress to watch (0: as fast as it goes).
+    pace_s: float = Field(default=0.0, ge=0, le=60)
 
 
 class Researcher(ChildAgent):
@@ -27,12 +29,63 @@ class Researcher(ChildAgent):
         await ctx.report_progress(fraction=0.1, phase="searching",
                                   message=f"searching for {input.query}")
         await ctx.output(f"Searching the web for {input.query!r}.\n")
+        await _pause(ctx, input.pace_s)
         await ctx.report_progress(fraction=0.5, phase="reading", message="3 of 6 sources")
+        await _pause(ctx, input.pace_s)
         await ctx.report_progress(milestone="sources-gathered", fraction=0.6,
                                   data={"sources": 2})
+        await _pause(ctx, input.pace_s)
         await ctx.output("Two sources agree; writing the summary.\n")
         await ctx.report_progress(fraction=1.0, phase="writing", message="done")
         return f"{input.query}: the two sources agree on the essentials."
+
+
+async def _pause(ctx: RunContext, seconds: float) -> None:
+    """Sleep, but wake up for a cancellation and stop there."""
+    if seconds <= 0:
+        return
+    try:
+        await asyncio.wait_for(ctx.cancelled.wait(), timeout=seconds)
+    except TimeoutError:
+        return
+    ctx.raise_if_cancelled()
+
+
+class ImportInput(BaseModel):
+    source: str = Field(min_length=1, max_length=500)
+    rows: int = Field(default=1000, ge=1, le=10_000_000)
+    batch: int = Field(default=100, ge=1)
+    pace_s: float = Field(default=0.0, ge=0, le=60)  # seconds per batch
+
+
+class Importer(ChildAgent):
+    """A long, detached kind of job: progress per batch and two milestones.
+
+    On a resumed run it imports everything again; the runner keeps the milestones it
+    already recorded from being recorded twice, and an idempotent load (upserts by key)
+    keeps the rows right.
+    """
+
+    description = "Imports rows from a source in batches"
+    input_model = ImportInput
+
+    async def run(self, ctx: RunContext, input: ImportInput) -> dict[str, Any]:
+        done = 0
+        while done < input.rows:
+            done = min(done + input.batch, input.rows)
+            await _pause(ctx, input.pace_s)
+            ctx.raise_if_cancelled()
+            await ctx.report_progress(fraction=done / input.rows, phase="importing",
+                                      message=f"{done:,} of {input.rows:,} rows")
+            if done * 2 >= input.rows and done * 2 - input.batch * 2 < input.rows:
+                await ctx.report_progress(milestone="half-imported", fraction=done / input.rows,
+                                          data={"rows": done})
+        await ctx.report_progress(milestone="rows-imported", fraction=1.0,
+                                  data={"rows": input.rows})
+        return {"source": input.source, "rows": input.rows}
+
+    async def get_summary(self, run_id: str, output: Any) -> str | None:
+        return f"imported {output['rows']:,} rows from {output['source']}"
 
 
 class TextInput(BaseModel):

@@ -2,6 +2,11 @@
 """Start and stop the local NATS (JetStream) + PostgreSQL stack. Standard library only.
 
   devstack.py test -- CMD...   run CMD against throwaway servers (temp dirs, free ports)
+  devstack.py run [--service NAME]... [--agents PATHS] [--hold] -- CMD...
+                               the same, with `tether services NAME` running beside CMD
+                               (ready before CMD starts, SIGTERMed after it ends; logs in
+                               .tether/run-logs/); --hold keeps everything up after CMD
+                               until Enter or Ctrl-C when on a terminal
   devstack.py up               start persistent dev servers, data under .tether/
   devstack.py down [--purge]   stop them (--purge also deletes .tether/)
   devstack.py env              print the URLs of the running dev stack
@@ -295,6 +300,96 @@ def cmd_test(cmd: list[str]) -> int:
         return run_child(cmd, env)
 
 
+def wait_ready(name: str, proc: subprocess.Popen, port: int, log_path: Path) -> None:
+    url = f"http://127.0.0.1:{port}/readyz"
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=1) as r:
+            if r.status == 200:
+                return
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise DevstackError(f"`tether services {name}` did not become ready; log {log_path}:\n"
+                                + log_tail(log_path))
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def tether_services(names: list[str], env: dict[str, str], agents: str | None) -> Iterator[None]:
+    """`tether services NAME` for each name, as processes, ready on exit from `with`'s head.
+
+    Each runs in its own session, so a Ctrl-C at the terminal reaches only the command in
+    the foreground; they are stopped with SIGTERM (the graceful drain) when it is done.
+    """
+    logs = STATE_DIR / "run-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    started: list[tuple[str, subprocess.Popen]] = []
+    tether = [sys.executable, "-m", "tether.cli", "services"]
+    try:
+        waiting = []
+        for name in names:
+            port = free_port()
+            service_env = {**env, "TETHER_HEALTH_PORT": str(port), "TETHER_LOG_FORMAT": "json",
+                           **({"TETHER_AGENTS": agents} if agents else {})}
+            log_path = logs / f"{name}.log"
+            log_path.write_bytes(b"")
+            with open(log_path, "ab") as out:
+                proc = subprocess.Popen([*tether, name], stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, env=service_env, cwd=REPO,
+                                        start_new_session=True,
+                                        preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509
+            started.append((name, proc))
+            waiting.append((name, proc, port, log_path))
+        for name, proc, port, log_path in waiting:
+            wait_ready(name, proc, port, log_path)
+            log(f"tether services {name} (pid {proc.pid}) ready; log {log_path}")
+        yield
+    finally:
+        for name, proc in reversed(started):
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in reversed(started):
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                stop_pid(proc.pid, signal.SIGKILL, f"tether services {name}")
+                code = proc.wait()
+            log(f"tether services {name} stopped (exit {code})")
+
+
+def cmd_run(args: list[str]) -> int:
+    names, agents, hold = [], None, False
+    while args and args[0] != "--":
+        option, value = args[0], args[1] if len(args) > 1 else ""
+        if option == "--hold":
+            hold, args = True, args[1:]
+            continue
+        if option == "--service" and value:
+            names.append(value)
+        elif option == "--agents" and value:
+            agents = value
+        else:
+            raise DevstackError(f"unexpected {option!r}; usage: devstack.py run "
+                                "[--service NAME]... [--agents PATHS] -- CMD...")
+        args = args[2:]
+    cmd = args[1:]
+    if not cmd:
+        raise DevstackError("usage: devstack.py run [--service NAME]... [--agents PATHS] -- CMD...")
+    env = dict(os.environ)
+    with contextlib.ExitStack() as stack:
+        if not env.get("TETHER_NATS_URL"):
+            env["TETHER_NATS_URL"] = stack.enter_context(temporary_nats())
+        if not env.get("TETHER_DATABASE_URL"):
+            env["TETHER_DATABASE_URL"] = stack.enter_context(temporary_postgres())
+        stack.enter_context(tether_services(names, env, agents))
+        code = run_child(cmd, env)
+        if hold and code == 0 and sys.stdin.isatty():
+            log(f"still running at TETHER_NATS_URL={env['TETHER_NATS_URL']}; "
+                "press Enter (or Ctrl-C) to stop everything")
+            with contextlib.suppress(EOFError, KeyboardInterrupt):
+                input()
+        return code
+
+
 def running_services() -> dict:
     """Entries of .tether/stack.json whose process is still alive."""
     state = {}
@@ -367,6 +462,8 @@ def main(argv: list[str]) -> int:
     try:
         if cmd == "test":
             return cmd_test(rest[1:] if rest[:1] == ["--"] else rest)
+        if cmd == "run":
+            return cmd_run(rest)
         if cmd == "up" and not rest:
             return cmd_up()
         if cmd == "down" and rest in ([], ["--purge"]):

@@ -6,18 +6,24 @@ import asyncpg
 
 from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
 from tether.adapters.postgres.migrator import migrate
-from tether.child.agent import AgentRegistry
+from tether.child.agent import AgentConfigurationError, AgentRegistry
 from tether.config import Settings
 from tether.log import get_logger
+from tether.metrics import DELIVERIES_PENDING, DELIVERIES_REDELIVERED, REGISTRY
 from tether.parent.service import ParentService
 from tether.runtime import ReadinessCheck
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="parent")
-    agents = AgentRegistry.from_paths(settings.agents)
-    nc = await connect_nats(settings.nats_url, name="tether-parent")
+    try:
+        agents = AgentRegistry.from_paths(settings.agents)
+    except AgentConfigurationError as error:
+        logger.error("parent.misconfigured", error=str(error))
+        raise SystemExit(2) from None
+    nc = await connect_nats(settings.nats_connect_url, name="tether-parent")
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
+    remove_collector = None
     try:
         await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings(
             replicas=settings.stream_replicas,
@@ -38,7 +44,19 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
             return True, "reachable"
 
         checks.update(parent_nats=nats_connected, parent_postgres=postgres_reachable)
+        js, hooks_stream = nc.jetstream(), settings.subjects.hooks_stream
+
+        async def collect_hook_deliveries() -> None:
+            # One consumer per (parent agent, hook method), created by the application.
+            consumers = await js.consumers_info(hooks_stream)
+            DELIVERIES_PENDING.replace({(c.name,): c.num_pending + c.num_ack_pending
+                                        for c in consumers})
+            DELIVERIES_REDELIVERED.replace({(c.name,): c.num_redelivered for c in consumers})
+
+        remove_collector = REGISTRY.add_collector(collect_hook_deliveries)
         await service.run(stop)
     finally:
+        if remove_collector is not None:
+            remove_collector()
         await pool.close()
         await nc.drain()

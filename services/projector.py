@@ -1,16 +1,29 @@
 """The projector service: the only writer of the projection tables."""
 
 import asyncio
+import json
 import os
 import signal
+import time
 
 import asyncpg
+from nats.js import JetStreamContext
 
 from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
 from tether.config import Settings
 from tether.log import get_logger
+from tether.metrics import (
+    DEAD_LETTERED,
+    EVENTS_APPENDED,
+    PROJECTOR_ACTIVE,
+    PROJECTOR_LAG_EVENTS,
+    PROJECTOR_LAG_SECONDS,
+    PROJECTOR_POSITION,
+    REGISTRY,
+    RUNS,
+)
 from tether.runtime import ReadinessCheck
 
 # Readiness fails while the projector is this many events behind the log.
@@ -19,11 +32,15 @@ MAX_READY_LAG = 10_000
 # after its rows are written and before it commits (a crash in the middle of a batch).
 KILL_AT_SEQ_VARIABLE = "TETHER_TEST_PROJECTOR_KILL_AT_SEQ"
 
+COUNT_RUNS = "SELECT status, agent_type, count(*) AS runs FROM {schema}.runs GROUP BY 1, 2"
+READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
+
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="projector")
-    nc = await connect_nats(settings.nats_url, name="tether-projector")
+    nc = await connect_nats(settings.nats_connect_url, name="tether-projector")
     pool = await asyncpg.create_pool(settings.database_url, min_size=2, max_size=4)
+    remove_collector = None
     try:
         await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings(
             replicas=settings.stream_replicas,
@@ -50,10 +67,54 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
             return lag <= MAX_READY_LAG, f"{lag} events behind, at {projector.stats.position}"
 
         checks.update(nats=nats_connected, postgres=postgres_reachable, projector=caught_up)
+        remove_collector = REGISTRY.add_collector(
+            _collector(settings, nc.jetstream(), pool, projector))
         await projector.run(stop)
     finally:
+        if remove_collector is not None:
+            remove_collector()
         await pool.close()
         await nc.drain()
+
+
+def _collector(settings: Settings, js: JetStreamContext, pool: asyncpg.Pool,
+               projector: Projector):
+    """Log-wide numbers: read from the stream and the committed checkpoint at scrape time,
+    so a stuck projector still reports a growing lag."""
+    schema = f'"{settings.projection_schema}"'
+    stream = settings.subjects.events_stream
+
+    async def collect_projection() -> None:
+        info = await js.stream_info(stream)
+        last_seq = int(info.state.last_seq)
+        EVENTS_APPENDED.set_total(last_seq)
+        active = projector.active.is_set()
+        PROJECTOR_ACTIVE.set(1 if active else 0)
+        DEAD_LETTERED.set_total(projector.stats.dead_lettered, kind="event")
+        position = int(await pool.fetchval(READ_CHECKPOINT.format(schema=schema)) or 0)
+        position = max(position, projector.stats.position)
+        PROJECTOR_POSITION.set(position)
+        PROJECTOR_LAG_EVENTS.set(max(last_seq - position, 0))
+        PROJECTOR_LAG_SECONDS.set(await _oldest_unprojected_age(js, settings, position, last_seq))
+        if active:  # one replica reports the runs, so sum() over replicas stays right
+            rows = await pool.fetch(COUNT_RUNS.format(schema=schema))
+            RUNS.replace({(row["status"], row["agent_type"] or ""): row["runs"] for row in rows})
+
+    return collect_projection
+
+
+async def _oldest_unprojected_age(js: JetStreamContext, settings: Settings, position: int,
+                                  last_seq: int) -> float:
+    if last_seq <= position:
+        return 0.0
+    # The next event after the checkpoint (`next`: its own sequence may have been purged).
+    message = await js.get_msg(settings.subjects.events_stream, seq=position + 1,
+                               subject=settings.subjects.all_events, next=True)
+    try:
+        occurred_at = int(json.loads(message.data)["occurred_at"])
+    except (ValueError, KeyError, TypeError):
+        return 0.0  # a dead letter has no time of its own; the next batch moves past it
+    return max(time.time() - occurred_at / 1000, 0.0)
 
 
 def _kill_hook():

@@ -14,6 +14,7 @@ from tether.adapters.jetstream import (
 from tether.adapters.postgres.migrator import migrate
 from tether.config import Settings
 from tether.log import get_logger
+from tether.metrics import RECONCILER_ACTIVE, REGISTRY
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
 from tether.reconciler.service import Reconciler
@@ -22,8 +23,9 @@ from tether.runtime import ReadinessCheck
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="reconciler")
-    nc = await connect_nats(settings.nats_url, name="tether-reconciler")
+    nc = await connect_nats(settings.nats_connect_url, name="tether-reconciler")
     pool = await asyncpg.create_pool(settings.database_url, min_size=2, max_size=4)
+    remove_collector = None
     try:
         stream_settings = StreamSettings(replicas=settings.stream_replicas,
                                          duplicate_window_s=settings.duplicate_window_ms / 1000)
@@ -43,7 +45,14 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
             return True, "active" if reconciler.active.is_set() else "standby"
 
         checks.update(reconciler_nats=nats_connected, reconciler_role=role)
+
+        async def collect_role() -> None:
+            RECONCILER_ACTIVE.set(1 if reconciler.active.is_set() else 0)
+
+        remove_collector = REGISTRY.add_collector(collect_role)
         await reconciler.run(stop)
     finally:
+        if remove_collector is not None:
+            remove_collector()
         await pool.close()
         await nc.drain()

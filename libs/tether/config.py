@@ -1,18 +1,26 @@
-"""Settings shared by the services and the CLI, from the environment (`TETHER_*`).
+"""Settings shared by the services and the CLI: a TOML file, the environment, flags.
 
-A wrong value stops the program with a message that names the variable and what it
-accepts; nothing falls back silently.
+Each setting comes from, in increasing precedence: the optional TOML file named by
+`--config` or `TETHER_CONFIG_FILE` (top-level keys are the setting names, e.g.
+`stream_replicas = 3`), the variable `TETHER_<NAME>`, and a command-line flag. A wrong
+value stops the program with a message that names the setting, where it came from and
+what it accepts; nothing falls back silently.
 """
 
 import os
+import re
+import tomllib
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from tether.contract.subjects import Subjects
 
 HOUR_MS = 60 * 60 * 1000
+CONFIG_FILE_VARIABLE = "TETHER_CONFIG_FILE"
 
 
 class ConfigurationError(ValueError):
@@ -23,6 +31,10 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     nats_url: str = "nats://127.0.0.1:4222"
+    # Credentials of an auth-enabled NATS (deploy/nats): kept out of the URL so the URL can
+    # sit in a ConfigMap and the password in a Secret. `nats_connect_url` combines them.
+    nats_user: str | None = None
+    nats_password: SecretStr | None = None
     database_url: str = "postgresql://postgres@127.0.0.1:5432/tether"
     prefix: str = "tether"
     projection_schema: str = Field(default="tether", pattern=r"^[a-z_][a-z0-9_]{0,40}$")
@@ -43,6 +55,9 @@ class Settings(BaseModel):
     runner_concurrency: int = Field(default=16, ge=1)
     work_ack_wait_ms: int = Field(default=30_000, ge=500)
     max_attempts: int = Field(default=5, ge=1)
+    # On SIGTERM a child-runner lets running children finish this long, then stops them
+    # and hands their work back; keep it below the orchestrator's grace period.
+    runner_shutdown_grace_ms: int = Field(default=20_000, ge=0)
     # An object (`module:attribute`) with format_detached_completion(run, result) and/or
     # format_detached_milestone(run, milestone) overriding the chat texts.
     formatters: str | None = None
@@ -59,8 +74,8 @@ class Settings(BaseModel):
     # None: the service's own default (parent 8081, child-runner 8082, reconciler 8083,
     # projector 8084); 0 picks a free port.
     health_port: int | None = Field(default=None, ge=0, le=65535)
-    log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error)$")
-    log_format: str = Field(default="auto", pattern=r"^(auto|json|console)$")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["auto", "json", "console"] = "auto"
 
     @field_validator("nats_url")
     @classmethod
@@ -74,6 +89,21 @@ class Settings(BaseModel):
     def _postgres_scheme(cls, value: str) -> str:
         if not value.startswith(("postgresql://", "postgres://")):
             raise ValueError("expected a URL like postgresql://USER@HOST:PORT/DATABASE")
+        return value
+
+    @field_validator("nats_user")
+    @classmethod
+    def _no_credentials_twice(cls, value: str | None, info: Any) -> str | None:
+        if value is not None and urlsplit(info.data.get("nats_url", "")).username:
+            raise ValueError("the NATS URL already carries a user; set one or the other")
+        return value
+
+    @field_validator("projection_schema", mode="before")
+    @classmethod
+    def _schema_name(cls, value: Any) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"[a-z_][a-z0-9_]{0,40}", value):
+            raise ValueError("expected a lowercase SQL identifier: a letter or '_', then up "
+                             "to 40 lowercase letters, digits or '_'")
         return value
 
     @field_validator("agents", mode="before")
@@ -93,24 +123,72 @@ class Settings(BaseModel):
     def subjects(self) -> Subjects:
         return Subjects(self.prefix)
 
+    @property
+    def nats_connect_url(self) -> str:
+        """`nats_url` with `nats_user`/`nats_password` in it, for the connection only
+        (never log it)."""
+        if self.nats_user is None:
+            return self.nats_url
+        parts = urlsplit(self.nats_url)
+        password = self.nats_password.get_secret_value() if self.nats_password else ""
+        userinfo = quote(self.nats_user, safe="")
+        if password:
+            userinfo += ":" + quote(password, safe="")
+        return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
+
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+    def from_env(cls, environ: Mapping[str, str] | None = None, *,
+                 config_file: str | os.PathLike | None = None, **overrides: Any) -> "Settings":
+        """The file (`config_file`, else `$TETHER_CONFIG_FILE`), then the environment, then
+        `overrides` (None values are skipped, so unset flags can be passed as they are)."""
         environ = os.environ if environ is None else environ
+        sources: dict[str, str] = {}
         values: dict[str, Any] = {}
+        path = config_file if config_file is not None else environ.get(CONFIG_FILE_VARIABLE)
+        if path:
+            for name, value in load_config_file(Path(path)).items():
+                values[name], sources[name] = value, f"{name} = {{value}} in {path}"
         for name in cls.model_fields:
             variable = f"TETHER_{name.upper()}"
             if variable in environ:
-                values[name] = environ[variable]
-        values.update({k: v for k, v in overrides.items() if v is not None})
+                values[name], sources[name] = environ[variable], variable + "={value}"
+        for name, value in overrides.items():
+            if value is not None:
+                values[name], sources[name] = value, f"--{name.replace('_', '-')} {{value}}"
         try:
             return cls(**values)
         except ValidationError as error:
-            raise ConfigurationError(_explain(error)) from None
+            raise ConfigurationError(_explain(error, sources)) from None
 
 
-def _explain(error: ValidationError) -> str:
+def load_config_file(path: Path) -> dict[str, Any]:
+    """The settings of a TOML file: top-level keys named like the settings."""
+    try:
+        with path.open("rb") as file:
+            data = tomllib.load(file)
+    except OSError as error:
+        raise ConfigurationError(f"{CONFIG_FILE_VARIABLE} / --config {path}: cannot read it: "
+                                 f"{error.strerror or error}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigurationError(f"{path}: not valid TOML: {error}") from None
+    unknown = sorted(set(data) - set(Settings.model_fields))
+    if unknown:
+        known = ", ".join(sorted(Settings.model_fields))
+        raise ConfigurationError(f"{path}: unknown setting(s) {', '.join(unknown)}; "
+                                 f"the settings are: {known}")
+    return data
+
+
+def _explain(error: ValidationError, sources: Mapping[str, str] | None = None) -> str:
     lines = []
     for problem in error.errors():
         name = str(problem["loc"][0]) if problem["loc"] else "?"
-        lines.append(f"TETHER_{name.upper()}={problem.get('input')!r}: {problem['msg']}")
+        where = (sources or {}).get(name, f"TETHER_{name.upper()}={{value}}")
+        value = "'***'" if name == "nats_password" else repr(problem.get("input"))
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "literal_error":
+            message = f"expected one of {problem['ctx']['expected']}"
+        elif problem["type"] == "extra_forbidden":
+            message = "no such setting"
+        lines.append(f"{where.format(value=value)}: {message}")
     return "invalid configuration:\n  " + "\n  ".join(lines)

@@ -1,9 +1,9 @@
 """What every service process shares: signals, graceful shutdown, health endpoints.
 
 `/healthz` answers 200 while the event loop runs; `/readyz` answers 200 only when every
-readiness check passes, and 503 with the failing checks otherwise. SIGTERM and SIGINT
-set the stop event; the service finishes the work in hand and returns, and the process
-exits 0.
+readiness check passes, and 503 with the failing checks otherwise; `/metrics` is the
+Prometheus text exposition of `tether.metrics`. SIGTERM and SIGINT set the stop event;
+the service finishes the work in hand and returns, and the process exits 0.
 """
 
 import asyncio
@@ -12,13 +12,16 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from tether.log import get_logger
+from tether.metrics import CONTENT_TYPE, REGISTRY, Registry
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, checks: dict[str, ReadinessCheck]) -> None:
+    def __init__(self, host: str, port: int, checks: dict[str, ReadinessCheck],
+                 metrics: Registry = REGISTRY) -> None:
         self._host, self._port, self._checks = host, port, checks
+        self._metrics = metrics
         self._server: asyncio.base_events.Server | None = None
 
     @property
@@ -35,6 +38,9 @@ class HealthServer:
             await self._server.wait_closed()
 
     async def readiness(self) -> tuple[bool, dict[str, str]]:
+        if not self._checks:
+            # A service registers its checks once it is connected; until then it is starting.
+            return False, {"service": "failing: starting (not connected yet)"}
         results: dict[str, str] = {}
         ready = True
         for name, check in self._checks.items():
@@ -53,16 +59,20 @@ class HealthServer:
                 pass
             parts = request.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) > 1 else ""
+            content_type = "application/json"
             if path == "/healthz":
                 status, body = 200, {"status": "alive"}
             elif path == "/readyz":
                 ready, checks = await self.readiness()
                 status, body = (200 if ready else 503), {"ready": ready, "checks": checks}
+            elif path == "/metrics":
+                status, body, content_type = 200, await self._metrics.exposition(), CONTENT_TYPE
             else:
-                status, body = 404, {"error": f"no such endpoint {path!r}; try /healthz or /readyz"}
-            payload = json.dumps(body).encode()
+                status, body = 404, {"error": f"no such endpoint {path!r}; "
+                                              "try /healthz, /readyz or /metrics"}
+            payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
-            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+            writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
                          f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
                          + payload)
             await writer.drain()

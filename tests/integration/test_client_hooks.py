@@ -91,7 +91,7 @@ class Recorder:
 
 async def test_a_hook_is_registered_called_once_and_recorded_in_the_ledger(log, tether):
     recorder = Recorder()
-    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
     hooks.on_finish(METHOD)(recorder)
     async with hooks.running():
         bucket = await tether.js.key_value(tether.subjects.registry_bucket)
@@ -115,7 +115,7 @@ async def test_a_hook_is_registered_called_once_and_recorded_in_the_ledger(log, 
 
 async def test_a_raising_function_is_retried_after_the_lease_and_never_dropped(log, tether):
     recorder = Recorder(failures=2)
-    hooks = tether.hooks(PARENT.agent)  # the lease from the settings
+    hooks = tether.hooks(PARENT.agent, ledger="direct")  # the lease from the settings
     hooks.register(METHOD, recorder)
     async with hooks.running():
         state = await finished_run(log, "import-2")
@@ -132,7 +132,7 @@ async def test_a_raising_function_is_retried_after_the_lease_and_never_dropped(l
 
 async def test_a_hook_already_in_the_ledger_is_acknowledged_without_a_call(log, tether):
     recorder = Recorder()
-    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
     hooks.register(METHOD, recorder)
     run = RunEvents("import-3", PARENT, id_prefix="ledger", start_ms=90_000)
     recorded = run.make(RunFinishDelivered, status="completed", method=METHOD,
@@ -147,7 +147,7 @@ async def test_a_hook_already_in_the_ledger_is_acknowledged_without_a_call(log, 
 
 async def test_a_redelivered_hook_does_not_call_the_function_again(log, tether):
     recorder = Recorder()
-    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
     hooks.register(METHOD, recorder)
     async with hooks.running():
         state = await finished_run(log, "import-4")
@@ -168,8 +168,8 @@ async def test_two_replicas_share_the_consumer_and_each_hook_runs_once(log, teth
 
     states = [await finished_run(log, f"import-r{i}") for i in range(6)]
     async with connect(settings=tether.settings) as other:
-        first = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
-        second = other.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+        first = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
+        second = other.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
         first.register(METHOD, on_done)
         second.register(METHOD, on_done)
         async with first.running(), second.running():
@@ -183,7 +183,7 @@ async def test_two_replicas_share_the_consumer_and_each_hook_runs_once(log, teth
 
 async def test_the_global_hook_gets_every_detached_run(log, tether):
     seen: list[tuple[str, str]] = []
-    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
 
     @hooks.on_any_finish
     def on_agent_tool_finish(run: RunInfo, result: LifecycleResult) -> None:
@@ -203,7 +203,7 @@ async def test_the_global_hook_gets_every_detached_run(log, tether):
 
 async def test_a_malformed_hook_message_is_terminated_not_retried(log, tether):
     recorder = Recorder()
-    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
     hooks.register(METHOD, recorder)
     async with hooks.running():
         await log.jetstream.publish(log.subjects.hook(PARENT.agent, METHOD), b"{not json",
@@ -213,7 +213,7 @@ async def test_a_malformed_hook_message_is_terminated_not_retried(log, tether):
 
 
 async def test_registration_refuses_bad_names_and_serving_nothing(tether):
-    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
     with pytest.raises(ValueError, match="cannot contain ':'"):
         hooks.register("on:done", Recorder())
     with pytest.raises(ValueError, match="invalid hook method"):

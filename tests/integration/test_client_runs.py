@@ -65,7 +65,7 @@ class ScriptedParent:
     async def _serve(self) -> None:
         while True:
             message = await self._feed.sink.get()
-            command = parse_command(message.subject.rsplit(".", 1)[1], json.loads(message.data))
+            command = parse_command(message.subject.split(".")[2], json.loads(message.data))
             if isinstance(command, RunCommand):
                 run = RunEvents(command.run_id, command.parent, start_ms=int(time.time() * 1000),
                                 id_prefix=f"{command.run_id}-{message.seq}")

@@ -17,6 +17,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tether.access import password_variable
+
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("dev", "prod")
 # The oldest Kubernetes minor the manifests promise to work on, and the newest schemas the
@@ -26,6 +28,9 @@ POD_WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 LONG_RUNNING = {"Deployment", "StatefulSet", "DaemonSet"}
 TETHER_UID = 10001
 TETHER_EGRESS = {(4222, "TCP"), (5432, "TCP"), (53, "UDP"), (53, "TCP")}
+TETHER_SERVICES = ("parent", "child-runner", "reconciler", "projector")
+# Children finish, then the stopped ones hand their work back: two shutdown graces.
+CHILD_RUNNER_GRACE_S = 45
 
 # kubernetes-validate knows only built-in kinds; a custom resource gets this subset of its
 # CRD's schema instead (field names checked against CloudNativePG's clusters.postgresql.cnpg.io
@@ -133,6 +138,12 @@ def _where(error: jsonschema.ValidationError) -> str:
     return f"{'.'.join(map(str, error.absolute_path)) or '(top)'}: {error.message}"
 
 
+def _auth_users() -> list[str]:
+    """The users deploy/nats/auth.conf defines."""
+    text = (ROOT / "deploy" / "nats" / "auth.conf").read_text()
+    return [line.split('"')[1] for line in text.splitlines() if line.strip().startswith("{user:")]
+
+
 def _tether_config(objects: list[dict]) -> dict:
     configs = [o for o in objects
                if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("tether-config")]
@@ -154,28 +165,27 @@ def test_compose_file_follows_the_compose_specification():
     _check_compose(ROOT / "docker-compose.yml")
 
 
-def test_compose_adds_a_service_in_three_lines(tmp_path: Path):
-    text = (ROOT / "docker-compose.yml").read_text()
-    extended = text.replace("\nvolumes:\n", "\n  parent:\n    <<: *tether-service\n"
-                            "    command: [\"services\", \"parent\"]\n\nvolumes:\n", 1)
-    (tmp_path / "docker-compose.yml").write_text(extended)
-    _check_compose(tmp_path / "docker-compose.yml")
-    parent = yaml.safe_load(extended)["services"]["parent"]
-    assert parent["build"] == "." and parent["read_only"] is True
-    assert parent["command"] == ["services", "parent"]
-
-
-def test_compose_services_wait_for_healthy_dependencies():
-    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-    for name in ("nats", "postgres", "projector"):
-        assert "healthcheck" in services[name], name
-    projector = services["projector"]
-    assert projector["depends_on"] == {"nats": {"condition": "service_healthy"},
-                                       "postgres": {"condition": "service_healthy"}}
-    assert projector["restart"] == "unless-stopped" and projector["stop_grace_period"]
-    assert projector["environment"]["TETHER_NATS_URL"] == "nats://nats:4222"
-    assert projector["environment"]["TETHER_DATABASE_URL"].startswith("postgresql://")
-    assert "js-enabled-only=true" in " ".join(services["nats"]["healthcheck"]["test"])
+def test_compose_runs_every_service_from_one_image_as_its_own_nats_user():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"nats", "postgres", *TETHER_SERVICES}
+    nats_env = services["nats"]["environment"]
+    for name in TETHER_SERVICES:
+        service = services[name]
+        assert service["build"] == "." and service["image"] == "tether:dev", name
+        assert service["command"] == ["services", name]
+        assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
+        assert "/readyz" in " ".join(service["healthcheck"]["test"]), name
+        environment = service["environment"]
+        assert environment["TETHER_NATS_USER"] == name
+        # The same variable feeds the server's user and the service's password.
+        variable = password_variable(name)
+        assert environment["TETHER_NATS_PASSWORD"].startswith("${" + variable + ":-")
+        assert nats_env[variable] == environment["TETHER_NATS_PASSWORD"]
+    for user in _auth_users():
+        assert password_variable(user) in nats_env, user
+    assert services["nats"]["command"] == ["nats-server", "--config", "/etc/nats/nats.conf"]
+    assert "./deploy/nats:/etc/nats:ro" in services["nats"]["volumes"]
 
 
 # --- Kubernetes -----------------------------------------------------------------------
@@ -226,7 +236,8 @@ def test_tether_containers_share_one_contract(rendered):
     overlay, objects = rendered
     config = _tether_config(objects)
     tether_pods = [(w, p) for w, p in _pod_specs(objects) if any(map(_is_tether, p["containers"]))]
-    assert {_name(w) for w, _ in tether_pods} >= {"Deployment/projector", "Job/migrate"}
+    assert {_name(w) for w, _ in tether_pods} == {
+        *(f"Deployment/{name}" for name in TETHER_SERVICES), "Job/migrate"}
     for workload, pod in tether_pods:
         where = f"{overlay} {_name(workload)}"
         assert pod["securityContext"]["runAsUser"] == TETHER_UID, where
@@ -242,10 +253,25 @@ def test_tether_containers_share_one_contract(rendered):
         database = next(e for e in container["env"] if e["name"] == "TETHER_DATABASE_URL")
         assert database["valueFrom"]["secretKeyRef"] == {"name": "tether-database", "key": "url"}
         if workload["kind"] == "Deployment":
-            assert pod["terminationGracePeriodSeconds"] == 30, where
+            name = workload["metadata"]["name"]
+            env = {e["name"]: e for e in container["env"]}
+            if name == "child-runner":
+                shutdown_s = int(env["TETHER_RUNNER_SHUTDOWN_GRACE_MS"]["value"]) / 1000
+                assert pod["terminationGracePeriodSeconds"] == CHILD_RUNNER_GRACE_S
+                assert CHILD_RUNNER_GRACE_S > 2 * shutdown_s, where
+            else:
+                assert pod["terminationGracePeriodSeconds"] == 30, where
+            assert container["args"] == ["services", name], where
             assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
             assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
             assert any(p["name"] == "health" for p in container["ports"]), where
+            annotations = workload["spec"]["template"]["metadata"]["annotations"]
+            assert annotations["prometheus.io/path"] == "/metrics", where
+            assert env["TETHER_NATS_USER"]["value"] == name, where
+            assert env["TETHER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+                "name": "tether-nats-users", "key": name}, where
+            for kind in ("ServiceAccount", "Service", "NetworkPolicy"):
+                _find(objects, kind, name)
     assert config["TETHER_LOG_FORMAT"] == "json"
     assert config["TETHER_NATS_URL"] == "nats://nats:4222"
 
@@ -263,15 +289,57 @@ def test_services_and_policies_select_real_pods(rendered):
         elif obj["kind"] in ("PodDisruptionBudget", "NetworkPolicy"):
             key = "selector" if obj["kind"] == "PodDisruptionBudget" else "podSelector"
             assert selected(obj["spec"][key]["matchLabels"]), f"{overlay} {_name(obj)}"
-    policy = _find(objects, "NetworkPolicy", "projector")
-    assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == ["health"]
-    egress = {(p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]}
-    assert egress == TETHER_EGRESS
+        elif obj["kind"] == "HorizontalPodAutoscaler":
+            target = obj["spec"]["scaleTargetRef"]
+            _find(objects, target["kind"], target["name"])
+    for name in TETHER_SERVICES:
+        policy = _find(objects, "NetworkPolicy", name)
+        ingress = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+        assert ingress == ["health"], name
+        egress = {(p["port"], p["protocol"])
+                  for rule in policy["spec"]["egress"] for p in rule["ports"]}
+        # Children reach model APIs over HTTPS; nothing else leaves for the internet.
+        assert egress == TETHER_EGRESS | ({(443, "TCP")} if name == "child-runner" else set())
+
+
+def test_child_runners_scale_by_an_autoscaler_that_owns_their_count(rendered):
+    overlay, objects = rendered
+    autoscaler = _find(objects, "HorizontalPodAutoscaler", "child-runner")
+    assert autoscaler["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                    "name": "child-runner"}
+    assert "replicas" not in _find(objects, "Deployment", "child-runner")["spec"]
+    assert autoscaler["spec"]["minReplicas"] == (1 if overlay == "dev" else 2)
+    assert autoscaler["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 60
+
+
+def test_nats_runs_with_the_shipped_users_and_every_password(rendered):
+    overlay, objects = rendered
+    shipped = (ROOT / "deploy" / "nats" / "auth.conf").read_text()
+    auth = next(o for o in objects if o["kind"] == "ConfigMap"
+                and o["metadata"]["name"].startswith("nats-auth"))
+    assert auth["data"]["auth.conf"] == shipped, "cp deploy/nats/auth.conf deploy/k8s/base/nats/"
+    nats = _find(objects, "StatefulSet", "nats")["spec"]["template"]["spec"]
+    (container,) = nats["containers"]
+    assert container["args"] == ["nats-server", "--config", "/etc/nats/nats.conf"]
+    sources = next(v for v in nats["volumes"] if v["name"] == "config")["projected"]["sources"]
+    assert {s["configMap"]["name"].rsplit("-", 1)[0] for s in sources} == {"nats-config",
+                                                                         "nats-auth"}
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]
+           if e["name"].startswith("TETHER_NATS_")}
+    users = _auth_users()
+    assert env == {password_variable(user): {"name": "tether-nats-users", "key": user}
+                   for user in users}
+    config = next(o for o in objects if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"].startswith("nats-config"))["data"]["nats.conf"]
+    assert "include ./auth.conf" in config
+    if overlay == "dev":
+        assert set(_find(objects, "Secret", "tether-nats-users")["stringData"]) == set(users)
 
 
 def test_dev_overlay_runs_one_of_everything_in_cluster():
     objects = _render("dev")
-    assert _find(objects, "Deployment", "projector")["spec"]["replicas"] == 1
+    for name in ("parent", "reconciler", "projector"):
+        assert _find(objects, "Deployment", name)["spec"]["replicas"] == 1
     for name in ("nats", "postgres"):
         assert _find(objects, "StatefulSet", name)["spec"]["replicas"] == 1
     images = {c["image"] for _, pod in _pod_specs(objects) for c in pod["containers"]}
@@ -286,8 +354,10 @@ def test_dev_overlay_runs_one_of_everything_in_cluster():
 def test_prod_overlay_replicates_everything_three_ways():
     objects = _render("prod")
     assert _tether_config(objects)["TETHER_STREAM_REPLICAS"] == "3"
-    assert _find(objects, "Deployment", "projector")["spec"]["replicas"] == 2
-    assert _find(objects, "PodDisruptionBudget", "projector")["spec"]["minAvailable"] == 1
+    for name in ("parent", "reconciler", "projector"):
+        assert _find(objects, "Deployment", name)["spec"]["replicas"] == 2
+    for name in TETHER_SERVICES:
+        assert _find(objects, "PodDisruptionBudget", name)["spec"]["minAvailable"] == 1
     nats = _find(objects, "StatefulSet", "nats")
     assert nats["spec"]["replicas"] == 3 and nats["spec"]["serviceName"] == "nats-headless"
     assert _find(objects, "Service", "nats-headless")["spec"]["clusterIP"] == "None"

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from tether.contract import schemas
 from tether.contract.subjects import Subjects
 from tether.domain.commands import (
+    COMMAND_CLASSES,
     CancelCommand,
     ClearCommand,
     ContinueCommand,
@@ -270,4 +271,4 @@ def test_schemas_cover_every_event_and_command() -> None:
     assert {"events/run.requested.v2.json", "events/run.interrupted.v2.json",
             "events/event.json", "commands/run.json"} <= set(generated)
     assert len([p for p in generated if p.startswith("events/run.")]) == 20
-    assert len([p for p in generated if p.startswith("commands/")]) == 7
+    assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 8

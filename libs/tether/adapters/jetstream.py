@@ -392,7 +392,10 @@ def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> Sto
         return StoredEvent(seq, subject, None, error, raw, pending)
 
 
-async def connect_nats(url: str, *, name: str) -> NATS:
-    """A connection that keeps reconnecting; failures to connect at start are raised."""
+async def connect_nats(url: str, *, name: str, **options: object) -> NATS:
+    """A connection that keeps reconnecting; failures to connect at start are raised.
+
+    `options` go to nats-py (an application's `inbox_prefix`, credentials, TLS).
+    """
     return await nats.connect(url, name=name, max_reconnect_attempts=-1,
-                              reconnect_time_wait=0.5, connect_timeout=5)
+                              reconnect_time_wait=0.5, connect_timeout=5, **options)

@@ -49,12 +49,13 @@ class Tether:
                         name=check_identifier(name, "parent name"))
         return ParentHandle(self, ref)
 
-    def hooks(self, parent_agent: str, *, lease_ms: int | None = None,
-              concurrency: int = 8) -> "HookRegistry":
+    def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
+              ledger: str = "parent") -> "HookRegistry":
         """Finish-hook handlers of one parent agent class (all its instances)."""
         from tether.client.hooks import HookRegistry
 
-        return HookRegistry(self, parent_agent, lease_ms=lease_ms, concurrency=concurrency)
+        return HookRegistry(self, parent_agent, lease_ms=lease_ms, concurrency=concurrency,
+                            ledger=ledger)
 
     def chat(self, parent: "ParentHandle | ParentRef", *, durable: str | None = None,
              new_only: bool = False) -> AsyncIterator["ChatMessage"]:
@@ -83,21 +84,23 @@ class Tether:
             await subscription.unsubscribe()
 
     async def publish_command(self, kind: str, command: BaseModel, msg_id: str) -> js_api.PubAck:
+        # The per-parent subject: what NATS permissions grant to the parent's application.
+        subject = self.subjects.command_for(kind, command.parent)
         try:
-            return await self.js.publish(self.subjects.command(kind),
+            return await self.js.publish(subject,
                                          command.model_dump_json().encode(),
                                          headers={"Nats-Msg-Id": msg_id},
                                          stream=self.subjects.commands_stream)
         except NoStreamResponseError:
             raise ServiceUnavailable(
-                f"no stream takes {self.subjects.command(kind)}: the Tether services create "
+                f"no stream takes {subject}: the Tether services create "
                 f"it at start-up; are they running with prefix {self.subjects.prefix!r}?"
             ) from None
 
     async def request(self, kind: str, query: BaseModel, reply_model: type[Reply], *,
                       timeout: float | None = None) -> Reply:
         """Core request/reply with the parent service; raises ServiceUnavailable or RequestFailed."""
-        subject = self.subjects.rpc(kind)
+        subject = self.subjects.rpc_for(kind, query.parent)
         timeout = self.rpc_timeout if timeout is None else timeout
         try:
             message = await self.nc.request(subject, query.model_dump_json().encode(),
@@ -125,14 +128,16 @@ class Tether:
 class _Connection:
     """What `connect` returns: use it with `async with`, or `await` it and `close()` later."""
 
-    def __init__(self, settings: Settings, name: str) -> None:
+    def __init__(self, settings: Settings, name: str, inbox_prefix: str | None = None) -> None:
         self._settings = settings
         self._name = name
+        self._options = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
         self._tether: Tether | None = None
 
     async def _open(self) -> Tether:
         try:
-            nc = await connect_nats(self._settings.nats_connect_url, name=self._name)
+            nc = await connect_nats(self._settings.nats_connect_url, name=self._name,
+                                    **self._options)
         except (OSError, nats.errors.Error) as error:
             raise ServiceUnavailable(
                 f"cannot connect to NATS at {self._settings.nats_url}: {error}") from None
@@ -151,11 +156,13 @@ class _Connection:
 
 
 def connect(nats_url: str | None = None, *, prefix: str | None = None,
-            settings: Settings | None = None, name: str = "tether-client") -> _Connection:
+            settings: Settings | None = None, name: str = "tether-client",
+            inbox_prefix: str | None = None) -> _Connection:
     """Connect to Tether; defaults come from `TETHER_NATS_URL` and `TETHER_PREFIX`.
 
     `settings` (a `tether.config.Settings`) replaces the environment; `nats_url` and
-    `prefix` override either.
+    `prefix` override either. `inbox_prefix` (e.g. `_INBOX_<user>`) is where replies come
+    back under access control, which lets each application read only its own.
     """
     overrides = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
                  if value is not None}
@@ -163,5 +170,5 @@ def connect(nats_url: str | None = None, *, prefix: str | None = None,
         settings = Settings.from_env(**overrides)
     elif overrides:
         settings = Settings(**{**settings.model_dump(), **overrides})
-    return _Connection(settings, name)
+    return _Connection(settings, name, inbox_prefix)
 

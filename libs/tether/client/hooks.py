@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from nats.aio.msg import Msg
 from nats.js import api as js_api
@@ -39,6 +39,7 @@ from tether.contract.messages import (
     RunInfo,
     finish_message_id,
 )
+from tether.domain.commands import DeliveredCommand
 from tether.domain.events import RunFinishDelivered, RunFinishDeliveredData
 from tether.domain.ids import check_identifier, derived_event_id
 from tether.domain.run_state import RunState
@@ -74,8 +75,13 @@ class HookStats:
 
 class HookRegistry:
     def __init__(self, tether: "Tether", parent_agent: str, *, lease_ms: int | None = None,
-                 concurrency: int = 8) -> None:
+                 concurrency: int = 8, ledger: Literal["parent", "direct"] = "parent") -> None:
+        """`ledger`: who records `run.finish_delivered` — the parent service, asked with
+        `<prefix>.cmd.delivered.<agent>.<name>` (the default, and the only way under the
+        shipped access control, where applications may not append events), or this
+        process directly ("direct": for tests and setups without a parent service)."""
         self.tether = tether
+        self.ledger = ledger
         self.parent_agent = check_identifier(parent_agent, "parent agent")
         self.lease_s = (lease_ms if lease_ms is not None else tether.settings.hook_lease_ms) / 1000
         if concurrency < 1:
@@ -232,6 +238,12 @@ class HookRegistry:
 
     async def _record_delivered(self, hook: HookMessage, method: str, message_id: str) -> None:
         run, status = hook.run, hook.result.status
+        if self.ledger == "parent":
+            command = DeliveredCommand(run_id=run.run_id, parent=run.parent, status=status,
+                                       method=method, message_id=message_id)
+            await self.tether.publish_command(
+                "delivered", command, msg_id=f"delivered:{run.run_id}:{method}:{status}")
+            return
 
         def decide(state: RunState | None) -> list[RunFinishDelivered]:
             if state is None or state.finish_delivered(status, method):

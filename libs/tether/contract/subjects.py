@@ -56,6 +56,14 @@ class Subjects:
     def command(self, kind: str) -> str:
         return f"{self.prefix}.cmd.{kind}"
 
+    def command_for(self, kind: str, parent: ParentRef) -> str:
+        """The per-parent form `<prefix>.cmd.<kind>.<agent>.<name>`, which NATS permissions
+        can grant to the application that owns the parent (see `tether.access`)."""
+        return f"{self.prefix}.cmd.{kind}.{parent.agent}.{parent.name}"
+
+    def rpc_for(self, kind: str, parent: ParentRef) -> str:
+        return f"{self.prefix}.rpc.{kind}.{parent.agent}.{parent.name}"
+
     @property
     def command_dead_letters(self) -> str:
         """Commands that could not be parsed, with the reason in a `Tether-Error` header."""

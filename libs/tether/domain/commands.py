@@ -55,6 +55,18 @@ class ContinueCommand(Model):
     human_input: str | None = None
 
 
+class DeliveredCommand(Model):
+    """A hook handler's acknowledgement: the parent records `run.finish_delivered`, so an
+    application never needs to append to the log itself."""
+
+    type: Literal["delivered"] = "delivered"
+    run_id: Identifier
+    parent: ParentRef
+    status: RunStatus
+    method: Identifier
+    message_id: str = Field(max_length=300)
+
+
 class InspectQuery(Model):
     type: Literal["inspect"] = "inspect"
     run_id: Identifier
@@ -75,11 +87,12 @@ class HasRunQuery(Model):
 
 
 Command = Annotated[
-    RunCommand | CancelCommand | ClearCommand | ContinueCommand | InspectQuery | ListQuery | HasRunQuery,
+    RunCommand | CancelCommand | ClearCommand | ContinueCommand | DeliveredCommand
+    | InspectQuery | ListQuery | HasRunQuery,
     Field(discriminator="type"),
 ]
 COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,
-                   InspectQuery, ListQuery, HasRunQuery)
+                   DeliveredCommand, InspectQuery, ListQuery, HasRunQuery)
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 COMMAND_TYPES: frozenset[str] = frozenset(cls.model_fields["type"].default for cls in COMMAND_CLASSES)
 

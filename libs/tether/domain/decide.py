@@ -7,7 +7,7 @@ itself. Time and ids come in as arguments.
 
 from dataclasses import dataclass
 
-from tether.domain.commands import ContinueCommand, RunCommand
+from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand
 from tether.domain.events import (
     Event,
     ParentRef,
@@ -17,6 +17,8 @@ from tether.domain.events import (
     RunCancelRequestedData,
     RunCleared,
     RunClearedData,
+    RunFinishDelivered,
+    RunFinishDeliveredData,
     RunInterrupted,
     RunInterruptedData,
     RunReattachDecided,
@@ -154,6 +156,21 @@ def resume(state: RunState | None, command: ContinueCommand, cause: Cause) -> li
                                             "human_input"})
     return [RunResumed(**_envelope(state.run_id, state.parent, cause, "resumed"),
                        data=RunResumedData(pause_id=state.paused.pause_id, decisions=decisions))]
+
+
+def record_delivery(state: RunState | None, command: DeliveredCommand,
+                    now: int) -> list[Event]:
+    """The ledger entry a hook handler asks for; the id is the one a direct writer would use,
+    so either path records a delivery once."""
+    if state is None or state.finish_delivered(command.status, command.method):
+        return []
+    return [RunFinishDelivered(
+        event_id=derived_event_id(state.run_id, "finish_delivered", command.method,
+                                  command.status),
+        run_id=state.run_id, parent=state.parent, occurred_at=now,
+        correlation_id=state.run_id, causation_id=command.message_id,
+        data=RunFinishDeliveredData(status=command.status, method=command.method,
+                                    message_id=command.message_id))]
 
 
 def clear(state: RunState | None, cause: Cause) -> list[Event]:

@@ -22,6 +22,7 @@ from tether.domain.commands import (
     CancelCommand,
     ClearCommand,
     ContinueCommand,
+    DeliveredCommand,
     RunCommand,
     parse_command,
 )
@@ -196,6 +197,13 @@ class CommandHandlers:
         await self._reject(command.run_id, command.parent, state.agent_type, "not-paused", why,
                            cause)
         return "not paused"
+
+    async def record_delivery(self, payload: bytes) -> str:
+        command = self._parse(DeliveredCommand, "delivered", payload)
+        _, appended = await self._log.update(
+            command.parent, command.run_id,
+            lambda s: decide.record_delivery(s, command, _now_ms()))
+        return "recorded" if appended else "already recorded"
 
     async def clear(self, payload: bytes, seq: int) -> list[str]:
         command = self._parse(ClearCommand, "clear", payload)

@@ -29,12 +29,14 @@ from tether.contract.messages import (
 from tether.domain import decide
 from tether.domain.commands import HasRunQuery, InspectQuery, ListQuery, parse_command
 from tether.domain.run_state import RunState
+from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, UnparseableCommand
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
 from tether.parent.slots import SlotKeeper
 
-COMMAND_KINDS = ("run", "cancel", "clear", "continue")
+COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
+QUERY_KINDS = ("inspect", "list", "has_run")
 MAX_COMMAND_DELIVERIES = 10
 
 LIST_RUNS = """
@@ -78,9 +80,11 @@ class ParentService:
         nc = self._log.nats
         queue = "tether-parent"
         self._rpc = [
-            await nc.subscribe(self._subjects.rpc("inspect"), queue=queue, cb=self._inspect),
-            await nc.subscribe(self._subjects.rpc("list"), queue=queue, cb=self._list),
-            await nc.subscribe(self._subjects.rpc("has_run"), queue=queue, cb=self._has_run),
+            await nc.subscribe(subject, queue=queue, cb=handler)
+            for kind, handler in (("inspect", self._inspect), ("list", self._list),
+                                  ("has_run", self._has_run))
+            # The short form, and the per-parent form that NATS permissions can scope.
+            for subject in (self._subjects.rpc(kind), self._subjects.rpc(kind) + ".*.*")
         ]
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -99,7 +103,9 @@ class ParentService:
             durable_name=durable, ack_policy=js_api.AckPolicy.EXPLICIT,
             deliver_policy=js_api.DeliverPolicy.ALL, ack_wait=30,
             max_deliver=MAX_COMMAND_DELIVERIES, max_ack_pending=1024,
-            filter_subjects=[self._subjects.command(kind) for kind in COMMAND_KINDS],
+            filter_subjects=[subject for kind in COMMAND_KINDS
+                             for subject in (self._subjects.command(kind),
+                                             self._subjects.command(kind) + ".*.*")],
         )
         subscription = await durable_pull(self._js, self._subjects.commands_stream, config)
         try:
@@ -122,9 +128,11 @@ class ParentService:
     async def _handle_command(self, msg: Msg) -> None:
         assert self._handlers is not None
         seq = msg.metadata.sequence.stream
-        kind = msg.subject.rsplit(".", 1)[-1]
+        kind = msg.subject.split(".")[2]
+        clock = HANDLER_SECONDS.start()
         log = self._logger.bind(subject=msg.subject, stream_seq=seq)
         try:
+            _check_subject_parent(msg.subject, msg.data)
             if kind == "run":
                 outcome = await self._handlers.run(msg.data, seq)
                 log.info("command.run", decision=outcome.decision, status=outcome.status,
@@ -135,6 +143,9 @@ class ParentService:
             elif kind == "continue":
                 result = await self._handlers.continue_run(msg.data, seq)
                 log.info("command.continue", result=result)
+            elif kind == "delivered":
+                result = await self._handlers.record_delivery(msg.data)
+                log.info("command.delivered", result=result)
             else:
                 cleared = await self._handlers.clear(msg.data, seq)
                 log.info("command.clear", cleared=len(cleared))
@@ -151,9 +162,11 @@ class ParentService:
                 await msg.nak(delay=min(0.2 * 2 ** msg.metadata.num_delivered, 10.0))
                 return
         self.handled += 1
+        clock.observe(service="parent", handler=f"command.{kind}")
         await msg.ack()
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
+        DEAD_LETTERED.inc(kind="command")
         await self._js.publish(self._subjects.command_dead_letters, msg.data, headers={
             "Tether-Error": reason[:1000], "Tether-Subject": msg.subject,
             "Tether-Stream-Seq": str(msg.metadata.sequence.stream)},
@@ -204,13 +217,30 @@ class ParentService:
         if not msg.reply:
             return
         try:
+            _check_subject_parent(msg.subject, msg.data)
             reply = await answer()
-        except (ValidationError, ValueError) as error:
+        except (ValidationError, ValueError, UnparseableCommand) as error:
             reply = reply_model(error=f"invalid request: {error}")
         except Exception as error:
             self._logger.exception("rpc.failed", subject=msg.subject)
             reply = reply_model(error=f"{type(error).__name__}: {error}")
         await msg.respond(reply.model_dump_json().encode())
+
+
+def _check_subject_parent(subject: str, payload: bytes) -> None:
+    """A per-parent subject (`<prefix>.cmd.<kind>.<agent>.<name>`) must name the payload's
+    parent: permissions are granted on the subject, so the payload may not reach past it."""
+    tokens = subject.split(".")
+    if len(tokens) != 5:
+        return
+    try:
+        parent = json.loads(payload).get("parent") or {}
+    except (ValueError, AttributeError):
+        raise UnparseableCommand("not a JSON object") from None
+    if [parent.get("agent"), parent.get("name")] != tokens[3:]:
+        raise UnparseableCommand(
+            f"the payload's parent {parent.get('agent')}/{parent.get('name')} differs from "
+            f"the subject's {tokens[3]}/{tokens[4]}")
 
 
 def _run_key(msg: Msg) -> str:

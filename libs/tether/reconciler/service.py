@@ -26,6 +26,13 @@ from tether.contract.messages import LifecycleResult
 from tether.domain import decide
 from tether.domain.events import RunRequested
 from tether.domain.run_state import RunState, evolve
+from tether.metrics import (
+    DEADLINES_DUE,
+    DEADLINES_FIRED,
+    DECISIONS_FAILED,
+    DELIVERIES_RETRIED,
+    HANDLER_SECONDS,
+)
 from tether.parent.delivery import Deliverer
 from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
@@ -207,11 +214,13 @@ class Reconciler:
             for waiter in waiters:
                 waiter.cancel()
             for (key, kind), _ in self._index.pop_due(now_ms()):
+                DEADLINES_DUE.inc(kind=kind)
                 if (key, kind) not in self._in_flight:
                     self._in_flight.add((key, kind))
                     asyncio.create_task(self._fire(key, kind))
 
     async def _fire(self, key: RunKey, kind: str) -> None:
+        clock = HANDLER_SECONDS.start()
         try:
             if kind == "delivery":
                 await self._retry_delivery(key)
@@ -219,9 +228,11 @@ class Reconciler:
                 await self._budget_due(key)
         except Exception:
             self._logger.exception("reconciler.decision_failed", run_id=key[2], kind=kind)
+            DECISIONS_FAILED.inc(kind=kind)
             self._index.set((key, kind), now_ms() + 1_000)
             self._changed.set()
         finally:
+            clock.observe(service="reconciler", handler=f"deadline.{kind}")
             self._in_flight.discard((key, kind))
 
     async def _budget_due(self, key: RunKey) -> None:
@@ -254,6 +265,7 @@ class Reconciler:
         # other the interruption); the one whose interruption landed owns the give-up.
         if any(event.type == "run.interrupted" for event in appended):
             self.decisions += 1
+            DEADLINES_FIRED.inc(kind="budget" if over_budget else "no-progress")
             await self.observability.emit("agent_tool:detached:give_up", state.run_id,
                                           state.parent, reason=reason,
                                           child_still_running=not stopped)
@@ -271,6 +283,8 @@ class Reconciler:
                 self._untrack(key)
             return
         attempts = self._delivery_attempts.get(key, 0) + 1
+        DELIVERIES_RETRIED.inc()
+        DEADLINES_FIRED.inc(kind="delivery")
         self._delivery_attempts[key] = attempts
         await self._deliverer.deliver_finish(state, LifecycleResult.of(state), retry=attempts)
         await self.observability.emit("agent_tool:detached:delivery_failed", state.run_id,

@@ -23,6 +23,7 @@ from tether.adapters.postgres.projection import (
     ensure_checkpoint,
     table_digests,
 )
+from tether.metrics import HANDLER_SECONDS, count_projected
 
 Progress = Callable[[int, int, float], None]  # projected seq, target seq, events per second
 BeforeCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
@@ -122,6 +123,7 @@ class Projector:
 
     async def _apply(self, conn: asyncpg.Connection, batch: list[StoredEvent]) -> None:
         previous = self.stats.position
+        clock = HANDLER_SECONDS.start()
         for attempt in range(1, 6):
             try:
                 result = await apply_batch(conn, self._sql, batch, preview_chars=self._preview_chars,
@@ -133,6 +135,7 @@ class Projector:
                 if self._logger:
                     self._logger.warning("projector.batch_retried", error=str(error), attempt=attempt)
                 await asyncio.sleep(0.05 * attempt)
+        clock.observe(service="projector", handler="batch")
         self._record(result, [stored for stored in batch if stored.seq > previous])
         async with self._progressed:
             self._progressed.notify_all()
@@ -145,6 +148,7 @@ class Projector:
         stats.anomalies += len(result.anomalies)
         stats.batches += 1
         stats.last_batch_at = time.monotonic()
+        count_projected(batch)
         if batch:
             stats.stream_last_seq = max(stats.stream_last_seq, batch[-1].seq + batch[-1].pending)
         if self._logger is None:

@@ -1,0 +1,30 @@
+"""`make demo`'s command: the four services as processes and examples/demo.py."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_the_demo_runs_every_kind_of_delegation_and_stops_what_it_started(
+        log, pool, service_env):
+    # `log` and `pool` remove the streams and the schema of this test's prefix afterwards.
+    services = [arg for name in ("projector", "parent", "child-runner", "reconciler")
+                for arg in ("--service", name)]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(ROOT / "scripts" / "devstack.py"), "run", "--hold",
+        "--agents", "examples.agents:Researcher,examples.agents:Importer", *services,
+        "--", sys.executable, str(ROOT / "examples" / "demo.py"),
+        cwd=ROOT, env=service_env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=90)
+    text = output.decode()
+    assert process.returncode == 0, text
+    assert text.count("✔ researcher on") == 3, text
+    assert "💬 chat (assistant): Importer" in text and "reached half-imported" in text
+    assert "🪝 finish hook on_import_done: Importer" in text
+    assert "completed: imported 20,000 rows" in text
+    assert "tether watch Assistant/demo-" in text and "Where to look next" in text
+    for name in ("projector", "parent", "child-runner", "reconciler"):
+        assert f"tether services {name} stopped (exit 0)" in text, text

@@ -1,0 +1,53 @@
+"""Settings from a TOML file, the environment and flags, and the messages a wrong value gets."""
+
+from pathlib import Path
+
+import pytest
+
+from tether.config import ConfigurationError, Settings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "tether.toml"
+    path.write_text(text)
+    return path
+
+
+def test_the_environment_overrides_the_file_and_flags_override_both(tmp_path):
+    path = write(tmp_path, 'stream_replicas = 3\nlog_level = "debug"\nagents = ["m:A", "m:B"]\n'
+                           'prefix = "fromfile"\n')
+    settings = Settings.from_env({"TETHER_CONFIG_FILE": str(path), "TETHER_LOG_LEVEL": "error"},
+                                 prefix="fromflag")
+    assert settings.stream_replicas == 3 and settings.agents == ("m:A", "m:B")
+    assert settings.log_level == "error" and settings.prefix == "fromflag"
+    assert Settings.from_env({}, config_file=path).prefix == "fromfile"
+
+
+def test_a_wrong_value_names_the_setting_its_source_and_what_it_accepts(tmp_path):
+    path = write(tmp_path, 'log_format = "xml"\nstream_replicas = 9\n')
+    with pytest.raises(ConfigurationError) as error:
+        Settings.from_env({"TETHER_LOG_LEVEL": "loud"}, config_file=path)
+    message = str(error.value)
+    assert "TETHER_LOG_LEVEL='loud': expected one of 'debug', 'info', 'warning' or 'error'" in message
+    assert f"log_format = 'xml' in {path}: expected one of 'auto', 'json' or 'console'" in message
+    assert f"stream_replicas = 9 in {path}: Input should be less than or equal to 5" in message
+
+
+def test_an_unknown_setting_or_a_broken_file_stops_with_the_list_of_settings(tmp_path):
+    with pytest.raises(ConfigurationError, match=r"unknown setting\(s\) nats_urll; the settings"):
+        Settings.from_env({}, config_file=write(tmp_path, 'nats_urll = "nats://x:4222"\n'))
+    with pytest.raises(ConfigurationError, match="not valid TOML"):
+        Settings.from_env({}, config_file=write(tmp_path, "stream_replicas = \n"))
+    with pytest.raises(ConfigurationError, match="cannot read it"):
+        Settings.from_env({"TETHER_CONFIG_FILE": str(tmp_path / "missing.toml")})
+
+
+def test_nats_credentials_stay_out_of_the_url_and_out_of_messages():
+    settings = Settings.from_env({"TETHER_NATS_URL": "nats://nats:4222",
+                                  "TETHER_NATS_USER": "parent",
+                                  "TETHER_NATS_PASSWORD": "s3cr/t"})
+    assert settings.nats_url == "nats://nats:4222"
+    assert settings.nats_connect_url == "nats://parent:s3cr%2Ft@nats:4222"
+    assert "s3cr" not in repr(settings)
+    with pytest.raises(ConfigurationError, match="already carries a user"):
+        Settings.from_env({"TETHER_NATS_URL": "nats://a:b@nats:4222", "TETHER_NATS_USER": "c"})
