@@ -48,7 +48,9 @@ from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
 from tether.parent.formatters import Formatters
 
-CACHE_SIZE = 20_000
+# Bounded, so the parent's memory does not grow with the runs it has seen; a run that
+# fell out is read from the log once if it moves again.
+CACHE_SIZE = 2_000
 REGISTRY_TTL_S = 2.0
 
 RunKey = tuple[str, str, str]

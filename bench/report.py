@@ -1,0 +1,152 @@
+"""The figures against their ceilings and targets: a table on stdout and a JSON file."""
+
+import json
+import math
+from pathlib import Path
+
+GROWTH_TOLERANCE_KIB = 2048  # RSS may wobble by a MiB or two (arenas, GC timing)
+GROWTH_TOLERANCE_RATIO = 0.02
+
+
+def memory_verdict(services: dict[str, dict[str, dict[str, int]]],
+                   finished: int) -> dict[str, dict]:
+    """Peak RSS and the growth between N/2 and N finished runs, per service."""
+    result = {}
+    for name, samples in services.items():
+        half = samples.get("half", {}).get("VmRSS", 0)
+        end = (samples.get("end") or samples.get("final") or {}).get("VmRSS", 0)
+        peak = max((s.get("VmHWM", 0) for s in samples.values()), default=0)
+        growth = end - half
+        grows = growth > max(GROWTH_TOLERANCE_KIB, GROWTH_TOLERANCE_RATIO * half)
+        result[name] = {"peak_kib": peak, "rss_start_kib": samples.get("start", {}).get("VmRSS", 0),
+                        "rss_half_kib": half, "rss_end_kib": end, "growth_kib": growth,
+                        "growth_kib_per_1k_runs": growth / max(finished / 2, 1) * 1000,
+                        "grows": bool(grows)}
+    return result
+
+
+def ratio(ours: float | None, ceiling: float | None) -> float | None:
+    if not ours or not ceiling or math.isnan(ours) or math.isnan(ceiling):
+        return None
+    return ours / ceiling
+
+
+def ratios(report: dict) -> dict:
+    w1, ceil, rebuild = report["w1"], report.get("ceilings") or {}, report.get("rebuild") or {}
+    return {
+        "appended_vs_append_async": ratio(w1["events_appended_per_s"], ceil.get("append_async_per_s")),
+        "appended_vs_append_sync": ratio(w1["events_appended_per_s"], ceil.get("append_sync_per_s")),
+        "projected_vs_copy": ratio(w1["events_projected_per_s"], ceil.get("copy_rows_per_s")),
+        "projected_vs_ordered_replay": ratio(w1["events_projected_per_s"],
+                                             ceil.get("ordered_replay_per_s")),
+        "rebuild_vs_fetch_ack": ratio(rebuild.get("events_per_s"), ceil.get("fetch_ack_per_s")),
+        "rebuild_vs_ordered_replay": ratio(rebuild.get("events_per_s"),
+                                           ceil.get("ordered_replay_per_s")),
+        "rebuild_vs_copy": ratio(rebuild.get("events_per_s"), ceil.get("copy_rows_per_s")),
+        "w1_vs_dbos": ratio(w1["runs_per_s"], (report.get("peers") or {}).get("dbos", {}).get("runs_per_s")),
+    }
+
+
+def targets(report: dict) -> dict:
+    w1, w2, r = report["w1"], report.get("w2") or {}, report["ratios"]
+    memory = report.get("memory") or {}
+
+    def target(value, goal: str, met) -> dict:
+        return {"value": value, "target": goal, "met": None if met is None else bool(met)}
+
+    dbos = r.get("w1_vs_dbos")
+    rebuild = r.get("rebuild_vs_fetch_ack")
+    w2_p50 = (w2.get("round_trip") or {}).get("p50_ms")
+    return {
+        "w1_runs_per_s": target(w1["runs_per_s"], ">= 500", w1["runs_per_s"] >= 500),
+        "w1_vs_dbos": target(dbos, ">= 10x", None if dbos is None else dbos >= 10),
+        "progress_p99_ms": target(w1["progress_latency"]["p99_ms"], "< 50",
+                                  w1["progress_latency"]["p99_ms"] < 50),
+        "w2_p50_ms": target(w2_p50, "< 20", None if w2_p50 is None else w2_p50 < 20),
+        "rebuild_vs_consume": target(rebuild, ">= 0.5 of fetch+ack",
+                                     None if rebuild is None else rebuild >= 0.5),
+        "no_memory_growth": target([n for n, m in memory.items() if m["grows"]], "none grows",
+                                   not any(m["grows"] for m in memory.values()) if memory else None),
+    }
+
+
+def strip_series(value):
+    """The report without the raw series (kept in the chart, not the JSON)."""
+    if isinstance(value, dict):
+        return {k: strip_series(v) for k, v in value.items() if not k.startswith("_")}
+    return value
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.write_text(json.dumps(strip_series(report), indent=2, default=str) + "\n")
+
+
+def _n(value, digits: int = 0, suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}{suffix}"
+
+
+def _x(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def table(report: dict) -> str:
+    w1, w2, c = report["w1"], report.get("w2") or {}, report.get("ceilings") or {}
+    rb, r, t = report.get("rebuild") or {}, report["ratios"], report["targets"]
+    pl, rt = w1["progress_latency"], w2.get("round_trip") or {}
+    rows = [
+        ("W1 runs", f"{w1['finished']}/{w1['runs']}", (f"statuses {w1['statuses']}, submit errors {w1.get('submit_errors', 0)}, "
+         f"rejected {w1['rejected_count']}, duplicate hook calls {w1['duplicate_hook_calls']}; "
+         f"up to {w1.get('max_events_stream_consumers', '-')} consumers on the events stream")),
+        ("W1 throughput", _n(w1["runs_per_s"], 1, " runs/s"),
+         f"{_n(w1['seconds'], 2)} s; submit {_n(w1['submit_per_s'], 0)}/s; vs DBOS {_x(r['w1_vs_dbos'])}"),
+        ("events appended", _n(w1["events_appended_per_s"], 0, "/s"),
+         (f"{w1['events_appended']} events ({w1['events_per_run']:.1f}/run); "
+         f"{_x(r['appended_vs_append_async'])} of async append, {_x(r['appended_vs_append_sync'])} of sync")),
+        ("events projected", _n(w1["events_projected_per_s"], 0, "/s"),
+         (f"{_x(r['projected_vs_copy'])} of COPY; lag at end {w1['projector_lag_end_events']} events, "
+         f"caught up {_n(w1['projector_catch_up_s'], 2)} s later")),
+        ("progress latency", f"p50 {_n(pl['p50_ms'], 1)} ms", (f"p99 {_n(pl['p99_ms'], 1)} ms, "
+         f"max {_n(pl['max_ms'], 1)} ms over {pl['count']} signals")),
+        ("W2 round trip", f"p50 {_n(rt.get('p50_ms'), 1)} ms",
+         f"p99 {_n(rt.get('p99_ms'), 1)} ms over {w2.get('runs', 0)} awaited runs"),
+        ("rebuild", _n(rb.get("events_per_s"), 0, " ev/s"),
+         (f"{rb.get('events', '-')} events in {_n(rb.get('seconds'), 2)} s; "
+         f"{_x(r['rebuild_vs_fetch_ack'])} of fetch+ack, {_x(r['rebuild_vs_ordered_replay'])} of replay")),
+        ("ceil: append", _n(c.get("append_async_per_s"), 0, "/s"),
+         f"async, {c.get('append_in_flight', '-')} in flight; sync {_n(c.get('append_sync_per_s'), 0)}/s"),
+        ("ceil: consume", _n(c.get("fetch_ack_per_s"), 0, "/s"),
+         (f"fetch+ack (batch {c.get('fetch_batch', '-')}); ordered replay "
+         f"{_n(c.get('ordered_replay_per_s'), 0)}/s")),
+        ("ceil: COPY", _n(c.get("copy_rows_per_s"), 0, " rows/s"),
+         f"{c.get('messages', '-')} rows of {_n(c.get('mean_bytes'), 0)} B"),
+    ]
+    per_run = w1.get("cpu_ms_per_run") or {}
+    busy = w1.get("cores_busy") or {}
+    kernel = w1.get("cpu_kernel_share") or {}
+    rows.append(("CPU ms per run", _n(sum(per_run.values()), 1, " ms"),
+                 ", ".join(f"{k} {v:.1f}" + (f" ({kernel[k]:.0%} kernel)" if k in kernel else "")
+                           for k, v in sorted(per_run.items(), key=lambda kv: -kv[1]))))
+    rows.append(("cores busy in W1", _n(busy.get("all"), 2),
+                 (f"of {report['meta']['cpus']}; others' processes {_n(busy.get('others'), 2)} "
+                 "(noise: other work on the machine)")))
+    work = w1.get("server_work_per_run") or {}
+    if work:
+        rows.append(("server work/run", f"{_n(work.get('nats_msgs_in'), 1)} msgs in",
+                     (f"NATS out {_n(work.get('nats_msgs_out'), 1)}, JetStream API calls "
+                      f"{_n(work.get('jetstream_api_calls'), 1)}; Postgres commits "
+                      f"{_n(work.get('pg_xact_commit'), 2)}, rows ins/upd "
+                      f"{_n(work.get('pg_tup_inserted'), 1)}/{_n(work.get('pg_tup_updated'), 1)}")))
+    for name, m in (report.get("memory") or {}).items():
+        rows.append((f"mem {name}", f"{m['peak_kib'] / 1024:.1f} MiB peak",
+                     (f"RSS {m['rss_half_kib'] / 1024:.1f} -> {m['rss_end_kib'] / 1024:.1f} MiB "
+                     f"from N/2 to N ({m['growth_kib_per_1k_runs']:+,.0f} KiB per 1k runs): "
+                     f"{'GROWS' if m['grows'] else 'flat'}")))
+    width = max(len(name) for name, _, _ in rows)
+    lines = [f"{name:<{width}}  {value:>16}  {detail}" for name, value, detail in rows]
+    lines.append("")
+    lines.append("targets: " + "; ".join(
+        f"{name} {'MET' if v['met'] else ('n/a' if v['met'] is None else 'missed')}"
+        for name, v in t.items()))
+    return "\n".join(lines)

@@ -1,0 +1,215 @@
+"""`make bench` / `make bench-peers`: Tether's throughput and latency against the ceilings.
+
+    python -m bench.run [--runs 5000] [--w2-runs 200] [--profile] [--peers] ...
+
+Starts its own NATS and Postgres through scripts/devstack.py (or uses TETHER_NATS_URL /
+TETHER_DATABASE_URL), the four services as processes with the bench child, runs W1, W2,
+the rebuild and the ceilings, and writes bench/results/<timestamp>.json and .png.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+from bench import ceilings, chart, report, stages
+from bench.profile import Profiler, render
+from bench.stack import REPO, ServiceSet, server_pids, servers
+from bench.workloads import Positions, Probe, rebuild, w1, w2
+from tether.adapters.jetstream import remove_streams
+from tether.client import connect
+from tether.config import Settings
+from tether.log import configure_logging
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5000, help="W1 detached runs (default 5000)")
+    parser.add_argument("--w2-runs", type=int, default=200, help="W2 awaited runs (default 200)")
+    parser.add_argument("--submit-concurrency", type=int, default=64,
+                        help="W1 run requests in flight from the bench app (default 64)")
+    parser.add_argument("--submit", choices=["client", "publish"], default="client",
+                        help="client: run_agent_tool(detached=...) as an app would (default); "
+                             "publish: only publish the run commands (no per-run consumer)")
+    parser.add_argument("--max-open", type=int, default=256,
+                        help="at most this many W1 runs requested and not yet finished "
+                             "(default 256; 0: request all N at once)")
+    parser.add_argument("--hook-concurrency", type=int, default=32,
+                        help="the app's finish-hook handler concurrency (default 32)")
+    parser.add_argument("--parents", type=int, default=16,
+                        help="parent instances the W1 runs are spread over (default 16)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="give up on W1 after this many seconds (default 60 + runs/20)")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy record every service during W1; hot spots in the report")
+    parser.add_argument("--count-subjects", action="store_true",
+                        help="count every NATS message by subject kind during W1 (diagnosis; "
+                             "adds load)")
+    parser.add_argument("--peers", action="store_true", help="also run W1 on DBOS (make bench-peers)")
+    parser.add_argument("--no-ceilings", action="store_true")
+    parser.add_argument("--no-rebuild", action="store_true")
+    parser.add_argument("--no-chart", action="store_true")
+    parser.add_argument("--uvloop", action="store_true",
+                        help="run the services under uvloop (bench.launch), to measure the loop")
+    parser.add_argument("--service-env", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra environment for the services, e.g. TETHER_RUNNER_CONCURRENCY=64")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the streams and schemas of this run (default: deleted)")
+    return parser.parse_args(argv)
+
+
+def git_describe() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True,
+                              check=False).stdout.strip()
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def run_peer(database_url: str, runs: int) -> dict:
+    done = subprocess.run([sys.executable, "-m", "bench.peers.dbos_w1", "--database-url",
+                           database_url, "--runs", str(runs), "--json"],
+                          cwd=REPO, capture_output=True, text=True, check=False, timeout=3600)
+    if done.returncode != 0:
+        return {"error": (done.stderr or done.stdout)[-1500:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+async def cleanup(nats_url: str, database_url: str, settings: Settings) -> None:
+    import nats
+
+    nc = await nats.connect(nats_url)
+    await remove_streams(nc.jetstream(), settings.subjects)
+    await nc.drain()
+    conn = await asyncpg.connect(database_url)
+    try:
+        schemas = await conn.fetch("SELECT nspname FROM pg_namespace WHERE nspname LIKE $1",
+                                   settings.projection_schema + "%")
+        for row in schemas:
+            await conn.execute(f'DROP SCHEMA "{row["nspname"]}" CASCADE')
+    finally:
+        await conn.close()
+
+
+async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> dict:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    tag = uuid.uuid4().hex[:8]
+    prefix = f"bench{tag}"
+    settings = Settings(nats_url=nats_url, database_url=database_url, prefix=prefix,
+                        projection_schema=prefix)
+    extra = dict(item.split("=", 1) for item in args.service_env)
+    env = ServiceSet.environment(nats_url, database_url, prefix, extra)
+    out_dir = args.results_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    services = ServiceSet(env, out_dir / f"{stamp}-logs", uvloop=args.uvloop)
+    result: dict = {"meta": {
+        "timestamp": stamp, "git": git_describe(), "python": platform.python_version(),
+        "cpus": os.cpu_count(), "load_avg_before": os.getloadavg(), "prefix": prefix,
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "service_env": extra,
+        "note": "numbers are only comparable on an otherwise idle machine"}}
+    profiler = Profiler(out_dir / f"{stamp}-profile") if args.profile else None
+    timeout = args.timeout or 60 + args.runs / 20
+    await services.start()
+    try:
+        async with connect(settings=settings, name="tether-bench") as tether:
+            db = await asyncpg.connect(database_url)
+            try:
+                positions = Positions(tether, db, prefix)
+                probe = Probe(nats_url, prefix, out_dir / f".{stamp}-probe.tmp",
+                              args.count_subjects)
+                started = (lambda: profiler.start(services.pids())) if profiler else None
+                try:
+                    result["w1"] = await w1(tether, positions, services, probe, runs=args.runs,
+                                            tag=tag, submit_concurrency=args.submit_concurrency,
+                                            hook_concurrency=args.hook_concurrency,
+                                            parents=args.parents, timeout=timeout,
+                                            server_pids=server_pids(nats_url, database_url),
+                                            submit_mode=args.submit, max_open=args.max_open,
+                                            on_started=started)
+                finally:
+                    if profiler:
+                        result["profiles"] = profiler.stop()
+                await asyncio.sleep(1.0)  # W2 on an idle system
+                if args.w2_runs:
+                    result["w2"] = await w2(tether, runs=args.w2_runs, tag=tag)
+                await positions.wait_caught_up(60)
+                services.sample("final")
+                result["memory"] = report.memory_verdict(
+                    {n: s.samples for n, s in services.services.items()},
+                    result["w1"]["finished"])
+                result["log_messages"] = (await tether.js.stream_info(
+                    settings.subjects.events_stream)).state.messages
+            finally:
+                await db.close()
+    finally:
+        result["crashed_services"] = services.crashed()
+        result["exit_codes"] = await services.stop()
+    if not args.no_rebuild:
+        result["rebuild"] = await asyncio.to_thread(rebuild, env)
+    if not args.no_ceilings:
+        result["ceilings"] = await ceilings.measure(nats_url, database_url, settings.subjects,
+                                                    result["log_messages"])
+    if args.peers:
+        result["peers"] = {"dbos": await asyncio.to_thread(run_peer, database_url, args.runs)}
+    if not args.keep:
+        await cleanup(nats_url, database_url, settings)
+    result["meta"]["load_avg_after"] = os.getloadavg()
+    result["ratios"] = report.ratios(result)
+    result["targets"] = report.targets(result)
+    json_path = out_dir / f"{stamp}.json"
+    png_path = None if args.no_chart else chart.draw(result, out_dir / f"{stamp}.png")
+    result["files"] = {"json": str(json_path), "png": str(png_path) if png_path else None,
+                       "logs": str(services.log_dir)}
+    report.write_json(result, json_path)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging("warning")  # the bench app's own hook handler logs per message at info
+    with servers() as (nats_url, database_url):
+        result = asyncio.run(bench(args, nats_url, database_url))
+    print(report.table(result))
+    print("\nwhere a run's time goes, p50/p99 ms (from the events' occurred_at):")
+    print("  W1: " + stages.render(result["w1"]["stages"]))
+    if result.get("w2"):
+        print("  W2: " + stages.render(result["w2"]["stages"]))
+    if result["w1"].get("messages_per_run"):
+        print("\nNATS messages per W1 run by subject: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in result["w1"]["messages_per_run"].items()))
+    if "profiles" in result:
+        print("\nhot spots (py-spy, share of busy samples):")
+        print(render(result["profiles"]))
+    peer = (result.get("peers") or {}).get("dbos")
+    if peer:
+        if "error" in peer:
+            print(f"\nDBOS: failed: {peer['error']}")
+        else:
+            print(f"\nDBOS W1: {peer['runs_per_s']:.1f} runs/s ({peer['runs']} runs); "
+                  f"Tether / DBOS = {result['ratios']['w1_vs_dbos']:.2f}x")
+    print(f"\n{result['files']['json']}" + (f"\n{result['files']['png']}"
+                                           if result['files']['png'] else ""))
+    w = result["w1"]
+    for example in w.get("submit_error_examples") or []:
+        print(f"submit error: {example}")
+    complete = (w["finished"] == w["runs"] and w["duplicate_hook_calls"] == 0
+                and not w.get("submit_errors")
+                and not result["crashed_services"])
+    return 0 if complete else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

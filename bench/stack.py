@@ -1,0 +1,239 @@
+"""The servers (NATS, Postgres) and the four Tether services as real processes."""
+
+import asyncio
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICES = ("parent", "child-runner", "reconciler", "projector")
+BENCH_AGENT = "bench.agents:BenchChild"
+
+
+def devstack():
+    """scripts/devstack.py as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("tether_devstack", REPO / "scripts" / "devstack.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[tuple[str, str]]:
+    """(nats_url, database_url): TETHER_NATS_URL / TETHER_DATABASE_URL, else throwaway ones."""
+    with contextlib.ExitStack() as stack:
+        nats_url = os.environ.get("TETHER_NATS_URL")
+        database_url = os.environ.get("TETHER_DATABASE_URL")
+        if not nats_url or not database_url:
+            ds = devstack()
+            if not nats_url:
+                nats_url = stack.enter_context(ds.temporary_nats())
+            if not database_url:
+                database_url = stack.enter_context(ds.temporary_postgres("tether_bench"))
+        yield nats_url, database_url
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (the RSS high-water mark) of a process, in KiB; {} once it is gone."""
+    values = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0])
+    return values
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process so far (from /proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0, 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    return sum(cpu_split(pid))
+
+
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    ticks = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / ticks, sum(fields) / ticks
+
+
+def _pids_where(predicate) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if predicate([c.decode(errors="replace") for c in cmdline], int(stat[1])):
+                    found.append(int(entry.name))
+    return found
+
+
+def server_pids(nats_url: str, database_url: str) -> dict[str, list[int]]:
+    """nats-server and postgres (the postmaster and its backends) on this machine, by port."""
+    nats_port = urlsplit(nats_url).port
+    pg_port = urlsplit(database_url).port
+    nats = _pids_where(lambda cmd, _ppid: "nats-server" in cmd[0] and str(nats_port) in cmd)
+    postmaster = _pids_where(lambda cmd, _ppid: cmd[0].endswith("postgres")
+                             and "-p" in cmd and str(pg_port) in cmd)
+    backends = _pids_where(lambda _cmd, ppid: ppid in postmaster)
+    return {"nats-server": nats, "postgres": postmaster + backends}
+
+
+class CpuMeter:
+    """CPU seconds used by groups of processes (and the whole machine) between two points."""
+
+    def __init__(self, groups: dict[str, list[int]]) -> None:
+        self.groups = groups
+        self._start: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        values = {name: sum(cpu_seconds(pid) for pid in pids) for name, pids in self.groups.items()}
+        for name, pids in self.groups.items():
+            values[f"kernel:{name}"] = sum(cpu_split(pid)[1] for pid in pids)
+        values["machine_busy"], values["machine_total"] = machine_busy_seconds()
+        return values
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> dict[str, float]:
+        end = self._now()
+        used = {name: end[name] - self._start.get(name, 0.0) for name in end}
+        ours = sum(v for k, v in used.items() if not k.startswith(("machine_", "kernel:")))
+        used["others"] = max(used["machine_busy"] - ours, 0.0)
+        return used
+
+
+async def http_status(port: int, path: str) -> int:
+    """The HTTP status of GET path on 127.0.0.1:port; 0 when nothing answers."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
+    except (OSError, TimeoutError):
+        return 0
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 5)
+        parts = line.split()
+        return int(parts[1]) if len(parts) > 1 else 0
+    except (OSError, TimeoutError, ValueError):
+        return 0
+    finally:
+        writer.close()
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen
+    health_port: int
+    log_path: Path
+    samples: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def sample(self, label: str) -> dict[str, int]:
+        self.samples[label] = memory_kib(self.pid)
+        return self.samples[label]
+
+    def log_tail(self, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
+
+class ServiceSet:
+    """`tether services NAME` for each service, log level warning, the bench child loaded."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path, *, uvloop: bool = False) -> None:
+        self.env = env
+        self.entry = "bench.launch" if uvloop else "tether.cli"
+        self.log_dir = log_dir
+        self.services: dict[str, Service] = {}
+
+    @staticmethod
+    def environment(nats_url: str, database_url: str, prefix: str,
+                    extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+        env.update(TETHER_NATS_URL=nats_url, TETHER_DATABASE_URL=database_url,
+                   TETHER_PREFIX=prefix, TETHER_PROJECTION_SCHEMA=prefix,
+                   TETHER_AGENTS=BENCH_AGENT, TETHER_LOG_LEVEL="warning",
+                   TETHER_LOG_FORMAT="json",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
+        env.update(extra or {})
+        return env
+
+    async def start(self, timeout: float = 60.0) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for name in SERVICES:
+            self.services[name] = self._spawn(name)
+        deadline = time.monotonic() + timeout
+        for service in self.services.values():
+            while await http_status(service.health_port, "/readyz") != 200:
+                if service.process.poll() is not None or time.monotonic() > deadline:
+                    await self.stop()
+                    raise RuntimeError(f"service {service.name} did not become ready; "
+                                       f"log {service.log_path}:\n{service.log_tail()}")
+                await asyncio.sleep(0.1)
+
+    def _spawn(self, name: str) -> Service:
+        port = free_port()
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", self.entry, "services", name],
+                env={**self.env, "TETHER_HEALTH_PORT": str(port)}, cwd=REPO,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+        return Service(name, process, port, log_path)
+
+    def sample(self, label: str) -> dict[str, dict[str, int]]:
+        return {name: service.sample(label) for name, service in self.services.items()}
+
+    def pids(self) -> dict[str, int]:
+        return {name: service.pid for name, service in self.services.items()}
+
+    def crashed(self) -> list[str]:
+        return [n for n, s in self.services.items() if s.process.poll() is not None]
+
+    async def stop(self, grace: float = 20.0) -> dict[str, int | None]:
+        for service in self.services.values():
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        codes = {}
+        for name, service in self.services.items():
+            while service.process.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if service.process.poll() is None:
+                service.process.kill()
+                service.process.wait()
+            codes[name] = service.process.returncode
+        return codes
