@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from tether.agents.devtools import add_runs_command, run_runs_command
 from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_client_command
 from tether.config import ConfigurationError, Settings
 from tether.log import configure_logging
@@ -16,6 +17,7 @@ SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083
 
 SERVICE_MODULES = {"parent": "tether_services.parent",
                    "child-runner": "tether_services.child_runner",
+                   "reconciler": "tether_services.reconciler",
                    "projector": "tether_services.projector"}
 
 
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nats-url", help="default: $TETHER_NATS_URL")
     parser.add_argument("--database-url", help="default: $TETHER_DATABASE_URL")
     parser.add_argument("--prefix", help="subject prefix (default: $TETHER_PREFIX or tether)")
+    parser.add_argument("--config", metavar="PATH", help="a TOML file of settings (default: "
+                        "$TETHER_CONFIG_FILE); the environment and flags override it")
     commands = parser.add_subparsers(dest="command", required=True)
 
     services = commands.add_parser("services", help="run Tether services")
@@ -41,11 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     projections.add_argument("action", choices=["migrate", "rebuild", "verify"])
     projections.add_argument("--batch-size", type=int, default=5000)
     add_client_commands(commands)
+    add_runs_command(commands)
 
     args = parser.parse_args(argv)
     try:
-        settings = Settings.from_env(nats_url=args.nats_url, database_url=args.database_url,
-                                     prefix=args.prefix, agents=getattr(args, "agents", None))
+        settings = Settings.from_env(config_file=args.config, nats_url=args.nats_url,
+                                     database_url=args.database_url, prefix=args.prefix,
+                                     agents=getattr(args, "agents", None))
     except ConfigurationError as error:
         print(f"tether: {error}", file=sys.stderr)
         return 2
@@ -53,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command in CLIENT_COMMANDS:
             return run_client_command(args, settings)
+        if args.command == "runs":
+            return run_runs_command(args, settings)
         if args.command == "services":
             return asyncio.run(_run_services(settings, args.name))
         return asyncio.run(_projections(settings, args.action, args.batch_size))
@@ -92,7 +100,7 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
                 applied = await migrate(conn, schema)
             print(f"schema {schema}: applied {applied or 'nothing (up to date)'}")
             return 0
-        nc = await connect_nats(settings.nats_url, name=f"tether-{action}")
+        nc = await connect_nats(settings.nats_connect_url, name=f"tether-{action}")
         try:
             log = EventLog(nc, settings.subjects)
             options = {"batch_size": batch_size, "preview_chars": settings.input_preview_chars,

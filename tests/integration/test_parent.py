@@ -231,7 +231,7 @@ async def test_repeated_request_of_an_interrupted_run_reattaches(parent, log):
                   run.interrupted("recovery-deadline", child_still_running=False)):
         await log.append(event, expected_last_seq=None)
     await send(log, "run", run_request("int-1"))
-    state, events = await until(log, "int-1", lambda s, e: s.reattach_attempts == 1)
+    _state, events = await until(log, "int-1", lambda s, e: s.reattach_attempts == 1)
     assert events[-1].type == "run.reattach_started"
 
     async def redispatched() -> list[WorkItem]:

@@ -872,3 +872,13 @@ def test_a_request_of_another_run_does_not_replace_this_one() -> None:
     foreign = make(RunRequested, {"agent_type": "Researcher", "input": {}}, run_id="r2")
 
     assert_reported(evolve(before, foreign), before, "another run")
+
+
+def test_cancelling_a_paused_awaited_run_aborts_it_at_once() -> None:
+    from tether.domain import decide
+
+    state = state_after(requested(), running(1), paused(event_id="pause-1"))
+    events = decide.cancel(state, decide.Cause(command_seq=7, now=T0 + 50))
+
+    assert [e.type for e in events] == ["run.cancel_requested", "run.aborted"]
+    assert state_after(requested(), running(1), paused(event_id="pause-1"), *events).status == "aborted"

@@ -5,7 +5,8 @@ A child agent is a Python class registered by import path (`TETHER_AGENTS`,
 """
 
 import importlib
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -22,12 +23,37 @@ class AnyInput(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+PAUSE_MILESTONES = {"waiting_for_human": "needs-approval",
+                    "waiting_for_tools": "needs-tool-output"}
+
+
+@dataclass(frozen=True)
+class AwaitingInput:
+    """What `run` returns to pause the run until `tether.cmd.continue` answers it.
+
+    The runner appends `run.paused` (with `pending`) and a milestone named after the
+    reason (`needs-approval` or `needs-tool-output`, its data holding the pause id and
+    the pending items, so a detached run's parent can react), acknowledges the work item
+    and records no outcome. The parent's `run.resumed` re-dispatches the run; the runner
+    that picks it up runs the child again, with the answers in
+    `ctx.history.resumptions[-1].decisions`.
+
+    `key` names this pause among the run's pauses, and must be the same when a resumed
+    attempt pauses again at the same point (it becomes part of the event id).
+    """
+
+    reason: Literal["waiting_for_human", "waiting_for_tools"]
+    key: str
+    pending: list[dict[str, Any]] = field(default_factory=list)
+
+
 class ChildAgent:
     """Subclass and implement `run`; see the README for the full surface.
 
     `run` returns the child's final text (the default summary), or a structured value
-    (the output), or None. Workflow-style children with no text override `get_output`
-    and `get_summary`, which are read once `run` has returned.
+    (the output), or None, or an `AwaitingInput` to pause the run. Workflow-style
+    children with no text override `get_output` and `get_summary`, which are read once
+    `run` has returned.
     """
 
     agent_type: ClassVar[str] = ""

@@ -18,6 +18,7 @@ from tether.log import get_logger
 
 if TYPE_CHECKING:
     from tether.child.recorder import RunRecorder
+    from tether.domain.run_state import RunState
 
 _current: ContextVar["RunContext | None"] = ContextVar("tether_run_context", default=None)
 _warned_outside_run = False
@@ -25,6 +26,15 @@ _warned_outside_run = False
 
 class RunCancelled(Exception):
     """Raised by `ctx.raise_if_cancelled()`; the runner records the run as `aborted`."""
+
+
+class RunSuperseded(RunCancelled):
+    """The child lost the run: a newer attempt holds it (`superseded`) or it ended
+    elsewhere (`gone`). The runner stops the child and records nothing for it."""
+
+    def __init__(self, message: str, reason: str = "superseded") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def current_context() -> "RunContext | None":
@@ -95,13 +105,20 @@ class RunContext:
     """
 
     def __init__(self, *, run_id: str, parent: ParentRef, agent_type: str, attempt: int,
-                 recorder: "RunRecorder | None", client: Any = None) -> None:
+                 recorder: "RunRecorder | None", client: Any = None,
+                 history: "RunState | None" = None) -> None:
         self.run_id = run_id
         self.parent = parent
         self.agent_type = agent_type
         self.attempt = attempt
         self.client = client
         self.cancelled = asyncio.Event()
+        # The run as it stood when this attempt began (recorded steps, pauses and their
+        # answers), so a child that records its steps can resume after the last one.
+        self.history = history
+        # A finer status for inspect while the child runs (the agent runtime's
+        # running / waiting_for_human ...); None: the runner's own.
+        self.child_status: str | None = None
         self._recorder = recorder
 
     @classmethod
@@ -150,6 +167,26 @@ class RunContext:
             return
         if text:
             await self._recorder.output(text)
+
+    async def record_step(self, index: int, step: dict[str, Any]) -> None:
+        """Record a completed step (`run.step_recorded`) before the child goes on.
+
+        Only the attempt that holds the run records; an attempt that lost it gets
+        `RunSuperseded`. Standalone, this does nothing.
+        """
+        if self._recorder is not None:
+            await self._recorder.step(index, step)
+
+    def replay_milestones(self, names: "list[str] | tuple[str, ...]") -> None:
+        """Milestones that steps recorded earlier reported: a resumed child that skips
+        those steps declares them, so its next milestone of the same name is recorded."""
+        if self._recorder is not None:
+            self._recorder.replay_milestones(names)
+
+    @property
+    def reported_milestones(self) -> tuple[str, ...]:
+        """Names of the milestones reported in this attempt so far, replays included."""
+        return tuple(self._recorder.reported_milestones) if self._recorder is not None else ()
 
     def as_parent(self) -> ParentRef:
         """This run as the parent of nested agent-tool runs."""

@@ -8,7 +8,10 @@ repeat, because a work item is redelivered whenever its runner dies or gives it 
 - the outcome is appended only while the run is not hard-terminal (never a second
   `run.completed`), with a deterministic event id so a retried append is stored once;
 - the work item is acknowledged only after the outcome is in the log: a runner that
-  dies before that leaves the item to be redelivered and the run to be resumed.
+  dies before that leaves the item to be redelivered and the run to be resumed;
+- a child that pauses (returns `AwaitingInput`) ends the attempt with `run.paused` and a
+  milestone instead of an outcome; the item is acknowledged, and the parent's
+  `run.resumed` dispatches a new one.
 """
 
 import asyncio
@@ -22,8 +25,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether.adapters.jetstream import EventLog
-from tether.child.agent import ChildAgent
-from tether.child.context import RunCancelled, RunContext, bind_context
+from tether.child.agent import AwaitingInput, ChildAgent
+from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
 from tether.child.recorder import RunRecorder, now_ms
 from tether.config import Settings
 from tether.contract.codec import encode_event
@@ -38,6 +41,8 @@ from tether.domain.events import (
     RunCompletedData,
     RunFailed,
     RunFailedData,
+    RunPaused,
+    RunPausedData,
     RunRunning,
     RunRunningData,
 )
@@ -47,7 +52,8 @@ from tether.log import get_logger
 
 MAX_ERROR_CHARS = 500
 
-OutcomeKind = Literal["completed", "failed", "aborted", "skipped", "released", "superseded"]
+OutcomeKind = Literal["completed", "failed", "aborted", "skipped", "released", "superseded",
+                      "paused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,7 @@ class RunnerEnvironment:
 class _Result:
     summary: str
     output: Any
+    pause: AwaitingInput | None = None
 
 
 def safe_error(error: BaseException) -> str:
@@ -91,6 +98,21 @@ def safe_error(error: BaseException) -> str:
 def explain_validation(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in problem['loc']) or 'input'}: {problem['msg']}"
                      for problem in error.errors())
+
+
+def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
+    """Attempts made since the run last resumed from a pause (or since it began).
+
+    `max_attempts` bounds runners dying on the same stretch of work; a run that pauses
+    and resumes many times is not failing, and each resume starts the count again.
+    """
+    count = 0
+    for event in events:
+        if event.type == "run.resumed":
+            count = 0
+        elif event.type == "run.running":
+            count += 1
+    return count
 
 
 def _finish_unless_terminal(event: Event) -> Callable[[RunState | None], list[Event]]:
@@ -109,6 +131,7 @@ class Execution:
         self.attempt = 0
         self._started = time.monotonic()
         self._ctx: RunContext | None = None
+        self._recorder: RunRecorder | None = None
         self._child: asyncio.Task[_Result] | None = None
         self._hard_cancel: asyncio.TimerHandle | None = None
         self._causation_id = f"work:{item.run_id}:{item.dispatch}"
@@ -135,6 +158,8 @@ class Execution:
             return "queued"
         if self._child.done():
             return "stopped"
+        if self._ctx is not None and self._ctx.child_status is not None:
+            return self._ctx.child_status
         return "running"
 
     def release_for_shutdown(self) -> None:
@@ -165,7 +190,8 @@ class Execution:
 
     async def _run(self) -> Outcome:
         log, settings = self._env.log, self._env.settings
-        state = (await log.read_run(self.parent, self.run_id)).state
+        history = await log.read_run(self.parent, self.run_id)
+        state = history.state
         if state is None:
             return await self._ack("skipped", "no such run (never requested, or cleared)")
         self.attempt = state.attempt
@@ -178,8 +204,13 @@ class Execution:
             if state.cancel_reason == GIVE_UP:
                 return await self._ack("skipped", "the reconciler gave up on the run")
             return await self._abort(None)
-        if state.attempt >= settings.max_attempts:
-            return await self._fail(f"gave up after {state.attempt} attempts: the child's "
+        if state.paused is not None:
+            # A stale item for a run that waits for input; a predecessor that paused it and
+            # died before adding the milestone leaves that to us.
+            await self._new_recorder(state).pause_milestone(state.paused)
+            return await self._ack("skipped", f"the run is {state.paused.reason}")
+        if (attempts := attempts_since_resume(history.events)) >= settings.max_attempts:
+            return await self._fail(f"gave up after {attempts} attempts: the child's "
                                     f"runner stopped each time before the run finished")
 
         expected = state.attempt
@@ -215,11 +246,9 @@ class Execution:
 
     async def _run_child(self, state: RunState, payload: BaseModel) -> Outcome:
         env = self._env
-        recorder = RunRecorder(env.log, state, attempt=self.attempt,
-                               coalesce_ms=env.settings.progress_coalesce_ms,
-                               causation_id=self._causation_id)
+        recorder = self._recorder = self._new_recorder(state)
         ctx = RunContext(run_id=self.run_id, parent=self.parent, agent_type=state.agent_type,
-                         attempt=self.attempt, recorder=recorder)
+                         attempt=self.attempt, recorder=recorder, history=state)
         if env.parent_client is not None:
             ctx.client = env.parent_client(ctx.as_parent())
         self._ctx = ctx
@@ -245,11 +274,18 @@ class Execution:
             await recorder.flush()
         return await self._settle(self._child)
 
+    def _new_recorder(self, state: RunState) -> RunRecorder:
+        return RunRecorder(self._env.log, state, attempt=self.attempt,
+                           coalesce_ms=self._env.settings.progress_coalesce_ms,
+                           causation_id=self._causation_id)
+
     async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:
         bind_context(ctx)
         agent = self._agent_cls()
         returned = await agent.run(ctx, payload)
         ctx.raise_if_cancelled()  # a cooperative child that stopped early was cancelled
+        if isinstance(returned, AwaitingInput):
+            return _Result(summary="", output=None, pause=returned)
         final_text = returned if isinstance(returned, str) else None
         output = None if isinstance(returned, str) else returned
         override = await agent.get_output(self.run_id)
@@ -266,6 +302,9 @@ class Execution:
 
     async def _settle(self, child: asyncio.Task[_Result]) -> Outcome:
         error = None if child.cancelled() else child.exception()
+        if isinstance(error, RunSuperseded) and self._stop_reason is None:
+            # The child found out before the heartbeat did.
+            self._stop_reason, self._cancel_detail = error.reason, str(error)  # type: ignore[assignment]
         if child.cancelled() or isinstance(error, RunCancelled):
             if self._stop_reason == "shutdown":
                 await self._msg.nak()  # another runner resumes the run at once
@@ -285,6 +324,8 @@ class Execution:
         if error is not None:
             return await self._fail(safe_error(error), error)
         result = child.result()
+        if result.pause is not None:
+            return await self._pause(result.pause)
         completed = RunCompleted(
             event_id=derived_event_id(self.run_id, "completed"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
@@ -331,6 +372,38 @@ class Execution:
                 self.cancel(state.cancel_reason)
 
     # --- outcomes ----------------------------------------------------------------------
+
+    async def _pause(self, pause: AwaitingInput) -> Outcome:
+        """The child waits for input: record the pause and its milestone, end the attempt.
+
+        The pause's event id derives from the child's key, so a successor that resumes
+        after a crash and pauses at the same point appends nothing new.
+        """
+        paused = RunPaused(
+            event_id=derived_event_id(self.run_id, "paused", pause.key), run_id=self.run_id,
+            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            causation_id=self._causation_id,
+            data=RunPausedData(reason=pause.reason, pending=pause.pending))
+
+        def decide(state: RunState | None) -> list[Event]:
+            if (state is None or state.is_hard_terminal or state.attempt != self.attempt
+                    or state.paused is not None or state.cancel_requested_at is not None):
+                return []
+            return [paused]
+
+        state, _ = await self._env.log.update(self.parent, self.run_id, decide)
+        if state is None or state.is_hard_terminal:
+            return await self._ack("skipped", "the run ended before it could pause")
+        if state.attempt != self.attempt:
+            return self._outcome("superseded", f"attempt {state.attempt} took over the run")
+        if state.paused is None:  # a cancel arrived first
+            if state.cancel_reason == GIVE_UP:
+                return await self._ack("skipped", "the reconciler gave up on the run")
+            return await self._abort(state.cancel_reason)
+        assert self._recorder is not None
+        await self._recorder.pause_milestone(state.paused)
+        return await self._ack("paused", f"{state.paused.reason}: "
+                                         f"{len(state.paused.pending)} pending")
 
     async def _abort(self, reason: str | None,
                      cause: Literal["cancel", "child"] = "cancel") -> Outcome:

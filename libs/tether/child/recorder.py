@@ -22,17 +22,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.adapters.jetstream import EventLog
+from tether.child.agent import PAUSE_MILESTONES
+from tether.child.context import RunSuperseded
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import (
+    Event,
     RunMilestone,
     RunMilestoneData,
     RunOutput,
     RunOutputData,
     RunProgressPersisted,
     RunProgressPersistedData,
+    RunStepRecorded,
+    RunStepRecordedData,
 )
 from tether.domain.ids import derived_event_id
-from tether.domain.run_state import RunState
+from tether.domain.run_state import PauseInfo, RunState
 from tether.log import get_logger
 
 
@@ -64,6 +69,7 @@ class RunRecorder:
         self._names_this_attempt: Counter[str] = Counter()
         self._next_sequence = max((m.sequence for m in state.milestones), default=-1) + 1
         self.milestones_recorded = 0
+        self.reported_milestones: list[str] = []  # this attempt's, recorded or replayed
 
         self._recorded_text = state.output_text
         self._replayed_chars = 0  # how much of the recorded text this attempt has re-emitted
@@ -94,6 +100,7 @@ class RunRecorder:
         """Record a milestone; False when it is a replay of one already recorded."""
         async with self._milestone_lock:
             self._names_this_attempt[name] += 1
+            self.reported_milestones.append(name)
             if self._names_this_attempt[name] <= self._recorded_names[name]:
                 return False
             # Sent in order: an older ephemeral signal must not land after the milestone.
@@ -115,6 +122,73 @@ class RunRecorder:
                 await self._publish_signal(_Progress(fraction, message, phase, data, True), at,
                                            milestone=name)
             return True
+
+    def replay_milestones(self, names: "list[str] | tuple[str, ...]") -> None:
+        """Count milestones a resumed child will not report again (their steps were
+        recorded and are skipped), so that its next one of the same name is new."""
+        for name in names:
+            self._names_this_attempt[name] += 1
+
+    async def pause_milestone(self, pause: PauseInfo) -> bool:
+        """The milestone that tells the parent a run waits for input, recorded once per pause.
+
+        Keyed by the pause id in its data, so a runner that finds a paused run whose
+        milestone is missing (its predecessor died in between) adds it, and only then.
+        """
+        name = PAUSE_MILESTONES[pause.reason]
+        what = "approval of" if pause.reason == "waiting_for_human" else "the output of"
+        message = f"waiting for {what} {len(pause.pending)} tool call(s)"
+        data = {"pause_id": pause.pause_id, "reason": pause.reason, "pending": pause.pending}
+
+        def decide(state: RunState | None) -> list[Event]:
+            if state is None or state.paused is None or state.paused.pause_id != pause.pause_id:
+                return []
+            if any(m.name == name and isinstance(m.data, dict)
+                   and m.data.get("pause_id") == pause.pause_id for m in state.milestones):
+                return []
+            sequence = max((m.sequence for m in state.milestones), default=-1) + 1
+            return [RunMilestone(
+                event_id=derived_event_id(self.run_id, "ms", sequence), run_id=self.run_id,
+                parent=self.parent, occurred_at=self._next_at(), correlation_id=self.run_id,
+                causation_id=self._causation_id,
+                data=RunMilestoneData(sequence=sequence, name=name, data=data, message=message,
+                                      phase=pause.reason))]
+
+        _, appended = await self._log.update(self.parent, self.run_id, decide)
+        if appended:
+            await self._publish_signal(_Progress(None, message, pause.reason, data, True),
+                                       appended[0].occurred_at, milestone=name)
+        return bool(appended)
+
+    # --- steps --------------------------------------------------------------------------
+
+    async def step(self, index: int, step: dict[str, Any]) -> None:
+        """Append `run.step_recorded` while this attempt holds the run.
+
+        Two attempts can briefly both run a child (the older one learns of the newer
+        at its next heartbeat); only the one whose attempt is the run's current one may
+        record, so a resumed run never mixes two histories.
+        """
+        event = RunStepRecorded(
+            event_id=derived_event_id(self.run_id, "step", index), run_id=self.run_id,
+            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            causation_id=self._causation_id, data=RunStepRecordedData(index=index, step=step))
+
+        def decide(state: RunState | None) -> list[Event]:
+            if (state is None or state.is_hard_terminal or state.attempt != self._attempt
+                    or index in state.steps):
+                return []
+            return [event]
+
+        state, appended = await self._log.update(self.parent, self.run_id, decide)
+        if appended:
+            return
+        if state is None or state.is_hard_terminal:
+            ended = "was cleared" if state is None else f"ended {state.status}"
+            raise RunSuperseded(f"the run {ended} while the child ran", reason="gone")
+        if state.attempt != self._attempt:
+            raise RunSuperseded(f"attempt {state.attempt} took over the run")
+        # Same attempt and the index is there: our own append, acknowledged late.
 
     # --- output -----------------------------------------------------------------------
 

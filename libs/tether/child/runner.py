@@ -79,7 +79,7 @@ class _Slots:
 
     @property
     def free(self) -> int:
-        return self._semaphore._value  # noqa: SLF001 - the count asyncio keeps anyway
+        return self._semaphore._value
 
     async def wait_for_free(self) -> bool:
         """Until a slot is free (True), or the slots are closed (False)."""

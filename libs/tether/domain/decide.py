@@ -141,7 +141,9 @@ def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> l
     if state.cancel_requested_at is None:
         events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
                                          data=RunCancelRequestedData(reason=reason)))
-    if state.detached is not None or state.status == "interrupted":
+    # No child is there to stop for a detached run (it ends at once by contract), an
+    # interrupted one (given up on) or a paused one (parked until a human answers).
+    if state.detached is not None or state.status == "interrupted" or state.paused is not None:
         events.append(RunAborted(**_envelope(state.run_id, state.parent, cause, "aborted"),
                                  data=RunAbortedData(error=f"cancelled{': ' + reason if reason else ''}",
                                                      cause="cancel")))

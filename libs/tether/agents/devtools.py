@@ -1,0 +1,160 @@
+"""`tether runs show RUN_ID --parent Agent/name`: a run's steps, tool calls, usage, timings.
+
+Read from the projections (the `runs` table's `state`, the folded run with its recorded
+steps), so it works for any run the projector has seen, finished or not, without
+touching NATS.
+"""
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import asyncpg
+
+from tether.adapters.postgres.migrator import check_schema_name
+from tether.agents.records import AgentStepRecord, usage_of
+from tether.config import Settings
+from tether.domain.events import ParentRef
+from tether.domain.run_state import RunState
+
+SELECT_RUN_STATE = """
+    SELECT state::text FROM "{schema}".runs
+    WHERE parent_agent = $1 AND parent_name = $2 AND run_id = $3
+"""
+PREVIEW_CHARS = 120
+
+
+def add_runs_command(commands: "argparse._SubParsersAction") -> None:
+    runs = commands.add_parser("runs", help="a run's recorded steps (DevTools)")
+    actions = runs.add_subparsers(dest="runs_action", required=True)
+    show = actions.add_parser("show", help="steps, tool calls, usage and timings of one run, "
+                                           "from the projections")
+    show.add_argument("run_id")
+    show.add_argument("--parent", required=True, metavar="AGENT/NAME")
+    show.add_argument("--json", action="store_true", help="the projected run state as JSON")
+
+
+def run_runs_command(args: argparse.Namespace, settings: Settings) -> int:
+    agent, _, name = args.parent.partition("/")
+    try:
+        parent = ParentRef(agent=agent, name=name)
+    except ValueError:
+        print(f"tether: --parent must be AGENT/NAME, not {args.parent!r}", file=sys.stderr)
+        return 2
+    return asyncio.run(show_run(settings, parent, args.run_id, as_json=args.json))
+
+
+async def load_run(settings: Settings, parent: ParentRef, run_id: str) -> RunState | None:
+    schema = check_schema_name(settings.projection_schema)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        text = await conn.fetchval(SELECT_RUN_STATE.format(schema=schema), parent.agent,
+                                   parent.name, run_id)
+    finally:
+        await conn.close()
+    return None if text is None else RunState.model_validate_json(text)
+
+
+async def show_run(settings: Settings, parent: ParentRef, run_id: str, *, as_json: bool = False,
+                   out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    state = await load_run(settings, parent, run_id)
+    if state is None:
+        print(f"tether: no run {run_id!r} of {parent.agent}/{parent.name} in the projections "
+              f"(schema {settings.projection_schema})", file=sys.stderr)
+        return 1
+    print(state.model_dump_json(indent=2) if as_json else render_run(state), file=out)
+    return 0
+
+
+def render_run(state: RunState) -> str:
+    records = records_of(state)
+    parent = f"{state.parent.agent}/{state.parent.name}"
+    timings = (f"requested {_clock(state.requested_at)}"
+               f"  started {_after(state.requested_at, state.started_at)}"
+               f"  ended {_after(state.requested_at, state.ended_at)}")
+    lines = [f"run {state.run_id}  {state.agent_type}  parent {parent}",
+             f"status    {_status(state)}  attempt {state.attempt}",
+             f"timings   {timings}"]
+    if not records:
+        lines.append("steps     none recorded (a child that records no steps, or not started)")
+    inputs = {call.id: call.input for record in records for call in record.tool_calls}
+    for record in records:
+        lines += _step(record, inputs, state.requested_at)
+    if records:
+        usage = usage_of(records)
+        cost = "unknown" if usage.cost is None else f"${usage.cost:.6f}"
+        lines.append(f"usage     in {usage.input_tokens:,}  out {usage.output_tokens:,}  "
+                     f"cached {usage.cached_tokens:,}  total {usage.total_tokens:,}  cost {cost}")
+    for resumption in state.resumptions:
+        lines.append(f"continue  {_clock(resumption.at)}  {_compact(resumption.decisions)}")
+    if state.summary:
+        lines.append(f"summary   {_preview(state.summary)}")
+    if state.error:
+        lines.append(f"error     {state.error}")
+    return "\n".join(lines)
+
+
+def _status(state: RunState) -> str:
+    if state.paused is not None:
+        return f"{state.status}, {state.paused.reason} ({len(state.paused.pending)} pending)"
+    if state.reason:
+        return f"{state.status} ({state.reason})"
+    return state.status
+
+
+def _step(record: AgentStepRecord, inputs: dict[str, dict[str, Any]], origin: int) -> list[str]:
+    duration = f"{_after(origin, record.started_at)}, {record.ended_at - record.started_at:,} ms"
+    head = f"#{record.index:<3}"
+    if record.turn is None:
+        lines = [f"{head} continuation  call {record.call}  {duration}  -> {record.status}"]
+    else:
+        turn, usage = record.turn, record.turn.usage
+        cost = "" if record.cost is None else f"  ${record.cost:.6f}"
+        attempts = f"{turn.attempts} attempt{'s' if turn.attempts != 1 else ''}"
+        lines = [(f"{head} model turn  call {record.call}  {record.model}  {duration} "
+                  f"(model {turn.duration_ms:,} ms, {attempts})  finish {turn.finish_reason}  "
+                  f"-> {record.status}"),
+                 (f"      tokens in {usage.input_tokens:,} out {usage.output_tokens:,} "
+                  f"cached {usage.cached_tokens:,}{cost}  request {turn.request_id}")]
+        if turn.message.content:
+            lines.append(f"      text  {_preview(turn.message.content)}")
+    for result in record.tool_results:
+        flag = " ERROR" if result.is_error else ""
+        called = _compact(inputs.get(result.tool_call_id, {}))
+        lines.append(f"      tool  {result.tool_name} [{result.decision}]{flag} {called}  "
+                     f"{result.duration_ms:,} ms  -> {_preview(result.content)}")
+    for pending in record.pending:
+        lines.append(f"      wait  {pending.tool_name} {_compact(pending.input)}  "
+                     f"({pending.reason}, id {pending.tool_call_id})")
+    if record.human_input:
+        lines.append(f"      human {_preview(record.human_input)}")
+    if record.stop_reason:
+        lines.append(f"      stop  {record.stop_reason}")
+    return lines
+
+
+def _clock(epoch_ms: int) -> str:
+    moment = datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{epoch_ms % 1000:03d}Z"
+
+
+def _after(origin: int, moment: int | None) -> str:
+    return "—" if moment is None else f"+{moment - origin:,} ms"
+
+
+def _compact(value: Any) -> str:
+    return _preview(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def _preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+
+
+def records_of(state: RunState) -> Sequence[AgentStepRecord]:
+    return [AgentStepRecord.model_validate(state.steps[i]) for i in sorted(state.steps)]

@@ -1,0 +1,407 @@
+"""The agent loop: model turn, tool calls, record, repeat — for one run or continue call.
+
+The loop knows nothing of NATS or of Tether's log. It reaches the outside through
+ports: the model client, a `StepJournal` that stores each step record before the next
+step starts, a text sink for streamed output, and an event callback. Everything it
+needs to go on is in the session's records, so a loop given the records of a run that
+was interrupted continues after the last one: it calls neither the model nor a tool for
+a recorded step.
+"""
+
+import asyncio
+import contextlib
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from tether.agents.definition import (
+    AgentDefinition,
+    DynamicContext,
+    ModelRetry,
+    ReviewRequest,
+    resolve,
+)
+from tether.agents.errors import (
+    ModelError,
+    describe,
+    is_context_overflow,
+    is_retryable,
+    retry_after_ms,
+)
+from tether.agents.events import AgentEvent
+from tether.agents.history import repair_tool_history
+from tether.agents.messages import Message, ModelClient, ModelRequest, ModelResponse
+from tether.agents.records import (
+    AgentStepRecord,
+    Decisions,
+    ModelTurn,
+    RunStatus,
+    conversation,
+    open_pending,
+    pause_of,
+    turns_in_call,
+    usage_of,
+)
+from tether.agents.stop import StopState
+from tether.agents.tool_calls import ToolRunner, now_ms
+from tether.agents.tools import ProgressReporter, StateAccessor, ToolContext
+from tether.child.context import RunCancelled
+from tether.domain.events import ParentRef
+
+TURN_SEPARATOR = "\n\n"
+
+
+class StepJournal(Protocol):
+    """Where step records go. `record` returns once the record is durable (for Tether:
+    appended to the run's log), and returns it as stored."""
+
+    async def record(self, record: AgentStepRecord) -> AgentStepRecord: ...
+
+
+class TextSink(Protocol):
+    """Receives the answer's text as it streams; `replayed` marks text of recorded steps
+    re-emitted when a run is resumed (a sink that already has it skips it)."""
+
+    async def __call__(self, text: str, replayed: bool) -> None: ...
+
+
+class MemoryJournal:
+    async def record(self, record: AgentStepRecord) -> AgentStepRecord:
+        return record
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One run or continue call, with its options resolved."""
+
+    run_id: str
+    call: int
+    max_steps: int
+    retry: ModelRetry
+    model: str | None = None  # a run option overriding the definition's model
+    preset: str | None = None
+    tool_execution: Literal["auto", "manual"] = "auto"
+    context: Any = None
+    parent: ParentRef | None = None
+
+
+@dataclass
+class Session:
+    input: tuple[Message, ...]
+    records: list[AgentStepRecord]
+    state: StateAccessor
+
+
+@dataclass
+class LoopPorts:
+    client: ModelClient
+    journal: StepJournal = field(default_factory=MemoryJournal)
+    on_event: Callable[[AgentEvent], Awaitable[None]] | None = None
+    text: TextSink | None = None
+    progress: ProgressReporter | None = None  # the Tether child API's report_progress
+    cancelled: asyncio.Event | None = None
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    on_status: Callable[[RunStatus], None] | None = None
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    status: RunStatus
+    model: str
+    stop_reason: str | None = None
+    error: str | None = None
+    error_details: dict[str, Any] | None = None
+
+
+class _ModelCallFailed(Exception):
+    def __init__(self, error: BaseException, attempts: int) -> None:
+        super().__init__(describe(error))
+        self.error, self.attempts = error, attempts
+
+
+class _StepText:
+    """The text of one model turn as emitted, across retries of the call.
+
+    A retried call streams its answer again from the start; what an earlier attempt
+    already emitted is not emitted twice (if the new answer starts the same way).
+    """
+
+    def __init__(self, separator: str) -> None:
+        self._separator = separator
+        self.emitted = ""
+        self._attempt = ""
+        self.fed = False
+
+    def begin_attempt(self) -> None:
+        self._attempt, self.fed = "", False
+
+    def feed(self, delta: str) -> str:
+        self.fed = True
+        if not delta:
+            return ""
+        self._attempt += delta
+        target = self._separator + self._attempt
+        if target.startswith(self.emitted):
+            new, self.emitted = target[len(self.emitted):], target
+            return new
+        if self.emitted.startswith(target):
+            return ""
+        self.emitted += delta  # the answer diverged from what was shown; keep both
+        return delta
+
+
+class AgentLoop:
+    def __init__(self, definition: AgentDefinition, ports: LoopPorts) -> None:
+        self._definition = definition
+        self._ports = ports
+        self._emitted_text = False
+        self._model = ""
+
+    async def drive(self, session: Session, plan: CallPlan,
+                    decisions: Decisions | None = None) -> CallOutcome:
+        self._model = plan.model or ""
+        await self._replay_text(session.records)
+        await self._emit(plan, "run_started", data={"call": plan.call})
+        try:
+            outcome = await self._drive(session, plan, decisions)
+        except RunCancelled:
+            outcome = CallOutcome("cancelled", self._model, error="cancelled")
+        except _ModelCallFailed as failure:
+            error = failure.error
+            details = {"kind": "unknown", "message": describe(error),
+                       **(error.details() if isinstance(error, ModelError) else {}),
+                       "attempts": failure.attempts,
+                       "context_overflow": is_context_overflow(failure.error)}
+            outcome = CallOutcome("failed", self._model, error=describe(failure.error),
+                                  error_details=details)
+        if outcome.status in ("waiting_for_human", "waiting_for_tools"):
+            pause = pause_of(session.records)
+            await self._emit(plan, "paused", data=pause.model_dump(mode="json") if pause else {})
+        await self._emit(plan, "run_finished", data={"status": outcome.status,
+                                                     "stop_reason": outcome.stop_reason,
+                                                     "error": outcome.error})
+        return outcome
+
+    async def _drive(self, session: Session, plan: CallPlan,
+                     decisions: Decisions | None) -> CallOutcome:
+        records = session.records
+        this_call = [r for r in records if r.call == plan.call]
+        if this_call and this_call[-1].status in ("completed", "stopped"):
+            # Resumed after the call's outcome was recorded: nothing is left to do.
+            last = this_call[-1]
+            return CallOutcome(last.status, last.model or self._model, last.stop_reason)
+        answered = any(r.kind == "continuation" for r in this_call)
+        if decisions is not None and not answered and not decisions.empty:
+            await self._continuation(session, plan, decisions)
+        if pause := pause_of(records):
+            return CallOutcome(pause.reason, self._model)
+        turns = turns_in_call(records, plan.call)
+        while turns < plan.max_steps:
+            self._check_cancelled()
+            record = await self._model_step(session, plan, turns)
+            turns += 1
+            if record.status != "running":
+                return CallOutcome(record.status, self._model, record.stop_reason)
+        return CallOutcome("stopped", self._model, "max_steps")
+
+    # --- a continue call's answers -------------------------------------------------------
+
+    async def _continuation(self, session: Session, plan: CallPlan, decisions: Decisions) -> None:
+        index, started = len(session.records), now_ms()
+        pending = open_pending(session.records)
+        if not pending and not decisions.human_input:
+            return  # approvals for calls that are not waiting answer nothing
+        results, remaining = await self._tools(session, plan, index).resolve(
+            pending, decisions, index)
+        status = "running"
+        if remaining:
+            status = ("waiting_for_human" if any(p.reason == "approval" for p in remaining)
+                      else "waiting_for_tools")
+        await self._store(session, plan, AgentStepRecord(
+            index=index, call=plan.call, kind="continuation", status=status,
+            tool_results=tuple(results), pending=tuple(remaining),
+            human_input=decisions.human_input,
+            state=session.state.snapshot(), started_at=started, ended_at=now_ms()))
+
+    # --- one model turn -----------------------------------------------------------------
+
+    async def _model_step(self, session: Session, plan: CallPlan, turns: int) -> AgentStepRecord:
+        definition, records = self._definition, session.records
+        index, started = len(records), now_ms()
+        messages = repair_tool_history(conversation(session.input, records))
+        dynamic = DynamicContext(run_id=plan.run_id, agent_id=definition.id,
+                                 context=plan.context, state=session.state.snapshot(),
+                                 step=sum(1 for r in records if r.kind == "model_turn"),
+                                 messages=messages, parent=plan.parent)
+        self._model = plan.model or await resolve(definition.model, dynamic)
+        request = ModelRequest(
+            agent_id=definition.id, model=self._model,
+            instructions=await resolve(definition.instructions, dynamic),
+            messages=tuple(messages), tools=tuple(t.spec() for t in definition.tools),
+            sampling=await resolve(definition.sampling, dynamic), preset=plan.preset,
+            context=plan.context, run_id=plan.run_id)
+        response, attempts, duration_ms = await self._call_model(plan, request, index)
+        turn = ModelTurn(**response.model_dump(), attempts=attempts, duration_ms=duration_ms)
+        await self._emit(plan, "model_response", index, data={
+            "finish_reason": turn.finish_reason, "request_id": turn.request_id,
+            "usage": turn.usage.model_dump(), "tool_calls": len(turn.message.tool_calls)})
+
+        results, pending = [], []
+        if turn.message.tool_calls:
+            results, pending = await self._tools(session, plan, index).run_calls(
+                turn.message.tool_calls, index)
+            if pending:
+                results, pending = await self._review(session, plan, index, results, pending)
+        status = "completed" if not turn.message.tool_calls else "running"
+        if pending:
+            status = ("waiting_for_human" if any(p.reason == "approval" for p in pending)
+                      else "waiting_for_tools")
+        prices = definition.prices
+        cost = prices.cost(turn.model, turn.usage)
+        if cost is None:
+            cost = prices.cost(self._model, turn.usage)
+        record = AgentStepRecord(
+            index=index, call=plan.call, kind="model_turn", status=status, model=self._model,
+            turn=turn, tool_results=tuple(results), pending=tuple(pending), cost=cost,
+            state=session.state.snapshot(), started_at=started, ended_at=now_ms())
+        if status == "running":
+            stop_reason = self._stop_reason(session, plan, record, turns + 1)
+            if stop_reason is not None:
+                record = record.model_copy(update={"status": "stopped",
+                                                   "stop_reason": stop_reason})
+        return await self._store(session, plan, record)
+
+    def _stop_reason(self, session: Session, plan: CallPlan, record: AgentStepRecord,
+                     turns: int) -> str | None:
+        steps = (*session.records, record)
+        state = StopState(step=record, steps=steps, steps_this_call=turns,
+                          usage=usage_of(steps), state=session.state.snapshot(),
+                          context=plan.context)
+        for condition in self._definition.stop_when:
+            verdict = condition(state)
+            stop, reason = verdict if isinstance(verdict, tuple) else (bool(verdict), "")
+            if stop:
+                return reason or getattr(condition, "__name__", "stop condition")
+        return "max_steps" if turns >= plan.max_steps else None
+
+    async def _review(self, session: Session, plan: CallPlan, index: int, results: list,
+                      pending: list) -> tuple[list, list]:
+        """Ask the definition's human-review callback; None from it pauses the run."""
+        review = self._definition.human_review
+        if review is None or not any(p.reason == "approval" for p in pending):
+            return results, pending
+        self._status("waiting_for_human")
+        decided = review(ReviewRequest(run_id=plan.run_id, agent_id=self._definition.id,
+                                       pending=tuple(pending), context=plan.context,
+                                       state=session.state.snapshot(), parent=plan.parent))
+        decisions = await decided if inspect.isawaitable(decided) else decided
+        self._status("running")
+        if decisions is None:
+            return results, pending
+        more, remaining = await self._tools(session, plan, index).resolve(pending, decisions,
+                                                                          index)
+        return results + more, remaining
+
+    async def _call_model(self, plan: CallPlan, request: ModelRequest,
+                          index: int) -> tuple[ModelResponse, int, int]:
+        text = _StepText(TURN_SEPARATOR if self._emitted_text else "")
+
+        async def on_delta(delta: str) -> None:
+            await self._text(plan, index, text.feed(delta))
+
+        attempt, started = 0, time.monotonic()
+        while True:
+            attempt += 1
+            text.begin_attempt()
+            self._status("running")
+            try:
+                response = await self._until_cancelled(
+                    self._ports.client.complete(request, on_delta))
+            except (RunCancelled, asyncio.CancelledError):
+                raise
+            except Exception as error:  # classified: retried, or the call fails with it
+                if (is_context_overflow(error) or not is_retryable(error)
+                        or attempt > plan.retry.count):
+                    raise _ModelCallFailed(error, attempt) from error
+                delay_ms = plan.retry.delay_ms(attempt, retry_after_ms(error))
+                await self._emit(plan, "model_retry", index, data={
+                    "attempt": attempt, "delay_ms": delay_ms, "error": describe(error)})
+                await self._until_cancelled(self._ports.sleep(delay_ms / 1000))
+                continue
+            if not text.fed:  # a client that does not stream: the text arrives whole
+                await self._text(plan, index, text.feed(response.message.content))
+            return response, attempt, int((time.monotonic() - started) * 1000)
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _tools(self, session: Session, plan: CallPlan, index: int) -> ToolRunner:
+        def context_for(call_id: str) -> ToolContext:
+            return ToolContext(run_id=plan.run_id, agent_id=self._definition.id,
+                               tool_call_id=call_id, step=index, state=session.state,
+                               context=plan.context, parent=plan.parent,
+                               progress=self._ports.progress)
+
+        async def emit(kind: str, step: int, data: dict) -> None:
+            await self._emit(plan, kind, step, data=data)
+
+        return ToolRunner(self._definition, tool_execution=plan.tool_execution,
+                          context_for=context_for, emit=emit)
+
+    async def _store(self, session: Session, plan: CallPlan,
+                     record: AgentStepRecord) -> AgentStepRecord:
+        stored = await self._ports.journal.record(record)
+        session.records.append(stored)
+        await self._emit(plan, "step_recorded", stored.index, data={"status": stored.status})
+        return stored
+
+    async def _replay_text(self, records: list[AgentStepRecord]) -> None:
+        for record in records:
+            if record.text:
+                separator = TURN_SEPARATOR if self._emitted_text else ""
+                self._emitted_text = True
+                if self._ports.text is not None:
+                    await self._ports.text(separator + record.text, True)
+
+    async def _text(self, plan: CallPlan, index: int, text: str) -> None:
+        if not text:
+            return
+        self._emitted_text = True
+        if self._ports.text is not None:
+            await self._ports.text(text, False)
+        await self._emit(plan, "text_delta", index, text=text)
+
+    async def _emit(self, plan: CallPlan, kind: str, step: int | None = None, *,
+                    text: str | None = None, data: dict | None = None) -> None:
+        if self._ports.on_event is not None:
+            await self._ports.on_event(AgentEvent(type=kind, run_id=plan.run_id, at=now_ms(),
+                                                  step=step, text=text, data=data or {}))
+
+    def _status(self, status: RunStatus) -> None:
+        if self._ports.on_status is not None:
+            self._ports.on_status(status)
+
+    def _check_cancelled(self) -> None:
+        if self._ports.cancelled is not None and self._ports.cancelled.is_set():
+            raise RunCancelled("the run was cancelled")
+
+    async def _until_cancelled(self, work: Awaitable[Any]) -> Any:
+        """Await `work`, or raise RunCancelled as soon as the run is cancelled."""
+        cancelled = self._ports.cancelled
+        if cancelled is None:
+            return await work
+        self._check_cancelled()
+        task = asyncio.ensure_future(work)
+        waiter = asyncio.ensure_future(cancelled.wait())
+        try:
+            done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task  # let the abandoned call unwind before going on
+        if task in done:
+            return task.result()
+        raise RunCancelled("the run was cancelled")

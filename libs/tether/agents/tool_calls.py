@@ -1,0 +1,160 @@
+"""Running the tool calls of one model turn, and answering paused ones with decisions."""
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from tether.agents.definition import AgentDefinition
+from tether.agents.errors import describe
+from tether.agents.history import truncate_tool_output
+from tether.agents.messages import ToolCall
+from tether.agents.records import (
+    Decisions,
+    PendingToolCall,
+    ToolDecision,
+    ToolOutput,
+    ToolRejection,
+    ToolResult,
+)
+from tether.agents.tools import Tool, ToolContext
+from tether.child.context import RunCancelled
+
+Emit = Callable[..., Awaitable[None]]
+ContextFactory = Callable[[str], ToolContext]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def render_output(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    try:
+        return json.dumps(to_jsonable_python(output), ensure_ascii=False)
+    except PydanticSerializationError:
+        return repr(output)
+
+
+def explain(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
+                     for e in error.errors()[:5])
+
+
+class ToolRunner:
+    """Runs tools for one call of the loop; every answer becomes a ToolResult."""
+
+    def __init__(self, definition: AgentDefinition, *, tool_execution: str,
+                 context_for: ContextFactory, emit: Emit) -> None:
+        self._definition = definition
+        self._manual = tool_execution == "manual"
+        self._context_for = context_for
+        self._emit = emit
+
+    async def run_calls(self, calls: tuple[ToolCall, ...], step: int
+                        ) -> tuple[list[ToolResult], list[PendingToolCall]]:
+        """Run what may run now; return the results and the calls left waiting.
+
+        Calls that need no approval run at once, in the model's order, even when another
+        call of the same turn waits for a human: the model asked for them together.
+        """
+        results: list[ToolResult] = []
+        pending: list[PendingToolCall] = []
+        for call in calls:
+            tool = self._definition.tool(call.name)
+            if tool is None:
+                known = ", ".join(t.id for t in self._definition.tools) or "none"
+                results.append(self.error(call.id, call.name,
+                                          f"unknown tool {call.name!r}; the tools are: {known}"))
+                continue
+            if call.arguments_error is not None:
+                results.append(self.error(call.id, call.name,
+                                          f"invalid arguments: {call.arguments_error}"))
+                continue
+            try:
+                parsed = tool.input_model.model_validate(call.input)
+            except ValidationError as error:
+                results.append(self.error(call.id, call.name,
+                                          f"invalid input for {tool.id}: {explain(error)}"))
+                continue
+            ctx = self._context_for(call.id)
+            if tool.execute is None or self._manual:
+                pending.append(PendingToolCall(tool_call_id=call.id, tool_name=call.name,
+                                               input=call.input, reason="external"))
+            elif await tool.requires_approval(parsed, ctx):
+                pending.append(PendingToolCall(tool_call_id=call.id, tool_name=call.name,
+                                               input=call.input, reason="approval"))
+            else:
+                results.append(await self.execute(tool, parsed, ctx, call.input, step, "auto"))
+        return results, pending
+
+    async def resolve(self, pending: tuple[PendingToolCall, ...] | list[PendingToolCall],
+                      decisions: Decisions, step: int
+                      ) -> tuple[list[ToolResult], list[PendingToolCall]]:
+        """Answer paused calls with decisions; calls without a decision stay pending."""
+        results: list[ToolResult] = []
+        remaining: list[PendingToolCall] = []
+        for call in pending:
+            decision = decisions.for_call(call.tool_call_id)
+            tool = self._definition.tool(call.tool_name)
+            if isinstance(decision, ToolOutput):
+                content, truncated = self._truncate(render_output(decision.output))
+                results.append(ToolResult(tool_call_id=call.tool_call_id,
+                                          tool_name=call.tool_name, content=content,
+                                          is_error=decision.is_error, truncated=truncated,
+                                          decision="provided", started_at=now_ms()))
+            elif isinstance(decision, ToolRejection):
+                reason = f": {decision.reason}" if decision.reason else ""
+                results.append(self.error(call.tool_call_id, call.tool_name,
+                                          f"The user rejected this tool call{reason}.",
+                                          decision="rejected"))
+            elif isinstance(decision, ToolDecision) and tool is not None \
+                    and tool.execute is not None:
+                parsed = tool.input_model.model_validate(call.input)
+                results.append(await self.execute(tool, parsed,
+                                                  self._context_for(call.tool_call_id),
+                                                  call.input, step, "approved"))
+            elif decisions.human_input and call.reason == "approval":
+                # The human answered in words instead of deciding: the call is declined
+                # and their message goes to the model, which can act on it.
+                results.append(self.error(call.tool_call_id, call.tool_name,
+                                          "The user did not approve this tool call and "
+                                          "replied instead.", decision="rejected"))
+            else:
+                remaining.append(call)
+        return results, remaining
+
+    async def execute(self, tool: Tool, parsed: Any, ctx: ToolContext, raw_input: dict[str, Any],
+                      step: int, decision: str) -> ToolResult:
+        assert tool.execute is not None
+        started, clock = now_ms(), time.monotonic()
+        await self._emit("tool_started", step, data={"tool_call_id": ctx.tool_call_id,
+                                                     "tool_name": tool.id, "input": raw_input})
+        is_error = False
+        try:
+            content = render_output(await tool.execute(ctx, parsed))
+        except RunCancelled:
+            raise
+        except Exception as error:  # noqa: BLE001 - the model sees the failure and may recover
+            content, is_error = f"Error: {describe(error)}", True
+        content, truncated = self._truncate(content)
+        result = ToolResult(tool_call_id=ctx.tool_call_id, tool_name=tool.id, content=content,
+                            is_error=is_error, truncated=truncated, decision=decision,
+                            started_at=started,
+                            duration_ms=int((time.monotonic() - clock) * 1000))
+        await self._emit("tool_finished", step, data=result.model_dump(mode="json"))
+        return result
+
+    def error(self, call_id: str, name: str, text: str, decision: str = "auto") -> ToolResult:
+        return ToolResult(tool_call_id=call_id, tool_name=name, content=f"Error: {text}",
+                          is_error=True, decision=decision, started_at=now_ms())
+
+    def _truncate(self, content: str) -> tuple[str, bool]:
+        limit = self._definition.max_tool_output_chars
+        if limit is None or len(content) <= limit:
+            return content, False
+        return truncate_tool_output(content, limit), True
