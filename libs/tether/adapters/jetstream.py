@@ -13,6 +13,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
@@ -30,6 +31,7 @@ from tether.domain.run_state import RunState, evolve
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
 STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configuration
 DAY_S = 24 * 60 * 60
+T = TypeVar("T")
 DIRECT_BATCH = 500
 
 
@@ -383,6 +385,24 @@ class EventLog:
     async def stream_last_seq(self) -> int:
         info = await self._js.stream_info(self.subjects.events_stream)
         return int(info.state.last_seq)
+
+
+async def until_stopped(items: AsyncIterator[T], stop: asyncio.Event) -> AsyncIterator[T]:
+    """`items` until `stop` is set; the item being awaited then is abandoned, and `items`
+    is closed, so a follower stops between batches, never halfway through one."""
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        async with aclosing(items):
+            while True:
+                receiving = asyncio.ensure_future(anext(items))
+                await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not receiving.done():
+                    receiving.cancel()
+                    await asyncio.gather(receiving, return_exceptions=True)
+                    return
+                yield receiving.result()
+    finally:
+        stopping.cancel()
 
 
 def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> StoredEvent:

@@ -16,11 +16,10 @@ import asyncio
 import time
 import uuid
 from collections.abc import Hashable
-from contextlib import aclosing
 
 import asyncpg
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.jetstream import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.domain import decide
@@ -124,21 +123,10 @@ class Reconciler:
     async def _follow(self, stop: asyncio.Event, checkpoint: int) -> None:
         batches = self._log.follow_batches(self._log.subjects.all_events,
                                            start_seq=checkpoint + 1, max_batch=1000)
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            async with aclosing(batches):
-                while True:
-                    receiving = asyncio.ensure_future(anext(batches))
-                    await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    if not receiving.done():
-                        receiving.cancel()
-                        await asyncio.gather(receiving, return_exceptions=True)
-                        return
-                    for stored in receiving.result():
-                        if stored.event is not None:
-                            await self._observe(stored.event, stored.seq)
-        finally:
-            stopping.cancel()
+        async for batch in until_stopped(batches, stop):
+            for stored in batch:
+                if stored.event is not None:
+                    await self._observe(stored.event, stored.seq)
 
     async def _observe(self, event, seq: int) -> None:
         key = (event.parent.agent, event.parent.name, event.run_id)

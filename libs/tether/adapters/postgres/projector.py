@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from tether.adapters.jetstream import EventLog, StoredEvent
+from tether.adapters.jetstream import EventLog, StoredEvent, until_stopped
 from tether.adapters.postgres.migrator import check_schema_name, migrate
 from tether.adapters.postgres.projection import (
     PROJECTION_NAME,
@@ -104,22 +104,11 @@ class Projector:
         if self._logger:
             self._logger.info("projector.started", schema=self._sql.schema,
                               checkpoint=self.stats.position, stream_last_seq=self.stats.stream_last_seq)
-        stopping = asyncio.ensure_future(stop.wait())
         batches = self._log.follow_batches(self._log.subjects.all_events,
                                            start_seq=self.stats.position + 1,
                                            max_batch=self._batch_size)
-        try:
-            async with aclosing(batches):
-                while True:
-                    receiving = asyncio.ensure_future(anext(batches))
-                    await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    if not receiving.done():
-                        receiving.cancel()
-                        await asyncio.gather(receiving, return_exceptions=True)
-                        return
-                    await self._apply(conn, receiving.result())
-        finally:
-            stopping.cancel()
+        async for batch in until_stopped(batches, stop):
+            await self._apply(conn, batch)
 
     async def _apply(self, conn: asyncpg.Connection, batch: list[StoredEvent]) -> None:
         previous = self.stats.position
