@@ -9,7 +9,7 @@ from tether.client.connection import Tether
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import REGISTRY, RUNNER_SLOTS, WORK_PENDING
-from tether.runtime import ReadinessCheck
+from tether.runtime import ReadinessCheck, nats_check
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
@@ -39,9 +39,6 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                              parent_client=lambda ref: client.parent(ref.agent, ref.name))
         await runner.start()
 
-        async def nats_connected() -> tuple[bool, str]:
-            return nc.is_connected, "connected" if nc.is_connected else "disconnected"
-
         async def streams_present() -> tuple[bool, str]:
             for stream in (settings.subjects.work_stream, settings.subjects.events_stream,
                            settings.subjects.progress_stream):
@@ -54,7 +51,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                 return True, f"consuming work for {agents}"
             return False, "not consuming (starting or stopping)"
 
-        checks.update(nats=nats_connected, streams=streams_present, consuming=consuming)
+        checks.update(nats=nats_check(nc), streams=streams_present, consuming=consuming)
         RUNNER_SLOTS.set(settings.runner_concurrency)
 
         async def collect_work_queue() -> None:

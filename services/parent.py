@@ -11,7 +11,7 @@ from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import DELIVERIES_PENDING, DELIVERIES_REDELIVERED, REGISTRY
 from tether.parent.service import ParentService
-from tether.runtime import ReadinessCheck
+from tether.runtime import ReadinessCheck, nats_check, postgres_check
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
@@ -36,14 +36,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         # The reconciler recovers the awaited runs a previous incarnation left open.
         await nc.publish(settings.subjects.parent_started, b"{}")
 
-        async def nats_connected() -> tuple[bool, str]:
-            return nc.is_connected, "connected" if nc.is_connected else "disconnected"
-
-        async def postgres_reachable() -> tuple[bool, str]:
-            await pool.fetchval("SELECT 1")
-            return True, "reachable"
-
-        checks.update(parent_nats=nats_connected, parent_postgres=postgres_reachable)
+        checks.update(parent_nats=nats_check(nc), parent_postgres=postgres_check(pool))
         js, hooks_stream = nc.jetstream(), settings.subjects.hooks_stream
 
         async def collect_hook_deliveries() -> None:

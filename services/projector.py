@@ -24,7 +24,7 @@ from tether.metrics import (
     REGISTRY,
     RUNS,
 )
-from tether.runtime import ReadinessCheck
+from tether.runtime import ReadinessCheck, nats_check, postgres_check
 
 # Readiness fails while the projector is this many events behind the log.
 MAX_READY_LAG = 10_000
@@ -53,20 +53,13 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                               preview_chars=settings.input_preview_chars, logger=logger,
                               before_commit=_kill_hook())
 
-        async def nats_connected() -> tuple[bool, str]:
-            return nc.is_connected, "connected" if nc.is_connected else "disconnected"
-
-        async def postgres_reachable() -> tuple[bool, str]:
-            await pool.fetchval("SELECT 1")
-            return True, "reachable"
-
         async def caught_up() -> tuple[bool, str]:
             if not projector.active.is_set():
                 return True, "standby (another projector holds the lock)"
             lag = projector.stats.lag
             return lag <= MAX_READY_LAG, f"{lag} events behind, at {projector.stats.position}"
 
-        checks.update(nats=nats_connected, postgres=postgres_reachable, projector=caught_up)
+        checks.update(nats=nats_check(nc), postgres=postgres_check(pool), projector=caught_up)
         remove_collector = REGISTRY.add_collector(
             _collector(settings, nc.jetstream(), pool, projector))
         await projector.run(stop)

@@ -18,7 +18,7 @@ from tether.metrics import RECONCILER_ACTIVE, REGISTRY
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
 from tether.reconciler.service import Reconciler
-from tether.runtime import ReadinessCheck
+from tether.runtime import ReadinessCheck, nats_check
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
@@ -38,13 +38,10 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         deliverer = Deliverer(log, registry, load_formatters(settings.formatters), logger)
         reconciler = Reconciler(settings, log, pool, deliverer, logger)
 
-        async def nats_connected() -> tuple[bool, str]:
-            return nc.is_connected, "connected" if nc.is_connected else "disconnected"
-
         async def role() -> tuple[bool, str]:
             return True, "active" if reconciler.active.is_set() else "standby"
 
-        checks.update(reconciler_nats=nats_connected, reconciler_role=role)
+        checks.update(reconciler_nats=nats_check(nc), reconciler_role=role)
 
         async def collect_role() -> None:
             RECONCILER_ACTIVE.set(1 if reconciler.active.is_set() else 0)

@@ -17,6 +17,21 @@ from tether.metrics import CONTENT_TYPE, REGISTRY, Registry
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 
 
+def nats_check(nc) -> ReadinessCheck:
+    async def nats_connected() -> tuple[bool, str]:
+        return nc.is_connected, "connected" if nc.is_connected else "disconnected"
+
+    return nats_connected
+
+
+def postgres_check(pool) -> ReadinessCheck:
+    async def postgres_reachable() -> tuple[bool, str]:
+        await pool.fetchval("SELECT 1")
+        return True, "reachable"
+
+    return postgres_reachable
+
+
 class HealthServer:
     def __init__(self, host: str, port: int, checks: dict[str, ReadinessCheck],
                  metrics: Registry = REGISTRY) -> None:
