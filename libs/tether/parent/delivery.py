@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections import OrderedDict
 
+from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, KeyNotFoundError
 from nats.js.kv import KeyValue
@@ -97,19 +98,27 @@ class Deliverer:
                     messages = await subscription.fetch(self._batch, timeout=0.5)
                 except (TimeoutError, FetchTimeoutError):
                     continue
+                # One run's events in order; different runs' concurrently (each run
+                # subject is one key of the state cache, so they never share a state).
+                by_run: dict[str, list[Msg]] = {}
                 for msg in messages:
-                    stored = to_stored_event(msg.metadata.sequence.stream, msg.subject, msg.data)
-                    try:
-                        await self.handle(stored)
-                    except Exception:
-                        self._logger.exception("delivery.failed", stream_seq=stored.seq)
-                        await msg.nak(delay=1.0)
-                        if stored.event is not None:
-                            self._states.pop(_key(stored), None)
-                        continue
-                    await msg.ack()
+                    by_run.setdefault(msg.subject, []).append(msg)
+                await asyncio.gather(*(self._handle_in_order(run) for run in by_run.values()))
         finally:
             await subscription.unsubscribe()
+
+    async def _handle_in_order(self, messages: list[Msg]) -> None:
+        for msg in messages:
+            stored = to_stored_event(msg.metadata.sequence.stream, msg.subject, msg.data)
+            try:
+                await self.handle(stored)
+            except Exception:
+                self._logger.exception("delivery.failed", stream_seq=stored.seq)
+                await msg.nak(delay=1.0)
+                if stored.event is not None:
+                    self._states.pop(_key(stored), None)
+                continue
+            await msg.ack()
 
     async def handle(self, stored: StoredEvent) -> None:
         event = stored.event
