@@ -28,9 +28,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     remove_collector = None
     try:
         js = nc.jetstream()
-        await ensure_streams(js, settings.subjects, StreamSettings(
-            replicas=settings.stream_replicas,
-            duplicate_window_s=settings.duplicate_window_ms / 1000))
+        await ensure_streams(js, settings.subjects, StreamSettings.of(settings))
         # A child may itself be a parent: its nested runs go through the same connection,
         # owned by (its agent type, its run id), so they stay off the top parent's timeline.
         client = Tether(nc, settings)

@@ -25,9 +25,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
     remove_collector = None
     try:
-        await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings(
-            replicas=settings.stream_replicas,
-            duplicate_window_s=settings.duplicate_window_ms / 1000))
+        await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings.of(settings))
         async with pool.acquire() as conn:
             await migrate(conn, settings.projection_schema)
         service = ParentService(settings, EventLog(nc, settings.subjects), pool, agents, logger)

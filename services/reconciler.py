@@ -27,8 +27,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     pool = await asyncpg.create_pool(settings.database_url, min_size=2, max_size=4)
     remove_collector = None
     try:
-        stream_settings = StreamSettings(replicas=settings.stream_replicas,
-                                         duplicate_window_s=settings.duplicate_window_ms / 1000)
+        stream_settings = StreamSettings.of(settings)
         await ensure_streams(nc.jetstream(), settings.subjects, stream_settings)
         async with pool.acquire() as conn:
             await migrate(conn, settings.projection_schema)

@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
@@ -22,6 +22,9 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 from nats.js.kv import KeyValue
+
+if TYPE_CHECKING:
+    from tether.config import Settings
 
 from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
@@ -71,6 +74,12 @@ class RunHistory:
 class StreamSettings:
     replicas: int = 1
     duplicate_window_s: float = 120.0
+
+    @classmethod
+    def of(cls, settings: "Settings") -> "StreamSettings":
+        """The stream settings every service and client of one installation shares."""
+        return cls(replicas=settings.stream_replicas,
+                   duplicate_window_s=settings.duplicate_window_ms / 1000)
 
 
 def stream_configs(subjects: Subjects, settings: StreamSettings) -> list[js_api.StreamConfig]:

@@ -148,7 +148,7 @@ class HookRegistry:
     async def _register_methods(self) -> None:
         settings = self.tether.settings
         bucket = await key_value(self.tether.js, self.tether.subjects.registry_bucket,
-                                 StreamSettings(replicas=settings.stream_replicas))
+                                 StreamSettings.of(settings))
         value = json.dumps({"registered_at": int(time.time() * 1000)}).encode()
         for method in self.functions:
             await bucket.put(registry_key(self.parent_agent, method), value)

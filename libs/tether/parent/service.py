@@ -63,7 +63,7 @@ class ParentService:
         self._deliverer: Deliverer | None = None
 
     async def start(self) -> None:
-        stream_settings = StreamSettings(replicas=self._settings.stream_replicas)
+        stream_settings = StreamSettings.of(self._settings)
         self._registry = await key_value(self._js, self._subjects.registry_bucket, stream_settings)
         slots = await key_value(self._js, self._subjects.slots_bucket, stream_settings)
         self._handlers = CommandHandlers(
