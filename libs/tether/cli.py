@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env(config_file=args.config, nats_url=args.nats_url,
                                      database_url=args.database_url, prefix=args.prefix,
                                      agents=getattr(args, "agents", None))
+        loop_factory = event_loop_factory(settings.event_loop)
     except ConfigurationError as error:
         print(f"tether: {error}", file=sys.stderr)
         return 2
@@ -61,14 +62,29 @@ def main(argv: list[str] | None = None) -> int:
             return run_client_command(args, settings)
         if args.command == "runs":
             return run_runs_command(args, settings)
-        if args.command == "services":
-            return asyncio.run(_run_services(settings, args.name))
-        return asyncio.run(_projections(settings, args.action, args.batch_size))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            if args.command == "services":
+                return runner.run(_run_services(settings, args.name))
+            return runner.run(_projections(settings, args.action, args.batch_size))
     except (OSError, asyncpg.PostgresError, ConnectionError) as error:
         print(f"tether: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop for the services unless asked otherwise; None is asyncio's default."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigurationError("TETHER_EVENT_LOOP=uvloop, but uvloop is not installed: "
+                                     "pip install uvloop, or set TETHER_EVENT_LOOP=asyncio") from None
+        return None
+    return uvloop.new_event_loop
 
 
 async def _run_services(settings: Settings, name: str) -> int:

@@ -76,6 +76,8 @@ class Settings(BaseModel):
     health_port: int | None = Field(default=None, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
+    # The services' event loop: uvloop (faster I/O) where it is installed, else asyncio's.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
     @field_validator("nats_url")
     @classmethod

@@ -97,6 +97,87 @@ async def test_a_stale_expected_sequence_is_a_conflict_not_an_append(log: EventL
     assert len((await log.read_run(run.parent, run.run_id)).events) == 1
 
 
+class CountingLog(EventLog):
+    """An EventLog that counts how often it reads a run's history from the server."""
+
+    reads = 0
+
+    async def read_subject(self, subject, **kwargs):
+        self.reads += 1
+        return await super().read_subject(subject, **kwargs)
+
+
+def _append_if_missing(event):
+    def decide(state):
+        if state is None or any(m.name == event.data.name for m in state.milestones):
+            return []
+        return [event]
+    return decide
+
+
+async def test_a_run_this_process_just_read_or_wrote_is_decided_on_without_reading_again(
+        nc, log: EventLog):
+    mine = CountingLog(nc, log.subjects)
+    run = RunEvents("r-known")
+    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
+    await mine.update(run.parent, run.run_id, _append_if_missing(run.milestone("one")))
+    await mine.append(run.milestone("two"), expected_last_seq=None)
+    state, appended = await mine.update(run.parent, run.run_id,
+                                        lambda s: [run.completed("ok")] if s.milestones else [])
+    assert mine.reads == 1, "only the first decision read the run"
+    assert appended and state.status == "completed"
+    assert [m.name for m in state.milestones] == ["one", "two"]
+    fresh = await log.read_run(run.parent, run.run_id)
+    assert fresh.state == state
+
+
+async def test_what_another_writer_appended_meanwhile_is_read_before_deciding_again(
+        nc, log: EventLog):
+    mine, theirs = CountingLog(nc, log.subjects), EventLog(nc, log.subjects)
+    run = RunEvents("r-moved")
+    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
+    await theirs.append(run.milestone("theirs"), expected_last_seq=None)
+
+    def complete_after_theirs(state):
+        if state.is_hard_terminal:
+            return []
+        return [run.completed(f"after {[m.name for m in state.milestones]}")]
+
+    state, appended = await mine.update(run.parent, run.run_id, complete_after_theirs)
+    assert state.summary == "after ['theirs']", "the conflict made it decide on the fresh run"
+    assert mine.reads == 2
+    history = await log.read_run(run.parent, run.run_id)
+    assert [e.type for e in history.events] == ["run.requested", "run.milestone", "run.completed"]
+
+
+async def test_nothing_to_do_is_only_concluded_from_a_fresh_read(nc, log: EventLog):
+    mine, theirs = CountingLog(nc, log.subjects), EventLog(nc, log.subjects)
+    run = RunEvents("r-noop")
+    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
+    await theirs.append(run.milestone("needed"), expected_last_seq=None)
+
+    def react_to_needed(state):
+        if any(m.name == "needed" for m in state.milestones) and not state.is_hard_terminal:
+            return [run.completed("reacted")]
+        return []  # what the stale state says: nothing to do
+
+    state, appended = await mine.update(run.parent, run.run_id, react_to_needed)
+    assert [e.type for e in appended] == ["run.completed"]
+    assert state.status == "completed"
+
+
+async def test_an_unconditional_append_lands_even_when_the_run_moved_elsewhere(
+        nc, log: EventLog):
+    mine, theirs = CountingLog(nc, log.subjects), EventLog(nc, log.subjects)
+    run = RunEvents("r-fact")
+    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
+    await theirs.append(run.milestone("theirs"), expected_last_seq=None)
+    await mine.append(run.milestone("mine"), expected_last_seq=None)
+    state, _ = await mine.update(run.parent, run.run_id, lambda s: [])
+    assert [m.name for m in state.milestones] == ["theirs", "mine"]
+    assert mine.reads >= 2, "what it knew was dropped, and the run read again"
+
+
 async def test_read_run_folds_the_history_of_one_run_only(log: EventLog):
     mine, other = RunEvents("r-mine"), RunEvents("r-other")
     for event in (mine.requested(), other.requested(), mine.running(), other.failed(),

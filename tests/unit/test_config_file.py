@@ -1,5 +1,6 @@
 """Settings from a TOML file, the environment and flags, and the messages a wrong value gets."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,22 @@ def test_nats_credentials_stay_out_of_the_url_and_out_of_messages():
     assert "s3cr" not in repr(settings)
     with pytest.raises(ConfigurationError, match="already carries a user"):
         Settings.from_env({"TETHER_NATS_URL": "nats://a:b@nats:4222", "TETHER_NATS_USER": "c"})
+
+
+def test_the_services_run_on_uvloop_unless_told_otherwise(monkeypatch) -> None:
+    import uvloop
+
+    from tether.cli import event_loop_factory
+
+    assert event_loop_factory("auto") is uvloop.new_event_loop
+    assert event_loop_factory("uvloop") is uvloop.new_event_loop
+    assert event_loop_factory("asyncio") is None
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # not installed
+    assert event_loop_factory("auto") is None
+    with pytest.raises(ConfigurationError, match="TETHER_EVENT_LOOP=asyncio"):
+        event_loop_factory("uvloop")
+
+
+def test_an_unknown_event_loop_is_refused_with_the_accepted_values() -> None:
+    with pytest.raises(ConfigurationError, match="auto.*uvloop.*asyncio"):
+        Settings.from_env({"TETHER_EVENT_LOOP": "trio"})

@@ -10,6 +10,7 @@ the loser gets `ConcurrencyConflict`, re-reads and decides again.
 import asyncio
 import itertools
 import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configur
 DAY_S = 24 * 60 * 60
 T = TypeVar("T")
 DIRECT_BATCH = 500
+KNOWN_RUNS = 512  # runs whose state each process keeps between its own reads and appends
 
 
 class ConcurrencyConflict(Exception):
@@ -168,11 +170,48 @@ async def key_value(js: JetStreamContext, bucket: str, settings: StreamSettings)
         return await js.key_value(bucket)
 
 
+@dataclass(frozen=True, slots=True)
+class _Known:
+    state: RunState | None
+    seq: int
+
+
+class _KnownRuns:
+    """The state and last sequence of the runs this process last read or appended to,
+    least recently used first out, so memory does not grow with the runs seen."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._runs: OrderedDict[str, _Known] = OrderedDict()
+
+    def get(self, subject: str) -> _Known | None:
+        known = self._runs.get(subject)
+        if known is not None:
+            self._runs.move_to_end(subject)
+        return known
+
+    def remember(self, subject: str, state: RunState | None, seq: int) -> None:
+        if self._size <= 0:
+            return
+        current = self._runs.get(subject)
+        if current is not None and current.seq > seq:
+            return  # a later append of ours already landed
+        self._runs[subject] = _Known(state, seq)
+        self._runs.move_to_end(subject)
+        while len(self._runs) > self._size:
+            self._runs.popitem(last=False)
+
+    def forget(self, subject: str) -> None:
+        self._runs.pop(subject, None)
+
+
 class EventLog:
     """Append to and read from the run-events stream."""
 
-    def __init__(self, nc: NATS, subjects: Subjects, *, timeout: float = 5.0) -> None:
+    def __init__(self, nc: NATS, subjects: Subjects, *, timeout: float = 5.0,
+                 known_runs: int = KNOWN_RUNS) -> None:
         self._timeout = timeout
+        self._known = _KnownRuns(known_runs)
         self._replies: str | None = None
         self._waiting: dict[str, asyncio.Queue[Msg]] = {}
         self._tokens = itertools.count(1)
@@ -200,6 +239,22 @@ class EventLog:
         conflict; finding our own event id in the run's history tells the two apart.)
         """
         subject = self.subjects.run_events(event.parent, event.run_id)
+        if expected_last_seq is None:
+            known = self._known.get(subject)
+            if known is not None:
+                # Appended after what we know, so that what we know stays the run's
+                # state; someone else moved the run: append it unconditionally after all.
+                try:
+                    return await self._append(subject, event, known.seq, known)
+                except ConcurrencyConflict:
+                    pass
+            return await self._append(subject, event, None, None)
+        return await self._append(subject, event, expected_last_seq, None)
+
+    async def _append(self, subject: str, event: Event, expected_last_seq: int | None,
+                      before: "_Known | None") -> int:
+        """Append; given `before` (the run at `expected_last_seq`), remember the run after
+        the event, so the next decision on this run needs no read."""
         headers = {"Nats-Msg-Id": event.event_id}
         if expected_last_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
@@ -213,13 +268,25 @@ class EventLog:
             if stored_seq is None:
                 raise ConcurrencyConflict(subject, expected_last_seq or 0) from None
             return stored_seq
+        if before is None or ack.duplicate:
+            self._known.forget(subject)  # the run after it is unknown without a read
+        else:
+            self._known.remember(subject, evolve(before.state, event).state, ack.seq)
         return ack.seq
 
     async def _seq_of(self, subject: str, event_id: str) -> int | None:
+        """Where our event landed, if it did; what the read shows is remembered, so the
+        decision after a conflict starts from it."""
+        found, state, last = None, None, 0
         for stored in await self.read_subject(subject):
-            if stored.event is not None and stored.event.event_id == event_id:
-                return stored.seq
-        return None
+            if stored.event is not None:
+                if stored.event.event_id == event_id:
+                    found = stored.seq
+                state = evolve(state, stored.event).state
+            last = stored.seq
+        self._known.forget(subject)
+        self._known.remember(subject, state, last)
+        return found
 
     async def append_batch(self, events: Sequence[Event], *, expected_last_seq: int) -> int:
         """Append several events of one run in order, each expecting its predecessor."""
@@ -238,20 +305,36 @@ class EventLog:
         conflict part of an earlier decision may already be in the log: `decide` must
         look at the state it is given, not at what it returned before. Returns the state
         after the appended events and the events this call appended.
+
+        The state this process last read or appended for the run is decided from
+        without a read: an append from it expects its sequence, so a run someone else
+        moved meanwhile comes back as a conflict and is read. Deciding that nothing is
+        needed appends nothing the server could refuse, so that answer is only given
+        from a fresh read.
         """
+        subject = self.subjects.run_events(parent, run_id)
         appended: list[Event] = []
+        seq = 0
         for _ in range(attempts):
-            history = await self.read_run(parent, run_id)
-            state, seq = history.state, history.last_seq
+            known = self._known.get(subject)
+            if known is not None:
+                state, seq, fresh = known.state, known.seq, False
+            else:
+                history = await self.read_run(parent, run_id)
+                state, seq, fresh = history.state, history.last_seq, True
             try:
-                for event in decide(state):
-                    seq = await self.append(event, expected_last_seq=seq)
+                events = list(decide(state))
+                if not events and not fresh:
+                    self._known.forget(subject)
+                    continue
+                for event in events:
+                    seq = await self._append(subject, event, seq, _Known(state, seq))
                     appended.append(event)
                     state = evolve(state, event).state
                 return state, appended
             except ConcurrencyConflict:
-                continue
-        raise ConcurrencyConflict(self.subjects.run_events(parent, run_id), seq)
+                continue  # the conflict's read is what we know now
+        raise ConcurrencyConflict(subject, seq)
 
     async def last_seq(self, parent: ParentRef, run_id: str) -> int:
         subject = self.subjects.run_events(parent, run_id)
@@ -279,6 +362,8 @@ class EventLog:
                 events.append(stored.event)
                 state = evolve(state, stored.event).state
             last = stored.seq
+        if before_seq is None:
+            self._known.remember(subject, state, last)
         return RunHistory(tuple(events), last, state)
 
     async def read_subject(self, subject: str, *, start_seq: int = 1,

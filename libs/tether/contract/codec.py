@@ -26,6 +26,14 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
+    if not isinstance(raw, dict):
+        # The common case, an event in its current shape, parsed and validated in one
+        # pass; anything else (an old version, a malformed message) takes the path below,
+        # which upcasts or says exactly what is wrong.
+        try:
+            return EVENT_ADAPTER.validate_json(raw)
+        except ValidationError:
+            pass
     if isinstance(raw, dict):
         payload = raw
     else:
