@@ -17,6 +17,7 @@ from tether.log import get_logger
 from tether.metrics import RECONCILER_ACTIVE, REGISTRY
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
+from tether.parent.registry import RegisteredHooks
 from tether.reconciler.service import Reconciler
 from tether.runtime import ReadinessCheck, nats_check
 
@@ -34,7 +35,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         log = EventLog(nc, settings.subjects)
         registry = await key_value(nc.jetstream(), settings.subjects.registry_bucket,
                                    stream_settings)
-        deliverer = Deliverer(log, registry, load_formatters(settings.formatters), logger)
+        deliverer = Deliverer(log, RegisteredHooks(registry),
+                              load_formatters(settings.formatters), logger)
         reconciler = Reconciler(settings, log, pool, deliverer, logger)
 
         async def role() -> tuple[bool, str]:

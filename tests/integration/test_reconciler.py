@@ -18,6 +18,7 @@ from tether.domain.run_state import evolve
 from tether.log import get_logger
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import DefaultFormatters
+from tether.parent.registry import RegisteredHooks
 from tether.reconciler.service import Reconciler
 from tether.testing import RunEvents
 
@@ -36,7 +37,8 @@ def fast(settings):
 
 async def start(fast, log, pool, cls: type[Reconciler] = Reconciler):
     registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
-    deliverer = Deliverer(log, registry, DefaultFormatters(), get_logger(service="test"))
+    deliverer = Deliverer(log, RegisteredHooks(registry), DefaultFormatters(),
+                          get_logger(service="test"))
     reconciler = cls(fast, log, pool, deliverer, get_logger(service="reconciler-test"))
     stop = asyncio.Event()
     task = asyncio.create_task(reconciler.run(stop))

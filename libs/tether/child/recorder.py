@@ -300,8 +300,9 @@ class RunRecorder:
         signal = ProgressSignal(run_id=self.run_id, parent=self.parent, fraction=update.fraction,
                                 message=update.message, phase=update.phase, milestone=milestone,
                                 data=update.data, at=at)
-        await self._log.jetstream.publish(self._progress_subject, signal.model_dump_json().encode(),
-                                          stream=self._log.subjects.progress_stream)
+        # A plain publish: the progress stream keeps it for late subscribers, and no ack
+        # is awaited for a signal the next one supersedes (the log has the snapshot).
+        await self._log.nats.publish(self._progress_subject, signal.model_dump_json().encode())
 
     def _next_at(self) -> int:
         self._last_at = max(now_ms(), self._last_at + 1)

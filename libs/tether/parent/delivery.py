@@ -19,8 +19,7 @@ from collections import OrderedDict
 
 from nats.aio.msg import Msg
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError, KeyNotFoundError
-from nats.js.kv import KeyValue
+from nats.js.errors import FetchTimeoutError
 
 from tether.adapters.jetstream import EventLog, StoredEvent, durable_pull, to_stored_event
 from tether.contract.messages import (
@@ -48,11 +47,11 @@ from tether.domain.events import (
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
 from tether.parent.formatters import Formatters
+from tether.parent.registry import RegisteredHooks
 
 # Bounded, so the parent's memory does not grow with the runs it has seen; a run that
 # fell out is read from the log once if it moves again.
 CACHE_SIZE = 2_000
-REGISTRY_TTL_S = 2.0
 
 RunKey = tuple[str, str, str]
 
@@ -71,17 +70,16 @@ def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> 
 
 
 class Deliverer:
-    def __init__(self, log: EventLog, registry: KeyValue, formatters: Formatters, logger, *,
+    def __init__(self, log: EventLog, hooks: RegisteredHooks, formatters: Formatters, logger, *,
                  consumer: str = "parent-deliverer", batch: int = 256) -> None:
         self._log = log
         self._js = log.jetstream
-        self._registry = registry
+        self._hooks = hooks
         self._formatters = formatters
         self._logger = logger
         self._consumer = consumer
         self._batch = batch
         self._states: OrderedDict[RunKey, RunState | None] = OrderedDict()
-        self._registered: dict[str, tuple[bool, float]] = {}
         self.delivered = 0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -166,7 +164,7 @@ class Deliverer:
         if options.on_finish and not state.finish_delivered(result.status, options.on_finish):
             await self._publish_hook(state, options.on_finish, info, result, retry)
         if (not state.finish_delivered(result.status, GLOBAL_FINISH_HOOK)
-                and await self._is_registered(state.parent.agent, GLOBAL_FINISH_HOOK)):
+                and await self._hooks.has(state.parent.agent, GLOBAL_FINISH_HOOK)):
             await self._publish_hook(state, GLOBAL_FINISH_HOOK, info, result, retry)
         # An explicit on_finish takes precedence over notify.
         if options.on_finish or not options.notify:
@@ -238,19 +236,6 @@ class Deliverer:
                 data=RunNotifiedData(kind=kind, key=key, mode=mode, message_id=message_id))]
 
         await self._log.update(state.parent, state.run_id, decide)
-
-    async def _is_registered(self, parent_agent: str, method: str) -> bool:
-        key = f"hook.{parent_agent}.{method}"
-        cached = self._registered.get(key)
-        if cached and time.monotonic() - cached[1] < REGISTRY_TTL_S:
-            return cached[0]
-        try:
-            await self._registry.get(key)
-            found = True
-        except KeyNotFoundError:
-            found = False
-        self._registered[key] = (found, time.monotonic())
-        return found
 
 
 def _source(state: RunState) -> str:

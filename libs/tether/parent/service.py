@@ -14,7 +14,7 @@ from collections import defaultdict
 import asyncpg
 from nats.aio.msg import Msg
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError, KeyNotFoundError
+from nats.js.errors import FetchTimeoutError
 from pydantic import ValidationError
 
 from tether.adapters.jetstream import EventLog, StreamSettings, durable_pull, key_value
@@ -33,6 +33,7 @@ from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, UnparseableCommand
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
+from tether.parent.registry import RegisteredHooks
 from tether.parent.slots import SlotKeeper
 
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
@@ -64,7 +65,8 @@ class ParentService:
 
     async def start(self) -> None:
         stream_settings = StreamSettings.of(self._settings)
-        self._registry = await key_value(self._js, self._subjects.registry_bucket, stream_settings)
+        self._hooks = RegisteredHooks(
+            await key_value(self._js, self._subjects.registry_bucket, stream_settings))
         slots = await key_value(self._js, self._subjects.slots_bucket, stream_settings)
         self._handlers = CommandHandlers(
             self._log, self._agents,
@@ -75,7 +77,7 @@ class ParentService:
             max_input_bytes=self._settings.max_input_bytes,
             hook_registered=self._hook_registered,
         )
-        self._deliverer = Deliverer(self._log, self._registry,
+        self._deliverer = Deliverer(self._log, self._hooks,
                                     load_formatters(self._settings.formatters), self._logger)
         nc = self._log.nats
         queue = "tether-parent"
@@ -173,11 +175,7 @@ class ParentService:
             stream=self._subjects.commands_stream)
 
     async def _hook_registered(self, parent_agent: str, method: str) -> bool:
-        try:
-            await self._registry.get(f"hook.{parent_agent}.{method}")
-            return True
-        except KeyNotFoundError:
-            return False
+        return await self._hooks.has(parent_agent, method, recheck_absent=True)
 
     # --- request/reply ----------------------------------------------------------------
 
