@@ -51,6 +51,11 @@ class Settings(BaseModel):
     max_concurrent_agent_tools: int | None = Field(default=None, ge=1)
     max_input_bytes: int = Field(default=256 * 1024, ge=1)
     progress_coalesce_ms: int = Field(default=200, ge=0)
+    # Of the signals sent, a snapshot goes to the log at most once per this window (the
+    # first, `fraction >= 1` and `persist=True` ones at once; the latest other one when
+    # its window ends, or before the run's outcome). 0: every signal sent. Capped at a
+    # quarter of a detached run's no-progress budget.
+    progress_persist_ms: int = Field(default=1_000, ge=0)
     hook_lease_ms: int = Field(default=60_000, ge=100)
     runner_concurrency: int = Field(default=16, ge=1)
     work_ack_wait_ms: int = Field(default=30_000, ge=500)

@@ -108,7 +108,8 @@ async def last_progress_signal(log: EventLog, run: RunEvents) -> ProgressSignal:
 
 async def test_a_researcher_completes_with_summary_output_milestone_and_progress(
         log, start_runner, settings):
-    runner = await start_runner(Researcher)
+    # A snapshot of every signal sent (persist window 0), so the log shows the coalescing.
+    runner = await start_runner(Researcher, settings={"progress_persist_ms": 0})
     run = await dispatch(log, "Researcher", {"query": "HTTP/3"})
     history = await finished(log, run)
     state = history.state
@@ -189,7 +190,7 @@ class Chatty(ChildAgent):
 
 async def test_rapid_progress_is_coalesced_latest_value_kept_and_completion_sent(
         log, start_runner, settings):
-    await start_runner(Chatty)
+    await start_runner(Chatty, settings={"progress_persist_ms": 0})
     run = await dispatch(log, "Chatty", {"signals": 60, "pause_s": 0.005})
     history = await finished(log, run)
     persisted = of_type(history, "run.progress_persisted")
@@ -206,13 +207,66 @@ async def test_rapid_progress_is_coalesced_latest_value_kept_and_completion_sent
 
 
 async def test_a_pending_signal_is_flushed_before_the_outcome(log, start_runner):
-    await start_runner(Chatty)
+    await start_runner(Chatty)  # the default persist window: signal 20 waits in it
     run = await dispatch(log, "Chatty", {"signals": 20, "final": False})
     history = await finished(log, run)
     persisted = of_type(history, "run.progress_persisted")
     assert [e.data.message for e in persisted] == ["signal 1", "signal 20"]
     assert history.events.index(persisted[-1]) < history.events.index(history.events[-1])
     assert history.state.progress.message == "signal 20"
+
+
+async def test_snapshots_reach_the_log_at_most_once_per_persist_window(log, start_runner):
+    await start_runner(Chatty, settings={"progress_coalesce_ms": 10, "progress_persist_ms": 100})
+    run = await dispatch(log, "Chatty", {"signals": 60, "pause_s": 0.005})
+    history = await finished(log, run)
+    persisted = of_type(history, "run.progress_persisted")
+    elapsed_s = history.state.output["elapsed_s"]
+    *windowed, final = persisted
+    # The first at once, then at most one per 100 ms window, then the final at once.
+    assert 1 <= len(windowed) <= int(elapsed_s / 0.1) + 2, (len(windowed), elapsed_s)
+    assert windowed[0].data.message == "signal 1"
+    assert (final.data.fraction, final.data.message) == (1.0, "done")
+    assert len(persisted) < 30, "far fewer snapshots than the signals sent every 10 ms"
+    assert (await last_progress_signal(log, run)).message == "done"
+
+
+class Holding(ChildAgent):
+    """Reports twice, then waits until the test has seen what it needs in the log."""
+
+    release: asyncio.Event
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        await ctx.report_progress(fraction=0.1, message="first")
+        await ctx.report_progress(fraction=0.2, message="second")
+        await asyncio.wait_for(type(self).release.wait(), 10)
+        return "released"
+
+
+async def test_a_quiet_child_s_last_signal_reaches_the_log_within_the_window(
+        log, start_runner):
+    Holding.release = asyncio.Event()
+    # A detached run with a 400 ms no-progress budget: the 60 s persist window is capped
+    # at a quarter of it, so the reconciler sees the child's last signal in time.
+    await start_runner(Holding, settings={"progress_coalesce_ms": 0, "progress_persist_ms": 60_000})
+    run = RunEvents(f"r-{uuid.uuid4().hex[:8]}", PARENT)
+    await log.append_batch([run.requested("Holding", input={}, detached={"on_finish": None},
+                                          max_budget_ms=60_000, no_progress_budget_ms=400),
+                            run.started()], expected_last_seq=0)
+    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Holding")
+    await log.jetstream.publish(log.subjects.work("Holding"), item.model_dump_json().encode(),
+                                stream=log.subjects.work_stream)
+    second = await event_of(log, run, lambda e: e.type == "run.progress_persisted"
+                            and e.data.message == "second")
+    first = await event_of(log, run, lambda e: e.type == "run.progress_persisted")
+    assert first.data.message == "first"
+    state = (await log.read_run(run.parent, run.run_id)).state
+    assert state.status == "running", "persisted by its window, not by the run's end"
+    assert state.progress.message == "second" and state.last_signal_at == second.occurred_at
+    Holding.release.set()
+    history = await finished(log, run)
+    assert [e.data.message for e in of_type(history, "run.progress_persisted")] == [
+        "first", "second"]
 
 
 class Persisting(ChildAgent):

@@ -144,6 +144,7 @@ async def test_what_another_writer_appended_meanwhile_is_read_before_deciding_ag
         return [run.completed(f"after {[m.name for m in state.milestones]}")]
 
     state, appended = await mine.update(run.parent, run.run_id, complete_after_theirs)
+    assert [e.type for e in appended] == ["run.completed"]
     assert state.summary == "after ['theirs']", "the conflict made it decide on the fresh run"
     assert mine.reads == 2
     history = await log.read_run(run.parent, run.run_id)

@@ -142,9 +142,11 @@ class RunContext:
         """Report progress; with `milestone`, a durable milestone.
 
         Without a milestone the signal is ephemeral: coalesced per run (latest value wins,
-        at most one per `progress_coalesce_ms`, `fraction >= 1` at once), published on the
-        run's progress subject, and persisted as the run's progress snapshot, whose `data`
-        is kept only with `persist=True`. A milestone is always recorded, in order, with
+        at most one per `progress_coalesce_ms`, `fraction >= 1` at once) and published on
+        the run's progress subject. The run's progress snapshot in the log follows it at
+        most once per `progress_persist_ms` (the first signal, `fraction >= 1` and
+        `persist=True` at once; the latest other one when its window ends or before the
+        run's outcome); its `data` is kept only with `persist=True`. A milestone is always recorded, in order, with
         the run's next sequence; on a resumed run it is not recorded twice.
         """
         check_progress(fraction, milestone, data, message, phase)

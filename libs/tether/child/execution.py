@@ -271,12 +271,13 @@ class Execution:
                 self._hard_cancel.cancel()
             if not self._child.done():  # this handler itself was cancelled
                 self._child.cancel()
-            await recorder.flush()
+            await recorder.flush(persist=True)
         return await self._settle(self._child)
 
     def _new_recorder(self, state: RunState) -> RunRecorder:
         return RunRecorder(self._env.log, state, attempt=self.attempt,
                            coalesce_ms=self._env.settings.progress_coalesce_ms,
+                           persist_ms=self._env.settings.progress_persist_ms,
                            causation_id=self._causation_id)
 
     async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:

@@ -56,11 +56,15 @@ class _Progress:
 
 class RunRecorder:
     def __init__(self, log: EventLog, state: RunState, *, attempt: int, coalesce_ms: int,
-                 causation_id: str | None = None) -> None:
+                 persist_ms: int = 0, causation_id: str | None = None) -> None:
         self._log = log
         self.run_id, self.parent = state.run_id, state.parent
         self._attempt = attempt
         self._window_s = coalesce_ms / 1000
+        if state.detached is not None and state.no_progress_budget_ms > 0:
+            # The reconciler judges silence by the snapshots: one lands well within it.
+            persist_ms = min(persist_ms, state.no_progress_budget_ms // 4)
+        self._persist_window_s = persist_ms / 1000
         self._causation_id = causation_id
         self._logger = get_logger(run_id=state.run_id, agent_type=state.agent_type)
         self._progress_subject = log.subjects.run_progress(state.parent, state.run_id)
@@ -83,6 +87,9 @@ class RunRecorder:
         self._pending: _Progress | None = None
         self._timer: asyncio.Task[None] | None = None
         self._last_send = -float("inf")
+        self._unpersisted: tuple[_Progress, int] | None = None  # sent, not yet in the log
+        self._persist_timer: asyncio.Task[None] | None = None
+        self._last_persist = -float("inf")
         self._send_lock = asyncio.Lock()  # one signal at a time, in the order reported
         self._milestone_lock = asyncio.Lock()
         self._output_lock = asyncio.Lock()
@@ -256,16 +263,22 @@ class RunRecorder:
         self._timer = None
         await self._send_pending()
 
-    async def flush(self) -> None:
-        """Send the pending coalesced signal now and wait until every send has landed.
+    async def flush(self, *, persist: bool = False) -> None:
+        """Send the pending coalesced signal now and wait until every send has landed;
+        with `persist`, also put the latest snapshot not yet in the log there.
 
-        The runner calls this before appending the run's outcome, so no progress of the
-        run lands after it.
+        The runner calls this with `persist` before appending the run's outcome, so the
+        run's last reported progress is in the log and none lands after the outcome.
         """
         timer, self._timer = self._timer, None
         if timer is not None:
             timer.cancel()
         await self._send_pending()
+        if persist:
+            persist_timer, self._persist_timer = self._persist_timer, None
+            if persist_timer is not None:
+                persist_timer.cancel()
+            await self._persist_latest()
         async with self._send_lock:
             pass
 
@@ -278,23 +291,57 @@ class RunRecorder:
         async with self._send_lock:
             self._last_send = time.monotonic()
             at = self._next_at()
-            self._progress_count += 1
             try:
                 await self._publish_signal(update, at)
-                await self._log.append(RunProgressPersisted(
-                    event_id=derived_event_id(self.run_id, "progress", self._attempt,
-                                              self._progress_count),
-                    run_id=self.run_id, parent=self.parent, occurred_at=at,
-                    correlation_id=self.run_id, causation_id=self._causation_id,
-                    data=RunProgressPersistedData(
-                        fraction=update.fraction, message=update.message, phase=update.phase,
-                        data=update.data if update.persist else None),
-                ), expected_last_seq=None)
+                if self._persist_due(update):
+                    await self._persist(update, at)
+                else:
+                    self._unpersisted = (update, at)
+                    if self._persist_timer is None:
+                        delay = self._last_persist + self._persist_window_s - time.monotonic()
+                        self._persist_timer = asyncio.create_task(
+                            self._persist_after(max(delay, 0.0)), name=f"persist:{self.run_id}")
             except Exception as error:  # noqa: BLE001 - progress is best effort; the run goes on
-                if not self._warned_send_failure:
-                    self._warned_send_failure = True
-                    self._logger.warning("child.progress_not_sent",
-                                         error=f"{type(error).__name__}: {error}")
+                self._warn_send_failure(error)
+
+    def _persist_due(self, update: _Progress) -> bool:
+        return (update.persist or (update.fraction is not None and update.fraction >= 1)
+                or time.monotonic() - self._last_persist >= self._persist_window_s)
+
+    async def _persist_after(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        self._persist_timer = None  # from here on `flush` waits for it, as for `_send_after`
+        await self._persist_latest()
+
+    async def _persist_latest(self) -> None:
+        async with self._send_lock:
+            if self._unpersisted is None:
+                return
+            try:
+                await self._persist(*self._unpersisted)
+            except Exception as error:  # noqa: BLE001 - as in `_send`
+                self._warn_send_failure(error)
+
+    async def _persist(self, update: _Progress, at: int) -> None:
+        """The snapshot of a signal already sent, with the signal's own time."""
+        self._progress_count += 1
+        await self._log.append(RunProgressPersisted(
+            event_id=derived_event_id(self.run_id, "progress", self._attempt,
+                                      self._progress_count),
+            run_id=self.run_id, parent=self.parent, occurred_at=at,
+            correlation_id=self.run_id, causation_id=self._causation_id,
+            data=RunProgressPersistedData(
+                fraction=update.fraction, message=update.message, phase=update.phase,
+                data=update.data if update.persist else None),
+        ), expected_last_seq=None)
+        self._unpersisted = None
+        self._last_persist = time.monotonic()
+
+    def _warn_send_failure(self, error: Exception) -> None:
+        if not self._warned_send_failure:
+            self._warned_send_failure = True
+            self._logger.warning("child.progress_not_sent",
+                                 error=f"{type(error).__name__}: {error}")
 
     async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
         signal = ProgressSignal(run_id=self.run_id, parent=self.parent, fraction=update.fraction,
