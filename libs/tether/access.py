@@ -15,7 +15,10 @@ everything it sends: commands on `<prefix>.cmd.<kind>.<parent_agent>.<parent_nam
 queries on `<prefix>.rpc.<kind>.<parent_agent>.<parent_name>` (the parent service must
 refuse a payload that names another parent than its subject), timeline consumers created by name so the
 filter is part of the API subject (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`,
-which the server matches against the request), replies on an inbox of its own
+which the server matches against the request), an awaited run's events on its live
+subject (`<prefix>.live.evt.<parent_agent>.<parent_name>.<run_id>`, republished by the
+events stream) with its stored events read through requests that name the run
+(`tether.client.live`), replies on an inbox of its own
 (`_INBOX_<user>.>`, the client's `inbox_prefix`), and the hook ledger recorded by the
 parent service (`<prefix>.cmd.delivered.<parent_agent>.<parent_name>`) instead of an
 event the application appends itself. It may not publish work, events or hooks.
@@ -138,8 +141,10 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{work}.>", f"$JS.API.CONSUMER.CREATE.{work}.>",
                    f"$JS.API.CONSUMER.INFO.{work}.>", f"$JS.API.CONSUMER.MSG.NEXT.{work}.>",
                    f"$JS.ACK.{work}.>"]
+        # Its delegated runs are awaited on their live subjects.
         return Permissions(tuple(common + publish),
-                           (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", "_INBOX.>"), True)
+                           (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", subjects.all_live_events,
+                            "_INBOX.>"), True)
     if role == "reconciler":
         publish = [f"{p}.evt.>", f"{p}.hook.>", f"{p}.chat.>", f"{p}.obs.>",
                    f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>",
@@ -153,6 +158,7 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
 def application_permissions(subjects: Subjects, app: Application) -> Permissions:
     p = subjects.prefix
     publish: list[str] = ["$JS.FC.>", f"$JS.API.STREAM.INFO.KV_{subjects.registry_bucket}"]
+    subscribe: list[str] = [f"{app.inbox_prefix}.>"]
     feeds = ((subjects.events_stream, "evt"), (subjects.progress_stream, "progress"),
              (subjects.chat_stream, "chat"))
     for agent in app.parent_agents:
@@ -162,6 +168,8 @@ def application_permissions(subjects: Subjects, app: Application) -> Permissions
             # The filter is in the subject, so the server refuses another parent's.
             publish.append(f"$JS.API.CONSUMER.CREATE.{stream}.*.{p}.{kind}.{agent}.>")
         publish.append(f"$JS.API.DIRECT.GET.{subjects.events_stream}.{p}.evt.{agent}.>")
+        # An awaited run's events, as the events stream republishes them.
+        subscribe.append(f"{p}.live.evt.{agent}.>")
         publish.append(f"$KV.{subjects.registry_bucket}.hook.{agent}.*")
         for method in app.hook_methods:
             consumer = f"hooks-{agent}-{method}"
@@ -172,7 +180,7 @@ def application_permissions(subjects: Subjects, app: Application) -> Permissions
                         f"$JS.ACK.{hooks}.{consumer}.>"]
     for stream, _ in feeds:
         publish.append(f"$JS.API.CONSUMER.INFO.{stream}.*")
-    return Permissions(tuple(publish), (f"{app.inbox_prefix}.>",))
+    return Permissions(tuple(publish), tuple(subscribe))
 
 
 def password_variable(user: str) -> str:

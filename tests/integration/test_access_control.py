@@ -147,6 +147,17 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
                                         detached={"on_finish": "on_done"})
                 await done.wait()
             assert (await me.inspect(awaited.run_id)).status == "completed"
+        # An application awaits its own parent's runs with only its own permissions.
+        alice = as_user(settings, url, "alice")
+        async with asyncio.timeout(30), connect(settings=alice,
+                                                inbox_prefix=ALICE.inbox_prefix) as app:
+            mine = app.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+            first = await mine.run_agent_tool("Researcher", {"query": "QUIC"})
+            assert isinstance(first, AgentToolSuccess), first
+            # The same run id again: the stored outcome, from a history it may read.
+            again = await mine.run_agent_tool("Researcher", {"query": "QUIC"},
+                                              run_id=first.run_id)
+            assert again == first
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -227,14 +238,23 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
                             f"$KV.{subjects.registry_bucket}.hook.BobBot.on_done"):
                 await alice.publish(subject, b"{}")
                 await violations.expect("publish", subject)
-            # Denied: listening on other connections' inboxes or on the log itself.
-            for subject in ("_INBOX.>", "_INBOX_bob.>", f"{p}.evt.>"):
+            # Allowed: its own runs' events as the events stream republishes them.
+            live = await alice.subscribe(subjects.run_live(ALICE_PARENT, "run-2"))
+            await alice.flush()
+            run_2 = RunEvents("run-2", ALICE_PARENT, id_prefix="run-2")
+            seq = await log.append(run_2.requested(), expected_last_seq=0)
+            republished = await live.next_msg(timeout=5)
+            assert republished.headers["Nats-Sequence"] == str(seq)
+            # Denied: listening on other connections' inboxes, on the log itself, or on
+            # another application's live events.
+            for subject in ("_INBOX.>", "_INBOX_bob.>", f"{p}.evt.>", f"{p}.live.evt.>",
+                            f"{p}.live.evt.BobBot.>"):
                 await alice.subscribe(subject)
                 await violations.expect("subscription", subject)
 
             # Nothing alice was refused reached a stream.
             info = await admin.jetstream().stream_info(subjects.events_stream)
-            assert info.state.messages == 4
+            assert info.state.messages == 5
             commands = await admin.jetstream().stream_info(subjects.commands_stream)
             assert commands.state.messages == 1
         finally:

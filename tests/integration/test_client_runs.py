@@ -14,8 +14,10 @@ from typing import Self
 
 import pytest
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
 from tether.client import ServiceUnavailable, Tether, connect
+from tether.client import parent as client_parent
+from tether.client.awaiting import RunWaiter
 from tether.client.feed import OrderedFeed
 from tether.contract.messages import AgentToolFailure, ChatMessage, DetachedHandle
 from tether.domain.commands import CancelCommand, RunCommand, parse_command
@@ -211,3 +213,143 @@ async def test_chat_messages_are_replayed_and_shared_by_a_durable_reader(log, te
     # handed out but never acknowledged (it comes back after the ack wait), so the next
     # reader of the durable consumer gets the third.
     assert await first(1, durable="app") == messages[2:]
+
+
+# --- following a run without a consumer: the live subject, the reads, and losses -------
+
+def accepts(run: RunEvents, command: RunCommand) -> list[Event]:
+    return [run.requested(command.agent_type, input=command.input), run.started()]
+
+
+async def consumers_of_the_log(log: EventLog) -> int:
+    return (await log.jetstream.stream_info(log.subjects.events_stream)).state.consumer_count
+
+
+async def test_awaiting_and_fanning_out_create_no_consumer(log, tether):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with ScriptedParent(log, hangs) as parent:
+        awaiting = asyncio.create_task(me.run_agent_tool("Researcher", {}, run_id="open"))
+        await parent.until(lambda commands: len(commands) == 1)
+        assert await consumers_of_the_log(log) == 0
+        awaiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await awaiting
+    # Beyond the ~1,000 consumers nats-server allows on a stream (err 10026): one
+    # consumer per request could not do this, and an ephemeral one outlives its
+    # subscription by seconds, so any would still be counted below.
+    async with ScriptedParent(log, accepts):
+        handles = await asyncio.gather(*(me.run_agent_tool("Researcher", {"n": n},
+                                                           detached=True)
+                                         for n in range(1500)))
+        assert await consumers_of_the_log(log) == 0
+    assert {handle.status for handle in handles} == {"running"}
+    assert len({handle.run_id for handle in handles}) == 1500
+
+
+class RecordedReads:
+    """The client's reads of the log, with an optional action before the first one."""
+
+    def __init__(self, reads, before_first=None) -> None:
+        self._reads, self._before_first = reads, before_first
+        self.starts: list[int] = []
+
+    async def read(self, subject: str, start_seq: int = 1):
+        if not self.starts and self._before_first is not None:
+            await self._before_first()
+        self.starts.append(start_seq)
+        return await self._reads.read(subject, start_seq)
+
+
+def lose_live(tether: Tether, monkeypatch, event_type: str) -> None:
+    """Drop the run's live messages of one event type, as a slow consumer would."""
+    subscribe = tether.nc.subscribe
+
+    async def lossy_subscribe(subject: str, *args, cb=None, **options):
+        async def deliver(msg) -> None:
+            if json.loads(msg.data)["type"] != event_type:
+                await cb(msg)
+
+        live = subject.startswith(f"{tether.subjects.prefix}.live.")
+        return await subscribe(subject, *args, cb=deliver if live else cb, **options)
+
+    monkeypatch.setattr(tether.nc, "subscribe", lossy_subscribe)
+
+
+def record_folds(monkeypatch) -> list[int]:
+    folded: list[int] = []
+    on_event = RunWaiter.on_event
+
+    def recording(self, seq, event, pending=1):
+        folded.append(seq)
+        return on_event(self, seq, event, pending)
+
+    monkeypatch.setattr(RunWaiter, "on_event", recording)
+    return folded
+
+
+@pytest.fixture(params=["direct", "scoped"])
+async def reading(request, log: EventLog, settings) -> AsyncIterator[Tether]:
+    """A client reading the log by batched direct gets, or as an application user does."""
+    inbox_prefix = "_INBOX_app" if request.param == "scoped" else None
+    async with connect(settings=settings, inbox_prefix=inbox_prefix) as client:
+        yield client
+
+
+async def test_events_both_read_and_received_live_are_folded_once(log, reading, monkeypatch):
+    old = RunEvents("overlap", PARENT, id_prefix="old")
+    subject = log.subjects.run_events(PARENT, "overlap")
+
+    async def earlier_request_rejected() -> None:
+        # After the live subscription, before the read: the read and the subscription
+        # both get it.
+        await log.append(old.make(RunRejected, agent_type="Researcher", code="cap",
+                                  error="too many agent tools"), expected_last_seq=None)
+
+    reads = RecordedReads(reading.run_reads, earlier_request_rejected)
+    monkeypatch.setattr(reading, "run_reads", reads)
+    folded = record_folds(monkeypatch)
+    async with ScriptedParent(log, completes):
+        result = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+            "Researcher", {}, run_id="overlap", timeout=10)
+    assert result.ok, "the earlier rejection, read before the request, does not answer it"
+    assert folded == [1, 2, 3, 4, 5] == [m.seq for m in await log.read_subject(subject)]
+    assert reads.starts == [1]
+
+
+async def test_a_lost_live_event_is_read_when_the_next_one_reveals_it(log, reading,
+                                                                      monkeypatch):
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 60.0)  # only the gap can tell
+    lose_live(reading, monkeypatch, "run.running")
+    reads = RecordedReads(reading.run_reads)
+    monkeypatch.setattr(reading, "run_reads", reads)
+    folded = record_folds(monkeypatch)
+    async with ScriptedParent(log, completes):
+        result = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+            "Researcher", {}, run_id="gap", timeout=10)
+    assert result.ok and result.summary == "done"
+    assert reads.starts == [1, 3], "read from the lost run.running on"
+    assert folded == [1, 2, 3, 4]
+
+
+async def test_a_lost_last_event_is_found_by_reading_again_when_nothing_comes(
+        log, reading, monkeypatch):
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.1)
+    lose_live(reading, monkeypatch, "run.completed")
+    reads = RecordedReads(reading.run_reads)
+    monkeypatch.setattr(reading, "run_reads", reads)
+    async with ScriptedParent(log, completes):
+        result = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+            "Researcher", {}, run_id="quiet", timeout=10)
+    assert result.ok and result.summary == "done"
+    assert reads.starts[0] == 1 and reads.starts[-1] == 4
+
+
+async def test_streams_made_before_the_live_subject_get_it_on_start_up(log, nc, settings):
+    js, subjects = nc.jetstream(), settings.subjects
+    config = (await js.stream_info(subjects.events_stream)).config
+    config.republish = None
+    await js.update_stream(config)
+    assert (await js.stream_info(subjects.events_stream)).config.republish is None
+    await ensure_streams(js, subjects, StreamSettings())
+    republish = (await js.stream_info(subjects.events_stream)).config.republish
+    assert (republish.src, republish.dest) == (subjects.all_events, subjects.all_live_events)

@@ -1,6 +1,8 @@
-"""RunWaiter: when a run request has its answer, from the run's events and the mark."""
+"""RunWaiter: when a run request has its answer, from the run's events and the mark; RunFold:
+every message of the run folded once, in order, and a lost live message noticed."""
 
-from tether.client.awaiting import RunWaiter
+from tether.adapters.jetstream import StoredEvent
+from tether.client.awaiting import LiveEvent, RunFold, RunWaiter
 from tether.domain import events as ev
 from tether.testing import RunEvents
 
@@ -144,3 +146,48 @@ def test_a_run_cleared_while_awaited_ends_the_wait() -> None:
     w.on_published(duplicate=False)
     answer = feed(w, [run.requested(), run.running(), run.cleared()])
     assert (answer.status, answer.error) == ("aborted", "the run was cleared")
+
+
+# --- RunFold: the stored and the live messages of a run, folded once each, in order ----
+
+def stored(seq: int, event) -> StoredEvent:
+    return StoredEvent(seq, "tether.evt.Assistant.user-1.r1", event, None, b"")
+
+
+def test_messages_both_read_and_received_live_are_folded_once() -> None:
+    run = RunEvents("r1")
+    old = rejected(run, at=1)
+    fold = RunFold(waiter(mark=1))
+    fold.fold_read([stored(1, old)])
+    fold.waiter.on_published(duplicate=False)
+    # The live subscription began before the read, so it brings the rejection again.
+    assert fold.fold(1, old) is None, "an earlier request's rejection does not answer ours"
+    assert fold.fold(2, run.requested()) is None
+    assert fold.fold(2, run.requested()) is None
+    assert fold.fold(3, run.completed("ours")).summary == "ours"
+    assert fold.last_seq == 3
+
+
+def test_the_last_message_read_catches_the_waiter_up() -> None:
+    run = RunEvents("r1")
+    fold = RunFold(waiter(mark=3))
+    history = [stored(1, run.requested()), stored(2, run.running()),
+               stored(3, run.completed("stored"))]
+    assert fold.fold_read(history).summary == "stored"
+    assert fold.waiter.caught_up
+
+
+def test_a_live_message_whose_predecessor_was_not_folded_reveals_a_loss() -> None:
+    run = RunEvents("r1")
+    fold = RunFold(waiter(mark=0))
+    fold.waiter.on_published(duplicate=False)
+    fold.fold(1, run.requested())
+    fold.fold(2, run.started())
+    # seq 3 (run.running) was lost; seq 4 says its predecessor on the subject was 3.
+    completed = LiveEvent(seq=4, previous_seq=3, event=run.completed("done"))
+    assert fold.missed_before(completed)
+    # Other subjects' messages in between leave gaps in the sequence, not in the run.
+    assert not fold.missed_before(LiveEvent(seq=9, previous_seq=2, event=run.running()))
+    assert fold.fold_read([stored(3, run.running()), stored(4, completed.event)]).ok
+    assert not fold.missed_before(completed)
+    assert fold.fold(completed.seq, completed.event).summary == "done"

@@ -111,8 +111,13 @@ def stream_configs(subjects: Subjects, settings: StreamSettings) -> list[js_api.
     return [
         # Commands are kept a week for audit; the parent consumes them with a durable consumer.
         config(subjects.commands_stream, f"{p}.cmd.>", max_age=7 * DAY_S),
-        # The log itself: kept forever; purged per run only by `clear`.
-        config(subjects.events_stream, f"{p}.evt.>"),
+        # The log itself: kept forever; purged per run only by `clear`. Each stored event
+        # is also republished (core NATS, in stream order, after it is stored) on
+        # `<prefix>.live.evt.<agent>.<name>.<run_id>`, so awaiting a run needs a plain
+        # subscription rather than a consumer of its own (client/parent.py).
+        config(subjects.events_stream, subjects.all_events,
+               republish=js_api.RePublish(src=subjects.all_events,
+                                          dest=subjects.all_live_events)),
         # Ephemeral progress: the latest value per run for late subscribers.
         config(subjects.progress_stream, f"{p}.progress.>", max_msgs_per_subject=1,
                max_age=7 * DAY_S),

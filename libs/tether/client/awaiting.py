@@ -1,12 +1,13 @@
 """When a run request has its answer, decided from the run's events alone.
 
-The client subscribes to the run's subject from its first event, notes the subject's last
-sequence (the *mark*), publishes the request, and feeds every event to a `RunWaiter`.
-Anything at or below the mark happened before this request: a stored outcome there is
-the answer (a repeated run id never starts a second child turn), but a rejection or an
-interruption there answered someone else's earlier request. Nothing is decided before the
-replay has reached the mark, so a run that was cleared and is requested again is never
-answered from its previous life.
+The client subscribes to the run's live subject (where the events stream republishes each
+event once stored), reads the run's stored events, the last of which is the *mark*,
+publishes the request, and feeds every event to a `RunWaiter` once, in stream order
+(`RunFold`). Anything at or below the mark happened before this request: a stored outcome
+there is the answer (a repeated run id never starts a second child turn), but a rejection
+or an interruption there answered someone else's earlier request. Nothing is decided
+before the replay has reached the mark, so a run that was cleared and is requested again
+is never answered from its previous life.
 
 If the server dropped the request as a repeat of one still in its duplicate window, no
 parent will act on it: an open run is awaited, a run that does not exist yet is awaited
@@ -15,7 +16,9 @@ interrupted run that is not being re-attached is answered with its interruption,
 nobody is going to re-attach it for us.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
 from tether.domain.events import (
@@ -27,6 +30,9 @@ from tether.domain.events import (
     RunRequested,
 )
 from tether.domain.run_state import RunState, evolve
+
+if TYPE_CHECKING:
+    from tether.adapters.jetstream import StoredEvent
 
 Answer = AgentToolSuccess | AgentToolFailure | DetachedHandle
 
@@ -141,3 +147,46 @@ class RunWaiter:
         if self._duplicate and recent:
             return rejection
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class LiveEvent:
+    """A run event as the stream republished it: its stream sequence, and the sequence of
+    the run's message before it (`Nats-Last-Sequence`; 0 when it was the first)."""
+
+    seq: int
+    previous_seq: int
+    event: Event | None
+
+
+class RunFold:
+    """The run's messages folded into a `RunWaiter` once each, in stream order.
+
+    They come from two overlapping sources: reads of the stream and the live messages the
+    stream republishes. The stream sequence is the key: a message at or below the last one
+    folded is skipped. Live delivery is at most once (core NATS drops messages for a slow
+    consumer or across a reconnect), so a live message whose predecessor on the run's
+    subject was never folded says something was lost: `missed_before` asks the caller to
+    read the stream from `last_seq + 1` before folding it.
+    """
+
+    def __init__(self, waiter: RunWaiter) -> None:
+        self.waiter = waiter
+        self.last_seq = 0
+
+    def fold(self, seq: int, event: Event | None, pending: int = 1) -> Answer | None:
+        if seq > self.last_seq:
+            self.last_seq = seq
+            return self.waiter.on_event(seq, event, pending)
+        return self.waiter.answer
+
+    def fold_read(self, stored: Sequence["StoredEvent"]) -> Answer | None:
+        """Messages read from the stream; the last was the end of the subject when read."""
+        answer = self.waiter.answer
+        for index, message in enumerate(stored):
+            answer = self.fold(message.seq, message.event,
+                               pending=0 if index == len(stored) - 1 else 1)
+        return answer
+
+    def missed_before(self, live: LiveEvent) -> bool:
+        return live.previous_seq > self.last_seq

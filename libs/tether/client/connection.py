@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from tether.adapters.jetstream import EventLog, connect_nats
 from tether.client.errors import RequestFailed, ServiceUnavailable
+from tether.client.live import DirectReads, RunReads, ScopedReads
 from tether.config import Settings
 from tether.contract.subjects import Subjects
 from tether.domain.events import ParentRef
@@ -31,15 +32,22 @@ class Tether:
 
     Safe to share between tasks: every run, timeline and hook handler gets its own
     subscription on the same connection.
+
+    `scoped_reads`: read a run's stored events only through requests whose subject names
+    the run, which is all an application user of `tether.access` may send
+    (`tether.client.live`).
     """
 
-    def __init__(self, nc: NATS, settings: Settings, *, rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S) -> None:
+    def __init__(self, nc: NATS, settings: Settings, *, rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S,
+                 scoped_reads: bool = False) -> None:
         self.nc = nc
         self.settings = settings
         self.subjects: Subjects = settings.subjects
         self.log = EventLog(nc, self.subjects)
         self.js = self.log.jetstream
         self.rpc_timeout = rpc_timeout
+        self.run_reads: RunReads = (ScopedReads(self.js, self.subjects.events_stream)
+                                    if scoped_reads else DirectReads(self.log))
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
@@ -141,7 +149,8 @@ class _Connection:
         except (OSError, nats.errors.Error) as error:
             raise ServiceUnavailable(
                 f"cannot connect to NATS at {self._settings.nats_url}: {error}") from None
-        self._tether = Tether(nc, self._settings)
+        # Its own inbox prefix is how an application connects under access control.
+        self._tether = Tether(nc, self._settings, scoped_reads="inbox_prefix" in self._options)
         return self._tether
 
     def __await__(self):
@@ -162,7 +171,8 @@ def connect(nats_url: str | None = None, *, prefix: str | None = None,
 
     `settings` (a `tether.config.Settings`) replaces the environment; `nats_url` and
     `prefix` override either. `inbox_prefix` (e.g. `_INBOX_<user>`) is where replies come
-    back under access control, which lets each application read only its own.
+    back under access control, which lets each application read only its own; such a
+    client also reads the log only as an application user may (`Tether(scoped_reads=True)`).
     """
     overrides = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
                  if value is not None}

@@ -37,7 +37,7 @@ class OrderedFeed:
     def __init__(self, js: JetStreamContext, stream: str, filter_subject: str, *,
                  source: str = "", start_seq: int = 1, deliver_new: bool = False,
                  sink: "asyncio.Queue[FeedMessage] | None" = None,
-                 idle_heartbeat: float = 5.0) -> None:
+                 idle_heartbeat: float = 5.0, name: str | None = None) -> None:
         self._js = js
         self._stream = stream
         self._filter = filter_subject
@@ -46,6 +46,9 @@ class OrderedFeed:
         self._deliver_new = deliver_new
         self.sink: asyncio.Queue[FeedMessage] = sink if sink is not None else asyncio.Queue()
         self._idle_heartbeat = idle_heartbeat
+        # A named consumer puts its filter in the create request's subject
+        # (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), where NATS permissions see it.
+        self._name = name
         self._subscription: JetStreamContext.PushSubscription | None = None
         self._last_seq = 0
         # True when the stream held nothing to replay for this filter at subscription time.
@@ -53,9 +56,11 @@ class OrderedFeed:
 
     async def start(self) -> Self:
         if self._deliver_new:
-            config = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.NEW)
+            config = js_api.ConsumerConfig(name=self._name,
+                                           deliver_policy=js_api.DeliverPolicy.NEW)
         else:
-            config = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
+            config = js_api.ConsumerConfig(name=self._name,
+                                           deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
                                            opt_start_seq=self._start_seq)
         try:
             self._subscription = await self._js.subscribe(

@@ -8,11 +8,11 @@ from contextlib import suppress
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
-from tether.client.awaiting import Answer, RunWaiter
-from tether.client.feed import OrderedFeed
-from tether.contract.codec import EventDecodeError, decode_event
+from tether.client.awaiting import Answer, RunFold, RunWaiter
+from tether.client.live import live_event
 from tether.contract.messages import (
     AgentToolFailure,
     AgentToolSuccess,
@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from tether.contract.messages import ChatMessage
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
+# Live delivery is at most once; after this long without a live event the awaited run's
+# subject is read again, in case its last event was lost on the way.
+LIVE_IDLE_S = 1.0
 
 
 class ParentHandle:
@@ -81,36 +84,52 @@ class ParentHandle:
         return await self._run(command, command.detached is not False, timeout)
 
     async def _run(self, command: RunCommand, detached: bool, timeout: float | None) -> Answer:
-        log = self.tether.log
+        """Publish the request and fold the run's events until they answer it.
+
+        The live subscription comes first: the server handles one connection's messages in
+        order, so the history read after it sees every event the subscription misses.
+        """
         subject = self.tether.subjects.run_events(self.ref, command.run_id)
-        feed = OrderedFeed(self.tether.js, self.tether.subjects.events_stream, subject,
-                           source="run")
-        await feed.start()
+        reads = self.tether.run_reads
+        live: asyncio.Queue[Msg] = asyncio.Queue()
+        subscription = await self.tether.nc.subscribe(
+            self.tether.subjects.run_live(self.ref, command.run_id), cb=live.put)
         requested = False
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         try:
-            mark = await log.last_seq(self.ref, command.run_id)
-            waiter = RunWaiter(command.run_id, command.agent_type, mark=mark, detached=detached,
+            history = await reads.read(subject)
+            waiter = RunWaiter(command.run_id, command.agent_type,
+                               mark=history[-1].seq if history else 0, detached=detached,
                                published_at_ms=_now_ms(),
                                duplicate_window_ms=self.tether.settings.duplicate_window_ms)
+            run = RunFold(waiter)
+            run.fold_read(history)
             requested = True  # from here on the request may have reached the stream
             ack = await self.tether.publish_command("run", command, f"run:{command.run_id}")
             answer = waiter.on_published(bool(ack.duplicate))
             while answer is None:
                 remaining = None if deadline is None else max(deadline - loop.time(), 0)
+                wait = LIVE_IDLE_S if remaining is None else min(remaining, LIVE_IDLE_S)
                 try:
                     # Only the wait is bounded: a timeout must not look like a cancellation.
-                    message = await asyncio.wait_for(feed.sink.get(), remaining)
+                    # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns a
+                    # result that lands with a cancellation and drops the cancellation.)
+                    async with asyncio.timeout(wait):
+                        message = await live.get()
                 except TimeoutError:
-                    raise TimeoutError(
-                        f"run {command.run_id} gave no answer within {timeout:g}s; it goes on: "
-                        "inspect it, or await it again with the same run_id") from None
-                try:
-                    event = decode_event(message.data)
-                except EventDecodeError:
-                    event = None
-                answer = waiter.on_event(message.seq, event, message.pending)
+                    if remaining is not None and remaining <= LIVE_IDLE_S:
+                        raise TimeoutError(
+                            f"run {command.run_id} gave no answer within {timeout:g}s; it goes "
+                            "on: inspect it, or await it again with the same run_id") from None
+                    # A lost last event has nothing after it to reveal the gap: look.
+                    answer = run.fold_read(await reads.read(subject, run.last_seq + 1))
+                    continue
+                event = live_event(message)
+                if event is None or run.missed_before(event):
+                    answer = run.fold_read(await reads.read(subject, run.last_seq + 1))
+                if answer is None and event is not None:
+                    answer = run.fold(event.seq, event.event)
             return answer
         except asyncio.CancelledError:
             if requested and not detached:
@@ -118,7 +137,8 @@ class ParentHandle:
                 await asyncio.shield(self._cancel_quietly(command.run_id))
             raise
         finally:
-            await feed.stop()
+            with suppress(Exception):  # the connection may already be closing
+                await subscription.unsubscribe()
 
     async def _cancel_quietly(self, run_id: str) -> None:
         # Best effort: the caller is leaving, and a cancel that cannot be sent must not

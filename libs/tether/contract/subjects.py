@@ -79,6 +79,15 @@ class Subjects:
     def all_events(self) -> str:
         return f"{self.prefix}.evt.>"
 
+    def run_live(self, parent: ParentRef, run_id: str) -> str:
+        """Core: the events stream republishes each run event here once it is stored."""
+        return (f"{self.prefix}.live.evt.{parent.agent}.{parent.name}."
+                f"{check_identifier(run_id, 'run id')}")
+
+    @property
+    def all_live_events(self) -> str:
+        return f"{self.prefix}.live.evt.>"
+
     def run_progress(self, parent: ParentRef, run_id: str) -> str:
         return f"{self.prefix}.progress.{parent.agent}.{parent.name}.{check_identifier(run_id, 'run id')}"
 
