@@ -287,6 +287,15 @@ async def next_messages(log: EventLog, subject: str, count: int, timeout: float 
         await subscription.unsubscribe()
 
 
+async def deliverer_idle(log: EventLog) -> None:
+    """Until the deliverer has acknowledged every event (it acks after handling one)."""
+    while True:
+        info = await log.jetstream.consumer_info(log.subjects.events_stream, "parent-deliverer")
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log):
     registry = await log.jetstream.key_value(log.subjects.registry_bucket)
     await registry.put("hook.Assistant.on_done", b"{}")
@@ -305,6 +314,28 @@ async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log)
                                                             "finish:h1:completed"]
     info = await log.jetstream.stream_info(log.subjects.chat_stream)
     assert info.state.messages == 0, "on_finish takes precedence over notify"
+
+
+async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its_hook(
+        parent, log):
+    registry = await log.jetstream.key_value(log.subjects.registry_bucket)
+    await registry.put("hook.Assistant.on_done", b"{}")
+    await send(log, "run", run_request("again"))
+    await until(log, "again", lambda s, e: s and s.dispatched_at)
+    await send(log, "clear", {"parent": PARENT.model_dump()})
+    await until(log, "again", lambda s, e: e[-1].type == "run.cleared")
+    await send(log, "run", run_request("again", detached={"on_finish": "on_done"}))
+    state, _ = await until(log, "again", lambda s, e: s and s.detached and s.dispatched_at)
+    run = RunEvents("again", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
+    for event in (run.running(), run.milestone("half"), run.completed("second life")):
+        await log.append(event, expected_last_seq=None)
+
+    [message] = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 1)
+    hook = HookMessage.model_validate_json(message.data)
+    assert (hook.run.run_id, hook.result.status, hook.result.summary) == (
+        "again", "completed", "second life")
+    await deliverer_idle(log)
+    assert parent.deliverer.tracked_runs == 0, "a finished, delivered run is not kept"
 
 
 async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
@@ -328,14 +359,6 @@ async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
             stop.set()
             await asyncio.wait_for(task, timeout=10)
 
-    async def deliverer_idle() -> None:
-        while True:
-            info = await log.jetstream.consumer_info(log.subjects.events_stream,
-                                                     "parent-deliverer")
-            if info.num_pending == 0 and info.num_ack_pending == 0:
-                return
-            await asyncio.sleep(0.02)
-
     await send(log, "run", run_request("n1", detached=options))
     state, _ = await serve_while(until(log, "n1", lambda s, e: s and s.dispatched_at))
     run = RunEvents("n1", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
@@ -345,7 +368,7 @@ async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
     await log.append(run.completed("all done"), expected_last_seq=None)
     await serve_while(until(log, "n1", lambda s, e: "finish:completed" in s.ledger.notifications))
     # A restarted service whose deliverer consumed everything sent nothing more.
-    await serve_while(deliverer_idle())
+    await serve_while(deliverer_idle(log))
 
     messages = [ChatMessage.model_validate_json(m.data)
                 for m in await next_messages(log, chat, 2)]

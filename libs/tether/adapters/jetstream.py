@@ -341,6 +341,12 @@ class EventLog:
                 continue  # the conflict's read is what we know now
         raise ConcurrencyConflict(subject, seq)
 
+    def remember(self, parent: ParentRef, run_id: str, state: RunState | None, seq: int) -> None:
+        """What another reader of the log knows of a run: its state after the message at
+        stream sequence `seq` and everything of the run before it. Only a hint for the
+        next `update`, whose append expects `seq`."""
+        self._known.remember(self.subjects.run_events(parent, run_id), state, seq)
+
     async def last_seq(self, parent: ParentRef, run_id: str) -> int:
         subject = self.subjects.run_events(parent, run_id)
         try:

@@ -43,6 +43,7 @@ from tether.domain.events import (
     RunMilestone,
     RunNotified,
     RunNotifiedData,
+    RunRequested,
 )
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
@@ -54,6 +55,8 @@ from tether.parent.registry import RegisteredHooks
 CACHE_SIZE = 2_000
 
 RunKey = tuple[str, str, str]
+_MISSING = object()  # not in the cache
+_AWAITED = object()  # an awaited run: the deliverer owes it nothing
 
 
 def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> LifecycleResult:
@@ -79,8 +82,13 @@ class Deliverer:
         self._logger = logger
         self._consumer = consumer
         self._batch = batch
-        self._states: OrderedDict[RunKey, RunState | None] = OrderedDict()
+        self._states: OrderedDict[RunKey, object] = OrderedDict()  # RunState, None, _AWAITED
         self.delivered = 0
+
+    @property
+    def tracked_runs(self) -> int:
+        """Runs whose state (or awaited-ness) is kept; never more than CACHE_SIZE."""
+        return len(self._states)
 
     async def run(self, stop: asyncio.Event) -> None:
         subjects = self._log.subjects
@@ -109,7 +117,7 @@ class Deliverer:
         for msg in messages:
             stored = to_stored_event(msg.metadata.sequence.stream, msg.subject, msg.data)
             try:
-                await self.handle(stored)
+                await self.handle(stored, first_delivery=msg.metadata.num_delivered == 1)
             except Exception:
                 self._logger.exception("delivery.failed", stream_seq=stored.seq)
                 await msg.nak(delay=1.0)
@@ -118,35 +126,67 @@ class Deliverer:
                 continue
             await msg.ack()
 
-    async def handle(self, stored: StoredEvent) -> None:
+    async def handle(self, stored: StoredEvent, *, first_delivery: bool = False) -> None:
+        """Judge one event by the run's state just after it, and deliver what it owes.
+
+        Only an outcome, or a milestone of a run that asked for milestones, can owe
+        anything, so a run is read from the log only at such an event when its state is
+        not at hand; a run that owes nothing more (awaited, or finished and delivered)
+        is not kept.
+        """
         event = stored.event
         if event is None:
             return
         key = _key(stored)
-        state, applied = await self._fold(key, stored)
+        cached = self._states.get(key, _MISSING)
+        if cached is _AWAITED:
+            if not isinstance(event, RunRequested):
+                return
+            cached = _MISSING  # requested again after a clear: judged afresh
+        if cached is _MISSING:
+            if isinstance(event, RunRequested):
+                if first_delivery:
+                    # The log only takes run.requested for a run with no state (the parent
+                    # appends it expecting that), so the run starts here: nothing to read.
+                    self._keep(key, evolve(None, event).state)
+                    return
+            elif event.type not in TERMINAL_EVENT_STATUS and not isinstance(event, RunMilestone):
+                return  # owes nothing; an outcome or milestone reads the run when it comes
+        state, applied = await self._fold(key, stored, cached)
         if state is None or state.detached is None or not applied:
             return
         if event.type in TERMINAL_EVENT_STATUS:
-            if isinstance(event, RunAborted) and event.data.cause == "give-up":
-                return  # the give-up already delivered its interrupted hook
-            await self.deliver_finish(state, result_of(event))
+            if not (isinstance(event, RunAborted) and event.data.cause == "give-up"):
+                # (the give-up already delivered its interrupted hook)
+                await self.deliver_finish(state, result_of(event))
+            # The run owes nothing more until another outcome, which reads it again. What
+            # we know of it goes to the log's cache: the application's delivery record
+            # is usually the next event, and is then decided without a read.
+            self._states.pop(key, None)
+            self._log.remember(event.parent, event.run_id, state, stored.seq)
         elif isinstance(event, RunMilestone):
             await self._milestone(state, event)
 
-    async def _fold(self, key: RunKey, stored: StoredEvent) -> tuple[RunState | None, bool]:
-        if key in self._states:
-            evolved = evolve(self._states[key], stored.event)
-            self._remember(key, evolved.state)
+    async def _fold(self, key: RunKey, stored: StoredEvent,
+                    cached: object) -> tuple[RunState | None, bool]:
+        if cached is None or isinstance(cached, RunState):
+            evolved = evolve(cached, stored.event)
+            self._keep(key, evolved.state)
             return evolved.state, evolved.applied
         # The run as it was just before this event, so that this event (and the ones
         # after it) are judged by the same fold as on the warm path.
         before = (await self._log.read_run(stored.event.parent, stored.event.run_id,
                                            before_seq=stored.seq)).state
         evolved = evolve(before, stored.event)
-        self._remember(key, evolved.state)
+        self._keep(key, evolved.state)
         return evolved.state, evolved.applied
 
-    def _remember(self, key: RunKey, state: RunState | None) -> None:
+    def _keep(self, key: RunKey, state: RunState | None) -> None:
+        """Keep a detached run's state; of an awaited run only that it is one."""
+        self._remember(key, _AWAITED if state is not None and state.detached is None
+                       else state)
+
+    def _remember(self, key: RunKey, state: "RunState | None | object") -> None:
         self._states[key] = state
         self._states.move_to_end(key)
         while len(self._states) > CACHE_SIZE:

@@ -63,6 +63,11 @@ class ParentService:
         self._handlers: CommandHandlers | None = None
         self._deliverer: Deliverer | None = None
 
+    @property
+    def deliverer(self) -> Deliverer:
+        assert self._deliverer is not None, "start() first"
+        return self._deliverer
+
     async def start(self) -> None:
         stream_settings = StreamSettings.of(self._settings)
         self._hooks = RegisteredHooks(
