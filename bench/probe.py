@@ -19,6 +19,8 @@ from collections import Counter
 
 import nats
 
+from tether.cli import event_loop_factory
+
 
 def category(subject: str, prefix: str) -> str:
     """`<prefix>.evt`, `$JS.API.DIRECT.GET`, `$JS.ACK`, `$KV`, `_INBOX`, ..."""
@@ -78,6 +80,8 @@ if __name__ == "__main__":
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--count-subjects", action="store_true")
+    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="uvloop")
     args = parser.parse_args()
-    asyncio.run(main(args.nats_url, args.prefix, args.out, args.count_subjects))
+    with asyncio.Runner(loop_factory=event_loop_factory(args.event_loop)) as runner:
+        runner.run(main(args.nats_url, args.prefix, args.out, args.count_subjects))
     sys.exit(0)

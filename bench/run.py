@@ -25,6 +25,7 @@ from bench.profile import Profiler, render
 from bench.stack import REPO, ServiceSet, server_pids, servers
 from bench.workloads import Positions, Probe, rebuild, w1, w2
 from tether.adapters.jetstream import remove_streams
+from tether.cli import event_loop_factory
 from tether.client import connect
 from tether.config import Settings
 from tether.log import configure_logging
@@ -60,8 +61,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-ceilings", action="store_true")
     parser.add_argument("--no-rebuild", action="store_true")
     parser.add_argument("--no-chart", action="store_true")
-    parser.add_argument("--uvloop", action="store_true",
-                        help="run the services under uvloop (bench.launch), to measure the loop")
+    parser.add_argument("--event-loop", choices=["uvloop", "asyncio"], default="uvloop",
+                        help="the event loop of the services (TETHER_EVENT_LOOP), the bench "
+                             "application and the probe (default: uvloop)")
     parser.add_argument("--service-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for the services, e.g. TETHER_RUNNER_CONCURRENCY=64")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
@@ -109,11 +111,12 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
     prefix = f"bench{tag}"
     settings = Settings(nats_url=nats_url, database_url=database_url, prefix=prefix,
                         projection_schema=prefix)
-    extra = dict(item.split("=", 1) for item in args.service_env)
+    extra = {"TETHER_EVENT_LOOP": args.event_loop,
+             **dict(item.split("=", 1) for item in args.service_env)}
     env = ServiceSet.environment(nats_url, database_url, prefix, extra)
     out_dir = args.results_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    services = ServiceSet(env, out_dir / f"{stamp}-logs", uvloop=args.uvloop)
+    services = ServiceSet(env, out_dir / f"{stamp}-logs")
     result: dict = {"meta": {
         "timestamp": stamp, "git": git_describe(), "python": platform.python_version(),
         "cpus": os.cpu_count(), "load_avg_before": os.getloadavg(), "prefix": prefix,
@@ -129,7 +132,7 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
             try:
                 positions = Positions(tether, db, prefix)
                 probe = Probe(nats_url, prefix, out_dir / f".{stamp}-probe.tmp",
-                              args.count_subjects)
+                              args.count_subjects, args.event_loop)
                 started = (lambda: profiler.start(services.pids())) if profiler else None
                 try:
                     result["w1"] = await w1(tether, positions, services, probe, runs=args.runs,
@@ -180,8 +183,9 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging("warning")  # the bench app's own hook handler logs per message at info
-    with servers() as (nats_url, database_url):
-        result = asyncio.run(bench(args, nats_url, database_url))
+    loop_factory = event_loop_factory(args.event_loop)
+    with servers() as (nats_url, database_url), asyncio.Runner(loop_factory=loop_factory) as runner:
+        result = runner.run(bench(args, nats_url, database_url))
     print(report.table(result))
     print("\nwhere a run's time goes, p50/p99 ms (from the events' occurred_at):")
     print("  W1: " + stages.render(result["w1"]["stages"]))

@@ -173,9 +173,9 @@ class Service:
 class ServiceSet:
     """`tether services NAME` for each service, log level warning, the bench child loaded."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, *, uvloop: bool = False) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
         self.env = env
-        self.entry = "bench.launch" if uvloop else "tether.cli"
+        self.entry = "tether.cli"
         self.log_dir = log_dir
         self.services: dict[str, Service] = {}
 

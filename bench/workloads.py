@@ -58,9 +58,10 @@ class Positions:
 class Probe:
     """bench.probe in its own process: progress latency as a timeline subscriber sees it."""
 
-    def __init__(self, nats_url: str, prefix: str, out: Path, count_subjects: bool = False) -> None:
+    def __init__(self, nats_url: str, prefix: str, out: Path, count_subjects: bool = False,
+                 event_loop: str = "uvloop") -> None:
         self._args = [sys.executable, "-m", "bench.probe", "--nats-url", nats_url,
-                      "--prefix", prefix, "--out", str(out)]
+                      "--prefix", prefix, "--out", str(out), "--event-loop", event_loop]
         if count_subjects:
             self._args.append("--count-subjects")
         self.subjects: dict[str, int] = {}

@@ -4,7 +4,13 @@ import asyncio
 import json
 
 from tether.adapters.jetstream import StoredEvent
-from tether.adapters.postgres.projection import Statements, apply_batch, table_digests
+from tether.adapters.postgres.migrator import migrate
+from tether.adapters.postgres.projection import (
+    KnownStates,
+    Statements,
+    apply_batch,
+    table_digests,
+)
 from tether.adapters.postgres.projector import Projector, rebuild, verify
 from tether.contract.codec import encode_event
 from tether.testing import RunEvents, append_finished_runs
@@ -61,6 +67,30 @@ async def test_applying_the_same_batch_twice_changes_nothing(log, pool, settings
         assert await table_digests(conn, sql) == digests
     assert (first.applied, second.applied, third.applied) == (4, 0, 0)
     assert second.skipped == 4
+
+
+async def test_known_states_are_dropped_when_another_writer_moved_the_checkpoint(
+        log, pool, settings):
+    run = RunEvents("r-known")
+    events = [run.requested(), run.running(), run.milestone("m1"), run.milestone("m2"),
+              run.completed("ok")]
+    batch = [StoredEvent(i + 1, log.subjects.run_events(e.parent, e.run_id), e, None,
+                         encode_event(e)) for i, e in enumerate(events)]
+    sql = Statements(settings.projection_schema)
+    known = KnownStates()
+    async with pool.acquire() as conn:
+        await apply_batch(conn, sql, batch[:2], known=known)
+        await apply_batch(conn, sql, batch[2:3])  # another writer (a swapped-in rebuild)
+        await apply_batch(conn, sql, batch[3:], known=known)
+        mine = await table_digests(conn, sql)
+    scratch = Statements(f"{settings.projection_schema}_verify")
+    async with pool.acquire() as conn:
+        await migrate(conn, scratch.schema)
+        await apply_batch(conn, scratch, batch)
+        assert await table_digests(conn, scratch) == mine, "m1 was not lost"
+    rows = await pool.fetch(f'SELECT name FROM "{settings.projection_schema}".milestones '
+                            "ORDER BY sequence")
+    assert [r["name"] for r in rows] == ["m1", "m2"]
 
 
 async def test_poison_messages_are_dead_lettered_and_the_projector_goes_on(log, pool, settings):

@@ -11,6 +11,7 @@ blocks the log.
 """
 
 import json
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,41 @@ DIGEST_TABLES: dict[str, str] = {
     "reattach_decisions": "parent_agent, parent_name, run_id, decision_id",
     "dead_letters": "stream_seq",
 }
+
+
+class KnownStates:
+    """The projected states of recently changed runs, as committed at `checkpoint`, so a
+    batch need not load them back. Only trusted while the table's checkpoint is the one
+    these states were committed with (a swapped-in rebuild, or another writer, moves
+    it); bounded, least recently used out."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._states: OrderedDict[RunKey, RunState | None] = OrderedDict()
+        self.checkpoint = -1
+
+    def valid_at(self, checkpoint: int) -> bool:
+        if checkpoint != self.checkpoint:
+            self._states.clear()
+        return checkpoint == self.checkpoint
+
+    def get(self, key: RunKey) -> "RunState | None | object":
+        return self._states.get(key, _UNKNOWN)
+
+    def committed(self, states: dict[RunKey, RunState | None], checkpoint: int) -> None:
+        for key, state in states.items():
+            self._states[key] = state
+            self._states.move_to_end(key)
+        while len(self._states) > self._size:
+            self._states.popitem(last=False)
+        self.checkpoint = checkpoint
+
+    def clear(self) -> None:
+        self._states.clear()
+        self.checkpoint = -1
+
+
+_UNKNOWN = object()
 
 
 @dataclass
@@ -165,8 +201,13 @@ def input_preview(state: RunState, limit: int) -> str:
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
 
 
-def run_row(state: RunState, last_seq: int, preview_chars: int) -> dict[str, object]:
-    return {
+def run_row(state: RunState, last_seq: int, preview_chars: int) -> str:
+    """One `runs` row as a JSON object (the batch's rows go to Postgres as one array).
+
+    The nested documents are serialised by their models (pydantic's encoder, much faster
+    than `model_dump` + `json.dumps`) and spliced in as they are.
+    """
+    scalars = json.dumps({
         "parent_agent": state.parent.agent,
         "parent_name": state.parent.name,
         "run_id": state.run_id,
@@ -182,7 +223,6 @@ def run_row(state: RunState, last_seq: int, preview_chars: int) -> dict[str, obj
         "error": state.error,
         "reason": state.reason,
         "child_still_running": state.child_still_running,
-        "progress": state.progress.model_dump(mode="json") if state.progress else None,
         "last_signal_at": state.last_signal_at,
         "requested_at": state.requested_at,
         "started_at": state.started_at,
@@ -194,11 +234,12 @@ def run_row(state: RunState, last_seq: int, preview_chars: int) -> dict[str, obj
         "milestone_count": len(state.milestones),
         "output_chunks": len(state.output_parts),
         "step_count": len(state.steps),
-        "delivery": state.ledger.model_dump(mode="json"),
         "events_applied": state.events_applied,
         "last_seq": last_seq,
-        "state": state.model_dump(mode="json"),
-    }
+    })
+    progress = state.progress.model_dump_json() if state.progress else "null"
+    return (f'{scalars[:-1]}, "progress": {progress}, '
+            f'"delivery": {state.ledger.model_dump_json()}, "state": {state.model_dump_json()}}}')
 
 
 def _keys_arrays(keys: Sequence[RunKey]) -> tuple[list[str], list[str], list[str]]:
@@ -213,20 +254,47 @@ async def ensure_checkpoint(conn: asyncpg.Connection, sql: Statements) -> int:
 async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence[StoredEvent],
                       *, preview_chars: int = 500,
                       before_commit: Callable[[Sequence[StoredEvent]], Awaitable[None]] | None = None,
-                      ) -> BatchResult:
-    """Project `batch` (in stream order) in one transaction; see the module docstring."""
+                      known: KnownStates | None = None) -> BatchResult:
+    """Project `batch` (in stream order) in one transaction; see the module docstring.
+
+    `known` (the single active projector's) saves loading the states of runs it wrote
+    itself; it is updated only once the transaction committed.
+    """
+    try:
+        result, states = await _apply_batch(conn, sql, batch, preview_chars, before_commit,
+                                             known)
+    except BaseException:
+        if known is not None:
+            known.clear()
+        raise
+    if known is not None and states is not None:
+        known.committed(states, result.checkpoint)
+    return result
+
+
+async def _apply_batch(conn, sql, batch, preview_chars, before_commit, known):
     async with conn.transaction():
         await conn.execute(sql.create_checkpoint, PROJECTION_NAME)
         checkpoint = int(await conn.fetchval(sql.lock_checkpoint, PROJECTION_NAME))
         fresh = [stored for stored in batch if stored.seq > checkpoint]
         result = BatchResult(checkpoint=checkpoint, skipped=len(batch) - len(fresh))
         if not fresh:
-            return result
+            return result, None
 
         events = [stored for stored in fresh if stored.event is not None]
         dead = [stored for stored in fresh if stored.event is None]
         keys = list(dict.fromkeys(_key(stored) for stored in events))
-        before = await _load_states(conn, sql, keys)
+        before: dict[RunKey, RunState] = {}
+        if known is not None and known.valid_at(checkpoint):
+            missing = []
+            for key in keys:
+                state = known.get(key)
+                if state is _UNKNOWN:
+                    missing.append(key)
+                elif state is not None:
+                    before[key] = state
+            keys = missing
+        before.update(await _load_states(conn, sql, keys))
         states: dict[RunKey, RunState | None] = dict(before)
         last_seq: dict[RunKey, int] = {}
         cleared: set[RunKey] = set()
@@ -256,8 +324,8 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
 
         alive = [(key, states[key]) for key in changed if states[key] is not None]
         if alive:
-            rows = [run_row(state, last_seq[key], preview_chars) for key, state in alive]
-            await conn.execute(sql.upsert_runs, json.dumps(rows))
+            rows = ",".join(run_row(state, last_seq[key], preview_chars) for key, state in alive)
+            await conn.execute(sql.upsert_runs, f"[{rows}]")
             milestones, decisions = [], []
             for key, state in alive:
                 previous = None if key in reset else before.get(key)
@@ -281,7 +349,7 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
         await conn.execute(sql.advance_checkpoint, PROJECTION_NAME, result.checkpoint)
         if before_commit is not None:
             await before_commit(fresh)
-        return result
+        return result, {key: states[key] for key in changed}
 
 
 def _new_milestone_rows(key: RunKey, state: RunState,

@@ -18,6 +18,7 @@ from tether.adapters.postgres.migrator import check_schema_name, migrate
 from tether.adapters.postgres.projection import (
     PROJECTION_NAME,
     BatchResult,
+    KnownStates,
     Statements,
     apply_batch,
     ensure_checkpoint,
@@ -61,6 +62,7 @@ class Projector:
         self._logger = logger
         self._before_commit = before_commit
         self.stats = ProjectorStats()
+        self._known = KnownStates()
         self.active = asyncio.Event()
         self._progressed = asyncio.Condition()
 
@@ -116,7 +118,7 @@ class Projector:
         for attempt in range(1, 6):
             try:
                 result = await apply_batch(conn, self._sql, batch, preview_chars=self._preview_chars,
-                                           before_commit=self._before_commit)
+                                           before_commit=self._before_commit, known=self._known)
                 break
             except RETRYABLE as error:
                 if attempt == 5:
