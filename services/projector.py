@@ -48,6 +48,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         logger.info("projector.migrated", schema=settings.projection_schema, applied=applied)
         projector = Projector(pool, EventLog(nc, settings.subjects), settings.projection_schema,
                               batch_size=settings.projector_batch_size,
+                              linger_ms=settings.projector_linger_ms,
                               preview_chars=settings.input_preview_chars, logger=logger,
                               before_commit=_kill_hook())
 

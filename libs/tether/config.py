@@ -41,6 +41,9 @@ class Settings(BaseModel):
     stream_replicas: int = Field(default=1, ge=1, le=5)
     duplicate_window_ms: int = Field(default=2 * 60 * 1000, ge=1000)
     projector_batch_size: int = Field(default=1000, ge=1, le=50_000)
+    # A batch smaller than that waits this long for more before it is written: fewer,
+    # larger transactions under load, at most this much more projection lag.
+    projector_linger_ms: int = Field(default=20, ge=0, le=1_000)
     input_preview_chars: int = Field(default=500, ge=0)
     detached_max_budget_ms: int = Field(default=24 * HOUR_MS, gt=0)
     detached_no_progress_budget_ms: int = Field(default=HOUR_MS, ge=0)

@@ -447,9 +447,10 @@ class EventLog:
                     yield stored
 
     async def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
-                             max_batch: int = 1000,
+                             max_batch: int = 1000, linger: float = 0.0,
                              idle_heartbeat: float = 5.0) -> AsyncIterator[list[StoredEvent]]:
-        """Like `follow`, in batches of what has already arrived (never waiting to fill one).
+        """Like `follow`, in batches of what has already arrived; with `linger` (seconds),
+        a batch not yet full waits that long for more.
 
         An ordered consumer delivers in stream order and restarts itself from the last
         delivered sequence after a gap, so no message is skipped; the stream sequence is
@@ -472,6 +473,8 @@ class EventLog:
         try:
             while True:
                 messages = [await queue.get()]
+                if linger and queue.qsize() + 1 < max_batch:
+                    await asyncio.sleep(linger)
                 while len(messages) < max_batch and not queue.empty():
                     messages.append(queue.get_nowait())
                 batch = []

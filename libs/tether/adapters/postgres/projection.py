@@ -91,7 +91,10 @@ class Statements:
 
     @property
     def lock_checkpoint(self) -> str:
-        return self._q("SELECT last_seq FROM {s}.checkpoints WHERE projection = $1 FOR UPDATE")
+        """Create the checkpoint if need be and lock it, in one statement."""
+        return self._q("INSERT INTO {s}.checkpoints (projection, last_seq) VALUES ($1, 0) "
+                       "ON CONFLICT (projection) DO UPDATE SET last_seq = {s}.checkpoints.last_seq "
+                       "RETURNING last_seq")
 
     @property
     def create_checkpoint(self) -> str:
@@ -274,7 +277,6 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
 
 async def _apply_batch(conn, sql, batch, preview_chars, before_commit, known):
     async with conn.transaction():
-        await conn.execute(sql.create_checkpoint, PROJECTION_NAME)
         checkpoint = int(await conn.fetchval(sql.lock_checkpoint, PROJECTION_NAME))
         fresh = [stored for stored in batch if stored.seq > checkpoint]
         result = BatchResult(checkpoint=checkpoint, skipped=len(batch) - len(fresh))

@@ -52,12 +52,13 @@ class ProjectorStats:
 
 class Projector:
     def __init__(self, pool: asyncpg.Pool, log: EventLog, schema: str, *,
-                 batch_size: int = 1000, preview_chars: int = 500,
+                 batch_size: int = 1000, linger_ms: int = 0, preview_chars: int = 500,
                  logger=None, before_commit: BeforeCommit | None = None) -> None:
         self._pool = pool
         self._log = log
         self._sql = Statements(check_schema_name(schema))
         self._batch_size = batch_size
+        self._linger_s = linger_ms / 1000
         self._preview_chars = preview_chars
         self._logger = logger
         self._before_commit = before_commit
@@ -108,7 +109,7 @@ class Projector:
                               checkpoint=self.stats.position, stream_last_seq=self.stats.stream_last_seq)
         batches = self._log.follow_batches(self._log.subjects.all_events,
                                            start_seq=self.stats.position + 1,
-                                           max_batch=self._batch_size)
+                                           max_batch=self._batch_size, linger=self._linger_s)
         async for batch in until_stopped(batches, stop):
             await self._apply(conn, batch)
 
