@@ -37,8 +37,10 @@ async def http_json(port: int, path: str) -> dict:
 
 
 class ServerCounters:
-    def __init__(self, db: asyncpg.Connection, nats_pids: list[int]) -> None:
+    def __init__(self, db: asyncpg.Connection, nats_pids: list[int],
+                 db_lock: asyncio.Lock | None = None) -> None:
         self._db = db
+        self._db_lock = db_lock or asyncio.Lock()
         self._port = monitor_port(nats_pids)
         self._start: dict[str, float] = {}
 
@@ -53,7 +55,8 @@ class ServerCounters:
                                "nats_bytes_out": varz["out_bytes"],
                                "jetstream_api_calls": jsz.get("api", {}).get("total", 0)})
         # pg_stat_database lags by up to the stats flush interval; good enough for per-run.
-        row = await self._db.fetchrow(PG_STATS)
+        async with self._db_lock:
+            row = await self._db.fetchrow(PG_STATS)
         values.update({f"pg_{key}": float(value) for key, value in row.items()})
         return values
 

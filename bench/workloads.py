@@ -33,11 +33,13 @@ class Positions:
 
     def __init__(self, tether: Tether, db: asyncpg.Connection, schema: str) -> None:
         self._tether, self.db = tether, db
+        self.db_lock = asyncio.Lock()  # the sampler and the counters share the connection
         self._sql = f'SELECT coalesce(max(last_seq), 0) FROM "{schema}".checkpoints'
 
     async def read(self) -> tuple[int, int]:
         last_seq = await self._tether.log.stream_last_seq()
-        return last_seq, int(await self.db.fetchval(self._sql))
+        async with self.db_lock:
+            return last_seq, int(await self.db.fetchval(self._sql))
 
     async def consumers(self) -> int:
         """Consumers on the events stream now (the client's ordered feeds among them)."""
@@ -212,7 +214,8 @@ async def w1(tether: Tether, positions: Positions, services: ServiceSet, probe: 
             cpu = CpuMeter({**{n: [pid] for n, pid in services.pids().items()}, **server_pids,
                             "bench-app": [os.getpid()], "probe": [probe.pid]})
             cpu.start()
-            counters = ServerCounters(positions.db, server_pids.get("nats-server", []))
+            counters = ServerCounters(positions.db, server_pids.get("nats-server", []),
+                                      positions.db_lock)
             await counters.start()
             numbers = iter(range(runs))
             submit = _submit_publish if submit_mode == "publish" else _submit_client
