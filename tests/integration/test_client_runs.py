@@ -344,6 +344,19 @@ async def test_a_lost_last_event_is_found_by_reading_again_when_nothing_comes(
     assert reads.starts[0] == 1 and reads.starts[-1] == 4
 
 
+async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading, monkeypatch):
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_MAX_S", 0.2)
+    reads = RecordedReads(reading.run_reads)
+    monkeypatch.setattr(reading, "run_reads", reads)
+    # No parent answers: the request stays unanswered until the timeout.
+    with pytest.raises(TimeoutError, match="gave no answer within 1s"):
+        await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+            "Researcher", {}, run_id="quiet-long", timeout=1)
+    # 0.05 + 0.1 + 0.2 + 0.2 ... : about 6 reads in a second, not the 20 of a fixed 50 ms.
+    assert 4 <= len(reads.starts) <= 9, reads.starts
+
+
 async def test_streams_made_before_the_live_subject_get_it_on_start_up(log, nc, settings):
     js, subjects = nc.jetstream(), settings.subjects
     config = (await js.stream_info(subjects.events_stream)).config

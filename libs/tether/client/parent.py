@@ -41,8 +41,11 @@ if TYPE_CHECKING:
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
 # Live delivery is at most once; after this long without a live event the awaited run's
-# subject is read again, in case its last event was lost on the way.
+# subject is read again, in case its last event was lost on the way. Each quiet read
+# doubles the wait, up to LIVE_IDLE_MAX_S, so a long run costs few reads; a live event
+# starts it over.
 LIVE_IDLE_S = 1.0
+LIVE_IDLE_MAX_S = 30.0
 
 
 class ParentHandle:
@@ -108,9 +111,10 @@ class ParentHandle:
             requested = True  # from here on the request may have reached the stream
             ack = await self.tether.publish_command("run", command, f"run:{command.run_id}")
             answer = waiter.on_published(bool(ack.duplicate))
+            idle = LIVE_IDLE_S
             while answer is None:
                 remaining = None if deadline is None else max(deadline - loop.time(), 0)
-                wait = LIVE_IDLE_S if remaining is None else min(remaining, LIVE_IDLE_S)
+                wait = idle if remaining is None else min(remaining, idle)
                 try:
                     # Only the wait is bounded: a timeout must not look like a cancellation.
                     # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns a
@@ -118,13 +122,15 @@ class ParentHandle:
                     async with asyncio.timeout(wait):
                         message = await live.get()
                 except TimeoutError:
-                    if remaining is not None and remaining <= LIVE_IDLE_S:
+                    if remaining is not None and remaining <= idle:
                         raise TimeoutError(
                             f"run {command.run_id} gave no answer within {timeout:g}s; it goes "
                             "on: inspect it, or await it again with the same run_id") from None
                     # A lost last event has nothing after it to reveal the gap: look.
                     answer = run.fold_read(await reads.read(subject, run.last_seq + 1))
+                    idle = min(idle * 2, LIVE_IDLE_MAX_S)
                     continue
+                idle = LIVE_IDLE_S
                 event = live_event(message)
                 if event is None or run.missed_before(event):
                     answer = run.fold_read(await reads.read(subject, run.last_seq + 1))

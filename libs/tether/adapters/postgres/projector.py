@@ -26,6 +26,7 @@ from tether.adapters.postgres.projection import (
 )
 from tether.metrics import HANDLER_SECONDS, count_projected
 
+REPLAY_KNOWN_RUNS = 10_000  # states a replay keeps between its batches
 Progress = Callable[[int, int, float], None]  # projected seq, target seq, events per second
 BeforeCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
 
@@ -169,14 +170,15 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
     if checkpoint >= until_seq:
         return Replayed(checkpoint, 0)
     started, done = time.monotonic(), 0
+    known = KnownStates(REPLAY_KNOWN_RUNS)  # this replay is the schema's only writer
     batches = log.follow_batches(log.subjects.all_events, start_seq=checkpoint + 1,
                                  max_batch=batch_size)
     async with aclosing(batches):
         async for batch in batches:
             wanted = [stored for stored in batch if stored.seq <= until_seq]
             if wanted:
-                checkpoint = (await apply_batch(conn, sql, wanted,
-                                                preview_chars=preview_chars)).checkpoint
+                checkpoint = (await apply_batch(conn, sql, wanted, preview_chars=preview_chars,
+                                                known=known)).checkpoint
                 done += len(wanted)
             if on_progress:
                 on_progress(checkpoint, until_seq, done / max(time.monotonic() - started, 1e-9))
