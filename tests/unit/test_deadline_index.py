@@ -52,3 +52,18 @@ def test_stale_entries_are_dropped_lazily_and_counted() -> None:
     assert index.pop_due(5_000) == []
     assert index.stats.stale == 1_000
     assert len(index.pop_due(10_999)) == 1_000
+
+
+def test_the_heap_stays_in_proportion_to_the_open_deadlines() -> None:
+    index = DeadlineIndex()
+    hour = 3_600_000
+    for second in range(20_000):  # 50 runs, each signalling 400 times: far-off deadlines move
+        index.set(("run", second % 50), second * 1_000 + hour)
+    for run in range(10_000):  # runs that opened and ended
+        index.set(("ended", run), hour)
+        index.set(("ended", run), None)
+    assert len(index) == 50
+    assert index.entries <= 2 * 50 + 1_024 + 1
+    due = index.pop_due(10**12)
+    assert sorted(key for key, _ in due) == [("run", i) for i in range(50)]
+    assert dict(due)[("run", 49)] == 19_999 * 1_000 + hour, "the latest deadline won"

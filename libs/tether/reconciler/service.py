@@ -68,6 +68,7 @@ class Reconciler:
         self._states: dict[RunKey, RunState] = {}
         self._index = DeadlineIndex()
         self._changed = asyncio.Event()
+        self._armed_due: int | None = None  # what the timer sleeps until
         self._delivery_attempts: dict[RunKey, int] = {}
         self._in_flight: set[Hashable] = set()
         self.active = asyncio.Event()
@@ -165,7 +166,14 @@ class Reconciler:
                             (state.ended_at or now_ms()) + self._backoff(attempts))
         elif not pending:
             self._index.set((key, "delivery"), None)
-        self._changed.set()
+        self._rearm()
+
+    def _rearm(self) -> None:
+        """Wake the timer only when a deadline is now earlier than the one it waits for
+        (most signals move a far-off deadline later)."""
+        due = self._index.next_due()
+        if due is not None and (self._armed_due is None or due < self._armed_due):
+            self._changed.set()
 
     def _untrack(self, key: RunKey) -> None:
         self._states.pop(key, None)
@@ -195,6 +203,7 @@ class Reconciler:
         while not stop.is_set():
             due_at = self._index.next_due()
             timeout = None if due_at is None else max(due_at - now_ms(), 0) / 1000
+            self._armed_due = due_at
             self._changed.clear()
             waiters = [asyncio.ensure_future(self._changed.wait()),
                        asyncio.ensure_future(stop.wait())]
@@ -218,7 +227,7 @@ class Reconciler:
             self._logger.exception("reconciler.decision_failed", run_id=key[2], kind=kind)
             DECISIONS_FAILED.inc(kind=kind)
             self._index.set((key, kind), now_ms() + 1_000)
-            self._changed.set()
+            self._rearm()
         finally:
             clock.observe(service="reconciler", handler=f"deadline.{kind}")
             self._in_flight.discard((key, kind))
@@ -280,4 +289,4 @@ class Reconciler:
                                       status=state.status, attempts=attempts,
                                       method=state.detached.on_finish)
         self._index.set((key, "delivery"), now_ms() + self._backoff(attempts))
-        self._changed.set()
+        self._rearm()
