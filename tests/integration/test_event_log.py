@@ -131,12 +131,19 @@ async def test_a_run_this_process_just_read_or_wrote_is_decided_on_without_readi
     assert fresh.state == state
 
 
+async def known_then_moved(nc, log: EventLog, run_id: str,
+                           theirs: str) -> tuple[CountingLog, RunEvents]:
+    """A run `mine` created (so it knows it), then another writer added a milestone."""
+    mine, other_writer = CountingLog(nc, log.subjects), EventLog(nc, log.subjects)
+    run = RunEvents(run_id)
+    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
+    await other_writer.append(run.milestone(theirs), expected_last_seq=None)
+    return mine, run
+
+
 async def test_what_another_writer_appended_meanwhile_is_read_before_deciding_again(
         nc, log: EventLog):
-    mine, theirs = CountingLog(nc, log.subjects), EventLog(nc, log.subjects)
-    run = RunEvents("r-moved")
-    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
-    await theirs.append(run.milestone("theirs"), expected_last_seq=None)
+    mine, run = await known_then_moved(nc, log, "r-moved", theirs="theirs")
 
     def complete_after_theirs(state):
         if state.is_hard_terminal:
@@ -152,10 +159,7 @@ async def test_what_another_writer_appended_meanwhile_is_read_before_deciding_ag
 
 
 async def test_nothing_to_do_is_only_concluded_from_a_fresh_read(nc, log: EventLog):
-    mine, theirs = CountingLog(nc, log.subjects), EventLog(nc, log.subjects)
-    run = RunEvents("r-noop")
-    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
-    await theirs.append(run.milestone("needed"), expected_last_seq=None)
+    mine, run = await known_then_moved(nc, log, "r-noop", theirs="needed")
 
     def react_to_needed(state):
         if any(m.name == "needed" for m in state.milestones) and not state.is_hard_terminal:
@@ -169,10 +173,7 @@ async def test_nothing_to_do_is_only_concluded_from_a_fresh_read(nc, log: EventL
 
 async def test_an_unconditional_append_lands_even_when_the_run_moved_elsewhere(
         nc, log: EventLog):
-    mine, theirs = CountingLog(nc, log.subjects), EventLog(nc, log.subjects)
-    run = RunEvents("r-fact")
-    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
-    await theirs.append(run.milestone("theirs"), expected_last_seq=None)
+    mine, run = await known_then_moved(nc, log, "r-fact", theirs="theirs")
     await mine.append(run.milestone("mine"), expected_last_seq=None)
     state, _ = await mine.update(run.parent, run.run_id, lambda s: [])
     assert [m.name for m in state.milestones] == ["theirs", "mine"]
