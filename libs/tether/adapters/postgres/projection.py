@@ -275,7 +275,13 @@ async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence
     return result
 
 
-async def _apply_batch(conn, sql, batch, preview_chars, before_commit, known):
+async def _apply_batch(
+        conn: asyncpg.Connection, sql: Statements, batch: Sequence[StoredEvent],
+        preview_chars: int,
+        before_commit: Callable[[Sequence[StoredEvent]], Awaitable[None]] | None,
+        known: KnownStates | None,
+) -> tuple[BatchResult, dict[RunKey, RunState | None] | None]:
+    """The transaction of `apply_batch`; also returns the states it committed."""
     async with conn.transaction():
         checkpoint = int(await conn.fetchval(sql.lock_checkpoint, PROJECTION_NAME))
         fresh = [stored for stored in batch if stored.seq > checkpoint]
