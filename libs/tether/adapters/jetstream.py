@@ -456,10 +456,13 @@ class EventLog:
         delivered sequence after a gap, so no message is skipped; the stream sequence is
         the deduplication key, never a counter that restarts.
         """
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        # Bounded: while the batches in hand are being handled, the subscription stops
+        # answering the server's flow control and the server stops sending, so a replay
+        # of a long log is never all in memory at once.
+        queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=2 * max_batch)
 
         async def enqueue(msg: Msg) -> None:
-            queue.put_nowait(msg)
+            await queue.put(msg)
 
         config = js_api.ConsumerConfig(
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,

@@ -111,11 +111,14 @@ class Statements:
 
     @property
     def load_states(self) -> str:
+        # A lookup by primary key per run (LATERAL), never a scan of the whole table: a
+        # hash join's scan made replays slow down as the table grew.
         return self._q("""
             SELECT r.parent_agent, r.parent_name, r.run_id, r.state::text AS state
-            FROM {s}.runs r
-            JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(a, n, id)
-              ON r.parent_agent = k.a AND r.parent_name = k.n AND r.run_id = k.id
+            FROM unnest($1::text[], $2::text[], $3::text[]) AS k(a, n, id)
+            CROSS JOIN LATERAL (
+                SELECT * FROM {s}.runs
+                WHERE parent_agent = k.a AND parent_name = k.n AND run_id = k.id) r
         """)
 
     @property
