@@ -3,7 +3,10 @@
 import asyncio
 import json
 
+import pytest
+
 from tether.adapters.jetstream import StoredEvent
+from tether.adapters.postgres import projector as projector_module
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projection import (
     KnownStates,
@@ -166,6 +169,25 @@ async def test_rebuild_of_a_10000_event_log_equals_the_live_projection(log, pool
     verified = await verify(pool, log, schema)
     assert verified.checkpoint == last
     assert verified.differences == []
+
+
+@pytest.mark.parametrize("known_runs", [3, 10_000])
+async def test_a_replay_equals_the_live_projection_whether_it_keeps_every_run_or_few(
+        log, pool, settings, monkeypatch, known_runs):
+    # Interleaved runs, so most runs span several batches and a small cache must look
+    # evicted runs up in the table it is writing.
+    runs = [RunEvents(f"r{i}") for i in range(40)]
+    last = 0
+    for step in ("requested", "running", "milestone", "completed"):
+        for run in runs:
+            event = run.milestone("m") if step == "milestone" else getattr(run, step)()
+            last = await log.append(event, expected_last_seq=None)
+    schema = settings.projection_schema
+    await run_projector_until(pool, log, schema, last, batch_size=7)
+    monkeypatch.setattr(projector_module, "REPLAY_KNOWN_RUNS", known_runs)
+    report = await verify(pool, log, schema, batch_size=25)
+    assert report.differences == [] and report.live["runs"][0] == 40
+    assert report.live["milestones"][0] == 40
 
 
 async def test_verify_reports_a_tampered_table(log, pool, settings):

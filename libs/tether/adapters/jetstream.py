@@ -37,6 +37,7 @@ STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configur
 DAY_S = 24 * 60 * 60
 T = TypeVar("T")
 DIRECT_BATCH = 500
+FOLLOW_BUFFER = 20_000  # messages a follower holds before the server waits for it
 KNOWN_RUNS = 512  # runs whose state each process keeps between its own reads and appends
 
 
@@ -456,10 +457,11 @@ class EventLog:
         delivered sequence after a gap, so no message is skipped; the stream sequence is
         the deduplication key, never a counter that restarts.
         """
-        # Bounded: while the batches in hand are being handled, the subscription stops
-        # answering the server's flow control and the server stops sending, so a replay
-        # of a long log is never all in memory at once.
-        queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=2 * max_batch)
+        # Bounded, so a replay of a long log is never all in memory: once the buffer is
+        # full the subscription stops answering the server's flow control and the
+        # server stops sending. Large, because nats-py re-checks a held-back answer only
+        # every 250 ms; with thousands of messages still buffered that pause is hidden.
+        queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=max(FOLLOW_BUFFER, 2 * max_batch))
 
         async def enqueue(msg: Msg) -> None:
             await queue.put(msg)

@@ -39,15 +39,20 @@ class KnownStates:
     these states were committed with (a swapped-in rebuild, or another writer, moves
     it); bounded, least recently used out."""
 
-    def __init__(self, size: int = 1024) -> None:
+    def __init__(self, size: int = 1024, *, empty_at: int | None = None) -> None:
+        """`empty_at`: the checkpoint of a table known to be empty (a fresh replay)."""
         self._size = size
         self._states: OrderedDict[RunKey, RunState | None] = OrderedDict()
-        self.checkpoint = -1
+        self.checkpoint = -1 if empty_at is None else empty_at
+        # Every run of the table is here (a replay into an empty table that has not
+        # evicted anything yet): a run not here is not in the table either.
+        self.complete = empty_at is not None
 
     def valid_at(self, checkpoint: int) -> bool:
         if checkpoint != self.checkpoint:
-            self._states.clear()
-        return checkpoint == self.checkpoint
+            self.clear()
+            return False
+        return True
 
     def get(self, key: RunKey) -> "RunState | None | object":
         return self._states.get(key, _UNKNOWN)
@@ -58,11 +63,13 @@ class KnownStates:
             self._states.move_to_end(key)
         while len(self._states) > self._size:
             self._states.popitem(last=False)
+            self.complete = False
         self.checkpoint = checkpoint
 
     def clear(self) -> None:
         self._states.clear()
         self.checkpoint = -1
+        self.complete = False
 
 
 _UNKNOWN = object()
@@ -111,14 +118,14 @@ class Statements:
 
     @property
     def load_states(self) -> str:
-        # A lookup by primary key per run (LATERAL), never a scan of the whole table: a
-        # hash join's scan made replays slow down as the table grew.
+        # A join, not a lookup per key: without statistics (a fresh table) the planner
+        # may take another (agent, name, ...) index for a per-key lookup and scan all of
+        # a parent's runs for each key.
         return self._q("""
             SELECT r.parent_agent, r.parent_name, r.run_id, r.state::text AS state
-            FROM unnest($1::text[], $2::text[], $3::text[]) AS k(a, n, id)
-            CROSS JOIN LATERAL (
-                SELECT * FROM {s}.runs
-                WHERE parent_agent = k.a AND parent_name = k.n AND run_id = k.id) r
+            FROM {s}.runs r
+            JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(a, n, id)
+              ON r.parent_agent = k.a AND r.parent_name = k.n AND r.run_id = k.id
         """)
 
     @property
@@ -304,7 +311,7 @@ async def _apply_batch(
                     missing.append(key)
                 elif state is not None:
                     before[key] = state
-            keys = missing
+            keys = [] if known.complete else missing
         before.update(await _load_states(conn, sql, keys))
         states: dict[RunKey, RunState | None] = dict(before)
         last_seq: dict[RunKey, int] = {}

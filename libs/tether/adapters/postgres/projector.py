@@ -170,15 +170,20 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
     if checkpoint >= until_seq:
         return Replayed(checkpoint, 0)
     started, done = time.monotonic(), 0
-    known = KnownStates(REPLAY_KNOWN_RUNS)  # this replay is the schema's only writer
+    # This replay is the schema's only writer; from an empty schema it knows every run.
+    known = KnownStates(REPLAY_KNOWN_RUNS, empty_at=0 if checkpoint == 0 else None)
     batches = log.follow_batches(log.subjects.all_events, start_seq=checkpoint + 1,
                                  max_batch=batch_size)
     async with aclosing(batches):
         async for batch in batches:
             wanted = [stored for stored in batch if stored.seq <= until_seq]
             if wanted:
+                was_complete = known.complete
                 checkpoint = (await apply_batch(conn, sql, wanted, preview_chars=preview_chars,
                                                 known=known)).checkpoint
+                if was_complete and not known.complete:
+                    # From here on runs are looked up: give the planner the table's shape.
+                    await conn.execute(f'ANALYZE "{schema}".runs')
                 done += len(wanted)
             if on_progress:
                 on_progress(checkpoint, until_seq, done / max(time.monotonic() - started, 1e-9))
