@@ -43,9 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--submit", choices=["client", "publish"], default="client",
                         help="client: run_agent_tool(detached=...) as an app would (default); "
                              "publish: only publish the run commands (no per-run consumer)")
-    parser.add_argument("--max-open", type=int, default=256,
+    parser.add_argument("--max-open", type=int, default=0,
                         help="at most this many W1 runs requested and not yet finished "
-                             "(default 256; 0: request all N at once)")
+                             "(default 0: no cap, all N are requested as fast as the "
+                             "submitters go)")
     parser.add_argument("--hook-concurrency", type=int, default=32,
                         help="the app's finish-hook handler concurrency (default 32)")
     parser.add_argument("--parents", type=int, default=16,
