@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="W1 run requests in flight from the bench app (default 64)")
     parser.add_argument("--submit", choices=["client", "publish"], default="client",
                         help="client: run_agent_tool(detached=...) as an app would (default); "
-                             "publish: only publish the run commands (no per-run consumer)")
+                             "publish: only publish the run commands (no wait for acceptance)")
     parser.add_argument("--max-open", type=int, default=0,
                         help="at most this many W1 runs requested and not yet finished "
                              "(default 0: no cap, all N are requested as fast as the "

@@ -173,14 +173,14 @@ def _fill_memory_samples(services: ServiceSet, timeline: list[dict], finished: i
 
 async def _submit_client(parent: ParentHandle, n: int, run_id: str) -> DetachedHandle:
     """What an application does: `run_agent_tool(..., detached=...)`, which waits for the
-    parent to accept the run (an ordered consumer on the run's subject per call)."""
+    parent to accept the run (on the run's live subject: a subscription per call)."""
     return await parent.run_agent_tool(AGENT, {"n": n}, run_id=run_id,
                                        detached={"on_finish": HOOK_METHOD})
 
 
 async def _submit_publish(parent: ParentHandle, n: int, run_id: str) -> DetachedHandle:
-    """Fire and forget (`--submit publish`): only the run command, no per-run consumer and
-    no wait for the acceptance; a rejection would show up as a W1 timeout."""
+    """Fire and forget (`--submit publish`): only the run command, no subscription and no
+    wait for the acceptance; a rejection would show up as a W1 timeout."""
     command = build_run_command(parent.ref, AGENT, {"n": n}, run_id=run_id,
                                 parent_tool_call_id=None, display_order=None, display=None,
                                 detached={"on_finish": HOOK_METHOD})
