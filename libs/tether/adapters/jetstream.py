@@ -283,16 +283,12 @@ class EventLog:
     async def _seq_of(self, subject: str, event_id: str) -> int | None:
         """Where our event landed, if it did; what the read shows is remembered, so the
         decision after a conflict starts from it."""
-        found, state, last = None, None, 0
-        for stored in await self.read_subject(subject):
-            if stored.event is not None:
-                if stored.event.event_id == event_id:
-                    found = stored.seq
-                state = evolve(state, stored.event).state
-            last = stored.seq
+        stored = await self.read_subject(subject)
+        history = _history(stored)
         self._known.forget(subject)
-        self._known.remember(subject, state, last)
-        return found
+        self._known.remember(subject, history.state, history.last_seq)
+        return next((item.seq for item in stored
+                     if item.event is not None and item.event.event_id == event_id), None)
 
     async def append_batch(self, events: Sequence[Event], *, expected_last_seq: int) -> int:
         """Append several events of one run in order, each expecting its predecessor."""
@@ -366,17 +362,10 @@ class EventLog:
         returned `last_seq` still covers them so an append after this read is consistent.
         """
         subject = self.subjects.run_events(parent, run_id)
-        events: list[Event] = []
-        state: RunState | None = None
-        last = 0
-        for stored in await self.read_subject(subject, before_seq=before_seq):
-            if stored.event is not None:
-                events.append(stored.event)
-                state = evolve(state, stored.event).state
-            last = stored.seq
+        history = _history(await self.read_subject(subject, before_seq=before_seq))
         if before_seq is None:
-            self._known.remember(subject, state, last)
-        return RunHistory(tuple(events), last, state)
+            self._known.remember(subject, history.state, history.last_seq)
+        return history
 
     async def read_subject(self, subject: str, *, start_seq: int = 1,
                            before_seq: int | None = None) -> list[StoredEvent]:
@@ -516,6 +505,17 @@ async def until_stopped(items: AsyncIterator[T], stop: asyncio.Event) -> AsyncIt
                 yield receiving.result()
     finally:
         stopping.cancel()
+
+
+def _history(stored: Sequence[StoredEvent]) -> RunHistory:
+    """One subject's messages folded: its events, its last sequence, the state."""
+    events: list[Event] = []
+    state: RunState | None = None
+    for item in stored:
+        if item.event is not None:
+            events.append(item.event)
+            state = evolve(state, item.event).state
+    return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
 
 
 def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> StoredEvent:
