@@ -174,8 +174,10 @@ class HookRegistry:
         in_flight: set[asyncio.Task] = set()
         try:
             while not stop.is_set():
+                # nats-py's fetch also hands over what a timed-out fetch left in its queue,
+                # which can be more than asked: in_flight may exceed the concurrency.
                 free = self.concurrency - len(in_flight)
-                if free == 0:
+                if free <= 0:
                     await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
