@@ -88,9 +88,10 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 
 
 async def _run_services(settings: Settings, name: str) -> int:
-    from tether.runtime import run_service
+    from tether.runtime import run_service, tune_gc
 
     available = _services()
+    tune_gc(settings.gc_threshold)
     chosen = sorted(available) if name == "all" else [name]
 
     async def run_all(stop: asyncio.Event, checks: dict) -> None:
@@ -107,7 +108,9 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
     from tether.adapters.jetstream import EventLog, connect_nats
     from tether.adapters.postgres.migrator import migrate
     from tether.adapters.postgres.projector import rebuild, verify
+    from tether.runtime import tune_gc
 
+    tune_gc(settings.gc_threshold)
     schema = settings.projection_schema
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
     try:

@@ -71,3 +71,30 @@ def test_the_services_run_on_uvloop_unless_told_otherwise(monkeypatch) -> None:
 def test_an_unknown_event_loop_is_refused_with_the_accepted_values() -> None:
     with pytest.raises(ConfigurationError, match="auto.*uvloop.*asyncio"):
         Settings.from_env({"TETHER_EVENT_LOOP": "trio"})
+
+
+@pytest.fixture
+def restored_gc():
+    import gc
+
+    threshold = gc.get_threshold()
+    yield gc
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+
+
+def test_the_services_collect_garbage_less_often_unless_told_otherwise(restored_gc) -> None:
+    from tether.runtime import tune_gc
+
+    gc = restored_gc
+    gc.set_threshold(700, 10, 10)
+    tune_gc(Settings.from_env({}).gc_threshold)
+    assert gc.get_threshold() == (10_000, 10, 10)
+    assert gc.get_freeze_count() > 0  # what start-up created is out of the collector's sight
+
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    tune_gc(Settings.from_env({"TETHER_GC_THRESHOLD": "0"}).gc_threshold)
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+    with pytest.raises(ConfigurationError, match="TETHER_GC_THRESHOLD"):
+        Settings.from_env({"TETHER_GC_THRESHOLD": "-1"})

@@ -16,7 +16,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -473,12 +472,11 @@ class EventLog:
                     messages.append(queue.get_nowait())
                 batch = []
                 for msg in messages:
-                    seq = msg.metadata.sequence.stream
+                    seq, pending = stream_position(msg)
                     if seq <= last_seq:
                         continue
                     last_seq = seq
-                    batch.append(to_stored_event(seq, msg.subject, msg.data,
-                                                 msg.metadata.num_pending))
+                    batch.append(to_stored_event(seq, msg.subject, msg.data, pending))
                 if batch:
                     yield batch
         finally:
@@ -518,6 +516,17 @@ def _history(stored: Sequence[StoredEvent]) -> RunHistory:
     return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
 
 
+def stream_position(msg: Msg) -> tuple[int, int]:
+    """(stream sequence, messages still pending) of a consumer's delivery, read off its
+    reply subject without nats-py's full `metadata` (a datetime and three objects)."""
+    tokens = msg.reply.split(".")
+    # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5]), int(tokens[8])
+    metadata = msg.metadata  # the longer form, with a domain and an account hash
+    return metadata.sequence.stream, metadata.num_pending
+
+
 def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> StoredEvent:
     try:
         return StoredEvent(seq, subject, decode_event(raw), None, raw, pending)
@@ -525,10 +534,33 @@ def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> Sto
         return StoredEvent(seq, subject, None, error, raw, pending)
 
 
+class _Client(NATS):
+    """nats-py's client with a faster parse of each message's headers (every stored
+    event carries some): the same result, in less than half the time."""
+
+    @staticmethod
+    def _parse_header_lines(raw: bytes) -> dict[str, str]:
+        headers: dict[str, str] = {}
+        for line in raw.split(b"\r\n"):
+            name, colon, value = line.partition(b":")
+            if not colon:
+                continue
+            try:
+                key = name.strip().decode("ascii")
+            except UnicodeDecodeError:
+                continue
+            if len(key.split()) > 1:  # no whitespace inside a header name
+                continue
+            headers[key] = value.strip().decode("utf-8", "replace")
+        return headers
+
+
 async def connect_nats(url: str, *, name: str, **options: object) -> NATS:
     """A connection that keeps reconnecting; failures to connect at start are raised.
 
     `options` go to nats-py (an application's `inbox_prefix`, credentials, TLS).
     """
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1,
-                              reconnect_time_wait=0.5, connect_timeout=5, **options)
+    nc = _Client()
+    await nc.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                     connect_timeout=5, **options)
+    return nc

@@ -7,8 +7,9 @@ transaction as the rows, so the position and the tables never disagree.
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import aclosing, asynccontextmanager
+from typing import TypeVar
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -26,6 +27,7 @@ from tether.adapters.postgres.projection import (
 )
 from tether.metrics import HANDLER_SECONDS, count_projected
 
+T = TypeVar("T")
 REPLAY_KNOWN_RUNS = 10_000  # states a replay keeps between its batches
 Progress = Callable[[int, int, float], None]  # projected seq, target seq, events per second
 BeforeCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
@@ -174,8 +176,9 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
     known = KnownStates(REPLAY_KNOWN_RUNS, empty_at=0 if checkpoint == 0 else None)
     batches = log.follow_batches(log.subjects.all_events, start_seq=checkpoint + 1,
                                  max_batch=batch_size)
-    async with aclosing(batches):
-        async for batch in batches:
+    async with aclosing(batches), _read_ahead(batches) as read:
+        while True:
+            batch = await read()
             wanted = [stored for stored in batch if stored.seq <= until_seq]
             if wanted:
                 was_complete = known.complete
@@ -191,6 +194,28 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
             if batch[-1].seq >= until_seq or batch[-1].pending == 0:
                 break
     return Replayed(checkpoint, done)
+
+
+@asynccontextmanager
+async def _read_ahead(batches: AsyncIterator[T]) -> AsyncIterator[Callable[[], Awaitable[T]]]:
+    """`read()` returns the next batch, and the one after is taken and decoded while the
+    caller writes this one: a replay keeps Python busy while Postgres works."""
+    upcoming: asyncio.Future[T] | None = None
+
+    async def read() -> T:
+        nonlocal upcoming
+        current = upcoming if upcoming is not None else asyncio.ensure_future(anext(batches))
+        upcoming = None
+        batch = await current
+        upcoming = asyncio.ensure_future(anext(batches))
+        return batch
+
+    try:
+        yield read
+    finally:
+        if upcoming is not None:  # not needed any more, whatever became of it
+            upcoming.cancel()
+            await asyncio.gather(upcoming, return_exceptions=True)
 
 
 @dataclass(frozen=True)

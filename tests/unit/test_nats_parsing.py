@@ -1,0 +1,32 @@
+"""The shortcuts the event log takes past nats-py: the header parse of `connect_nats`'s
+client and the stream position read off a delivery's reply subject give nats-py's answers."""
+
+import pytest
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from tether.adapters.jetstream import _Client, stream_position
+
+HEADER_BLOCKS = [
+    b"Nats-Msg-Id: 3f1c2a8e-1b2c:running:1\r\nNats-Expected-Last-Subject-Sequence: 12\r\n\r\n",
+    b"Nats-Msg-Id:no-space\r\nX:\tTabbed value  \r\n\r\n",
+    b"Bad Name: skipped\r\n: no name\r\nno colon at all\r\n\xff\xfe: not ascii\r\n",
+    b"Value: caf\xc3\xa9 \xff broken utf-8\r\nEmpty:\r\nDup: 1\r\nDup: 2\r\n",
+    b"",
+]
+
+
+@pytest.mark.parametrize("raw", HEADER_BLOCKS)
+def test_headers_parse_as_nats_py_parses_them(raw: bytes) -> None:
+    assert _Client._parse_header_lines(raw) == Client._parse_header_lines(raw)
+
+
+@pytest.mark.parametrize("reply", [
+    "$JS.ACK.EVENTS.cons.1.4711.12.1700000000000000000.93",  # the short form
+    "$JS.ACK.hub.ACCHASH.EVENTS.cons.1.4711.12.1700000000000000000.93.rnd",  # domain, hash
+    "$JS.ACK._.ACCHASH.EVENTS.cons.2.4711.12.1700000000000000000.93.rnd",
+])
+def test_the_stream_position_is_what_nats_py_reads_from_the_reply(reply: str) -> None:
+    msg = Msg(None, subject="tether.evt.a.b.r1", reply=reply, data=b"{}")
+    expected = Msg(None, subject="tether.evt.a.b.r1", reply=reply, data=b"{}").metadata
+    assert stream_position(msg) == (expected.sequence.stream, expected.num_pending) == (4711, 93)
