@@ -10,8 +10,10 @@ from tether.adapters.postgres import projector as projector_module
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projection import (
     KnownStates,
+    PipelinedReplay,
     Statements,
     apply_batch,
+    ensure_checkpoint,
     table_digests,
 )
 from tether.adapters.postgres.projector import Projector, rebuild, verify
@@ -188,6 +190,50 @@ async def test_a_replay_equals_the_live_projection_whether_it_keeps_every_run_or
     report = await verify(pool, log, schema, batch_size=25)
     assert report.differences == [] and report.live["runs"][0] == 40
     assert report.live["milestones"][0] == 40
+
+
+async def test_a_replay_of_cleared_runs_and_poison_messages_equals_the_live_projection(
+        log, pool, settings):
+    cleared, again = RunEvents("r-clear"), RunEvents("r-clear", id_prefix="again", start_ms=9_000)
+    others = [RunEvents(f"r{i}") for i in range(6)]
+    for event in (cleared.requested(), cleared.milestone("old"), cleared.completed(),
+                  *(run.requested() for run in others), cleared.cleared(),
+                  again.requested(input={"second": True}), again.milestone("new"),
+                  *(run.completed() for run in others)):
+        await log.append(event, expected_last_seq=None)
+    await log.jetstream.publish(log.subjects.run_events(cleared.parent, "r-poison"), b"{not json")
+    last = await log.append(others[0].cleared(), expected_last_seq=None)
+    schema = settings.projection_schema
+    await run_projector_until(pool, log, schema, last)
+
+    report = await verify(pool, log, schema, batch_size=4)  # pipelined, batch after batch
+    assert report.differences == []
+    assert report.live["runs"][0] == 6 and report.live["dead_letters"][0] == 1
+    milestones = await pool.fetch(f'SELECT name FROM "{schema}".milestones')
+    assert [r["name"] for r in milestones] == ["new"]
+
+
+async def test_a_replay_stops_when_another_process_writes_its_schema(log, pool, settings):
+    runs = [RunEvents(f"r{i}") for i in range(4)]
+    batch = []
+    for seq, event in enumerate((run.requested() for run in runs), 1):
+        batch.append(StoredEvent(seq, log.subjects.run_events(event.parent, event.run_id),
+                                 event, None, encode_event(event)))
+    sql = Statements(settings.projection_schema)
+    async with pool.acquire() as conn:
+        checkpoint = await ensure_checkpoint(conn, sql)
+        replay = PipelinedReplay(conn, sql, KnownStates(empty_at=checkpoint), checkpoint)
+        await replay.apply(batch[:2])
+        assert await replay.written() == 2
+        async with pool.acquire() as other:
+            await apply_batch(other, sql, batch[2:3])  # another writer
+        await replay.apply(batch[3:])
+        with pytest.raises(RuntimeError, match="checkpoint moved to 3 while a replay "
+                                               "expected 2: another process writes"):
+            await replay.written()
+        await replay.close()
+    statuses = await pool.fetch(f'SELECT run_id FROM "{sql.schema}".runs ORDER BY run_id')
+    assert [r["run_id"] for r in statuses] == ["r0", "r1", "r2"]  # r3 was not written
 
 
 async def test_verify_reports_a_tampered_table(log, pool, settings):

@@ -10,6 +10,7 @@ the reason; they advance the checkpoint too, so nothing is skipped silently and 
 blocks the log.
 """
 
+import asyncio
 import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,6 +25,7 @@ from tether.domain.run_state import RunState, evolve
 RunKey = tuple[str, str, str]  # parent agent, parent name, run id
 
 PROJECTION_NAME = "runs"
+FOLD_PAUSE_EVERY = 200  # events a replay folds between turns of the write under way
 
 DIGEST_TABLES: dict[str, str] = {
     "runs": "parent_agent, parent_name, run_id",
@@ -295,79 +297,195 @@ async def _apply_batch(
     async with conn.transaction():
         checkpoint = int(await conn.fetchval(sql.lock_checkpoint, PROJECTION_NAME))
         fresh = [stored for stored in batch if stored.seq > checkpoint]
-        result = BatchResult(checkpoint=checkpoint, skipped=len(batch) - len(fresh))
         if not fresh:
-            return result, None
-
-        events = [stored for stored in fresh if stored.event is not None]
-        dead = [stored for stored in fresh if stored.event is None]
-        keys = list(dict.fromkeys(_key(stored) for stored in events))
+            return BatchResult(checkpoint=checkpoint, skipped=len(batch)), None
+        keys = _keys_of(fresh)
         before: dict[RunKey, RunState] = {}
         if known is not None and known.valid_at(checkpoint):
-            missing = []
-            for key in keys:
-                state = known.get(key)
-                if state is _UNKNOWN:
-                    missing.append(key)
-                elif state is not None:
-                    before[key] = state
-            keys = [] if known.complete else missing
+            keys = _known_states(known, keys, before)
         before.update(await _load_states(conn, sql, keys))
-        states: dict[RunKey, RunState | None] = dict(before)
-        last_seq: dict[RunKey, int] = {}
-        cleared: set[RunKey] = set()
-        for stored in events:
-            key = _key(stored)
-            evolved = evolve(states.get(key), stored.event)
-            if not evolved.applied:
-                if evolved.note is not None:
-                    result.anomalies.append((stored.seq, evolved.note))
-                continue
-            result.applied += 1
-            if evolved.state is None:
-                cleared.add(key)
-            states[key] = evolved.state
-            last_seq[key] = stored.seq
-
-        changed = list(last_seq)
-        gone = [key for key in changed if states[key] is None]
-        # A run cleared in this batch may have been requested again after the clear:
-        # its old milestones and decisions go, and the new state's are inserted below.
-        reset = [key for key in changed if key in cleared]
-        if gone:
-            await conn.execute(sql.delete_runs, *_keys_arrays(gone))
-        if reset:
-            await conn.execute(sql.delete_milestones, *_keys_arrays(reset))
-            await conn.execute(sql.delete_decisions, *_keys_arrays(reset))
-
-        alive = [(key, states[key]) for key in changed if states[key] is not None]
-        if alive:
-            rows = ",".join(run_row(state, last_seq[key], preview_chars) for key, state in alive)
-            await conn.execute(sql.upsert_runs, f"[{rows}]")
-            milestones, decisions = [], []
-            for key, state in alive:
-                previous = None if key in reset else before.get(key)
-                milestones += _new_milestone_rows(key, state, previous)
-                decisions += _new_decision_rows(key, state, previous)
-            if milestones:
-                await conn.execute(sql.insert_milestones, json.dumps(milestones))
-            if decisions:
-                await conn.execute(sql.insert_decisions, json.dumps(decisions))
-
-        if dead:
-            await conn.execute(
-                sql.insert_dead_letters,
-                [s.seq for s in dead], [s.subject for s in dead],
-                [s.error.kind if s.error else "unknown" for s in dead],
-                [str(s.error) for s in dead], [s.raw for s in dead],
-            )
-            result.dead_lettered = len(dead)
-
-        result.checkpoint = fresh[-1].seq
-        await conn.execute(sql.advance_checkpoint, PROJECTION_NAME, result.checkpoint)
+        folded = await _fold(fresh, before, skipped=len(batch) - len(fresh))
+        await _write(conn, sql, _rows(folded, preview_chars))
         if before_commit is not None:
             await before_commit(fresh)
-        return result, {key: states[key] for key in changed}
+        return folded.result, folded.changed
+
+
+@dataclass
+class _Folded:
+    """A batch folded into the states of its runs, ready to be written."""
+
+    result: BatchResult
+    before: dict[RunKey, RunState]
+    changed: dict[RunKey, RunState | None]  # None: cleared
+    last_seq: dict[RunKey, int]
+    cleared: set[RunKey]
+    dead: list[StoredEvent]
+
+
+def _keys_of(fresh: Sequence[StoredEvent]) -> list[RunKey]:
+    return list(dict.fromkeys(_key(stored) for stored in fresh if stored.event is not None))
+
+
+def _known_states(known: KnownStates, keys: list[RunKey],
+                  before: dict[RunKey, RunState]) -> list[RunKey]:
+    """Puts the states `known` has in `before`; returns the keys still to be loaded."""
+    missing = []
+    for key in keys:
+        state = known.get(key)
+        if state is _UNKNOWN:
+            missing.append(key)
+        elif state is not None:
+            before[key] = state
+    return [] if known.complete else missing
+
+
+async def _fold(fresh: Sequence[StoredEvent], before: dict[RunKey, RunState], *,
+                skipped: int = 0, pause_every: int = 0) -> _Folded:
+    """`fresh` (in stream order) folded onto the states `before`; with `pause_every`, the
+    event loop gets a turn after each that many events (a write under way goes on)."""
+    result = BatchResult(checkpoint=fresh[-1].seq, skipped=skipped)
+    states: dict[RunKey, RunState | None] = dict(before)
+    last_seq: dict[RunKey, int] = {}
+    cleared: set[RunKey] = set()
+    dead = []
+    for index, stored in enumerate(fresh, 1):
+        if pause_every and index % pause_every == 0:
+            await asyncio.sleep(0)
+        if stored.event is None:
+            dead.append(stored)
+            continue
+        key = _key(stored)
+        evolved = evolve(states.get(key), stored.event)
+        if not evolved.applied:
+            if evolved.note is not None:
+                result.anomalies.append((stored.seq, evolved.note))
+            continue
+        result.applied += 1
+        if evolved.state is None:
+            cleared.add(key)
+        states[key] = evolved.state
+        last_seq[key] = stored.seq
+    result.dead_lettered = len(dead)
+    return _Folded(result, before, {key: states[key] for key in last_seq}, last_seq, cleared,
+                   dead)
+
+
+@dataclass
+class _Rows:
+    """What a folded batch changes in the tables, as the statements' arguments."""
+
+    checkpoint: int
+    gone: list[RunKey]
+    reset: list[RunKey]
+    runs: str | None  # a JSON array of `runs` rows
+    milestones: str | None
+    decisions: str | None
+    dead: list[StoredEvent]
+
+
+def _rows(folded: _Folded, preview_chars: int) -> _Rows:
+    changed, before = folded.changed, folded.before
+    # A run cleared in this batch may have been requested again after the clear:
+    # its old milestones and decisions go, and the new state's are inserted.
+    reset = [key for key in changed if key in folded.cleared]
+    alive = [(key, state) for key, state in changed.items() if state is not None]
+    milestones, decisions = [], []
+    for key, state in alive:
+        previous = None if key in folded.cleared else before.get(key)
+        milestones += _new_milestone_rows(key, state, previous)
+        decisions += _new_decision_rows(key, state, previous)
+    runs = ",".join(run_row(state, folded.last_seq[key], preview_chars) for key, state in alive)
+    return _Rows(
+        checkpoint=folded.result.checkpoint,
+        gone=[key for key, state in changed.items() if state is None], reset=reset,
+        runs=f"[{runs}]" if alive else None,
+        milestones=json.dumps(milestones) if milestones else None,
+        decisions=json.dumps(decisions) if decisions else None, dead=folded.dead)
+
+
+async def _write(conn: asyncpg.Connection, sql: Statements, rows: _Rows) -> None:
+    """A folded batch's rows and the checkpoint after it, in the caller's transaction."""
+    if rows.gone:
+        await conn.execute(sql.delete_runs, *_keys_arrays(rows.gone))
+    if rows.reset:
+        await conn.execute(sql.delete_milestones, *_keys_arrays(rows.reset))
+        await conn.execute(sql.delete_decisions, *_keys_arrays(rows.reset))
+    if rows.runs is not None:
+        await conn.execute(sql.upsert_runs, rows.runs)
+    if rows.milestones is not None:
+        await conn.execute(sql.insert_milestones, rows.milestones)
+    if rows.decisions is not None:
+        await conn.execute(sql.insert_decisions, rows.decisions)
+    if dead := rows.dead:
+        await conn.execute(
+            sql.insert_dead_letters,
+            [s.seq for s in dead], [s.subject for s in dead],
+            [s.error.kind if s.error else "unknown" for s in dead],
+            [str(s.error) for s in dead], [s.raw for s in dead],
+        )
+    await conn.execute(sql.advance_checkpoint, PROJECTION_NAME, rows.checkpoint)
+
+
+class PipelinedReplay:
+    """A replay's batches, each folded while the one before it is being written.
+
+    For the only writer of a schema (a rebuild or a verify replaying into a scratch
+    schema): the states a batch is folded onto are the ones the previous batch left in
+    memory, so its fold need not wait for that batch's commit. Each batch is still its
+    own transaction with the checkpoint, so a replay stopped at any point resumes from
+    what was committed. States not in memory are loaded only once the writes before
+    have committed.
+    """
+
+    def __init__(self, conn: asyncpg.Connection, sql: Statements, known: KnownStates,
+                 checkpoint: int, preview_chars: int = 500) -> None:
+        self._conn, self._sql, self._known = conn, sql, known
+        self._preview_chars = preview_chars
+        self._checkpoint = checkpoint  # after the last batch folded
+        self._writing: asyncio.Task[None] | None = None
+
+    async def apply(self, batch: Sequence[StoredEvent]) -> BatchResult:
+        """Fold `batch` and start writing it; its write may still be under way on return."""
+        checkpoint = self._checkpoint
+        fresh = [stored for stored in batch if stored.seq > checkpoint]
+        if not fresh:
+            return BatchResult(checkpoint=checkpoint, skipped=len(batch))
+        before: dict[RunKey, RunState] = {}
+        missing = _known_states(self._known, _keys_of(fresh), before)
+        if missing:
+            await self.written()
+            before.update(await _load_states(self._conn, self._sql, missing))
+        folded = await _fold(fresh, before, skipped=len(batch) - len(fresh),
+                             pause_every=FOLD_PAUSE_EVERY)
+        rows = _rows(folded, self._preview_chars)
+        await self.written()
+        self._writing = asyncio.ensure_future(self._write(rows, checkpoint))
+        self._checkpoint = folded.result.checkpoint
+        self._known.committed(folded.changed, self._checkpoint)
+        return folded.result
+
+    async def written(self) -> int:
+        """Wait for the write under way; returns the checkpoint committed."""
+        if self._writing is not None:
+            writing, self._writing = self._writing, None
+            await writing
+        return self._checkpoint
+
+    async def close(self) -> None:
+        """Stop a write still under way (its transaction rolls back)."""
+        if self._writing is not None:
+            self._writing.cancel()
+            await asyncio.gather(self._writing, return_exceptions=True)
+
+    async def _write(self, rows: _Rows, expected: int) -> None:
+        async with self._conn.transaction():
+            checkpoint = int(await self._conn.fetchval(self._sql.lock_checkpoint, PROJECTION_NAME))
+            if checkpoint != expected:
+                raise RuntimeError(f"{self._sql.schema}: the checkpoint moved to {checkpoint} "
+                                   f"while a replay expected {expected}: another process "
+                                   f"writes the schema")
+            await _write(self._conn, self._sql, rows)
 
 
 def _new_milestone_rows(key: RunKey, state: RunState,

@@ -20,6 +20,7 @@ from tether.adapters.postgres.projection import (
     PROJECTION_NAME,
     BatchResult,
     KnownStates,
+    PipelinedReplay,
     Statements,
     apply_batch,
     ensure_checkpoint,
@@ -176,23 +177,28 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
     known = KnownStates(REPLAY_KNOWN_RUNS, empty_at=0 if checkpoint == 0 else None)
     batches = log.follow_batches(log.subjects.all_events, start_seq=checkpoint + 1,
                                  max_batch=batch_size)
-    async with aclosing(batches), _read_ahead(batches) as read:
-        while True:
-            batch = await read()
-            wanted = [stored for stored in batch if stored.seq <= until_seq]
-            if wanted:
-                was_complete = known.complete
-                checkpoint = (await apply_batch(conn, sql, wanted, preview_chars=preview_chars,
-                                                known=known)).checkpoint
-                if was_complete and not known.complete:
-                    # From here on runs are looked up: give the planner the table's shape.
-                    await conn.execute(f'ANALYZE "{schema}".runs')
-                done += len(wanted)
-            if on_progress:
-                on_progress(checkpoint, until_seq, done / max(time.monotonic() - started, 1e-9))
-            # `pending == 0`: the stream ends here (its last messages may have been purged).
-            if batch[-1].seq >= until_seq or batch[-1].pending == 0:
-                break
+    replay = PipelinedReplay(conn, sql, known, checkpoint, preview_chars=preview_chars)
+    try:
+        async with aclosing(batches), _read_ahead(batches) as read:
+            while True:
+                batch = await read()
+                wanted = [stored for stored in batch if stored.seq <= until_seq]
+                if wanted:
+                    was_complete = known.complete
+                    checkpoint = (await replay.apply(wanted)).checkpoint
+                    if was_complete and not known.complete:
+                        # From here on runs are looked up: give the planner the table's shape.
+                        await replay.written()
+                        await conn.execute(f'ANALYZE "{schema}".runs')
+                    done += len(wanted)
+                if on_progress:
+                    on_progress(checkpoint, until_seq, done / max(time.monotonic() - started, 1e-9))
+                # `pending == 0`: the stream ends here (its last messages may have been purged).
+                if batch[-1].seq >= until_seq or batch[-1].pending == 0:
+                    break
+        checkpoint = await replay.written()
+    finally:
+        await replay.close()
     return Replayed(checkpoint, done)
 
 
