@@ -9,8 +9,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
-from typing import TypeVar
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import asyncpg
 
