@@ -213,6 +213,27 @@ async def test_a_replay_of_cleared_runs_and_poison_messages_equals_the_live_proj
     assert [r["name"] for r in milestones] == ["new"]
 
 
+async def test_a_replay_inside_a_transaction_commits_with_it(log, pool, settings):
+    # As a rebuild replays the log's tail while it holds the live checkpoint for the swap.
+    runs = [RunEvents(f"r{i}") for i in range(5)]
+    last = 0
+    for step in ("requested", "running", "completed"):
+        for run in runs:
+            last = await log.append(getattr(run, step)(), expected_last_seq=None)
+    schema = settings.projection_schema
+    await run_projector_until(pool, log, schema, last)
+    scratch = f"{schema}_tail"
+    async with pool.acquire() as conn:
+        await migrate(conn, scratch)
+        async with conn.transaction():
+            replayed = await projector_module.replay_into(conn, log, scratch, until_seq=last,
+                                                          batch_size=4)
+        assert (replayed.checkpoint, replayed.events) == (last, 15)
+        assert await table_digests(conn, Statements(scratch)) == \
+            await table_digests(conn, Statements(schema))
+        await conn.execute(f'DROP SCHEMA "{scratch}" CASCADE')
+
+
 async def test_a_replay_stops_when_another_process_writes_its_schema(log, pool, settings):
     runs = [RunEvents(f"r{i}") for i in range(4)]
     batch = []
