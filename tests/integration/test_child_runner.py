@@ -211,7 +211,8 @@ async def test_a_pending_signal_is_flushed_before_the_outcome(log, start_runner)
     run = await dispatch(log, "Chatty", {"signals": 20, "final": False})
     history = await finished(log, run)
     persisted = of_type(history, "run.progress_persisted")
-    assert [e.data.message for e in persisted] == ["signal 1", "signal 20"]
+    # The first window starts with the attempt: a run shorter than it writes one snapshot.
+    assert [e.data.message for e in persisted] == ["signal 20"]
     assert history.events.index(persisted[-1]) < history.events.index(history.events[-1])
     assert history.state.progress.message == "signal 20"
 
@@ -223,9 +224,13 @@ async def test_snapshots_reach_the_log_at_most_once_per_persist_window(log, star
     persisted = of_type(history, "run.progress_persisted")
     elapsed_s = history.state.output["elapsed_s"]
     *windowed, final = persisted
-    # The first at once, then at most one per 100 ms window, then the final at once.
-    assert 1 <= len(windowed) <= int(elapsed_s / 0.1) + 2, (len(windowed), elapsed_s)
-    assert windowed[0].data.message == "signal 1"
+    # At most one per 100 ms window from the attempt's start, then the final at once.
+    assert 1 <= len(windowed) <= int(elapsed_s / 0.1) + 1, (len(windowed), elapsed_s)
+    # The first window starts with the attempt: a signal in it waits for the window's end
+    # (a first signal reported only after a whole window, on a stalled machine, need not).
+    running = of_type(history, "run.running")[-1]
+    first = windowed[0]
+    assert first.data.message != "signal 1" or first.occurred_at - running.occurred_at >= 100
     assert (final.data.fraction, final.data.message) == (1.0, "done")
     assert len(persisted) < 30, "far fewer snapshots than the signals sent every 10 ms"
     assert (await last_progress_signal(log, run)).message == "done"
@@ -256,17 +261,14 @@ async def test_a_quiet_child_s_last_signal_reaches_the_log_within_the_window(
     item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Holding")
     await log.jetstream.publish(log.subjects.work("Holding"), item.model_dump_json().encode(),
                                 stream=log.subjects.work_stream)
-    second = await event_of(log, run, lambda e: e.type == "run.progress_persisted"
-                            and e.data.message == "second")
-    first = await event_of(log, run, lambda e: e.type == "run.progress_persisted")
-    assert first.data.message == "first"
+    second = await event_of(log, run, lambda e: e.type == "run.progress_persisted")
+    assert second.data.message == "second", "the latest signal of the first window"
     state = (await log.read_run(run.parent, run.run_id)).state
     assert state.status == "running", "persisted by its window, not by the run's end"
     assert state.progress.message == "second" and state.last_signal_at == second.occurred_at
     Holding.release.set()
     history = await finished(log, run)
-    assert [e.data.message for e in of_type(history, "run.progress_persisted")] == [
-        "first", "second"]
+    assert [e.data.message for e in of_type(history, "run.progress_persisted")] == ["second"]
 
 
 class Persisting(ChildAgent):

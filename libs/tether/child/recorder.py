@@ -89,7 +89,10 @@ class RunRecorder:
         self._last_send = -float("inf")
         self._unpersisted: tuple[_Progress, int] | None = None  # sent, not yet in the log
         self._persist_timer: asyncio.Task[None] | None = None
-        self._last_persist = -float("inf")
+        # The attempt's `run.running`, just appended, is its first sign of life in the
+        # log: a snapshot reported in the first window waits for the window's end (or the
+        # outcome), and a short run writes only its last one.
+        self._last_persist = time.monotonic()
         self._send_lock = asyncio.Lock()  # one signal at a time, in the order reported
         self._milestone_lock = asyncio.Lock()
         self._output_lock = asyncio.Lock()
