@@ -16,6 +16,7 @@ from tether.adapters.jetstream import EventLog
 from tether.client import Tether, connect
 from tether.client.hooks import consumer_name
 from tether.contract.messages import (
+    FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
     HookMessage,
     LifecycleResult,
@@ -48,12 +49,28 @@ async def finished_run(log: EventLog, run_id: str, method: str = METHOD, *extra)
 
 
 async def publish_hook(log: EventLog, state: RunState, method: str = METHOD,
-                       msg_id: str | None = None) -> None:
+                       msg_id: str | None = None, first: bool = False) -> None:
+    """As the parent publishes it; `first`: marked as the outcome's first publication."""
     message = HookMessage(method=method, run=RunInfo.of(state), result=LifecycleResult.of(state))
+    headers = {"Nats-Msg-Id": msg_id or finish_message_id(state.run_id, state.status, method)}
+    if first:
+        headers[FIRST_PUBLICATION_HEADER] = "1"
     await log.jetstream.publish(
         log.subjects.hook(PARENT.agent, method), message.model_dump_json().encode(),
-        headers={"Nats-Msg-Id": msg_id or finish_message_id(state.run_id, state.status, method)},
-        stream=log.subjects.hooks_stream)
+        headers=headers, stream=log.subjects.hooks_stream)
+
+
+def count_reads(tether: Tether, monkeypatch) -> list[str]:
+    """The run ids the handler reads from the log (its ledger check)."""
+    reads: list[str] = []
+    read_run = tether.log.read_run
+
+    async def counting(parent, run_id, **options):
+        reads.append(run_id)
+        return await read_run(parent, run_id, **options)
+
+    monkeypatch.setattr(tether.log, "read_run", counting)
+    return reads
 
 
 async def ledger_entry(log: EventLog, run_id: str, timeout: float = 10) -> RunFinishDelivered:
@@ -158,6 +175,35 @@ async def test_a_redelivered_hook_does_not_call_the_function_again(log, tether):
         await settled(tether)
     assert len(recorder.calls) == 1
     assert hooks.stats.skipped == 1
+
+
+async def test_a_first_publication_is_handled_without_reading_the_ledger(
+        log, tether, monkeypatch):
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks.register(METHOD, recorder)
+    reads = count_reads(tether, monkeypatch)
+    async with hooks.running():
+        first, other = await finished_run(log, "import-5"), await finished_run(log, "import-6")
+        await publish_hook(log, first, first=True)
+        await publish_hook(log, other)  # not marked (an older parent, or a retry)
+        await settled(tether)
+    assert sorted(run.run_id for run, _, _ in recorder.calls) == ["import-5", "import-6"]
+    assert reads == ["import-6"]
+
+
+async def test_a_first_publication_redelivered_reads_the_ledger(log, tether, monkeypatch):
+    recorder = Recorder(failures=1)
+    hooks = tether.hooks(PARENT.agent, ledger="direct")  # the short lease: redelivered soon
+    hooks.register(METHOD, recorder)
+    async with hooks.running():
+        state = await finished_run(log, "import-7")
+        reads = count_reads(tether, monkeypatch)
+        await publish_hook(log, state, first=True)
+        await ledger_entry(log, "import-7")
+        await settled(tether)
+    assert len(recorder.calls) == 2 and hooks.stats.called == 1
+    assert "import-7" in reads, "the redelivery looked at the ledger before calling again"
 
 
 async def test_two_replicas_share_the_consumer_and_each_hook_runs_once(log, tether):

@@ -11,7 +11,13 @@ from pydantic import BaseModel, Field
 
 from tether.adapters.jetstream import EventLog
 from tether.child.agent import AgentRegistry, ChildAgent
-from tether.contract.messages import ChatMessage, HookMessage, InspectReply, WorkItem
+from tether.contract.messages import (
+    FIRST_PUBLICATION_HEADER,
+    ChatMessage,
+    HookMessage,
+    InspectReply,
+    WorkItem,
+)
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
@@ -312,8 +318,28 @@ async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log)
     assert hooks[1].result.summary == "late but done" and hooks[1].run.run_id == "h1"
     assert [m.headers["Nats-Msg-Id"] for m in messages] == ["finish:h1:interrupted",
                                                             "finish:h1:completed"]
+    # Fresh outcomes on their first delivery: the handler need not read the ledger.
+    assert [m.headers.get(FIRST_PUBLICATION_HEADER) for m in messages] == ["1", "1"]
     info = await log.jetstream.stream_info(log.subjects.chat_stream)
     assert info.state.messages == 0, "on_finish takes precedence over notify"
+
+
+async def test_a_hook_for_an_outcome_older_than_half_the_duplicate_window_is_not_marked_first(
+        parent, log, settings):
+    # Its hook may have been published long ago and acknowledged since: a repeat the
+    # stream would not drop, so the handler must look at the ledger.
+    registry = await log.jetstream.key_value(log.subjects.registry_bucket)
+    await registry.put("hook.Assistant.on_done", b"{}")
+    await send(log, "run", run_request("h-old", detached={"on_finish": "on_done"}))
+    await until(log, "h-old", lambda s, e: s and s.dispatched_at)
+    history = await log.read_run(PARENT, "h-old")
+    late = history.state.requested_at - settings.duplicate_window_ms // 2
+    run = RunEvents("h-old", PARENT, id_prefix="runner", start_ms=late)
+    for event in (run.running(), run.completed("done long ago")):
+        await log.append(event, expected_last_seq=None)
+    [message] = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 1)
+    assert message.headers["Nats-Msg-Id"] == "finish:h-old:completed"
+    assert FIRST_PUBLICATION_HEADER not in message.headers
 
 
 async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its_hook(

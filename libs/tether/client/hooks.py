@@ -10,7 +10,9 @@ Delivery: exactly once normally, at least once on a crash. After the function re
 `run.finish_delivered` is appended to the run (the ledger) and only then the message is
 acknowledged; a message whose (run, status, method) is already in the ledger is
 acknowledged without calling the function, so a redelivery after a lost ack or a crash
-between the two steps does not call it again. A function that raises is retried after
+between the two steps does not call it again. The ledger is read for every message that
+could repeat an earlier one: a redelivery, or a publication the parent does not mark as
+its first for the outcome (`Tether-First-Publication`). A function that raises is retried after
 the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1); a process that dies
 mid-call leaves the message to be redelivered when the lease runs out. Handlers must
 still be idempotent: a crash after the function and before the ledger calls it again.
@@ -33,6 +35,7 @@ from pydantic import ValidationError
 from tether.adapters.jetstream import StreamSettings, key_value
 from tether.client.errors import ServiceUnavailable
 from tether.contract.messages import (
+    FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
     HookMessage,
     LifecycleResult,
@@ -214,14 +217,18 @@ class HookRegistry:
             await msg.term()
             return
         run, result = hook.run, hook.result
+        metadata = msg.metadata
         logger = self._logger.bind(method=method, run_id=run.run_id, status=result.status,
-                                   stream_seq=msg.metadata.sequence.stream)
-        state = (await self.tether.log.read_run(run.parent, run.run_id)).state
-        if state is not None and state.finish_delivered(result.status, method):
-            self.stats.skipped += 1
-            logger.info("hooks.already_delivered")
-            await msg.ack()
-            return
+                                   stream_seq=metadata.sequence.stream)
+        headers = msg.headers or {}
+        if metadata.num_delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
+            # It may repeat a call already made: the run's delivery ledger says.
+            state = (await self.tether.log.read_run(run.parent, run.run_id)).state
+            if state is not None and state.finish_delivered(result.status, method):
+                self.stats.skipped += 1
+                logger.info("hooks.already_delivered")
+                await msg.ack()
+                return
         try:
             outcome = self.functions[method](run, result)
             if inspect.isawaitable(outcome):
@@ -232,7 +239,7 @@ class HookRegistry:
             await msg.nak(delay=self.lease_s)
             return
         self.stats.called += 1
-        message_id = (msg.headers or {}).get("Nats-Msg-Id") or finish_message_id(
+        message_id = headers.get("Nats-Msg-Id") or finish_message_id(
             run.run_id, result.status, method)
         await self._record_delivered(hook, method, message_id)
         await msg.ack()

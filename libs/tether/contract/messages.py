@@ -100,9 +100,17 @@ class LifecycleResult(Model):
         raise ValueError(f"a {state.status} run has no result yet")
 
 
+# Set on a hook message the parent publishes for the first time for its outcome (the
+# outcome's first delivery to the parent, not a retry after the lease): a handler that
+# gets such a message on its first delivery knows it cannot be a repeat and need not
+# read the run's delivery ledger. Without it a handler always reads the ledger.
+FIRST_PUBLICATION_HEADER = "Tether-First-Publication"
+
+
 class HookMessage(Model):
     """`<prefix>.hook.<parent_agent>.<method>`, `Nats-Msg-Id: finish:<run_id>:<status>`
-    (`finish-global:<run_id>:<status>` for the parent's global finish hook)."""
+    (`finish-global:<run_id>:<status>` for the parent's global finish hook), and
+    `Tether-First-Publication: 1` on a first publication."""
 
     method: Identifier
     run: RunInfo

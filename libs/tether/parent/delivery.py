@@ -23,6 +23,7 @@ from nats.js.errors import FetchTimeoutError
 
 from tether.adapters.jetstream import EventLog, StoredEvent, durable_pull, to_stored_event
 from tether.contract.messages import (
+    FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
     ChatMessage,
     HookMessage,
@@ -74,7 +75,10 @@ def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> 
 
 class Deliverer:
     def __init__(self, log: EventLog, hooks: RegisteredHooks, formatters: Formatters, logger, *,
-                 consumer: str = "parent-deliverer", batch: int = 256) -> None:
+                 consumer: str = "parent-deliverer", batch: int = 256,
+                 duplicate_window_ms: int = 0) -> None:
+        """`duplicate_window_ms`: the hooks stream's; a hook published within half of it
+        after its outcome is marked as its first publication (0: never marked)."""
         self._log = log
         self._js = log.jetstream
         self._hooks = hooks
@@ -83,6 +87,7 @@ class Deliverer:
         self._consumer = consumer
         self._batch = batch
         self._states: OrderedDict[RunKey, object] = OrderedDict()  # RunState, None, _AWAITED
+        self._first_within_ms = duplicate_window_ms // 2
         self.delivered = 0
 
     @property
@@ -158,7 +163,11 @@ class Deliverer:
         if event.type in TERMINAL_EVENT_STATUS:
             if not (isinstance(event, RunAborted) and event.data.cause == "give-up"):
                 # (the give-up already delivered its interrupted hook)
-                await self.deliver_finish(state, result_of(event))
+                # No hook for this outcome was published before this one, or one was so
+                # recently that the stream drops this one as a duplicate: the hook the
+                # handler gets is the only one (half the window: clocks may differ).
+                first = first_delivery and _now_ms() - event.occurred_at < self._first_within_ms
+                await self.deliver_finish(state, result_of(event), first=first)
             # The run owes nothing more until another outcome, which reads it again. What
             # we know of it goes to the log's cache: the application's delivery record
             # is usually the next event, and is then decided without a read.
@@ -193,19 +202,22 @@ class Deliverer:
             self._states.popitem(last=False)
 
     async def deliver_finish(self, state: RunState, result: LifecycleResult,
-                             retry: int = 0) -> None:
+                             retry: int = 0, *, first: bool = False) -> None:
         """Publish what the ledger says is still owed for this outcome.
 
         `retry` > 0 (the reconciler, after a lease) gives hook messages a new id, since
-        the first one may still be inside the stream's duplicate window.
+        the first one may still be inside the stream's duplicate window. `first`: no other
+        message with these ids can reach the handler, which then need not read the ledger
+        (`FIRST_PUBLICATION_HEADER`).
         """
         options = state.detached
         info = RunInfo.of(state)
+        first = first and not retry
         if options.on_finish and not state.finish_delivered(result.status, options.on_finish):
-            await self._publish_hook(state, options.on_finish, info, result, retry)
+            await self._publish_hook(state, options.on_finish, info, result, retry, first)
         if (not state.finish_delivered(result.status, GLOBAL_FINISH_HOOK)
                 and await self._hooks.has(state.parent.agent, GLOBAL_FINISH_HOOK)):
-            await self._publish_hook(state, GLOBAL_FINISH_HOOK, info, result, retry)
+            await self._publish_hook(state, GLOBAL_FINISH_HOOK, info, result, retry, first)
         # An explicit on_finish takes precedence over notify.
         if options.on_finish or not options.notify:
             return
@@ -244,14 +256,17 @@ class Deliverer:
         await self._record_notified(state, "milestone", name, mode, message_id)
 
     async def _publish_hook(self, state: RunState, method: str, info: RunInfo,
-                            result: LifecycleResult, retry: int = 0) -> None:
+                            result: LifecycleResult, retry: int = 0,
+                            first: bool = False) -> None:
         message = HookMessage(method=method, run=info, result=result)
         message_id = finish_message_id(state.run_id, result.status, method)
         if retry:
             message_id = f"{message_id}:retry{retry}"
+        headers = {"Nats-Msg-Id": message_id}
+        if first:
+            headers[FIRST_PUBLICATION_HEADER] = "1"
         await self._js.publish(self._log.subjects.hook(state.parent.agent, method),
-                               message.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": message_id},
+                               message.model_dump_json().encode(), headers=headers,
                                stream=self._log.subjects.hooks_stream)
         self.delivered += 1
         self._logger.info("delivery.hook_published", run_id=state.run_id, method=method,

@@ -83,7 +83,8 @@ class ParentService:
             hook_registered=self._hook_registered,
         )
         self._deliverer = Deliverer(self._log, self._hooks,
-                                    load_formatters(self._settings.formatters), self._logger)
+                                    load_formatters(self._settings.formatters), self._logger,
+                                    duplicate_window_ms=self._settings.duplicate_window_ms)
         nc = self._log.nats
         queue = "tether-parent"
         self._rpc = [
