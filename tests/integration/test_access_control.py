@@ -191,7 +191,9 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
             await js.subscribe(subjects.parent_events(ALICE_PARENT), ordered_consumer=True,
                                stream=subjects.events_stream, cb=timeline.put,
                                config=js_api.ConsumerConfig(name="timeline-alice"))
-            first = await asyncio.wait_for(timeline.get(), 5)
+            # (an ordered consumer that missed its first delivery restarts itself once two
+            # idle heartbeats, 5 s each, went missing)
+            first = await asyncio.wait_for(timeline.get(), 15)
             assert first.subject == subjects.run_events(ALICE_PARENT, "run-1")
             last = await js.get_last_msg(subjects.events_stream,
                                          subjects.run_events(ALICE_PARENT, "run-1"), direct=True)
@@ -241,10 +243,19 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
             # Allowed: its own runs' events as the events stream republishes them.
             live = await alice.subscribe(subjects.run_live(ALICE_PARENT, "run-2"))
             await alice.flush()
+            # Core delivery is at most once (an awaiting client reads the log for what it
+            # lost); here, about one run in ten, the republish of the first event to a
+            # just-made subscription never reached it, so a later event may be the one.
             run_2 = RunEvents("run-2", ALICE_PARENT, id_prefix="run-2")
-            seq = await log.append(run_2.requested(), expected_last_seq=0)
-            republished = await live.next_msg(timeout=5)
-            assert republished.headers["Nats-Sequence"] == str(seq)
+            appended = []
+            for event in (run_2.requested(), run_2.started(), run_2.running()):
+                appended.append(await log.append(event, expected_last_seq=None))
+                with suppress(nats.errors.TimeoutError):
+                    republished = await live.next_msg(timeout=2)
+                    break
+            else:
+                raise AssertionError("none of alice's run events reached her live subject")
+            assert int(republished.headers["Nats-Sequence"]) in appended
             # Denied: listening on other connections' inboxes, on the log itself, or on
             # another application's live events.
             for subject in ("_INBOX.>", "_INBOX_bob.>", f"{p}.evt.>", f"{p}.live.evt.>",
@@ -254,7 +265,7 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
 
             # Nothing alice was refused reached a stream.
             info = await admin.jetstream().stream_info(subjects.events_stream)
-            assert info.state.messages == 5
+            assert info.state.messages == 4 + len(appended)
             commands = await admin.jetstream().stream_info(subjects.commands_stream)
             assert commands.state.messages == 1
         finally:
