@@ -95,6 +95,10 @@ async def services(service_env):
     yield start
     for service in started:
         await service.stop()
+        # Captured: pytest shows it only when the test failed.
+        print(f"--- {service.name} (last 200 log lines) ---")
+        for line in service.lines[-200:]:
+            print(json.dumps(line))
 
 
 @pytest.fixture

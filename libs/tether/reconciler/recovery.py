@@ -156,13 +156,17 @@ class Recovery:
         events = self._log.follow(self._log.subjects.run_events(state.parent, state.run_id),
                                   start_seq=history.last_seq + 1)
         last_signal = time.monotonic()
+        window_spent = False
         try:
             async with aclosing(events) as stream:
                 next_event = asyncio.ensure_future(anext(stream))
                 while True:
                     give_up_at = last_signal + silence_s
-                    if window_ends is not None:
-                        give_up_at = min(give_up_at, window_ends)
+                    # Which deadline the wait is for decides the reason, not a clock read
+                    # after it: uvloop's timers run on a cached millisecond clock and may
+                    # wake a little before time.monotonic() reaches the deadline.
+                    if window_ends is not None and window_ends <= give_up_at:
+                        give_up_at, window_spent = window_ends, True
                     next_signal = asyncio.ensure_future(signals.get())
                     done, _ = await asyncio.wait({next_event, next_signal},
                                                  timeout=max(give_up_at - time.monotonic(), 0),
@@ -188,7 +192,7 @@ class Recovery:
                         # Let the cancelled read finish before the stream is closed.
                         await asyncio.gather(next_event, return_exceptions=True)
                         break
-            if window_ends is not None and time.monotonic() >= window_ends:
+            if window_spent:
                 # The child had its whole window: it is cancelled and considered spent.
                 await self._control.cancel(current, decide.GIVE_UP,
                                            self._settings.cancel_grace_ms / 1000)
