@@ -108,9 +108,9 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
     from tether.adapters.jetstream import EventLog, connect_nats
     from tether.adapters.postgres.migrator import migrate
     from tether.adapters.postgres.projector import rebuild, verify
-    from tether.runtime import tune_gc
+    from tether.runtime import pause_gc_for_replay
 
-    tune_gc(settings.gc_threshold)
+    pause_gc_for_replay(settings.gc_threshold)
     schema = settings.projection_schema
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
     try:

@@ -37,6 +37,21 @@ def tune_gc(young_threshold: int) -> None:
     gc.set_threshold(young_threshold, middle, old)
 
 
+def pause_gc_for_replay(young_threshold: int) -> None:
+    """A command that replays the log and exits (`tether projections`): the collector is
+    off. A replay's objects free themselves by reference counting (an 80,000-event
+    rebuild left about 100 objects in cycles), while its collections scanned the
+    batches and states it holds again and again: 15 % of a rebuild with the services'
+    threshold. `young_threshold` 0 leaves the interpreter's settings alone, as for
+    `tune_gc`.
+    """
+    if young_threshold <= 0:
+        return
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+
+
 def nats_check(nc) -> ReadinessCheck:
     async def nats_connected() -> tuple[bool, str]:
         return nc.is_connected, "connected" if nc.is_connected else "disconnected"

@@ -174,8 +174,10 @@ async def test_rebuild_of_a_10000_event_log_equals_the_live_projection(log, pool
 
 
 @pytest.mark.parametrize("known_runs", [3, 10_000])
+@pytest.mark.parametrize(("quiet_events", "max_unwritten"), [(10_000, 10_000), (30, 10_000),
+                                                             (10_000, 5), (1, 1)])
 async def test_a_replay_equals_the_live_projection_whether_it_keeps_every_run_or_few(
-        log, pool, settings, monkeypatch, known_runs):
+        log, pool, settings, monkeypatch, known_runs, quiet_events, max_unwritten):
     # Interleaved runs, so most runs span several batches and a small cache must look
     # evicted runs up in the table it is writing.
     runs = [RunEvents(f"r{i}") for i in range(40)]
@@ -187,13 +189,21 @@ async def test_a_replay_equals_the_live_projection_whether_it_keeps_every_run_or
     schema = settings.projection_schema
     await run_projector_until(pool, log, schema, last, batch_size=7)
     monkeypatch.setattr(projector_module, "REPLAY_KNOWN_RUNS", known_runs)
+    # A bulk replay writes a run once it went quiet, or once too many wait: everything
+    # at the end, in the middle, or with every batch.
+    monkeypatch.setattr(projector_module, "REPLAY_QUIET_EVENTS", quiet_events)
+    monkeypatch.setattr(projector_module, "REPLAY_MAX_UNWRITTEN", max_unwritten)
     report = await verify(pool, log, schema, batch_size=25)
     assert report.differences == [] and report.live["runs"][0] == 40
     assert report.live["milestones"][0] == 40
 
 
+@pytest.mark.parametrize("quiet_events", [10_000, 2])
 async def test_a_replay_of_cleared_runs_and_poison_messages_equals_the_live_projection(
-        log, pool, settings):
+        log, pool, settings, monkeypatch, quiet_events):
+    # Quiet after 2 events: the first run is written, then cleared and requested again
+    # in later batches (its old milestone must go); else it is written once, at the end.
+    monkeypatch.setattr(projector_module, "REPLAY_QUIET_EVENTS", quiet_events)
     cleared, again = RunEvents("r-clear"), RunEvents("r-clear", id_prefix="again", start_ms=9_000)
     others = [RunEvents(f"r{i}") for i in range(6)]
     for event in (cleared.requested(), cleared.milestone("old"), cleared.completed(),
@@ -255,6 +265,45 @@ async def test_a_replay_stops_when_another_process_writes_its_schema(log, pool, 
         await replay.close()
     statuses = await pool.fetch(f'SELECT run_id FROM "{sql.schema}".runs ORDER BY run_id')
     assert [r["run_id"] for r in statuses] == ["r0", "r1", "r2"]  # r3 was not written
+
+
+async def test_a_bulk_replay_claims_its_tables_only_once_it_wrote_every_run(log, pool, settings):
+    runs = [RunEvents(f"r{i}") for i in range(4)]
+    events = [*(run.requested() for run in runs), *(run.completed() for run in runs)]
+    batch = [StoredEvent(seq, log.subjects.run_events(event.parent, event.run_id), event,
+                         None, encode_event(event)) for seq, event in enumerate(events, 1)]
+    scratch = f"{settings.projection_schema}_bulk"
+    sql = Statements(scratch)
+
+    async def table() -> tuple[int, list[tuple[str, str]]]:
+        rows = await conn.fetch(f'SELECT run_id, status FROM "{scratch}".runs ORDER BY run_id')
+        return (await conn.fetchval(sql.read_checkpoint, "runs"),
+                [(r["run_id"], r["status"]) for r in rows])
+
+    async with pool.acquire() as conn:
+        await migrate(conn, scratch)
+        checkpoint = await ensure_checkpoint(conn, sql)
+        replay = PipelinedReplay(conn, sql, KnownStates(empty_at=checkpoint), checkpoint,
+                                 bulk=True, quiet_events=2)
+        await replay.apply(batch[:4])
+        # Quiet for 2 events: r0 and r1 are written; the checkpoint says nothing yet.
+        assert await replay.written() == 0
+        assert await table() == (0, [("r0", "starting"), ("r1", "starting")])
+        await replay.apply(batch[4:7])
+        assert await replay.written() == 0
+        # r3 went quiet, r0 too once completed; r1 and r2 changed since seq 5: they wait.
+        assert await table() == (0, [("r0", "completed"), ("r1", "starting"),
+                                     ("r3", "starting")])
+        await replay.apply(batch[7:])
+        assert await replay.finish() == 8
+        assert await table() == (8, [(f"r{i}", "completed") for i in range(4)])
+
+        # Interrupted: rows without a checkpoint. A replay refuses to build on them.
+        await conn.execute(sql.advance_checkpoint, "runs", 0)
+        with pytest.raises(RuntimeError, match="has rows but no checkpoint: an interrupted "
+                                               "replay into it; replay into a fresh schema"):
+            await projector_module.replay_into(conn, log, scratch, until_seq=8)
+        await conn.execute(f'DROP SCHEMA "{scratch}" CASCADE')
 
 
 async def test_verify_reports_a_tampered_table(log, pool, settings):

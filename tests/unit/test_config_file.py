@@ -81,6 +81,7 @@ def restored_gc():
     yield gc
     gc.unfreeze()
     gc.set_threshold(*threshold)
+    gc.enable()
 
 
 def test_the_services_collect_garbage_less_often_unless_told_otherwise(restored_gc) -> None:
@@ -98,3 +99,16 @@ def test_the_services_collect_garbage_less_often_unless_told_otherwise(restored_
     assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
     with pytest.raises(ConfigurationError, match="TETHER_GC_THRESHOLD"):
         Settings.from_env({"TETHER_GC_THRESHOLD": "-1"})
+
+
+def test_a_replay_command_turns_the_collector_off_unless_told_otherwise(restored_gc) -> None:
+    from tether.runtime import pause_gc_for_replay
+
+    gc = restored_gc
+    pause_gc_for_replay(Settings.from_env({}).gc_threshold)
+    assert not gc.isenabled() and gc.get_freeze_count() > 0
+
+    gc.enable()
+    gc.unfreeze()
+    pause_gc_for_replay(Settings.from_env({"TETHER_GC_THRESHOLD": "0"}).gc_threshold)
+    assert gc.isenabled() and gc.get_freeze_count() == 0

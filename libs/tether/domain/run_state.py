@@ -441,9 +441,16 @@ _TRANSITIONS = {
 }
 
 
+def _another_run(state: RunState, event: Event) -> bool:
+    # Field by field: a model's `==` costs several times as much, once per event folded.
+    mine, theirs = state.parent, event.parent
+    return (state.run_id != event.run_id or mine.agent != theirs.agent
+            or mine.name != theirs.name)
+
+
 def evolve(state: RunState | None, event: Event) -> Evolved:
     """Apply one event to a run's state (None: no run yet, or cleared)."""
-    if state is not None and (state.run_id, state.parent) != (event.run_id, event.parent):
+    if state is not None and _another_run(state, event):
         return _ignored(state, f"event {event.event_id} belongs to another run")
     if isinstance(event, RunRequested):
         return _requested(state, event)

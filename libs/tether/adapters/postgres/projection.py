@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import asyncpg
+from pydantic_core import to_json
 
 from tether.adapters.jetstream import StoredEvent
 from tether.adapters.postgres.migrator import check_schema_name
@@ -113,6 +114,12 @@ class Statements:
     @property
     def read_checkpoint(self) -> str:
         return self._q("SELECT last_seq FROM {s}.checkpoints WHERE projection = $1")
+
+    @property
+    def any_rows(self) -> str:
+        return self._q("SELECT EXISTS (SELECT FROM {s}.runs) OR EXISTS (SELECT FROM {s}.milestones) "
+                       "OR EXISTS (SELECT FROM {s}.reattach_decisions) "
+                       "OR EXISTS (SELECT FROM {s}.dead_letters)")
 
     @property
     def advance_checkpoint(self) -> str:
@@ -219,10 +226,10 @@ def input_preview(state: RunState, limit: int) -> str:
 def run_row(state: RunState, last_seq: int, preview_chars: int) -> str:
     """One `runs` row as a JSON object (the batch's rows go to Postgres as one array).
 
-    The nested documents are serialised by their models (pydantic's encoder, much faster
-    than `model_dump` + `json.dumps`) and spliced in as they are.
+    Serialised by pydantic's encoder (several times faster than `json.dumps`); the nested
+    documents by their models, spliced in as they are.
     """
-    scalars = json.dumps({
+    scalars = to_json({
         "parent_agent": state.parent.agent,
         "parent_name": state.parent.name,
         "run_id": state.run_id,
@@ -251,7 +258,7 @@ def run_row(state: RunState, last_seq: int, preview_chars: int) -> str:
         "step_count": len(state.steps),
         "events_applied": state.events_applied,
         "last_seq": last_seq,
-    })
+    }).decode()
     progress = state.progress.model_dump_json() if state.progress else "null"
     return (f'{scalars[:-1]}, "progress": {progress}, '
             f'"delivery": {state.ledger.model_dump_json()}, "state": {state.model_dump_json()}}}')
@@ -375,7 +382,7 @@ async def _fold(fresh: Sequence[StoredEvent], before: dict[RunKey, RunState], *,
 class _Rows:
     """What a folded batch changes in the tables, as the statements' arguments."""
 
-    checkpoint: int
+    checkpoint: int | None  # None: the checkpoint stays (a bulk replay's writes before its last)
     gone: list[RunKey]
     reset: list[RunKey]
     runs: str | None  # a JSON array of `runs` rows
@@ -400,8 +407,8 @@ def _rows(folded: _Folded, preview_chars: int) -> _Rows:
         checkpoint=folded.result.checkpoint,
         gone=[key for key, state in changed.items() if state is None], reset=reset,
         runs=f"[{runs}]" if alive else None,
-        milestones=json.dumps(milestones) if milestones else None,
-        decisions=json.dumps(decisions) if decisions else None, dead=folded.dead)
+        milestones=to_json(milestones).decode() if milestones else None,
+        decisions=to_json(decisions).decode() if decisions else None, dead=folded.dead)
 
 
 async def _write(conn: asyncpg.Connection, sql: Statements, rows: _Rows) -> None:
@@ -424,7 +431,18 @@ async def _write(conn: asyncpg.Connection, sql: Statements, rows: _Rows) -> None
             [s.error.kind if s.error else "unknown" for s in dead],
             [str(s.error) for s in dead], [s.raw for s in dead],
         )
-    await conn.execute(sql.advance_checkpoint, PROJECTION_NAME, rows.checkpoint)
+    if rows.checkpoint is not None:
+        await conn.execute(sql.advance_checkpoint, PROJECTION_NAME, rows.checkpoint)
+
+
+@dataclass
+class _Unwritten:
+    """A run a bulk replay has folded further than its row in the table."""
+
+    state: RunState | None  # None: cleared
+    last_seq: int
+    written: RunState | None  # what the table holds (None: no row)
+    cleared: bool  # cleared since it was written: its old milestones and decisions go
 
 
 class PipelinedReplay:
@@ -432,51 +450,84 @@ class PipelinedReplay:
 
     For the only writer of a schema (a rebuild or a verify replaying into a scratch
     schema): the states a batch is folded onto are the ones the previous batch left in
-    memory, so its fold need not wait for that batch's commit. Each batch is still its
-    own transaction with the checkpoint, so a replay stopped at any point resumes from
-    what was committed. States not in memory are loaded only once the writes before
-    have committed.
+    memory, so its fold need not wait for that batch's commit. States not in memory are
+    loaded only once the writes before have committed.
+
+    Each batch is its own transaction with the checkpoint, so a replay stopped at any
+    point resumes from what was committed; except a `bulk` replay (into an empty schema),
+    which writes a run only once `quiet_events` events went by without touching it (or
+    once more than `max_unwritten` runs wait, the longest-quiet first) and moves the
+    checkpoint only with its last write (`finish`): a run of the log is usually written
+    once instead of once per batch it spans. Until then its tables are incomplete and
+    their checkpoint is the one they started with: an interrupted bulk replay is started
+    over on a fresh schema, never resumed. Towards `end_seq` the quiet time shrinks to
+    the events still to come, so the runs left are written with the last batches (while
+    the next is folded) rather than all after them.
     """
 
     def __init__(self, conn: asyncpg.Connection, sql: Statements, known: KnownStates,
-                 checkpoint: int, preview_chars: int = 500) -> None:
+                 checkpoint: int, preview_chars: int = 500, *, bulk: bool = False,
+                 quiet_events: int = 10_000, max_unwritten: int = 10_000,
+                 end_seq: int | None = None) -> None:
         self._conn, self._sql, self._known = conn, sql, known
         self._preview_chars = preview_chars
         self._checkpoint = checkpoint  # after the last batch folded
+        self._committed = checkpoint  # the table's, once the writes under way commit
         self._writing: asyncio.Task[None] | None = None
+        self._bulk, self._quiet_events, self._max_unwritten = bulk, quiet_events, max_unwritten
+        self._end_seq = end_seq
+        self._unwritten: OrderedDict[RunKey, _Unwritten] = OrderedDict()  # last changed last
 
     async def apply(self, batch: Sequence[StoredEvent]) -> BatchResult:
-        """Fold `batch` and start writing it; its write may still be under way on return."""
-        checkpoint = self._checkpoint
-        fresh = [stored for stored in batch if stored.seq > checkpoint]
+        """Fold `batch` and start writing it (in bulk, its quiet runs); the write may
+        still be under way on return."""
+        fresh = [stored for stored in batch if stored.seq > self._checkpoint]
         if not fresh:
-            return BatchResult(checkpoint=checkpoint, skipped=len(batch))
+            return BatchResult(checkpoint=self._checkpoint, skipped=len(batch))
         before: dict[RunKey, RunState] = {}
-        missing = _known_states(self._known, _keys_of(fresh), before)
+        keys = _keys_of(fresh)
+        if self._unwritten:
+            keys = self._unwritten_states(keys, before)
+        missing = _known_states(self._known, keys, before)
         if missing:
             await self.written()
             before.update(await _load_states(self._conn, self._sql, missing))
         folded = await _fold(fresh, before, skipped=len(batch) - len(fresh),
                              pause_every=FOLD_PAUSE_EVERY)
-        rows = _rows(folded, self._preview_chars)
-        await self.written()
-        self._writing = asyncio.ensure_future(self._write(rows, checkpoint))
         self._checkpoint = folded.result.checkpoint
+        if self._bulk:
+            rows = self._quiet_rows(folded)
+        else:
+            rows = _rows(folded, self._preview_chars)
+        await self._start_write(rows)
         self._known.committed(folded.changed, self._checkpoint)
         return folded.result
 
+    async def finish(self) -> int:
+        """Write what is left (a bulk replay's unwritten runs and its checkpoint) and
+        wait for it; returns the checkpoint committed."""
+        if self._committed != self._checkpoint:
+            await self._start_write(self._rows_of(list(self._unwritten), self._checkpoint))
+        return await self.written()
+
     async def written(self) -> int:
-        """Wait for the write under way; returns the checkpoint committed."""
+        """Wait for the write under way; returns the table's checkpoint after it."""
         if self._writing is not None:
             writing, self._writing = self._writing, None
             await writing
-        return self._checkpoint
+        return self._committed
 
     async def close(self) -> None:
         """Stop a write still under way (its transaction rolls back)."""
         if self._writing is not None:
             self._writing.cancel()
             await asyncio.gather(self._writing, return_exceptions=True)
+
+    async def _start_write(self, rows: _Rows) -> None:
+        await self.written()
+        self._writing = asyncio.ensure_future(self._write(rows, self._committed))
+        if rows.checkpoint is not None:
+            self._committed = rows.checkpoint
 
     async def _write(self, rows: _Rows, expected: int) -> None:
         async with self._conn.transaction():
@@ -486,6 +537,51 @@ class PipelinedReplay:
                                    f"while a replay expected {expected}: another process "
                                    f"writes the schema")
             await _write(self._conn, self._sql, rows)
+
+    def _unwritten_states(self, keys: list[RunKey], before: dict[RunKey, RunState]) -> list[RunKey]:
+        """Puts the states of unwritten runs in `before`; returns the other keys."""
+        others = []
+        for key in keys:
+            entry = self._unwritten.get(key)
+            if entry is None:
+                others.append(key)
+            elif entry.state is not None:
+                before[key] = entry.state
+        return others
+
+    def _quiet_rows(self, folded: _Folded) -> _Rows:
+        """A bulk replay's batch: its changes join the unwritten runs, and the rows of
+        the runs that went quiet (or of the longest-quiet, beyond the bound) are due."""
+        for key, state in folded.changed.items():
+            entry = self._unwritten.pop(key, None)
+            if entry is None:  # the table holds what the batch was folded onto
+                entry = _Unwritten(state, 0, folded.before.get(key), cleared=False)
+            entry.state, entry.last_seq = state, folded.last_seq[key]
+            entry.cleared = entry.cleared or key in folded.cleared
+            self._unwritten[key] = entry
+        quiet_events = self._quiet_events
+        if self._end_seq is not None:
+            quiet_events = min(quiet_events, max(self._end_seq - self._checkpoint, 0))
+        quiet_since = self._checkpoint - quiet_events
+        due = []
+        for key, entry in self._unwritten.items():
+            if entry.last_seq > quiet_since and len(self._unwritten) - len(due) <= self._max_unwritten:
+                break
+            due.append(key)
+        return self._rows_of(due, None, folded.dead)
+
+    def _rows_of(self, keys: list[RunKey], checkpoint: int | None,
+                 dead: list[StoredEvent] | None = None) -> _Rows:
+        entries = [(key, self._unwritten.pop(key)) for key in keys]
+        folded = _Folded(
+            result=BatchResult(checkpoint=self._checkpoint),
+            before={key: e.written for key, e in entries if e.written is not None},
+            changed={key: e.state for key, e in entries},
+            last_seq={key: e.last_seq for key, e in entries},
+            cleared={key for key, e in entries if e.cleared}, dead=dead or [])
+        rows = _rows(folded, self._preview_chars)
+        rows.checkpoint = checkpoint
+        return rows
 
 
 def _new_milestone_rows(key: RunKey, state: RunState,

@@ -30,6 +30,10 @@ from tether.metrics import HANDLER_SECONDS, count_projected
 
 T = TypeVar("T")
 REPLAY_KNOWN_RUNS = 10_000  # states a replay keeps between its batches
+# A replay into an empty schema writes a run once this many events went by without
+# touching it, or once more than this many runs wait to be written.
+REPLAY_QUIET_EVENTS = 10_000
+REPLAY_MAX_UNWRITTEN = 10_000
 Progress = Callable[[int, int, float], None]  # projected seq, target seq, events per second
 BeforeCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
 
@@ -167,17 +171,27 @@ class Replayed:
 async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, until_seq: int,
                       batch_size: int = 5000, preview_chars: int = 500,
                       on_progress: Progress | None = None) -> Replayed:
-    """Project the log from the schema's checkpoint up to `until_seq`."""
+    """Project the log from the schema's checkpoint up to `until_seq`.
+
+    From checkpoint 0 it is a bulk replay into empty tables (see `PipelinedReplay`): the
+    tables are complete, with the checkpoint, only when it returns.
+    """
     sql = Statements(schema)
     checkpoint = await ensure_checkpoint(conn, sql)
     if checkpoint >= until_seq:
         return Replayed(checkpoint, 0)
+    bulk = checkpoint == 0
+    if bulk and await conn.fetchval(sql.any_rows):
+        raise RuntimeError(f"{schema} has rows but no checkpoint: an interrupted replay "
+                           f"into it; replay into a fresh schema")
     started, done = time.monotonic(), 0
     # This replay is the schema's only writer; from an empty schema it knows every run.
-    known = KnownStates(REPLAY_KNOWN_RUNS, empty_at=0 if checkpoint == 0 else None)
+    known = KnownStates(REPLAY_KNOWN_RUNS, empty_at=0 if bulk else None)
     batches = log.follow_batches(log.subjects.all_events, start_seq=checkpoint + 1,
                                  max_batch=batch_size)
-    replay = PipelinedReplay(conn, sql, known, checkpoint, preview_chars=preview_chars)
+    replay = PipelinedReplay(conn, sql, known, checkpoint, preview_chars=preview_chars,
+                             bulk=bulk, quiet_events=REPLAY_QUIET_EVENTS,
+                             max_unwritten=REPLAY_MAX_UNWRITTEN, end_seq=until_seq)
     try:
         async with aclosing(batches), _read_ahead(batches) as read:
             while True:
@@ -196,7 +210,7 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
                 # `pending == 0`: the stream ends here (its last messages may have been purged).
                 if batch[-1].seq >= until_seq or batch[-1].pending == 0:
                     break
-        checkpoint = await replay.written()
+        checkpoint = await replay.finish()
     finally:
         await replay.close()
     return Replayed(checkpoint, done)
