@@ -306,6 +306,33 @@ async def test_a_bulk_replay_claims_its_tables_only_once_it_wrote_every_run(log,
         await conn.execute(f'DROP SCHEMA "{scratch}" CASCADE')
 
 
+async def test_a_bulk_replay_writes_the_runs_left_as_its_end_nears(log, pool, settings):
+    runs = [RunEvents(f"r{i}") for i in range(4)]
+    events = [*(run.requested() for run in runs), *(run.completed() for run in runs)]
+    batch = [StoredEvent(seq, log.subjects.run_events(event.parent, event.run_id), event,
+                         None, encode_event(event)) for seq, event in enumerate(events, 1)]
+    sql = Statements(f"{settings.projection_schema}_end")
+    async with pool.acquire() as conn:
+        await migrate(conn, sql.schema)
+        replay = PipelinedReplay(conn, sql, KnownStates(empty_at=0), 0, bulk=True,
+                                 quiet_events=100, end_seq=8)
+
+        async def written() -> list[str]:
+            await replay.written()
+            rows = await conn.fetch(f'SELECT run_id FROM "{sql.schema}".runs ORDER BY run_id')
+            return [r["run_id"] for r in rows]
+
+        await replay.apply(batch[:4])
+        assert await written() == []  # 4 events to come: no run was quiet for as long
+        await replay.apply(batch[4:7])
+        # One event to come: the runs quiet for one event or more (r2 changed at seq 7).
+        assert await written() == ["r0", "r1", "r3"]
+        await replay.apply(batch[7:])
+        assert await written() == ["r0", "r1", "r2", "r3"]  # the last batch: every run
+        assert await replay.finish() == 8
+        await conn.execute(f'DROP SCHEMA "{sql.schema}" CASCADE')
+
+
 async def test_verify_reports_a_tampered_table(log, pool, settings):
     last = None
     for i in range(3):

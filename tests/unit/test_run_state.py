@@ -239,6 +239,25 @@ def test_events_applied_counts_only_applied_events() -> None:
     assert state.events_applied == 3
 
 
+def test_an_applied_event_copies_the_state_as_model_copy_would() -> None:
+    from tether.domain.run_state import _updated
+
+    assert RunState.__private_attributes__ == {}
+    assert RunState.model_config.get("extra") == "forbid"
+    state = state_after(requested(detached={"on_finish": "done"}), started(), running(1))
+    changes = {"status": "completed", "summary": "ok", "events_applied": 4}
+
+    fast, reference = _updated(state, changes), state.model_copy(update=changes)
+
+    assert fast == reference and type(fast) is RunState
+    assert fast.__pydantic_fields_set__ == reference.__pydantic_fields_set__
+    assert fast.model_dump_json() == reference.model_dump_json()
+    assert (fast.__pydantic_extra__, fast.__pydantic_private__) == (None, None)
+    assert state.status == "running" and fast.__dict__ is not state.__dict__
+    with pytest.raises(ValueError, match="frozen"):
+        fast.status = "failed"  # type: ignore[misc]
+
+
 # --- dispatch and running -------------------------------------------------------------------
 
 

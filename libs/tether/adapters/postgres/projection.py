@@ -460,9 +460,9 @@ class PipelinedReplay:
     checkpoint only with its last write (`finish`): a run of the log is usually written
     once instead of once per batch it spans. Until then its tables are incomplete and
     their checkpoint is the one they started with: an interrupted bulk replay is started
-    over on a fresh schema, never resumed. Towards `end_seq` the quiet time shrinks to
-    the events still to come, so the runs left are written with the last batches (while
-    the next is folded) rather than all after them.
+    over on a fresh schema, never resumed. Within `quiet_events` of `end_seq`, the runs
+    are written once quiet for as many events as are still to come (while the next
+    batch is folded), and the last batch writes every run left.
     """
 
     def __init__(self, conn: asyncpg.Connection, sql: Statements, known: KnownStates,
@@ -615,6 +615,17 @@ async def _load_states(conn: asyncpg.Connection, sql: Statements,
     rows = await conn.fetch(sql.load_states, *_keys_arrays(keys))
     return {(r["parent_agent"], r["parent_name"], r["run_id"]): RunState.model_validate_json(r["state"])
             for r in rows}
+
+
+async def table_digests_on(pool: asyncpg.Pool, sql: Statements) -> dict[str, tuple[int, str]]:
+    """`table_digests`, each table on a connection of its own, at once (not one
+    snapshot: for tables nobody else writes, or where that does not matter)."""
+    async def digest(table: str) -> tuple[str, tuple[int, str]]:
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow(sql.digest(table))
+        return table, (int(row["rows"]), str(row["digest"]))
+
+    return dict(await asyncio.gather(*(digest(table) for table in DIGEST_TABLES)))
 
 
 async def table_digests(conn: asyncpg.Connection, sql: Statements) -> dict[str, tuple[int, str]]:

@@ -25,6 +25,7 @@ from tether.adapters.postgres.projection import (
     apply_batch,
     ensure_checkpoint,
     table_digests,
+    table_digests_on,
 )
 from tether.metrics import HANDLER_SECONDS, count_projected
 
@@ -273,7 +274,9 @@ async def rebuild(pool: asyncpg.Pool, log: EventLog, schema: str, *, batch_size:
             await conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{retired}"')
             await conn.execute(f'ALTER SCHEMA "{scratch}" RENAME TO "{schema}"')
             await conn.execute(f'DROP SCHEMA "{retired}" CASCADE')
-        digests = await table_digests(conn, Statements(schema))
+    # The live projector may write meanwhile: the digests are the tables' as rebuilt, or
+    # a little later.
+    digests = await table_digests_on(pool, Statements(schema))
     return RebuildReport(tail.checkpoint, bulk.events + tail.events,
                          time.monotonic() - started, digests)
 
