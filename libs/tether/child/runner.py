@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.jetstream import EventLog, Pull
 from tether.child.agent import AgentRegistry
 from tether.child.execution import Execution, Outcome, RunnerEnvironment
 from tether.config import Settings
@@ -133,7 +133,7 @@ class ChildRunner:
         self._active: dict[tuple[str, str, str], Execution] = {}
         self._handlers: set[asyncio.Task[None]] = set()
         self._subscriptions: list[Subscription] = []
-        self._pulls: dict[str, JetStreamContext.PullSubscription] = {}
+        self._pulls: dict[str, Pull] = {}
         self.consuming = False
 
     def consumer_config(self, agent_type: str) -> js_api.ConsumerConfig:
@@ -152,8 +152,8 @@ class ChildRunner:
         for agent_type in self._registry.agent_types:
             # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.
             await self._js.add_consumer(stream, self.consumer_config(agent_type))
-            self._pulls[agent_type] = await self._js.pull_subscribe_bind(
-                durable=consumer_name(agent_type), stream=stream)
+            self._pulls[agent_type] = await Pull(self._nc, stream,
+                                                 consumer_name(agent_type)).start()
             self._subscriptions.append(await self._nc.subscribe(
                 self._settings.subjects.cancel_signal(agent_type), cb=self._on_cancel_signal))
             self._subscriptions.append(await self._nc.subscribe(
@@ -195,7 +195,7 @@ class ChildRunner:
                 execution.release_for_shutdown()
             await asyncio.wait(unfinished, timeout=self._shutdown_grace_s)
 
-    async def _consume(self, agent_type: str, pull: JetStreamContext.PullSubscription,
+    async def _consume(self, agent_type: str, pull: Pull,
                        stop: asyncio.Event, batch: int) -> None:
         keepalive_s = self._settings.work_ack_wait_ms / 1000 / 3
         while not stop.is_set():

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Literal
 
 from nats.aio.msg import Msg
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError, NotFoundError
+from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import StreamSettings, key_value
+from tether.adapters.jetstream import Pull, StreamSettings, key_value
 from tether.client.errors import ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -170,22 +170,21 @@ class HookRegistry:
             raise ServiceUnavailable(
                 f"stream {subjects.hooks_stream} does not exist: start the Tether services "
                 "(they create the streams) or check the prefix") from None
-        return await self.tether.js.pull_subscribe_bind(durable=durable,
-                                                        stream=subjects.hooks_stream)
+        return await Pull(self.tether.nc, subjects.hooks_stream, durable).start()
 
     async def _deliver(self, method: str, subscription, stop: asyncio.Event) -> None:
         in_flight: set[asyncio.Task] = set()
         try:
             while not stop.is_set():
-                # nats-py's fetch also hands over what a timed-out fetch left in its queue,
-                # which can be more than asked: in_flight may exceed the concurrency.
+                # A fetch also hands over what an earlier request delivered late, which
+                # can be more than asked: in_flight may exceed the concurrency.
                 free = self.concurrency - len(in_flight)
                 if free <= 0:
                     await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     continue
                 try:
                     messages = await subscription.fetch(free, timeout=FETCH_WAIT_S)
-                except (FetchTimeoutError, TimeoutError):
+                except TimeoutError:
                     continue
                 except Exception as error:  # noqa: BLE001 - a NATS hiccup must not end the loop
                     self._logger.warning("hooks.fetch_failed", method=method,

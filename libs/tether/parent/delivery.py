@@ -19,7 +19,6 @@ from collections import OrderedDict
 
 from nats.aio.msg import Msg
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError
 
 from tether.adapters.jetstream import EventLog, StoredEvent, durable_pull, to_stored_event
 from tether.contract.messages import (
@@ -102,12 +101,12 @@ class Deliverer:
             deliver_policy=js_api.DeliverPolicy.ALL, ack_wait=30, max_deliver=-1,
             max_ack_pending=self._batch * 4, filter_subject=subjects.all_events,
         )
-        subscription = await durable_pull(self._js, subjects.events_stream, config)
+        subscription = await durable_pull(self._js, self._log.nats, subjects.events_stream, config)
         try:
             while not stop.is_set():
                 try:
                     messages = await subscription.fetch(self._batch, timeout=0.5)
-                except (TimeoutError, FetchTimeoutError):
+                except TimeoutError:
                     continue
                 # One run's events in order; different runs' concurrently (each run
                 # subject is one key of the state cache, so they never share a state).

@@ -14,7 +14,6 @@ from collections import defaultdict
 import asyncpg
 from nats.aio.msg import Msg
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError
 from pydantic import ValidationError
 
 from tether.adapters.jetstream import EventLog, StreamSettings, durable_pull, key_value
@@ -115,12 +114,13 @@ class ParentService:
                              for subject in (self._subjects.command(kind),
                                              self._subjects.command(kind) + ".*.*")],
         )
-        subscription = await durable_pull(self._js, self._subjects.commands_stream, config)
+        subscription = await durable_pull(self._js, self._log.nats, self._subjects.commands_stream,
+                                          config)
         try:
             while not stop.is_set():
                 try:
                     messages = await subscription.fetch(64, timeout=0.5)
-                except (TimeoutError, FetchTimeoutError):
+                except TimeoutError:
                     continue
                 by_run: dict[str, list[Msg]] = defaultdict(list)
                 for msg in messages:

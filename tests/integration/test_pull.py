@@ -1,0 +1,91 @@
+"""`Pull`: a durable pull consumer's messages as soon as one is there, none lost."""
+
+import asyncio
+
+import pytest
+from nats.js import api as js_api
+from nats.js.errors import APIError
+
+from tether.adapters.jetstream import Pull, durable_pull
+
+WAIT_S = 30  # a fetch's timeout, far longer than any answer below may take
+
+
+@pytest.fixture
+async def stream(nc, unique_name):
+    js = nc.jetstream()
+    name = f"{unique_name}-pull"
+    await js.add_stream(name=name, subjects=[f"{unique_name}.pull.>"])
+    yield name, f"{unique_name}.pull.x"
+    await js.delete_stream(name)
+
+
+async def pull_of(nc, stream_name: str, durable: str = "worker") -> Pull:
+    config = js_api.ConsumerConfig(durable_name=durable, ack_policy=js_api.AckPolicy.EXPLICIT,
+                                   ack_wait=30)
+    return await durable_pull(nc.jetstream(), nc, stream_name, config)
+
+
+async def test_a_lone_message_is_handed_over_without_waiting_for_a_full_batch(nc, stream):
+    name, subject = stream
+    pull = await pull_of(nc, name)
+    waiting = asyncio.create_task(pull.fetch(64, timeout=WAIT_S))
+    await asyncio.sleep(0.2)  # the fetch is now waiting with a lingering request
+    await nc.jetstream().publish(subject, b"one")
+    # Not held back for the 63 others a fetch of 64 could take.
+    async with asyncio.timeout(WAIT_S / 3):
+        messages = await waiting
+    assert [m.data for m in messages] == [b"one"]
+    await messages[0].ack()
+    await pull.unsubscribe()
+
+
+async def test_a_fetch_takes_what_is_there_up_to_its_batch_and_loses_nothing(nc, stream):
+    name, subject = stream
+    js = nc.jetstream()
+    for n in range(5):
+        await js.publish(subject, f"m{n}".encode())
+    pull = await pull_of(nc, name)
+    first = await pull.fetch(3, timeout=WAIT_S)
+    second = await pull.fetch(3, timeout=WAIT_S)
+    assert [m.data for m in first] == [b"m0", b"m1", b"m2"]
+    assert [m.data for m in second] == [b"m3", b"m4"]
+    for msg in first + second:
+        await msg.ack()
+    assert first[0].metadata.sequence.stream == 1  # a JetStream delivery, ackable
+
+    with pytest.raises(TimeoutError, match="no message from consumer worker within 0.3s"):
+        await pull.fetch(8, timeout=0.3)
+    # What comes after a fetch gave up is the next fetch's: its request had expired.
+    await js.publish(subject, b"late")
+    assert [m.data for m in await pull.fetch(8, timeout=WAIT_S)] == [b"late"]
+    with pytest.raises(ValueError, match="at least 1 message"):
+        await pull.fetch(0, timeout=1)
+    await pull.unsubscribe()
+
+
+async def test_replicas_share_the_consumer_and_each_message_goes_to_one(nc, stream):
+    name, subject = stream
+    first, second = await pull_of(nc, name), await pull_of(nc, name)
+    for n in range(20):
+        await nc.jetstream().publish(subject, f"m{n}".encode())
+    taken: dict[Pull, list[bytes]] = {first: [], second: []}
+    pulls = [first, second] * 10
+    while sum(map(len, taken.values())) < 20:
+        pull = pulls.pop()
+        for msg in await pull.fetch(4, timeout=WAIT_S):
+            taken[pull].append(msg.data)
+            await msg.ack()
+    assert sorted(taken[first] + taken[second]) == sorted(f"m{n}".encode() for n in range(20))
+    assert taken[first] and taken[second]
+    for pull in (first, second):
+        await pull.unsubscribe()
+
+
+async def test_a_deleted_consumer_is_an_error_not_a_silent_wait(nc, stream):
+    name, _ = stream
+    pull = await pull_of(nc, name, durable="gone")
+    await nc.jetstream().delete_consumer(name, "gone")
+    with pytest.raises(APIError):
+        await pull.fetch(4, timeout=2)
+    await pull.unsubscribe()
