@@ -167,6 +167,21 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
     assert not violations, "\n".join(violations)
 
 
+async def request_once_answered(nc, subject: str, within_s: float = 5) -> "nats.aio.msg.Msg":
+    """A request that is allowed is answered. Under load the auth-enabled nats-server 2.15
+    was seen answering "no responders" right after the responder's subscription was
+    flushed (a routing race, not a permission: a denial is a violation and a timeout);
+    the request is asked again until the responder is seen."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            return await nc.request(subject, b"{}", timeout=within_s)
+        except nats.errors.NoRespondersError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings):
     url, _ = auth_nats
     p, subjects = settings.prefix, settings.subjects
@@ -206,7 +221,7 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
 
                 await parent_nc.subscribe(f"{p}.rpc.>", queue="tether-parent", cb=answer)
                 await parent_nc.flush()
-                reply = await alice.request(f"{p}.rpc.inspect.AliceBot.user-1", b"{}", timeout=5)
+                reply = await request_once_answered(alice, f"{p}.rpc.inspect.AliceBot.user-1")
                 assert json.loads(reply.data)["asked"] == f"{p}.rpc.inspect.AliceBot.user-1"
                 assert reply.subject.startswith("_INBOX_alice.")
             # Allowed: registering its own hook methods.
