@@ -64,6 +64,52 @@ async def test_a_fetch_takes_what_is_there_up_to_its_batch_and_loses_nothing(nc,
     await pull.unsubscribe()
 
 
+async def test_a_status_an_earlier_request_left_neither_holds_up_nor_swallows_a_message(
+        nc, stream):
+    name, subject = stream
+    pull = await pull_of(nc, name)
+
+    class LateStatusFirst:
+        """Before the fetch's first request, a timed-out request's expiry (408) arrives:
+        its answer then seems to be "nothing", and the message it brings comes after."""
+
+        def __init__(self) -> None:
+            self.injected = False
+
+        async def publish(self, subject: str, payload: bytes, **options) -> None:
+            if not self.injected:
+                self.injected = True
+                await nc.publish(pull._inbox, b"", headers={"Status": "408"})
+            await nc.publish(subject, payload, **options)
+
+    await nc.jetstream().publish(subject, b"next")
+    pull._nc = LateStatusFirst()
+    # nats-py's fetch then waits for the rest of the batch until its timeout.
+    async with asyncio.timeout(WAIT_S / 3):
+        messages = await pull.fetch(8, timeout=WAIT_S)
+    assert [m.data for m in messages] == [b"next"]
+    await messages[0].ack()
+    pull._nc = nc
+    await pull.unsubscribe()
+
+
+async def test_a_request_left_open_by_a_stopped_puller_swallows_nothing(nc, stream):
+    name, subject = stream
+    stopped = await pull_of(nc, name)
+    # What a derailed fetch may leave behind: a lingering request still open.
+    await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{name}.worker",
+                     b'{"batch": 1, "expires": 30000000000}', reply=stopped._inbox)
+    await nc.flush()
+    await stopped.unsubscribe()
+    await nc.flush()
+    await nc.jetstream().publish(subject, b"after")
+    other = await pull_of(nc, name)
+    messages = await other.fetch(1, timeout=WAIT_S / 3)
+    assert [m.data for m in messages] == [b"after"]
+    await messages[0].ack()
+    await other.unsubscribe()
+
+
 async def test_replicas_share_the_consumer_and_each_message_goes_to_one(nc, stream):
     name, subject = stream
     first, second = await pull_of(nc, name), await pull_of(nc, name)

@@ -169,11 +169,12 @@ class Pull:
     reaching an idle loop waited up to the whole timeout (p90 112 ms, max 246 ms with
     0.5 s in a standalone loop; in the benchmark, most of the time between an outcome
     and its hook). A fetch here asks for what is there now (a no-wait request, answered
-    at once), and only when nothing is, waits for one message to come; that lingering
-    request ends with it or with its expiry, so none is left behind to swallow a
-    message after the loop ended. A status left by an earlier request only makes a
-    fetch return early; a message that comes after its fetch returned is the next
-    fetch's.
+    at once), and only when nothing is, waits for one message to come. A status left
+    by an earlier request only makes a fetch return early, or take a message that came
+    late; a message that comes after its fetch returned is the next fetch's. A lingering
+    request can then outlive its fetch until it expires, but swallows nothing after
+    `unsubscribe`: the server passes over a pull request whose reply subject has lost
+    its interest (a test holds this).
     """
 
     def __init__(self, nc: NATS, stream: str, durable: str) -> None:
