@@ -220,6 +220,23 @@ async def test_cancel_in_each_state(parent, log):
     assert (await log.read_run(PARENT, "never-existed")).state is None
 
 
+async def test_a_run_command_applied_again_is_answered_from_the_log_and_dispatched_once(
+        parent, log):
+    # As when the parent died after applying a command and before acknowledging it: the
+    # same command (the same sequence, so the same event ids) comes again.
+    payload = json.dumps(run_request("applied-twice")).encode()
+    first = await parent._handlers.run(payload, seq=10_001)
+    again = await parent._handlers.run(payload, seq=10_001)
+    other = await parent._handlers.run(json.dumps(run_request("applied-twice",
+                                                              input={"query": "other"})).encode(),
+                                       seq=10_002)
+    assert (first.decision, again.decision, other.decision) == ("created", "existing", "existing")
+    history = await log.read_run(PARENT, "applied-twice")
+    assert types(history.events) == ["run.requested", "run.started"]
+    assert history.state.input == {"query": "HTTP/3"}
+    assert [item.run_id for item in await work_items(log, "Researcher")].count("applied-twice") == 1
+
+
 async def test_repeated_request_of_a_finished_run_changes_nothing(parent, log):
     run = RunEvents("done-1", PARENT)
     for event in (run.requested(), run.started(), run.running(), run.completed("stored")):

@@ -435,6 +435,27 @@ class EventLog:
                 continue  # the conflict's read is what we know now
         raise ConcurrencyConflict(subject, seq)
 
+    async def append_new(self, event: Event) -> bool:
+        """Append a run's first event expecting its subject empty, without reading it.
+
+        False, with nothing appended, when the subject is not empty (the run exists, or
+        existed: a clear leaves a tombstone) or the event is already stored (a command
+        applied before): the caller then reads the run.
+        """
+        subject = self.subjects.run_events(event.parent, event.run_id)
+        headers = {"Nats-Msg-Id": event.event_id, "Nats-Expected-Last-Subject-Sequence": "0"}
+        try:
+            ack = await self._js.publish(subject, encode_event(event), headers=headers,
+                                         stream=self.subjects.events_stream)
+        except APIError as error:
+            if error.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            return False
+        if ack.duplicate:
+            return False
+        self._known.remember(subject, evolve(None, event).state, ack.seq)
+        return True
+
     def remember(self, parent: ParentRef, run_id: str, state: RunState | None, seq: int) -> None:
         """What another reader of the log knows of a run: its state after the message at
         stream sequence `seq` and everything of the run before it. Only a hint for the

@@ -28,7 +28,7 @@ from tether.domain.commands import (
 )
 from tether.domain.events import ParentRef
 from tether.domain.ids import InvalidIdentifier, check_identifier
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, evolve
 from tether.parent.slots import SlotKeeper
 
 
@@ -79,17 +79,25 @@ class CommandHandlers:
                                _explain(error), cause)
             return RunOutcome("rejected", code="invalid-request")
 
+        problem = await self._validate(command)
+        cap = self.cap_for(command.parent)
+        takes_slot = cap is not None and self._slots is not None
+        if problem is None and not takes_slot:
+            # Most run ids are new: the request is appended expecting the run's subject
+            # empty, without reading it first; when it is not, the run is read and
+            # answered as below.
+            requested = decide.request_run(command, self._budgets, cause)
+            if await self._log.append_new(requested):
+                await self._dispatch(evolve(None, requested).state, cause)
+                return RunOutcome("created", status="starting")
+
         history = await self._log.read_run(command.parent, command.run_id)
         if history.state is not None:
             return await self._existing(history.state, cause)
-
-        problem = await self._validate(command)
         if problem is not None:
             code, error = problem
             await self._reject(command.run_id, command.parent, command.agent_type, code, error, cause)
             return RunOutcome("rejected", code=code)
-
-        cap = self.cap_for(command.parent)
         if cap is not None and self._slots is not None:
             slot = await self._slots.acquire(command.parent, command.run_id, cap, cause.now)
             if not slot.admitted:
@@ -97,12 +105,15 @@ class CommandHandlers:
                                    "concurrency-cap", f"maxConcurrentAgentTools ({cap}) exceeded",
                                    cause)
                 return RunOutcome("rejected", code="concurrency-cap")
+        return await self._create(command, cause)
 
+    async def _create(self, command: RunCommand, cause: decide.Cause) -> RunOutcome:
         requested = decide.request_run(command, self._budgets, cause)
         state, appended = await self._log.update(
             command.parent, command.run_id, lambda s: [requested] if s is None else [])
         if not appended:
             # Another replica created it between our read and our append.
+            assert state is not None
             return await self._existing(state, cause)
         await self._dispatch(state, cause)
         return RunOutcome("created", status="starting")
