@@ -29,6 +29,12 @@ def _devstack():
 
 
 @pytest.fixture(scope="session")
+def devstack():
+    """scripts/devstack.py: find, start and stop the servers the tests use."""
+    return _devstack()
+
+
+@pytest.fixture(scope="session")
 def nats_url() -> Iterator[str]:
     if url := os.environ.get("TETHER_NATS_URL"):
         yield url

@@ -8,7 +8,6 @@ hook, or snoop on other connections' inboxes.
 """
 
 import asyncio
-import importlib.util
 import json
 import subprocess
 import time
@@ -41,18 +40,9 @@ SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconc
             "projector": projector}
 
 
-def _devstack():
-    spec = importlib.util.spec_from_file_location("tether_devstack",
-                                                  ROOT / "scripts" / "devstack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
-def auth_nats(tmp_path: Path, unique_name: str):
+def auth_nats(tmp_path: Path, unique_name: str, devstack):
     """nats-server with JetStream and the users of prefix `unique_name`; yields (url, log)."""
-    devstack = _devstack()
     port, monitor = devstack.free_port(), devstack.free_port()
     config = tmp_path / "nats.conf"
     config.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
@@ -287,14 +277,13 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
             await alice.close()
 
 
-def test_the_shipped_nats_configuration_is_current_and_valid(tmp_path, capsys):
+def test_the_shipped_nats_configuration_is_current_and_valid(tmp_path, capsys, devstack):
     shipped = (ROOT / "deploy" / "nats" / "auth.conf").read_text()
     command = shipped.splitlines()[0].split("`")[1].split()
     assert command[:3] == ["python", "-m", "tether.access"]
     assert render_main(command[3:]) == 0
     assert capsys.readouterr().out == shipped, "regenerate it with the command in its header"
 
-    devstack = _devstack()
     environment = {f"TETHER_NATS_{user.upper().replace('-', '_')}_PASSWORD": "x"
                    for user in (*SERVICE_ROLES, "operator", "demo")}
     # The server's own check of the file compose and the dev overlay run, users included.

@@ -1,12 +1,13 @@
 """`Pull`: a durable pull consumer's messages as soon as one is there, none lost."""
 
 import asyncio
+import contextlib
 
 import pytest
 from nats.js import api as js_api
 from nats.js.errors import APIError
 
-from tether.adapters.jetstream import Pull, durable_pull
+from tether.adapters.jetstream import Pull, connect_nats, durable_pull
 
 WAIT_S = 30  # a fetch's timeout, far longer than any answer below may take
 
@@ -135,3 +136,50 @@ async def test_a_deleted_consumer_is_an_error_not_a_silent_wait(nc, stream):
     with pytest.raises(APIError):
         await pull.fetch(4, timeout=2)
     await pull.unsubscribe()
+
+
+async def test_a_pull_loop_goes_on_through_a_server_crash_and_restart(devstack, tmp_path):
+    # A server of its own, killed as in a crash and started again on its port and store.
+    port = devstack.free_port()
+
+    def start():
+        return devstack.start_nats(tmp_path / "store", port, tmp_path / "nats.log", daemon=False)
+
+    server = start()
+    reconnected = asyncio.Event()
+
+    async def on_reconnect() -> None:
+        reconnected.set()
+
+    nc = await connect_nats(f"nats://127.0.0.1:{port}", name="pull-restart",
+                            reconnected_cb=on_reconnect)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(name="RESTART", subjects=["restart.>"])
+        pull = await pull_of(nc, "RESTART")
+        await js.publish("restart.x", b"before")
+        before = await pull.fetch(4, timeout=WAIT_S)
+        assert [m.data for m in before] == [b"before"]
+        await before[0].ack()
+
+        server.kill()
+        server.wait(timeout=10)
+        # While it is gone a fetch ends as a timeout, and the loop may go on.
+        with pytest.raises(TimeoutError):
+            await pull.fetch(4, timeout=0.3)
+        server = start()
+        async with asyncio.timeout(WAIT_S):
+            await reconnected.wait()
+        await js.publish("restart.x", b"after")
+        after = []
+        async with asyncio.timeout(WAIT_S):
+            while not after:
+                with contextlib.suppress(TimeoutError):
+                    after = await pull.fetch(4, timeout=1)
+        assert [m.data for m in after] == [b"after"]
+        await after[0].ack()
+        await pull.unsubscribe()
+    finally:
+        await nc.close()
+        server.kill()
+        server.wait(timeout=10)
