@@ -358,15 +358,8 @@ class EventLog:
                       before: "_Known | None") -> int:
         """Append; given `before` (the run at `expected_last_seq`), remember the run after
         the event, so the next decision on this run needs no read."""
-        headers = {"Nats-Msg-Id": event.event_id}
-        if expected_last_seq is not None:
-            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
-        try:
-            ack = await self._js.publish(subject, encode_event(event), headers=headers,
-                                         stream=self.subjects.events_stream)
-        except APIError as error:
-            if error.err_code != WRONG_LAST_SEQUENCE:
-                raise
+        ack = await self._publish(subject, event, expected_last_seq)
+        if ack is None:
             stored_seq = await self._seq_of(subject, event.event_id)
             if stored_seq is None:
                 raise ConcurrencyConflict(subject, expected_last_seq or 0) from None
@@ -376,6 +369,20 @@ class EventLog:
         else:
             self._known.remember(subject, evolve(before.state, event).state, ack.seq)
         return ack.seq
+
+    async def _publish(self, subject: str, event: Event,
+                       expected_last_seq: int | None) -> js_api.PubAck | None:
+        """The stream's ack; None when the subject's last sequence is not the expected."""
+        headers = {"Nats-Msg-Id": event.event_id}
+        if expected_last_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
+        try:
+            return await self._js.publish(subject, encode_event(event), headers=headers,
+                                          stream=self.subjects.events_stream)
+        except APIError as error:
+            if error.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            return None
 
     async def _seq_of(self, subject: str, event_id: str) -> int | None:
         """Where our event landed, if it did; what the read shows is remembered, so the
@@ -443,15 +450,8 @@ class EventLog:
         applied before): the caller then reads the run.
         """
         subject = self.subjects.run_events(event.parent, event.run_id)
-        headers = {"Nats-Msg-Id": event.event_id, "Nats-Expected-Last-Subject-Sequence": "0"}
-        try:
-            ack = await self._js.publish(subject, encode_event(event), headers=headers,
-                                         stream=self.subjects.events_stream)
-        except APIError as error:
-            if error.err_code != WRONG_LAST_SEQUENCE:
-                raise
-            return False
-        if ack.duplicate:
+        ack = await self._publish(subject, event, 0)
+        if ack is None or ack.duplicate:
             return False
         self._known.remember(subject, evolve(None, event).state, ack.seq)
         return True
