@@ -98,7 +98,8 @@ class CommandHandlers:
             code, error = problem
             await self._reject(command.run_id, command.parent, command.agent_type, code, error, cause)
             return RunOutcome("rejected", code=code)
-        if cap is not None and self._slots is not None:
+        if takes_slot:
+            assert cap is not None and self._slots is not None
             slot = await self._slots.acquire(command.parent, command.run_id, cap, cause.now)
             if not slot.admitted:
                 await self._reject(command.run_id, command.parent, command.agent_type,
