@@ -148,6 +148,14 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
             again = await mine.run_agent_tool("Researcher", {"query": "QUIC"},
                                               run_id=first.run_id)
             assert again == first
+            # It serves its own parents' finish hooks.
+            finished: asyncio.Queue = asyncio.Queue()
+            hooks = app.hooks(ALICE_PARENT.agent)
+            hooks.register("on_done", lambda run, result: finished.put_nowait(run.run_id))
+            async with hooks.running():
+                handle = await mine.run_agent_tool("Researcher", {"query": "HTTP/2"},
+                                                   detached={"on_finish": "on_done"})
+                assert await finished.get() == handle.run_id
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

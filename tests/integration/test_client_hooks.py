@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tether.adapters.jetstream import EventLog
-from tether.client import Tether, connect
+from tether.client import ServiceUnavailable, Tether, connect
 from tether.client.hooks import consumer_name
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -269,3 +269,14 @@ async def test_registration_refuses_bad_names_and_serving_nothing(tether):
     hooks.register(METHOD, Recorder())
     with pytest.raises(ValueError, match="already registered"):
         hooks.register(METHOD, Recorder())
+
+
+async def test_serving_hooks_without_the_services_registry_says_what_is_missing(tether, log):
+    # The parent service creates the registry; an application only opens it.
+    await log.jetstream.delete_key_value(log.subjects.registry_bucket)
+    hooks = tether.hooks("Importer")
+    hooks.register(METHOD, lambda run, result: None)
+    with pytest.raises(ServiceUnavailable, match=f"key-value bucket {log.subjects.registry_bucket}"
+                                                 " does not exist: start the Tether services"):
+        async with hooks.running():
+            pass

@@ -32,7 +32,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import Pull, StreamSettings, key_value
+from tether.adapters.jetstream import Pull
 from tether.client.errors import ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -149,9 +149,15 @@ class HookRegistry:
                     await subscription.unsubscribe()
 
     async def _register_methods(self) -> None:
-        settings = self.tether.settings
-        bucket = await key_value(self.tether.js, self.tether.subjects.registry_bucket,
-                                 StreamSettings.of(settings))
+        # Opened, not created: the parent service creates it, and an application's user
+        # may only read its configuration and write its own parents' keys.
+        name = self.tether.subjects.registry_bucket
+        try:
+            bucket = await self.tether.js.key_value(name)
+        except NotFoundError:
+            raise ServiceUnavailable(
+                f"key-value bucket {name} does not exist: start the Tether services (the "
+                "parent service creates it) or check the prefix") from None
         value = json.dumps({"registered_at": int(time.time() * 1000)}).encode()
         for method in self.functions:
             await bucket.put(registry_key(self.parent_agent, method), value)
