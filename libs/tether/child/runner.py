@@ -29,7 +29,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import EventLog, Pull
+from tether.adapters.jetstream import EventLog, Pull, durable_pull
 from tether.child.agent import AgentRegistry
 from tether.child.execution import Execution, Outcome, RunnerEnvironment
 from tether.config import Settings
@@ -151,9 +151,8 @@ class ChildRunner:
         stream = self._settings.subjects.work_stream
         for agent_type in self._registry.agent_types:
             # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.
-            await self._js.add_consumer(stream, self.consumer_config(agent_type))
-            self._pulls[agent_type] = await Pull(self._nc, stream,
-                                                 consumer_name(agent_type)).start()
+            self._pulls[agent_type] = await durable_pull(self._js, self._nc, stream,
+                                                         self.consumer_config(agent_type))
             self._subscriptions.append(await self._nc.subscribe(
                 self._settings.subjects.cancel_signal(agent_type), cb=self._on_cancel_signal))
             self._subscriptions.append(await self._nc.subscribe(

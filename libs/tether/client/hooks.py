@@ -32,7 +32,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import Pull
+from tether.adapters.jetstream import durable_pull
 from tether.client.errors import ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -171,12 +171,12 @@ class HookRegistry:
             ack_wait=self.lease_s, max_deliver=-1, max_ack_pending=self.concurrency * 4)
         try:
             # Create or update: a changed lease applies to the existing consumer.
-            await self.tether.js.add_consumer(subjects.hooks_stream, config)
+            return await durable_pull(self.tether.js, self.tether.nc, subjects.hooks_stream,
+                                      config)
         except NotFoundError:
             raise ServiceUnavailable(
                 f"stream {subjects.hooks_stream} does not exist: start the Tether services "
                 "(they create the streams) or check the prefix") from None
-        return await Pull(self.tether.nc, subjects.hooks_stream, durable).start()
 
     async def _deliver(self, method: str, subscription, stop: asyncio.Event) -> None:
         in_flight: set[asyncio.Task] = set()

@@ -620,18 +620,19 @@ async def _load_states(conn: asyncpg.Connection, sql: Statements,
 async def table_digests_on(pool: asyncpg.Pool, sql: Statements) -> dict[str, tuple[int, str]]:
     """`table_digests`, each table on a connection of its own, at once (not one
     snapshot: for tables nobody else writes, or where that does not matter)."""
-    async def digest(table: str) -> tuple[str, tuple[int, str]]:
+    async def digest(table: str) -> tuple[int, str]:
         async with pool.acquire() as conn:
-            row = await conn.fetchrow(sql.digest(table))
-        return table, (int(row["rows"]), str(row["digest"]))
+            return await _table_digest(conn, sql, table)
 
-    return dict(await asyncio.gather(*(digest(table) for table in DIGEST_TABLES)))
+    digests = await asyncio.gather(*(digest(table) for table in DIGEST_TABLES))
+    return dict(zip(DIGEST_TABLES, digests, strict=True))
 
 
 async def table_digests(conn: asyncpg.Connection, sql: Statements) -> dict[str, tuple[int, str]]:
     """(row count, md5 of every row in key order) per projected table."""
-    digests = {}
-    for table in DIGEST_TABLES:
-        row = await conn.fetchrow(sql.digest(table))
-        digests[table] = (int(row["rows"]), str(row["digest"]))
-    return digests
+    return {table: await _table_digest(conn, sql, table) for table in DIGEST_TABLES}
+
+
+async def _table_digest(conn: asyncpg.Connection, sql: Statements, table: str) -> tuple[int, str]:
+    row = await conn.fetchrow(sql.digest(table))
+    return int(row["rows"]), str(row["digest"])
