@@ -3,10 +3,14 @@
 import asyncio
 from contextlib import aclosing
 
+import nats
 import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as js_api
+from nats.js.errors import APIError, NoStreamResponseError
 
 from tether.adapters.jetstream import (
+    WRONG_LAST_SEQUENCE,
     ConcurrencyConflict,
     EventLog,
     StreamSettings,
@@ -241,3 +245,56 @@ async def test_a_runs_first_event_is_appended_without_a_read_only_onto_an_empty_
         await log.append(event, expected_last_seq=None)
     assert await log.append_new(RunEvents("n-2", id_prefix="later").requested()) is False
     assert len((await log.read_run(cleared.parent, "n-2")).events) == 2
+
+
+@pytest.fixture(params=["tether client", "plain nats-py client"])
+async def any_log(request, nc, settings, log: EventLog):
+    """The log on our client (routed replies) and on an application's own nats-py client."""
+    if request.param == "tether client":
+        yield log
+        return
+    plain = await nats.connect(settings.nats_url, name="tether-tests-plain")
+    yield EventLog(plain, settings.subjects)
+    await plain.drain()
+
+
+async def test_an_acked_publish_answers_as_nats_py_does(any_log: EventLog, nc, settings):
+    """`EventLog.publish` replaces `JetStreamContext.publish` on the hot paths: the same
+    ack for a stored, a duplicate and a refused message, and the same errors."""
+    subject = settings.subjects.run_events(ParentRef(agent="A", name="a"), "r-ack")
+    stream = settings.subjects.events_stream
+    first = await any_log.publish(subject, b"{}", headers={"Nats-Msg-Id": "m1"}, stream=stream)
+    reference = await nc.jetstream().publish(subject, b"{}", headers={"Nats-Msg-Id": "m2"},
+                                             stream=stream)
+    assert (first.stream, first.duplicate) == (stream, None)
+    assert reference.seq == first.seq + 1
+
+    again = await any_log.publish(subject, b"{}", headers={"Nats-Msg-Id": "m1"}, stream=stream)
+    assert (again.seq, again.duplicate) == (first.seq, True)
+
+    headers = {"Nats-Msg-Id": "m3", "Nats-Expected-Last-Subject-Sequence": str(first.seq)}
+    with pytest.raises(APIError) as refused:
+        await any_log.publish(subject, b"{}", headers=headers, stream=stream)
+    assert refused.value.err_code == WRONG_LAST_SEQUENCE
+
+    with pytest.raises(APIError) as wrong_stream:  # the subject is not the named stream's
+        await any_log.publish(subject, b"{}", headers={}, stream=settings.subjects.work_stream)
+    assert wrong_stream.value.code == 400
+
+    with pytest.raises(NoStreamResponseError):
+        await any_log.publish(f"{settings.prefix}.nowhere", b"{}", headers={}, stream=stream)
+
+    # Many at once, each answered with its own ack.
+    acks = await asyncio.gather(*(
+        any_log.publish(subject, b"{}", headers={"Nats-Msg-Id": f"c{i}"}, stream=stream)
+        for i in range(200)))
+    assert sorted(ack.seq for ack in acks) == list(range(reference.seq + 1, reference.seq + 201))
+
+
+async def test_an_acked_publish_nobody_answers_times_out_and_forgets_its_waiter(nc, settings):
+    log = EventLog(nc, settings.subjects, timeout=0.05)
+    silent = await nc.subscribe(f"{settings.prefix}.silent")  # takes it, never answers
+    with pytest.raises(NatsTimeoutError):
+        await log.publish(f"{settings.prefix}.silent", b"{}", headers={}, stream="ANY")
+    await silent.unsubscribe()
+    assert log._waiting == {}

@@ -1,11 +1,11 @@
 """The shortcuts the event log takes past nats-py: the header parse of `connect_nats`'s
-client and the stream position read off a delivery's reply subject give nats-py's answers."""
+client and the delivery position read off a delivery's reply subject give nats-py's answers."""
 
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from tether.adapters.jetstream import _Client, stream_position
+from tether.adapters.jetstream import _Client, delivery_of
 
 HEADER_BLOCKS = [
     b"Nats-Msg-Id: 3f1c2a8e-1b2c:running:1\r\nNats-Expected-Last-Subject-Sequence: 12\r\n\r\n",
@@ -23,10 +23,13 @@ def test_headers_parse_as_nats_py_parses_them(raw: bytes) -> None:
 
 @pytest.mark.parametrize("reply", [
     "$JS.ACK.EVENTS.cons.1.4711.12.1700000000000000000.93",  # the short form
+    "$JS.ACK.EVENTS.cons.3.4711.12.1700000000000000000.93",  # a third delivery
     "$JS.ACK.hub.ACCHASH.EVENTS.cons.1.4711.12.1700000000000000000.93.rnd",  # domain, hash
     "$JS.ACK._.ACCHASH.EVENTS.cons.2.4711.12.1700000000000000000.93.rnd",
 ])
-def test_the_stream_position_is_what_nats_py_reads_from_the_reply(reply: str) -> None:
+def test_the_delivery_position_is_what_nats_py_reads_from_the_reply(reply: str) -> None:
     msg = Msg(None, subject="tether.evt.a.b.r1", reply=reply, data=b"{}")
     expected = Msg(None, subject="tether.evt.a.b.r1", reply=reply, data=b"{}").metadata
-    assert stream_position(msg) == (expected.sequence.stream, expected.num_pending) == (4711, 93)
+    position = delivery_of(msg)
+    assert position == (expected.sequence.stream, expected.num_delivered, expected.num_pending)
+    assert (position.stream_seq, position.pending) == (4711, 93)

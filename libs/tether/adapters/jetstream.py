@@ -14,13 +14,14 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from nats.js.kv import KeyValue
 
 if TYPE_CHECKING:
@@ -316,7 +317,7 @@ class EventLog:
         self._timeout = timeout
         self._known = _KnownRuns(known_runs)
         self._replies: str | None = None
-        self._waiting: dict[str, asyncio.Queue[Msg]] = {}
+        self._waiting: dict[str, Callable[[Msg], object]] = {}
         self._tokens = itertools.count(1)
         self._nc = nc
         self._js = nc.jetstream(timeout=timeout)
@@ -377,12 +378,45 @@ class EventLog:
         if expected_last_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
         try:
-            return await self._js.publish(subject, encode_event(event), headers=headers,
-                                          stream=self.subjects.events_stream)
+            return await self.publish(subject, encode_event(event), headers=headers,
+                                      stream=self.subjects.events_stream)
         except APIError as error:
             if error.err_code != WRONG_LAST_SEQUENCE:
                 raise
             return None
+
+    async def publish(self, subject: str, payload: bytes, *, headers: dict[str, str],
+                      stream: str) -> js_api.PubAck:
+        """A JetStream publish that waits for the stream's ack, as nats-py's
+        `JetStreamContext.publish` (the same errors: `APIError` and its kinds,
+        `NoStreamResponseError`, `nats.errors.TimeoutError`), for a third less CPU: the
+        ack comes back on this log's routed inbox and is read without nats-py's
+        dataclass reflection."""
+        msg = await self._ask(subject, payload, {**headers, "Nats-Expected-Stream": stream})
+        if msg.headers and msg.headers.get("Status") == "503":
+            raise NoStreamResponseError
+        reply = json.loads(msg.data)
+        error = reply.get("error")
+        if error is not None:
+            raise APIError.from_error(error)
+        return js_api.PubAck(stream=reply["stream"], seq=reply["seq"],
+                             domain=reply.get("domain"),
+                             duplicate=reply.get("duplicate"))
+
+    async def _ask(self, subject: str, payload: bytes, headers: dict[str, str]) -> Msg:
+        """One request and its one reply, over the routed inbox."""
+        replies = await self._routed_replies()
+        token = str(next(self._tokens))
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = lambda msg: answer.done() or answer.set_result(msg)
+        expiry = loop.call_later(self._timeout, _expire, answer)
+        try:
+            await self._nc.publish(subject, payload, reply=f"{replies}.{token}", headers=headers)
+            return await answer
+        finally:
+            expiry.cancel()
+            del self._waiting[token]
 
     async def _seq_of(self, subject: str, event_id: str) -> int | None:
         """Where our event landed, if it did; what the read shows is remembered, so the
@@ -507,10 +541,10 @@ class EventLog:
 
     async def _direct_batch(self, subject: str, start_seq: int,
                             size: int = DIRECT_BATCH) -> tuple[list[StoredEvent], int]:
-        replies = await self._direct_replies()
+        replies = await self._routed_replies()
         token = str(next(self._tokens))
         queue: asyncio.Queue[Msg] = asyncio.Queue()
-        self._waiting[token] = queue
+        self._waiting[token] = queue.put_nowait
         try:
             request = json.dumps({"seq": start_seq, "next_by_subj": subject, "batch": size})
             await self._nc.publish(f"$JS.API.DIRECT.GET.{self.subjects.events_stream}",
@@ -531,17 +565,18 @@ class EventLog:
         finally:
             del self._waiting[token]
 
-    async def _direct_replies(self) -> str:
-        """One wildcard inbox for every direct get of this log, routed by a token."""
+    async def _routed_replies(self) -> str:
+        """One wildcard inbox for every reply this log waits for (direct gets, acks),
+        routed by a token to its waiter."""
         if self._replies is None:
             prefix = self._nc.new_inbox()
 
-            async def route(msg: Msg) -> None:
-                queue = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
-                if queue is not None:
-                    queue.put_nowait(msg)
+            def route(msg: Msg) -> None:
+                waiter = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
+                if waiter is not None:
+                    waiter(msg)
 
-            await self._nc.subscribe(f"{prefix}.*", cb=route)
+            await subscribe_routed(self._nc, f"{prefix}.*", route)
             self._replies = prefix
         return self._replies
 
@@ -591,7 +626,7 @@ class EventLog:
                     messages.append(queue.get_nowait())
                 batch = []
                 for msg in messages:
-                    seq, pending = stream_position(msg)
+                    seq, _, pending = delivery_of(msg)
                     if seq <= last_seq:
                         continue
                     last_seq = seq
@@ -635,15 +670,21 @@ def _history(stored: Sequence[StoredEvent]) -> RunHistory:
     return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
 
 
-def stream_position(msg: Msg) -> tuple[int, int]:
-    """(stream sequence, messages still pending) of a consumer's delivery, read off its
-    reply subject without nats-py's full `metadata` (a datetime and three objects)."""
+class Delivery(NamedTuple):
+    stream_seq: int
+    delivered: int  # 1 on the first delivery
+    pending: int  # messages matching the consumer's filter still to come
+
+
+def delivery_of(msg: Msg) -> Delivery:
+    """Where a consumer's delivery stands, read off its reply subject without nats-py's
+    full `metadata` (a datetime and three objects)."""
     tokens = msg.reply.split(".")
     # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
     if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        return int(tokens[5]), int(tokens[8])
+        return Delivery(int(tokens[5]), int(tokens[4]), int(tokens[8]))
     metadata = msg.metadata  # the longer form, with a domain and an account hash
-    return metadata.sequence.stream, metadata.num_pending
+    return Delivery(metadata.sequence.stream, metadata.num_delivered, metadata.num_pending)
 
 
 def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> StoredEvent:
@@ -653,9 +694,50 @@ def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> Sto
         return StoredEvent(seq, subject, None, error, raw, pending)
 
 
+def _expire(answer: "asyncio.Future[Msg]") -> None:
+    if not answer.done():
+        answer.set_exception(NatsTimeoutError())
+
+
+async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None]) -> "Subscription":
+    """Subscribe `route`, a plain function called with each message as it is read.
+
+    On our own client the message skips the subscription's queue, its task and a
+    coroutine per message (a reply's waiter is woken straight from the read loop);
+    on any other nats-py client it is an ordinary callback subscription."""
+    if isinstance(nc, _Client):
+        subscription = await nc.subscribe(subject)
+        nc.routes[subscription._id] = route
+        return subscription
+
+    async def callback(msg: Msg) -> None:
+        route(msg)
+
+    return await nc.subscribe(subject, cb=callback)
+
+
 class _Client(NATS):
     """nats-py's client with a faster parse of each message's headers (every stored
-    event carries some): the same result, in less than half the time."""
+    event carries some): the same result, in less than half the time; and routed
+    subscriptions (`subscribe_routed`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.routes: dict[int, Callable[[Msg], None]] = {}
+
+    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                           headers: bytes) -> None:
+        route = self.routes.get(sid)
+        if route is None or sid not in self._subs:
+            self.routes.pop(sid, None)
+            await super()._process_msg(sid, subject, reply, data, headers)
+            return
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        parsed = await self._process_headers(headers)
+        msg = self._build_message(sid, subject, reply, data, parsed)
+        if msg is not None:
+            route(msg)
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:

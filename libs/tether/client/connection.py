@@ -95,10 +95,9 @@ class Tether:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
         try:
-            return await self.js.publish(subject,
-                                         command.model_dump_json().encode(),
-                                         headers={"Nats-Msg-Id": msg_id},
-                                         stream=self.subjects.commands_stream)
+            return await self.log.publish(subject, command.model_dump_json().encode(),
+                                          headers={"Nats-Msg-Id": msg_id},
+                                          stream=self.subjects.commands_stream)
         except NoStreamResponseError:
             raise ServiceUnavailable(
                 f"no stream takes {subject}: the Tether services create "

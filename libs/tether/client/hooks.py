@@ -32,7 +32,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import durable_pull
+from tether.adapters.jetstream import delivery_of, durable_pull
 from tether.client.errors import ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -222,11 +222,11 @@ class HookRegistry:
             await msg.term()
             return
         run, result = hook.run, hook.result
-        metadata = msg.metadata
+        delivery = delivery_of(msg)
         logger = self._logger.bind(method=method, run_id=run.run_id, status=result.status,
-                                   stream_seq=metadata.sequence.stream)
+                                   stream_seq=delivery.stream_seq)
         headers = msg.headers or {}
-        if metadata.num_delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
+        if delivery.delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
             # It may repeat a call already made: the run's delivery ledger says.
             state = (await self.tether.log.read_run(run.parent, run.run_id)).state
             if state is not None and state.finish_delivered(result.status, method):

@@ -167,9 +167,9 @@ class CommandHandlers:
     async def _publish_work(self, state: RunState, dispatch: int, why: str = "start") -> None:
         item = WorkItem(run_id=state.run_id, parent=state.parent, agent_type=state.agent_type,
                         dispatch=dispatch)
-        await self._js.publish(self._subjects.work(state.agent_type), item.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": work_message_id(state.run_id, dispatch, why)},
-                               stream=self._subjects.work_stream)
+        await self._log.publish(self._subjects.work(state.agent_type), item.model_dump_json().encode(),
+                                headers={"Nats-Msg-Id": work_message_id(state.run_id, dispatch, why)},
+                                stream=self._subjects.work_stream)
 
     async def _reject(self, run_id: str | None, parent: ParentRef | None, agent_type: Any,
                       code: str, error: str, cause: decide.Cause) -> None:

@@ -20,7 +20,13 @@ from collections import OrderedDict
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
-from tether.adapters.jetstream import EventLog, StoredEvent, durable_pull, to_stored_event
+from tether.adapters.jetstream import (
+    EventLog,
+    StoredEvent,
+    delivery_of,
+    durable_pull,
+    to_stored_event,
+)
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
@@ -119,9 +125,10 @@ class Deliverer:
 
     async def _handle_in_order(self, messages: list[Msg]) -> None:
         for msg in messages:
-            stored = to_stored_event(msg.metadata.sequence.stream, msg.subject, msg.data)
+            delivery = delivery_of(msg)
+            stored = to_stored_event(delivery.stream_seq, msg.subject, msg.data)
             try:
-                await self.handle(stored, first_delivery=msg.metadata.num_delivered == 1)
+                await self.handle(stored, first_delivery=delivery.delivered == 1)
             except Exception:
                 self._logger.exception("delivery.failed", stream_seq=stored.seq)
                 await msg.nak(delay=1.0)
@@ -264,18 +271,18 @@ class Deliverer:
         headers = {"Nats-Msg-Id": message_id}
         if first:
             headers[FIRST_PUBLICATION_HEADER] = "1"
-        await self._js.publish(self._log.subjects.hook(state.parent.agent, method),
-                               message.model_dump_json().encode(), headers=headers,
-                               stream=self._log.subjects.hooks_stream)
+        await self._log.publish(self._log.subjects.hook(state.parent.agent, method),
+                                message.model_dump_json().encode(), headers=headers,
+                                stream=self._log.subjects.hooks_stream)
         self.delivered += 1
         self._logger.info("delivery.hook_published", run_id=state.run_id, method=method,
                           status=result.status)
 
     async def _publish_chat(self, state: RunState, message: ChatMessage) -> None:
-        await self._js.publish(self._log.subjects.chat(state.parent),
-                               message.model_dump_json().encode(),
-                               headers={"Nats-Msg-Id": message.id},
-                               stream=self._log.subjects.chat_stream)
+        await self._log.publish(self._log.subjects.chat(state.parent),
+                                message.model_dump_json().encode(),
+                                headers={"Nats-Msg-Id": message.id},
+                                stream=self._log.subjects.chat_stream)
         self.delivered += 1
 
     async def _record_notified(self, state: RunState, kind: str, key: str, mode: str,

@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import EventLog, StreamSettings, durable_pull, key_value
+from tether.adapters.jetstream import EventLog, StreamSettings, delivery_of, durable_pull, key_value
 from tether.child.agent import AgentRegistry
 from tether.config import Settings
 from tether.contract.messages import (
@@ -135,7 +135,7 @@ class ParentService:
 
     async def _handle_command(self, msg: Msg) -> None:
         assert self._handlers is not None
-        seq = msg.metadata.sequence.stream
+        seq, delivered, _ = delivery_of(msg)
         kind = msg.subject.split(".")[2]
         clock = HANDLER_SECONDS.start()
         log = self._logger.bind(subject=msg.subject, stream_seq=seq)
@@ -161,13 +161,13 @@ class ParentService:
             await self._dead_letter(msg, str(error))
             log.error("command.dead_lettered", error=str(error))
         except Exception as error:  # noqa: BLE001 - retried by redelivery, then dead-lettered
-            if msg.metadata.num_delivered >= MAX_COMMAND_DELIVERIES:
+            if delivered >= MAX_COMMAND_DELIVERIES:
                 await self._dead_letter(msg, f"failed {MAX_COMMAND_DELIVERIES} times: {error!r}")
                 log.error("command.dead_lettered", error=repr(error))
             else:
                 log.warning("command.failed", error=repr(error),
-                            delivered=msg.metadata.num_delivered)
-                await msg.nak(delay=min(0.2 * 2 ** msg.metadata.num_delivered, 10.0))
+                            delivered=delivered)
+                await msg.nak(delay=min(0.2 * 2 ** delivered, 10.0))
                 return
         self.handled += 1
         clock.observe(service="parent", handler=f"command.{kind}")
