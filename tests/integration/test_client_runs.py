@@ -262,17 +262,17 @@ class RecordedReads:
 
 def lose_live(tether: Tether, monkeypatch, event_type: str) -> None:
     """Drop the run's live messages of one event type, as a slow consumer would."""
-    subscribe = tether.nc.subscribe
+    subscribe = client_parent.subscribe_routed
 
-    async def lossy_subscribe(subject: str, *args, cb=None, **options):
-        async def deliver(msg) -> None:
+    async def lossy_subscribe(nc, subject: str, route):
+        def deliver(msg) -> None:
             if json.loads(msg.data)["type"] != event_type:
-                await cb(msg)
+                route(msg)
 
-        live = subject.startswith(f"{tether.subjects.prefix}.live.")
-        return await subscribe(subject, *args, cb=deliver if live else cb, **options)
+        assert subject.startswith(f"{tether.subjects.prefix}.live."), subject
+        return await subscribe(nc, subject, deliver)
 
-    monkeypatch.setattr(tether.nc, "subscribe", lossy_subscribe)
+    monkeypatch.setattr(client_parent, "subscribe_routed", lossy_subscribe)
 
 
 def record_folds(monkeypatch) -> list[int]:

@@ -186,10 +186,7 @@ class Pull:
         self._subscription: Subscription | None = None
 
     async def start(self) -> "Pull":
-        async def arrived(msg: Msg) -> None:
-            self._arrived.put_nowait(msg)
-
-        self._subscription = await self._nc.subscribe(self._inbox, cb=arrived)
+        self._subscription = await subscribe_routed(self._nc, self._inbox, self._arrived.put_nowait)
         return self
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
+from tether.adapters.jetstream import subscribe_routed
 from tether.client.awaiting import Answer, RunFold, RunWaiter
 from tether.client.live import live_event
 from tether.contract.messages import (
@@ -95,8 +96,8 @@ class ParentHandle:
         subject = self.tether.subjects.run_events(self.ref, command.run_id)
         reads = self.tether.run_reads
         live: asyncio.Queue[Msg] = asyncio.Queue()
-        subscription = await self.tether.nc.subscribe(
-            self.tether.subjects.run_live(self.ref, command.run_id), cb=live.put)
+        subscription = await subscribe_routed(
+            self.tether.nc, self.tether.subjects.run_live(self.ref, command.run_id), live.put_nowait)
         requested = False
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
