@@ -156,6 +156,27 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
                 handle = await mine.run_agent_tool("Researcher", {"query": "HTTP/2"},
                                                    detached={"on_finish": "on_done"})
                 assert await finished.get() == handle.run_id
+            # Its timeline and its chat, replayed and then live, through named consumers
+            # filtered on its own parent.
+            told = await mine.run_agent_tool("Researcher", {"query": "TCP"},
+                                             detached={"notify": True})
+            timeline = mine.timeline()
+            async for view in timeline:
+                if view.caught_up:
+                    break
+            assert view.runs[handle.run_id].status == "completed"
+            assert {first.run_id, handle.run_id, told.run_id} <= set(view.runs)
+            live = await mine.run_agent_tool("Researcher", {"query": "SCTP"},
+                                             detached={"notify": True})
+            async for view in timeline:
+                if live.run_id in view.runs and view.runs[live.run_id].status == "completed":
+                    break
+            await timeline.aclose()
+            chat = mine.chat()
+            said = [(await anext(chat)).id for _ in range(2)]
+            await chat.aclose()
+            assert said == [f"detached-finish:{told.run_id}:completed",
+                            f"detached-finish:{live.run_id}:completed"]
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -8,6 +8,8 @@ tell when it has caught up with the stream as it was when it subscribed.
 """
 
 import asyncio
+import itertools
+import uuid
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Self
@@ -47,8 +49,10 @@ class OrderedFeed:
         self.sink: asyncio.Queue[FeedMessage] = sink if sink is not None else asyncio.Queue()
         self._idle_heartbeat = idle_heartbeat
         # A named consumer puts its filter in the create request's subject
-        # (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), where NATS permissions see it.
-        self._name = name
+        # (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), where NATS permissions see
+        # it: an application user may only create consumers on its own parents' subjects.
+        self._name = name or f"feed-{uuid.uuid4().hex}"
+        self._incarnations = itertools.count(2)
         self._subscription: JetStreamContext.PushSubscription | None = None
         self._last_seq = 0
         # True when the stream held nothing to replay for this filter at subscription time.
@@ -70,10 +74,30 @@ class OrderedFeed:
             raise ServiceUnavailable(
                 f"stream {self._stream} does not exist: start the Tether services "
                 "(they create the streams) or check the prefix") from None
+        self._rename_on_reset(self._subscription)
         info = await self._subscription.consumer_info()
         self.initially_empty = (self._deliver_new
                                 or (info.num_pending == 0 and info.delivered.consumer_seq == 0))
         return self
+
+    def _rename_on_reset(self, subscription: JetStreamContext.PushSubscription) -> None:
+        """Give each consumer nats-py's ordered subscription re-creates a name of its own.
+
+        After a gap (a lost message, missed heartbeats, a reconnection) nats-py creates
+        the consumer again from the next sequence with the configuration it kept, name
+        included; the server refuses a create that changes an existing consumer (the
+        first one is only removed once inactive), and the feed would stop. The old
+        consumer is not deleted here: it has lost its subscription and the server
+        removes it after its inactivity threshold.
+        """
+        jsi = subscription._sub._jsi
+        reset = jsi.reset_ordered_consumer
+
+        async def reset_renamed(sseq: int | None) -> bool:
+            jsi._ccreq.name = f"{self._name}-{next(self._incarnations)}"
+            return await reset(sseq)
+
+        jsi.reset_ordered_consumer = reset_renamed
 
     async def _enqueue(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
