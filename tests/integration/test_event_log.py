@@ -1,7 +1,7 @@
 """The JetStream event log: streams, dedupe, optimistic concurrency, reads and follows."""
 
 import asyncio
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 
 import nats
 import pytest
@@ -17,6 +17,7 @@ from tether.adapters.jetstream import (
     ensure_streams,
     remove_streams,
     stream_configs,
+    subscribe_routed,
 )
 from tether.domain.events import ParentRef, RunCompleted
 from tether.testing import RunEvents
@@ -298,3 +299,29 @@ async def test_an_acked_publish_nobody_answers_times_out_and_forgets_its_waiter(
         await log.publish(f"{settings.prefix}.silent", b"{}", headers={}, stream="ANY")
     await silent.unsubscribe()
     assert log._waiting == {}
+
+
+async def test_a_routed_subscription_gets_its_messages_and_leaves_nothing_behind(nc, settings):
+    subject = f"{settings.prefix}.routed"
+    got: list[tuple[bytes, str]] = []
+    for n in range(50):  # as an awaited run subscribes and unsubscribes its live subject
+        arrived = asyncio.Event()
+
+        def route(msg, arrived=arrived) -> None:
+            got.append((msg.data, msg.headers["K"]))
+            arrived.set()
+
+        subscription = await subscribe_routed(nc, subject, route)
+        await nc.flush()
+        # Core delivery is at most once; to a just-made subscription one in a few dozen
+        # never arrived here (with nats-py's own callbacks too), so publish until one does.
+        while not arrived.is_set():
+            await nc.publish(subject, b"x", headers={"K": str(n)})
+            with suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), 0.2)
+        await subscription.unsubscribe()
+    assert nc.routes == {}
+    assert {(b"x", str(n)) for n in range(50)} == set(got)
+    await nc.publish(subject, b"after")
+    await nc.flush()
+    assert (b"after", "") not in got and all(data == b"x" for data, _ in got)

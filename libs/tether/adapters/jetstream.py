@@ -725,8 +725,7 @@ class _Client(NATS):
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes) -> None:
         route = self.routes.get(sid)
-        if route is None or sid not in self._subs:
-            self.routes.pop(sid, None)
+        if route is None:
             await super()._process_msg(sid, subject, reply, data, headers)
             return
         self.stats["in_msgs"] += 1
@@ -735,6 +734,10 @@ class _Client(NATS):
         msg = self._build_message(sid, subject, reply, data, parsed)
         if msg is not None:
             route(msg)
+
+    def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
+        super()._remove_sub(sid, max_msgs)
+        self.routes.pop(sid, None)  # one per awaited run: none may stay behind
 
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
