@@ -164,9 +164,13 @@ def _fill_memory_samples(services: ServiceSet, timeline: list[dict], finished: i
     if not timeline:
         return
     half = next((p for p in timeline if p["finished"] >= finished / 2), timeline[-1])
+    three_quarters = next((p for p in timeline if p["finished"] >= 3 * finished / 4),
+                          timeline[-1])
     for name, service in services.services.items():
         if "half" not in service.samples:
             service.samples["half"] = {"VmRSS": half["rss_kib"].get(name, 0)}
+        if "three_quarters" not in service.samples:
+            service.samples["three_quarters"] = {"VmRSS": three_quarters["rss_kib"].get(name, 0)}
         if "end" not in service.samples:
             service.samples["end"] = {"VmRSS": timeline[-1]["rss_kib"].get(name, 0)}
 
@@ -194,6 +198,7 @@ async def w1(tether: Tether, positions: Positions, services: ServiceSet, probe: 
              submit_mode: str = "client", max_open: int = 0, on_started=None) -> dict:
     recorder = W1Recorder(runs)
     recorder.on_count[max(runs // 2, 1)] = lambda: services.sample("half")
+    recorder.on_count.setdefault(max(3 * runs // 4, 1), lambda: services.sample("three_quarters"))
     recorder.on_count[runs] = lambda: services.sample("end")
     hooks = tether.hooks(PARENT_AGENT, concurrency=hook_concurrency)
     hooks.register(HOOK_METHOD, recorder.hook)
