@@ -12,7 +12,7 @@ import itertools
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -402,17 +402,25 @@ class EventLog:
 
     async def _ask(self, subject: str, payload: bytes, headers: dict[str, str]) -> Msg:
         """One request and its one reply, over the routed inbox."""
-        replies = await self._routed_replies()
-        token = str(next(self._tokens))
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Msg] = loop.create_future()
-        self._waiting[token] = lambda msg: answer.done() or answer.set_result(msg)
         expiry = loop.call_later(self._timeout, _expire, answer)
         try:
-            await self._nc.publish(subject, payload, reply=f"{replies}.{token}", headers=headers)
-            return await answer
+            async with self._replies_to(lambda msg: answer.done() or answer.set_result(msg)) as reply:
+                await self._nc.publish(subject, payload, reply=reply, headers=headers)
+                return await answer
         finally:
             expiry.cancel()
+
+    @asynccontextmanager
+    async def _replies_to(self, waiter: Callable[[Msg], object]) -> AsyncIterator[str]:
+        """A reply subject on the routed inbox whose messages go to `waiter` until exit."""
+        replies = await self._routed_replies()
+        token = str(next(self._tokens))
+        self._waiting[token] = waiter
+        try:
+            yield f"{replies}.{token}"
+        finally:
             del self._waiting[token]
 
     async def _seq_of(self, subject: str, event_id: str) -> int | None:
@@ -538,14 +546,11 @@ class EventLog:
 
     async def _direct_batch(self, subject: str, start_seq: int,
                             size: int = DIRECT_BATCH) -> tuple[list[StoredEvent], int]:
-        replies = await self._routed_replies()
-        token = str(next(self._tokens))
         queue: asyncio.Queue[Msg] = asyncio.Queue()
-        self._waiting[token] = queue.put_nowait
-        try:
+        async with self._replies_to(queue.put_nowait) as reply:
             request = json.dumps({"seq": start_seq, "next_by_subj": subject, "batch": size})
             await self._nc.publish(f"$JS.API.DIRECT.GET.{self.subjects.events_stream}",
-                                   request.encode(), reply=f"{replies}.{token}")
+                                   request.encode(), reply=reply)
             batch: list[StoredEvent] = []
             while True:
                 msg = await asyncio.wait_for(queue.get(), timeout=self._timeout)
@@ -559,8 +564,6 @@ class EventLog:
                     raise APIError(code=int(status), description=headers.get("Description"))
                 batch.append(to_stored_event(int(headers["Nats-Sequence"]), subject, msg.data,
                                              int(headers.get("Nats-Num-Pending", 0))))
-        finally:
-            del self._waiting[token]
 
     async def _routed_replies(self) -> str:
         """One wildcard inbox for every reply this log waits for (direct gets, acks),

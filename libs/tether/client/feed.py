@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
+from tether.adapters.jetstream import delivery_of
 from tether.client.errors import ServiceUnavailable
 
 
@@ -100,12 +101,11 @@ class OrderedFeed:
         jsi.reset_ordered_consumer = reset_renamed
 
     async def _enqueue(self, msg: Msg) -> None:
-        seq = msg.metadata.sequence.stream
+        seq, _, pending = delivery_of(msg)
         if seq <= self._last_seq:  # an ordered consumer's reset may deliver a message again
             return
         self._last_seq = seq
-        self.sink.put_nowait(FeedMessage(self.source, seq, msg.subject, msg.data,
-                                         msg.metadata.num_pending))
+        self.sink.put_nowait(FeedMessage(self.source, seq, msg.subject, msg.data, pending))
 
     async def stop(self) -> None:
         if self._subscription is not None:
