@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from nats.js.kv import KeyValue
+from pydantic_core import from_json
 
 if TYPE_CHECKING:
     from nats.aio.subscription import Subscription
@@ -392,7 +393,7 @@ class EventLog:
         msg = await self._ask(subject, payload, {**headers, "Nats-Expected-Stream": stream})
         if msg.headers and msg.headers.get("Status") == "503":
             raise NoStreamResponseError
-        reply = json.loads(msg.data)
+        reply = from_json(msg.data)
         error = reply.get("error")
         if error is not None:
             raise APIError.from_error(error)
