@@ -22,7 +22,7 @@ from nats.js import api as js_api
 from tether.access import SERVICE_ROLES, Application, render
 from tether.access import main as render_main
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams, remove_streams
-from tether.client import connect
+from tether.client import NotPermitted, connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess
 from tether.domain.events import ParentRef
@@ -262,6 +262,19 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
             with pytest.raises(nats.errors.TimeoutError):
                 await js.get_last_msg(subjects.events_stream,
                                       subjects.run_events(BOB_PARENT, "run-1"), direct=True)
+            # Denied, and said so at once (not at the publish's 5 s timeout): a run for
+            # bob's parent through the client.
+            async with connect(settings=as_user(settings, url, "alice"),
+                               inbox_prefix=ALICE.inbox_prefix) as app:
+                bobs = app.parent(BOB_PARENT.agent, BOB_PARENT.name)
+                for detached in (False, {"on_finish": "on_done"}):
+                    with pytest.raises(NotPermitted, match="BobBot.user-1"):
+                        async with asyncio.timeout(2):
+                            await bobs.run_agent_tool("Researcher", {"query": "QUIC"},
+                                                      run_id="not-hers", detached=detached)
+                with pytest.raises(NotPermitted, match="cancel commands for parent BobBot/user-1"):
+                    async with asyncio.timeout(2):
+                        await bobs.cancel("not-hers")
             # Denied: bob's runs by query, and the unscoped subjects that name no parent.
             for subject in (f"{p}.rpc.inspect.BobBot.user-1", f"{p}.rpc.inspect",
                             f"{p}.rpc.list.BobBot.user-1", f"{p}.cmd.run.BobBot.user-1",

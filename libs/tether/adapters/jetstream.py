@@ -10,6 +10,8 @@ the loser gets `ConcurrencyConflict`, re-reads and decides again.
 import asyncio
 import itertools
 import json
+import re
+import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
@@ -42,6 +44,15 @@ T = TypeVar("T")
 DIRECT_BATCH = 500
 FOLLOW_BUFFER = 20_000  # messages a follower holds before the server waits for it
 KNOWN_RUNS = 512  # runs whose state each process keeps between its own reads and appends
+
+
+class PublishDenied(Exception):
+    """The NATS server refused this connection's publish: its user may not publish there."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"NATS refused this connection's publish to {subject}: "
+                         "its user's permissions do not allow it")
+        self.subject = subject
 
 
 class ConcurrencyConflict(Exception):
@@ -316,8 +327,11 @@ class EventLog:
         self._known = _KnownRuns(known_runs)
         self._replies: str | None = None
         self._waiting: dict[str, Callable[[Msg], object]] = {}
+        self._asking: dict[str, tuple[str, asyncio.Future[Msg]]] = {}  # reply: subject, answer
         self._tokens = itertools.count(1)
         self._nc = nc
+        if isinstance(nc, _Client):
+            nc.denial_listeners.append(weakref.WeakMethod(self._publish_denied))
         self._js = nc.jetstream(timeout=timeout)
         self.subjects = subjects
 
@@ -401,17 +415,29 @@ class EventLog:
                              domain=reply.get("domain"),
                              duplicate=reply.get("duplicate"))
 
-    async def _ask(self, subject: str, payload: bytes, headers: dict[str, str]) -> Msg:
+    async def _ask(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> Msg:
         """One request and its one reply, over the routed inbox."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Msg] = loop.create_future()
         expiry = loop.call_later(self._timeout, _expire, answer)
         try:
             async with self._replies_to(lambda msg: answer.done() or answer.set_result(msg)) as reply:
-                await self._nc.publish(subject, payload, reply=reply, headers=headers)
-                return await answer
+                self._asking[reply] = (subject, answer)
+                try:
+                    await self._nc.publish(subject, payload, reply=reply, headers=headers)
+                    return await answer
+                finally:
+                    del self._asking[reply]
         finally:
             expiry.cancel()
+
+    def _publish_denied(self, subject: str) -> None:
+        """The server refused a publish to `subject`: what waits for its reply fails now,
+        with the reason, instead of at its timeout. (nats-py lowercases the server's
+        error, so subjects that differ only in case are told apart no further.)"""
+        for asked, answer in list(self._asking.values()):
+            if asked.lower() == subject and not answer.done():
+                answer.set_exception(PublishDenied(subject))
 
     @asynccontextmanager
     async def _replies_to(self, waiter: Callable[[Msg], object]) -> AsyncIterator[str]:
@@ -503,12 +529,24 @@ class EventLog:
         self._known.remember(self.subjects.run_events(parent, run_id), state, seq)
 
     async def last_seq(self, parent: ParentRef, run_id: str) -> int:
-        subject = self.subjects.run_events(parent, run_id)
-        try:
-            message = await self._js.get_last_msg(self.subjects.events_stream, subject, direct=True)
-        except NotFoundError:
+        return await self.last_seq_of(self.subjects.run_events(parent, run_id))
+
+    async def last_seq_of(self, subject: str) -> int:
+        """The stream sequence of the last message on `subject`; 0 when it has none.
+
+        A direct get that names the subject in its own subject (what an application's
+        permissions can allow); a refusal raises `PublishDenied` at once."""
+        msg = await self._ask(f"$JS.API.DIRECT.GET.{self.subjects.events_stream}.{subject}",
+                              b"", None)
+        headers = msg.headers or {}
+        status = headers.get("Status")
+        if status == "404":
             return 0
-        return int(message.seq or 0)
+        if status == "503":
+            raise NoStreamResponseError
+        if status is not None:
+            raise APIError(code=int(status), description=headers.get("Description"))
+        return int(headers["Nats-Sequence"])
 
     async def read_run(self, parent: ParentRef, run_id: str, *,
                        before_seq: int | None = None) -> RunHistory:
@@ -695,6 +733,9 @@ def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> Sto
         return StoredEvent(seq, subject, None, error, raw, pending)
 
 
+_PUBLISH_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+
+
 def _expire(answer: "asyncio.Future[Msg]") -> None:
     if not answer.done():
         answer.set_exception(NatsTimeoutError())
@@ -725,6 +766,19 @@ class _Client(NATS):
     def __init__(self) -> None:
         super().__init__()
         self.routes: dict[int, Callable[[Msg], None]] = {}
+        # Told the subject of each publish the server refused (`-ERR 'Permissions
+        # Violation for Publish to "<subject>"'`); weak, so a listener goes with its owner.
+        self.denial_listeners: list[weakref.WeakMethod] = []
+
+    async def _process_err(self, err_msg: str) -> None:
+        if (denied := _PUBLISH_DENIED.search(err_msg)) is not None:
+            for reference in list(self.denial_listeners):
+                listener = reference()
+                if listener is None:
+                    self.denial_listeners.remove(reference)
+                else:
+                    listener(denied[1].lower())
+        await super()._process_err(err_msg)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
                            headers: bytes) -> None:

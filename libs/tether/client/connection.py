@@ -10,8 +10,8 @@ from nats.js import api as js_api
 from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
-from tether.adapters.jetstream import EventLog, connect_nats
-from tether.client.errors import RequestFailed, ServiceUnavailable
+from tether.adapters.jetstream import EventLog, PublishDenied, connect_nats
+from tether.client.errors import NotPermitted, RequestFailed, ServiceUnavailable
 from tether.client.live import DirectReads, RunReads, ScopedReads
 from tether.config import Settings
 from tether.contract.subjects import Subjects
@@ -46,7 +46,7 @@ class Tether:
         self.log = EventLog(nc, self.subjects)
         self.js = self.log.jetstream
         self.rpc_timeout = rpc_timeout
-        self.run_reads: RunReads = (ScopedReads(self.js, self.subjects.events_stream)
+        self.run_reads: RunReads = (ScopedReads(self.log)
                                     if scoped_reads else DirectReads(self.log))
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
@@ -103,6 +103,12 @@ class Tether:
                 f"no stream takes {subject}: the Tether services create "
                 f"it at start-up; are they running with prefix {self.subjects.prefix!r}?"
             ) from None
+        except PublishDenied:
+            raise NotPermitted(
+                f"this connection's NATS user may not send {kind} commands for parent "
+                f"{command.parent.agent}/{command.parent.name} (the server refused {subject}); "
+                "an application user acts only for the parent agents its configuration "
+                "lists (tether.access)") from None
 
     async def request(self, kind: str, query: BaseModel, reply_model: type[Reply], *,
                       timeout: float | None = None) -> Reply:

@@ -11,3 +11,8 @@ class ServiceUnavailable(TetherError):
 
 class RequestFailed(TetherError):
     """A service answered a request with an error."""
+
+
+class NotPermitted(TetherError):
+    """The NATS server refused this connection's user: an application user may act only
+    for the parent agents `tether.access` grants it."""

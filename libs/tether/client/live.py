@@ -21,12 +21,10 @@ import uuid
 from typing import Protocol
 
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
-from tether.adapters.jetstream import EventLog, StoredEvent, to_stored_event
+from tether.adapters.jetstream import EventLog, PublishDenied, StoredEvent, to_stored_event
 from tether.client.awaiting import LiveEvent
-from tether.client.errors import ServiceUnavailable
+from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.feed import OrderedFeed
 
 
@@ -46,17 +44,19 @@ class DirectReads:
 
 
 class ScopedReads:
-    def __init__(self, js: JetStreamContext, stream: str, *, timeout: float = 5.0) -> None:
-        self._js = js
-        self._stream = stream
+    def __init__(self, log: EventLog, *, timeout: float = 5.0) -> None:
+        self._log = log
+        self._js = log.jetstream
+        self._stream = log.subjects.events_stream
         self._timeout = timeout
 
     async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
         try:
-            last = await self._js.get_last_msg(self._stream, subject, direct=True)
-        except NotFoundError:
-            return []
-        last_seq = int(last.seq or 0)
+            last_seq = await self._log.last_seq_of(subject)
+        except PublishDenied:
+            raise NotPermitted(f"this connection's NATS user may not read {subject}: an "
+                               "application user reads only the runs of the parent agents "
+                               "its configuration lists (tether.access)") from None
         if last_seq < start_seq:
             return []
         feed = OrderedFeed(self._js, self._stream, subject, start_seq=start_seq,
