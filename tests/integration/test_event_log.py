@@ -325,3 +325,13 @@ async def test_a_routed_subscription_gets_its_messages_and_leaves_nothing_behind
     await nc.publish(subject, b"after")
     await nc.flush()
     assert (b"after", "") not in got and all(data == b"x" for data, _ in got)
+
+
+async def test_the_last_sequence_of_a_run_is_read_by_a_subject_scoped_direct_get(log: EventLog):
+    run = RunEvents("r-last")
+    assert await log.last_seq(run.parent, run.run_id) == 0
+    first = await log.append(run.requested(), expected_last_seq=0)
+    await log.append(RunEvents("r-other").requested(), expected_last_seq=0)
+    assert await log.last_seq(run.parent, run.run_id) == first
+    second = await log.append(run.started(), expected_last_seq=first)
+    assert await log.last_seq_of(log.subjects.run_events(run.parent, run.run_id)) == second
