@@ -327,7 +327,7 @@ class EventLog:
         self._known = _KnownRuns(known_runs)
         self._replies: str | None = None
         self._waiting: dict[str, Callable[[Msg], object]] = {}
-        self._asking: dict[str, tuple[str, asyncio.Future[Msg]]] = {}  # reply: subject, answer
+        self._asking: dict[str, tuple[str, asyncio.Future[Msg]]] = {}  # token: subject, answer
         self._tokens = itertools.count(1)
         self._nc = nc
         if isinstance(nc, _Client):
@@ -416,20 +416,21 @@ class EventLog:
                              duplicate=reply.get("duplicate"))
 
     async def _ask(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> Msg:
-        """One request and its one reply, over the routed inbox."""
+        """One request and its one reply, over the routed inbox. (Inline rather than
+        through `_replies_to`: every acked publish comes here.)"""
+        replies = self._replies or await self._routed_replies()
+        token = str(next(self._tokens))
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = lambda msg: answer.done() or answer.set_result(msg)
+        self._asking[token] = (subject, answer)
         expiry = loop.call_later(self._timeout, _expire, answer)
         try:
-            async with self._replies_to(lambda msg: answer.done() or answer.set_result(msg)) as reply:
-                self._asking[reply] = (subject, answer)
-                try:
-                    await self._nc.publish(subject, payload, reply=reply, headers=headers)
-                    return await answer
-                finally:
-                    del self._asking[reply]
+            await self._nc.publish(subject, payload, reply=f"{replies}.{token}", headers=headers)
+            return await answer
         finally:
             expiry.cancel()
+            del self._waiting[token], self._asking[token]
 
     def _publish_denied(self, subject: str) -> None:
         """The server refused a publish to `subject`: what waits for its reply fails now,
