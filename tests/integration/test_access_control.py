@@ -275,6 +275,15 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
                 with pytest.raises(NotPermitted, match="cancel commands for parent BobBot/user-1"):
                     async with asyncio.timeout(2):
                         await bobs.cancel("not-hers")
+                with pytest.raises(NotPermitted, match="may not follow .*BobBot"):
+                    async with asyncio.timeout(2):
+                        await anext(bobs.timeline())
+                for agent, method in (("BobBot", "on_done"), ("AliceBot", "unlisted")):
+                    hooks = app.hooks(agent)
+                    hooks.register(method, lambda run, result: None)
+                    with pytest.raises(NotPermitted, match=f"hook {method} of parent agent {agent}"):
+                        async with asyncio.timeout(2), hooks.running():
+                            pass
             # Denied: bob's runs by query, and the unscoped subjects that name no parent.
             for subject in (f"{p}.rpc.inspect.BobBot.user-1", f"{p}.rpc.inspect",
                             f"{p}.rpc.list.BobBot.user-1", f"{p}.cmd.run.BobBot.user-1",

@@ -13,7 +13,7 @@ import json
 import re
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
@@ -737,6 +737,34 @@ def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> Sto
 _PUBLISH_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
+async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
+    """`operation`'s result, or `PublishDenied` as soon as the server refuses this
+    connection a publish to a subject starting with `prefix`: for a request nats-py makes
+    itself (a consumer create, a key-value put), which would otherwise only time out.
+    On a client other than ours, just `operation`."""
+    if not isinstance(nc, _Client):
+        return await operation
+    running = asyncio.ensure_future(operation)
+    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    wanted = prefix.lower()
+
+    def listener(subject: str) -> None:
+        if subject.startswith(wanted) and not refused.done():
+            refused.set_result(subject)
+
+    nc.denial_callbacks.append(listener)
+    try:
+        await asyncio.wait({running, refused}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        nc.denial_callbacks.remove(listener)
+        if not running.done():
+            running.cancel()
+    if running.done() and not running.cancelled():
+        return running.result()
+    await asyncio.gather(running, return_exceptions=True)
+    raise PublishDenied(refused.result())
+
+
 def _expire(answer: "asyncio.Future[Msg]") -> None:
     if not answer.done():
         answer.set_exception(NatsTimeoutError())
@@ -768,17 +796,23 @@ class _Client(NATS):
         super().__init__()
         self.routes: dict[int, Callable[[Msg], None]] = {}
         # Told the subject of each publish the server refused (`-ERR 'Permissions
-        # Violation for Publish to "<subject>"'`); weak, so a listener goes with its owner.
+        # Violation for Publish to "<subject>"'`, lowercased by nats-py): event logs'
+        # methods, weak so that one goes with its log, and `unless_refused`'s callbacks,
+        # which remove themselves.
         self.denial_listeners: list[weakref.WeakMethod] = []
+        self.denial_callbacks: list[Callable[[str], None]] = []
 
     async def _process_err(self, err_msg: str) -> None:
         if (denied := _PUBLISH_DENIED.search(err_msg)) is not None:
+            subject = denied[1].lower()
             for reference in list(self.denial_listeners):
                 listener = reference()
                 if listener is None:
                     self.denial_listeners.remove(reference)
                 else:
-                    listener(denied[1].lower())
+                    listener(subject)
+            for callback in list(self.denial_callbacks):
+                callback(subject)
         await super()._process_err(err_msg)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,

@@ -19,8 +19,8 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from tether.adapters.jetstream import delivery_of
-from tether.client.errors import ServiceUnavailable
+from tether.adapters.jetstream import PublishDenied, delivery_of, unless_refused
+from tether.client.errors import NotPermitted, ServiceUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +68,20 @@ class OrderedFeed:
                                            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
                                            opt_start_seq=self._start_seq)
         try:
-            self._subscription = await self._js.subscribe(
-                self._filter, stream=self._stream, cb=self._enqueue, ordered_consumer=True,
-                config=config, idle_heartbeat=self._idle_heartbeat)
+            self._subscription = await unless_refused(
+                self._js._nc, f"$JS.API.CONSUMER.CREATE.{self._stream}.",
+                self._js.subscribe(self._filter, stream=self._stream, cb=self._enqueue,
+                                   ordered_consumer=True, config=config,
+                                   idle_heartbeat=self._idle_heartbeat))
         except NotFoundError:
             raise ServiceUnavailable(
                 f"stream {self._stream} does not exist: start the Tether services "
                 "(they create the streams) or check the prefix") from None
+        except PublishDenied:
+            raise NotPermitted(
+                f"this connection's NATS user may not follow {self._filter}: an application "
+                "user follows only the parent agents its configuration lists "
+                "(tether.access)") from None
         self._rename_on_reset(self._subscription)
         info = await self._subscription.consumer_info()
         self.initially_empty = (self._deliver_new

@@ -32,8 +32,8 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import delivery_of, durable_pull
-from tether.client.errors import ServiceUnavailable
+from tether.adapters.jetstream import PublishDenied, delivery_of, durable_pull, unless_refused
+from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
@@ -160,7 +160,12 @@ class HookRegistry:
                 "parent service creates it) or check the prefix") from None
         value = json.dumps({"registered_at": int(time.time() * 1000)}).encode()
         for method in self.functions:
-            await bucket.put(registry_key(self.parent_agent, method), value)
+            key = registry_key(self.parent_agent, method)
+            try:
+                await unless_refused(self.tether.nc, f"$KV.{name}.{key}",
+                                     bucket.put(key, value))
+            except PublishDenied:
+                raise self._not_permitted(method) from None
 
     async def _consume(self, method: str):
         subjects = self.tether.subjects
@@ -171,12 +176,21 @@ class HookRegistry:
             ack_wait=self.lease_s, max_deliver=-1, max_ack_pending=self.concurrency * 4)
         try:
             # Create or update: a changed lease applies to the existing consumer.
-            return await durable_pull(self.tether.js, self.tether.nc, subjects.hooks_stream,
-                                      config)
+            return await unless_refused(
+                self.tether.nc, f"$JS.API.CONSUMER.CREATE.{subjects.hooks_stream}.{durable}",
+                durable_pull(self.tether.js, self.tether.nc, subjects.hooks_stream, config))
         except NotFoundError:
             raise ServiceUnavailable(
                 f"stream {subjects.hooks_stream} does not exist: start the Tether services "
                 "(they create the streams) or check the prefix") from None
+        except PublishDenied:
+            raise self._not_permitted(method) from None
+
+    def _not_permitted(self, method: str) -> NotPermitted:
+        return NotPermitted(
+            f"this connection's NATS user may not serve hook {method} of parent agent "
+            f"{self.parent_agent}: an application user serves only the parent agents and "
+            "hook methods its configuration lists (tether.access)")
 
     async def _deliver(self, method: str, subscription, stop: asyncio.Event) -> None:
         in_flight: set[asyncio.Task] = set()
