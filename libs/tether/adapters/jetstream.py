@@ -755,12 +755,14 @@ async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
     nc.denial_callbacks.append(listener)
     try:
         await asyncio.wait({running, refused}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        running.cancel()
+        raise
     finally:
         nc.denial_callbacks.remove(listener)
-        if not running.done():
-            running.cancel()
-    if running.done() and not running.cancelled():
+    if running.done():  # its result, its error or its own cancellation, as it ended
         return running.result()
+    running.cancel()
     await asyncio.gather(running, return_exceptions=True)
     raise PublishDenied(refused.result())
 

@@ -69,7 +69,7 @@ class OrderedFeed:
                                            opt_start_seq=self._start_seq)
         try:
             self._subscription = await unless_refused(
-                self._js._nc, f"$JS.API.CONSUMER.CREATE.{self._stream}.",
+                self._js._nc, f"$JS.API.CONSUMER.CREATE.{self._stream}.{self._name}.",
                 self._js.subscribe(self._filter, stream=self._stream, cb=self._enqueue,
                                    ordered_consumer=True, config=config,
                                    idle_heartbeat=self._idle_heartbeat))

@@ -177,7 +177,7 @@ class HookRegistry:
         try:
             # Create or update: a changed lease applies to the existing consumer.
             return await unless_refused(
-                self.tether.nc, f"$JS.API.CONSUMER.CREATE.{subjects.hooks_stream}.{durable}",
+                self.tether.nc, f"$JS.API.CONSUMER.CREATE.{subjects.hooks_stream}.{durable}.",
                 durable_pull(self.tether.js, self.tether.nc, subjects.hooks_stream, config))
         except NotFoundError:
             raise ServiceUnavailable(
