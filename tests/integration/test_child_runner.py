@@ -271,6 +271,49 @@ async def test_a_quiet_child_s_last_signal_reaches_the_log_within_the_window(
     assert [e.data.message for e in of_type(history, "run.progress_persisted")] == ["second"]
 
 
+class FinishingInput(BaseModel):
+    after: bool = False
+
+
+class Finishing(ChildAgent):
+    """Ends its progress at 1.0, then marks a milestone; with `after`, reports once more."""
+
+    input_model = FinishingInput
+
+    async def run(self, ctx: RunContext, input: FinishingInput) -> str:
+        await ctx.report_progress(fraction=0.5, message="half")
+        await ctx.report_progress(fraction=1.0, message="all rows")
+        await ctx.report_progress(milestone="imported", message="imported", data={"rows": 9})
+        if input.after:
+            await ctx.report_progress(fraction=0.2, message="cleaning up")
+        return "ok"
+
+
+async def test_a_milestone_supersedes_the_snapshot_still_waiting_for_its_window(
+        log, start_runner):
+    await start_runner(Finishing)  # the default persist window: nothing is due yet
+    run = await dispatch(log, "Finishing", {})
+    history = await finished(log, run)
+    assert of_type(history, "run.progress_persisted") == []
+    [milestone] = of_type(history, "run.milestone")
+    progress = history.state.progress
+    assert (progress.milestone, progress.message, progress.at) == (
+        "imported", "imported", milestone.occurred_at)
+    assert history.state.last_signal_at == milestone.occurred_at
+    # Live subscribers still saw every signal, the milestone last.
+    signal = await last_progress_signal(log, run)
+    assert (signal.milestone, signal.at) == ("imported", milestone.occurred_at)
+
+    # A signal after the milestone is newer than it: its snapshot goes in before the outcome.
+    run = await dispatch(log, "Finishing", {"after": True})
+    history = await finished(log, run)
+    [snapshot] = of_type(history, "run.progress_persisted")
+    assert (snapshot.data.fraction, snapshot.data.message) == (0.2, "cleaning up")
+    assert [e.type for e in history.events[-3:]] == [
+        "run.milestone", "run.progress_persisted", "run.completed"]
+    assert history.state.progress.message == "cleaning up"
+
+
 class Persisting(ChildAgent):
     async def run(self, ctx: RunContext, input: Any) -> str:
         await ctx.report_progress(fraction=0.2, data={"rows": 5}, persist=True)

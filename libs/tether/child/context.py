@@ -145,10 +145,10 @@ class RunContext:
         at most one per `progress_coalesce_ms`, `fraction >= 1` at once) and published on
         the run's progress subject. The run's progress snapshot in the log follows it at
         most once per `progress_persist_ms`, counted from the attempt's start
-        (`fraction >= 1` and `persist=True` at once; the latest other one when its window
-        ends or before the run's outcome); its `data` is kept only with `persist=True`.
-        A milestone is always recorded, in order, with the run's next sequence; on a
-        resumed run it is not recorded twice.
+        (`persist=True` at once; the latest other one when its window ends or before the
+        run's outcome, unless a milestone, itself a later snapshot, came first); its
+        `data` is kept only with `persist=True`. A milestone is always recorded, in
+        order, with the run's next sequence; on a resumed run it is not recorded twice.
         """
         check_progress(fraction, milestone, data, message, phase)
         if self._recorder is None:

@@ -127,6 +127,7 @@ class RunRecorder:
                 ), expected_last_seq=None)
                 self._next_sequence += 1
                 self.milestones_recorded += 1
+                self._snapshot_recorded()
                 # Live subscribers see the milestone on the progress subject too, marked
                 # by `milestone`, so a progress bar and an onProgress hook need one feed.
                 await self._publish_signal(_Progress(fraction, message, phase, data, True), at,
@@ -243,6 +244,11 @@ class RunRecorder:
 
         `fraction >= 1` is sent at once, right after the pending value it supersedes, so
         a subscriber sees the last intermediate state and then the end, in that order.
+
+        Snapshots reach the log at most once per persist window (`persist` ones at once):
+        the latest one when its window ends, or before the run's outcome or pause. One
+        that a milestone (itself a later snapshot) follows before then is not written:
+        the run's state after the milestone is the same with or without it.
         """
         update = _Progress(fraction, message, phase, data, persist)
         if fraction is not None and fraction >= 1:
@@ -308,8 +314,16 @@ class RunRecorder:
                 self._warn_send_failure(error)
 
     def _persist_due(self, update: _Progress) -> bool:
-        return (update.persist or (update.fraction is not None and update.fraction >= 1)
-                or time.monotonic() - self._last_persist >= self._persist_window_s)
+        return update.persist or time.monotonic() - self._last_persist >= self._persist_window_s
+
+    def _snapshot_recorded(self) -> None:
+        """A milestone just reached the log: it supersedes the snapshot waiting for its
+        window, and the window starts again. (Called holding the send lock.)"""
+        self._unpersisted = None
+        self._last_persist = time.monotonic()
+        persist_timer, self._persist_timer = self._persist_timer, None
+        if persist_timer is not None:
+            persist_timer.cancel()
 
     async def _persist_after(self, delay: float) -> None:
         await asyncio.sleep(delay)
