@@ -45,6 +45,10 @@ LOAD_RUNS = """
        OR (detached AND status IN ('completed', 'error', 'aborted', 'interrupted'))
 """
 READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
+# A batch of the log not yet full waits this long for more. Each batch costs a few turns
+# of the loop whatever its size; under load, waiting gathers the events of many runs
+# into one (about 15 % of the reconciler's CPU in W1), and no deadline is that tight.
+FOLLOW_LINGER_S = 0.02
 
 
 def now_ms() -> int:
@@ -123,7 +127,8 @@ class Reconciler:
 
     async def _follow(self, stop: asyncio.Event, checkpoint: int) -> None:
         batches = self._log.follow_batches(self._log.subjects.all_events,
-                                           start_seq=checkpoint + 1, max_batch=1000)
+                                           start_seq=checkpoint + 1, max_batch=1000,
+                                           linger=FOLLOW_LINGER_S)
         async for batch in until_stopped(batches, stop):
             for stored in batch:
                 if stored.event is not None:
