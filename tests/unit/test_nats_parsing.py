@@ -1,9 +1,12 @@
-"""The shortcuts the event log takes past nats-py: the header parse of `connect_nats`'s
-client and the delivery position read off a delivery's reply subject give nats-py's answers."""
+"""The shortcuts the event log takes past nats-py: the header parse and the publish
+command of `connect_nats`'s client, and the delivery position read off a delivery's reply
+subject, give nats-py's answers."""
 
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import BadHeaderError
+from nats.js import api
 
 from tether.adapters.jetstream import _Client, delivery_of
 
@@ -33,3 +36,45 @@ def test_the_delivery_position_is_what_nats_py_reads_from_the_reply(reply: str) 
     position = delivery_of(msg)
     assert position == (expected.sequence.stream, expected.num_delivered, expected.num_pending)
     assert (position.stream_seq, position.pending) == (4711, 93)
+
+
+HEADERS_TO_SEND = [
+    {"Nats-Msg-Id": "r1:running:1", "Nats-Expected-Last-Subject-Sequence": "12",
+     "Nats-Expected-Stream": "TETHER_EVENTS"},
+    {" Padded ": "  value  ", "": "no name", "Line": "one\r\ntwo\nthree"},
+    {"Value": "café ünïcode"},
+    # nats-py's own names (key-value updates, JetStream publishes) are str enums.
+    {api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE: "7", api.Header.EXPECTED_STREAM: "KV_X"},
+    {api.Header.MSG_ID: "twice"},
+    {},
+    None,
+]
+
+
+async def sent_by(client: Client, headers: dict[str, str] | None) -> list[bytes]:
+    sent: list[bytes] = []
+
+    async def capture(command: bytes, priority: bool = False) -> None:
+        sent.append(bytes(command))
+
+    client._send_command = capture
+    client._flush_queue = None
+    payload = b'{"x": 1}'
+    await client._send_publish("tether.evt.a.b.r1", "_INBOX.x.7", payload, len(payload), headers)
+    return sent
+
+
+@pytest.mark.parametrize("headers", HEADERS_TO_SEND)
+async def test_a_publish_sends_the_bytes_nats_py_sends(headers) -> None:
+    ours, theirs = _Client(), Client()
+    for _ in range(2):  # the second time with the names already checked
+        sent = await sent_by(ours, headers)
+        assert len(sent) == 1 and sent == await sent_by(theirs, headers)
+    assert ours.stats == theirs.stats
+
+
+@pytest.mark.parametrize("name", ["Bad Name", "Colon:", "Ünïcode"])
+async def test_a_header_name_nats_py_refuses_is_refused(name: str) -> None:
+    for client in (_Client(), Client()):
+        with pytest.raises(BadHeaderError):
+            await sent_by(client, {"Nats-Msg-Id": "1", name: "x"})

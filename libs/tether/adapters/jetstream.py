@@ -18,8 +18,10 @@ from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
+from nats.aio.client import _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import BadHeaderError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
@@ -44,6 +46,7 @@ T = TypeVar("T")
 DIRECT_BATCH = 500
 FOLLOW_BUFFER = 20_000  # messages a follower holds before the server waits for it
 KNOWN_RUNS = 512  # runs whose state each process keeps between its own reads and appends
+_VALID_HEADER_NAMES: set[str] = set()  # names `_Client` has checked as nats-py does
 
 
 class PublishDenied(Exception):
@@ -834,20 +837,50 @@ class _Client(NATS):
         super()._remove_sub(sid, max_msgs)
         self.routes.pop(sid, None)  # one per awaited run: none may stay behind
 
+    async def _send_publish(self, subject: str, reply: str, payload: bytes, payload_size: int,
+                            headers: dict[str, str] | None) -> None:
+        """nats-py's, with the header block built in one join (every event, work item and
+        hook carries some): the same bytes, for about half the time."""
+        if not headers or not subject:
+            await super()._send_publish(subject, reply, payload, payload_size, headers)
+            return
+        lines = ["NATS/1.0"]
+        for name, value in headers.items():
+            # (nats-py's own names are str enums: `strip` gives the plain value, which
+            # formatting one would not.)
+            if type(name) is not str or name not in _VALID_HEADER_NAMES:
+                key = name.strip()
+                if not key:
+                    continue  # as nats-py: an empty name is left out
+                if not _HEADER_KEY_RE.fullmatch(key):
+                    raise BadHeaderError(key)
+                if key == name and type(name) is str and len(_VALID_HEADER_NAMES) < 256:
+                    _VALID_HEADER_NAMES.add(name)
+                name = key
+            lines.append(f"{name}: {value.strip().translate(_HEADER_VALUE_NEWLINES)}")
+        lines.append("\r\n")
+        block = "\r\n".join(lines).encode()
+        size = len(block)
+        command = b"".join((f"HPUB {subject} {reply} {size} {size + payload_size}\r\n".encode(),
+                            block, payload, b"\r\n"))
+        self.stats["out_msgs"] += 1
+        self.stats["out_bytes"] += payload_size
+        await self._send_command(command)
+        if self._flush_queue is not None and self._flush_queue.empty():
+            await self._flush_pending()
+
     @staticmethod
     def _parse_header_lines(raw: bytes) -> dict[str, str]:
         headers: dict[str, str] = {}
-        for line in raw.split(b"\r\n"):
-            name, colon, value = line.partition(b":")
+        for line in raw.decode("utf-8", "replace").split("\r\n"):
+            name, colon, value = line.partition(":")
             if not colon:
                 continue
-            try:
-                key = name.strip().decode("ascii")
-            except UnicodeDecodeError:
+            key = name.strip()
+            # An ASCII name with no whitespace inside; anything else is skipped.
+            if not key.isascii() or len(key.split()) > 1:
                 continue
-            if len(key.split()) > 1:  # no whitespace inside a header name
-                continue
-            headers[key] = value.strip().decode("utf-8", "replace")
+            headers[key] = value.strip()
         return headers
 
 

@@ -18,6 +18,7 @@ parent or reconciler appending to the same run must not make a child's report fa
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,10 +86,13 @@ class RunRecorder:
         self._last_at = state.progress.at if state.progress else 0
         self._progress_count = 0
         self._pending: _Progress | None = None
-        self._timer: asyncio.Task[None] | None = None
+        # Timers are loop callbacks, not tasks: most are cancelled by a flush before they
+        # fire (a milestone, the final signal), and a task costs several loop turns.
+        self._timer: asyncio.TimerHandle | None = None
         self._last_send = -float("inf")
         self._unpersisted: tuple[_Progress, int] | None = None  # sent, not yet in the log
-        self._persist_timer: asyncio.Task[None] | None = None
+        self._persist_timer: asyncio.TimerHandle | None = None
+        self._fired: set[asyncio.Task[None]] = set()  # sends a timer started, until done
         # The attempt's `run.running`, just appended, is its first sign of life in the
         # log: a snapshot reported in the first window waits for the window's end (or the
         # outcome), and a short run writes only its last one.
@@ -262,15 +266,20 @@ class RunRecorder:
         self._pending = update
         if self._timer is None:
             delay = max(0.0, self._window_s - elapsed)
-            self._timer = asyncio.create_task(self._send_after(delay),
-                                              name=f"progress:{self.run_id}")
+            self._timer = asyncio.get_running_loop().call_later(delay, self._send_when_due)
 
-    async def _send_after(self, delay: float) -> None:
-        await asyncio.sleep(delay)
-        # From here on the send belongs to this task; `flush` waits for it instead of
-        # cancelling it half-way.
+    def _send_when_due(self) -> None:
+        # From here on the send belongs to its task; `flush` waits for it (the send lock)
+        # instead of cancelling it half-way, or sends the pending value itself when it
+        # runs before the task takes it.
         self._timer = None
-        await self._send_pending()
+        self._start(self._send_pending(), "progress")
+
+    def _start(self, send: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.ensure_future(send)
+        task.set_name(f"{what}:{self.run_id}")
+        self._fired.add(task)
+        task.add_done_callback(self._fired.discard)
 
     async def flush(self, *, persist: bool = False) -> None:
         """Send the pending coalesced signal now and wait until every send has landed;
@@ -308,8 +317,8 @@ class RunRecorder:
                     self._unpersisted = (update, at)
                     if self._persist_timer is None:
                         delay = self._last_persist + self._persist_window_s - time.monotonic()
-                        self._persist_timer = asyncio.create_task(
-                            self._persist_after(max(delay, 0.0)), name=f"persist:{self.run_id}")
+                        self._persist_timer = asyncio.get_running_loop().call_later(
+                            max(delay, 0.0), self._persist_when_due)
             except Exception as error:  # noqa: BLE001 - progress is best effort; the run goes on
                 self._warn_send_failure(error)
 
@@ -325,10 +334,9 @@ class RunRecorder:
         if persist_timer is not None:
             persist_timer.cancel()
 
-    async def _persist_after(self, delay: float) -> None:
-        await asyncio.sleep(delay)
-        self._persist_timer = None  # from here on `flush` waits for it, as for `_send_after`
-        await self._persist_latest()
+    def _persist_when_due(self) -> None:
+        self._persist_timer = None  # from here on `flush` waits for it, as for a send
+        self._start(self._persist_latest(), "persist")
 
     async def _persist_latest(self) -> None:
         async with self._send_lock:
