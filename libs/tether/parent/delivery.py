@@ -16,6 +16,7 @@ read already contained changes nothing.
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
 from nats.js import api as js_api
@@ -61,6 +62,7 @@ from tether.parent.registry import RegisteredHooks
 CACHE_SIZE = 2_000
 
 RunKey = tuple[str, str, str]
+Owed = Callable[[], Awaitable[None]]  # what an event still owes, to be awaited
 _MISSING = object()  # not in the cache
 _AWAITED = object()  # an awaited run: the deliverer owes it nothing
 
@@ -119,26 +121,73 @@ class Deliverer:
                 by_run: dict[str, list[Msg]] = {}
                 for msg in messages:
                     by_run.setdefault(msg.subject, []).append(msg)
-                await asyncio.gather(*(self._handle_in_order(run) for run in by_run.values()))
+                # Most events owe nothing and are judged at once; a task is started only
+                # for a run whose event must wait on the log (a delivery, a read).
+                done: list[Msg] = []
+                failed: list[Msg] = []
+                waiting = [self._handle_in_order(rest) for run in by_run.values()
+                           if (rest := self._judge_at_once(run, done, failed))]
+                if waiting:
+                    await asyncio.gather(*waiting)
+                for msg in failed:
+                    await msg.nak(delay=1.0)
+                for msg in done:
+                    await msg.ack()
         finally:
             await subscription.unsubscribe()
 
-    async def _handle_in_order(self, messages: list[Msg]) -> None:
-        for msg in messages:
+    def _judge_at_once(self, messages: list[Msg], done: list[Msg],
+                       failed: list[Msg]) -> "list[tuple[Msg, StoredEvent | None, Owed | None]]":
+        """Judge one run's events in order until one owes something: that one, with what
+        it owes, and the ones after it, to be judged after it. The others go to `done`
+        (or `failed`)."""
+        for index, msg in enumerate(messages):
             delivery = delivery_of(msg)
             stored = to_stored_event(delivery.stream_seq, msg.subject, msg.data)
             try:
-                await self.handle(stored, first_delivery=delivery.delivered == 1)
+                owed = self._judge(stored, first_delivery=delivery.delivered == 1)
             except Exception:
                 self._logger.exception("delivery.failed", stream_seq=stored.seq)
+                self._forget(stored)
+                failed.append(msg)
+                continue
+            if owed is not None:
+                return [(msg, stored, owed),
+                        *((later, None, None) for later in messages[index + 1:])]
+            done.append(msg)
+        return []
+
+    async def _handle_in_order(
+            self, items: "list[tuple[Msg, StoredEvent | None, Owed | None]]") -> None:
+        for msg, stored, owed in items:
+            try:
+                if stored is None:
+                    delivery = delivery_of(msg)
+                    stored = to_stored_event(delivery.stream_seq, msg.subject, msg.data)
+                    owed = self._judge(stored, first_delivery=delivery.delivered == 1)
+                if owed is not None:
+                    await owed()
+            except Exception:
+                self._logger.exception("delivery.failed", stream_seq=delivery_of(msg).stream_seq)
+                self._forget(stored)
                 await msg.nak(delay=1.0)
-                if stored.event is not None:
-                    self._states.pop(_key(stored), None)
                 continue
             await msg.ack()
 
+    def _forget(self, stored: "StoredEvent | None") -> None:
+        """After a failure: the run is read again when its event comes back."""
+        if stored is not None and stored.event is not None:
+            self._states.pop(_key(stored), None)
+
     async def handle(self, stored: StoredEvent, *, first_delivery: bool = False) -> None:
-        """Judge one event by the run's state just after it, and deliver what it owes.
+        """Judge one event by the run's state just after it, and deliver what it owes."""
+        owed = self._judge(stored, first_delivery=first_delivery)
+        if owed is not None:
+            await owed()
+
+    def _judge(self, stored: StoredEvent, *, first_delivery: bool) -> "Owed | None":
+        """Apply one event to the run's cached state; what it still owes, to be awaited
+        (a delivery, or the run's read when its state is not at hand), or None.
 
         Only an outcome, or a milestone of a run that asked for milestones, can owe
         anything, so a run is read from the log only at such an event when its state is
@@ -147,12 +196,12 @@ class Deliverer:
         """
         event = stored.event
         if event is None:
-            return
+            return None
         key = _key(stored)
         cached = self._states.get(key, _MISSING)
         if cached is _AWAITED:
             if not isinstance(event, RunRequested):
-                return
+                return None
             cached = _MISSING  # requested again after a clear: judged afresh
         if cached is _MISSING:
             if isinstance(event, RunRequested):
@@ -160,41 +209,53 @@ class Deliverer:
                     # The log only takes run.requested for a run with no state (the parent
                     # appends it expecting that), so the run starts here: nothing to read.
                     self._keep(key, evolve(None, event).state)
-                    return
+                    return None
             elif event.type not in TERMINAL_EVENT_STATUS and not isinstance(event, RunMilestone):
-                return  # owes nothing; an outcome or milestone reads the run when it comes
-        state, applied = await self._fold(key, stored, cached)
-        if state is None or state.detached is None or not applied:
-            return
-        if event.type in TERMINAL_EVENT_STATUS:
-            if not (isinstance(event, RunAborted) and event.data.cause == "give-up"):
-                # (the give-up already delivered its interrupted hook)
-                # No hook for this outcome was published before this one, or one was so
-                # recently that the stream drops this one as a duplicate: the hook the
-                # handler gets is the only one (half the window: clocks may differ).
-                first = first_delivery and _now_ms() - event.occurred_at < self._first_within_ms
-                await self.deliver_finish(state, result_of(event), first=first)
-            # The run owes nothing more until another outcome, which reads it again. What
-            # we know of it goes to the log's cache: the application's delivery record
-            # is usually the next event, and is then decided without a read.
-            self._states.pop(key, None)
-            self._log.remember(event.parent, event.run_id, state, stored.seq)
-        elif isinstance(event, RunMilestone):
-            await self._milestone(state, event)
+                return None  # owes nothing; an outcome or milestone reads the run when it comes
+            return lambda: self._read_and_deliver(key, stored, first_delivery)
+        evolved = evolve(cached, event)
+        self._keep(key, evolved.state)
+        return self._owed(key, stored, evolved.state, evolved.applied, first_delivery)
 
-    async def _fold(self, key: RunKey, stored: StoredEvent,
-                    cached: object) -> tuple[RunState | None, bool]:
-        if cached is None or isinstance(cached, RunState):
-            evolved = evolve(cached, stored.event)
-            self._keep(key, evolved.state)
-            return evolved.state, evolved.applied
+    async def _read_and_deliver(self, key: RunKey, stored: StoredEvent,
+                                first_delivery: bool) -> None:
         # The run as it was just before this event, so that this event (and the ones
         # after it) are judged by the same fold as on the warm path.
-        before = (await self._log.read_run(stored.event.parent, stored.event.run_id,
+        event = stored.event
+        before = (await self._log.read_run(event.parent, event.run_id,
                                            before_seq=stored.seq)).state
-        evolved = evolve(before, stored.event)
+        evolved = evolve(before, event)
         self._keep(key, evolved.state)
-        return evolved.state, evolved.applied
+        owed = self._owed(key, stored, evolved.state, evolved.applied, first_delivery)
+        if owed is not None:
+            await owed()
+
+    def _owed(self, key: RunKey, stored: StoredEvent, state: RunState | None, applied: bool,
+              first_delivery: bool) -> "Owed | None":
+        event = stored.event
+        if state is None or state.detached is None or not applied:
+            return None
+        if event.type in TERMINAL_EVENT_STATUS:
+            return lambda: self._deliver_outcome(key, stored, state, first_delivery)
+        if isinstance(event, RunMilestone) and self._milestone_owed(state, event):
+            return lambda: self._milestone(state, event)
+        return None
+
+    async def _deliver_outcome(self, key: RunKey, stored: StoredEvent, state: RunState,
+                               first_delivery: bool) -> None:
+        event = stored.event
+        if not (isinstance(event, RunAborted) and event.data.cause == "give-up"):
+            # (the give-up already delivered its interrupted hook)
+            # No hook for this outcome was published before this one, or one was so
+            # recently that the stream drops this one as a duplicate: the hook the
+            # handler gets is the only one (half the window: clocks may differ).
+            first = first_delivery and _now_ms() - event.occurred_at < self._first_within_ms
+            await self.deliver_finish(state, result_of(event), first=first)
+        # The run owes nothing more until another outcome, which reads it again. What
+        # we know of it goes to the log's cache: the application's delivery record
+        # is usually the next event, and is then decided without a read.
+        self._states.pop(key, None)
+        self._log.remember(event.parent, event.run_id, state, stored.seq)
 
     def _keep(self, key: RunKey, state: RunState | None) -> None:
         """Keep a detached run's state; of an awaited run only that it is one."""
@@ -241,11 +302,15 @@ class Deliverer:
         await self._record_notified(state, "finish", result.status, "notify",
                                     chat_finish_id(state.run_id, result.status))
 
+    @staticmethod
+    def _milestone_owed(state: RunState, event: RunMilestone) -> bool:
+        name = event.data.name
+        return (name in state.detached.milestone_names()
+                and f"milestone:{name}" not in state.ledger.notifications)
+
     async def _milestone(self, state: RunState, event: RunMilestone) -> None:
         options = state.detached
         name = event.data.name
-        if name not in options.milestone_names() or f"milestone:{name}" in state.ledger.notifications:
-            return
         mode = options.milestone_mode()
         milestone = MilestoneView(sequence=event.data.sequence, name=name, data=event.data.data,
                                   at=event.occurred_at)
