@@ -10,7 +10,9 @@ handler after the user's function returns) stops a delivery after a restart.
 
 Run states are folded from the events as they pass, in a bounded cache; a run not in
 the cache is read from the log once. `evolve` is idempotent, so applying events the
-read already contained changes nothing.
+read already contained changes nothing. Most events owe nothing: they are judged in the
+batch's own turn and acknowledged with it; only a run whose event waits on the log (a
+delivery, a read) gets a task, which takes that run's later events in order.
 """
 
 import asyncio
@@ -178,12 +180,6 @@ class Deliverer:
         """After a failure: the run is read again when its event comes back."""
         if stored is not None and stored.event is not None:
             self._states.pop(_key(stored), None)
-
-    async def handle(self, stored: StoredEvent, *, first_delivery: bool = False) -> None:
-        """Judge one event by the run's state just after it, and deliver what it owes."""
-        owed = self._judge(stored, first_delivery=first_delivery)
-        if owed is not None:
-            await owed()
 
     def _judge(self, stored: StoredEvent, *, first_delivery: bool) -> "Owed | None":
         """Apply one event to the run's cached state; what it still owes, to be awaited
