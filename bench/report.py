@@ -156,6 +156,11 @@ def table(report: dict) -> str:
                       f"{_n(work.get('jetstream_api_calls'), 1)}; Postgres commits "
                       f"{_n(work.get('pg_xact_commit'), 2)}, rows ins/upd "
                       f"{_n(work.get('pg_tup_inserted'), 1)}/{_n(work.get('pg_tup_updated'), 1)}")))
+    if cg := report.get("callgrind"):
+        rows.append((f"instr {cg['service']}", f"{cg['per_run'] / 1e6:.2f} M/run",
+                     (f"callgrind: {cg['instructions']:,} instructions over {cg['runs']} W1 runs "
+                      "(this run's times and throughput are not comparable: the service ran "
+                      f"under valgrind); {cg['dump']}")))
     for name, m in (report.get("memory") or {}).items():
         rows.append((f"mem {name}", f"{m['peak_kib'] / 1024:.1f} MiB peak",
                      (f"RSS {m['rss_half_kib'] / 1024:.1f} -> {_mib(m.get('rss_three_quarters_kib'))}"

@@ -21,8 +21,9 @@ from pathlib import Path
 import asyncpg
 
 from bench import ceilings, chart, report, stages
+from bench.callgrind import Callgrind
 from bench.profile import Profiler, render
-from bench.stack import REPO, ServiceSet, server_pids, servers
+from bench.stack import REPO, SERVICES, ServiceSet, server_pids, servers
 from bench.workloads import Positions, Probe, rebuild, w1, w2
 from tether.adapters.jetstream import remove_streams
 from tether.cli import event_loop_factory
@@ -55,6 +56,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="give up on W1 after this many seconds (default 60 + runs/20)")
     parser.add_argument("--profile", action="store_true",
                         help="py-spy record every service during W1; hot spots in the report")
+    parser.add_argument("--callgrind", choices=SERVICES, metavar="SERVICE",
+                        help="run SERVICE under valgrind's callgrind and report the "
+                             "instructions it executes per W1 run: a measure of its CPU work "
+                             "that the machine's speed does not change (the run's times are "
+                             "then meaningless; bench/callgrind.py)")
     parser.add_argument("--count-subjects", action="store_true",
                         help="count every NATS message by subject kind during W1 (diagnosis; "
                              "adds load)")
@@ -126,7 +132,12 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
         "note": "numbers are only comparable on an otherwise idle machine"}}
     profiler = Profiler(out_dir / f"{stamp}-profile") if args.profile else None
     timeout = args.timeout or 60 + args.runs / 20
-    await services.start()
+    callgrind = None
+    if args.callgrind:
+        callgrind = Callgrind(args.callgrind, out_dir / f"{stamp}-{args.callgrind}.callgrind")
+        services.wrappers[args.callgrind] = callgrind.command_prefix()
+        timeout = args.timeout or 120 + args.runs / 2
+    await services.start(timeout=300 if callgrind else 60)
     try:
         async with connect(settings=settings, name="tether-bench") as tether:
             db = await asyncpg.connect(database_url)
@@ -134,7 +145,12 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
                 positions = Positions(tether, db, prefix)
                 probe = Probe(nats_url, prefix, out_dir / f".{stamp}-probe.tmp",
                               args.count_subjects, args.event_loop)
-                started = (lambda: profiler.start(services.pids())) if profiler else None
+
+                def started() -> None:
+                    if profiler:
+                        profiler.start(services.pids())
+                    if callgrind:
+                        callgrind.zero(services.pids()[callgrind.service])
                 try:
                     result["w1"] = await w1(tether, positions, services, probe, runs=args.runs,
                                             tag=tag, submit_concurrency=args.submit_concurrency,
@@ -146,6 +162,12 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
                 finally:
                     if profiler:
                         result["profiles"] = profiler.stop()
+                if callgrind:
+                    total = await asyncio.to_thread(callgrind.dump)
+                    runs = result["w1"]["finished"]
+                    result["callgrind"] = {"service": callgrind.service, "instructions": total,
+                                           "runs": runs, "per_run": total / max(runs, 1),
+                                           "dump": str(callgrind.out_file) + ".*"}
                 await asyncio.sleep(1.0)  # W2 on an idle system
                 if args.w2_runs:
                     result["w2"] = await w2(tether, runs=args.w2_runs, tag=tag)

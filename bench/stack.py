@@ -178,6 +178,7 @@ class ServiceSet:
         self.entry = "tether.cli"
         self.log_dir = log_dir
         self.services: dict[str, Service] = {}
+        self.wrappers: dict[str, list[str]] = {}  # a command to run a service under
 
     @staticmethod
     def environment(nats_url: str, database_url: str, prefix: str,
@@ -209,7 +210,7 @@ class ServiceSet:
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", self.entry, "services", name],
+                [*self.wrappers.get(name, []), sys.executable, "-m", self.entry, "services", name],
                 env={**self.env, "TETHER_HEALTH_PORT": str(port)}, cwd=REPO,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         return Service(name, process, port, log_path)
