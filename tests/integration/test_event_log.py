@@ -234,17 +234,18 @@ async def test_a_runs_first_event_is_appended_without_a_read_only_onto_an_empty_
         log: EventLog):
     fresh, again = RunEvents("n-1"), RunEvents("n-1", id_prefix="again")
     first = fresh.requested()
-    assert await log.append_new(first) is True
+    created = await log.append_new(first)
+    assert created is not None and (created.run_id, created.status) == (first.run_id, "starting")
     # The subject is not empty, whatever the event; the same event is stored once.
-    assert await log.append_new(again.requested()) is False
-    assert await log.append_new(first) is False
+    assert await log.append_new(again.requested()) is None
+    assert await log.append_new(first) is None
     history = await log.read_run(fresh.parent, "n-1")
     assert [e.event_id for e in history.events] == [first.event_id]
     # A cleared run leaves a tombstone: its next request must be decided from a read.
     cleared = RunEvents("n-2")
     for event in (cleared.requested(), cleared.cleared()):
         await log.append(event, expected_last_seq=None)
-    assert await log.append_new(RunEvents("n-2", id_prefix="later").requested()) is False
+    assert await log.append_new(RunEvents("n-2", id_prefix="later").requested()) is None
     assert len((await log.read_run(cleared.parent, "n-2")).events) == 2
 
 

@@ -161,6 +161,36 @@ async def test_a_request_without_a_valid_run_id_is_dead_lettered(parent, log):
     assert json.loads(first.data)["run_id"] == "has space"
 
 
+async def test_a_command_on_a_parent_s_subject_must_be_for_that_parent(parent, log):
+    # The per-parent subjects are what NATS permissions scope an application to.
+    own = f"{log.subjects.command('run')}.{PARENT.agent}.{PARENT.name}"
+    other = run_request("p-other", parent={"agent": "Assistant", "name": "user-2"})
+    not_a_parent = run_request("p-string", parent="Assistant/user-1")
+    for payload in (json.dumps(other).encode(), json.dumps(not_a_parent).encode(),
+                    b"[1, 2]", b"{not json"):
+        await log.jetstream.publish(own, payload)
+    await send_on(log, own, run_request("p-own"))
+    subscription = await log.jetstream.subscribe(log.subjects.command_dead_letters,
+                                                 ordered_consumer=True)
+    errors = [(await subscription.next_msg(timeout=10)).headers["Tether-Error"]
+              for _ in range(4)]
+    await subscription.unsubscribe()
+    assert errors == [
+        "the payload's parent Assistant/user-2 differs from the subject's Assistant/user-1",
+        "the payload's parent None/None differs from the subject's Assistant/user-1",
+        "not a JSON object",
+        "not a JSON object",
+    ]
+    state, _ = await until(log, "p-own", lambda s, e: s is not None)
+    assert state.status == "starting"
+    other_parent = ParentRef(agent="Assistant", name="user-2")
+    assert (await log.read_run(other_parent, "p-other")).state is None
+
+
+async def send_on(log: EventLog, subject: str, payload: dict) -> None:
+    await log.jetstream.publish(subject, json.dumps(payload).encode())
+
+
 async def test_the_cap_is_never_exceeded_under_concurrent_requests(parent, log):
     parent._handlers._default_cap = 3
     run_ids = [f"cap-{i}" for i in range(12)]

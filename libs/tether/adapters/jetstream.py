@@ -506,25 +506,31 @@ class EventLog:
                 for event in events:
                     seq = await self._append(subject, event, seq, _Known(state, seq))
                     appended.append(event)
-                    state = evolve(state, event).state
+                    # `_append` remembered the run after the event (unless the append
+                    # was a duplicate): no second fold.
+                    after = self._known.get(subject)
+                    state = (after.state if after is not None and after.seq == seq
+                             else evolve(state, event).state)
                 return state, appended
             except ConcurrencyConflict:
                 continue  # the conflict's read is what we know now
         raise ConcurrencyConflict(subject, seq)
 
-    async def append_new(self, event: Event) -> bool:
-        """Append a run's first event expecting its subject empty, without reading it.
+    async def append_new(self, event: Event) -> RunState | None:
+        """Append a run's first event expecting its subject empty, without reading it;
+        the run's state after it.
 
-        False, with nothing appended, when the subject is not empty (the run exists, or
+        None, with nothing appended, when the subject is not empty (the run exists, or
         existed: a clear leaves a tombstone) or the event is already stored (a command
         applied before): the caller then reads the run.
         """
         subject = self.subjects.run_events(event.parent, event.run_id)
         ack = await self._publish(subject, event, 0)
         if ack is None or ack.duplicate:
-            return False
-        self._known.remember(subject, evolve(None, event).state, ack.seq)
-        return True
+            return None
+        state = evolve(None, event).state
+        self._known.remember(subject, state, ack.seq)
+        return state
 
     def remember(self, parent: ParentRef, run_id: str, state: RunState | None, seq: int) -> None:
         """What another reader of the log knows of a run: its state after the message at

@@ -28,8 +28,12 @@ from tether.domain.commands import (
 )
 from tether.domain.events import ParentRef
 from tether.domain.ids import InvalidIdentifier, check_identifier
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState
 from tether.parent.slots import SlotKeeper
+
+# A command's JSON object, or its bytes when the service could not make one of them (the
+# handler then says why).
+Payload = dict[str, Any] | bytes
 
 
 class UnparseableCommand(Exception):
@@ -68,7 +72,7 @@ class CommandHandlers:
 
     # --- run ------------------------------------------------------------------------
 
-    async def run(self, payload: bytes, seq: int) -> RunOutcome:
+    async def run(self, payload: Payload, seq: int) -> RunOutcome:
         cause = decide.Cause(command_seq=seq, now=_now_ms())
         raw = _json_object(payload)
         try:
@@ -87,8 +91,8 @@ class CommandHandlers:
             # empty, without reading it first; when it is not, the run is read and
             # answered as below.
             requested = decide.request_run(command, self._budgets, cause)
-            if await self._log.append_new(requested):
-                await self._dispatch(evolve(None, requested).state, cause)
+            if (created := await self._log.append_new(requested)) is not None:
+                await self._dispatch(created, cause)
                 return RunOutcome("created", status="starting")
 
         history = await self._log.read_run(command.parent, command.run_id)
@@ -181,7 +185,7 @@ class CommandHandlers:
 
     # --- cancel and clear ---------------------------------------------------------------
 
-    async def cancel(self, payload: bytes, seq: int) -> str | None:
+    async def cancel(self, payload: Payload, seq: int) -> str | None:
         command = self._parse(CancelCommand, "cancel", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
         state, appended = await self._log.update(command.parent, command.run_id,
@@ -190,7 +194,7 @@ class CommandHandlers:
             await self._signal_cancel(state)
         return state.status if state is not None else None
 
-    async def continue_run(self, payload: bytes, seq: int) -> str:
+    async def continue_run(self, payload: Payload, seq: int) -> str:
         """Answers to a paused run resume it in whichever runner picks the work up."""
         command = self._parse(ContinueCommand, "continue", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
@@ -210,14 +214,14 @@ class CommandHandlers:
                            cause)
         return "not paused"
 
-    async def record_delivery(self, payload: bytes) -> str:
+    async def record_delivery(self, payload: Payload) -> str:
         command = self._parse(DeliveredCommand, "delivered", payload)
         _, appended = await self._log.update(
             command.parent, command.run_id,
             lambda s: decide.record_delivery(s, command, _now_ms()))
         return "recorded" if appended else "already recorded"
 
-    async def clear(self, payload: bytes, seq: int) -> list[str]:
+    async def clear(self, payload: Payload, seq: int) -> list[str]:
         command = self._parse(ClearCommand, "clear", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
         cleared = []
@@ -251,7 +255,7 @@ class CommandHandlers:
         await self._log.nats.publish(self._subjects.cancel_signal(state.agent_type),
                                    signal.model_dump_json().encode())
 
-    def _parse(self, model: type, kind: str, payload: bytes):
+    def _parse(self, model: type, kind: str, payload: Payload):
         try:
             command = parse_command(kind, _json_object(payload))
         except (ValidationError, ValueError) as error:
@@ -260,7 +264,9 @@ class CommandHandlers:
         return command
 
 
-def _json_object(payload: bytes) -> dict[str, Any]:
+def _json_object(payload: Payload) -> dict[str, Any]:
+    if isinstance(payload, dict):
+        return payload  # parsed by the service already
     try:
         value = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -29,7 +29,7 @@ from tether.domain import decide
 from tether.domain.commands import HasRunQuery, InspectQuery, ListQuery, parse_command
 from tether.domain.run_state import RunState
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
-from tether.parent.commands import CommandHandlers, UnparseableCommand
+from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
 from tether.parent.registry import RegisteredHooks
@@ -122,40 +122,42 @@ class ParentService:
                     messages = await subscription.fetch(64, timeout=0.5)
                 except TimeoutError:
                     continue
-                by_run: dict[str, list[Msg]] = defaultdict(list)
+                # Each payload is parsed once, here, for its run and for its handler.
+                by_run: dict[str, list[tuple[Msg, Payload]]] = defaultdict(list)
                 for msg in messages:
-                    by_run[_run_key(msg)].append(msg)
+                    payload = _payload(msg.data)
+                    by_run[_run_key(msg, payload)].append((msg, payload))
                 await asyncio.gather(*(self._in_order(batch) for batch in by_run.values()))
         finally:
             await subscription.unsubscribe()
 
-    async def _in_order(self, messages: list[Msg]) -> None:
-        for msg in messages:
-            await self._handle_command(msg)
+    async def _in_order(self, commands: list[tuple[Msg, Payload]]) -> None:
+        for msg, payload in commands:
+            await self._handle_command(msg, payload)
 
-    async def _handle_command(self, msg: Msg) -> None:
+    async def _handle_command(self, msg: Msg, payload: Payload) -> None:
         assert self._handlers is not None
         seq, delivered, _ = delivery_of(msg)
         kind = msg.subject.split(".")[2]
         clock = HANDLER_SECONDS.start()
         log = self._logger.bind(subject=msg.subject, stream_seq=seq)
         try:
-            _check_subject_parent(msg.subject, msg.data)
+            _check_subject_parent(msg.subject, payload)
             if kind == "run":
-                outcome = await self._handlers.run(msg.data, seq)
+                outcome = await self._handlers.run(payload, seq)
                 log.info("command.run", decision=outcome.decision, status=outcome.status,
                          code=outcome.code)
             elif kind == "cancel":
-                status = await self._handlers.cancel(msg.data, seq)
+                status = await self._handlers.cancel(payload, seq)
                 log.info("command.cancel", status=status)
             elif kind == "continue":
-                result = await self._handlers.continue_run(msg.data, seq)
+                result = await self._handlers.continue_run(payload, seq)
                 log.info("command.continue", result=result)
             elif kind == "delivered":
-                result = await self._handlers.record_delivery(msg.data)
+                result = await self._handlers.record_delivery(payload)
                 log.info("command.delivered", result=result)
             else:
-                cleared = await self._handlers.clear(msg.data, seq)
+                cleared = await self._handlers.clear(payload, seq)
                 log.info("command.clear", cleared=len(cleared))
         except UnparseableCommand as error:
             await self._dead_letter(msg, str(error))
@@ -231,27 +233,37 @@ class ParentService:
         await msg.respond(reply.model_dump_json().encode())
 
 
-def _check_subject_parent(subject: str, payload: bytes) -> None:
+def _payload(data: bytes) -> Payload:
+    """A command's JSON object, or its bytes when they are not one (its handler says why)."""
+    try:
+        value = json.loads(data)
+    except ValueError:  # not JSON, or not UTF-8
+        return data
+    return value if isinstance(value, dict) else data
+
+
+def _check_subject_parent(subject: str, payload: Payload) -> None:
     """A per-parent subject (`<prefix>.cmd.<kind>.<agent>.<name>`) must name the payload's
     parent: permissions are granted on the subject, so the payload may not reach past it."""
     tokens = subject.split(".")
     if len(tokens) != 5:
         return
-    try:
-        parent = json.loads(payload).get("parent") or {}
-    except (ValueError, AttributeError):
-        raise UnparseableCommand("not a JSON object") from None
+    if isinstance(payload, bytes):
+        payload = _payload(payload)
+    if not isinstance(payload, dict):
+        raise UnparseableCommand("not a JSON object")
+    parent = payload.get("parent") or {}
+    if not isinstance(parent, dict):
+        parent = {}
     if [parent.get("agent"), parent.get("name")] != tokens[3:]:
         raise UnparseableCommand(
             f"the payload's parent {parent.get('agent')}/{parent.get('name')} differs from "
             f"the subject's {tokens[3]}/{tokens[4]}")
 
 
-def _run_key(msg: Msg) -> str:
+def _run_key(msg: Msg, payload: Payload) -> str:
     """Commands of one run are handled in order; clears are ordered per parent."""
-    try:
-        payload = json.loads(msg.data)
-        parent = payload.get("parent") or {}
-        return f"{parent.get('agent')}.{parent.get('name')}.{payload.get('run_id', '*')}"
-    except (ValueError, AttributeError):
-        return f"unparseable.{msg.metadata.sequence.stream}"
+    parent = (payload.get("parent") or {}) if isinstance(payload, dict) else None
+    if not isinstance(parent, dict):
+        return f"unparseable.{delivery_of(msg).stream_seq}"
+    return f"{parent.get('agent')}.{parent.get('name')}.{payload.get('run_id', '*')}"
