@@ -44,10 +44,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--submit", choices=["client", "publish"], default="client",
                         help="client: run_agent_tool(detached=...) as an app would (default); "
                              "publish: only publish the run commands (no wait for acceptance)")
-    parser.add_argument("--max-open", type=int, default=0,
+    parser.add_argument("--max-open", type=int, default=1000,
                         help="at most this many W1 runs requested and not yet finished "
-                             "(default 0: no cap, all N are requested as fast as the "
-                             "submitters go)")
+                             "(default 1000: enough to keep the machine saturated, and a "
+                             "bounded backlog, so the memory readings at N/2, 3N/4 and N "
+                             "compare finished runs rather than a backlog that grows when "
+                             "requests outpace the services; 0: no cap)")
     parser.add_argument("--hook-concurrency", type=int, default=32,
                         help="the app's finish-hook handler concurrency (default 32)")
     parser.add_argument("--parents", type=int, default=16,
