@@ -151,14 +151,21 @@ async def test_a_request_without_a_valid_run_id_is_dead_lettered(parent, log):
     await send(log, "run", {"run_id": "has space", "parent": PARENT.model_dump(),
                             "agent_type": "Researcher"})
     await log.jetstream.publish(log.subjects.command("run"), b"{not json")
+    await log.jetstream.publish(log.subjects.command("run"), b"[" * 100_000)
+    await send(log, "run", run_request("after-the-bad-ones"))
     subscription = await log.jetstream.subscribe(log.subjects.command_dead_letters,
                                                  ordered_consumer=True)
     first = await subscription.next_msg(timeout=10)
     second = await subscription.next_msg(timeout=10)
+    third = await subscription.next_msg(timeout=10)
     await subscription.unsubscribe()
     assert "run_id" in first.headers["Tether-Error"]
     assert "not JSON" in second.headers["Tether-Error"]
+    assert "nested too deeply" in third.headers["Tether-Error"]
     assert json.loads(first.data)["run_id"] == "has space"
+    # The service carries on.
+    state, _ = await until(log, "after-the-bad-ones", lambda s, e: s is not None)
+    assert state.status == "starting"
 
 
 async def test_a_command_on_a_parent_s_subject_must_be_for_that_parent(parent, log):

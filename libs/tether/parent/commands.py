@@ -271,6 +271,8 @@ def _json_object(payload: Payload) -> dict[str, Any]:
         value = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UnparseableCommand(f"not JSON: {error}") from None
+    except RecursionError:
+        raise UnparseableCommand("not JSON this service can read: nested too deeply") from None
     if not isinstance(value, dict):
         raise UnparseableCommand(f"a command is a JSON object, not {type(value).__name__}")
     return value

@@ -237,7 +237,7 @@ def _payload(data: bytes) -> Payload:
     """A command's JSON object, or its bytes when they are not one (its handler says why)."""
     try:
         value = json.loads(data)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the stack
         return data
     return value if isinstance(value, dict) else data
 
