@@ -36,8 +36,8 @@ def test_bench_smoke(nats_url: str, database_url: str, tmp_path: Path) -> None:
         assert _positive(w1[key]), key
     # requested, started, running, 2 milestones, completed, and the delivery record (the
     # last runs' may land after the last hook is handled). No progress snapshot: the last
-    # milestone supersedes it.
-    assert 6 < w1["events_per_run"] <= 8
+    # milestone supersedes it (test_child_runner holds that exactly).
+    assert 6 <= w1["events_per_run"] <= 8
     assert w1["projector_caught_up"] and w1["projector_lag_end_events"] >= 0
     latency = w1["progress_latency"]
     assert latency["count"] >= 20 * 4  # every run publishes at least 4 signals
