@@ -223,7 +223,7 @@ class ParentService:
         if not msg.reply:
             return
         try:
-            _check_subject_parent(msg.subject, msg.data)
+            _check_subject_parent(msg.subject, _payload(msg.data))
             reply = await answer()
         except (ValidationError, ValueError, UnparseableCommand) as error:
             reply = reply_model(error=f"invalid request: {error}")
@@ -248,9 +248,7 @@ def _check_subject_parent(subject: str, payload: Payload) -> None:
     tokens = subject.split(".")
     if len(tokens) != 5:
         return
-    if isinstance(payload, bytes):
-        payload = _payload(payload)
-    if not isinstance(payload, dict):
+    if not isinstance(payload, dict):  # bytes: `_payload` found no JSON object in them
         raise UnparseableCommand("not a JSON object")
     parent = payload.get("parent") or {}
     if not isinstance(parent, dict):
