@@ -30,6 +30,7 @@ from tether.cli import event_loop_factory
 from tether.client import connect
 from tether.config import Settings
 from tether.log import configure_logging
+from tether.runtime import tune_gc
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -145,6 +146,10 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
             db = await asyncpg.connect(database_url)
             try:
                 positions = Positions(tether, db, prefix)
+                # The application's collector tuned as the services' are: with Python's
+                # defaults its full collections (150 ms once W1's records piled up)
+                # stalled its hook handling and submissions.
+                tune_gc(settings.gc_threshold)
                 probe = Probe(nats_url, prefix, out_dir / f".{stamp}-probe.tmp",
                               args.count_subjects, args.event_loop)
 
