@@ -601,18 +601,19 @@ class EventLog:
             await self._nc.publish(f"$JS.API.DIRECT.GET.{self.subjects.events_stream}",
                                    request.encode(), reply=reply)
             batch: list[StoredEvent] = []
-            while True:
-                msg = await asyncio.wait_for(queue.get(), timeout=self._timeout)
-                headers = msg.headers or {}
-                status = headers.get("Status")
-                if status == "404":
-                    return batch, 0
-                if status == "204":  # end of batch
-                    return batch, int(headers.get("Nats-Num-Pending", 0))
-                if status is not None:
-                    raise APIError(code=int(status), description=headers.get("Description"))
-                batch.append(to_stored_event(int(headers["Nats-Sequence"]), subject, msg.data,
-                                             int(headers.get("Nats-Num-Pending", 0))))
+            async with asyncio.timeout(self._timeout):  # the whole batch's, not each reply's
+                while True:
+                    msg = await queue.get()
+                    headers = msg.headers or {}
+                    status = headers.get("Status")
+                    if status == "404":
+                        return batch, 0
+                    if status == "204":  # end of batch
+                        return batch, int(headers.get("Nats-Num-Pending", 0))
+                    if status is not None:
+                        raise APIError(code=int(status), description=headers.get("Description"))
+                    batch.append(to_stored_event(int(headers["Nats-Sequence"]), subject,
+                                                 msg.data, int(headers.get("Nats-Num-Pending", 0))))
 
     async def _routed_replies(self) -> str:
         """One wildcard inbox for every reply this log waits for (direct gets, acks),

@@ -262,11 +262,18 @@ class Execution:
             return await self._abort(self._cancel_detail)
         self._child = asyncio.create_task(self._invoke(ctx, payload, recorder),
                                           name=f"child:{self.run_id}")
-        heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.run_id}")
+        # The first beat is due after an interval, and most runs end before it: a timer
+        # starts the beating, instead of a task per run that would sleep until then.
+        heartbeat: list[asyncio.Task[None]] = []
+        interval = self._env.settings.work_ack_wait_ms / 1000 / 3
+        first_beat = asyncio.get_running_loop().call_later(
+            interval, lambda: heartbeat.append(asyncio.ensure_future(self._heartbeat(interval))))
         try:
             await asyncio.wait({self._child})
         finally:
-            heartbeat.cancel()
+            first_beat.cancel()
+            for beating in heartbeat:
+                beating.cancel()
             if self._hard_cancel is not None:
                 self._hard_cancel.cancel()
             if not self._child.done():  # this handler itself was cancelled
@@ -342,35 +349,40 @@ class Execution:
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
 
-    async def _heartbeat(self) -> None:
-        """Keep the work item ours while the child runs, and notice what we were not told.
+    async def _heartbeat(self, interval: float) -> None:
+        """Keep the work item ours while the child runs, and notice what we were not told:
+        a beat now, then one each `interval`.
 
         A cancel signal is only a nudge on core NATS; the durable fact is in the log, so
         each beat also looks at the run when its subject moved.
         """
-        interval = self._env.settings.work_ack_wait_ms / 1000 / 3
-        log, known_seq = self._env.log, -1
+        known_seq = -1
         while True:
+            known_seq = await self._beat(known_seq)
             await asyncio.sleep(interval)
-            try:
-                await self._msg.in_progress()
-                seq = await log.last_seq(self.parent, self.run_id)
-                if seq == known_seq:
-                    continue
-                known_seq = seq
-                state = (await log.read_run(self.parent, self.run_id)).state
-            except Exception as error:  # noqa: BLE001 - a missed beat is retried at the next
-                get_logger(run_id=self.run_id).warning(
-                    "child.heartbeat_failed", error=f"{type(error).__name__}: {error}")
-                continue
-            if state is None:
-                self._stop("gone", "the run was cleared while the child ran")
-            elif state.attempt > self.attempt:
-                self._stop("superseded", f"attempt {state.attempt} took over the run")
-            elif state.is_hard_terminal:
-                self._stop("gone", f"the run ended {state.status} elsewhere")
-            elif state.cancel_requested_at is not None:
-                self.cancel(state.cancel_reason)
+
+    async def _beat(self, known_seq: int) -> int:
+        """One beat; returns the run's last sequence it has looked at."""
+        log = self._env.log
+        try:
+            await self._msg.in_progress()
+            seq = await log.last_seq(self.parent, self.run_id)
+            if seq == known_seq:
+                return known_seq
+            state = (await log.read_run(self.parent, self.run_id)).state
+        except Exception as error:  # noqa: BLE001 - a missed beat is retried at the next
+            get_logger(run_id=self.run_id).warning(
+                "child.heartbeat_failed", error=f"{type(error).__name__}: {error}")
+            return known_seq
+        if state is None:
+            self._stop("gone", "the run was cleared while the child ran")
+        elif state.attempt > self.attempt:
+            self._stop("superseded", f"attempt {state.attempt} took over the run")
+        elif state.is_hard_terminal:
+            self._stop("gone", f"the run ended {state.status} elsewhere")
+        elif state.cancel_requested_at is not None:
+            self.cancel(state.cancel_reason)
+        return seq
 
     # --- outcomes ----------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class RunRecorder:
             persist_ms = min(persist_ms, state.no_progress_budget_ms // 4)
         self._persist_window_s = persist_ms / 1000
         self._causation_id = causation_id
-        self._logger = get_logger(run_id=state.run_id, agent_type=state.agent_type)
+        self._agent_type = state.agent_type
         self._progress_subject = log.subjects.run_progress(state.parent, state.run_id)
 
         self._recorded_names = Counter(m.name for m in state.milestones)
@@ -106,6 +106,10 @@ class RunRecorder:
     def output_text(self) -> str:
         """The run's whole output text: what was recorded before plus this attempt's."""
         return self._recorded_text + "".join(self._new_text)
+
+    def _logger(self):
+        """Bound only when there is something to say: most runs log nothing."""
+        return get_logger(run_id=self.run_id, agent_type=self._agent_type)
 
     # --- milestones -------------------------------------------------------------------
 
@@ -234,7 +238,7 @@ class RunRecorder:
             return text[len(remaining):]
         # The child said something else this time. What was recorded stays; the new text
         # follows it rather than being lost.
-        self._logger.warning("child.output_diverged_on_resume", attempt=self._attempt,
+        self._logger().warning("child.output_diverged_on_resume", attempt=self._attempt,
                              recorded_chars=len(self._recorded_text),
                              matched_chars=self._replayed_chars)
         self._replayed_chars = len(self._recorded_text)
@@ -365,7 +369,7 @@ class RunRecorder:
     def _warn_send_failure(self, error: Exception) -> None:
         if not self._warned_send_failure:
             self._warned_send_failure = True
-            self._logger.warning("child.progress_not_sent",
+            self._logger().warning("child.progress_not_sent",
                                  error=f"{type(error).__name__}: {error}")
 
     async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
