@@ -12,6 +12,7 @@
   devstack.py env              print the URLs of the running dev stack
 
 CMD gets TETHER_NATS_URL and TETHER_DATABASE_URL. If both are already set, `test` just runs CMD.
+nats-server runs with GOMAXPROCS=1 unless TETHER_DEV_NATS_GOMAXPROCS says otherwise (0: Go's default).
 tests/conftest.py imports temporary_nats() / temporary_postgres() from here.
 """
 
@@ -86,9 +87,11 @@ def as_user(user: str | None) -> dict:
 
 
 def spawn(cmd: list[str], log_path: Path, *, user: str | None = None, cwd: Path | None = None,
-          parent_death_signal: int | None = None) -> subprocess.Popen:
+          parent_death_signal: int | None = None,
+          extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start a server in its own session/process group with output to log_path."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env.update(extra_env or {})
     preexec = die_with_parent(parent_death_signal) if parent_death_signal else None
     with open(log_path, "ab") as out:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -142,9 +145,17 @@ def start_nats(store_dir: Path, port: int, log_path: Path, *, daemon: bool) -> s
     binary = find_nats_server()
     monitor = free_port()
     store_dir.mkdir(parents=True, exist_ok=True)
+    # One Go scheduler thread: on a small machine shared with the Python services, more
+    # spent a fifth of the server's CPU on threads waking and spinning (TETHER_DEV_NATS_
+    # GOMAXPROCS sets another count; 0 leaves Go's default, one thread per core).
+    threads = os.environ.get("TETHER_DEV_NATS_GOMAXPROCS", "1")
+    if not threads.isdigit():
+        raise DevstackError(f"TETHER_DEV_NATS_GOMAXPROCS must be a whole number of threads "
+                            f"(0: one per core), not {threads!r}")
     proc = spawn([binary, "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor), "-js",
                   "-sd", str(store_dir)], log_path,
-                 parent_death_signal=None if daemon else signal.SIGTERM)
+                 parent_death_signal=None if daemon else signal.SIGTERM,
+                 extra_env={} if threads == "0" else {"GOMAXPROCS": threads})
     url = f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true"
     deadline = time.monotonic() + START_TIMEOUT
     while True:

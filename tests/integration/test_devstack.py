@@ -1,7 +1,11 @@
 """The local stack (scripts/devstack.py or an external one) gives what Tether relies on."""
 
+import signal
+from pathlib import Path
+
 import asyncpg
 import nats
+import pytest
 
 
 async def test_nats_has_jetstream_and_is_recent(nats_url: str) -> None:
@@ -22,3 +26,27 @@ async def test_postgres_accepts_connections(database_url: str) -> None:
         assert await conn.fetchval("select current_database()") == database_url.rsplit("/", 1)[1]
     finally:
         await conn.close()
+
+
+def test_the_dev_nats_server_gets_the_scheduler_threads_it_is_told(devstack, tmp_path,
+                                                                     monkeypatch) -> None:
+    def environment_of_a_started_server(name: str) -> dict[str, str]:
+        proc = devstack.start_nats(tmp_path / name, devstack.free_port(),
+                                   tmp_path / f"{name}.log", daemon=False)
+        try:
+            raw = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        finally:
+            devstack.stop_pid(proc.pid, signal.SIGTERM, "nats-server")
+        return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    monkeypatch.delenv("TETHER_DEV_NATS_GOMAXPROCS", raising=False)
+    assert environment_of_a_started_server("default")["GOMAXPROCS"] == "1"
+    monkeypatch.setenv("TETHER_DEV_NATS_GOMAXPROCS", "2")
+    assert environment_of_a_started_server("two")["GOMAXPROCS"] == "2"
+    monkeypatch.setenv("TETHER_DEV_NATS_GOMAXPROCS", "0")  # Go's own default
+    assert "GOMAXPROCS" not in environment_of_a_started_server("go-default")
+    monkeypatch.setenv("TETHER_DEV_NATS_GOMAXPROCS", "many")
+    with pytest.raises(devstack.DevstackError, match="TETHER_DEV_NATS_GOMAXPROCS"):
+        devstack.start_nats(tmp_path / "bad", devstack.free_port(), tmp_path / "bad.log",
+                            daemon=False)
