@@ -401,6 +401,27 @@ async def test_a_missed_cancel_signal_is_noticed_at_the_heartbeat(log, start_run
     assert (await finished(log, run, timeout=5)).state.status == "aborted"
 
 
+async def test_a_heartbeat_whose_read_failed_reads_the_run_again_at_the_next_beat(
+        log, start_runner, monkeypatch):
+    await start_runner(Sleeper, settings={"work_ack_wait_ms": 600})
+    run = await dispatch(log, "Sleeper", {"seconds": 30})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    read_run, failures = EventLog.read_run, []
+
+    async def failing_once(self, *args, **kwargs):
+        if not failures:
+            failures.append(args)
+            raise TimeoutError("the read timed out")
+        return await read_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(EventLog, "read_run", failing_once)
+    # The beat after this sees the run's subject move, and its read of the run fails; the
+    # subject does not move again, so only a beat that reads again notices the cancel.
+    await log.append(cancel_requested(run), expected_last_seq=None)  # and no signal
+    assert (await finished(log, run, timeout=5)).state.status == "aborted"
+    assert failures
+
+
 async def test_a_run_cancelled_before_it_started_is_aborted_without_running(log, start_runner):
     await start_runner(Sleeper)
     run = await dispatch(log, "Sleeper", {"seconds": 30}, lambda run: [cancel_requested(run)])
