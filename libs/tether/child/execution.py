@@ -134,6 +134,7 @@ class Execution:
         self._recorder: RunRecorder | None = None
         self._child: asyncio.Task[_Result] | None = None
         self._hard_cancel: asyncio.TimerHandle | None = None
+        self._beating: asyncio.Task[None] | None = None  # the heartbeat, once its first is due
         self._causation_id = f"work:{item.run_id}:{item.dispatch}"
         # Why the child is being stopped: a cancel (recorded as aborted), the run ended or
         # vanished elsewhere (nothing to record), a newer attempt took over, a shutdown.
@@ -264,16 +265,15 @@ class Execution:
                                           name=f"child:{self.run_id}")
         # The first beat is due after an interval, and most runs end before it: a timer
         # starts the beating, instead of a task per run that would sleep until then.
-        heartbeat: list[asyncio.Task[None]] = []
         interval = self._env.settings.work_ack_wait_ms / 1000 / 3
-        first_beat = asyncio.get_running_loop().call_later(
-            interval, lambda: heartbeat.append(asyncio.ensure_future(self._heartbeat(interval))))
+        first_beat = asyncio.get_running_loop().call_later(interval, self._start_heartbeat,
+                                                           interval)
         try:
             await asyncio.wait({self._child})
         finally:
             first_beat.cancel()
-            for beating in heartbeat:
-                beating.cancel()
+            if self._beating is not None:
+                self._beating.cancel()
             if self._hard_cancel is not None:
                 self._hard_cancel.cancel()
             if not self._child.done():  # this handler itself was cancelled
@@ -348,6 +348,9 @@ class Execution:
         if not appended:
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
+
+    def _start_heartbeat(self, interval: float) -> None:
+        self._beating = asyncio.ensure_future(self._heartbeat(interval))
 
     async def _heartbeat(self, interval: float) -> None:
         """Keep the work item ours while the child runs, and notice what we were not told:

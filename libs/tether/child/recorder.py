@@ -239,8 +239,8 @@ class RunRecorder:
         # The child said something else this time. What was recorded stays; the new text
         # follows it rather than being lost.
         self._logger().warning("child.output_diverged_on_resume", attempt=self._attempt,
-                             recorded_chars=len(self._recorded_text),
-                             matched_chars=self._replayed_chars)
+                               recorded_chars=len(self._recorded_text),
+                               matched_chars=self._replayed_chars)
         self._replayed_chars = len(self._recorded_text)
         return text
 
@@ -370,7 +370,7 @@ class RunRecorder:
         if not self._warned_send_failure:
             self._warned_send_failure = True
             self._logger().warning("child.progress_not_sent",
-                                 error=f"{type(error).__name__}: {error}")
+                                   error=f"{type(error).__name__}: {error}")
 
     async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
         signal = ProgressSignal(run_id=self.run_id, parent=self.parent, fraction=update.fraction,
