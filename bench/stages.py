@@ -4,9 +4,9 @@ For a sample of runs, the time from the request to each milestone of the run's l
 the services stamped it (ms resolution, one machine so one clock), and from the last
 event to the application seeing the end (the awaited return or the finish hook):
 
-    request -> requested   the parent picked the command up and decided
-    requested -> started   the parent put the work on the queue
-    started -> running     a child-runner took the work and began
+    request -> requested   the parent picked the command up, decided, and (right after)
+                           put the work on the queue
+    requested -> running   a child-runner took the work and began
     running -> completed   the child ran: progress, milestones, outcome appended
     completed -> app       the awaiting client / the finish hook saw the end
 
@@ -25,8 +25,7 @@ from tether.client import Tether
 from tether.domain.events import ParentRef
 
 STAGES = (("request->requested", None, "run.requested"),
-          ("requested->started", "run.requested", "run.started"),
-          ("started->running", "run.started", "run.running"),
+          ("requested->running", "run.requested", "run.running"),
           ("running->completed", "run.running", "run.completed"))
 
 

@@ -34,18 +34,16 @@ def test_bench_smoke(nats_url: str, database_url: str, tmp_path: Path) -> None:
     assert w1["statuses"] == {"completed": 20} and w1["duplicate_hook_calls"] == 0
     for key in ("runs_per_s", "events_appended_per_s", "events_projected_per_s", "seconds"):
         assert _positive(w1[key]), key
-    # Certain when the last hook is handled: requested, running, 2 milestones, completed.
-    # run.started only when the parent's append of it lands before the runner's
-    # run.running (the work item goes out first, and a fast runner wins: the dispatch is
-    # then not recorded); the delivery records of the last runs may land after the last
-    # hook. A progress snapshot only for a run slowed past the 1 s persist window before
-    # its last milestone (which otherwise supersedes it: test_child_runner holds that).
-    assert 5 <= w1["events_per_run"] <= 8
+    # Certain when the last hook is handled: requested, running, 2 milestones, completed;
+    # the delivery records of the last runs may land after the last hook. A progress
+    # snapshot only for a run slowed past the 1 s persist window before its last
+    # milestone (which otherwise supersedes it: test_child_runner holds that).
+    assert 5 <= w1["events_per_run"] <= 7
     assert w1["projector_caught_up"] and w1["projector_lag_end_events"] >= 0
     latency = w1["progress_latency"]
     assert latency["count"] >= 20 * 4  # every run publishes at least 4 signals
     assert 0 < latency["p50_ms"] <= latency["p99_ms"] <= latency["max_ms"] < 10_000
-    assert set(w1["stages"]) >= {"request->requested", "started->running", "total"}
+    assert set(w1["stages"]) >= {"request->requested", "requested->running", "total"}
     assert _positive(w1["cpu_ms_per_run"]["child-runner"])
 
     w2 = report["w2"]

@@ -43,13 +43,15 @@ async def test_recovery_after_the_parent_is_killed_while_children_run(log, pool,
     await services("reconciler", **FAST_RECOVERY)
     parent = await services("parent", TETHER_AGENTS=PARENT_AGENTS)
 
+    orphan_dispatched = await log.nats.subscribe(log.subjects.work("Extractor"), max_msgs=1)
+    await log.nats.flush()
     await send_run(log, "finishes", "Sleeper", {"seconds": 0.8})
     await send_run(log, "streams", "Sleeper", {"seconds": 6, "milestones": 20})
     await send_run(log, "silent", "Sleeper", {"seconds": 30})
     await send_run(log, "orphan", "Extractor", {"text": "no runner serves me"})
     for run_id in ("finishes", "streams", "silent"):
         await until(log, run_id, lambda s: s.status == "running")
-    await until(log, "orphan", lambda s: s.dispatched_at is not None)
+    await orphan_dispatched.next_msg(timeout=10)  # its item waits for a runner that never comes
 
     parent.signal(signal.SIGKILL)
     assert await parent.wait() == -signal.SIGKILL

@@ -1,8 +1,8 @@
 """The child-runner in-process against a real NATS: work items in, run events out.
 
-Each test appends `run.requested` + `run.started` itself and publishes the work item
-(the parent service is not under test), then awaits the run's events with
-`EventLog.follow`, so nothing here sleeps to wait for the runner.
+Each test appends `run.requested` itself and publishes the work item (the parent service
+is not under test), then awaits the run's events with `EventLog.follow`, so nothing here
+sleeps to wait for the runner.
 """
 
 import asyncio
@@ -66,15 +66,28 @@ async def start_runner(nc, log, settings):
 
 
 async def dispatch(log: EventLog, agent_type: str, input: dict[str, Any],
-                   recorded: Callable[[RunEvents], list[Event]] = lambda run: []) -> RunEvents:
+                   recorded: Callable[[RunEvents], list[Event]] | None = None) -> RunEvents:
+    """A new run and its work item as the parent publishes them (with the request); with
+    `recorded`, a run that has those events after its request, and an item that only
+    names it, as the runner treats a redelivered one: the log decides."""
     run = RunEvents(f"r-{uuid.uuid4().hex[:8]}", PARENT)
-    events = [run.requested(agent_type, input=input), run.started(), *recorded(run)]
-    await log.append_batch(events, expected_last_seq=0)
-    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type=agent_type)
-    await log.jetstream.publish(log.subjects.work(agent_type), item.model_dump_json().encode(),
-                                headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
-                                stream=log.subjects.work_stream)
+    requested = run.requested(agent_type, input=input)
+    seq = await log.append_batch([requested, *(recorded(run) if recorded else [])],
+                                 expected_last_seq=0)
+    if recorded:
+        item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type=agent_type)
+    else:
+        item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type=agent_type, attempt=0,
+                        requested=requested, requested_seq=seq)
+    await publish_item(log, item)
     return run
+
+
+async def publish_item(log: EventLog, item: WorkItem, msg_id: str | None = None) -> None:
+    await log.jetstream.publish(
+        log.subjects.work(item.agent_type), item.model_dump_json().encode(),
+        headers={"Nats-Msg-Id": msg_id or work_message_id(item.run_id, 1)},
+        stream=log.subjects.work_stream)
 
 
 async def event_of(log: EventLog, run: RunEvents, wanted: Callable[[Event], bool],
@@ -430,13 +443,76 @@ async def test_a_run_cancelled_before_it_started_is_aborted_without_running(log,
     assert of_type(history, "run.running") == []
 
 
+@pytest.fixture
+def runner_reads(monkeypatch) -> list[str]:
+    """The run ids the runners read from the log (every `EventLog.read_run` in the test)."""
+    reads: list[str] = []
+    read_run = EventLog.read_run
+
+    async def counting(self, parent, run_id, **options):
+        reads.append(run_id)
+        return await read_run(self, parent, run_id, **options)
+
+    monkeypatch.setattr(EventLog, "read_run", counting)
+    return reads
+
+
+async def test_a_new_runs_item_starts_it_without_reading_the_run(log, start_runner,
+                                                                 runner_reads):
+    await start_runner(Researcher)
+    run = await dispatch(log, "Researcher", {"query": "HTTP/3"})
+    await event_of(log, run, lambda e: e.type in TERMINAL)
+    assert runner_reads == [], "the item carried the request: nothing to read"
+    history = await log.read_run(PARENT, run.run_id)
+    assert history.state.status == "completed" and history.state.attempt == 1
+
+
+async def test_an_item_whose_run_moved_after_its_request_is_decided_from_the_log(
+        log, start_runner, runner_reads):
+    # The parent's item carries the request; a cancel appended since makes the append of
+    # run.running conflict, and the run read then is aborted without running.
+    await start_runner(Sleeper)
+    run = RunEvents(f"r-{uuid.uuid4().hex[:8]}", PARENT)
+    requested = run.requested("Sleeper", input={"seconds": 30})
+    seq = await log.append(requested, expected_last_seq=0)
+    await log.append(cancel_requested(run), expected_last_seq=seq)
+    await publish_item(log, WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper",
+                                     attempt=0, requested=requested, requested_seq=seq))
+    history = await finished(log, run)
+    assert history.state.status == "aborted"
+    assert of_type(history, "run.running") == []
+    assert run.run_id in runner_reads
+
+
+async def test_a_second_item_for_a_started_run_is_skipped_and_a_redelivery_takes_over(
+        log, start_runner):
+    # A repeated request publishes a starting run's item again; once the first has started
+    # the run, the second's first delivery must not restart the child.
+    runner = await start_runner(Sleeper, shutdown_grace_s=0.05)
+    run = await dispatch(log, "Sleeper", {"seconds": 30})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    again = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper", attempt=0)
+    await publish_item(log, again, msg_id=f"work:{run.run_id}:start:again")
+    outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
+    assert (outcome.run_id, outcome.kind, outcome.detail) == (
+        run.run_id, "skipped", "another work item already started the run")
+    # The runner holding the run stops and gives it back: its item's redelivery is the
+    # run's, and takes it over as the next attempt.
+    second = await start_runner(Sleeper, shutdown_grace_s=0.05)
+    await runner.stopped()
+    running = await event_of(log, run, lambda e: e.type == "run.running" and e.data.attempt == 2)
+    assert running.data.runner_id == second.runner.runner_id
+    history = await log.read_run(PARENT, run.run_id)
+    assert [e.data.attempt for e in of_type(history, "run.running")] == [1, 2]
+
+
 async def test_a_finished_or_cleared_run_is_skipped(log, start_runner):
     runner = await start_runner(Sleeper)
     done = await dispatch(log, "Sleeper", {"seconds": 30},
                           lambda run: [run.running(), run.completed("earlier")])
     outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
     assert (outcome.run_id, outcome.kind) == (done.run_id, "skipped")
-    assert len((await log.read_run(PARENT, done.run_id)).events) == 4
+    assert len((await log.read_run(PARENT, done.run_id)).events) == 3
 
     missing = WorkItem(run_id="r-never-requested", parent=PARENT, agent_type="Sleeper")
     await log.jetstream.publish(log.subjects.work("Sleeper"), missing.model_dump_json().encode())

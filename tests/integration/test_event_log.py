@@ -235,7 +235,10 @@ async def test_a_runs_first_event_is_appended_without_a_read_only_onto_an_empty_
     fresh, again = RunEvents("n-1"), RunEvents("n-1", id_prefix="again")
     first = fresh.requested()
     created = await log.append_new(first)
-    assert created is not None and (created.run_id, created.status) == (first.run_id, "starting")
+    assert created is not None
+    state, seq = created
+    assert (state.run_id, state.status) == (first.run_id, "starting")
+    assert seq == await log.last_seq(fresh.parent, "n-1")
     # The subject is not empty, whatever the event; the same event is stored once.
     assert await log.append_new(again.requested()) is None
     assert await log.append_new(first) is None

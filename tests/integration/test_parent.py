@@ -82,6 +82,33 @@ async def until(log: EventLog, run_id: str, predicate, parent: ParentRef = PAREN
     return state, events
 
 
+@pytest.fixture
+async def dispatches(log):
+    """`await dispatches(run_id, count=1)`: the work items published for the run, once
+    there are `count` of them. A core subscription sees each as it goes out (the work
+    queue itself admits no second consumer)."""
+    seen: list[WorkItem] = []
+    arrived = asyncio.Event()
+
+    async def on_item(msg) -> None:
+        seen.append(WorkItem.model_validate_json(msg.data))
+        arrived.set()
+
+    subscription = await log.nats.subscribe(f"{log.subjects.prefix}.work.>", cb=on_item)
+    await log.nats.flush()
+
+    async def of(run_id: str, count: int = 1, timeout: float = 10) -> list[WorkItem]:
+        async def enough() -> list[WorkItem]:
+            while len(items := [item for item in seen if item.run_id == run_id]) < count:
+                arrived.clear()
+                await arrived.wait()
+            return items
+        return await asyncio.wait_for(enough(), timeout)
+
+    yield of
+    await subscription.unsubscribe()
+
+
 def types(events) -> list[str]:
     return [e.type for e in events]
 
@@ -101,26 +128,31 @@ async def work_items(log: EventLog, agent_type: str) -> list[WorkItem]:
     return found
 
 
-async def test_a_run_request_is_registered_and_dispatched_once(parent, log):
+async def test_a_run_request_is_registered_and_dispatched_once(parent, log, dispatches):
     await send(log, "run", run_request("r1"), msg_id="run:r1")
-    state, events = await until(log, "r1", lambda s, e: s and s.dispatched_at)
-    assert types(events) == ["run.requested", "run.started"]
+    [item] = await dispatches("r1")
+    state, events = await until(log, "r1", lambda s, e: s is not None)
+    assert types(events) == ["run.requested"], "the work item is the dispatch: no event"
     assert state.status == "starting" and state.input == {"query": "HTTP/3"}
     assert [w.run_id for w in await work_items(log, "Researcher")] == ["r1"]
+    # A new run's item carries its request and where it is, so the runner need not read.
+    assert (item.dispatch, item.attempt, item.requested) == (1, 0, events[0])
+    assert item.requested_seq == await log.last_seq(PARENT, "r1")
 
 
-async def test_fifty_concurrent_identical_requests_make_one_child_turn(parent, log):
+async def test_fifty_concurrent_identical_requests_make_one_child_turn(parent, log, dispatches):
     # Distinct message ids defeat the stream's duplicate window: the parent itself
     # must keep one child turn per run id.
     await asyncio.gather(*(send(log, "run", run_request("r-50"), msg_id=f"run:r-50:{i}")
                            for i in range(50)))
-    await until(log, "r-50", lambda s, e: s and s.dispatched_at)
+    await dispatches("r-50")
     async def all_handled() -> None:
         while parent.handled < 50:
             await asyncio.sleep(0.01)
     await asyncio.wait_for(all_handled(), timeout=20)
     history = await log.read_run(PARENT, "r-50")
-    assert types(history.events) == ["run.requested", "run.started"]
+    assert types(history.events) == ["run.requested"]
+    # Each repeat published the item again, with the first's message id: the stream kept one.
     assert len(await work_items(log, "Researcher")) == 1
 
 
@@ -203,7 +235,7 @@ async def test_the_cap_is_never_exceeded_under_concurrent_requests(parent, log):
     run_ids = [f"cap-{i}" for i in range(12)]
     await asyncio.gather(*(send(log, "run", run_request(r)) for r in run_ids))
     outcomes = await asyncio.gather(*(until(log, r, lambda s, e: e and (
-        e[-1].type in ("run.rejected", "run.started"))) for r in run_ids))
+        e[-1].type in ("run.rejected", "run.requested"))) for r in run_ids))
     admitted = [r for r, (s, _) in zip(run_ids, outcomes, strict=True) if s is not None]
     rejected = [events[-1].data.error for s, events in outcomes if s is None]
     assert len(admitted) == 3
@@ -231,17 +263,17 @@ async def test_a_child_acting_as_parent_has_its_own_cap(parent, log):
     assert rejections == ["maxConcurrentAgentTools (1) exceeded"]
 
 
-async def test_cancel_in_each_state(parent, log):
+async def test_cancel_in_each_state(parent, log, dispatches):
     # awaited and open: cancellation is requested; the runner ends it when the child stops
     await send(log, "run", run_request("c-awaited"))
-    await until(log, "c-awaited", lambda s, e: s and s.dispatched_at)
+    await dispatches("c-awaited")
     await send(log, "cancel", {"run_id": "c-awaited", "parent": PARENT.model_dump()})
     state, _ = await until(log, "c-awaited", lambda s, e: s.cancel_requested_at)
     assert state.status == "starting"
 
     # detached: aborted at once
     await send(log, "run", run_request("c-detached", detached=True))
-    await until(log, "c-detached", lambda s, e: s and s.dispatched_at)
+    await dispatches("c-detached")
     await send(log, "cancel", {"run_id": "c-detached", "parent": PARENT.model_dump()})
     state, _ = await until(log, "c-detached", lambda s, e: s.status == "aborted")
     assert state.aborted_cause == "cancel"
@@ -267,9 +299,11 @@ async def test_a_run_command_applied_again_is_answered_from_the_log_and_dispatch
     other = await parent._handlers.run(json.dumps(run_request("applied-twice",
                                                               input={"query": "other"})).encode(),
                                        seq=10_002)
-    assert (first.decision, again.decision, other.decision) == ("created", "existing", "existing")
+    # A starting run's item goes out again (the first may never have): the stream drops it.
+    assert (first.decision, again.decision, other.decision) == (
+        "created", "redispatched", "redispatched")
     history = await log.read_run(PARENT, "applied-twice")
-    assert types(history.events) == ["run.requested", "run.started"]
+    assert types(history.events) == ["run.requested"]
     assert history.state.input == {"query": "HTTP/3"}
     assert [item.run_id for item in await work_items(log, "Researcher")].count("applied-twice") == 1
 
@@ -304,12 +338,13 @@ async def test_repeated_request_of_an_interrupted_run_reattaches(parent, log):
     assert [(w.run_id, w.dispatch) for w in items] == [("int-1", 1)]
 
 
-async def test_clear_cancels_open_runs_purges_the_log_and_has_run_is_false(parent, log):
+async def test_clear_cancels_open_runs_purges_the_log_and_has_run_is_false(parent, log,
+                                                                             dispatches):
     done = RunEvents("old-done", PARENT)
     for event in (done.requested(), done.running(), done.completed()):
         await log.append(event, expected_last_seq=None)
     await send(log, "run", run_request("still-open"))
-    await until(log, "still-open", lambda s, e: s and s.dispatched_at)
+    await dispatches("still-open")
 
     await send(log, "clear", {"parent": PARENT.model_dump(), "status": ["completed", "starting"]})
     _, events = await until(log, "still-open", lambda s, e: e[-1].type == "run.cleared")
@@ -323,9 +358,9 @@ async def test_clear_cancels_open_runs_purges_the_log_and_has_run_is_false(paren
         assert json.loads(reply.data)["has_run"] is False
 
 
-async def test_inspect_answers_only_the_owning_parent(parent, log):
+async def test_inspect_answers_only_the_owning_parent(parent, log, dispatches):
     await send(log, "run", run_request("mine"))
-    await until(log, "mine", lambda s, e: s and s.dispatched_at)
+    await dispatches("mine")
     ask = log.subjects.rpc("inspect")
     reply = InspectReply.model_validate_json((await log.nats.request(ask, json.dumps(
         {"run_id": "mine", "parent": PARENT.model_dump()}).encode(), timeout=5)).data)
@@ -356,11 +391,11 @@ async def deliverer_idle(log: EventLog) -> None:
         await asyncio.sleep(0.02)
 
 
-async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log):
+async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log, dispatches):
     registry = await log.jetstream.key_value(log.subjects.registry_bucket)
     await registry.put("hook.Assistant.on_done", b"{}")
     await send(log, "run", run_request("h1", detached={"on_finish": "on_done", "notify": True}))
-    await until(log, "h1", lambda s, e: s and s.dispatched_at)
+    await dispatches("h1")
     history = await log.read_run(PARENT, "h1")
     run = RunEvents("h1", PARENT, id_prefix="runner", start_ms=history.state.requested_at + 1)
     for event in (run.running(), run.interrupted("no-progress"), run.completed("late but done")):
@@ -379,13 +414,13 @@ async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log)
 
 
 async def test_a_hook_for_an_outcome_older_than_half_the_duplicate_window_is_not_marked_first(
-        parent, log, settings):
+        parent, log, settings, dispatches):
     # Its hook may have been published long ago and acknowledged since: a repeat the
     # stream would not drop, so the handler must look at the ledger.
     registry = await log.jetstream.key_value(log.subjects.registry_bucket)
     await registry.put("hook.Assistant.on_done", b"{}")
     await send(log, "run", run_request("h-old", detached={"on_finish": "on_done"}))
-    await until(log, "h-old", lambda s, e: s and s.dispatched_at)
+    await dispatches("h-old")
     history = await log.read_run(PARENT, "h-old")
     late = history.state.requested_at - settings.duplicate_window_ms // 2
     run = RunEvents("h-old", PARENT, id_prefix="runner", start_ms=late)
@@ -397,15 +432,16 @@ async def test_a_hook_for_an_outcome_older_than_half_the_duplicate_window_is_not
 
 
 async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its_hook(
-        parent, log):
+        parent, log, dispatches):
     registry = await log.jetstream.key_value(log.subjects.registry_bucket)
     await registry.put("hook.Assistant.on_done", b"{}")
     await send(log, "run", run_request("again"))
-    await until(log, "again", lambda s, e: s and s.dispatched_at)
+    await dispatches("again")
     await send(log, "clear", {"parent": PARENT.model_dump()})
     await until(log, "again", lambda s, e: e[-1].type == "run.cleared")
     await send(log, "run", run_request("again", detached={"on_finish": "on_done"}))
-    state, _ = await until(log, "again", lambda s, e: s and s.detached and s.dispatched_at)
+    await dispatches("again", count=2)
+    state, _ = await until(log, "again", lambda s, e: s and s.detached)
     run = RunEvents("again", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
     for event in (run.running(), run.milestone("half"), run.completed("second life")):
         await log.append(event, expected_last_seq=None)
@@ -419,7 +455,7 @@ async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its
 
 
 async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
-        settings, log, pool):
+        settings, log, pool, dispatches):
     options = {"notify": {"source": "research-bg"}, "on_milestones": ["drafted"]}
     chat = log.subjects.chat(PARENT)
 
@@ -440,7 +476,8 @@ async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
             await asyncio.wait_for(task, timeout=10)
 
     await send(log, "run", run_request("n1", detached=options))
-    state, _ = await serve_while(until(log, "n1", lambda s, e: s and s.dispatched_at))
+    await serve_while(dispatches("n1"))
+    state, _ = await until(log, "n1", lambda s, e: s is not None)
     run = RunEvents("n1", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
     for event in (run.running(), run.milestone("drafted"), run.milestone("other")):
         await log.append(event, expected_last_seq=None)
@@ -462,7 +499,7 @@ async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
 
 
 async def test_overridden_formatters_set_the_text_and_an_empty_one_suppresses_it(
-        settings, log, pool):
+        settings, log, pool, dispatches):
     configured = settings.model_copy(update={"formatters": "examples.formatters:Terse"})
     service = ParentService(configured, log, pool, AgentRegistry([Researcher]),
                             get_logger(service="parent-test"))
@@ -472,7 +509,8 @@ async def test_overridden_formatters_set_the_text_and_an_empty_one_suppresses_it
     try:
         await send(log, "run", run_request("f1", detached={"notify": True,
                                                            "on_milestones": ["drafted"]}))
-        state, _ = await until(log, "f1", lambda s, e: s and s.dispatched_at)
+        await dispatches("f1")
+        state, _ = await until(log, "f1", lambda s, e: s is not None)
         run = RunEvents("f1", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
         for event in (run.running(), run.milestone("drafted"), run.completed("the answer")):
             await log.append(event, expected_last_seq=None)

@@ -516,9 +516,9 @@ class EventLog:
                 continue  # the conflict's read is what we know now
         raise ConcurrencyConflict(subject, seq)
 
-    async def append_new(self, event: Event) -> RunState | None:
+    async def append_new(self, event: Event) -> tuple[RunState, int] | None:
         """Append a run's first event expecting its subject empty, without reading it;
-        the run's state after it.
+        the run's state after it, and the event's stream sequence.
 
         None, with nothing appended, when the subject is not empty (the run exists, or
         existed: a clear leaves a tombstone) or the event is already stored (a command
@@ -530,7 +530,7 @@ class EventLog:
             return None
         state = evolve(None, event).state
         self._known.remember(subject, state, ack.seq)
-        return state
+        return state, ack.seq
 
     def remember(self, parent: ParentRef, run_id: str, state: RunState | None, seq: int) -> None:
         """What another reader of the log knows of a run: its state after the message at

@@ -1,10 +1,14 @@
 """One work item, from its delivery to its acknowledgement.
 
-The work item only names the run; the run's events are the truth. Every step is safe to
-repeat, because a work item is redelivered whenever its runner dies or gives it back:
+The work item names the run; the run's events are the truth. (A new run's first item
+also carries its `run.requested`, so the runner need not read it: the append of
+`run.running` expects that event's sequence, and a run that moved since is read.) Every
+step is safe to repeat, because a work item is redelivered whenever its runner dies or
+gives it back:
 
 - `run.running` is appended with optimistic concurrency and the next attempt number, so
-  of two runners holding the same run only one goes on;
+  of two runners holding the same run only one goes on; a redelivered item takes the run
+  over, a second item for one dispatch (`WorkItem.attempt`) does not;
 - the outcome is appended only while the run is not hard-terminal (never a second
   `run.completed`), with a deterministic event id so a retried append is stored once;
 - the work item is acknowledged only after the outcome is in the log: a runner that
@@ -24,7 +28,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.jetstream import EventLog, RunHistory, delivery_of
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
 from tether.child.recorder import RunRecorder, now_ms
@@ -47,7 +51,7 @@ from tether.domain.events import (
     RunRunningData,
 )
 from tether.domain.ids import derived_event_id
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
 
 MAX_ERROR_CHARS = 500
@@ -191,20 +195,20 @@ class Execution:
 
     async def _run(self) -> Outcome:
         log, settings = self._env.log, self._env.settings
-        history = await log.read_run(self.parent, self.run_id)
+        first_delivery = delivery_of(self._msg).delivered == 1
+        history = ((self._history_from_item() if first_delivery else None)
+                   or await log.read_run(self.parent, self.run_id))
         state = history.state
-        if state is None:
-            return await self._ack("skipped", "no such run (never requested, or cleared)")
-        self.attempt = state.attempt
-        if state.is_hard_terminal:
-            return await self._ack("skipped", f"the run already ended {state.status}")
-        if state.agent_type != self.item.agent_type:
-            return await self._ack("skipped", f"the run is for {state.agent_type}, "
-                                              f"not {self.item.agent_type}")
-        if state.cancel_requested_at is not None:
-            if state.cancel_reason == GIVE_UP:
-                return await self._ack("skipped", "the reconciler gave up on the run")
-            return await self._abort(None)
+        if state is not None:
+            self.attempt = state.attempt
+        if (not_started := await self._not_to_start(state)) is not None:
+            return not_started
+        assert state is not None
+        if first_delivery and self.item.attempt is not None and state.attempt > self.item.attempt:
+            # A redelivery takes the run over (its runner is gone); a first delivery of an
+            # item published before the run's current attempt began is a second item for
+            # one dispatch, and the run is another runner's.
+            return await self._ack("skipped", "another work item already started the run")
         if state.paused is not None:
             # A stale item for a run that waits for input; a predecessor that paused it and
             # died before adding the milestone leaves that to us.
@@ -230,9 +234,10 @@ class Execution:
 
         state, appended = await log.update(self.parent, self.run_id, start)
         if not appended:
-            if state is not None and state.cancel_requested_at is not None \
-                    and not state.is_hard_terminal and state.attempt == expected:
-                return await self._abort(None)
+            # Decided from a fresh read: the run moved since we looked.
+            if state is None or state.attempt == expected:
+                if (not_started := await self._not_to_start(state)) is not None:
+                    return not_started
             return await self._ack("skipped", "another runner took the run")
         assert state is not None
         self.attempt = expected + 1
@@ -244,6 +249,33 @@ class Execution:
             return await self._fail(f"invalid input for {self.item.agent_type}: "
                                     f"{explain_validation(error)}"[:MAX_ERROR_CHARS])
         return await self._run_child(state, payload)
+
+    def _history_from_item(self) -> RunHistory | None:
+        """A new run's first item carries its request: the run as it was then, without a
+        read. Appending `run.running` expects the request's sequence, so a run that has
+        moved since is read and decided again."""
+        requested, seq = self.item.requested, self.item.requested_seq
+        if (requested is None or seq is None or requested.run_id != self.run_id
+                or requested.parent != self.parent):
+            return None
+        state = evolve(None, requested).state
+        self._env.log.remember(self.parent, self.run_id, state, seq)
+        return RunHistory((requested,), seq, state)
+
+    async def _not_to_start(self, state: RunState | None) -> Outcome | None:
+        """The outcome of an item whose run is not to be started (None: it is)."""
+        if state is None:
+            return await self._ack("skipped", "no such run (never requested, or cleared)")
+        if state.is_hard_terminal:
+            return await self._ack("skipped", f"the run already ended {state.status}")
+        if state.agent_type != self.item.agent_type:
+            return await self._ack("skipped", f"the run is for {state.agent_type}, "
+                                              f"not {self.item.agent_type}")
+        if state.cancel_requested_at is not None:
+            if state.cancel_reason == GIVE_UP:
+                return await self._ack("skipped", "the reconciler gave up on the run")
+            return await self._abort(None)
+        return None
 
     async def _run_child(self, state: RunState, payload: BaseModel) -> Outcome:
         env = self._env

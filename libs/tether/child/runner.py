@@ -20,6 +20,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 from nats.aio.client import Client as NATS
@@ -130,7 +131,9 @@ class ChildRunner:
         self._on_outcome = on_outcome
         self._logger = get_logger(service="child-runner", runner_id=self.runner_id)
         self._slots = _Slots(settings.runner_concurrency)
-        self._active: dict[tuple[str, str, str], Execution] = {}
+        # Each run's executions in this process, oldest first: usually one, but a second
+        # item for the run can arrive while the first still runs it.
+        self._active: dict[tuple[str, str, str], list[Execution]] = {}
         self._handlers: set[asyncio.Task[None]] = set()
         self._subscriptions: list[Subscription] = []
         self._pulls: dict[str, Pull] = {}
@@ -190,8 +193,9 @@ class ChildRunner:
                           grace_s=self._shutdown_grace_s)
         _, unfinished = await asyncio.wait(set(self._handlers), timeout=self._shutdown_grace_s)
         if unfinished:
-            for execution in list(self._active.values()):
-                execution.release_for_shutdown()
+            for executions in list(self._active.values()):
+                for execution in executions:
+                    execution.release_for_shutdown()
             await asyncio.wait(unfinished, timeout=self._shutdown_grace_s)
 
     async def _consume(self, agent_type: str, pull: Pull,
@@ -235,7 +239,8 @@ class ChildRunner:
             assert agent_cls is not None  # the consumer exists only for registered types
             execution = Execution(self._env, agent_cls, msg, item)
             key = (item.parent.agent, item.parent.name, item.run_id)
-            self._active[key] = execution
+            executions = self._active.setdefault(key, [])
+            executions.append(execution)
             try:
                 outcome = await execution.run()
             except Exception as error:  # the item is redelivered after ack_wait
@@ -245,7 +250,8 @@ class ChildRunner:
                                    error=f"{type(error).__name__}: {error}", exc_info=error)
                 return
             finally:
-                if self._active.get(key) is execution:
+                executions.remove(execution)
+                if not executions:
                     del self._active[key]
             self._log_outcome(outcome)
             if self._on_outcome is not None:
@@ -275,18 +281,21 @@ class ChildRunner:
         except ValidationError:
             self._logger.warning("cancel_signal.unreadable", subject=msg.subject)
             return
-        execution = self._active.get((signal.parent.agent, signal.parent.name, signal.run_id))
-        if execution is None:
+        executions = list(self._active.get(
+            (signal.parent.agent, signal.parent.name, signal.run_id), ()))
+        if not executions:
             return  # only the runner holding the run answers a cancel request
-        execution.cancel(signal.reason)
+        for execution in executions:
+            execution.cancel(signal.reason)
         if msg.reply:
             # Asked as a request (the reconciler): say whether the child really stopped.
             grace = self._env.cancel_grace_s + 1.0
-            try:
-                await asyncio.wait_for(execution.finished.wait(), timeout=grace)
-            except TimeoutError:
-                pass
-            reply = CancelReply(had_run=True, stopped=execution.finished.is_set())
+            with suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    for execution in executions:
+                        await execution.finished.wait()
+            reply = CancelReply(had_run=True,
+                                stopped=all(e.finished.is_set() for e in executions))
             await msg.respond(reply.model_dump_json().encode())
 
     async def _on_inspect(self, msg: Msg) -> None:
@@ -297,9 +306,11 @@ class ChildRunner:
             request = ChildInspectRequest.model_validate_json(msg.data)
         except ValidationError:
             return
-        execution = self._active.get((request.parent.agent, request.parent.name, request.run_id))
+        executions = self._active.get((request.parent.agent, request.parent.name,
+                                       request.run_id))
         record = None
-        if execution is not None:
+        if executions:
+            execution = executions[-1]  # the latest item's: a takeover is the run's attempt
             record = ChildRecord(status=execution.child_status, attempt=execution.attempt,
                                  runner_id=self.runner_id)
         await msg.respond(ChildInspectReply(record=record).model_dump_json().encode())

@@ -13,6 +13,7 @@ from tether.domain.events import (
     InterruptedReason,
     Model,
     ParentRef,
+    RunRequested,
     RunStatus,
 )
 from tether.domain.ids import Identifier
@@ -24,14 +25,25 @@ GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
 class WorkItem(Model):
     """`<prefix>.work.<agent_type>`, `Nats-Msg-Id: work:<run_id>:<why>:<dispatch>`.
 
-    Deliberately small: the runner reads everything else (input, budgets, what was
-    already recorded) from the run's events, which are the truth.
+    It names the run; the runner reads everything else (input, budgets, what was already
+    recorded) from the run's events, which are the truth. A new run's first item carries
+    its `run.requested` and that event's stream sequence, so the runner starts it without
+    a read: `run.running` is appended expecting that sequence, and a run that has moved
+    since is read after all.
     """
 
     run_id: Identifier
     parent: ParentRef
     agent_type: Identifier
     dispatch: int = Field(default=1, ge=1)
+    # The attempts the run had made when the item was published. On its first delivery,
+    # a run that has made more was started by another item for the same dispatch (a
+    # repeated request publishes a starting run's item again): this one is skipped. A
+    # redelivery takes the run over, since the runner that held it is gone. None: an
+    # item from an older parent, not checked.
+    attempt: int | None = Field(default=None, ge=0)
+    requested: RunRequested | None = None
+    requested_seq: int | None = Field(default=None, ge=1)
 
 
 class CancelSignal(Model):

@@ -31,8 +31,6 @@ from tether.domain.events import (
     RunRequestedData,
     RunResumed,
     RunResumedData,
-    RunStarted,
-    RunStartedData,
 )
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState
@@ -103,14 +101,6 @@ def reject_run(run_id: str, parent: ParentRef, agent_type: str | None, code: str
                cause: Cause) -> RunRejected:
     return RunRejected(**_envelope(run_id, parent, cause, "rejected"),
                        data=RunRejectedData(agent_type=agent_type, code=code, error=error))
-
-
-def dispatch(state: RunState | None, work_subject: str, cause: Cause) -> list[Event]:
-    """A registered run that was never handed to the runners is handed over now."""
-    if state is None or state.status != "starting" or state.dispatched_at is not None:
-        return []
-    return [RunStarted(**_envelope(state.run_id, state.parent, cause, "started"),
-                       data=RunStartedData(work_subject=work_subject))]
 
 
 def reattach(state: RunState | None, cause: Cause) -> list[Event]:

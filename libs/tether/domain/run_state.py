@@ -111,7 +111,7 @@ class RunState(Model):
     display: str | None = None
     detached: DetachedOptions | None = None
     requested_at: int
-    dispatched_at: int | None = None
+    dispatched_at: int | None = None  # from run.started, in logs written before it was dropped
     started_at: int | None = None
     ended_at: int | None = None
     attempt: int = 0
@@ -254,6 +254,8 @@ def _requested(state: RunState | None, event: RunRequested) -> Evolved:
 
 
 def _started(state: RunState, event: RunStarted) -> Evolved:
+    # Parents no longer append run.started (a run's work item goes out right after its
+    # run.requested); logs written before still hold it, and it folds as it always did.
     if state.dispatched_at is not None:
         return _ignored(state, "duplicate: the run was already dispatched")
     if state.is_hard_terminal:

@@ -26,7 +26,7 @@ from tether.domain.commands import (
     RunCommand,
     parse_command,
 )
-from tether.domain.events import ParentRef
+from tether.domain.events import ParentRef, RunRequested
 from tether.domain.ids import InvalidIdentifier, check_identifier
 from tether.domain.run_state import RunState
 from tether.parent.slots import SlotKeeper
@@ -92,7 +92,8 @@ class CommandHandlers:
             # answered as below.
             requested = decide.request_run(command, self._budgets, cause)
             if (created := await self._log.append_new(requested)) is not None:
-                await self._dispatch(created, cause)
+                state, seq = created
+                await self._dispatch(state, requested, seq)
                 return RunOutcome("created", status="starting")
 
         history = await self._log.read_run(command.parent, command.run_id)
@@ -120,13 +121,17 @@ class CommandHandlers:
             # Another replica created it between our read and our append.
             assert state is not None
             return await self._existing(state, cause)
-        await self._dispatch(state, cause)
+        await self._dispatch(state)
         return RunOutcome("created", status="starting")
 
     async def _existing(self, state: RunState, cause: decide.Cause) -> RunOutcome:
         """A repeated run id never starts a second child turn."""
-        if state.status == "starting" and state.dispatched_at is None:
-            await self._dispatch(state, cause)  # the first attempt died before dispatching
+        if state.status == "starting":
+            # Its work item may never have gone out (the parent that appended the request
+            # died first), so it goes out again: within the work stream's duplicate window
+            # the stream drops it, and after it the runner skips an item whose run another
+            # item already started (`WorkItem.attempt`).
+            await self._dispatch(state)
             return RunOutcome("redispatched", status=state.status)
         if state.status == "interrupted":
             state, appended = await self._log.update(
@@ -160,17 +165,23 @@ class CommandHandlers:
             return ("unknown-hook", error)
         return None
 
-    async def _dispatch(self, state: RunState | None, cause: decide.Cause) -> None:
+    async def _dispatch(self, state: RunState | None, requested: RunRequested | None = None,
+                        requested_seq: int | None = None) -> None:
+        """Put a starting run on the runners' queue. No event records it: the command is
+        acknowledged only after this, so a parent that dies first gets the command again
+        and dispatches then. `requested` (with its stream sequence) lets the runner start
+        a new run without reading it."""
         if state is None:
             return
-        work_subject = self._subjects.work(state.agent_type)
-        await self._publish_work(state, dispatch=1)
-        await self._log.update(state.parent, state.run_id,
-                               lambda s: decide.dispatch(s, work_subject, cause))
+        await self._publish_work(state, dispatch=1, requested=requested,
+                                 requested_seq=requested_seq)
 
-    async def _publish_work(self, state: RunState, dispatch: int, why: str = "start") -> None:
+    async def _publish_work(self, state: RunState, dispatch: int, why: str = "start", *,
+                            requested: RunRequested | None = None,
+                            requested_seq: int | None = None) -> None:
         item = WorkItem(run_id=state.run_id, parent=state.parent, agent_type=state.agent_type,
-                        dispatch=dispatch)
+                        dispatch=dispatch, attempt=state.attempt, requested=requested,
+                        requested_seq=requested_seq)
         await self._log.publish(self._subjects.work(state.agent_type), item.model_dump_json().encode(),
                                 headers={"Nats-Msg-Id": work_message_id(state.run_id, dispatch, why)},
                                 stream=self._subjects.work_stream)
