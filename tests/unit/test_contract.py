@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from tether.contract import schemas
+from tether.contract.messages import WorkItem
 from tether.contract.subjects import Subjects
 from tether.domain.commands import (
     COMMAND_CLASSES,
@@ -272,3 +273,14 @@ def test_schemas_cover_every_event_and_command() -> None:
             "events/event.json", "commands/run.json"} <= set(generated)
     assert len([p for p in generated if p.startswith("events/run.")]) == 20
     assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 8
+
+
+def test_a_work_item_ignores_fields_a_later_parent_adds_but_checks_its_own() -> None:
+    item = WorkItem.model_validate_json(
+        '{"run_id": "r1", "parent": {"agent": "A", "name": "n"}, "agent_type": "Researcher",'
+        ' "attempt": 0, "priority": "high"}')
+    assert (item.run_id, item.attempt) == ("r1", 0) and not hasattr(item, "priority")
+    with pytest.raises(ValidationError, match="attempt"):
+        WorkItem.model_validate_json(
+            '{"run_id": "r1", "parent": {"agent": "A", "name": "n"},'
+            ' "agent_type": "Researcher", "attempt": -1}')

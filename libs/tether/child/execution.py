@@ -235,9 +235,9 @@ class Execution:
         state, appended = await log.update(self.parent, self.run_id, start)
         if not appended:
             # Decided from a fresh read: the run moved since we looked.
-            if state is None or state.attempt == expected:
-                if (not_started := await self._not_to_start(state)) is not None:
-                    return not_started
+            if ((state is None or state.attempt == expected)
+                    and (not_started := await self._not_to_start(state)) is not None):
+                return not_started
             return await self._ack("skipped", "another runner took the run")
         assert state is not None
         self.attempt = expected + 1

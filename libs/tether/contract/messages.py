@@ -6,7 +6,7 @@ model names it and its deduplication id.
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from tether.domain.events import (
     DetachedOptions,
@@ -31,6 +31,11 @@ class WorkItem(Model):
     a read: `run.running` is appended expecting that sequence, and a run that has moved
     since is read after all.
     """
+
+    # Fields a later parent adds are ignored rather than refused, so that runners can be
+    # upgraded after parents. (Runners from before `attempt` refuse items that carry it:
+    # upgrade them before the parents once.)
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     run_id: Identifier
     parent: ParentRef
