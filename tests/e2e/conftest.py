@@ -27,6 +27,7 @@ class ServiceProcess:
         self.lines: list[dict] = []
         self._reader: asyncio.Task | None = None
         self._started = asyncio.Event()
+        self._logged = asyncio.Event()  # set at each line, cleared by who waits for one
         self.health_port: int | None = None
 
     async def start(self) -> "ServiceProcess":
@@ -45,9 +46,19 @@ class ServiceProcess:
             except json.JSONDecodeError:
                 line = {"event": "raw", "text": raw.decode(errors="replace")}
             self.lines.append(line)
+            self._logged.set()
             if line.get("event") == "service.started":
                 self.health_port = line["health_port"]
                 self._started.set()
+
+    async def logged(self, event: str, timeout: float = 10) -> list[dict]:
+        """Its lines of `event`, once there is at least one (a service logs a line after
+        the fact it reports, so a test that saw the fact may still have to wait for it)."""
+        async with asyncio.timeout(timeout):
+            while not (found := [line for line in self.lines if line.get("event") == event]):
+                self._logged.clear()
+                await self._logged.wait()
+        return found
 
     def signal(self, signum: int) -> None:
         assert self.process

@@ -55,7 +55,7 @@ async def test_a_runner_killed_mid_run_is_resumed_by_another_without_duplicates(
     assert milestones == [(0, "step-1"), (1, "step-2"), (2, "step-3"), (3, "step-4")]
     assert [e.type for e in history.events].count("run.completed") == 1
     assert history.state.summary == "slept 2s"
-    done = [line for line in survivor.lines if line.get("event") == "work_item.done"]
+    done = await survivor.logged("work_item.done")
     assert [(line["outcome"], line["attempt"]) for line in done] == [("completed", 2)]
 
     # Idle now: SIGTERM stops it cleanly.

@@ -74,5 +74,5 @@ async def test_a_runner_killed_between_steps_is_resumed_without_repeating_a_reco
                                  f"\n\n{ANSWER}")
     assert [(m.sequence, m.name) for m in state.milestones] == [(0, "sources-gathered"),
                                                                  (1, "sources-gathered")]
-    done = [line for line in survivor.lines if line.get("event") == "work_item.done"]
+    done = await survivor.logged("work_item.done")
     assert [(line["outcome"], line["attempt"]) for line in done] == [("completed", 2)]
