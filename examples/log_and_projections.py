@@ -30,7 +30,7 @@ from tether.testing import RunEvents
 def script(run: RunEvents, ending: str) -> list:
     events = [run.requested(detached={"on_finish": "on_research_done"}, max_budget_ms=60_000,
                             no_progress_budget_ms=10_000),
-              run.started(), run.running(), run.milestone("sources-gathered", {"sources": 3}),
+              run.running(), run.milestone("sources-gathered", {"sources": 3}),
               run.output("HTTP/3 runs "), run.output("over QUIC.")]
     if ending == "completed":
         events.append(run.completed("HTTP/3 runs over QUIC.", {"sources": 3}))
