@@ -106,7 +106,8 @@ class RunRejectedData(Model):
 
 
 class RunStartedData(Model):
-    """The run was handed to the child-runners' work queue."""
+    """The run was handed to the child-runners' work queue. Parents no longer write it
+    (a run's dispatch is its `run.requested`); logs written before still hold it."""
 
     work_subject: str
 
