@@ -211,12 +211,44 @@ async def test_rapid_progress_is_coalesced_latest_value_kept_and_completion_sent
     elapsed_s = history.state.output["elapsed_s"]
 
     *coalesced, final = persisted
-    # One at once, then at most one per window, then the pending one flushed by the final.
+    # One at once, then at most one per window, in order; the final supersedes the value
+    # still waiting for its window (test_the_end_supersedes_a_value_waiting_for_its_window).
     assert 2 <= len(coalesced) <= int(elapsed_s / window_s) + 2, (len(coalesced), elapsed_s)
-    assert coalesced[-1].data.message == "signal 60"
+    numbers = [int(e.data.message.removeprefix("signal ")) for e in coalesced]
+    assert numbers[0] == 1 and numbers == sorted(set(numbers))
     assert (final.data.fraction, final.data.message) == (1.0, "done")
     assert history.events[-1].type == "run.completed"
     assert (await last_progress_signal(log, run)).message == "done"
+
+
+class EndsAtOnce(ChildAgent):
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        # Back to back: 0.6 is still waiting for its window when the end comes.
+        for fraction in (0.3, 0.6, 1.0):
+            await ctx.report_progress(fraction=fraction, message=f"at {fraction}")
+        return "done"
+
+
+async def test_the_end_supersedes_a_value_waiting_for_its_window(log, start_runner, nc):
+    await start_runner(EndsAtOnce, settings={"progress_persist_ms": 0})
+    signals: list[ProgressSignal] = []
+    ended = asyncio.Event()
+
+    async def on_signal(msg) -> None:
+        signals.append(signal := ProgressSignal.model_validate_json(msg.data))
+        if signal.fraction == 1.0:
+            ended.set()
+
+    subscription = await nc.subscribe(f"{log.subjects.prefix}.progress.>", cb=on_signal)
+    await nc.flush()
+    run = await dispatch(log, "EndsAtOnce", {})
+    history = await finished(log, run)
+    await asyncio.wait_for(ended.wait(), timeout=5)
+    await subscription.unsubscribe()
+    # The latest value wins: 0.3 went at once, 0.6 was superseded before its window ended.
+    assert [(s.fraction, s.message) for s in signals] == [(0.3, "at 0.3"), (1.0, "at 1.0")]
+    assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.3, 1.0]
+    assert history.state.progress.fraction == 1.0
 
 
 async def test_a_pending_signal_is_flushed_before_the_outcome(log, start_runner):

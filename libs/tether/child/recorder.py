@@ -250,8 +250,9 @@ class RunRecorder:
                        data: Any, persist: bool) -> None:
         """Coalesce: latest value wins, at most one send per window.
 
-        `fraction >= 1` is sent at once, right after the pending value it supersedes, so
-        a subscriber sees the last intermediate state and then the end, in that order.
+        `fraction >= 1` is sent at once, and a value still waiting for its window is
+        dropped: the end supersedes it (the seed's "latest value wins; a fraction >= 1
+        frame is always sent").
 
         Snapshots reach the log at most once per persist window (`persist` ones at once):
         the latest one when its window ends, or before the run's outcome or pause. One
@@ -260,8 +261,10 @@ class RunRecorder:
         """
         update = _Progress(fraction, message, phase, data, persist)
         if fraction is not None and fraction >= 1:
-            await self.flush()
-            await self._send(update)
+            timer, self._timer, self._pending = self._timer, None, None
+            if timer is not None:
+                timer.cancel()
+            await self._send(update)  # after any send already under way (the send lock)
             return
         elapsed = time.monotonic() - self._last_send
         if self._pending is None and self._timer is None and elapsed >= self._window_s:
