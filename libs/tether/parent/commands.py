@@ -117,9 +117,8 @@ class CommandHandlers:
         requested = decide.request_run(command, self._budgets, cause)
         state, appended = await self._log.update(
             command.parent, command.run_id, lambda s: [requested] if s is None else [])
+        assert state is not None  # ours, or another replica's created between read and append
         if not appended:
-            # Another replica created it between our read and our append.
-            assert state is not None
             return await self._existing(state, cause)
         await self._dispatch(state)
         return RunOutcome("created", status="starting")
@@ -165,14 +164,12 @@ class CommandHandlers:
             return ("unknown-hook", error)
         return None
 
-    async def _dispatch(self, state: RunState | None, requested: RunRequested | None = None,
+    async def _dispatch(self, state: RunState, requested: RunRequested | None = None,
                         requested_seq: int | None = None) -> None:
         """Put a starting run on the runners' queue. No event records it: the command is
         acknowledged only after this, so a parent that dies first gets the command again
         and dispatches then. `requested` (with its stream sequence) lets the runner start
         a new run without reading it."""
-        if state is None:
-            return
         await self._publish_work(state, dispatch=1, requested=requested,
                                  requested_seq=requested_seq)
 
