@@ -92,8 +92,8 @@ class CommandHandlers:
             # answered as below.
             requested = decide.request_run(command, self._budgets, cause)
             if (created := await self._log.append_new(requested)) is not None:
-                state, seq = created
-                await self._dispatch(state, requested, seq)
+                state, requested_seq = created
+                await self._dispatch(state, requested, requested_seq)
                 return RunOutcome("created", status="starting")
 
         history = await self._log.read_run(command.parent, command.run_id)
