@@ -14,6 +14,7 @@ from tether.adapters.jetstream import EventLog
 from tether.client import Tether, TimelineView, connect
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle, RunInfo
 from tether.domain.events import ParentRef
+from tether.domain.run_state import evolve
 
 AGENTS = ("examples.agents:Researcher,examples.agents:Summarizer,"
           "examples.agents:Failing,examples.agents:Sleeper,examples.nested:Coordinator")
@@ -58,9 +59,12 @@ async def events_of(log: EventLog, run_id: str, parent=ASSISTANT) -> list[str]:
                                                 run_id)).events]
 
 
-async def wait_for_event(log: EventLog, run_id: str, event_type: str, timeout: float = 30) -> None:
+async def wait_for_event(log: EventLog, run_id: str, event_type: str, timeout: float = 30,
+                         after_seq: int = 0) -> None:
+    """Until the run's subject holds an event of the type after stream sequence `after_seq`."""
     subject = log.subjects.run_events(ParentRef(agent=ASSISTANT[0], name=ASSISTANT[1]), run_id)
-    async with asyncio.timeout(timeout), aclosing(log.follow(subject)) as events:
+    async with (asyncio.timeout(timeout),
+                aclosing(log.follow(subject, start_seq=after_seq + 1)) as events):
         async for stored in events:
             if stored.event is not None and stored.event.type == event_type:
                 return
@@ -254,3 +258,71 @@ async def test_the_cli_runs_an_agent_and_rejects_bad_arguments(stack, service_en
     assert code == 2 and "not valid JSON" in err
     code, _, err = await cli("cancel", "Assistant/c li", "r1")
     assert code == 2 and "invalid parent name" in err
+
+
+async def test_a_cleared_run_id_runs_again_with_its_own_hook_call(tether, log):
+    """Clearing a run frees its id: the same id requested again, well inside the streams'
+    duplicate windows, is a new run with its own child turn, events and finish hook."""
+    calls: list[tuple[str, str]] = []
+    hooks = tether.hooks(ASSISTANT[0])
+
+    @hooks.on_finish("on_again_done")
+    async def on_again_done(run, result):
+        calls.append((run.run_id, result.summary))
+
+    async def until_recorded(text: str) -> None:
+        """Until the life of the run id that took `text` has its hook call in its ledger."""
+        subject = log.subjects.run_events(me.ref, "again-1")
+        state = None
+        async with asyncio.timeout(30), aclosing(log.follow(subject)) as events:
+            async for stored in events:
+                state = evolve(state, stored.event).state
+                if (state is not None and state.input == {"text": text}
+                        and state.finish_delivered("completed", "on_again_done")):
+                    return
+
+    me = tether.parent(*ASSISTANT)
+    async with hooks.running():
+        for n, text in enumerate(["first", "second"], start=1):
+            handle = await me.run_agent_tool("Summarizer", {"text": text}, run_id="again-1",
+                                             detached={"on_finish": "on_again_done"})
+            assert handle.status == "running"
+            await until_recorded(text)
+            life_seen = await log.last_seq(me.ref, "again-1")
+            await me.clear(status=["completed"])
+            await wait_for_event(log, "again-1", "run.cleared", after_seq=life_seen)
+        third = await me.run_agent_tool("Summarizer", {"text": "third"}, run_id="again-1",
+                                        timeout=30)
+
+    assert calls == [("again-1", "FIRST"), ("again-1", "SECOND")]
+    assert isinstance(third, AgentToolSuccess) and third.summary == "THIRD"
+    types = await events_of(log, "again-1")
+    assert types[-4:] == ["run.cleared", "run.requested", "run.running", "run.completed"]
+    snapshot = await me.inspect("again-1")
+    assert (snapshot.summary, snapshot.detached) == ("THIRD", False)
+    async with asyncio.timeout(30):
+        while [(r.run_id, r.summary) for r in await me.list_runs()] != [("again-1", "THIRD")]:
+            await asyncio.sleep(0.1)  # the projector catches up asynchronously
+
+
+async def test_a_rejected_request_does_not_block_its_run_id(tether, log):
+    """A request rejected for a hook nobody registered yet, repeated once the hook is
+    registered, is accepted: the rejection did not claim the run id."""
+    me = tether.parent(*ASSISTANT)
+    rejected = await me.run_agent_tool("Summarizer", {"text": "early"}, run_id="early-1",
+                                       detached={"on_finish": "on_early_done"})
+    assert rejected.status == "error" and "on_early_done" in rejected.error
+
+    fired = asyncio.Event()
+    hooks = tether.hooks(ASSISTANT[0])
+
+    @hooks.on_finish("on_early_done")
+    async def on_early_done(run, result):
+        fired.set()
+
+    async with hooks.running():
+        handle = await me.run_agent_tool("Summarizer", {"text": "early"}, run_id="early-1",
+                                         detached={"on_finish": "on_early_done"})
+        assert handle.status == "running"
+        await asyncio.wait_for(fired.wait(), timeout=30)
+    assert (await events_of(log, "early-1"))[:2] == ["run.rejected", "run.requested"]

@@ -9,6 +9,7 @@ hook, or snoop on other connections' inboxes.
 
 import asyncio
 import json
+import re
 import subprocess
 import time
 import urllib.request
@@ -175,8 +176,10 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
             chat = mine.chat()
             said = [(await anext(chat)).id for _ in range(2)]
             await chat.aclose()
-            assert said == [f"detached-finish:{told.run_id}:completed",
-                            f"detached-finish:{live.run_id}:completed"]
+            # Each id ends with its run's incarnation.
+            assert [re.fullmatch(r"(.*):[0-9a-f]{10}", id_)[1] for id_ in said] == [
+                f"detached-finish:{told.run_id}:completed",
+                f"detached-finish:{live.run_id}:completed"]
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -137,11 +137,11 @@ async def test_a_researcher_completes_with_summary_output_milestone_and_progress
     [milestone] = of_type(history, "run.milestone")
     assert (milestone.data.sequence, milestone.data.name, milestone.data.data) == (
         0, "sources-gathered", {"sources": 2})
-    assert milestone.event_id == f"{run.run_id}:ms:0"
+    assert milestone.event_id == state.event_id("ms", 0) == f"{run.run_id}:{state.incarnation}:ms:0"
     # 0.1 goes at once, 0.5 waits in its window until the milestone flushes it, 1.0 is final.
     assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.1, 0.5, 1.0]
     assert history.events[-1].type == "run.completed"
-    assert history.events[-1].event_id == f"{run.run_id}:completed"
+    assert history.events[-1].event_id == state.event_id("completed")
     assert (await last_progress_signal(log, run)).fraction == 1.0
     outcome = await runner.outcomes.get()
     assert (outcome.kind, outcome.attempt) == ("completed", 1)
@@ -550,6 +550,27 @@ async def test_a_finished_or_cleared_run_is_skipped(log, start_runner):
     await log.jetstream.publish(log.subjects.work("Sleeper"), missing.model_dump_json().encode())
     outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
     assert (outcome.run_id, outcome.kind) == ("r-never-requested", "skipped")
+
+
+async def test_a_child_of_a_cleared_run_leaves_the_run_ids_next_life_alone(log, start_runner):
+    """The run is cleared and its id requested again while its child still runs: the
+    child's outcome belongs to the cleared life and is not recorded on the new one."""
+    Holding.release = asyncio.Event()
+    # No heartbeat before the end: the outcome's own append must tell the lives apart.
+    runner = await start_runner(Holding, settings={"work_ack_wait_ms": 60_000})
+    run = await dispatch(log, "Holding", {})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    requested_again = RunEvents(run.run_id, PARENT, id_prefix="again").requested("Holding", input={})
+    for event in (run.cleared(), requested_again):
+        await log.append(event, expected_last_seq=None)
+    Holding.release.set()
+
+    outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
+    assert (outcome.run_id, outcome.kind) == (run.run_id, "skipped")
+    assert outcome.detail == "the child finished but the run had already ended"
+    history = await log.read_run(PARENT, run.run_id)
+    assert history.events[-1].event_id == requested_again.event_id
+    assert (history.state.status, history.state.attempt) == ("starting", 0)
 
 
 async def test_a_run_out_of_attempts_fails_with_a_clear_error(log, start_runner):

@@ -52,7 +52,7 @@ async def publish_hook(log: EventLog, state: RunState, method: str = METHOD,
                        msg_id: str | None = None, first: bool = False) -> None:
     """As the parent publishes it; `first`: marked as the outcome's first publication."""
     message = HookMessage(method=method, run=RunInfo.of(state), result=LifecycleResult.of(state))
-    headers = {"Nats-Msg-Id": msg_id or finish_message_id(state.run_id, state.status, method)}
+    headers = {"Nats-Msg-Id": msg_id or finish_message_id(state, state.status, method)}
     if first:
         headers[FIRST_PUBLICATION_HEADER] = "1"
     await log.jetstream.publish(
@@ -125,7 +125,7 @@ async def test_a_hook_is_registered_called_once_and_recorded_in_the_ledger(log, 
     assert (run.run_id, run.detached.on_finish) == ("import-1", METHOD)
     assert (result.status, result.summary) == ("completed", "imported import-1")
     assert (delivered.data.status, delivered.data.method) == ("completed", METHOD)
-    assert delivered.data.message_id == finish_message_id("import-1", "completed", METHOD)
+    assert delivered.data.message_id == finish_message_id(state, "completed", METHOD)
     assert (await log.read_run(PARENT, "import-1")).state.finish_delivered("completed", METHOD)
     assert hooks.stats.called == 1
 
@@ -244,7 +244,7 @@ async def test_the_global_hook_gets_every_detached_run(log, tether):
         await settled(tether, GLOBAL_FINISH_HOOK)
     assert seen == [("import-5", "completed")]
     assert delivered.data.method == GLOBAL_FINISH_HOOK
-    assert delivered.data.message_id == "finish-global:import-5:completed"
+    assert delivered.data.message_id == f"finish-global:import-5:completed:{state.incarnation}"
 
 
 async def test_a_malformed_hook_message_is_terminated_not_retried(log, tether):

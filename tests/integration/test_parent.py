@@ -405,8 +405,9 @@ async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log,
     hooks = [HookMessage.model_validate_json(m.data) for m in messages]
     assert [h.result.status for h in hooks] == ["interrupted", "completed"]
     assert hooks[1].result.summary == "late but done" and hooks[1].run.run_id == "h1"
-    assert [m.headers["Nats-Msg-Id"] for m in messages] == ["finish:h1:interrupted",
-                                                            "finish:h1:completed"]
+    life = history.state.incarnation
+    assert [m.headers["Nats-Msg-Id"] for m in messages] == [f"finish:h1:interrupted:{life}",
+                                                            f"finish:h1:completed:{life}"]
     # Fresh outcomes on their first delivery: the handler need not read the ledger.
     assert [m.headers.get(FIRST_PUBLICATION_HEADER) for m in messages] == ["1", "1"]
     info = await log.jetstream.stream_info(log.subjects.chat_stream)
@@ -427,7 +428,7 @@ async def test_a_hook_for_an_outcome_older_than_half_the_duplicate_window_is_not
     for event in (run.running(), run.completed("done long ago")):
         await log.append(event, expected_last_seq=None)
     [message] = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 1)
-    assert message.headers["Nats-Msg-Id"] == "finish:h-old:completed"
+    assert message.headers["Nats-Msg-Id"] == f"finish:h-old:completed:{history.state.incarnation}"
     assert FIRST_PUBLICATION_HEADER not in message.headers
 
 

@@ -184,7 +184,8 @@ async def test_an_unacknowledged_finish_hook_is_published_again_after_its_lease(
     first = await hooks.next_msg(timeout=5)
     second = await hooks.next_msg(timeout=5)
     ids = [first.headers["Nats-Msg-Id"], second.headers["Nats-Msg-Id"]]
-    assert ids == ["finish:hook-1:completed:retry1", "finish:hook-1:completed:retry2"]
+    life = (await log.read_run(PARENT, "hook-1")).state.incarnation
+    assert ids == [f"finish:hook-1:completed:{life}:retry1", f"finish:hook-1:completed:{life}:retry2"]
     assert HookMessage.model_validate_json(first.data).result.summary == "imported"
     assert {e.type for e in observed} == {"agent_tool:detached:delivery_failed"}
     assert observed[0].run_id == "hook-1" and observed[0].details["attempts"] == 1

@@ -6,12 +6,9 @@ from tether.client.awaiting import LiveEvent, RunFold, RunWaiter
 from tether.domain import events as ev
 from tether.testing import RunEvents
 
-T_PUBLISH = 100_000
-
 
 def waiter(mark: int, detached: bool = False) -> RunWaiter:
-    return RunWaiter("r1", "Researcher", mark=mark, detached=detached,
-                     published_at_ms=T_PUBLISH, duplicate_window_ms=5_000)
+    return RunWaiter("r1", "Researcher", mark=mark, detached=detached)
 
 
 def feed(w: RunWaiter, events: list, first_seq: int = 1):
@@ -21,8 +18,8 @@ def feed(w: RunWaiter, events: list, first_seq: int = 1):
     return answer
 
 
-def rejected(run: RunEvents, error: str = "unknown agent type 'Nope'", at: int | None = None):
-    return run.make(ev.RunRejected, at=at, code="validation", error=error, agent_type="Nope")
+def rejected(run: RunEvents, error: str = "unknown agent type 'Nope'"):
+    return run.make(ev.RunRejected, code="validation", error=error, agent_type="Nope")
 
 
 def test_a_new_run_is_answered_by_its_outcome() -> None:
@@ -109,14 +106,16 @@ def test_a_duplicate_of_a_request_in_flight_waits_for_its_run() -> None:
     assert feed(w, [run.requested(), run.completed("ok")]).ok
 
 
-def test_a_duplicate_of_a_rejected_request_gets_that_rejection() -> None:
+def test_a_request_after_a_rejection_waits_for_its_own_answer() -> None:
+    """The rejection at the mark answered an earlier request; the request after it, a new
+    command or a repeat of one made after the same rejection, is answered by what follows."""
     run = RunEvents("r1")
-    w = waiter(mark=1)
-    w.on_event(1, rejected(run, at=T_PUBLISH - 100))
-    assert w.on_published(duplicate=True).error == "unknown agent type 'Nope'"
-    stale = waiter(mark=1)
-    stale.on_event(1, rejected(run, at=T_PUBLISH - 60_000))
-    assert stale.on_published(duplicate=True) is None, "outside the window: not what we repeated"
+    for duplicate in (False, True):
+        w = waiter(mark=1)
+        w.on_event(1, rejected(run))
+        assert w.on_published(duplicate=duplicate) is None
+        answer = w.on_event(2, rejected(run, error="maxConcurrentAgentTools (1) exceeded"))
+        assert (answer.status, answer.error) == ("error", "maxConcurrentAgentTools (1) exceeded")
 
 
 def test_detached_is_answered_at_the_request_or_the_rejection() -> None:

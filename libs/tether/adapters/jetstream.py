@@ -488,6 +488,14 @@ class EventLog:
         needed appends nothing the server could refuse, so that answer is only given
         from a fresh read.
         """
+        state, appended, _ = await self.update_at(parent, run_id, decide, attempts=attempts)
+        return state, appended
+
+    async def update_at(self, parent: ParentRef, run_id: str,
+                        decide: Callable[[RunState | None], Sequence[Event]], *,
+                        attempts: int = 20) -> tuple[RunState | None, list[Event], int]:
+        """`update`, and the run's last stream sequence it knows of: the last appended
+        event's, or the one its decision to append nothing was read at."""
         subject = self.subjects.run_events(parent, run_id)
         appended: list[Event] = []
         seq = 0
@@ -511,7 +519,7 @@ class EventLog:
                     after = self._known.get(subject)
                     state = (after.state if after is not None and after.seq == seq
                              else evolve(state, event).state)
-                return state, appended
+                return state, appended, seq
             except ConcurrencyConflict:
                 continue  # the conflict's read is what we know now
         raise ConcurrencyConflict(subject, seq)

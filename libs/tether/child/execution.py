@@ -119,9 +119,10 @@ def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
     return count
 
 
-def _finish_unless_terminal(event: Event) -> Callable[[RunState | None], list[Event]]:
+def _finish_unless_terminal(event: Event, incarnation: str) -> Callable[[RunState | None], list[Event]]:
+    """Append the outcome unless the run has ended, or is a later life of its run id."""
     def decide(state: RunState | None) -> list[Event]:
-        if state is None or state.is_hard_terminal:
+        if state is None or state.is_hard_terminal or state.incarnation != incarnation:
             return []
         return [event]
     return decide
@@ -133,6 +134,7 @@ class Execution:
         self._env, self._agent_cls, self._msg, self.item = env, agent_cls, msg, item
         self.run_id, self.parent = item.run_id, item.parent
         self.attempt = 0
+        self._incarnation = ""  # the life of the run id this item works on, once read
         self._started = time.monotonic()
         self._ctx: RunContext | None = None
         self._recorder: RunRecorder | None = None
@@ -200,7 +202,7 @@ class Execution:
                    or await log.read_run(self.parent, self.run_id))
         state = history.state
         if state is not None:
-            self.attempt = state.attempt
+            self.attempt, self._incarnation = state.attempt, state.incarnation
         if (not_started := await self._not_to_start(state)) is not None:
             return not_started
         assert state is not None
@@ -218,9 +220,9 @@ class Execution:
             return await self._fail(f"gave up after {attempts} attempts: the child's "
                                     f"runner stopped each time before the run finished")
 
-        expected = state.attempt
+        expected, incarnation = state.attempt, state.incarnation
         running = RunRunning(
-            event_id=derived_event_id(self.run_id, "running", expected + 1), run_id=self.run_id,
+            event_id=self._event_id("running", expected + 1), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id))
@@ -228,11 +230,14 @@ class Execution:
         def start(current: RunState | None) -> list[Event]:
             # Another runner advancing the attempt in the meantime holds the run now.
             if (current is None or current.is_hard_terminal or current.attempt != expected
-                    or current.cancel_requested_at is not None):
+                    or current.cancel_requested_at is not None
+                    or current.incarnation != incarnation):
                 return []
             return [running]
 
         state, appended = await log.update(self.parent, self.run_id, start)
+        if state is not None:
+            self._incarnation = state.incarnation
         if not appended:
             # Decided from a fresh read: the run moved since we looked.
             if ((state is None or state.attempt == expected)
@@ -367,7 +372,7 @@ class Execution:
         if result.pause is not None:
             return await self._pause(result.pause)
         completed = RunCompleted(
-            event_id=derived_event_id(self.run_id, "completed"), run_id=self.run_id,
+            event_id=self._event_id("completed"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunCompletedData(summary=result.summary, output=result.output))
@@ -376,7 +381,7 @@ class Execution:
             return await self._fail(f"the child's result is {size} bytes; the largest event "
                                     f"NATS accepts is {limit} bytes")
         _, appended = await self._env.log.update(self.parent, self.run_id,
-                                                 _finish_unless_terminal(completed))
+                                                 _finish_unless_terminal(completed, self._incarnation))
         if not appended:
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
@@ -409,7 +414,7 @@ class Execution:
             get_logger(run_id=self.run_id).warning(
                 "child.heartbeat_failed", error=f"{type(error).__name__}: {error}")
             return known_seq
-        if state is None:
+        if state is None or state.incarnation != self._incarnation:
             self._stop("gone", "the run was cleared while the child ran")
         elif state.attempt > self.attempt:
             self._stop("superseded", f"attempt {state.attempt} took over the run")
@@ -428,19 +433,22 @@ class Execution:
         after a crash and pauses at the same point appends nothing new.
         """
         paused = RunPaused(
-            event_id=derived_event_id(self.run_id, "paused", pause.key), run_id=self.run_id,
+            event_id=self._event_id("paused", pause.key), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunPausedData(reason=pause.reason, pending=pause.pending))
 
         def decide(state: RunState | None) -> list[Event]:
             if (state is None or state.is_hard_terminal or state.attempt != self.attempt
-                    or state.paused is not None or state.cancel_requested_at is not None):
+                    or state.paused is not None or state.cancel_requested_at is not None
+                    or state.incarnation != self._incarnation):
                 return []
             return [paused]
 
         state, _ = await self._env.log.update(self.parent, self.run_id, decide)
-        if state is None or state.is_hard_terminal:
+        if state is None or state.incarnation != self._incarnation:
+            return await self._ack("skipped", "the run was cleared before it could pause")
+        if state.is_hard_terminal:
             return await self._ack("skipped", "the run ended before it could pause")
         if state.attempt != self.attempt:
             return self._outcome("superseded", f"attempt {state.attempt} took over the run")
@@ -457,20 +465,25 @@ class Execution:
                      cause: Literal["cancel", "child"] = "cancel") -> Outcome:
         error = "cancelled" if reason in (None, "", "cancelled") else f"cancelled: {reason}"
         aborted = RunAborted(
-            event_id=derived_event_id(self.run_id, "aborted"), run_id=self.run_id,
+            event_id=self._event_id("aborted"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
-        await self._env.log.update(self.parent, self.run_id, _finish_unless_terminal(aborted))
+        await self._env.log.update(self.parent, self.run_id,
+                                   _finish_unless_terminal(aborted, self._incarnation))
         return await self._ack("aborted", error)
 
     async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
         failed = RunFailed(
-            event_id=derived_event_id(self.run_id, "failed"), run_id=self.run_id,
+            event_id=self._event_id("failed"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunFailedData(error=error))
-        await self._env.log.update(self.parent, self.run_id, _finish_unless_terminal(failed))
+        await self._env.log.update(self.parent, self.run_id,
+                                   _finish_unless_terminal(failed, self._incarnation))
         await self._msg.ack()
         return self._outcome("failed", error, exception)
+
+    def _event_id(self, *parts: object) -> str:
+        return derived_event_id(self.run_id, self._incarnation, *parts)
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
         await self._msg.ack()

@@ -37,7 +37,6 @@ from tether.domain.events import (
     RunStepRecorded,
     RunStepRecordedData,
 )
-from tether.domain.ids import derived_event_id
 from tether.domain.run_state import PauseInfo, RunState
 from tether.log import get_logger
 
@@ -60,6 +59,7 @@ class RunRecorder:
                  persist_ms: int = 0, causation_id: str | None = None) -> None:
         self._log = log
         self.run_id, self.parent = state.run_id, state.parent
+        self._incarnation, self._event_id = state.incarnation, state.event_id  # this life's
         self._attempt = attempt
         self._window_s = coalesce_ms / 1000
         if state.detached is not None and state.no_progress_budget_ms > 0:
@@ -107,6 +107,15 @@ class RunRecorder:
         """The run's whole output text: what was recorded before plus this attempt's."""
         return self._recorded_text + "".join(self._new_text)
 
+    async def _append(self, event: Event) -> None:
+        """Append unless the run id is in another life: cleared, perhaps requested again,
+        while this child ran (its milestones would then be the new run's). The fold keys
+        each of these events (sequence, index, time), so a repeat changes nothing."""
+        def decide(state: RunState | None) -> list[Event]:
+            return [event] if state is not None and state.incarnation == self._incarnation else []
+
+        await self._log.update(self.parent, self.run_id, decide)
+
     def _logger(self):
         """Bound only when there is something to say: most runs log nothing."""
         return get_logger(run_id=self.run_id, agent_type=self._agent_type)
@@ -126,13 +135,12 @@ class RunRecorder:
             sequence = self._next_sequence
             async with self._send_lock:
                 at = self._next_at()
-                await self._log.append(RunMilestone(
-                    event_id=derived_event_id(self.run_id, "ms", sequence), run_id=self.run_id,
+                await self._append(RunMilestone(
+                    event_id=self._event_id("ms", sequence), run_id=self.run_id,
                     parent=self.parent, occurred_at=at, correlation_id=self.run_id,
                     causation_id=self._causation_id,
                     data=RunMilestoneData(sequence=sequence, name=name, data=data,
-                                          fraction=fraction, message=message, phase=phase),
-                ), expected_last_seq=None)
+                                          fraction=fraction, message=message, phase=phase)))
                 self._next_sequence += 1
                 self.milestones_recorded += 1
                 self._snapshot_recorded()
@@ -167,7 +175,7 @@ class RunRecorder:
                 return []
             sequence = max((m.sequence for m in state.milestones), default=-1) + 1
             return [RunMilestone(
-                event_id=derived_event_id(self.run_id, "ms", sequence), run_id=self.run_id,
+                event_id=self._event_id("ms", sequence), run_id=self.run_id,
                 parent=self.parent, occurred_at=self._next_at(), correlation_id=self.run_id,
                 causation_id=self._causation_id,
                 data=RunMilestoneData(sequence=sequence, name=name, data=data, message=message,
@@ -189,13 +197,13 @@ class RunRecorder:
         record, so a resumed run never mixes two histories.
         """
         event = RunStepRecorded(
-            event_id=derived_event_id(self.run_id, "step", index), run_id=self.run_id,
+            event_id=self._event_id("step", index), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunStepRecordedData(index=index, step=step))
 
         def decide(state: RunState | None) -> list[Event]:
             if (state is None or state.is_hard_terminal or state.attempt != self._attempt
-                    or index in state.steps):
+                    or state.incarnation != self._incarnation or index in state.steps):
                 return []
             return [event]
 
@@ -217,11 +225,10 @@ class RunRecorder:
             if not text:
                 return
             index = self._next_index
-            await self._log.append(RunOutput(
-                event_id=derived_event_id(self.run_id, "out", index), run_id=self.run_id,
+            await self._append(RunOutput(
+                event_id=self._event_id("out", index), run_id=self.run_id,
                 parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
-                causation_id=self._causation_id, data=RunOutputData(index=index, text=text),
-            ), expected_last_seq=None)
+                causation_id=self._causation_id, data=RunOutputData(index=index, text=text)))
             self._next_index += 1
             self._new_text.append(text)
 
@@ -357,15 +364,14 @@ class RunRecorder:
     async def _persist(self, update: _Progress, at: int) -> None:
         """The snapshot of a signal already sent, with the signal's own time."""
         self._progress_count += 1
-        await self._log.append(RunProgressPersisted(
-            event_id=derived_event_id(self.run_id, "progress", self._attempt,
-                                      self._progress_count),
+        await self._append(RunProgressPersisted(
+            event_id=self._event_id("progress", self._attempt, self._progress_count),
             run_id=self.run_id, parent=self.parent, occurred_at=at,
             correlation_id=self.run_id, causation_id=self._causation_id,
             data=RunProgressPersistedData(
                 fraction=update.fraction, message=update.message, phase=update.phase,
                 data=update.data if update.persist else None),
-        ), expected_last_seq=None)
+        ))
         self._unpersisted = None
         self._last_persist = time.monotonic()
 

@@ -11,7 +11,8 @@ is never answered from its previous life.
 
 If the server dropped the request as a repeat of one still in its duplicate window, no
 parent will act on it: an open run is awaited, a run that does not exist yet is awaited
-(the first request is in flight) unless that request was already rejected, and an
+(the request it repeated is in flight: for a run id whose last event was a rejection or a
+clear, the request's id names that event, so it repeated one made after it), and an
 interrupted run that is not being re-attached is answered with its interruption, since
 nobody is going to re-attach it for us.
 """
@@ -40,13 +41,11 @@ Answer = AgentToolSuccess | AgentToolFailure | DetachedHandle
 @dataclass(slots=True)
 class _Rejection:
     seq: int
-    at: int
     error: str
 
 
 class RunWaiter:
-    def __init__(self, run_id: str, agent_type: str, *, mark: int, detached: bool,
-                 published_at_ms: int = 0, duplicate_window_ms: int = 120_000) -> None:
+    def __init__(self, run_id: str, agent_type: str, *, mark: int, detached: bool) -> None:
         self.run_id = run_id
         self.agent_type = agent_type
         self.mark = mark
@@ -55,8 +54,6 @@ class RunWaiter:
         self.answer: Answer | None = None
         self._caught_up = mark == 0
         self._duplicate = False
-        self._published_at_ms = published_at_ms
-        self._duplicate_window_ms = duplicate_window_ms
         self._rejection: _Rejection | None = None
         self._interrupted_seq = 0
         self._reattaching = False
@@ -80,7 +77,7 @@ class RunWaiter:
 
     def _fold(self, seq: int, event: Event) -> None:
         if isinstance(event, RunRejected):
-            self._rejection = _Rejection(seq, event.occurred_at, event.data.error)
+            self._rejection = _Rejection(seq, event.data.error)
             return
         if isinstance(event, RunRequested):
             self._rejection = None
@@ -136,17 +133,12 @@ class RunWaiter:
         return None
 
     def _answering_rejection(self) -> _Rejection | None:
-        """A rejection that answers our request: one after the mark, or, when our request
-        was dropped as a repeat, the rejection of the request it repeated."""
+        """A rejection that answers our request, or the one it repeated: one after the mark.
+        One at or before it answered an earlier request, which did not claim the run id."""
         rejection = self._rejection
-        if rejection is None:
+        if rejection is None or rejection.seq <= self.mark:
             return None
-        if rejection.seq > self.mark:
-            return rejection
-        recent = rejection.at >= self._published_at_ms - self._duplicate_window_ms
-        if self._duplicate and recent:
-            return rejection
-        return None
+        return rejection
 
 
 @dataclass(frozen=True, slots=True)

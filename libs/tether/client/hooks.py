@@ -41,10 +41,12 @@ from tether.contract.messages import (
     LifecycleResult,
     RunInfo,
     finish_message_id,
+    names_this_life,
+    unknown_life_finish_id,
 )
 from tether.domain.commands import DeliveredCommand
 from tether.domain.events import RunFinishDelivered, RunFinishDeliveredData
-from tether.domain.ids import check_identifier, derived_event_id
+from tether.domain.ids import check_identifier
 from tether.domain.run_state import RunState
 from tether.log import get_logger
 
@@ -240,10 +242,14 @@ class HookRegistry:
         logger = self._logger.bind(method=method, run_id=run.run_id, status=result.status,
                                    stream_seq=delivery.stream_seq)
         headers = msg.headers or {}
+        message_id = headers.get("Nats-Msg-Id")
         if delivery.delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
-            # It may repeat a call already made: the run's delivery ledger says.
+            # It may repeat a call already made: the run's delivery ledger says (a cleared
+            # run's went with it, and a later run with its id keeps its own).
             state = (await self.tether.log.read_run(run.parent, run.run_id)).state
-            if state is not None and state.finish_delivered(result.status, method):
+            if (state is not None and state.finish_delivered(result.status, method)
+                    and (message_id is None
+                         or names_this_life(message_id, state, result.status, method))):
                 self.stats.skipped += 1
                 logger.info("hooks.already_delivered")
                 await msg.ack()
@@ -258,29 +264,37 @@ class HookRegistry:
             await msg.nak(delay=self.lease_s)
             return
         self.stats.called += 1
-        message_id = headers.get("Nats-Msg-Id") or finish_message_id(
-            run.run_id, result.status, method)
         await self._record_delivered(hook, method, message_id)
         await msg.ack()
         logger.info("hooks.delivered")
 
-    async def _record_delivered(self, hook: HookMessage, method: str, message_id: str) -> None:
+    async def _record_delivered(self, hook: HookMessage, method: str,
+                                message_id: str | None) -> None:
         run, status = hook.run, hook.result.status
         if self.ledger == "parent":
+            # The hook's own id names the run's life: the next life's delivery is
+            # another command.
+            message_id = message_id or unknown_life_finish_id(run.run_id, status, method)
             command = DeliveredCommand(run_id=run.run_id, parent=run.parent, status=status,
                                        method=method, message_id=message_id)
-            await self.tether.publish_command(
-                "delivered", command, msg_id=f"delivered:{run.run_id}:{method}:{status}")
+            await self.tether.publish_command("delivered", command,
+                                              msg_id=f"delivered:{method}:{message_id}")
             return
 
         def decide(state: RunState | None) -> list[RunFinishDelivered]:
             if state is None or state.finish_delivered(status, method):
                 return []  # a cleared run keeps no ledger; a concurrent delivery recorded it
+            if message_id is None:
+                recorded_id = finish_message_id(state, status, method)
+            elif names_this_life(message_id, state, status, method):
+                recorded_id = message_id
+            else:
+                return []  # a cleared earlier run's hook: the new run's ledger is its own
             return [RunFinishDelivered(
-                event_id=derived_event_id(run.run_id, "finish_delivered", method, status),
+                event_id=state.event_id("finish_delivered", method, status),
                 run_id=run.run_id, parent=run.parent, occurred_at=int(time.time() * 1000),
-                causation_id=message_id, correlation_id=run.run_id,
+                causation_id=recorded_id, correlation_id=run.run_id,
                 data=RunFinishDeliveredData(status=status, method=method,
-                                            message_id=message_id))]
+                                            message_id=recorded_id))]
 
         await self.tether.log.update(run.parent, run.run_id, decide)

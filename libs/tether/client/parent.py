@@ -1,7 +1,6 @@
 """A parent agent instance, as the application that owns it sees it."""
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import suppress
@@ -22,6 +21,7 @@ from tether.contract.messages import (
     InspectReply,
     ListReply,
     RunSnapshot,
+    run_message_id,
 )
 from tether.domain.commands import (
     CancelCommand,
@@ -104,13 +104,13 @@ class ParentHandle:
         try:
             history = await reads.read(subject)
             waiter = RunWaiter(command.run_id, command.agent_type,
-                               mark=history[-1].seq if history else 0, detached=detached,
-                               published_at_ms=_now_ms(),
-                               duplicate_window_ms=self.tether.settings.duplicate_window_ms)
+                               mark=history[-1].seq if history else 0, detached=detached)
             run = RunFold(waiter)
             run.fold_read(history)
             requested = True  # from here on the request may have reached the stream
-            ack = await self.tether.publish_command("run", command, f"run:{command.run_id}")
+            vacated_at = waiter.mark if waiter.state is None else 0
+            ack = await self.tether.publish_command(
+                "run", command, run_message_id(command.run_id, vacated_at))
             answer = waiter.on_published(bool(ack.duplicate))
             idle = LIVE_IDLE_S
             while answer is None:
@@ -263,6 +263,3 @@ def _first_error(error: ValidationError) -> str:
     where = ".".join(str(part) for part in problem["loc"])
     return f"{where}: {problem['msg']}" if where else problem["msg"]
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -23,7 +23,7 @@ GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
 
 
 class WorkItem(Model):
-    """`<prefix>.work.<agent_type>`, `Nats-Msg-Id: work:<run_id>:<why>:<dispatch>`.
+    """`<prefix>.work.<agent_type>`, `Nats-Msg-Id: work:<run_id>:<why>:<dispatch>:<incarnation>`.
 
     It names the run; the runner reads everything else (input, budgets, what was already
     recorded) from the run's events, which are the truth. A new run's first item carries
@@ -125,8 +125,9 @@ FIRST_PUBLICATION_HEADER = "Tether-First-Publication"
 
 
 class HookMessage(Model):
-    """`<prefix>.hook.<parent_agent>.<method>`, `Nats-Msg-Id: finish:<run_id>:<status>`
-    (`finish-global:<run_id>:<status>` for the parent's global finish hook), and
+    """`<prefix>.hook.<parent_agent>.<method>`, `Nats-Msg-Id:
+    finish:<run_id>:<status>:<incarnation>` (`finish-global:...` for the parent's global
+    finish hook; `:retry<n>` added to a retry after the lease), and
     `Tether-First-Publication: 1` on a first publication."""
 
     method: Identifier
@@ -136,7 +137,8 @@ class HookMessage(Model):
 
 class ChatMessage(Model):
     """`<prefix>.chat.<parent_agent>.<parent_name>`, `Nats-Msg-Id` = `id`:
-    `detached-finish:<run_id>:<status>` or `detached-ms:<run_id>:<name>`."""
+    `detached-finish:<run_id>:<status>:<incarnation>` or
+    `detached-ms:<run_id>:<name>:<incarnation>`."""
 
     id: str
     role: Literal["user", "assistant"]
@@ -254,23 +256,58 @@ class HasRunReply(Model):
     error: str | None = None
 
 
-def work_message_id(run_id: str, dispatch: int, why: str = "start") -> str:
-    """`work:<run_id>:<why>:<n>`: a re-dispatch for a new reason is never mistaken for
-    a retry of an earlier one inside the stream's duplicate window."""
-    return f"work:{run_id}:{why}:{dispatch}"
+# Message ids end with the run's incarnation (`RunState.incarnation`): a run id cleared and
+# requested again is a new life of it, whose messages the streams' duplicate windows must
+# not drop as repeats of the earlier life's.
+
+def _life(state: RunState) -> str:
+    return f":{state.incarnation}" if state.incarnation else ""
 
 
-def finish_message_id(run_id: str, status: str, method: str) -> str:
+def run_message_id(run_id: str, vacated_at: int = 0) -> str:
+    """A run request's id: `run:<run_id>`, or `run:<run_id>:<seq>` when the run id has
+    events but no run (the last was a rejection or a clear, at stream sequence `seq`).
+    Requests for one run repeated inside the duplicate window make one command, and a
+    request after a rejection or a clear is a new one that reaches the parent."""
+    return f"run:{run_id}:{vacated_at}" if vacated_at else f"run:{run_id}"
+
+
+def work_message_id(run_id: str, dispatch: int, why: str = "start", incarnation: str = "") -> str:
+    """`work:<run_id>:<why>:<n>:<incarnation>`: a re-dispatch for a new reason is never
+    mistaken for a retry of an earlier one inside the stream's duplicate window."""
+    return f"work:{run_id}:{why}:{dispatch}" + (f":{incarnation}" if incarnation else "")
+
+
+def finish_message_id(state: RunState, status: str, method: str) -> str:
+    """`finish:<run_id>:<status>:<incarnation>` (`finish-global:...` for the parent's
+    global finish hook); a retry after the lease adds `:retry<n>`."""
+    return _finish_id(state.run_id, status, method) + _life(state)
+
+
+def _finish_id(run_id: str, status: str, method: str) -> str:
     prefix = "finish-global" if method == GLOBAL_FINISH_HOOK else "finish"
     return f"{prefix}:{run_id}:{status}"
 
 
-def chat_finish_id(run_id: str, status: str) -> str:
-    return f"detached-finish:{run_id}:{status}"
+def unknown_life_finish_id(run_id: str, status: str, method: str) -> str:
+    """The id of a hook message that came without one: it names no life of the run."""
+    return _finish_id(run_id, status, method)
 
 
-def chat_milestone_id(run_id: str, name: str) -> str:
-    return f"detached-ms:{run_id}:{name}"
+def names_this_life(message_id: str, state: RunState, status: str, method: str) -> bool:
+    """Whether a hook's message id names this life of the run, not a cleared earlier one.
+    An id without an incarnation (from an earlier version) names no life, and passes."""
+    head = _finish_id(state.run_id, status, method)
+    return any(message_id == head + life or message_id.startswith(f"{head}{life}:retry")
+               for life in (_life(state), ""))
+
+
+def chat_finish_id(state: RunState, status: str) -> str:
+    return f"detached-finish:{state.run_id}:{status}{_life(state)}"
+
+
+def chat_milestone_id(state: RunState, name: str) -> str:
+    return f"detached-ms:{state.run_id}:{name}{_life(state)}"
 
 
 class ChildRecord(Model):

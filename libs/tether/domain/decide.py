@@ -157,8 +157,7 @@ def record_delivery(state: RunState | None, command: DeliveredCommand,
     if state is None or state.finish_delivered(command.status, command.method):
         return []
     return [RunFinishDelivered(
-        event_id=derived_event_id(state.run_id, "finish_delivered", command.method,
-                                  command.status),
+        event_id=state.event_id("finish_delivered", command.method, command.status),
         run_id=state.run_id, parent=state.parent, occurred_at=now,
         correlation_id=state.run_id, causation_id=command.message_id,
         data=RunFinishDeliveredData(status=command.status, method=command.method,

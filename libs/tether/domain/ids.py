@@ -5,6 +5,7 @@ A run id, an agent or parent name and a hook method name all travel inside subje
 whitespace is refused before it reaches one.
 """
 
+import hashlib
 import re
 from typing import Annotated
 
@@ -36,3 +37,11 @@ EventId = Annotated[str, StringConstraints(pattern=EVENT_ID_PATTERN)]
 def derived_event_id(run_id: str, *parts: object) -> str:
     """A deterministic event id, so that a retried append is deduplicated by the log."""
     return ":".join([run_id, *(str(part) for part in parts)])
+
+
+def incarnation_of(requested_event_id: str) -> str:
+    """A short token for one life of a run id, from the id of the `run.requested` that began
+    it. A cleared run id may be requested again at once: every id derived for its new life
+    (events, work items, hooks, chat messages) carries the token, so the streams' duplicate
+    windows never mistake it for the earlier life's."""
+    return hashlib.blake2b(requested_event_id.encode(), digest_size=5).hexdigest()

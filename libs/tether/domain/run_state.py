@@ -45,6 +45,7 @@ from tether.domain.events import (
     RunStatus,
     RunStepRecorded,
 )
+from tether.domain.ids import derived_event_id, incarnation_of
 
 
 class ProgressSnapshot(Model):
@@ -111,6 +112,9 @@ class RunState(Model):
     display: str | None = None
     detached: DetachedOptions | None = None
     requested_at: int
+    # This life of the run id (`ids.incarnation_of` its run.requested): "" only in states
+    # stored by an earlier version.
+    incarnation: str = ""
     dispatched_at: int | None = None  # from run.started, in logs written before it was dropped
     started_at: int | None = None
     ended_at: int | None = None
@@ -162,6 +166,10 @@ class RunState(Model):
 
     def finish_delivered(self, status: str, method: str | None) -> bool:
         return finish_key(status, method) in self.ledger.finish
+
+    def event_id(self, *parts: object) -> str:
+        """A deterministic id for an event of this life of the run (`derived_event_id`)."""
+        return derived_event_id(self.run_id, self.incarnation, *parts)
 
 
 def finish_key(status: str, method: str | None) -> str:
@@ -246,6 +254,7 @@ def _requested(state: RunState | None, event: RunRequested) -> Evolved:
             display=data.display,
             detached=data.detached,
             requested_at=event.occurred_at,
+            incarnation=incarnation_of(event.event_id),
             max_budget_deadline=deadline,
             no_progress_budget_ms=data.no_progress_budget_ms,
         ),

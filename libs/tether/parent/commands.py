@@ -9,6 +9,7 @@ parsed at all is kept as a dead letter.
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from tether.adapters.jetstream import EventLog
 from tether.child.agent import AgentRegistry
-from tether.contract.messages import CancelSignal, WorkItem, work_message_id
+from tether.contract.messages import CancelSignal, WorkItem, names_this_life, work_message_id
 from tether.domain import decide
 from tether.domain.commands import (
     CancelCommand,
@@ -26,7 +27,7 @@ from tether.domain.commands import (
     RunCommand,
     parse_command,
 )
-from tether.domain.events import ParentRef, RunRequested
+from tether.domain.events import Event, ParentRef, RunRequested
 from tether.domain.ids import InvalidIdentifier, check_identifier
 from tether.domain.run_state import RunState
 from tether.parent.slots import SlotKeeper
@@ -179,8 +180,9 @@ class CommandHandlers:
         item = WorkItem(run_id=state.run_id, parent=state.parent, agent_type=state.agent_type,
                         dispatch=dispatch, attempt=state.attempt, requested=requested,
                         requested_seq=requested_seq)
+        message_id = work_message_id(state.run_id, dispatch, why, state.incarnation)
         await self._log.publish(self._subjects.work(state.agent_type), item.model_dump_json().encode(),
-                                headers={"Nats-Msg-Id": work_message_id(state.run_id, dispatch, why)},
+                                headers={"Nats-Msg-Id": message_id},
                                 stream=self._subjects.work_stream)
 
     async def _reject(self, run_id: str | None, parent: ParentRef | None, agent_type: Any,
@@ -224,9 +226,19 @@ class CommandHandlers:
 
     async def record_delivery(self, payload: Payload) -> str:
         command = self._parse(DeliveredCommand, "delivered", payload)
-        _, appended = await self._log.update(
-            command.parent, command.run_id,
-            lambda s: decide.record_delivery(s, command, _now_ms()))
+        earlier_life = False
+
+        def record(state: RunState | None) -> list[Event]:
+            nonlocal earlier_life
+            # A hook of a run that was cleared since, and whose id was requested again,
+            # says nothing about the new run's deliveries.
+            earlier_life = state is not None and not names_this_life(
+                command.message_id, state, command.status, command.method)
+            return [] if earlier_life else decide.record_delivery(state, command, _now_ms())
+
+        _, appended = await self._log.update(command.parent, command.run_id, record)
+        if earlier_life:
+            return "a cleared earlier run's"
         return "recorded" if appended else "already recorded"
 
     async def clear(self, payload: Payload, seq: int) -> list[str]:
@@ -239,12 +251,15 @@ class CommandHandlers:
                 continue
             if state.is_open:
                 await self._signal_cancel(state)
-            await self._log.update(command.parent, run_id,
-                                   lambda s: decide.clear(s, cause) if s is not None else [])
-            # Keep only the tombstone, so a rebuild does not bring the run back.
-            await self._js.purge_stream(self._subjects.events_stream,
-                                        subject=self._subjects.run_events(command.parent, run_id),
-                                        keep=1)
+            after, _, last_seq = await self._log.update_at(
+                command.parent, run_id, _clear_life(state.incarnation, cause))
+            if after is not None:
+                continue  # cleared and requested again meanwhile: the new run is not ours
+            # Keep only the tombstone (ours or another clear's, the last event now), so a
+            # rebuild does not bring the run back: everything before it, not "all but the
+            # last", since the run id may be requested again at once.
+            await self._js.purge_stream(self._subjects.events_stream, seq=last_seq,
+                                        subject=self._subjects.run_events(command.parent, run_id))
             await self._js.purge_stream(self._subjects.progress_stream,
                                         subject=self._subjects.run_progress(command.parent, run_id))
             if self._slots is not None:
@@ -270,6 +285,15 @@ class CommandHandlers:
             raise UnparseableCommand(f"invalid {kind} command: {_explain(error)}") from None
         assert isinstance(command, model)
         return command
+
+
+def _clear_life(incarnation: str, cause: decide.Cause) -> Callable[[RunState | None], list[Event]]:
+    """Clear the run if it is still the life the clear matched."""
+    def clear(state: RunState | None) -> list[Event]:
+        if state is None or state.incarnation != incarnation:
+            return []
+        return decide.clear(state, cause)
+    return clear
 
 
 def _json_object(payload: Payload) -> dict[str, Any]:

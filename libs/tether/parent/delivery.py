@@ -54,7 +54,6 @@ from tether.domain.events import (
     RunNotifiedData,
     RunRequested,
 )
-from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
 from tether.parent.formatters import Formatters
 from tether.parent.registry import RegisteredHooks
@@ -289,14 +288,14 @@ class Deliverer:
             return
         text = self._formatters.format_detached_completion(info, result)
         if text:
-            message = ChatMessage(id=chat_finish_id(state.run_id, result.status), role="user",
+            message = ChatMessage(id=chat_finish_id(state, result.status), role="user",
                                   content=text, metadata={
                                       "source": _source(state), "run_id": state.run_id,
                                       "agent_type": state.agent_type, "kind": "finish",
                                       "status": result.status})
             await self._publish_chat(state, message)
         await self._record_notified(state, "finish", result.status, "notify",
-                                    chat_finish_id(state.run_id, result.status))
+                                    chat_finish_id(state, result.status))
 
     @staticmethod
     def _milestone_owed(state: RunState, event: RunMilestone) -> bool:
@@ -311,7 +310,7 @@ class Deliverer:
         milestone = MilestoneView(sequence=event.data.sequence, name=name, data=event.data.data,
                                   at=event.occurred_at)
         text = self._formatters.format_detached_milestone(RunInfo.of(state), milestone)
-        message_id = chat_milestone_id(state.run_id, name)
+        message_id = chat_milestone_id(state, name)
         if text:
             # narrate: a status line from the assistant, no model turn; react: a user turn.
             role = "assistant" if mode == "narrate" else "user"
@@ -326,7 +325,7 @@ class Deliverer:
                             result: LifecycleResult, retry: int = 0,
                             first: bool = False) -> None:
         message = HookMessage(method=method, run=info, result=result)
-        message_id = finish_message_id(state.run_id, result.status, method)
+        message_id = finish_message_id(state, result.status, method)
         if retry:
             message_id = f"{message_id}:retry{retry}"
         headers = {"Nats-Msg-Id": message_id}
@@ -352,7 +351,7 @@ class Deliverer:
             if current is None or f"{kind}:{key}" in current.ledger.notifications:
                 return []
             return [RunNotified(
-                event_id=derived_event_id(state.run_id, "notified", kind, key),
+                event_id=state.event_id("notified", kind, key),
                 run_id=state.run_id, parent=state.parent, occurred_at=_now_ms(),
                 causation_id=message_id, correlation_id=state.run_id,
                 data=RunNotifiedData(kind=kind, key=key, mode=mode, message_id=message_id))]
