@@ -130,6 +130,26 @@ async def test_a_hook_is_registered_called_once_and_recorded_in_the_ledger(log, 
     assert hooks.stats.called == 1
 
 
+async def test_a_cleared_lifes_hook_is_called_but_not_recorded_on_the_run_ids_next(log, tether):
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
+    hooks.on_finish(METHOD)(recorder)
+    first_life = await finished_run(log, "import-lives")
+    again = RunEvents("import-lives", PARENT, id_prefix="again")
+    for event in (again.cleared(), again.requested("ImportAgent", detached=DetachedOptions(
+            on_finish=METHOD)), again.running(), again.completed("imported again")):
+        await log.append(event, expected_last_seq=None)
+    async with hooks.running():
+        await publish_hook(log, first_life, first=True)  # handled after the clear
+        await asyncio.wait_for(recorder.called.wait(), timeout=10)
+        await settled(tether)
+    [(run, result, _)] = recorder.calls
+    assert (run.run_id, result.summary) == ("import-lives", "imported import-lives"), (
+        "the first life's outcome")
+    state = (await log.read_run(PARENT, "import-lives")).state
+    assert state.summary == "imported again" and not state.finish_delivered("completed", METHOD)
+
+
 async def test_a_raising_function_is_retried_after_the_lease_and_never_dropped(log, tether):
     recorder = Recorder(failures=2)
     hooks = tether.hooks(PARENT.agent, ledger="direct")  # the lease from the settings

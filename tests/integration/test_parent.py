@@ -17,9 +17,10 @@ from tether.contract.messages import (
     HookMessage,
     InspectReply,
     WorkItem,
+    finish_message_id,
 )
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState, evolve, fold
 from tether.log import get_logger
 from tether.parent.service import ParentService
 from tether.testing import RunEvents
@@ -453,6 +454,32 @@ async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its
         "again", "completed", "second life")
     await deliverer_idle(log)
     assert parent.deliverer.tracked_runs == 0, "a finished, delivered run is not kept"
+
+
+async def test_a_delivery_of_a_cleared_lifes_hook_is_not_recorded_on_the_run_ids_next(
+        parent, log):
+    first = RunEvents("lives", PARENT, id_prefix="first")
+    second = RunEvents("lives", PARENT, id_prefix="second")
+    first_life = [first.requested(), first.running(), first.completed("first")]
+    for event in (*first_life, first.cleared(), second.requested(), second.running(),
+                  second.completed("second")):
+        await log.append(event, expected_last_seq=None)
+    state = (await log.read_run(PARENT, "lives")).state
+
+    def delivered(life: RunState) -> dict:
+        return {"run_id": "lives", "parent": PARENT.model_dump(), "status": "completed",
+                "method": "on_done",
+                "message_id": finish_message_id(life, "completed", "on_done")}
+
+    # The first life's hook handler reports late, after the run id was requested again.
+    handlers = parent._handlers
+    assert await handlers.record_delivery(delivered(fold(first_life))) == "a cleared earlier run's"
+    assert not state.finish_delivered("completed", "on_done")
+    assert await handlers.record_delivery(delivered(state)) == "recorded"
+    history = await log.read_run(PARENT, "lives")
+    [entry] = [e for e in history.events if e.type == "run.finish_delivered"]
+    assert entry.data.message_id == finish_message_id(state, "completed", "on_done")
+    assert entry.event_id == state.event_id("finish_delivered", "on_done", "completed")
 
 
 async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(

@@ -8,7 +8,15 @@ import pytest
 from pydantic import ValidationError
 
 from tether.contract import schemas
-from tether.contract.messages import WorkItem
+from tether.contract.messages import (
+    GLOBAL_FINISH_HOOK,
+    WorkItem,
+    chat_finish_id,
+    finish_message_id,
+    names_this_life,
+    run_message_id,
+    work_message_id,
+)
 from tether.contract.subjects import Subjects
 from tether.domain.commands import (
     COMMAND_CLASSES,
@@ -23,6 +31,8 @@ from tether.domain.commands import (
 )
 from tether.domain.events import DetachedOptions, ParentRef
 from tether.domain.ids import IDENTIFIER_PATTERN, InvalidIdentifier, check_identifier
+from tether.domain.run_state import fold
+from tether.testing import RunEvents
 
 REPO = Path(__file__).resolve().parents[2]
 PARENT = {"agent": "Assistant", "name": "user-42"}
@@ -284,3 +294,39 @@ def test_a_work_item_ignores_fields_a_later_parent_adds_but_checks_its_own() -> 
         WorkItem.model_validate_json(
             '{"run_id": "r1", "parent": {"agent": "A", "name": "n"},'
             ' "agent_type": "Researcher", "attempt": -1}')
+
+
+def _life(run_id: str, request_id: str):
+    run = RunEvents(run_id, ParentRef(agent="Assistant", name="u1"), id_prefix=request_id)
+    return fold([run.requested(), run.running(), run.completed("ok")])
+
+
+def test_message_ids_of_two_lives_of_a_run_id_differ() -> None:
+    first, second = _life("r1", "first"), _life("r1", "second")
+    assert first.incarnation != second.incarnation
+    for make in (lambda s: finish_message_id(s, "completed", "on_done"),
+                 lambda s: finish_message_id(s, "completed", GLOBAL_FINISH_HOOK),
+                 lambda s: chat_finish_id(s, "completed"),
+                 lambda s: work_message_id(s.run_id, 1, "start", s.incarnation)):
+        assert make(first) != make(second)
+    assert finish_message_id(first, "completed", "on_done") == (
+        f"finish:r1:completed:{first.incarnation}")
+    assert finish_message_id(first, "completed", GLOBAL_FINISH_HOOK).startswith("finish-global:")
+    assert work_message_id("r1", 2, "resume") == "work:r1:resume:2"
+
+
+def test_a_hooks_message_id_names_its_own_life_only() -> None:
+    first, second = _life("r1", "first"), _life("r1", "second")
+    own = finish_message_id(first, "completed", "on_done")
+    for message_id in (own, f"{own}:retry2", "finish:r1:completed", "finish:r1:completed:retry1"):
+        assert names_this_life(message_id, first, "completed", "on_done"), message_id
+    assert not names_this_life(own, second, "completed", "on_done"), "another life's"
+    assert not names_this_life(f"{own}:retry1", second, "completed", "on_done")
+    assert not names_this_life(own, first, "error", "on_done"), "another outcome's"
+    assert not names_this_life(own, first, "completed", GLOBAL_FINISH_HOOK), "another hook's"
+    assert not names_this_life("finish:r10:completed", first, "completed", "on_done")
+
+
+def test_a_run_request_after_a_rejection_or_a_clear_names_it() -> None:
+    assert run_message_id("r1") == "run:r1"
+    assert run_message_id("r1", vacated_at=42) == "run:r1:42"

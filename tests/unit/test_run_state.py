@@ -34,6 +34,7 @@ from tether.domain.events import (
     RunStarted,
     RunStepRecorded,
 )
+from tether.domain.ids import incarnation_of
 from tether.domain.run_state import (
     DeliveryLedger,
     Evolved,
@@ -856,6 +857,18 @@ def test_cleared_run_can_be_requested_again() -> None:
     assert (state.status, state.input, state.requested_at) == (
         "starting", {"query": "second"}, T0 + 2 * HOUR)
     assert state.milestones == () and state.ledger == DeliveryLedger()
+    # A new life of the run id: every id derived for it differs from the first life's.
+    assert state.incarnation != before.incarnation
+    assert state.event_id("completed") != before.event_id("completed")
+
+
+def test_the_incarnation_is_the_requests_and_stays_with_the_run() -> None:
+    request = requested()
+    state = state_after(request, running(1), milestone(0), completed())
+    assert state.incarnation == incarnation_of(request.event_id)
+    assert len(state.incarnation) == 10 and int(state.incarnation, 16) >= 0
+    assert state.event_id("ms", 0) == f"{RUN_ID}:{state.incarnation}:ms:0"
+    assert state_after(request).incarnation == state.incarnation, "the same request, the same life"
 
 
 def test_clearing_a_run_that_does_not_exist_is_reported() -> None:
