@@ -61,7 +61,7 @@ def test_an_old_rejection_answers_nobody_and_a_later_request_may_succeed() -> No
     run = RunEvents("r1")
     w = waiter(mark=1)
     w.on_published(duplicate=False)
-    assert w.on_event(1, rejected(run, at=1)) is None
+    assert w.on_event(1, rejected(run)) is None
     assert feed(w, [run.requested(), run.completed("second try")], first_seq=2).summary == "second try"
 
 
@@ -155,7 +155,7 @@ def stored(seq: int, event) -> StoredEvent:
 
 def test_messages_both_read_and_received_live_are_folded_once() -> None:
     run = RunEvents("r1")
-    old = rejected(run, at=1)
+    old = rejected(run)
     fold = RunFold(waiter(mark=1))
     fold.fold_read([stored(1, old)])
     fold.waiter.on_published(duplicate=False)
