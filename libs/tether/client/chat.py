@@ -2,8 +2,9 @@
 
 Without `durable`, an ordered consumer replays the parent's chat subject from the start
 (or only new messages, `new_only`) and follows it: every reader sees every message, and
-the message id (`detached-finish:<run_id>:<status>`, `detached-ms:<run_id>:<name>`) is the
-key to inject each one into the conversation once. With `durable`, the readers that share
+the message id (`detached-finish:<run_id>:<status>:<incarnation>`,
+`detached-ms:<run_id>:<name>:<incarnation>`; a cleared run id requested again is another
+incarnation) is the key to inject each one into the conversation once. With `durable`, the readers that share
 that name share one durable consumer: each message goes to one of them, and is
 acknowledged when the reader asks for the next one, so a reader that crashes while
 handling a message gets it again (at least once).
