@@ -348,8 +348,9 @@ class Deliverer:
     async def _record_notified(self, state: RunState, kind: str, key: str, mode: str,
                                message_id: str) -> None:
         def decide(current: RunState | None) -> list:
-            if current is None or f"{kind}:{key}" in current.ledger.notifications:
-                return []
+            if (current is None or current.incarnation != state.incarnation
+                    or f"{kind}:{key}" in current.ledger.notifications):
+                return []  # cleared (and perhaps requested again), or already recorded
             return [RunNotified(
                 event_id=state.event_id("notified", kind, key),
                 run_id=state.run_id, parent=state.parent, occurred_at=_now_ms(),
