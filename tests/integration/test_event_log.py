@@ -14,6 +14,7 @@ from tether.adapters.jetstream import (
     ConcurrencyConflict,
     EventLog,
     StreamSettings,
+    _Client,
     ensure_streams,
     remove_streams,
     stream_configs,
@@ -228,6 +229,32 @@ async def test_a_parent_timeline_replays_then_follows_live_in_order(log: EventLo
 
     late = await asyncio.wait_for(follow(seqs[2]), timeout=10)
     assert late == received[2:], "a follower starting from a sequence sees the same suffix"
+
+
+async def test_a_follower_parses_no_event_headers_and_still_hears_heartbeats(
+        log: EventLog, monkeypatch):
+    """Each stored event carries its append's headers (message id, expected sequence),
+    which a follower never reads: they are not parsed. The consumer's heartbeats, a
+    status line and headers, still are."""
+    parsed: list[bytes] = []
+    heard = asyncio.Event()
+    parse = _Client._parse_header_lines
+
+    def recording(raw: bytes) -> dict[str, str]:
+        parsed.append(raw)
+        heard.set()
+        return parse(raw)
+
+    monkeypatch.setattr(_Client, "_parse_header_lines", staticmethod(recording))
+    run = RunEvents("r-quiet")
+    await log.append(run.requested(), expected_last_seq=None)
+    follower = log.follow(log.subjects.run_events(run.parent, run.run_id), idle_heartbeat=0.1)
+    async with aclosing(follower) as stream:
+        assert (await asyncio.wait_for(anext(stream), 10)).event.type == "run.requested"
+        await asyncio.wait_for(heard.wait(), 10)  # an idle heartbeat, parsed
+        await log.append(run.running(), expected_last_seq=None)
+        assert (await asyncio.wait_for(anext(stream), 10)).event.type == "run.running"
+    assert parsed and all(b"Nats-Msg-Id" not in raw for raw in parsed), parsed
 
 
 async def test_a_runs_first_event_is_appended_without_a_read_only_onto_an_empty_subject(

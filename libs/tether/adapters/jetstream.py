@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 from nats.aio.client import _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import BadHeaderError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
@@ -47,6 +48,8 @@ DIRECT_BATCH = 500
 FOLLOW_BUFFER = 20_000  # messages a follower holds before the server waits for it
 KNOWN_RUNS = 512  # runs whose state each process keeps between its own reads and appends
 _VALID_HEADER_NAMES: set[str] = set()  # names `_Client` has checked as nats-py does
+# A received header block starts `NATS/1.0`; a space after it begins a status line.
+_STATUS_AT, _SPACE = len(b"NATS/1.0"), ord(" ")
 
 
 class PublishDenied(Exception):
@@ -674,6 +677,11 @@ class EventLog:
             filter_subject, stream=self.subjects.events_stream, cb=enqueue,
             ordered_consumer=True, config=config, idle_heartbeat=idle_heartbeat,
         )
+        if isinstance(self._nc, _Client):
+            # An event's stored headers (its message id, the expected sequence) say
+            # nothing a follower needs: they are not parsed (a tenth of a replay's time).
+            # (The connection's own subscription, kept across the consumer's resets.)
+            self._nc.headers_unread.add(getattr(subscription, "_sub", subscription))
         last_seq = start_seq - 1
         try:
             while True:
@@ -822,6 +830,9 @@ class _Client(NATS):
         # which remove themselves.
         self.denial_listeners: list[weakref.WeakMethod] = []
         self.denial_callbacks: list[Callable[[str], None]] = []
+        # Subscriptions whose messages' headers nobody reads, but a status (a JetStream
+        # heartbeat or flow control, `NATS/1.0 100 ...`), which is still parsed.
+        self.headers_unread: weakref.WeakSet[Subscription] = weakref.WeakSet()
 
     async def _process_err(self, err_msg: str) -> None:
         if (denied := _PUBLISH_DENIED.search(err_msg)) is not None:
@@ -840,6 +851,9 @@ class _Client(NATS):
                            headers: bytes) -> None:
         route = self.routes.get(sid)
         if route is None:
+            if (headers and headers[_STATUS_AT] != _SPACE
+                    and self._subs.get(sid) in self.headers_unread):
+                headers = b""
             await super()._process_msg(sid, subject, reply, data, headers)
             return
         self.stats["in_msgs"] += 1
