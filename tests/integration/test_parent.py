@@ -442,8 +442,11 @@ async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its
     await send(log, "clear", {"parent": PARENT.model_dump()})
     await until(log, "again", lambda s, e: e[-1].type == "run.cleared")
     await send(log, "run", run_request("again", detached={"on_finish": "on_done"}))
-    await dispatches("again", count=2)
+    _, item = await dispatches("again", count=2)
     state, _ = await until(log, "again", lambda s, e: s and s.detached)
+    history = await log.read_run(PARENT, "again")
+    # The new life's item carries its request, as a new run id's does: no read to start it.
+    assert (item.requested, item.requested_seq) == (history.events[-1], history.last_seq)
     run = RunEvents("again", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
     for event in (run.running(), run.milestone("half"), run.completed("second life")):
         await log.append(event, expected_last_seq=None)

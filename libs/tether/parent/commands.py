@@ -116,12 +116,12 @@ class CommandHandlers:
 
     async def _create(self, command: RunCommand, cause: decide.Cause) -> RunOutcome:
         requested = decide.request_run(command, self._budgets, cause)
-        state, appended = await self._log.update(
+        state, appended, requested_seq = await self._log.update_at(
             command.parent, command.run_id, lambda s: [requested] if s is None else [])
         assert state is not None  # ours, or another replica's created between read and append
         if not appended:
             return await self._existing(state, cause)
-        await self._dispatch(state)
+        await self._dispatch(state, requested, requested_seq)
         return RunOutcome("created", status="starting")
 
     async def _existing(self, state: RunState, cause: decide.Cause) -> RunOutcome:
