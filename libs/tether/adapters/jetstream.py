@@ -354,7 +354,7 @@ class EventLog:
 
         `expected_last_seq` is the run subject's last sequence the caller decided from
         (0: the run has no events yet); None appends unconditionally, for facts that do
-        not depend on the run's state (an output chunk a single runner owns).
+        not depend on the run's state (a rejection, which creates no run).
         A retried append with the same event id is deduplicated and returns the
         original sequence. (Recent servers check the expected sequence before the
         duplicate window, so a retry whose first attempt did land comes back as a
@@ -679,7 +679,7 @@ class EventLog:
         )
         if isinstance(self._nc, _Client):
             # An event's stored headers (its message id, the expected sequence) say
-            # nothing a follower needs: they are not parsed (a tenth of a replay's time).
+            # nothing a follower needs: they are not parsed (5 % of a replay's instructions).
             # (The connection's own subscription, kept across the consumer's resets.)
             self._nc.headers_unread.add(getattr(subscription, "_sub", subscription))
         last_seq = start_seq - 1
