@@ -260,8 +260,8 @@ class HasRunReply(Model):
 # requested again is a new life of it, whose messages the streams' duplicate windows must
 # not drop as repeats of the earlier life's.
 
-def _life(state: RunState) -> str:
-    return f":{state.incarnation}" if state.incarnation else ""
+def _life(incarnation: str) -> str:
+    return f":{incarnation}" if incarnation else ""
 
 
 def run_message_id(run_id: str, vacated_at: int = 0) -> str:
@@ -275,13 +275,13 @@ def run_message_id(run_id: str, vacated_at: int = 0) -> str:
 def work_message_id(run_id: str, dispatch: int, why: str = "start", incarnation: str = "") -> str:
     """`work:<run_id>:<why>:<n>:<incarnation>`: a re-dispatch for a new reason is never
     mistaken for a retry of an earlier one inside the stream's duplicate window."""
-    return f"work:{run_id}:{why}:{dispatch}" + (f":{incarnation}" if incarnation else "")
+    return f"work:{run_id}:{why}:{dispatch}{_life(incarnation)}"
 
 
 def finish_message_id(state: RunState, status: str, method: str) -> str:
     """`finish:<run_id>:<status>:<incarnation>` (`finish-global:...` for the parent's
     global finish hook); a retry after the lease adds `:retry<n>`."""
-    return _finish_id(state.run_id, status, method) + _life(state)
+    return _finish_id(state.run_id, status, method) + _life(state.incarnation)
 
 
 def _finish_id(run_id: str, status: str, method: str) -> str:
@@ -299,15 +299,15 @@ def names_this_life(message_id: str, state: RunState, status: str, method: str) 
     An id without an incarnation (from an earlier version) names no life, and passes."""
     head = _finish_id(state.run_id, status, method)
     return any(message_id == head + life or message_id.startswith(f"{head}{life}:retry")
-               for life in (_life(state), ""))
+               for life in (_life(state.incarnation), ""))
 
 
 def chat_finish_id(state: RunState, status: str) -> str:
-    return f"detached-finish:{state.run_id}:{status}{_life(state)}"
+    return f"detached-finish:{state.run_id}:{status}{_life(state.incarnation)}"
 
 
 def chat_milestone_id(state: RunState, name: str) -> str:
-    return f"detached-ms:{state.run_id}:{name}{_life(state)}"
+    return f"detached-ms:{state.run_id}:{name}{_life(state.incarnation)}"
 
 
 class ChildRecord(Model):
