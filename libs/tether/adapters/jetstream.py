@@ -848,10 +848,10 @@ class _Client(NATS):
         await super()._process_err(err_msg)
 
     async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
-                           headers: bytes) -> None:
+                           headers: bytes | None) -> None:
         route = self.routes.get(sid)
         if route is None:
-            if (headers and headers[_STATUS_AT] != _SPACE
+            if (headers and len(headers) > _STATUS_AT and headers[_STATUS_AT] != _SPACE
                     and self._subs.get(sid) in self.headers_unread):
                 headers = b""
             await super()._process_msg(sid, subject, reply, data, headers)
