@@ -56,6 +56,29 @@ async def test_the_projector_projects_runs_milestones_and_its_checkpoint(log, po
     assert await pool.fetchval(f'SELECT last_seq FROM "{schema}".checkpoints') == total
 
 
+async def test_the_live_projector_keeps_the_runs_statistics_as_the_table_grows(
+        log, pool, settings, monkeypatch):
+    """A table that grew from empty has no statistics until autovacuum gets to it, and the
+    planner then looked each run up by a parent's index, scanning all of its runs."""
+    monkeypatch.setattr(projector_module, "ANALYZE_AFTER_ROWS", 20)
+    schema = settings.projection_schema
+    total = await append_finished_runs(log, 30)
+    await run_projector_until(pool, log, schema, total, batch_size=50)
+    analyzed = await pool.fetchrow(
+        "SELECT s.last_analyze, c.reltuples FROM pg_stat_user_tables s "
+        "JOIN pg_class c ON c.oid = s.relid WHERE s.schemaname = $1 AND s.relname = 'runs'",
+        schema)
+    assert analyzed["last_analyze"] is not None, "analyzed by the projector"
+    assert analyzed["reltuples"] >= 20
+
+    # With them, a batch's lookup never takes an index that only narrows to a parent.
+    async with pool.acquire() as conn:
+        keys = [("Assistant", "user-1", "run-1"), ("Assistant", "user-1", "run-2")]
+        plan = "\n".join(row[0] for row in await conn.fetch(
+            "EXPLAIN " + Statements(schema).load_states, *map(list, zip(*keys, strict=True))))
+    assert "runs_by_" not in plan, plan
+
+
 async def test_applying_the_same_batch_twice_changes_nothing(log, pool, settings):
     run = RunEvents("r-twice")
     events = [run.requested(), run.running(), run.milestone("m"), run.completed("ok")]

@@ -35,6 +35,9 @@ REPLAY_KNOWN_RUNS = 10_000  # states a replay keeps between its batches
 # touching it, or once more than this many runs wait to be written.
 REPLAY_QUIET_EVENTS = 10_000
 REPLAY_MAX_UNWRITTEN = 10_000
+# The live projector analyzes `runs` each time this many rows were added since it was
+# last analyzed, or this share of its rows then if more (autovacuum may be slower, or off).
+ANALYZE_AFTER_ROWS, ANALYZE_AFTER_GROWTH = 1_000, 0.5
 Progress = Callable[[int, int, float], None]  # projected seq, target seq, events per second
 BeforeCommit = Callable[[Sequence[StoredEvent]], Awaitable[None]]
 
@@ -73,6 +76,7 @@ class Projector:
         self._before_commit = before_commit
         self.stats = ProjectorStats()
         self._known = KnownStates()
+        self._statistics = _RunsStatistics()
         self.active = asyncio.Event()
         self._progressed = asyncio.Condition()
 
@@ -113,6 +117,7 @@ class Projector:
     async def _follow(self, conn: asyncpg.Connection, stop: asyncio.Event) -> None:
         self.stats.position = await ensure_checkpoint(conn, self._sql)
         self.stats.stream_last_seq = await self._log.stream_last_seq()
+        self._statistics.analyzed_at(await conn.fetchval(self._sql.runs_estimate))
         if self._logger:
             self._logger.info("projector.started", schema=self._sql.schema,
                               checkpoint=self.stats.position, stream_last_seq=self.stats.stream_last_seq)
@@ -137,9 +142,23 @@ class Projector:
                     self._logger.warning("projector.batch_retried", error=str(error), attempt=attempt)
                 await asyncio.sleep(0.05 * attempt)
         clock.observe(service="projector", handler="batch")
+        if self._statistics.grew(result.new_runs):
+            await self._analyze(conn)
         self._record(result, [stored for stored in batch if stored.seq > previous])
         async with self._progressed:
             self._progressed.notify_all()
+
+    async def _analyze(self, conn: asyncpg.Connection) -> None:
+        """Fresh statistics for `runs`. With stale ones (a table that grew from empty) the
+        planner may look runs up by another (agent, name, ...) index and scan all of a
+        parent's runs for each key: a batch's lookups then cost more with every run."""
+        try:
+            await conn.execute(self._sql.analyze_runs)
+        except asyncpg.PostgresError as error:  # statistics are an optimisation
+            if self._logger:
+                self._logger.warning("projector.analyze_failed", error=str(error))
+            return
+        self._statistics.analyzed_at(await conn.fetchval(self._sql.runs_estimate))
 
     def _record(self, result: BatchResult, batch: list[StoredEvent]) -> None:
         stats = self.stats
@@ -161,6 +180,23 @@ class Projector:
                 self._logger.error("projector.dead_lettered", stream_seq=stored.seq,
                                    subject=stored.subject, error_kind=stored.error.kind if stored.error else None,
                                    error=str(stored.error))
+
+
+@dataclass
+class _RunsStatistics:
+    """How many rows `runs` had when last analyzed, and has gained since (as counted by
+    the projector: the only writer)."""
+
+    at: int = 0
+    added: int = 0
+
+    def analyzed_at(self, rows: int | None) -> None:
+        self.at, self.added = max(rows or 0, 0), 0
+
+    def grew(self, rows: int) -> bool:
+        """Count `rows` added; whether it is time to analyze again."""
+        self.added += rows
+        return self.added >= max(ANALYZE_AFTER_ROWS, int(self.at * ANALYZE_AFTER_GROWTH))
 
 
 @dataclass(frozen=True)
