@@ -157,6 +157,7 @@ class Projector:
         except asyncpg.PostgresError as error:  # statistics are an optimisation
             if self._logger:
                 self._logger.warning("projector.analyze_failed", error=str(error))
+            self._statistics.analyzed_at(self._statistics.at)  # tried again after as many
             return
         self._statistics.analyzed_at(await conn.fetchval(self._sql.runs_estimate))
 
