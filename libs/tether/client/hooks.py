@@ -40,14 +40,12 @@ from tether.contract.messages import (
     HookMessage,
     LifecycleResult,
     RunInfo,
-    finish_message_id,
     names_this_life,
+    record_delivery_of_this_life,
     unknown_life_finish_id,
 )
 from tether.domain.commands import DeliveredCommand
-from tether.domain.events import RunFinishDelivered, RunFinishDeliveredData
 from tether.domain.ids import check_identifier
-from tether.domain.run_state import RunState
 from tether.log import get_logger
 
 if TYPE_CHECKING:
@@ -271,30 +269,15 @@ class HookRegistry:
     async def _record_delivered(self, hook: HookMessage, method: str,
                                 message_id: str | None) -> None:
         run, status = hook.run, hook.result.status
+        # The hook's own id names the run's life: the next life's delivery is another
+        # command, and is never recorded on this one (nor this one's on the next).
+        message_id = message_id or unknown_life_finish_id(run.run_id, status, method)
+        command = DeliveredCommand(run_id=run.run_id, parent=run.parent, status=status,
+                                   method=method, message_id=message_id)
         if self.ledger == "parent":
-            # The hook's own id names the run's life: the next life's delivery is
-            # another command.
-            message_id = message_id or unknown_life_finish_id(run.run_id, status, method)
-            command = DeliveredCommand(run_id=run.run_id, parent=run.parent, status=status,
-                                       method=method, message_id=message_id)
             await self.tether.publish_command("delivered", command,
                                               msg_id=f"delivered:{method}:{message_id}")
             return
-
-        def decide(state: RunState | None) -> list[RunFinishDelivered]:
-            if state is None or state.finish_delivered(status, method):
-                return []  # a cleared run keeps no ledger; a concurrent delivery recorded it
-            if message_id is None:
-                recorded_id = finish_message_id(state, status, method)
-            elif names_this_life(message_id, state, status, method):
-                recorded_id = message_id
-            else:
-                return []  # a cleared earlier run's hook: the new run's ledger is its own
-            return [RunFinishDelivered(
-                event_id=state.event_id("finish_delivered", method, status),
-                run_id=run.run_id, parent=run.parent, occurred_at=int(time.time() * 1000),
-                causation_id=recorded_id, correlation_id=run.run_id,
-                data=RunFinishDeliveredData(status=status, method=method,
-                                            message_id=recorded_id))]
-
-        await self.tether.log.update(run.parent, run.run_id, decide)
+        await self.tether.log.update(
+            run.parent, run.run_id,
+            lambda state: record_delivery_of_this_life(state, command, int(time.time() * 1000)))

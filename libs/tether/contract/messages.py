@@ -8,8 +8,11 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
+from tether.domain import decide
+from tether.domain.commands import DeliveredCommand
 from tether.domain.events import (
     DetachedOptions,
+    Event,
     InterruptedReason,
     Model,
     ParentRef,
@@ -300,6 +303,16 @@ def names_this_life(message_id: str, state: RunState, status: str, method: str) 
     head = _finish_id(state.run_id, status, method)
     return any(message_id == head + life or message_id.startswith(f"{head}{life}:retry")
                for life in (_life(state.incarnation), ""))
+
+
+def record_delivery_of_this_life(state: RunState | None, command: DeliveredCommand,
+                                 now: int) -> list[Event]:
+    """`decide.record_delivery`, unless the hook reported on was an earlier life's of the
+    run id (cleared since, and requested again): the new run's ledger is its own."""
+    if state is not None and not names_this_life(command.message_id, state, command.status,
+                                                 command.method):
+        return []
+    return decide.record_delivery(state, command, now)
 
 
 def chat_finish_id(state: RunState, status: str) -> str:

@@ -17,7 +17,13 @@ from pydantic import ValidationError
 
 from tether.adapters.jetstream import EventLog
 from tether.child.agent import AgentRegistry
-from tether.contract.messages import CancelSignal, WorkItem, names_this_life, work_message_id
+from tether.contract.messages import (
+    CancelSignal,
+    WorkItem,
+    names_this_life,
+    record_delivery_of_this_life,
+    work_message_id,
+)
 from tether.domain import decide
 from tether.domain.commands import (
     CancelCommand,
@@ -226,20 +232,15 @@ class CommandHandlers:
 
     async def record_delivery(self, payload: Payload) -> str:
         command = self._parse(DeliveredCommand, "delivered", payload)
-        earlier_life = False
-
-        def record(state: RunState | None) -> list[Event]:
-            nonlocal earlier_life
-            # A hook of a run that was cleared since, and whose id was requested again,
-            # says nothing about the new run's deliveries.
-            earlier_life = state is not None and not names_this_life(
-                command.message_id, state, command.status, command.method)
-            return [] if earlier_life else decide.record_delivery(state, command, _now_ms())
-
-        _, appended = await self._log.update(command.parent, command.run_id, record)
-        if earlier_life:
+        state, appended = await self._log.update(
+            command.parent, command.run_id,
+            lambda s: record_delivery_of_this_life(s, command, _now_ms()))
+        if appended:
+            return "recorded"
+        if state is not None and not names_this_life(command.message_id, state, command.status,
+                                                     command.method):
             return "a cleared earlier run's"
-        return "recorded" if appended else "already recorded"
+        return "already recorded"
 
     async def clear(self, payload: Payload, seq: int) -> list[str]:
         command = self._parse(ClearCommand, "clear", payload)
