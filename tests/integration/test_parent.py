@@ -119,7 +119,8 @@ async def work_items(log: EventLog, agent_type: str) -> list[WorkItem]:
     state = (await log.jetstream.stream_info(log.subjects.work_stream)).state
     subject = log.subjects.work(agent_type)
     found = []
-    for seq in range(state.first_seq, state.last_seq + 1):
+    # An empty stream reports first_seq 0, which no get may ask for.
+    for seq in range(max(state.first_seq, 1), state.last_seq + 1):
         try:
             message = await log.jetstream.get_msg(log.subjects.work_stream, seq)
         except NotFoundError:
