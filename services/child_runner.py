@@ -2,14 +2,14 @@
 
 import asyncio
 
-from tether.adapters.jetstream import StreamSettings, connect_nats, ensure_streams
+from tether.adapters.jetstream import StreamSettings, ensure_streams
 from tether.child.agent import AgentConfigurationError, AgentRegistry
 from tether.child.runner import ChildRunner, consumer_name
 from tether.client.connection import Tether
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import REGISTRY, RUNNER_SLOTS, WORK_PENDING
-from tether.runtime import ReadinessCheck, nats_check
+from tether.runtime import ReadinessCheck, close_quietly, nats_check, open_nats, while_starting
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
@@ -24,18 +24,23 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         logger.error("child_runner.misconfigured", error=str(error))
         raise SystemExit(2) from None
 
-    nc = await connect_nats(settings.nats_connect_url, name="tether-child-runner")
+    nc = await open_nats(settings, "tether-child-runner", stop)
+    if nc is None:
+        return
     remove_collector = None
     try:
         js = nc.jetstream()
-        await ensure_streams(js, settings.subjects, StreamSettings.of(settings))
+        if not await while_starting(settings, stop, "creating the streams", lambda: ensure_streams(
+                js, settings.subjects, StreamSettings.of(settings))):
+            return
         # A child may itself be a parent: its nested runs go through the same connection,
         # owned by (its agent type, its run id), so they stay off the top parent's timeline.
         client = Tether(nc, settings)
         runner = ChildRunner(nc, settings, registry,
                              shutdown_grace_s=settings.runner_shutdown_grace_ms / 1000,
                              parent_client=lambda ref: client.parent(ref.agent, ref.name))
-        await runner.start()
+        if not await while_starting(settings, stop, "creating the work consumers", runner.start):
+            return
 
         async def streams_present() -> tuple[bool, str]:
             for stream in (settings.subjects.work_stream, settings.subjects.events_stream,
@@ -64,4 +69,4 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     finally:
         if remove_collector is not None:
             remove_collector()
-        await nc.drain()
+        await close_quietly(nc.drain())

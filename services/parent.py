@@ -2,16 +2,22 @@
 
 import asyncio
 
-import asyncpg
-
-from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
+from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
 from tether.adapters.postgres.migrator import migrate
 from tether.child.agent import AgentConfigurationError, AgentRegistry
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import DELIVERIES_PENDING, DELIVERIES_REDELIVERED, REGISTRY
 from tether.parent.service import ParentService
-from tether.runtime import ReadinessCheck, nats_check, postgres_check
+from tether.runtime import (
+    ReadinessCheck,
+    close_quietly,
+    nats_check,
+    open_nats,
+    open_postgres,
+    postgres_check,
+    while_starting,
+)
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
@@ -21,15 +27,21 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     except AgentConfigurationError as error:
         logger.error("parent.misconfigured", error=str(error))
         raise SystemExit(2) from None
-    nc = await connect_nats(settings.nats_connect_url, name="tether-parent")
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
+    nc = await open_nats(settings, "tether-parent", stop)
+    if nc is None:
+        return
+    pool = None
     remove_collector = None
     try:
-        await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings.of(settings))
-        async with pool.acquire() as conn:
-            await migrate(conn, settings.projection_schema)
+        pool = await open_postgres(settings, stop, min_size=1, max_size=4)
+        if pool is None:
+            return
+        if not await while_starting(settings, stop, "creating the streams",
+                                    lambda: _prepare(settings, nc, pool)):
+            return
         service = ParentService(settings, EventLog(nc, settings.subjects), pool, agents, logger)
-        await service.start()
+        if not await while_starting(settings, stop, "starting the parent", service.start):
+            return
         logger.info("parent.ready", agents=agents.agent_types)
         # The reconciler recovers the awaited runs a previous incarnation left open.
         await nc.publish(settings.subjects.parent_started, b"{}")
@@ -49,5 +61,12 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     finally:
         if remove_collector is not None:
             remove_collector()
-        await pool.close()
-        await nc.drain()
+        if pool is not None:
+            await close_quietly(pool.close())
+        await close_quietly(nc.drain())
+
+
+async def _prepare(settings: Settings, nc, pool) -> None:
+    await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings.of(settings))
+    async with pool.acquire() as conn:
+        await migrate(conn, settings.projection_schema)

@@ -9,7 +9,7 @@ import time
 import asyncpg
 from nats.js import JetStreamContext
 
-from tether.adapters.jetstream import EventLog, StreamSettings, connect_nats, ensure_streams
+from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
 from tether.config import Settings
@@ -24,7 +24,15 @@ from tether.metrics import (
     REGISTRY,
     RUNS,
 )
-from tether.runtime import ReadinessCheck, nats_check, postgres_check
+from tether.runtime import (
+    ReadinessCheck,
+    close_quietly,
+    nats_check,
+    open_nats,
+    open_postgres,
+    postgres_check,
+    while_starting,
+)
 
 # Readiness fails while the projector is this many events behind the log.
 MAX_READY_LAG = 10_000
@@ -38,19 +46,30 @@ READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="projector")
-    nc = await connect_nats(settings.nats_connect_url, name="tether-projector")
-    pool = await asyncpg.create_pool(settings.database_url, min_size=2, max_size=4)
+    nc = await open_nats(settings, "tether-projector", stop)
+    if nc is None:
+        return
+    pool = None
     remove_collector = None
     try:
-        await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings.of(settings))
-        async with pool.acquire() as conn:
-            applied = await migrate(conn, settings.projection_schema)
-        logger.info("projector.migrated", schema=settings.projection_schema, applied=applied)
+        pool = await open_postgres(settings, stop, min_size=2, max_size=4)
+        if pool is None:
+            return
+
+        async def prepare() -> None:
+            await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings.of(settings))
+            async with pool.acquire() as conn:
+                applied = await migrate(conn, settings.projection_schema)
+            logger.info("projector.migrated", schema=settings.projection_schema, applied=applied)
+
+        if not await while_starting(settings, stop, "creating the streams", prepare):
+            return
         projector = Projector(pool, EventLog(nc, settings.subjects), settings.projection_schema,
                               batch_size=settings.projector_batch_size,
                               linger_ms=settings.projector_linger_ms,
                               preview_chars=settings.input_preview_chars, logger=logger,
-                              before_commit=_kill_hook())
+                              before_commit=_kill_hook(),
+                              leadership_check_s=settings.leadership_check_ms / 1000)
 
         async def caught_up() -> tuple[bool, str]:
             if not projector.active.is_set():
@@ -65,8 +84,9 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     finally:
         if remove_collector is not None:
             remove_collector()
-        await pool.close()
-        await nc.drain()
+        if pool is not None:
+            await close_quietly(pool.close())
+        await close_quietly(nc.drain())
 
 
 def _collector(settings: Settings, js: JetStreamContext, pool: asyncpg.Pool,

@@ -2,15 +2,7 @@
 
 import asyncio
 
-import asyncpg
-
-from tether.adapters.jetstream import (
-    EventLog,
-    StreamSettings,
-    connect_nats,
-    ensure_streams,
-    key_value,
-)
+from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams, key_value
 from tether.adapters.postgres.migrator import migrate
 from tether.config import Settings
 from tether.log import get_logger
@@ -19,22 +11,42 @@ from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
 from tether.parent.registry import RegisteredHooks
 from tether.reconciler.service import Reconciler
-from tether.runtime import ReadinessCheck, nats_check
+from tether.runtime import (
+    ReadinessCheck,
+    close_quietly,
+    nats_check,
+    open_nats,
+    open_postgres,
+    postgres_check,
+    while_starting,
+)
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="reconciler")
-    nc = await connect_nats(settings.nats_connect_url, name="tether-reconciler")
-    pool = await asyncpg.create_pool(settings.database_url, min_size=2, max_size=4)
+    nc = await open_nats(settings, "tether-reconciler", stop)
+    if nc is None:
+        return
+    pool = None
     remove_collector = None
     try:
+        pool = await open_postgres(settings, stop, min_size=2, max_size=4)
+        if pool is None:
+            return
         stream_settings = StreamSettings.of(settings)
-        await ensure_streams(nc.jetstream(), settings.subjects, stream_settings)
-        async with pool.acquire() as conn:
-            await migrate(conn, settings.projection_schema)
+        buckets = []
+
+        async def prepare() -> None:
+            await ensure_streams(nc.jetstream(), settings.subjects, stream_settings)
+            async with pool.acquire() as conn:
+                await migrate(conn, settings.projection_schema)
+            buckets.append(await key_value(nc.jetstream(), settings.subjects.registry_bucket,
+                                           stream_settings))
+
+        if not await while_starting(settings, stop, "creating the streams", prepare):
+            return
         log = EventLog(nc, settings.subjects)
-        registry = await key_value(nc.jetstream(), settings.subjects.registry_bucket,
-                                   stream_settings)
+        registry = buckets[-1]
         deliverer = Deliverer(log, RegisteredHooks(registry),
                               load_formatters(settings.formatters), logger)
         reconciler = Reconciler(settings, log, pool, deliverer, logger)
@@ -42,7 +54,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         async def role() -> tuple[bool, str]:
             return True, "active" if reconciler.active.is_set() else "standby"
 
-        checks.update(reconciler_nats=nats_check(nc), reconciler_role=role)
+        checks.update(reconciler_nats=nats_check(nc), reconciler_postgres=postgres_check(pool),
+                      reconciler_role=role)
 
         async def collect_role() -> None:
             RECONCILER_ACTIVE.set(1 if reconciler.active.is_set() else 0)
@@ -52,5 +65,6 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     finally:
         if remove_collector is not None:
             remove_collector()
-        await pool.close()
-        await nc.drain()
+        if pool is not None:
+            await close_quietly(pool.close())
+        await close_quietly(nc.drain())

@@ -78,6 +78,13 @@ class Settings(BaseModel):
     delivery_max_backoff_ms: int = Field(default=15 * 60_000, gt=0)
     # Cancel requests wait this long for a runner to confirm the child stopped.
     cancel_grace_ms: int = Field(default=2_000, gt=0)
+    # The active projector and reconciler confirm their lease this often (and within this
+    # long); a new holder waits two of these and a half second before it acts.
+    leadership_check_ms: int = Field(default=1_000, ge=50, le=60_000)
+    # A service starting retries an unreachable NATS or Postgres this long, then exits 1
+    # naming it (an orchestrator restarts it); the CLI gives up after `cli_timeout_ms`.
+    startup_timeout_ms: int = Field(default=30_000, ge=100)
+    cli_timeout_ms: int = Field(default=5_000, ge=100)
     health_host: str = "0.0.0.0"
     # None: the service's own default (parent 8081, child-runner 8082, reconciler 8083,
     # projector 8084); 0 picks a free port.
@@ -93,9 +100,14 @@ class Settings(BaseModel):
     @field_validator("nats_url")
     @classmethod
     def _nats_scheme(cls, value: str) -> str:
-        if not value.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise ValueError("expected a URL like nats://HOST:PORT")
-        return value
+        servers = [server.strip() for server in value.split(",")]
+        if not all(servers):
+            raise ValueError("expected a URL like nats://HOST:PORT, or several separated "
+                             "by commas without empty entries")
+        for server in servers:
+            if not server.startswith(("nats://", "tls://", "ws://", "wss://")):
+                raise ValueError(f"expected URLs like nats://HOST:PORT, not {server!r}")
+        return ",".join(servers)
 
     @field_validator("database_url")
     @classmethod
@@ -138,16 +150,16 @@ class Settings(BaseModel):
 
     @property
     def nats_connect_url(self) -> str:
-        """`nats_url` with `nats_user`/`nats_password` in it, for the connection only
-        (never log it)."""
+        """`nats_url` with `nats_user`/`nats_password` in each server's URL, for the
+        connection only (never log it)."""
         if self.nats_user is None:
             return self.nats_url
-        parts = urlsplit(self.nats_url)
         password = self.nats_password.get_secret_value() if self.nats_password else ""
         userinfo = quote(self.nats_user, safe="")
         if password:
             userinfo += ":" + quote(password, safe="")
-        return urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
+        return ",".join(urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
+                        for parts in map(urlsplit, self.nats_url.split(",")))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *,

@@ -9,6 +9,7 @@ the service finishes the work in hand and returns, and the process exits 0.
 import asyncio
 import gc
 import json
+import re
 import signal
 from collections.abc import Awaitable, Callable
 
@@ -50,6 +51,82 @@ def pause_gc_for_replay(young_threshold: int) -> None:
     gc.collect()
     gc.freeze()
     gc.disable()
+
+
+class StartupFailed(Exception):
+    """A dependency stayed unreachable for the whole start-up time; the message names it."""
+
+
+def redact_dsn(url: str) -> str:
+    return re.sub(r"//([^:@/]+):[^@/]*@", r"//\\1:***@", url)
+
+
+async def open_nats(settings, name: str, stop: asyncio.Event):
+    """The service's NATS connection, or None when `stop` came first. Retried for
+    `startup_timeout_ms`, then `StartupFailed` names the server(s)."""
+    from tether.adapters.jetstream import NatsUnreachable, connect_nats
+
+    try:
+        return await connect_nats(settings.nats_connect_url, name=name, stop=stop,
+                                  startup_timeout_s=settings.startup_timeout_ms / 1000)
+    except asyncio.CancelledError:
+        if stop.is_set():
+            return None
+        raise
+    except NatsUnreachable as error:
+        raise StartupFailed(str(error)) from None
+
+
+async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_size: int):
+    """The service's pool, or None when `stop` came first; retried like `open_nats`."""
+    import asyncpg
+
+    from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.startup_timeout_ms / 1000
+    backoff = Backoff(max_s=1.0)
+    while True:
+        try:
+            return await asyncpg.create_pool(settings.database_url, min_size=min_size,
+                                             max_size=max_size)
+        except (*TRANSIENT_ERRORS, asyncpg.CannotConnectNowError) as error:
+            last = describe(error)
+        if loop.time() >= deadline:
+            raise StartupFailed(f"could not reach Postgres at {redact_dsn(settings.database_url)} "
+                                f"within {settings.startup_timeout_ms / 1000:g}s ({last})")
+        if await sleep_unless_stopped(stop, min(backoff.next_delay(), deadline - loop.time())):
+            return None
+
+
+async def while_starting(settings, stop: asyncio.Event, what: str, operation) -> bool:
+    """A start-up step (streams, migrations) retried across transient errors for the
+    start-up time; True once done, False when `stop` came first."""
+    from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.startup_timeout_ms / 1000
+    backoff = Backoff(max_s=1.0)
+    while True:
+        try:
+            await operation()
+            return True
+        except TRANSIENT_ERRORS as error:
+            if loop.time() >= deadline:
+                raise StartupFailed(f"{what} failed for {settings.startup_timeout_ms / 1000:g}s: "
+                                    f"{describe(error)}") from None
+        if await sleep_unless_stopped(stop, backoff.next_delay()):
+            return False
+
+
+async def close_quietly(closing) -> None:
+    """Close a connection or pool on the way out, whatever state its server is in."""
+    from tether.resilience import TRANSIENT_ERRORS
+
+    try:
+        await asyncio.wait_for(closing, timeout=5.0)
+    except (*TRANSIENT_ERRORS, RuntimeError):
+        pass
 
 
 def nats_check(nc) -> ReadinessCheck:
@@ -149,6 +226,9 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
     logger.info("service.started", health_port=health.port)
     try:
         await main(stop, checks)
+    except StartupFailed as error:
+        logger.error("service.unavailable", error=str(error))
+        raise SystemExit(1) from None
     finally:
         await health.stop()
         logger.info("service.stopped")

@@ -90,7 +90,9 @@ def service_env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
     env.update(TETHER_NATS_URL=settings.nats_url, TETHER_DATABASE_URL=settings.database_url,
                TETHER_PREFIX=settings.prefix, TETHER_PROJECTION_SCHEMA=settings.projection_schema,
-               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json")
+               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json",
+               # A new leader waits two lease checks before it acts: keep tests quick.
+               TETHER_LEADERSHIP_CHECK_MS="200")
     return env
 
 

@@ -14,7 +14,7 @@ import re
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import aclosing, asynccontextmanager
+from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -914,12 +914,83 @@ class _Client(NATS):
         return headers
 
 
-async def connect_nats(url: str, *, name: str, **options: object) -> NATS:
-    """A connection that keeps reconnecting; failures to connect at start are raised.
+class NatsUnreachable(ConnectionError):
+    """No server of the URL answered within the start-up time."""
 
-    `options` go to nats-py (an application's `inbox_prefix`, credentials, TLS).
+
+def nats_servers(url: str) -> list[str]:
+    """A URL, or several separated by commas (the servers of one cluster)."""
+    return [server.strip() for server in url.split(",") if server.strip()]
+
+
+def redact(url: str) -> str:
+    """The URL(s) without a password, for messages."""
+    return ",".join(re.sub(r"//([^:@/]+):[^@/]*@", r"//\1:***@", server)
+                    for server in nats_servers(url))
+
+
+class _ConnectionEvents:
+    """nats-py's callbacks as log lines: one per change of state, not one per failed
+    attempt (a reconnect loop tries twice a second)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self.last_error: str | None = None
+
+    def _logger(self):
+        from tether.log import get_logger  # the log module configures structlog lazily
+        return get_logger(connection=self._name)
+
+    async def error(self, error: Exception) -> None:
+        text = f"{type(error).__name__}: {error}"
+        if text != self.last_error:
+            self.last_error = text
+            self._logger().warning("nats.error", error=text)
+
+    async def disconnected(self) -> None:
+        self._logger().warning("nats.disconnected")
+
+    async def reconnected(self) -> None:
+        self.last_error = None
+        self._logger().info("nats.reconnected")
+
+
+async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None = 5.0,
+                       stop: asyncio.Event | None = None, **options: object) -> NATS:
+    """A connection that keeps reconnecting once made.
+
+    `url` may list several servers separated by commas. The first connection is tried
+    for `startup_timeout_s` (None: until it succeeds or `stop` is set), then
+    `NatsUnreachable` names the server(s) and the last error; `stop` (a service's
+    SIGTERM) ends the wait at once with `asyncio.CancelledError`. `options` go to nats-py
+    (an application's `inbox_prefix`, credentials, TLS, callbacks).
     """
     nc = _Client()
-    await nc.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                     connect_timeout=5, **options)
-    return nc
+    events = _ConnectionEvents(name)
+    options.setdefault("error_cb", events.error)
+    options.setdefault("disconnected_cb", events.disconnected)
+    options.setdefault("reconnected_cb", events.reconnected)
+    connecting = asyncio.ensure_future(nc.connect(
+        nats_servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+        connect_timeout=min(5.0, startup_timeout_s or 5.0), **options))
+    waiters: set[asyncio.Future] = {connecting}
+    stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    if stopping is not None:
+        waiters.add(stopping)
+    try:
+        await asyncio.wait(waiters, timeout=startup_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if stopping is not None:
+            stopping.cancel()
+    if connecting.done():
+        connecting.result()  # a refusal nats-py does not retry (bad credentials, TLS)
+        return nc
+    connecting.cancel()
+    await asyncio.gather(connecting, return_exceptions=True)
+    with suppress(Exception):
+        await nc.close()
+    if stop is not None and stop.is_set():
+        raise asyncio.CancelledError("stopped while connecting to NATS")
+    last = events.last_error or "no answer"
+    raise NatsUnreachable(f"could not reach NATS at {redact(url)} within "
+                          f"{startup_timeout_s:g}s ({last})")

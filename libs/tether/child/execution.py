@@ -21,6 +21,7 @@ gives it back:
 import asyncio
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -53,6 +54,7 @@ from tether.domain.events import (
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
+from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
 MAX_ERROR_CHARS = 500
 
@@ -147,6 +149,7 @@ class Execution:
         self._stop_reason: Literal["cancel", "give-up", "gone", "superseded", "shutdown"] | None = None
         self._cancel_detail: str | None = None
         self.finished = asyncio.Event()
+        self._released = asyncio.Event()  # the process is stopping: give the item back
 
     # --- stopping the child, from the runner --------------------------------------------
 
@@ -173,6 +176,7 @@ class Execution:
         """The process is stopping: stop the child now and give the item back."""
         if self._stop_reason is None:
             self._stop_reason = "shutdown"
+        self._released.set()
         if self._child is not None:
             self._child.cancel()
 
@@ -235,7 +239,7 @@ class Execution:
                 return []
             return [running]
 
-        state, appended = await log.update(self.parent, self.run_id, start)
+        state, appended = await self._update(start)
         if state is not None:
             self._incarnation = state.incarnation
         if not appended:
@@ -292,7 +296,7 @@ class Execution:
         self._ctx = ctx
         # Stopped while we prepared: do not start a child only to stop it.
         if self._stop_reason == "shutdown":
-            await self._msg.nak()
+            await self._settle_item(self._msg.nak(), "nak")
             return self._outcome("released", "the runner stopped before the child started")
         if self._stop_reason == "give-up":
             return await self._ack("skipped", "the reconciler gave up on the run")
@@ -352,7 +356,7 @@ class Execution:
             self._stop_reason, self._cancel_detail = error.reason, str(error)  # type: ignore[assignment]
         if child.cancelled() or isinstance(error, RunCancelled):
             if self._stop_reason == "shutdown":
-                await self._msg.nak()  # another runner resumes the run at once
+                await self._settle_item(self._msg.nak(), "nak")  # another runner resumes it now
                 return self._outcome("released", "the runner stopped before the child finished")
             if self._stop_reason == "superseded":
                 # The newer attempt owns the run and its work item; leave both alone.
@@ -380,8 +384,7 @@ class Execution:
         if size > limit:
             return await self._fail(f"the child's result is {size} bytes; the largest event "
                                     f"NATS accepts is {limit} bytes")
-        _, appended = await self._env.log.update(self.parent, self.run_id,
-                                                 _finish_unless_terminal(completed, self._incarnation))
+        _, appended = await self._update(_finish_unless_terminal(completed, self._incarnation))
         if not appended:
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
@@ -445,7 +448,7 @@ class Execution:
                 return []
             return [paused]
 
-        state, _ = await self._env.log.update(self.parent, self.run_id, decide)
+        state, _ = await self._update(decide)
         if state is None or state.incarnation != self._incarnation:
             return await self._ack("skipped", "the run was cleared before it could pause")
         if state.is_hard_terminal:
@@ -468,8 +471,7 @@ class Execution:
             event_id=self._event_id("aborted"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
-        await self._env.log.update(self.parent, self.run_id,
-                                   _finish_unless_terminal(aborted, self._incarnation))
+        await self._update(_finish_unless_terminal(aborted, self._incarnation))
         return await self._ack("aborted", error)
 
     async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
@@ -477,17 +479,50 @@ class Execution:
             event_id=self._event_id("failed"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunFailedData(error=error))
-        await self._env.log.update(self.parent, self.run_id,
-                                   _finish_unless_terminal(failed, self._incarnation))
-        await self._msg.ack()
+        await self._update(_finish_unless_terminal(failed, self._incarnation))
+        await self._settle_item(self._msg.ack(), "ack")
         return self._outcome("failed", error, exception)
 
     def _event_id(self, *parts: object) -> str:
         return derived_event_id(self.run_id, self._incarnation, *parts)
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
-        await self._msg.ack()
+        await self._settle_item(self._msg.ack(), "ack")
         return self._outcome(kind, detail)
+
+    async def _settle_item(self, settlement, what: str) -> None:
+        # A lost ack redelivers the item, whose run the log then shows ended: skipped.
+        await settle(settlement, logger=get_logger(run_id=self.run_id), what=f"work_item.{what}")
+
+    async def _update(self, decide: Callable[[RunState | None], list[Event]]
+                      ) -> tuple[RunState | None, list[Event]]:
+        """The log's `update`, retried across a broker restart until it lands.
+
+        What this execution appends (its start, its outcome) is decided from the run's
+        events with deterministic ids, so a retry is stored once. An outcome the child
+        already produced is appended, however long the broker is away, and never
+        recomputed by running the child again: the item is kept ours meanwhile, and only
+        a shutdown's release gives up (the item then goes back to the queue).
+        """
+        log = self._env.log
+        try:
+            return await log.update(self.parent, self.run_id, decide)
+        except TRANSIENT_ERRORS:
+            pass
+        interval = self._env.settings.work_ack_wait_ms / 1000 / 3
+        keepalive = asyncio.ensure_future(self._keep_item(interval))
+        try:
+            return await persistently(lambda: log.update(self.parent, self.run_id, decide),
+                                      what="run.append", logger=get_logger(run_id=self.run_id),
+                                      give_up=self._released)
+        finally:
+            keepalive.cancel()
+
+    async def _keep_item(self, interval: float) -> None:
+        while True:
+            with suppress(*TRANSIENT_ERRORS):
+                await self._msg.in_progress()
+            await asyncio.sleep(interval)
 
     def _outcome(self, kind: OutcomeKind, detail: str | None = None,
                  exception: BaseException | None = None) -> Outcome:

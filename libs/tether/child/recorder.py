@@ -39,6 +39,7 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import PauseInfo, RunState
 from tether.log import get_logger
+from tether.resilience import persistently
 
 
 def now_ms() -> int:
@@ -114,7 +115,14 @@ class RunRecorder:
         def decide(state: RunState | None) -> list[Event]:
             return [event] if state is not None and state.incarnation == self._incarnation else []
 
-        await self._log.update(self.parent, self.run_id, decide)
+        await self._update(decide)
+
+    async def _update(self, decide) -> tuple[RunState | None, list[Event]]:
+        """The log's `update`, retried across a broker restart: a child's report is not
+        lost, and does not fail the child, because the broker was away for a moment.
+        (The child's own task: a stop cancels it, and the retry with it.)"""
+        return await persistently(lambda: self._log.update(self.parent, self.run_id, decide),
+                                  what="child.report", logger=self._logger())
 
     def _logger(self):
         """Bound only when there is something to say: most runs log nothing."""
@@ -181,7 +189,7 @@ class RunRecorder:
                 data=RunMilestoneData(sequence=sequence, name=name, data=data, message=message,
                                       phase=pause.reason))]
 
-        _, appended = await self._log.update(self.parent, self.run_id, decide)
+        _, appended = await self._update(decide)
         if appended:
             await self._publish_signal(_Progress(None, message, pause.reason, data, True),
                                        appended[0].occurred_at, milestone=name)
@@ -207,7 +215,7 @@ class RunRecorder:
                 return []
             return [event]
 
-        state, appended = await self._log.update(self.parent, self.run_id, decide)
+        state, appended = await self._update(decide)
         if appended:
             return
         if state is None or state.is_hard_terminal:

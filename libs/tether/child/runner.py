@@ -45,6 +45,7 @@ from tether.contract.messages import (
 from tether.domain.events import ParentRef
 from tether.log import get_logger
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS, RUNNER_SLOTS_IN_USE, WORK_ITEMS
+from tether.resilience import TRANSIENT_ERRORS, Backoff, Health, settle, sleep_unless_stopped
 
 # Deliveries beyond `max_attempts`: a delivery can end without starting an attempt (a
 # shutdown gives it back, a lost race skips it), and the last delivery must still reach a
@@ -184,7 +185,8 @@ class ChildRunner:
             await asyncio.gather(*loops, return_exceptions=True)
             await self._drain()
             for subscription in [*self._subscriptions, *self._pulls.values()]:
-                await subscription.unsubscribe()
+                with suppress(*TRANSIENT_ERRORS):
+                    await subscription.unsubscribe()
 
     async def _drain(self) -> None:
         if not self._handlers:
@@ -201,6 +203,8 @@ class ChildRunner:
     async def _consume(self, agent_type: str, pull: Pull,
                        stop: asyncio.Event, batch: int) -> None:
         keepalive_s = self._settings.work_ack_wait_ms / 1000 / 3
+        health = Health(self._logger.bind(agent_type=agent_type), f"work:{agent_type}")
+        backoff = Backoff(max_s=1.0)
         while not stop.is_set():
             if not await self._slots.wait_for_free():
                 return
@@ -210,13 +214,18 @@ class ChildRunner:
             except TimeoutError:  # nothing to do; nats' timeouts subclass the builtin one
                 messages = []
             except Exception as error:  # noqa: BLE001 - a NATS hiccup must not end the loop
-                self._logger.warning("child_runner.fetch_failed", agent_type=agent_type,
-                                     error=f"{type(error).__name__}: {error}")
-                messages = []
-                await asyncio.sleep(min(1.0, self._fetch_timeout_s))
+                # (A pull request rides on the connection's inbox, which nats-py subscribes
+                # again after a reconnect; the consumer itself lives in the server's store.)
+                health.failed(error)
+                if await sleep_unless_stopped(stop, backoff.next_delay()):
+                    return
+                continue
+            if messages or self._nc.is_connected:
+                backoff.reset()
+                health.recovered()
             for msg in messages:
                 if stop.is_set():  # fetched as we were stopping: let another runner have it
-                    await msg.nak()
+                    await settle(msg.nak(), logger=self._logger, what="work_item.nak")
                     continue
                 await self._slots.take(msg, keepalive_s)
                 handler = asyncio.create_task(self._handle(agent_type, msg))
@@ -230,7 +239,7 @@ class ChildRunner:
                 item = WorkItem.model_validate_json(msg.data)
             except ValidationError as error:
                 # Redelivering it would fail the same way.
-                await msg.term()
+                await settle(msg.term(), logger=self._logger, what="work_item.term")
                 DEAD_LETTERED.inc(kind="work_item")
                 self._logger.error("work_item.unreadable", agent_type=agent_type,
                                    error=str(error).splitlines()[0])

@@ -19,6 +19,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 
 from nats.aio.msg import Msg
 from nats.js import api as js_api
@@ -57,6 +58,7 @@ from tether.domain.events import (
 from tether.domain.run_state import RunState, evolve
 from tether.parent.formatters import Formatters
 from tether.parent.registry import RegisteredHooks
+from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, settle, supervise
 
 # Bounded, so the parent's memory does not grow with the runs it has seen; a run that
 # fell out is read from the log once if it moves again.
@@ -104,6 +106,12 @@ class Deliverer:
         return len(self._states)
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Deliver until `stop`; a broker error binds to the consumer again after a
+        backoff (events not acknowledged come back and are judged again)."""
+        await supervise("deliveries", lambda progressed: self._deliver(stop, progressed),
+                        stop, self._logger)
+
+    async def _deliver(self, stop: asyncio.Event, progressed: Callable[[], None]) -> None:
         subjects = self._log.subjects
         config = js_api.ConsumerConfig(
             durable_name=self._consumer, ack_policy=js_api.AckPolicy.EXPLICIT,
@@ -116,7 +124,10 @@ class Deliverer:
                 try:
                     messages = await subscription.fetch(self._batch, timeout=0.5)
                 except TimeoutError:
+                    if self._log.nats.is_connected:
+                        progressed()
                     continue
+                progressed()
                 # One run's events in order; different runs' concurrently (each run
                 # subject is one key of the state cache, so they never share a state).
                 by_run: dict[str, list[Msg]] = {}
@@ -131,11 +142,12 @@ class Deliverer:
                 if waiting:
                     await asyncio.gather(*waiting)
                 for msg in failed:
-                    await msg.nak(delay=1.0)
+                    await settle(msg.nak(delay=1.0), logger=self._logger, what="delivery.nak")
                 for msg in done:
-                    await msg.ack()
+                    await settle(msg.ack(), logger=self._logger, what="delivery.ack")
         finally:
-            await subscription.unsubscribe()
+            with suppress(*TRANSIENT_ERRORS):
+                await subscription.unsubscribe()
 
     def _judge_at_once(self, messages: list[Msg], done: list[Msg],
                        failed: list[Msg]) -> "list[tuple[Msg, StoredEvent | None, Owed | None]]":
@@ -168,12 +180,16 @@ class Deliverer:
                     owed = self._judge(stored, first_delivery=delivery.delivered == 1)
                 if owed is not None:
                     await owed()
-            except Exception:
-                self._logger.exception("delivery.failed", stream_seq=delivery_of(msg).stream_seq)
+            except Exception as error:
+                seq = delivery_of(msg).stream_seq
+                if is_transient(error):  # the broker: it comes back, and so does the event
+                    self._logger.warning("delivery.failed", stream_seq=seq, error=describe(error))
+                else:
+                    self._logger.exception("delivery.failed", stream_seq=seq)
                 self._forget(stored)
-                await msg.nak(delay=1.0)
+                await settle(msg.nak(delay=1.0), logger=self._logger, what="delivery.nak")
                 continue
-            await msg.ack()
+            await settle(msg.ack(), logger=self._logger, what="delivery.ack")
 
     def _forget(self, stored: "StoredEvent | None") -> None:
         """After a failure: the run is read again when its event comes back."""

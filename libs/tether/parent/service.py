@@ -10,6 +10,7 @@ dead-letter subject with the reason.
 import asyncio
 import json
 from collections import defaultdict
+from contextlib import suppress
 
 import asyncpg
 from nats.aio.msg import Msg
@@ -34,6 +35,7 @@ from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
 from tether.parent.registry import RegisteredHooks
 from tether.parent.slots import SlotKeeper
+from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
 QUERY_KINDS = ("inspect", "list", "has_run")
@@ -100,11 +102,18 @@ class ParentService:
             await asyncio.gather(self._consume_commands(stop), self._deliverer.run(stop))
         finally:
             for subscription in self._rpc:
-                await subscription.unsubscribe()
+                with suppress(*TRANSIENT_ERRORS):
+                    await subscription.unsubscribe()
 
     # --- commands -------------------------------------------------------------------
 
     async def _consume_commands(self, stop: asyncio.Event) -> None:
+        await supervise("commands", lambda progressed: self._command_loop(stop, progressed),
+                        stop, self._logger)
+
+    async def _command_loop(self, stop: asyncio.Event, progressed) -> None:
+        """Fetch and handle commands until `stop`; a broker error ends it (and `supervise`
+        binds to the durable consumer again after a backoff)."""
         durable = "parent-commands"
         config = js_api.ConsumerConfig(
             durable_name=durable, ack_policy=js_api.AckPolicy.EXPLICIT,
@@ -121,21 +130,25 @@ class ParentService:
                 try:
                     messages = await subscription.fetch(64, timeout=0.5)
                 except TimeoutError:
+                    if self._log.nats.is_connected:
+                        progressed()
                     continue
+                progressed()
                 # Each payload is parsed once, here, for its run and for its handler.
                 by_run: dict[str, list[tuple[Msg, Payload]]] = defaultdict(list)
                 for msg in messages:
                     payload = _payload(msg.data)
                     by_run[_run_key(msg, payload)].append((msg, payload))
-                await asyncio.gather(*(self._in_order(batch) for batch in by_run.values()))
+                await asyncio.gather(*(self._in_order(batch, stop) for batch in by_run.values()))
         finally:
-            await subscription.unsubscribe()
+            with suppress(*TRANSIENT_ERRORS):
+                await subscription.unsubscribe()
 
-    async def _in_order(self, commands: list[tuple[Msg, Payload]]) -> None:
+    async def _in_order(self, commands: list[tuple[Msg, Payload]], stop: asyncio.Event) -> None:
         for msg, payload in commands:
-            await self._handle_command(msg, payload)
+            await self._handle_command(msg, payload, stop)
 
-    async def _handle_command(self, msg: Msg, payload: Payload) -> None:
+    async def _handle_command(self, msg: Msg, payload: Payload, stop: asyncio.Event) -> None:
         assert self._handlers is not None
         seq, delivered, _ = delivery_of(msg)
         kind = msg.subject.split(".")[2]
@@ -143,22 +156,10 @@ class ParentService:
         log = self._logger.bind(subject=msg.subject, stream_seq=seq)
         try:
             _check_subject_parent(msg.subject, payload)
-            if kind == "run":
-                outcome = await self._handlers.run(payload, seq)
-                log.info("command.run", decision=outcome.decision, status=outcome.status,
-                         code=outcome.code)
-            elif kind == "cancel":
-                status = await self._handlers.cancel(payload, seq)
-                log.info("command.cancel", status=status)
-            elif kind == "continue":
-                result = await self._handlers.continue_run(payload, seq)
-                log.info("command.continue", result=result)
-            elif kind == "delivered":
-                result = await self._handlers.record_delivery(payload)
-                log.info("command.delivered", result=result)
-            else:
-                cleared = await self._handlers.clear(payload, seq)
-                log.info("command.clear", cleared=len(cleared))
+            # Handlers decide from the run's events and append with its ids, so one retried
+            # across a broker restart lands once; until `stop`, then redelivery retries it.
+            await persistently(lambda: self._dispatch(kind, payload, seq, log),
+                               what=f"command.{kind}", logger=log, give_up=stop)
         except UnparseableCommand as error:
             await self._dead_letter(msg, str(error))
             log.error("command.dead_lettered", error=str(error))
@@ -169,11 +170,31 @@ class ParentService:
             else:
                 log.warning("command.failed", error=repr(error),
                             delivered=delivered)
-                await msg.nak(delay=min(0.2 * 2 ** delivered, 10.0))
+                await settle(msg.nak(delay=min(0.2 * 2 ** delivered, 10.0)), logger=log,
+                             what="command.nak")
                 return
         self.handled += 1
         clock.observe(service="parent", handler=f"command.{kind}")
-        await msg.ack()
+        await settle(msg.ack(), logger=log, what="command.ack")
+
+    async def _dispatch(self, kind: str, payload: Payload, seq: int, log) -> None:
+        assert self._handlers is not None
+        if kind == "run":
+            outcome = await self._handlers.run(payload, seq)
+            log.info("command.run", decision=outcome.decision, status=outcome.status,
+                     code=outcome.code)
+        elif kind == "cancel":
+            status = await self._handlers.cancel(payload, seq)
+            log.info("command.cancel", status=status)
+        elif kind == "continue":
+            result = await self._handlers.continue_run(payload, seq)
+            log.info("command.continue", result=result)
+        elif kind == "delivered":
+            result = await self._handlers.record_delivery(payload)
+            log.info("command.delivered", result=result)
+        else:
+            cleared = await self._handlers.clear(payload, seq)
+            log.info("command.clear", cleared=len(cleared))
 
     async def _dead_letter(self, msg: Msg, reason: str) -> None:
         DEAD_LETTERED.inc(kind="command")

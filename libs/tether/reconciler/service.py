@@ -1,7 +1,8 @@
 """The reconciler: detached budgets, recovery after a parent restart, delivery retries.
 
-One reconciler is active at a time (a Postgres session advisory lock; a standby waits for
-it and takes over when the active one's connection dies). On becoming active it loads the
+One reconciler is active at a time (a lease: a Postgres session advisory lock, confirmed
+while held, see `tether.leadership`); a standby takes over when the active one's session
+ends, and an active one that loses its lease or a dependency stands by again. On becoming active it loads the
 runs it must watch from the projection, with the checkpoint they are consistent with,
 then follows the log from there, so its view is the projection plus the tail of the log.
 
@@ -25,6 +26,7 @@ from tether.contract.messages import LifecycleResult
 from tether.domain import decide
 from tether.domain.events import RunRequested
 from tether.domain.run_state import RunState, evolve
+from tether.leadership import Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,
     DEADLINES_FIRED,
@@ -36,6 +38,7 @@ from tether.parent.delivery import Deliverer
 from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
+from tether.resilience import supervise
 
 RunKey = tuple[str, str, str]
 
@@ -75,6 +78,7 @@ class Reconciler:
         self._armed_due: int | None = None  # what the timer sleeps until
         self._delivery_attempts: dict[RunKey, int] = {}
         self._in_flight: set[Hashable] = set()
+        self._firing: set[asyncio.Task[None]] = set()
         self.active = asyncio.Event()
         self.decisions = 0
 
@@ -83,26 +87,41 @@ class Reconciler:
         return f"tether-reconciler:{self._settings.prefix}"
 
     async def run(self, stop: asyncio.Event) -> None:
-        async with self._pool.acquire() as lock_conn:
-            while not stop.is_set():
-                if await lock_conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))",
-                                            self.lock_key):
-                    break
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=0.5)
-                except TimeoutError:
-                    continue
-            if stop.is_set():
+        """Stand by, lead while the lease holds, and stand by again when it is lost or a
+        dependency fails (see `tether.leadership`)."""
+        await supervise("reconciler", lambda progressed: self._lead(stop, progressed),
+                        stop, self._logger)
+
+    async def _lead(self, stop: asyncio.Event, progressed) -> None:
+        lease = Lease(self._pool, self.lock_key, self._logger,
+                      check_interval_s=self._settings.leadership_check_ms / 1000)
+        async with lease.held(stop) as term:
+            if term is None:
                 return
+            progressed()
+            self._reset_view()
             self.active.set()
             self._logger.info("reconciler.active")
             try:
-                checkpoint = await self._load()
-                await asyncio.gather(self._follow(stop, checkpoint), self._timer(stop),
-                                     self.recovery.run(stop, self._awaited_open_runs))
+                await act_while_leading(term, stop, self._act)
             finally:
                 self.active.clear()
-                await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", self.lock_key)
+                for task in list(self._firing):
+                    task.cancel()
+
+    async def _act(self, stop: asyncio.Event) -> None:
+        checkpoint = await self._load()
+        await asyncio.gather(self._follow(stop, checkpoint), self._timer(stop),
+                             self.recovery.run(stop, self._awaited_open_runs))
+
+    def _reset_view(self) -> None:
+        """A new term starts from the projection again: what the last one knew may be
+        stale by the time this instance leads."""
+        self._states.clear()
+        self._index = DeadlineIndex()
+        self._delivery_attempts.clear()
+        self._in_flight.clear()
+        self._armed_due = None
 
     def _awaited_open_runs(self) -> list[RunState]:
         """Recovery's rows: awaited runs a child should be working on (a paused run waits
@@ -219,7 +238,9 @@ class Reconciler:
                 DEADLINES_DUE.inc(kind=kind)
                 if (key, kind) not in self._in_flight:
                     self._in_flight.add((key, kind))
-                    asyncio.create_task(self._fire(key, kind))
+                    task = asyncio.create_task(self._fire(key, kind))
+                    self._firing.add(task)  # referenced until done, and cancelled with the term
+                    task.add_done_callback(self._firing.discard)
 
     async def _fire(self, key: RunKey, kind: str) -> None:
         clock = HANDLER_SECONDS.start()

@@ -1,7 +1,7 @@
 """The projector: follows the log into the projection tables; rebuild and verify.
 
-Exactly one projector writes a schema at a time (a session advisory lock); a standby
-waits for the lock. The checkpoint lives in the projected schema, in the same
+Exactly one projector writes a schema at a time (a lease: a session advisory lock,
+confirmed while held, see `tether.leadership`); a standby waits for it. The checkpoint lives in the projected schema, in the same
 transaction as the rows, so the position and the tables never disagree.
 """
 
@@ -27,7 +27,10 @@ from tether.adapters.postgres.projection import (
     table_digests,
     table_digests_on,
 )
+from tether.leadership import Lease, act_while_leading
+from tether.log import get_logger
 from tether.metrics import HANDLER_SECONDS, count_projected
+from tether.resilience import supervise
 
 T = TypeVar("T")
 REPLAY_KNOWN_RUNS = 10_000  # states a replay keeps between its batches
@@ -65,7 +68,8 @@ class ProjectorStats:
 class Projector:
     def __init__(self, pool: asyncpg.Pool, log: EventLog, schema: str, *,
                  batch_size: int = 1000, linger_ms: int = 0, preview_chars: int = 500,
-                 logger=None, before_commit: BeforeCommit | None = None) -> None:
+                 logger=None, before_commit: BeforeCommit | None = None,
+                 leadership_check_s: float = 1.0) -> None:
         self._pool = pool
         self._log = log
         self._sql = Statements(check_schema_name(schema))
@@ -74,6 +78,7 @@ class Projector:
         self._preview_chars = preview_chars
         self._logger = logger
         self._before_commit = before_commit
+        self._lease_check_s = leadership_check_s
         self.stats = ProjectorStats()
         self._known = KnownStates()
         self._statistics = _RunsStatistics()
@@ -90,29 +95,30 @@ class Projector:
         return f"tether-projector:{self._sql.schema}"
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Project until `stop` is set; the batch in hand is finished first."""
-        async with self._pool.acquire() as lock_conn:
-            if not await self._wait_for_lock(lock_conn, stop):
+        """Project until `stop` is set; the batch in hand is finished first. A lost lease
+        or a failing dependency ends the term: it stands by and leads again (from the
+        committed checkpoint) once it can."""
+        logger = self._logger or get_logger(service="projector")
+        await supervise("projector", lambda progressed: self._lead(stop, progressed, logger),
+                        stop, logger)
+
+    async def _lead(self, stop: asyncio.Event, progressed, logger) -> None:
+        lease = Lease(self._pool, self.lock_key, logger, check_interval_s=self._lease_check_s)
+        async with lease.held(stop) as term:
+            if term is None:
                 return
+            progressed()
+            # What the last term cached may not have been committed.
+            self._known = KnownStates()
+            self.active.set()
             try:
-                self.active.set()
-                async with self._pool.acquire() as conn:
-                    await self._follow(conn, stop)
+                await act_while_leading(term, stop, self._project)
             finally:
                 self.active.clear()
-                await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", self.lock_key)
 
-    async def _wait_for_lock(self, conn: asyncpg.Connection, stop: asyncio.Event) -> bool:
-        while not stop.is_set():
-            if await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", self.lock_key):
-                return True
-            if self._logger:
-                self._logger.info("projector.standby", schema=self._sql.schema)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=1.0)
-            except TimeoutError:
-                pass
-        return False
+    async def _project(self, stop: asyncio.Event) -> None:
+        async with self._pool.acquire() as conn:
+            await self._follow(conn, stop)
 
     async def _follow(self, conn: asyncpg.Connection, stop: asyncio.Event) -> None:
         self.stats.position = await ensure_checkpoint(conn, self._sql)

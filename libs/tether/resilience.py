@@ -1,0 +1,167 @@
+"""Riding out the broker and the database: transient errors, backoff, supervised loops.
+
+A service's long-running loops (commands, work, deliveries, followers, the reconciler)
+meet a restarting nats-server or Postgres as errors from whatever call was under way. Such
+an error is transient: the loop backs off, logs one line when it starts failing and one
+when it works again, and goes on. Only a configuration error stops a service.
+"""
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import asyncpg
+import nats.errors
+
+T = TypeVar("T")
+
+# What a lost or restarting dependency raises. NATS: timeouts, no responders (a stream's
+# leader being elected), `Server Shutdown` statuses, a closed or reconnecting connection;
+# asyncpg: a dropped session (`connection was closed`), a server shutting down or starting
+# up, and the interface errors of a pooled connection that died under its holder.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    nats.errors.Error,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    ConnectionError,
+    OSError,
+    TimeoutError,
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    return isinstance(error, TRANSIENT_ERRORS)
+
+
+def describe(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class Backoff:
+    """Exponential backoff with jitter, from `initial_s` up to `max_s`, reset by success."""
+
+    def __init__(self, initial_s: float = 0.1, max_s: float = 2.0) -> None:
+        self._initial, self._max = initial_s, max_s
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        self.failures += 1
+        delay = min(self._initial * 2 ** (self.failures - 1), self._max)
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds`; True when `stop` was set meanwhile (return at once then)."""
+    if stop.is_set():
+        return True
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+class Health:
+    """One loop's state as a dependency sees it: one log line per change, not per error."""
+
+    def __init__(self, logger, loop: str) -> None:
+        self._logger, self.loop = logger, loop
+        self.failing_since: float | None = None
+        self.last_error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failing_since is None
+
+    def failed(self, error: BaseException) -> None:
+        self.last_error = describe(error)
+        if self.failing_since is None:
+            self.failing_since = asyncio.get_running_loop().time()
+            if is_transient(error):
+                self._logger.warning("dependency.lost", loop=self.loop, error=self.last_error)
+            else:
+                self._logger.error("loop.failed", loop=self.loop, error=self.last_error,
+                                   exc_info=error)
+
+    def recovered(self) -> None:
+        if self.failing_since is not None:
+            down_ms = int((asyncio.get_running_loop().time() - self.failing_since) * 1000)
+            self.failing_since = None
+            self._logger.info("dependency.restored", loop=self.loop, down_ms=down_ms)
+
+
+async def supervise(name: str, body: Callable[[Callable[[], None]], Awaitable[None]],
+                    stop: asyncio.Event, logger, *, backoff: Backoff | None = None,
+                    health: Health | None = None) -> None:
+    """Run `body(progressed)` until `stop`; when it raises, back off and run it again.
+
+    `body` calls `progressed()` once it has done real work after (re)starting (a fetch
+    answered, a batch written), which logs the recovery and resets the backoff. A body
+    that returns while `stop` is not set is run again too: a loop never ends quietly.
+    Exceptions other than transient ones are logged with their traceback, then retried
+    the same way: a service stays up, and its readiness (its dependencies' checks) says
+    whether it can work.
+    """
+    backoff = backoff or Backoff()
+    health = health or Health(logger, name)
+
+    def progressed() -> None:
+        backoff.reset()
+        health.recovered()
+
+    while not stop.is_set():
+        try:
+            await body(progressed)
+            if stop.is_set():
+                return
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a loop outlives what it depends on
+            health.failed(error)
+        if await sleep_unless_stopped(stop, backoff.next_delay()):
+            return
+
+
+async def persistently(operation: Callable[[], Awaitable[T]], *, what: str, logger,
+                       give_up: asyncio.Event | None = None,
+                       backoff: Backoff | None = None) -> T:
+    """`operation()` retried across transient errors until it succeeds, or `give_up` is
+    set (its last error is then raised). For writes that are idempotent by their message
+    ids (appends, hook and chat publishes): a retry whose first attempt landed is stored
+    once."""
+    backoff = backoff or Backoff(max_s=1.0)
+    health = Health(logger, what)
+    while True:
+        try:
+            result = await operation()
+        except TRANSIENT_ERRORS as error:
+            health.failed(error)
+            if give_up is not None and give_up.is_set():
+                raise
+            delay = backoff.next_delay()
+            if give_up is None:
+                await asyncio.sleep(delay)
+            elif await sleep_unless_stopped(give_up, delay):
+                raise
+            continue
+        health.recovered()
+        return result
+
+
+async def settle(settlement: Awaitable[object], *, logger, what: str) -> bool:
+    """Ack, nak or term a JetStream message; False when the connection lost it. The
+    server then redelivers the message after its ack wait, and every handler is
+    idempotent by the message's ids, so a lost settlement costs only time."""
+    try:
+        await settlement
+    except TRANSIENT_ERRORS as error:
+        logger.warning("message.settle_failed", what=what, error=describe(error))
+        return False
+    return True
