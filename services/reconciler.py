@@ -2,6 +2,7 @@
 
 import asyncio
 
+from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams, key_value
 from tether.adapters.postgres.migrator import migrate
 from tether.config import Settings
@@ -47,8 +48,9 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
             return
         log = EventLog(nc, settings.subjects)
         registry = buckets[-1]
+        records = await DeliveryRecords.open(nc.jetstream(), settings.subjects.deliveries_bucket)
         deliverer = Deliverer(log, RegisteredHooks(registry),
-                              load_formatters(settings.formatters), logger)
+                              load_formatters(settings.formatters), logger, records=records)
         reconciler = Reconciler(settings, log, pool, deliverer, logger)
 
         async def role() -> tuple[bool, str]:

@@ -84,7 +84,8 @@ class Application:
 def _streams(subjects: Subjects) -> list[str]:
     names = [subjects.commands_stream, subjects.events_stream, subjects.progress_stream,
              subjects.work_stream, subjects.hooks_stream, subjects.chat_stream]
-    return names + [f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}"]
+    return names + [f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}",
+                    f"KV_{subjects.deliveries_bucket}"]
 
 
 def _provision(subjects: Subjects) -> list[str]:
@@ -125,6 +126,7 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    subjects.command_dead_letters, f"{p}.ctl.cancel.>", subjects.parent_started,
                    f"$KV.{subjects.slots_bucket}.>",
                    *_kv_read(subjects.slots_bucket), *_kv_read(subjects.registry_bucket),
+                   *_kv_read(subjects.deliveries_bucket),
                    *_pull(subjects.commands_stream, "parent-commands"),
                    *_pull(subjects.events_stream, "parent-deliverer"),
                    # `clear` purges a run's events and progress.
@@ -148,7 +150,7 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     if role == "reconciler":
         publish = [f"{p}.evt.>", f"{p}.hook.>", f"{p}.chat.>", f"{p}.obs.>",
                    f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>",
-                   *_kv_read(subjects.registry_bucket)]
+                   *_kv_read(subjects.registry_bucket), *_kv_read(subjects.deliveries_bucket)]
         return Permissions(tuple(common + publish), (subjects.parent_started, "_INBOX.>"))
     if role == "projector":
         return Permissions(tuple(common), ("_INBOX.>",))
@@ -157,7 +159,9 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
 
 def application_permissions(subjects: Subjects, app: Application) -> Permissions:
     p = subjects.prefix
-    publish: list[str] = ["$JS.FC.>", f"$JS.API.STREAM.INFO.KV_{subjects.registry_bucket}"]
+    deliveries = subjects.deliveries_bucket
+    publish: list[str] = ["$JS.FC.>", f"$JS.API.STREAM.INFO.KV_{subjects.registry_bucket}",
+                          f"$JS.API.STREAM.INFO.KV_{deliveries}"]
     subscribe: list[str] = [f"{app.inbox_prefix}.>"]
     feeds = ((subjects.events_stream, "evt"), (subjects.progress_stream, "progress"),
              (subjects.chat_stream, "chat"))
@@ -171,6 +175,9 @@ def application_permissions(subjects: Subjects, app: Application) -> Permissions
         # An awaited run's events, as the events stream republishes them.
         subscribe.append(f"{p}.live.evt.{agent}.>")
         publish.append(f"$KV.{subjects.registry_bucket}.hook.{agent}.*")
+        # Its hook handlers' own delivery records (adapters/deliveries.py).
+        publish += [f"$KV.{deliveries}.{agent}.>",
+                    f"$JS.API.DIRECT.GET.KV_{deliveries}.$KV.{deliveries}.{agent}.>"]
         for method in app.hook_methods:
             consumer = f"hooks-{agent}-{method}"
             hooks = subjects.hooks_stream

@@ -160,6 +160,9 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects,
             await js.update_stream(config)
     for bucket in (subjects.registry_bucket, subjects.slots_bucket):
         await key_value(js, bucket, settings)
+    # A delivery's key outlives every republication of its hook (the hooks stream keeps
+    # a message 7 days).
+    await key_value(js, subjects.deliveries_bucket, settings, ttl_s=30 * DAY_S)
 
 
 async def durable_pull(js: JetStreamContext, nc: NATS, stream: str,
@@ -269,7 +272,8 @@ def _status(msg: Msg) -> str | None:
 async def remove_streams(js: JetStreamContext, subjects: Subjects) -> None:
     """Delete every stream and bucket of one prefix (tests, demos, uninstall)."""
     names = [config.name for config in stream_configs(subjects, StreamSettings())]
-    names += [f"KV_{bucket}" for bucket in (subjects.registry_bucket, subjects.slots_bucket)]
+    names += [f"KV_{bucket}" for bucket in (subjects.registry_bucket, subjects.slots_bucket,
+                                           subjects.deliveries_bucket)]
     for name in names:
         try:
             await js.delete_stream(name)
@@ -277,9 +281,11 @@ async def remove_streams(js: JetStreamContext, subjects: Subjects) -> None:
             pass
 
 
-async def key_value(js: JetStreamContext, bucket: str, settings: StreamSettings) -> KeyValue:
+async def key_value(js: JetStreamContext, bucket: str, settings: StreamSettings, *,
+                    ttl_s: float | None = None) -> KeyValue:
     """The bucket, created with the one configuration every service uses."""
     config = js_api.KeyValueConfig(bucket=bucket, history=1, storage=js_api.StorageType.FILE,
+                                   ttl=ttl_s,
                                    replicas=settings.replicas)
     try:
         return await js.create_key_value(config)

@@ -7,10 +7,12 @@ registers each method in the registry bucket, so the parent accepts runs that na
 and consumes each method's subject with a durable pull consumer shared by its replicas.
 
 Delivery: exactly once normally, at least once on a crash. After the function returns,
+the handler writes its own delivery record (a key in the deliveries bucket), then
 `run.finish_delivered` is appended to the run (the ledger) and only then the message is
-acknowledged; a message whose (run, status, method) is already in the ledger is
+acknowledged; a message whose delivery is already recorded (the key, or the ledger) is
 acknowledged without calling the function, so a redelivery after a lost ack or a crash
-between the two steps does not call it again. The ledger is read for every message that
+between the steps does not call it again, even while the parent service that writes the
+ledger is down. The ledger is read for every message that
 could repeat an earlier one: a redelivery, or a publication the parent does not mark as
 its first for the outcome (`Tether-First-Publication`). A function that raises is retried after
 the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1); a process that dies
@@ -32,6 +34,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import PublishDenied, delivery_of, durable_pull, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import (
@@ -47,6 +50,15 @@ from tether.contract.messages import (
 from tether.domain.commands import DeliveredCommand
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
+from tether.resilience import (
+    Backoff,
+    Health,
+    describe,
+    is_transient,
+    persistently,
+    settle,
+    sleep_unless_stopped,
+)
 
 if TYPE_CHECKING:
     from tether.client.connection import Tether
@@ -94,6 +106,7 @@ class HookRegistry:
         self.stats = HookStats()
         self.ready = asyncio.Event()
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
+        self._records = DeliveryRecords(None)
 
     def register(self, method: str, function: HookFunction) -> HookFunction:
         check_identifier(method, "hook method")
@@ -135,6 +148,8 @@ class HookRegistry:
             raise ValueError(f"no hooks registered for {self.parent_agent}")
         stop = stop or asyncio.Event()
         subscriptions = {method: await self._consume(method) for method in self.functions}
+        self._records = await DeliveryRecords.open(self.tether.js,
+                                                   self.tether.subjects.deliveries_bucket)
         await self._register_methods()
         self.ready.set()
         self._logger.info("hooks.serving", methods=sorted(self.functions),
@@ -194,6 +209,8 @@ class HookRegistry:
 
     async def _deliver(self, method: str, subscription, stop: asyncio.Event) -> None:
         in_flight: set[asyncio.Task] = set()
+        health = Health(self._logger, f"hooks:{method}")
+        backoff = Backoff(max_s=1.0)
         try:
             while not stop.is_set():
                 # A fetch also hands over what an earlier request delivered late, which
@@ -207,10 +224,11 @@ class HookRegistry:
                 except TimeoutError:
                     continue
                 except Exception as error:  # noqa: BLE001 - a NATS hiccup must not end the loop
-                    self._logger.warning("hooks.fetch_failed", method=method,
-                                         error=f"{type(error).__name__}: {error}")
-                    await asyncio.sleep(FETCH_WAIT_S)
+                    health.failed(error)
+                    await sleep_unless_stopped(stop, backoff.next_delay())
                     continue
+                backoff.reset()
+                health.recovered()
                 for msg in messages:
                     task = asyncio.create_task(self._handle_guarded(method, msg))
                     in_flight.add(task)
@@ -222,8 +240,12 @@ class HookRegistry:
     async def _handle_guarded(self, method: str, msg: Msg) -> None:
         try:
             await self.handle(method, msg)
-        except Exception:  # never lose a hook to a bug or a NATS hiccup
-            self._logger.exception("hooks.handling_failed", method=method)
+        except Exception as error:  # never lose a hook to a bug or a NATS hiccup
+            if is_transient(error):
+                self._logger.warning("hooks.handling_failed", method=method,
+                                     error=describe(error))
+            else:
+                self._logger.exception("hooks.handling_failed", method=method)
             with suppress(Exception):
                 await msg.nak(delay=self.lease_s)
 
@@ -242,15 +264,18 @@ class HookRegistry:
         headers = msg.headers or {}
         message_id = headers.get("Nats-Msg-Id")
         if delivery.delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
-            # It may repeat a call already made: the run's delivery ledger says (a cleared
-            # run's went with it, and a later run with its id keeps its own).
+            # It may repeat a call already made: this handler's own record says, even
+            # while the parent that writes the run's ledger is down; else the ledger (a
+            # cleared run's went with it, and a later run with its id keeps its own).
+            if message_id is not None and await self._records.recorded(run.parent, method,
+                                                                        message_id):
+                await self._already_delivered(msg, logger)
+                return
             state = (await self.tether.log.read_run(run.parent, run.run_id)).state
             if (state is not None and state.finish_delivered(result.status, method)
                     and (message_id is None
                          or names_this_life(message_id, state, result.status, method))):
-                self.stats.skipped += 1
-                logger.info("hooks.already_delivered")
-                await msg.ack()
+                await self._already_delivered(msg, logger)
                 return
         try:
             outcome = self.functions[method](run, result)
@@ -259,12 +284,24 @@ class HookRegistry:
         except Exception:  # the user's function failed: retry after the lease
             self.stats.failed += 1
             logger.exception("hooks.function_failed", retry_in_s=self.lease_s)
-            await msg.nak(delay=self.lease_s)
+            await settle(msg.nak(delay=self.lease_s), logger=logger, what="hook.nak")
             return
         self.stats.called += 1
-        await self._record_delivered(hook, method, message_id)
-        await msg.ack()
+        # The function ran: from here on, a broker restart must not make it run again.
+        # Both records are idempotent; they are retried until they land.
+        if message_id is not None:
+            await persistently(lambda: self._records.record(run.parent, method, message_id,
+                                                            result.status),
+                               what="hooks.record", logger=logger)
+        await persistently(lambda: self._record_delivered(hook, method, message_id),
+                           what="hooks.ledger", logger=logger)
+        await settle(msg.ack(), logger=logger, what="hook.ack")
         logger.info("hooks.delivered")
+
+    async def _already_delivered(self, msg: Msg, logger) -> None:
+        self.stats.skipped += 1
+        logger.info("hooks.already_delivered")
+        await settle(msg.ack(), logger=logger, what="hook.ack")
 
     async def _record_delivered(self, hook: HookMessage, method: str,
                                 message_id: str | None) -> None:

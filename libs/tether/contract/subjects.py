@@ -122,6 +122,11 @@ class Subjects:
         return self.stream("REGISTRY")
 
     @property
+    def deliveries_bucket(self) -> str:
+        """KV: one key per finish hook an application handled (adapters/deliveries.py)."""
+        return self.stream("DELIVERIES")
+
+    @property
     def slots_bucket(self) -> str:
         """KV: `<parent_agent>.<parent_name>` -> the parent's open runs, for the cap."""
         return self.stream("SLOTS")

@@ -24,6 +24,7 @@ from contextlib import suppress
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
+from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import (
     EventLog,
     StoredEvent,
@@ -42,7 +43,9 @@ from tether.contract.messages import (
     chat_finish_id,
     chat_milestone_id,
     finish_message_id,
+    record_delivery_of_this_life,
 )
+from tether.domain.commands import DeliveredCommand
 from tether.domain.events import (
     TERMINAL_EVENT_STATUS,
     NotifyOptions,
@@ -86,7 +89,7 @@ def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> 
 class Deliverer:
     def __init__(self, log: EventLog, hooks: RegisteredHooks, formatters: Formatters, logger, *,
                  consumer: str = "parent-deliverer", batch: int = 256,
-                 duplicate_window_ms: int = 0) -> None:
+                 duplicate_window_ms: int = 0, records: DeliveryRecords | None = None) -> None:
         """`duplicate_window_ms`: the hooks stream's; a hook published within half of it
         after its outcome is marked as its first publication (0: never marked)."""
         self._log = log
@@ -98,6 +101,7 @@ class Deliverer:
         self._batch = batch
         self._states: OrderedDict[RunKey, object] = OrderedDict()  # RunState, None, _AWAITED
         self._first_within_ms = duplicate_window_ms // 2
+        self._records = records or DeliveryRecords(None)
         self.delivered = 0
 
     @property
@@ -280,28 +284,36 @@ class Deliverer:
             self._states.popitem(last=False)
 
     async def deliver_finish(self, state: RunState, result: LifecycleResult,
-                             retry: int = 0, *, first: bool = False) -> None:
-        """Publish what the ledger says is still owed for this outcome.
+                             retry: int = 0, *, first: bool = False) -> int:
+        """Publish what the ledger says is still owed for this outcome; how many messages.
 
         `retry` > 0 (the reconciler, after a lease) gives hook messages a new id, since
         the first one may still be inside the stream's duplicate window. `first`: no other
         message with these ids can reach the handler, which then need not read the ledger
-        (`FIRST_PUBLICATION_HEADER`).
+        (`FIRST_PUBLICATION_HEADER`). A retry first looks for the handler's own record
+        of the delivery (`DeliveryRecords`).
         """
         options = state.detached
         info = RunInfo.of(state)
         first = first and not retry
+        published = 0
+        methods = []
         if options.on_finish and not state.finish_delivered(result.status, options.on_finish):
-            await self._publish_hook(state, options.on_finish, info, result, retry, first)
+            methods.append(options.on_finish)
         if (not state.finish_delivered(result.status, GLOBAL_FINISH_HOOK)
                 and await self._hooks.has(state.parent.agent, GLOBAL_FINISH_HOOK)):
-            await self._publish_hook(state, GLOBAL_FINISH_HOOK, info, result, retry, first)
+            methods.append(GLOBAL_FINISH_HOOK)
+        for method in methods:
+            if retry and await self._recorded_by_handler(state, result.status, method):
+                continue
+            await self._publish_hook(state, method, info, result, retry, first)
+            published += 1
         # An explicit on_finish takes precedence over notify.
         if options.on_finish or not options.notify:
-            return
+            return published
         ledger_key = f"finish:{result.status}"
         if ledger_key in state.ledger.notifications:
-            return
+            return published
         text = self._formatters.format_detached_completion(info, result)
         if text:
             message = ChatMessage(id=chat_finish_id(state, result.status), role="user",
@@ -310,8 +322,25 @@ class Deliverer:
                                       "agent_type": state.agent_type, "kind": "finish",
                                       "status": result.status})
             await self._publish_chat(state, message)
+            published += 1
         await self._record_notified(state, "finish", result.status, "notify",
                                     chat_finish_id(state, result.status))
+        return published
+
+    async def _recorded_by_handler(self, state: RunState, status: str, method: str) -> bool:
+        """Whether the application's handler recorded this hook's delivery while the
+        ledger has not heard of it (the parent was down, or is behind): then the ledger
+        entry is appended here, and the hook is not published again."""
+        message_id = finish_message_id(state, status, method)
+        if not await self._records.recorded(state.parent, method, message_id):
+            return False
+        command = DeliveredCommand(run_id=state.run_id, parent=state.parent, status=status,
+                                   method=method, message_id=message_id)
+        await self._log.update(state.parent, state.run_id,
+                               lambda s: record_delivery_of_this_life(s, command, _now_ms()))
+        self._logger.info("delivery.recorded_by_handler", run_id=state.run_id, method=method,
+                          status=status)
+        return True
 
     @staticmethod
     def _milestone_owed(state: RunState, event: RunMilestone) -> bool:

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 from pydantic import ValidationError
 
+from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import EventLog, StreamSettings, delivery_of, durable_pull, key_value
 from tether.child.agent import AgentRegistry
 from tether.config import Settings
@@ -83,9 +84,11 @@ class ParentService:
             max_input_bytes=self._settings.max_input_bytes,
             hook_registered=self._hook_registered,
         )
+        records = await DeliveryRecords.open(self._js, self._subjects.deliveries_bucket)
         self._deliverer = Deliverer(self._log, self._hooks,
                                     load_formatters(self._settings.formatters), self._logger,
-                                    duplicate_window_ms=self._settings.duplicate_window_ms)
+                                    duplicate_window_ms=self._settings.duplicate_window_ms,
+                                    records=records)
         nc = self._log.nats
         queue = "tether-parent"
         self._rpc = [

@@ -309,7 +309,13 @@ class Reconciler:
         DELIVERIES_RETRIED.inc()
         DEADLINES_FIRED.inc(kind="delivery")
         self._delivery_attempts[key] = attempts
-        await self._deliverer.deliver_finish(state, LifecycleResult.of(state), retry=attempts)
+        published = await self._deliverer.deliver_finish(state, LifecycleResult.of(state),
+                                                         retry=attempts)
+        if not published:  # the handler had delivered it: the ledger now says so
+            final = (await self._log.read_run(state.parent, state.run_id)).state
+            if final is not None:
+                self._track(final)
+            return
         await self.observability.emit("agent_tool:detached:delivery_failed", state.run_id,
                                       state.parent, reason="not-acknowledged",
                                       status=state.status, attempts=attempts,

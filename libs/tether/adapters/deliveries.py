@@ -1,0 +1,62 @@
+"""A key per delivered finish hook, written by the application that handled it.
+
+The run's delivery ledger (`run.finish_delivered`) is appended by the parent service
+when the handler reports a delivery; while the parent is down that report waits in the
+commands stream. So the handler also writes a key of its own here, as soon as its
+function returns: a redelivered or republished hook finds it and is not handled again,
+and the reconciler does not republish a hook whose key is there (it records the ledger
+entry itself instead). The key names the parent, the method and the hook's message id
+without its retry suffix, so every publication of one outcome of one life shares it.
+"""
+
+import json
+import re
+import time
+
+from nats.js import JetStreamContext
+from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from tether.domain.events import ParentRef
+
+_RETRY_SUFFIX = re.compile(r":retry\d+$")
+
+
+def delivery_key(parent: ParentRef, method: str, message_id: str) -> str:
+    """`<agent>.<name>.<method>.<message id>`; ':' (allowed in identifiers, not in KV keys)
+    becomes '=' (allowed in keys, not in identifiers), so the mapping is one to one."""
+    base = _RETRY_SUFFIX.sub("", message_id)
+    return ".".join(part.replace(":", "=") for part in (parent.agent, parent.name, method, base))
+
+
+class DeliveryRecords:
+    def __init__(self, bucket: KeyValue | None) -> None:
+        """`bucket` None: services that predate the bucket; only the ledger is consulted."""
+        self._bucket = bucket
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, name: str) -> "DeliveryRecords":
+        try:
+            return cls(await js.key_value(name))
+        except NotFoundError:
+            return cls(None)
+
+    @property
+    def available(self) -> bool:
+        return self._bucket is not None
+
+    async def recorded(self, parent: ParentRef, method: str, message_id: str) -> bool:
+        if self._bucket is None:
+            return False
+        try:
+            entry = await self._bucket.get(delivery_key(parent, method, message_id))
+        except KeyNotFoundError:
+            return False
+        return entry.value is not None and entry.operation is None
+
+    async def record(self, parent: ParentRef, method: str, message_id: str, status: str) -> None:
+        if self._bucket is None:
+            return
+        value = json.dumps({"status": status, "method": method, "message_id": message_id,
+                            "delivered_at": int(time.time() * 1000)}).encode()
+        await self._bucket.put(delivery_key(parent, method, message_id), value)
