@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -q -p no:cacheprovider
+# `make test` leaves the long chaos scenarios to `make test-chaos`.
+TEST_MARKERS ?= not long
 
-.PHONY: venv test test-unit up down env schemas lint clean demo
+.PHONY: venv test test-unit test-chaos up down env schemas lint clean demo
 
 venv: $(VENV)/.installed
 
@@ -17,7 +19,11 @@ $(VENV)/.installed: pyproject.toml
 
 # Integration/e2e tests: throwaway NATS + Postgres around the whole pytest run.
 test: venv
-	$(PY) scripts/devstack.py test -- $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+
+# Every chaos scenario (tests/chaos): each starts its own servers and breaks them.
+test-chaos: venv
+	$(PY) -m pytest -m chaos -s $(PYTEST_ARGS) tests/chaos
 
 test-unit: venv
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)

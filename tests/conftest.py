@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 _TESTS = Path(__file__).resolve().parent
-_TIERS = ("unit", "integration", "e2e")
+_TIERS = ("unit", "integration", "e2e", "chaos")
 
 
 def _devstack():

@@ -63,7 +63,13 @@ class Lease:
                 if await sleep_unless_stopped(stop, self.grace_s):
                     yield None
                     return
-                yield term
+                self._logger.info("leadership.acquired", lease=self.key)
+                try:
+                    yield term
+                finally:
+                    # Logged once this instance has stopped acting (its work is over).
+                    self._logger.info("leadership.released", lease=self.key,
+                                      lost=term.lost.is_set())
             finally:
                 checking.cancel()
                 with suppress(asyncio.CancelledError):

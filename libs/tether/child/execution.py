@@ -151,6 +151,16 @@ class Execution:
         self.finished = asyncio.Event()
         self._released = asyncio.Event()  # the process is stopping: give the item back
 
+    def holds(self, msg: Msg) -> bool:
+        """Whether `msg` is another delivery of this execution's own work item."""
+        return (not self.finished.is_set()
+                and delivery_of(msg).stream_seq == delivery_of(self._msg).stream_seq)
+
+    def adopt(self, msg: Msg) -> None:
+        """The server delivered this execution's item again: settle it through the
+        newest delivery, which is the one the server now waits on."""
+        self._msg = msg
+
     # --- stopping the child, from the runner --------------------------------------------
 
     def cancel(self, detail: str | None = None) -> None:

@@ -246,8 +246,10 @@ class ChildRunner:
                 return
             agent_cls = self._registry.get(agent_type)
             assert agent_cls is not None  # the consumer exists only for registered types
-            execution = Execution(self._env, agent_cls, msg, item)
             key = (item.parent.agent, item.parent.name, item.run_id)
+            if await self._adopted(key, msg):
+                return
+            execution = Execution(self._env, agent_cls, msg, item)
             executions = self._active.setdefault(key, [])
             executions.append(execution)
             try:
@@ -268,6 +270,20 @@ class ChildRunner:
         finally:
             RUNNER_SLOTS_IN_USE.dec()
             await self._slots.give_back(1)
+
+    async def _adopted(self, key: tuple[str, str, str], msg: Msg) -> bool:
+        """Whether `msg` is a redelivery of an item this process still runs: the server
+        redelivers what it did not hear about for the ack wait, as after its own restart
+        or a reconnection. The running execution takes the new delivery over (its
+        heartbeat and its ack go there); a second one would run the child again."""
+        for execution in self._active.get(key, ()):
+            if execution.holds(msg):
+                execution.adopt(msg)
+                await settle(msg.in_progress(), logger=self._logger, what="work_item.progress")
+                self._logger.info("work_item.redelivered_to_holder", run_id=key[2],
+                                  attempt=execution.attempt)
+                return True
+        return False
 
     def _log_outcome(self, outcome: Outcome) -> None:
         WORK_ITEMS.inc(agent_type=outcome.agent_type, outcome=outcome.kind)

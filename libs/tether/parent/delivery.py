@@ -89,9 +89,12 @@ def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> 
 class Deliverer:
     def __init__(self, log: EventLog, hooks: RegisteredHooks, formatters: Formatters, logger, *,
                  consumer: str = "parent-deliverer", batch: int = 256,
-                 duplicate_window_ms: int = 0, records: DeliveryRecords | None = None) -> None:
+                 duplicate_window_ms: int = 0, delivery_lease_ms: int | None = None,
+                 records: DeliveryRecords | None = None) -> None:
         """`duplicate_window_ms`: the hooks stream's; a hook published within half of it
-        after its outcome is marked as its first publication (0: never marked)."""
+        after its outcome, and within half of `delivery_lease_ms` (before the reconciler
+        may have published a retry of its own), is marked as its first publication
+        (0: never marked)."""
         self._log = log
         self._js = log.jetstream
         self._hooks = hooks
@@ -100,7 +103,8 @@ class Deliverer:
         self._consumer = consumer
         self._batch = batch
         self._states: OrderedDict[RunKey, object] = OrderedDict()  # RunState, None, _AWAITED
-        self._first_within_ms = duplicate_window_ms // 2
+        self._first_within_ms = min(duplicate_window_ms,
+                                    delivery_lease_ms or duplicate_window_ms) // 2
         self._records = records or DeliveryRecords(None)
         self.delivered = 0
 

@@ -88,6 +88,7 @@ class ParentService:
         self._deliverer = Deliverer(self._log, self._hooks,
                                     load_formatters(self._settings.formatters), self._logger,
                                     duplicate_window_ms=self._settings.duplicate_window_ms,
+                                    delivery_lease_ms=self._settings.delivery_lease_ms,
                                     records=records)
         nc = self._log.nats
         queue = "tether-parent"

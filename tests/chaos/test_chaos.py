@@ -1,0 +1,119 @@
+"""Faults injected under load, black-box: real nats-server(s), Postgres and services.
+
+`make test` runs the scenarios not marked `long`; `make test-chaos` runs them all. Each
+prints one line with its figures (`pytest -s` shows them)."""
+
+import asyncio
+import signal
+
+import pytest
+from chaos import Load, Report, chaos_system
+
+long = pytest.mark.long
+
+
+async def until_hooks(system, count: int) -> None:
+    """Until the application has handled `count` finish hooks: the load is under way."""
+    async with asyncio.timeout(60):
+        while len(system.hook_calls) < count:
+            await asyncio.sleep(0.05)
+
+
+async def scenario(name: str, fault, *, load: Load | None = None, runner_died: bool = False,
+                   **options) -> Report:
+    load = load or Load()
+    report = Report(name)
+    async with chaos_system(**options) as system:
+        async def inject() -> None:
+            await until_hooks(system, 3)
+            await fault(system)
+
+        await system.run_load(load, inject, report, runner_died=runner_died)
+    print(report.line())
+    return report
+
+
+async def restart_nats(system, sig: int) -> None:
+    system.nats.stop(0, sig)
+    await asyncio.sleep(1.0)  # the outage itself
+    system.nats.start(0)
+
+
+async def test_nats_stopped_gracefully_and_restarted():
+    await scenario("nats-sigterm", lambda system: restart_nats(system, signal.SIGTERM))
+
+
+@long
+async def test_nats_killed_and_restarted():
+    await scenario("nats-sigkill", lambda system: restart_nats(system, signal.SIGKILL))
+
+
+async def restart_postgres(system, mode: str) -> None:
+    await asyncio.to_thread(system.postgres.stop, mode)
+    await asyncio.sleep(1.0)
+    await asyncio.to_thread(system.postgres.start)
+
+
+async def test_postgres_restarted_fast():
+    await scenario("postgres-fast", lambda system: restart_postgres(system, "fast"))
+
+
+@long
+async def test_postgres_restarted_immediate():
+    await scenario("postgres-immediate", lambda system: restart_postgres(system, "immediate"))
+
+
+def kill_and_restart(name: str):
+    async def fault(system) -> None:
+        await system.kill(system.of(name)[0])
+        await system.start_service(name)
+    return fault
+
+
+@long
+@pytest.mark.parametrize("name", ["parent", "child-runner", "projector", "reconciler"])
+async def test_a_service_killed_and_restarted(name):
+    await scenario(f"sigkill-{name}", kill_and_restart(name),
+                   runner_died=name == "child-runner")
+
+
+def rolling(name: str):
+    """Start a new replica, stop an old one gracefully; twice (two replicas at a time)."""
+    async def fault(system) -> None:
+        await system.start_service(name)
+        for _ in range(2):
+            await system.start_service(name)
+            await system.terminate(system.of(name)[0])
+    return fault
+
+
+async def test_a_rolling_deploy_of_the_parents():
+    # A child's steps are silent longer than the re-attach timeout: a parent replica
+    # starting must not make a healthy awaited run look lost.
+    await scenario("rolling-parents", rolling("parent"), load=Load(pace_s=0.6),
+                   env={"TETHER_REATTACH_NO_PROGRESS_TIMEOUT_MS": "400"})
+
+
+@long
+async def test_a_rolling_deploy_of_the_child_runners():
+    await scenario("rolling-runners", rolling("child-runner"), runner_died=True,
+                   env={"TETHER_RUNNER_SHUTDOWN_GRACE_MS": "300"})
+
+
+def lose_node(which: str):
+    async def fault(system) -> None:
+        index = (system.nats.leader_of(system.settings.subjects.events_stream)
+                 if which == "leader" else 0)
+        if which != "leader" and index == system.nats.leader_of(
+                system.settings.subjects.events_stream):
+            index = 1
+        system.nats.stop(index, signal.SIGKILL)
+        await asyncio.sleep(8.0)
+        system.nats.start(index)
+    return fault
+
+
+@long
+@pytest.mark.parametrize("which", ["follower", "leader"])
+async def test_a_three_node_cluster_losing_a_node(which):
+    await scenario(f"cluster-lose-{which}", lose_node(which), nats_nodes=3)

@@ -1,0 +1,87 @@
+"""Test support shared by the e2e and chaos tiers: the services as real processes."""
+
+import asyncio
+import json
+import sys
+
+
+class ServiceProcess:
+    """`tether services NAME` in a child process, with its JSON log lines collected."""
+
+    def __init__(self, name: str, env: dict[str, str]) -> None:
+        self.name, self.env = name, env
+        self.process: asyncio.subprocess.Process | None = None
+        self.lines: list[dict] = []
+        self._reader: asyncio.Task | None = None
+        self._started = asyncio.Event()
+        self._logged = asyncio.Event()  # set at each line, cleared by who waits for one
+        self.health_port: int | None = None
+
+    async def start(self) -> "ServiceProcess":
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tether.cli", "services", self.name,
+            env=self.env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        self._reader = asyncio.create_task(self._read())
+        await asyncio.wait_for(self._started.wait(), timeout=30)
+        return self
+
+    async def _read(self) -> None:
+        assert self.process and self.process.stderr
+        async for raw in self.process.stderr:
+            try:
+                line = json.loads(raw)
+            except json.JSONDecodeError:
+                line = {"event": "raw", "text": raw.decode(errors="replace")}
+            self.lines.append(line)
+            self._logged.set()
+            if line.get("event") == "service.started":
+                self.health_port = line["health_port"]
+                self._started.set()
+
+    async def logged(self, event: str, timeout: float = 10) -> list[dict]:
+        """Its lines of `event`, once there is at least one (a service logs a line after
+        the fact it reports, so a test that saw the fact may still have to wait for it)."""
+        async with asyncio.timeout(timeout):
+            while not (found := [line for line in self.lines if line.get("event") == event]):
+                self._logged.clear()
+                await self._logged.wait()
+        return found
+
+    def signal(self, signum: int) -> None:
+        assert self.process
+        self.process.send_signal(signum)
+
+    async def wait(self, timeout: float = 30) -> int:
+        assert self.process
+        code = await asyncio.wait_for(self.process.wait(), timeout=timeout)
+        if self._reader:
+            await asyncio.wait_for(self._reader, timeout=5)
+        return code
+
+    async def stop(self) -> None:
+        if self.process and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+        if self._reader:
+            self._reader.cancel()
+
+
+async def http_status(port: int, path: str) -> int:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    head = await reader.readline()
+    writer.close()
+    return int(head.split()[1])
+
+
+async def ready(service: ServiceProcess, timeout: float = 30) -> None:
+    """Until the service's /readyz answers 200 (its health port polled every 50 ms)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                if await http_status(service.health_port, "/readyz") == 200:
+                    return
+            except (OSError, IndexError, ValueError):
+                pass  # not listening yet, or a reply cut short
+            await asyncio.sleep(0.05)
