@@ -131,17 +131,19 @@ async def supervise(name: str, body: Callable[[Callable[[], None]], Awaitable[No
 
 async def persistently(operation: Callable[[], Awaitable[T]], *, what: str, logger,
                        give_up: asyncio.Event | None = None,
-                       backoff: Backoff | None = None) -> T:
+                       backoff: Backoff | None = None,
+                       also: tuple[type[BaseException], ...] = ()) -> T:
     """`operation()` retried across transient errors until it succeeds, or `give_up` is
     set (its last error is then raised). For writes that are idempotent by their message
     ids (appends, hook and chat publishes): a retry whose first attempt landed is stored
-    once."""
+    once. `also`: more errors to treat as transient here."""
     backoff = backoff or Backoff(max_s=1.0)
     health = Health(logger, what)
+    retried = (*TRANSIENT_ERRORS, *also)
     while True:
         try:
             result = await operation()
-        except TRANSIENT_ERRORS as error:
+        except retried as error:
             health.failed(error)
             if give_up is not None and give_up.is_set():
                 raise

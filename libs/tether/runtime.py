@@ -9,7 +9,6 @@ the service finishes the work in hand and returns, and the process exits 0.
 import asyncio
 import gc
 import json
-import re
 import signal
 from collections.abc import Awaitable, Callable
 
@@ -58,7 +57,9 @@ class StartupFailed(Exception):
 
 
 def redact_dsn(url: str) -> str:
-    return re.sub(r"//([^:@/]+):[^@/]*@", r"//\\1:***@", url)
+    from tether.adapters.jetstream import redact
+
+    return redact(url)
 
 
 async def open_nats(settings, name: str, stop: asyncio.Event):

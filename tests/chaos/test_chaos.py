@@ -5,9 +5,11 @@ prints one line with its figures (`pytest -s` shows them)."""
 
 import asyncio
 import signal
+import time
 
 import pytest
 from chaos import Load, Report, chaos_system
+from service_processes import http_status
 
 long = pytest.mark.long
 
@@ -34,9 +36,20 @@ async def scenario(name: str, fault, *, load: Load | None = None, runner_died: b
 
 
 async def restart_nats(system, sig: int) -> None:
+    if sig == signal.SIGKILL:
+        system.connections_cut_at.append(time.time())
     system.nats.stop(0, sig)
-    await asyncio.sleep(1.0)  # the outage itself
+    # Readiness tells the truth while the broker is away (and `run_load` waits for
+    # every service to be ready again at the end).
+    await asyncio.gather(*(not_ready(service) for service in system.services))
+    await asyncio.sleep(1.0)  # the rest of the outage
     system.nats.start(0)
+
+
+async def not_ready(service, timeout: float = 10) -> None:
+    async with asyncio.timeout(timeout):
+        while await http_status(service.health_port, "/readyz") != 503:
+            await asyncio.sleep(0.05)
 
 
 async def test_nats_stopped_gracefully_and_restarted():
@@ -107,6 +120,7 @@ def lose_node(which: str):
         if which != "leader" and index == system.nats.leader_of(
                 system.settings.subjects.events_stream):
             index = 1
+        system.connections_cut_at.append(time.time())
         system.nats.stop(index, signal.SIGKILL)
         await asyncio.sleep(8.0)
         system.nats.start(index)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import EventLog
 from tether.client import ServiceUnavailable, Tether, connect
 from tether.client.hooks import consumer_name
@@ -25,6 +26,10 @@ from tether.contract.messages import (
 )
 from tether.domain.events import DetachedOptions, ParentRef, RunFinishDelivered
 from tether.domain.run_state import RunState
+from tether.log import get_logger
+from tether.parent.delivery import Deliverer
+from tether.parent.formatters import load_formatters
+from tether.parent.registry import RegisteredHooks
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Importer", name="acme")
@@ -300,3 +305,65 @@ async def test_serving_hooks_without_the_services_registry_says_what_is_missing(
                                                  " does not exist: start the Tether services"):
         async with hooks.running():
             pass
+
+
+async def test_a_repeat_is_recognised_while_the_parent_is_down(log, tether, settings):
+    """The ledger waits for the parent (not running here); the handler's own record
+    stops a retry from calling the function again, and the reconciler's deliverer
+    records the ledger entry instead of publishing the hook once more."""
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)  # ledger: the parent's
+    hooks.on_finish(METHOD)(recorder)
+    async with hooks.running():
+        state = await finished_run(log, "import-down")
+        await publish_hook(log, state)
+        await asyncio.wait_for(recorder.called.wait(), timeout=10)
+        await settled(tether)
+        # The reconciler's retry after the lease, while the ledger still says nothing.
+        assert not (await log.read_run(PARENT, "import-down")).state.finish_delivered(
+            "completed", METHOD)
+        await publish_hook(log, state, msg_id=finish_message_id(state, "completed", METHOD)
+                           + ":retry1")
+        await settled(tether)
+        assert len(recorder.calls) == 1 and hooks.stats.skipped == 1
+
+        records = await DeliveryRecords.open(log.jetstream, log.subjects.deliveries_bucket)
+        registry = await log.jetstream.key_value(log.subjects.registry_bucket)
+        deliverer = Deliverer(log, RegisteredHooks(registry), load_formatters(None),
+                              get_logger(test="hooks"), records=records)
+        published = await deliverer.deliver_finish(state, LifecycleResult.of(state), retry=2)
+        assert published == 0
+        after = (await log.read_run(PARENT, "import-down")).state
+        assert after.finish_delivered("completed", METHOD)
+        await settled(tether)
+    assert len(recorder.calls) == 1
+
+
+async def test_a_republished_hook_waits_while_its_first_call_runs(log, tether):
+    """Two publications of one outcome (the parent's, the reconciler's retry) reaching
+    the handler while the first call is still running: the second does not call."""
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def slow(run: RunInfo, result: LifecycleResult) -> None:
+        calls.append(run.run_id)
+        await release.wait()
+
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
+    hooks.register(METHOD, slow)
+    async with hooks.running():
+        state = await finished_run(log, "import-twice")
+        await publish_hook(log, state, first=True)
+        async with asyncio.timeout(10):
+            while not calls:
+                await asyncio.sleep(0.01)
+        await publish_hook(log, state, msg_id=finish_message_id(state, "completed", METHOD)
+                           + ":retry1")
+        async with asyncio.timeout(10):  # the retry found the claim and was put back
+            while hooks.stats.deferred == 0 and len(calls) == 1:
+                await asyncio.sleep(0.01)
+        release.set()
+        await ledger_entry(log, "import-twice")
+        await settled(tether, timeout=20)
+    assert calls == ["import-twice"]
+    assert hooks.stats.skipped == 1  # the retry, once the first call was recorded

@@ -189,7 +189,7 @@ class Report:
     def line(self) -> str:
         return (f"chaos {self.scenario}: {self.runs} runs settled in {self.seconds:.1f}s; "
                 f"{self.attempts_over_one} runs took another attempt, "
-                f"{self.hooks_repeated} hooks handled twice")
+                f"{self.hooks_repeated} hooks handled twice (each as the broker was killed)")
 
 
 class System:
@@ -204,6 +204,10 @@ class System:
         self.services: list[ServiceProcess] = []
         self.retired: list[tuple[ServiceProcess, float]] = []  # stopped, with when
         self.hook_calls: Counter[str] = Counter()
+        self.first_calls: dict[str, float] = {}
+        # When a fault cut every connection at once (a killed broker): a hook handled
+        # just before may have lost its acknowledgement and its record with it.
+        self.connections_cut_at: list[float] = []
         self.hooks_done = asyncio.Event()
         self.expected_hooks = 0
 
@@ -279,6 +283,7 @@ class System:
             @hooks.on_finish(HOOK)
             async def on_done(run, result) -> None:
                 self.hook_calls[run.run_id] += 1
+                self.first_calls.setdefault(run.run_id, time.time())
                 if len(self.hook_calls) >= self.expected_hooks:
                     self.hooks_done.set()
 
@@ -326,7 +331,9 @@ class System:
             if not runner_died:
                 assert report.attempts_over_one == 0, {
                     run_id: s.attempt for run_id, s in states.items() if s.attempt > 1}
-            assert report.hooks_repeated == 0, {r: c for r, c in self.hook_calls.items() if c > 1}
+            unexplained = {run_id: count for run_id, count in self.hook_calls.items()
+                           if count > 1 and not self._cut_after(self.first_calls[run_id])}
+            assert unexplained == {}, f"hooks handled more than once: {unexplained}"
             assert sorted(self.hook_calls) == sorted(r for r in run_ids if r.startswith("d-"))
             last_seq = await log.stream_last_seq()
             async with asyncio.timeout(SETTLE_S):
@@ -341,6 +348,11 @@ class System:
         finally:
             await pool.close()
             await nc.drain()
+
+    def _cut_after(self, at: float, within_s: float = 2.0) -> bool:
+        """A connection cut within `within_s` after `at`: long enough for a record the
+        server acknowledged but had not yet written to disk when it was killed."""
+        return any(0 <= cut - at <= within_s for cut in self.connections_cut_at)
 
     async def _checkpoint(self, pool: asyncpg.Pool) -> int:
         with contextlib.suppress(asyncpg.UndefinedTableError):

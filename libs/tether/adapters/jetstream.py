@@ -930,7 +930,7 @@ def nats_servers(url: str) -> list[str]:
 
 
 def redact(url: str) -> str:
-    """The URL(s) without a password, for messages."""
+    """The URL(s) without a password, for messages (NATS and Postgres URLs alike)."""
     return ",".join(re.sub(r"//([^:@/]+):[^@/]*@", r"//\1:***@", server)
                     for server in nats_servers(url))
 
@@ -942,6 +942,7 @@ class _ConnectionEvents:
     def __init__(self, name: str) -> None:
         self._name = name
         self.last_error: str | None = None
+        self.closing: Callable[[], bool] = lambda: False
 
     def _logger(self):
         from tether.log import get_logger  # the log module configures structlog lazily
@@ -954,7 +955,8 @@ class _ConnectionEvents:
             self._logger().warning("nats.error", error=text)
 
     async def disconnected(self) -> None:
-        self._logger().warning("nats.disconnected")
+        if not self.closing():  # (a drain or close ends with this callback too)
+            self._logger().warning("nats.disconnected")
 
     async def reconnected(self) -> None:
         self.last_error = None
@@ -973,6 +975,7 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
     """
     nc = _Client()
     events = _ConnectionEvents(name)
+    events.closing = lambda: nc.is_closed or nc.is_draining
     options.setdefault("error_cb", events.error)
     options.setdefault("disconnected_cb", events.disconnected)
     options.setdefault("reconnected_cb", events.reconnected)

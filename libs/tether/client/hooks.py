@@ -6,13 +6,15 @@ detached run of a parent agent whose application registered a global handler). A
 registers each method in the registry bucket, so the parent accepts runs that name it,
 and consumes each method's subject with a durable pull consumer shared by its replicas.
 
-Delivery: exactly once normally, at least once on a crash. After the function returns,
-the handler writes its own delivery record (a key in the deliveries bucket), then
-`run.finish_delivered` is appended to the run (the ledger) and only then the message is
-acknowledged; a message whose delivery is already recorded (the key, or the ledger) is
-acknowledged without calling the function, so a redelivery after a lost ack or a crash
-between the steps does not call it again, even while the parent service that writes the
-ledger is down. The ledger is read for every message that
+Delivery: exactly once normally, at least once on a crash. Before the function is
+called the handler claims the delivery (a key in the deliveries bucket,
+`adapters/deliveries.py`); after it returns the key is marked delivered, then
+`run.finish_delivered` is appended to the run (the ledger), and only then the message is
+acknowledged. A message whose delivery is already recorded (the key, or the ledger) is
+acknowledged without calling the function, and one whose delivery another handler is
+making waits, so a redelivery after a lost ack, a republished hook or a crash between
+the steps does not call it again, even while the parent service that writes the ledger
+is down. The ledger is read for every message that
 could repeat an earlier one: a redelivery, or a publication the parent does not mark as
 its first for the outcome (`Tether-First-Publication`). A function that raises is retried after
 the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1); a process that dies
@@ -24,6 +26,7 @@ import asyncio
 import inspect
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -86,6 +89,7 @@ class HookStats:
     failed: int = 0  # the function raised; retried after the lease
     skipped: int = 0  # already in the ledger: acknowledged without a call
     malformed: int = 0  # not a HookMessage: terminated, never retried
+    deferred: int = 0  # another handler was calling the function: put back for later
 
 
 class HookRegistry:
@@ -264,18 +268,30 @@ class HookRegistry:
         headers = msg.headers or {}
         message_id = headers.get("Nats-Msg-Id")
         if delivery.delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
-            # It may repeat a call already made: this handler's own record says, even
-            # while the parent that writes the run's ledger is down; else the ledger (a
-            # cleared run's went with it, and a later run with its id keeps its own).
-            if message_id is not None and await self._records.recorded(run.parent, method,
-                                                                        message_id):
-                await self._already_delivered(msg, logger)
-                return
+            # It may repeat a call already made: the run's ledger says (a cleared run's
+            # went with it, and a later run with its id keeps its own).
             state = (await self.tether.log.read_run(run.parent, run.run_id)).state
             if (state is not None and state.finish_delivered(result.status, method)
                     and (message_id is None
                          or names_this_life(message_id, state, result.status, method))):
                 await self._already_delivered(msg, logger)
+                return
+        # This handler's own record, which holds while the parent that writes the ledger
+        # is down, and keeps two publications of one outcome from both calling.
+        claim = None
+        if message_id is not None:
+            token = uuid.uuid4().hex
+            claim = await persistently(
+                lambda: self._records.claim(run.parent, method, message_id, self.lease_s, token),
+                what="hooks.claim", logger=logger)
+            if claim.state == "delivered":
+                await self._already_delivered(msg, logger)
+                return
+            if claim.state == "busy":  # another handler is calling it now: look again later
+                self.stats.deferred += 1
+                logger.info("hooks.delivery_in_progress")
+                await settle(msg.nak(delay=min(max(self.lease_s / 4, 0.05), 1.0)),
+                             logger=logger, what="hook.nak")
                 return
         try:
             outcome = self.functions[method](run, result)
@@ -289,12 +305,14 @@ class HookRegistry:
         self.stats.called += 1
         # The function ran: from here on, a broker restart must not make it run again.
         # Both records are idempotent; they are retried until they land.
-        if message_id is not None:
-            await persistently(lambda: self._records.record(run.parent, method, message_id,
-                                                            result.status),
+        if claim is not None:
+            await persistently(lambda: self._records.mark_delivered(claim, result.status,
+                                                                    message_id),
                                what="hooks.record", logger=logger)
+        # (A stream without responders is a cluster electing its leader, here: the
+        # commands stream existed when this handler started.)
         await persistently(lambda: self._record_delivered(hook, method, message_id),
-                           what="hooks.ledger", logger=logger)
+                           what="hooks.ledger", logger=logger, also=(ServiceUnavailable,))
         await settle(msg.ack(), logger=logger, what="hook.ack")
         logger.info("hooks.delivered")
 

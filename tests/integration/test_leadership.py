@@ -1,0 +1,106 @@
+"""Leases over real Postgres: one holder at a time, lost with its session, and a new
+holder acting only after the old one stopped."""
+
+import asyncio
+import time
+
+import asyncpg
+import pytest
+
+from tether.leadership import LeadershipLost, Lease, act_while_leading
+from tether.log import get_logger
+
+CHECK_S = 0.1
+HOLDER_PID = """
+    SELECT pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND objid = (hashtext($1)::bigint & 4294967295)::oid
+"""
+
+
+@pytest.fixture
+async def pool(database_url):
+    created = await asyncpg.create_pool(database_url, min_size=1, max_size=6)
+    yield created
+    await created.close()
+
+
+async def test_a_standby_leads_only_after_the_holder_lost_its_session(pool, unique_name):
+    logger = get_logger(test="leadership")
+    first = Lease(pool, unique_name, logger, check_interval_s=CHECK_S, standby_poll_s=0.02)
+    second = Lease(pool, unique_name, logger, check_interval_s=CHECK_S, standby_poll_s=0.02)
+    stop = asyncio.Event()
+    led: list[tuple[str, float]] = []
+
+    async def lead(name: str, lease: Lease, until_lost: bool) -> None:
+        async with lease.held(stop) as term:
+            assert term is not None
+            led.append((f"{name} acquired", time.monotonic()))
+            if until_lost:
+                await term.lost.wait()
+                led.append((f"{name} lost", time.monotonic()))
+            else:
+                await stop.wait()
+
+    holding = asyncio.create_task(lead("first", first, until_lost=True))
+    async with asyncio.timeout(5):
+        while not led:
+            await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(lead("second", second, until_lost=False))
+    await asyncio.sleep(first.grace_s)  # the standby keeps asking for the lock meanwhile
+    assert [name for name, _ in led] == ["first acquired"]
+
+    [pid] = [row["pid"] for row in await pool.fetch(HOLDER_PID, unique_name)]
+    killed_at = time.monotonic()
+    await pool.execute("SELECT pg_terminate_backend($1)", pid)
+    async with asyncio.timeout(10):
+        await holding
+        while len(led) < 3:
+            await asyncio.sleep(0.01)
+    names = [name for name, _ in led]
+    assert names == ["first acquired", "first lost", "second acquired"]
+    lost_at, acquired_at = led[1][1], led[2][1]
+    # The holder stops within a check (and its time limit) of losing its session...
+    assert lost_at - killed_at < 2 * CHECK_S + 0.5
+    # ...and the new holder acts a grace later than it could take the lock.
+    assert acquired_at - killed_at >= second.grace_s
+    stop.set()
+    await waiting
+
+
+async def test_work_is_cancelled_when_the_term_is_lost(pool, unique_name):
+    lease = Lease(pool, unique_name, get_logger(test="leadership"), check_interval_s=CHECK_S)
+    stop, working, cancelled = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def work(quit_: asyncio.Event) -> None:
+        working.set()
+        try:
+            await asyncio.Event().wait()  # works until stopped from outside
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    async with lease.held(stop) as term:
+        acting = asyncio.create_task(act_while_leading(term, stop, work))
+        await asyncio.wait_for(working.wait(), 5)
+        [pid] = [row["pid"] for row in await pool.fetch(HOLDER_PID, unique_name)]
+        await pool.execute("SELECT pg_terminate_backend($1)", pid)
+        with pytest.raises(LeadershipLost):
+            await asyncio.wait_for(acting, 5)
+    assert cancelled.is_set()
+
+
+async def test_a_graceful_stop_lets_the_work_finish_and_releases_the_lock(pool, unique_name):
+    lease = Lease(pool, unique_name, get_logger(test="leadership"), check_interval_s=CHECK_S)
+    stop, finished = asyncio.Event(), asyncio.Event()
+
+    async def work(quit_: asyncio.Event) -> None:
+        await quit_.wait()
+        finished.set()
+
+    async with lease.held(stop) as term:
+        acting = asyncio.create_task(act_while_leading(term, stop, work))
+        stop.set()
+        await asyncio.wait_for(acting, 5)
+    assert finished.is_set()
+    assert await pool.fetch(HOLDER_PID, unique_name) == []
