@@ -119,7 +119,8 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
                 applied = await migrate(conn, schema)
             print(f"schema {schema}: applied {applied or 'nothing (up to date)'}")
             return 0
-        nc = await connect_nats(settings.nats_connect_url, name=f"tether-{action}")
+        nc = await connect_nats(settings.nats_connect_url, name=f"tether-{action}",
+                                startup_timeout_s=settings.client_connect_timeout_ms / 1000)
         try:
             log = EventLog(nc, settings.subjects)
             options = {"batch_size": batch_size, "preview_chars": settings.input_preview_chars,

@@ -137,21 +137,27 @@ async def persistently(operation: Callable[[], Awaitable[T]], *, what: str, logg
     set (its last error is then raised). For writes that are idempotent by their message
     ids (appends, hook and chat publishes): a retry whose first attempt landed is stored
     once. `also`: more errors to treat as transient here."""
+    retried = (*TRANSIENT_ERRORS, *also) if also else TRANSIENT_ERRORS
+    try:
+        return await operation()  # the usual case: no retry state is made
+    except retried as error:
+        first_error = error
     backoff = backoff or Backoff(max_s=1.0)
     health = Health(logger, what)
-    retried = (*TRANSIENT_ERRORS, *also)
+    error: BaseException = first_error
     while True:
+        health.failed(error)
+        if give_up is not None and give_up.is_set():
+            raise error
+        delay = backoff.next_delay()
+        if give_up is None:
+            await asyncio.sleep(delay)
+        elif await sleep_unless_stopped(give_up, delay):
+            raise error
         try:
             result = await operation()
-        except retried as error:
-            health.failed(error)
-            if give_up is not None and give_up.is_set():
-                raise
-            delay = backoff.next_delay()
-            if give_up is None:
-                await asyncio.sleep(delay)
-            elif await sleep_unless_stopped(give_up, delay):
-                raise
+        except retried as again:
+            error = again
             continue
         health.recovered()
         return result

@@ -167,6 +167,7 @@ async def test_a_projector_commits_the_batch_in_hand_and_reports_its_lag(log, po
 
     survivor = await services("projector")
     await ready(survivor)
+    await survivor.logged("leadership.acquired")  # it leads once its lease's grace is over
     async with asyncio.timeout(20):
         while await _checkpoint(pool, schema) < total:
             await asyncio.sleep(0.02)

@@ -149,8 +149,9 @@ class _Connection:
 
     async def _open(self) -> Tether:
         try:
-            nc = await connect_nats(self._settings.nats_connect_url, name=self._name,
-                                    **self._options)
+            nc = await connect_nats(
+                self._settings.nats_connect_url, name=self._name,
+                startup_timeout_s=self._settings.client_connect_timeout_ms / 1000, **self._options)
         except (OSError, nats.errors.Error) as error:
             raise ServiceUnavailable(
                 f"cannot connect to NATS at {self._settings.nats_url}: {error}") from None
