@@ -4,11 +4,12 @@
 prints one line with its figures (`pytest -s` shows them)."""
 
 import asyncio
+import json
 import signal
 import time
 
 import pytest
-from chaos import Load, Report, chaos_system
+from chaos import Load, Report, chaos_system, namespaces_available
 from service_processes import http_status
 
 long = pytest.mark.long
@@ -131,3 +132,37 @@ def lose_node(which: str):
 @pytest.mark.parametrize("which", ["follower", "leader"])
 async def test_a_three_node_cluster_losing_a_node(which):
     await scenario(f"cluster-lose-{which}", lose_node(which), nats_nodes=3)
+
+
+def partition_leader():
+    """Cut the namespaced node off after making it the events stream's leader."""
+    async def fault(system) -> None:
+        nats, events = system.nats, system.settings.subjects.events_stream
+        await make_leader(system, events, nats.nodes[-1].name)
+        nats.partition()
+        await asyncio.sleep(8.0)  # the partition itself
+        nats.heal()
+    return fault
+
+
+async def make_leader(system, stream: str, node: str) -> None:
+    """Ask the stream's leader to step down in favour of `node`, until it leads."""
+    from tether.adapters.jetstream import connect_nats
+
+    nc = await connect_nats(system.nats.url, name="chaos-stepdown")
+    try:
+        async with asyncio.timeout(30):
+            while system.nats.leader_of(stream) != len(system.nats.nodes) - 1:
+                await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}",
+                                 json.dumps({"placement": {"preferred": node}}).encode(),
+                                 timeout=5)
+                await asyncio.sleep(0.5)
+    finally:
+        await nc.drain()
+
+
+@long
+async def test_a_partition_cuts_off_the_events_streams_leader():
+    if (reason := namespaces_available()) is not None:
+        pytest.skip(reason)
+    await scenario("partition-leader", partition_leader(), nats_nodes=3, partitionable=True)

@@ -71,34 +71,62 @@ class NatsNode:
 
 
 class Nats:
-    """One nats-server, or a cluster of three with JetStream on each (R3 streams)."""
+    """One nats-server, or a cluster of three with JetStream on each (R3 streams).
 
-    def __init__(self, root: Path, nodes: int = 1) -> None:
+    `partitionable`: the third node runs in a network namespace of its own, joined to
+    the others by a veth pair, so that a test can cut it off (`partition`) and join it
+    again (`heal`) while it keeps running. The services connect to the other two.
+    """
+
+    def __init__(self, root: Path, nodes: int = 1, *, partitionable: bool = False) -> None:
         free = devstack.free_port
         self.nodes = [NatsNode(f"n{i}", free(), free(), free() if nodes > 1 else None,
                                root / f"nats-{i}", root / f"nats-{i}.log") for i in range(nodes)]
+        self.net: Netns | None = Netns() if partitionable else None
+
+    def host_of(self, node: NatsNode) -> str:
+        if self.net is None:
+            return "127.0.0.1"
+        return self.net.inside if node is self.nodes[-1] else self.net.outside
 
     @property
     def url(self) -> str:
-        return ",".join(f"nats://127.0.0.1:{node.port}" for node in self.nodes)
+        reachable = self.nodes[:-1] if self.net is not None else self.nodes
+        return ",".join(f"nats://127.0.0.1:{node.port}" for node in reachable)
 
     def start(self, index: int | None = None) -> None:
+        if self.net is not None:
+            self.net.create()
         for node in self.nodes if index is None else [self.nodes[index]]:
             node.store.mkdir(parents=True, exist_ok=True)
-            cmd = [devstack.find_nats_server(), "-a", "127.0.0.1", "-p", str(node.port),
+            inside = self.net is not None and node is self.nodes[-1]
+            client_host = self.net.inside if inside else "127.0.0.1"
+            cmd = [devstack.find_nats_server(), "-a", client_host, "-p", str(node.port),
                    "-m", str(node.monitor), "-js", "-sd", str(node.store), "-n", node.name]
+            if inside:
+                cmd = ["ip", "netns", "exec", self.net.name, *cmd]
             if node.cluster_port is not None:
-                routes = ",".join(f"nats://127.0.0.1:{other.cluster_port}"
+                routes = ",".join(f"nats://{self.host_of(other)}:{other.cluster_port}"
                                   for other in self.nodes if other is not node)
                 cmd += ["--cluster_name", "chaos", "--cluster",
-                        f"nats://127.0.0.1:{node.cluster_port}", "--routes", routes]
+                        f"nats://{self.host_of(node)}:{node.cluster_port}", "--routes", routes]
             node.proc = devstack.spawn(cmd, node.log, parent_death_signal=signal.SIGKILL,
                                        extra_env={"GOMAXPROCS": "1"})
         for node in self.nodes if index is None else [self.nodes[index]]:
             self._wait_healthy(node)
 
+    def partition(self) -> None:
+        assert self.net is not None
+        self.net.link(up=False)
+
+    def heal(self) -> None:
+        assert self.net is not None
+        self.net.link(up=True)
+
     def _wait_healthy(self, node: NatsNode) -> None:
-        url = f"http://127.0.0.1:{node.monitor}/healthz?js-enabled-only=true"
+        monitor_host = self.net.inside if self.net is not None and node is self.nodes[-1] \
+            else "127.0.0.1"
+        url = f"http://{monitor_host}:{node.monitor}/healthz?js-enabled-only=true"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=1) as r:
@@ -119,6 +147,8 @@ class Nats:
         for node in self.nodes:
             if node.proc is None:
                 continue
+            if self.net is not None and node is self.nodes[-1]:
+                continue  # cut off, perhaps: the others know who leads
             url = f"http://127.0.0.1:{node.monitor}/jsz?streams=true"
             with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=2) as r:
                 for account in json.load(r).get("account_details", []):
@@ -134,6 +164,60 @@ class Nats:
                 with contextlib.suppress(Exception):
                     node.proc.kill()
                     node.proc.wait(timeout=10)
+        if self.net is not None:
+            self.net.remove()
+
+
+class Netns:
+    """A network namespace of the test's own, joined to this one by a veth pair on a
+    /30 of 10.213.0.0/16 (addresses of these test hosts only)."""
+
+    def __init__(self) -> None:
+        tag = os.urandom(3).hex()
+        self.name, self._host_if, self._inner_if = f"tch{tag}", f"vh{tag}", f"vn{tag}"
+        block = int(tag, 16) % 16_000 * 4  # a /30 inside 10.213.0.0/16
+        base = f"10.213.{block // 256}.{block % 256}"
+        prefix = base.rsplit(".", 1)[0]
+        last = int(base.rsplit(".", 1)[1])
+        self.outside, self.inside = f"{prefix}.{last + 1}", f"{prefix}.{last + 2}"
+        self.created = False
+
+    def create(self) -> None:
+        if self.created:
+            return
+        for cmd in (["ip", "netns", "add", self.name],
+                    ["ip", "link", "add", self._host_if, "type", "veth", "peer", "name",
+                     self._inner_if],
+                    ["ip", "link", "set", self._inner_if, "netns", self.name],
+                    ["ip", "addr", "add", f"{self.outside}/30", "dev", self._host_if],
+                    ["ip", "link", "set", self._host_if, "up"],
+                    ["ip", "netns", "exec", self.name, "ip", "addr", "add", f"{self.inside}/30",
+                     "dev", self._inner_if],
+                    ["ip", "netns", "exec", self.name, "ip", "link", "set", self._inner_if, "up"],
+                    ["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"]):
+            subprocess.run(cmd, check=True, capture_output=True)
+        self.created = True
+
+    def link(self, *, up: bool) -> None:
+        subprocess.run(["ip", "link", "set", self._host_if, "up" if up else "down"], check=True,
+                       capture_output=True)
+
+    def remove(self) -> None:
+        subprocess.run(["ip", "link", "del", self._host_if], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
+
+
+def namespaces_available() -> str | None:
+    """None when this machine lets the tests make network namespaces; else why not."""
+    probe = Netns()
+    try:
+        probe.create()
+    except (OSError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", b"") or b""
+        return f"network namespaces are not available here: {error} {detail.decode().strip()}"
+    finally:
+        probe.remove()
+    return None
 
 
 class Postgres:
@@ -195,9 +279,10 @@ class Report:
 class System:
     """The servers, the services as processes, and the application."""
 
-    def __init__(self, root: Path, *, nats_nodes: int = 1, env: dict[str, str] | None = None) -> None:
+    def __init__(self, root: Path, *, nats_nodes: int = 1, partitionable: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         self.root = root
-        self.nats = Nats(root, nats_nodes)
+        self.nats = Nats(root, nats_nodes, partitionable=partitionable)
         self.postgres = Postgres(root)
         self.prefix = "chaos"
         self.extra_env = env or {}

@@ -33,6 +33,7 @@ from tether.domain.commands import (
 )
 from tether.domain.events import DetachedOptions, ParentRef
 from tether.domain.ids import check_identifier
+from tether.resilience import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from tether.client.connection import Tether
@@ -128,13 +129,18 @@ class ParentHandle:
                             f"run {command.run_id} gave no answer within {timeout:g}s; it goes "
                             "on: inspect it, or await it again with the same run_id") from None
                     # A lost last event has nothing after it to reveal the gap: look.
-                    answer = run.fold_read(await reads.read(subject, run.last_seq + 1))
+                    answer = await _read_on(run, reads, subject)
+                    if answer is _UNREAD:
+                        answer = None
                     idle = min(idle * 2, LIVE_IDLE_MAX_S)
                     continue
                 idle = LIVE_IDLE_S
                 event = live_event(message)
                 if event is None or run.missed_before(event):
-                    answer = run.fold_read(await reads.read(subject, run.last_seq + 1))
+                    answer = await _read_on(run, reads, subject)
+                    if answer is _UNREAD:
+                        answer = None
+                        continue  # the next look reads past this event too
                 if answer is None and event is not None:
                     answer = run.fold(event.seq, event.event)
             return answer
@@ -263,3 +269,16 @@ def _first_error(error: ValidationError) -> str:
     where = ".".join(str(part) for part in problem["loc"])
     return f"{where}: {problem['msg']}" if where else problem["msg"]
 
+
+
+_UNREAD: Any = object()
+
+
+async def _read_on(run: RunFold, reads, subject: str) -> Answer | None:
+    """The run's events after what the fold has seen, folded; `_UNREAD` when the read
+    failed on a broker that is away (a restart, a cluster electing a leader): the request
+    is in the stream by then, so the wait goes on and the next look reads again."""
+    try:
+        return run.fold_read(await reads.read(subject, run.last_seq + 1))
+    except TRANSIENT_ERRORS:
+        return _UNREAD
