@@ -31,8 +31,6 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         service = ParentService(settings, EventLog(nc, settings.subjects), pool, agents, logger)
         await service.start()
         logger.info("parent.ready", agents=agents.agent_types)
-        # The reconciler recovers the awaited runs a previous incarnation left open.
-        await nc.publish(settings.subjects.parent_started, b"{}")
 
         checks.update(parent_nats=nats_check(nc), parent_postgres=postgres_check(pool))
         js, hooks_stream = nc.jetstream(), settings.subjects.hooks_stream

@@ -1,4 +1,4 @@
-"""The reconciler: detached budgets, recovery after a parent restart, delivery retries.
+"""The reconciler: detached budgets, recovery of runs whose awaiter is gone, delivery retries.
 
 One reconciler is active at a time (a Postgres session advisory lock; a standby waits for
 it and takes over when the active one's connection dies). On becoming active it loads the
@@ -75,6 +75,7 @@ class Reconciler:
         self._armed_due: int | None = None  # what the timer sleeps until
         self._delivery_attempts: dict[RunKey, int] = {}
         self._in_flight: set[Hashable] = set()
+        self._firing: set[asyncio.Task] = set()
         self.active = asyncio.Event()
         self.decisions = 0
 
@@ -219,7 +220,11 @@ class Reconciler:
                 DEADLINES_DUE.inc(kind=kind)
                 if (key, kind) not in self._in_flight:
                     self._in_flight.add((key, kind))
-                    asyncio.create_task(self._fire(key, kind))
+                    # Referenced until done: the loop keeps only a weak reference to a
+                    # task, and a collected one would never decide its deadline.
+                    task = asyncio.create_task(self._fire(key, kind))
+                    self._firing.add(task)
+                    task.add_done_callback(self._firing.discard)
 
     async def _fire(self, key: RunKey, kind: str) -> None:
         clock = HANDLER_SECONDS.start()
