@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -107,8 +108,8 @@ async def awaiter_present(nc: NATS, subjects: Subjects, state: RunState,
         await nc.request(subjects.awaiter(state.parent, state.run_id), b"", timeout=timeout_s)
     except NoRespondersError:
         return False
-    except NatsTimeout:
-        return True
+    except (NatsTimeout, NatsError, OSError):
+        return True  # not known to be gone: asked again at the next check
     return True
 
 

@@ -70,7 +70,12 @@ class Recovery:
         interval_s = self._settings.awaiter_check_interval_ms / 1000
         try:
             while not stop.is_set():
-                gone = await self.awaiters_gone(awaited_open_runs())
+                try:
+                    gone = await self.awaiters_gone(awaited_open_runs())
+                except Exception as error:  # noqa: BLE001 - checked again at the next interval
+                    self._logger.warning("recovery.awaiter_check_failed",
+                                         error=f"{type(error).__name__}: {error}")
+                    gone = []
                 if gone:
                     self._start_pass(gone)
                 try:
