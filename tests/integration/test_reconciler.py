@@ -340,3 +340,34 @@ async def test_a_deadline_being_decided_is_not_collected(fast, log, pool):
         loop.set_exception_handler(None)
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+async def test_only_runs_whose_awaiter_is_gone_are_recovered(recovering, log, pool, settings):
+    from tether.client import connect
+
+    app = await connect(settings=settings)
+    awaiting = asyncio.create_task(app.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        "Nobody", {}, run_id="awaited-1"))
+    # The request is in the commands stream once the client is its awaiter.
+    commands = await log.jetstream.subscribe(log.subjects.command_for("run", PARENT),
+                                             ordered_consumer=True)
+    await commands.next_msg(timeout=10)
+    await awaited_runs(log, "Nobody", "awaited-1", "unawaited-1")
+    _, stop, task = await start(recovering, log, pool)
+    try:
+        # No runner serves Nobody: a recovered run ends inspect-timeout at once.
+        unawaited, _ = await outcome(log, "unawaited-1")
+        assert unawaited.reason == "inspect-timeout"
+        # Asked at the same checks, the awaited run's awaiter answered: left alone.
+        awaited = (await log.read_run(PARENT, "awaited-1")).state
+        assert (awaited.status, awaited.reattach_decisions) == ("running", ())
+
+        await app.nc.close()  # the application is gone
+        awaiting.cancel()
+        await asyncio.gather(awaiting, return_exceptions=True)
+        state, _ = await outcome(log, "awaited-1")
+        assert (state.status, state.reason) == ("interrupted", "inspect-timeout")
+    finally:
+        await commands.unsubscribe()
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
