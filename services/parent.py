@@ -43,8 +43,6 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         if not await while_starting(settings, stop, "starting the parent", service.start):
             return
         logger.info("parent.ready", agents=agents.agent_types)
-        # The reconciler recovers the awaited runs a previous incarnation left open.
-        await nc.publish(settings.subjects.parent_started, b"{}")
 
         checks.update(parent_nats=nats_check(nc), parent_postgres=postgres_check(pool))
         js, hooks_stream = nc.jetstream(), settings.subjects.hooks_stream

@@ -18,7 +18,8 @@ filter is part of the API subject (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<fil
 which the server matches against the request), an awaited run's events on its live
 subject (`<prefix>.live.evt.<parent_agent>.<parent_name>.<run_id>`, republished by the
 events stream) with its stored events read through requests that name the run
-(`tether.client.live`), replies on an inbox of its own
+(`tether.client.live`), its presence as the awaiter of a run answered on
+`<prefix>.ctl.awaiter.<parent_agent>.<parent_name>.<run_id>`, replies on an inbox of its own
 (`_INBOX_<user>.>`, the client's `inbox_prefix`), and the hook ledger recorded by the
 parent service (`<prefix>.cmd.delivered.<parent_agent>.<parent_name>`) instead of an
 event the application appends itself. It may not publish work, events or hooks.
@@ -123,7 +124,7 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     common = _provision(subjects) + _read_log(subjects)
     if role == "parent":
         publish = [f"{p}.evt.>", f"{p}.work.>", f"{p}.hook.>", f"{p}.chat.>",
-                   subjects.command_dead_letters, f"{p}.ctl.cancel.>", subjects.parent_started,
+                   subjects.command_dead_letters, f"{p}.ctl.cancel.>",
                    f"$KV.{subjects.slots_bucket}.>",
                    *_kv_read(subjects.slots_bucket), *_kv_read(subjects.registry_bucket),
                    *_kv_read(subjects.deliveries_bucket),
@@ -143,15 +144,16 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{work}.>", f"$JS.API.CONSUMER.CREATE.{work}.>",
                    f"$JS.API.CONSUMER.INFO.{work}.>", f"$JS.API.CONSUMER.MSG.NEXT.{work}.>",
                    f"$JS.ACK.{work}.>"]
-        # Its delegated runs are awaited on their live subjects.
+        # Its delegated runs are awaited on their live subjects, and it answers for them
+        # as their awaiter.
         return Permissions(tuple(common + publish),
                            (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", subjects.all_live_events,
-                            "_INBOX.>"), True)
+                            f"{p}.ctl.awaiter.>", "_INBOX.>"), True)
     if role == "reconciler":
         publish = [f"{p}.evt.>", f"{p}.hook.>", f"{p}.chat.>", f"{p}.obs.>",
-                   f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>",
+                   f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", f"{p}.ctl.awaiter.>",
                    *_kv_read(subjects.registry_bucket), *_kv_read(subjects.deliveries_bucket)]
-        return Permissions(tuple(common + publish), (subjects.parent_started, "_INBOX.>"))
+        return Permissions(tuple(common + publish), ("_INBOX.>",))
     if role == "projector":
         return Permissions(tuple(common), ("_INBOX.>",))
     raise ValueError(f"unknown role {role!r}; the roles are {', '.join(SERVICE_ROLES)}")
@@ -172,8 +174,9 @@ def application_permissions(subjects: Subjects, app: Application) -> Permissions
             # The filter is in the subject, so the server refuses another parent's.
             publish.append(f"$JS.API.CONSUMER.CREATE.{stream}.*.{p}.{kind}.{agent}.>")
         publish.append(f"$JS.API.DIRECT.GET.{subjects.events_stream}.{p}.evt.{agent}.>")
-        # An awaited run's events, as the events stream republishes them.
-        subscribe.append(f"{p}.live.evt.{agent}.>")
+        # An awaited run's events, as the events stream republishes them, and the
+        # reconciler's question whether the run is still awaited (answered to its inbox).
+        subscribe += [f"{p}.live.evt.{agent}.>", f"{p}.ctl.awaiter.{agent}.>"]
         publish.append(f"$KV.{subjects.registry_bucket}.hook.{agent}.*")
         # Its hook handlers' own delivery records (adapters/deliveries.py).
         publish += [f"$KV.{deliveries}.{agent}.>",
@@ -187,7 +190,7 @@ def application_permissions(subjects: Subjects, app: Application) -> Permissions
                         f"$JS.ACK.{hooks}.{consumer}.>"]
     for stream, _ in feeds:
         publish.append(f"$JS.API.CONSUMER.INFO.{stream}.*")
-    return Permissions(tuple(publish), tuple(subscribe))
+    return Permissions(tuple(publish), tuple(subscribe), True)
 
 
 def password_variable(user: str) -> str:

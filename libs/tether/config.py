@@ -69,11 +69,18 @@ class Settings(BaseModel):
     # An object (`module:attribute`) with format_detached_completion(run, result) and/or
     # format_detached_milestone(run, milestone) overriding the chat texts.
     formatters: str | None = None
-    # Re-attach after a parent restart (the seed's agentToolReattach* options).
+    # Recovery of awaited runs whose awaiting application is gone, and re-attach (the
+    # seed's agentToolReattach* options); docs/recovery.md.
     reattach_no_progress_timeout_ms: int = Field(default=120_000, gt=0)
     reattach_max_window_ms: int | None = Field(default=None, gt=0)  # None: infinite
     recovery_inspect_timeout_ms: int = Field(default=2_000, gt=0)
     recovery_deadline_ms: int = Field(default=5_000, gt=0)
+    # At most this many children are inspected at once, so a recovery of many runs whose
+    # runners do not answer meets its total deadline.
+    recovery_inspect_concurrency: int = Field(default=2, ge=1)
+    # How often the reconciler asks whether each open awaited run is still awaited; a run
+    # whose awaiter is missing at two checks in a row is recovered.
+    awaiter_check_interval_ms: int = Field(default=5_000, gt=0)
     delivery_lease_ms: int = Field(default=60_000, gt=0)
     delivery_max_backoff_ms: int = Field(default=15 * 60_000, gt=0)
     # Cancel requests wait this long for a runner to confirm the child stopped.

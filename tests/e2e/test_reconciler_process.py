@@ -1,11 +1,13 @@
-"""The reconciler as a process: recovery after a parent is killed, re-attach windows,
-detached budgets, and a standby taking over from a killed active reconciler."""
+"""The reconciler as a process: recovery once an awaiting application is gone and never
+for a parent replica starting, re-attach windows, detached budgets, and a standby taking
+over from a killed active reconciler."""
 
 import asyncio
 import json
 import signal
 from contextlib import aclosing
 
+from tether.client.connection import connect
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, evolve
 
@@ -16,7 +18,8 @@ PARENT_AGENTS = "examples.agents:Sleeper,examples.agents:Extractor"
 FAST_RECOVERY = {"TETHER_REATTACH_NO_PROGRESS_TIMEOUT_MS": "1500",
                  "TETHER_RECOVERY_INSPECT_TIMEOUT_MS": "500",
                  "TETHER_RECOVERY_DEADLINE_MS": "1500",
-                 "TETHER_CANCEL_GRACE_MS": "300"}
+                 "TETHER_CANCEL_GRACE_MS": "300",
+                 "TETHER_AWAITER_CHECK_INTERVAL_MS": "300"}
 
 
 async def send_run(log, run_id: str, agent_type: str, input: dict, **extra) -> None:
@@ -37,40 +40,81 @@ async def until(log, run_id: str, predicate, timeout: float = 30) -> RunState:
     raise AssertionError("unreachable")
 
 
-async def test_recovery_after_the_parent_is_killed_while_children_run(log, pool, services):
+async def test_a_parent_replica_starting_interrupts_no_awaited_child(log, services, settings):
+    """A rolling deploy: a parent replica starts, the old one stops, the active reconciler
+    is replaced, all while an awaited child is silent longer than the no-progress timeout.
+    Its awaiter is there all along: nothing is recovered, and the caller gets the result."""
+    await services("projector")  # a new active reconciler loads the open runs from it
+    await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS)
+    first_reconciler = await services("reconciler", **FAST_RECOVERY)
+    await first_reconciler.logged("reconciler.active")
+    standby = await services("reconciler", **FAST_RECOVERY)
+    old_parent = await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+
+    async with connect(settings=settings) as app:
+        awaited = asyncio.create_task(app.parent(PARENT.agent, PARENT.name).run_agent_tool(
+            "Sleeper", {"seconds": 6}, run_id="deployed"))
+        await until(log, "deployed", lambda s: s.status == "running")
+        new_parent = await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+        await new_parent.logged("parent.ready")
+        old_parent.signal(signal.SIGTERM)
+        first_reconciler.signal(signal.SIGKILL)
+        await standby.logged("reconciler.active")
+        result = await asyncio.wait_for(awaited, timeout=30)
+
+    assert result.ok, result
+    history = await log.read_run(PARENT, "deployed")
+    assert not {"run.reattach_started", "run.reattach_decided", "run.interrupted"} & {
+        e.type for e in history.events}
+
+
+async def test_recovery_after_the_awaiting_application_is_gone(log, pool, services, settings):
     await services("projector")
     await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS)
+    importers = await services("child-runner", TETHER_AGENTS="examples.agents:Importer")
     await services("reconciler", **FAST_RECOVERY)
-    parent = await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS + ",examples.agents:Importer")
 
+    app = await connect(settings=settings)
+    parent = app.parent(PARENT.agent, PARENT.name)
+    runs = {"streams": ("Sleeper", {"seconds": 6, "milestones": 20}),
+            # Silent for longer than the no-progress timeout, held by its runner throughout.
+            "silent": ("Sleeper", {"seconds": 4}),
+            # Its runner dies while recovery follows it.
+            "lost": ("Importer", {"source": "s3://bucket", "rows": 1, "pace_s": 60}),
+            # No runner serves Extractor: its item waits for a runner that never comes.
+            "orphan": ("Extractor", {"text": "no runner serves me"})}
     orphan_dispatched = await log.nats.subscribe(log.subjects.work("Extractor"), max_msgs=1)
     await log.nats.flush()
-    await send_run(log, "finishes", "Sleeper", {"seconds": 0.8})
-    await send_run(log, "streams", "Sleeper", {"seconds": 6, "milestones": 20})
-    await send_run(log, "silent", "Sleeper", {"seconds": 30})
-    await send_run(log, "orphan", "Extractor", {"text": "no runner serves me"})
-    for run_id in ("finishes", "streams", "silent"):
+    awaiting = [asyncio.create_task(parent.run_agent_tool(agent_type, input, run_id=run_id))
+                for run_id, (agent_type, input) in runs.items()]
+    for run_id in ("streams", "silent", "lost"):
         await until(log, run_id, lambda s: s.status == "running")
-    await orphan_dispatched.next_msg(timeout=10)  # its item waits for a runner that never comes
+    await orphan_dispatched.next_msg(timeout=10)
 
-    parent.signal(signal.SIGKILL)
-    assert await parent.wait() == -signal.SIGKILL
-    finished = await until(log, "finishes", lambda s: s.status == "completed")
-    await services("parent", TETHER_AGENTS=PARENT_AGENTS)  # announces itself: recovery
+    await app.nc.close()  # the application is gone, without cancelling what it awaited
+    for task in awaiting:
+        task.cancel()
+    await asyncio.gather(*awaiting, return_exceptions=True)
 
-    silent = await until(log, "silent", lambda s: s.status == "interrupted")
+    await until(log, "lost", lambda s: s.reattach_attempts == 1)
+    importers.signal(signal.SIGKILL)
+    lost = await until(log, "lost", lambda s: s.status == "interrupted")
     orphan = await until(log, "orphan", lambda s: s.status == "interrupted")
+    silent = await until(log, "silent", lambda s: s.status == "completed"
+                         and s.reattach_decisions)
     streams = await until(log, "streams", lambda s: s.status == "completed"
                           and s.reattach_decisions)
 
-    # Finished while the parent was down: its outcome stands, it was not run again.
-    assert finished.attempt == 1 and finished.reattach_decisions == ()
     # Kept streaming: followed to its real end.
     assert streams.attempt == 1
     assert [d.outcome for d in streams.reattach_decisions] == ["finished"]
-    # Went silent: given up softly, the child still running.
-    assert (silent.reason, silent.child_still_running) == ("no-progress", True)
-    decision = silent.reattach_decisions[-1]
+    # Silent, but its runner held it: followed to its end, never given up on.
+    assert (silent.attempt, silent.reason) == (1, None)
+    assert [d.outcome for d in silent.reattach_decisions] == ["finished"]
+    # Nobody held it any more: given up softly, its work item kept for a runner.
+    assert (lost.reason, lost.child_still_running) == ("no-progress", True)
+    decision = lost.reattach_decisions[-1]
     assert (decision.outcome, decision.reason, decision.child_still_running) == (
         "interrupted", "no-progress", True)
     assert decision.timings["waited_ms"] >= 1500
@@ -86,28 +130,30 @@ async def test_recovery_after_the_parent_is_killed_while_children_run(log, pool,
         except Exception:  # noqa: BLE001 - not migrated yet
             return 0
     async with asyncio.timeout(15):
-        while await projected() < 3:
+        while await projected() < 4:
             await asyncio.sleep(0.05)
 
 
 async def test_a_finite_reattach_window_cancels_the_child(log, services):
-    await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS)
-    await services("reconciler", **FAST_RECOVERY, TETHER_REATTACH_MAX_WINDOW_MS="1000")
-    parent = await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    runner = await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS)
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    # A milestone every 200 ms for 20 s; sent without an awaiter, so it is recovered.
     await send_run(log, "long", "Sleeper", {"seconds": 20, "milestones": 100})
     await until(log, "long", lambda s: s.status == "running")
-
-    parent.signal(signal.SIGKILL)
-    await parent.wait()
-    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    await services("reconciler", **FAST_RECOVERY, TETHER_REATTACH_MAX_WINDOW_MS="1000")
 
     state = await until(log, "long", lambda s: s.status == "interrupted")
     assert (state.reason, state.child_still_running) == ("window-exceeded", False)
-    # The child was stopped: no more milestones arrive after the interruption.
-    milestones = len(state.milestones)
+    # The child was stopped: its runner let the work item go, and after the interruption
+    # the log holds at most the milestone its last step was passing.
+    [done] = await runner.logged("work_item.done")
+    assert (done["run_id"], done["outcome"]) == ("long", "aborted"), done
     history = await log.read_run(PARENT, "long")
-    assert history.state.status == "interrupted"
-    assert len(history.state.milestones) <= milestones + 1
+    types = [e.type for e in history.events]
+    assert "run.cancel_requested" in types, "the cancel is in the log, not only a request"
+    after = types[types.index("run.interrupted"):]
+    assert after.count("run.milestone") <= 1, after
+    assert history.state.status == "interrupted" and len(history.state.milestones) < 50
 
 
 async def test_a_standby_reconciler_takes_over_and_decides_once(log, services):

@@ -315,10 +315,19 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
             else:
                 raise AssertionError("none of alice's run events reached her live subject")
             assert int(republished.headers["Nats-Sequence"]) in appended
+            # Allowed: answering the reconciler as the awaiter of its own run.
+            async def present(msg) -> None:
+                await msg.respond(b"")
+
+            await alice.subscribe(subjects.awaiter(ALICE_PARENT, "run-2"), cb=present)
+            await alice.flush()
+            async with await nats.connect(url, user="reconciler",
+                                          password=PASSWORDS["reconciler"]) as reconciler_nc:
+                await request_once_answered(reconciler_nc, subjects.awaiter(ALICE_PARENT, "run-2"))
             # Denied: listening on other connections' inboxes, on the log itself, or on
             # another application's live events.
             for subject in ("_INBOX.>", "_INBOX_bob.>", f"{p}.evt.>", f"{p}.live.evt.>",
-                            f"{p}.live.evt.BobBot.>"):
+                            f"{p}.live.evt.BobBot.>", f"{p}.ctl.awaiter.BobBot.>"):
                 await alice.subscribe(subject)
                 await violations.expect("subscription", subject)
 

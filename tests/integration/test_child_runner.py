@@ -50,10 +50,11 @@ async def start_runner(nc, log, settings):
 
     async def start(*agents: type[ChildAgent], **options: Any) -> RunningRunner:
         overrides = {"work_ack_wait_ms": 1000, **options.pop("settings", {})}
+        if "cancel_grace_ms" not in overrides:  # else the runner takes the setting's
+            options.setdefault("cancel_grace_s", 0.2)
         outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         runner = ChildRunner(nc, settings.model_copy(update=overrides), AgentRegistry(agents),
-                             on_outcome=outcomes.put_nowait, fetch_timeout_s=0.3,
-                             **{"cancel_grace_s": 0.2, **options})
+                             on_outcome=outcomes.put_nowait, fetch_timeout_s=0.3, **options)
         stop = asyncio.Event()
         await runner.start()
         running = RunningRunner(runner, stop, asyncio.create_task(runner.run(stop)), outcomes)
@@ -436,6 +437,18 @@ async def test_a_child_that_ignores_cancellation_is_stopped_after_the_grace(
     await nc.publish(log.subjects.cancel_signal("Stubborn"),
                      CancelSignal(run_id=run.run_id, parent=PARENT).model_dump_json().encode())
     assert (await finished(log, run)).state.status == "aborted"
+
+
+async def test_the_cancel_grace_is_the_configured_one(log, start_runner, nc):
+    # TETHER_CANCEL_GRACE_MS: a child that ignores the cancellation is stopped after it.
+    await start_runner(Stubborn, settings={"cancel_grace_ms": 100})
+    run = await dispatch(log, "Stubborn", {})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    started = time.monotonic()
+    await nc.publish(log.subjects.cancel_signal("Stubborn"),
+                     CancelSignal(run_id=run.run_id, parent=PARENT).model_dump_json().encode())
+    assert (await finished(log, run)).state.status == "aborted"
+    assert 0.1 <= time.monotonic() - started < 0.8
 
 
 async def test_a_missed_cancel_signal_is_noticed_at_the_heartbeat(log, start_runner):

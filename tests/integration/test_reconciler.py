@@ -1,7 +1,10 @@
 """The reconciler in-process: budgets in milliseconds, give-up once, delivery retries."""
 
 import asyncio
+import gc
+import json
 import time
+import weakref
 from contextlib import aclosing
 
 import pytest
@@ -215,3 +218,156 @@ async def test_the_client_observes_a_give_up_as_a_typed_event(reconciler, log, s
     assert (event.type, event.run_id, event.reason) == (
         "agent_tool:detached:give_up", "observed-1", "budget-exceeded")
     assert event.parent == PARENT and event.details == {"child_still_running": False}
+
+
+# --- recovery: each interrupted reason from a real fault ------------------------------
+
+@pytest.fixture
+def recovering(fast):
+    """Recovery in milliseconds: awaiters checked every 50 ms, one child inspected at a
+    time for at most 300 ms, all of them within 750 ms."""
+    return fast.model_copy(update={"awaiter_check_interval_ms": 50,
+                                   "recovery_inspect_timeout_ms": 300,
+                                   "recovery_deadline_ms": 750,
+                                   "recovery_inspect_concurrency": 1})
+
+
+async def awaited_runs(log: EventLog, agent_type: str, *run_ids: str) -> None:
+    """Open awaited runs nobody awaits: the application that requested them is gone."""
+    for run_id in run_ids:
+        run = RunEvents(run_id, PARENT, start_ms=now_ms())
+        await append_all(log, run.requested(agent_type), run.started(), run.running())
+
+
+async def runner_answering(log: EventLog, agent_type: str, answer):
+    """Something subscribed to the agent type's inspect subject, as a runner is; `answer`
+    (the request) returns the reply's bytes, or None to stay silent."""
+    async def on_inspect(msg) -> None:
+        reply = answer(msg)
+        if reply is not None:
+            await msg.respond(reply)
+
+    subscription = await log.nats.subscribe(log.subjects.inspect_child(agent_type),
+                                            cb=on_inspect)
+    await log.nats.flush()
+    return subscription
+
+
+async def test_an_unreadable_inspection_answer_ends_the_run_inspect_failed(recovering, log, pool):
+    # A runner of another version answers something this reconciler cannot read.
+    await runner_answering(log, "Garbled", lambda msg: b"not a record")
+    await awaited_runs(log, "Garbled", "garbled-1")
+    _, stop, task = await start(recovering, log, pool)
+    try:
+        state, _ = await outcome(log, "garbled-1")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert (state.status, state.reason, state.child_still_running) == (
+        "interrupted", "inspect-failed", False)
+    assert state.reattach_decisions[-1].reason == "inspect-failed"
+
+
+async def test_children_not_inspected_within_the_total_deadline_end_recovery_deadline(
+        recovering, log, pool):
+    # A frozen runner (a stopped process whose subscription the server still holds)
+    # answers nothing: each inspection takes its whole 300 ms, one at a time.
+    await runner_answering(log, "Frozen", lambda msg: None)
+    run_ids = [f"frozen-{i}" for i in range(4)]
+    await awaited_runs(log, "Frozen", *run_ids)
+    _, stop, task = await start(recovering, log, pool)
+    try:
+        reasons = [(await outcome(log, run_id))[0].reason for run_id in run_ids]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    assert set(reasons) == {"inspect-timeout", "recovery-deadline"}, reasons
+
+
+async def test_a_watch_the_server_refuses_ends_the_run_not_tailable(recovering, log, pool):
+    # A runner answers "no record yet", so the child is watched; the events stream allows
+    # one consumer, the reconciler's own follower, so the watch's consumer is refused by
+    # the server (an API error, not a lost connection).
+    await runner_answering(log, "Queued", lambda msg: b'{"record": null}')
+    info = await log.jetstream.stream_info(log.subjects.events_stream)
+    info.config.max_consumers = 1
+    await log.jetstream.update_stream(info.config)
+    interrupted = await log.nats.subscribe(log.subjects.run_live(PARENT, "queued-1"))
+    await awaited_runs(log, "Queued", "queued-1")
+    _, stop, task = await start(recovering, log, pool)
+    try:
+        async with asyncio.timeout(10):
+            while json.loads((await interrupted.next_msg(timeout=10)).data)["type"] != \
+                    "run.interrupted":
+                pass
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+    state = (await log.read_run(PARENT, "queued-1")).state
+    assert (state.status, state.reason, state.child_still_running) == (
+        "interrupted", "not-tailable", True)
+
+
+async def test_a_deadline_being_decided_is_not_collected(fast, log, pool):
+    """The loop holds tasks weakly: one waiting on something only it refers to must be
+    referenced by the reconciler, or a collection ends it and its deadline never fires."""
+    destroyed: list[str] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: destroyed.append(context["message"]))
+    waiting: list[weakref.ref] = []
+    entered = asyncio.Event()
+
+    class Held(Reconciler):
+        async def _budget_due(self, key):
+            reply = asyncio.get_running_loop().create_future()
+            waiting.append(weakref.ref(reply))
+            entered.set()
+            await reply
+            await super()._budget_due(key)
+
+    _, stop, task = await start(fast, log, pool, Held)
+    try:
+        _, events = detached_run("held-1", max_budget_ms=200, no_progress_budget_ms=0)
+        await append_all(log, *events)
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        gc.collect()
+        reply = waiting[0]()
+        assert reply is not None and not destroyed, destroyed
+        reply.set_result(None)
+        state, _ = await outcome(log, "held-1")
+        assert state.reason == "budget-exceeded"
+    finally:
+        loop.set_exception_handler(None)
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+async def test_only_runs_whose_awaiter_is_gone_are_recovered(recovering, log, pool, settings):
+    from tether.client import connect
+
+    app = await connect(settings=settings)
+    awaiting = asyncio.create_task(app.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        "Nobody", {}, run_id="awaited-1"))
+    # The request is in the commands stream once the client is its awaiter.
+    commands = await log.jetstream.subscribe(log.subjects.command_for("run", PARENT),
+                                             ordered_consumer=True)
+    await commands.next_msg(timeout=10)
+    await awaited_runs(log, "Nobody", "awaited-1", "unawaited-1")
+    _, stop, task = await start(recovering, log, pool)
+    try:
+        # No runner serves Nobody: a recovered run ends inspect-timeout at once.
+        unawaited, _ = await outcome(log, "unawaited-1")
+        assert unawaited.reason == "inspect-timeout"
+        # Asked at the same checks, the awaited run's awaiter answered: left alone.
+        awaited = (await log.read_run(PARENT, "awaited-1")).state
+        assert (awaited.status, awaited.reattach_decisions) == ("running", ())
+
+        await app.nc.close()  # the application is gone
+        awaiting.cancel()
+        await asyncio.gather(awaiting, return_exceptions=True)
+        state, _ = await outcome(log, "awaited-1")
+        assert (state.status, state.reason) == ("interrupted", "inspect-timeout")
+    finally:
+        await commands.unsubscribe()
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)

@@ -156,6 +156,9 @@ def capture(result: AgentRunResult, directory: Path) -> Path:
     return path
 
 
+_RUNNING: set[asyncio.Future] = set()
+
+
 class AgentStream:
     """A run in progress whose events any number of consumers can read.
 
@@ -168,7 +171,16 @@ class AgentStream:
         self.events: list[AgentEvent] = []
         self._changed = asyncio.Condition()
         self._task = asyncio.ensure_future(start(self._on_event))
-        self._task.add_done_callback(lambda _: asyncio.ensure_future(self._notify()))
+        # The loop keeps only weak references to tasks: a run whose stream nobody holds
+        # any more still runs to its end, and so does the wake-up of its readers.
+        _RUNNING.add(self._task)
+        self._task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        _RUNNING.discard(task)
+        notify = asyncio.ensure_future(self._notify())
+        _RUNNING.add(notify)
+        notify.add_done_callback(_RUNNING.discard)
 
     @property
     def status(self) -> str:

@@ -6,6 +6,8 @@ warning per process, as the seed asks of `reportProgress()` outside a run.
 """
 
 import asyncio
+import hashlib
+import json
 import math
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -120,6 +122,7 @@ class RunContext:
         # running / waiting_for_human ...); None: the runner's own.
         self.child_status: str | None = None
         self._recorder = recorder
+        self._nested_calls: dict[str, int] = {}
 
     @classmethod
     def standalone(cls, agent_type: str = "standalone",
@@ -195,10 +198,32 @@ class RunContext:
         """This run as the parent of nested agent-tool runs."""
         return ParentRef(agent=self.agent_type, name=self.run_id)
 
+    def nested_run_id(self, agent_type: str, input: Any) -> str:
+        """The run id of the next nested call of `agent_type` with `input`.
+
+        `<run_id>:<call>:<n>`: `<call>` hashes the agent type and the input, `<n>` counts
+        the calls with both alike in this attempt (from 0). A resumed child that calls
+        again, with or without the calls before this one, gets the same ids, so a
+        repeated call finds the grandchild's run instead of starting a second turn.
+        """
+        canonical = json.dumps([agent_type, to_jsonable_python(input)], sort_keys=True,
+                               separators=(",", ":"))
+        call = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        n = self._nested_calls.get(call, 0)
+        self._nested_calls[call] = n + 1
+        suffix = f":{call}:{n}"
+        owner = self.run_id
+        if len(owner) + len(suffix) > 128:
+            owner = hashlib.sha256(owner.encode()).hexdigest()[:16]
+        return check_identifier(owner + suffix, "run id")
+
     async def run_agent_tool(self, agent_type: str, input: dict[str, Any], **options: Any) -> Any:
-        """Delegate to another child agent, with this run as its parent."""
+        """Delegate to another child agent, with this run as its parent; without a
+        `run_id`, the call's is `nested_run_id(agent_type, input)`."""
         if self.client is None:
             raise RuntimeError(
                 "nested agent tools need a Tether client: give the child-runner a "
                 "parent_client factory so that ctx.client is set")
+        if options.get("run_id") is None:
+            options["run_id"] = self.nested_run_id(agent_type, input)
         return await self.client.run_agent_tool(agent_type, input, **options)

@@ -53,7 +53,6 @@ from tether.resilience import TRANSIENT_ERRORS, Backoff, Health, settle, sleep_u
 MAX_DELIVER_MARGIN = 3
 FETCH_BATCH = 10
 DEFAULT_SHUTDOWN_GRACE_S = 20.0
-DEFAULT_CANCEL_GRACE_S = 1.0
 
 
 def new_runner_id() -> str:
@@ -114,7 +113,7 @@ class ChildRunner:
     def __init__(self, nc: NATS, settings: Settings, registry: AgentRegistry, *,
                  runner_id: str | None = None,
                  shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
-                 cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
+                 cancel_grace_s: float | None = None,
                  fetch_timeout_s: float = 1.0,
                  parent_client: Callable[[ParentRef], Any] | None = None,
                  on_outcome: Callable[[Outcome], None] | None = None) -> None:
@@ -124,6 +123,8 @@ class ChildRunner:
         self._nc, self._settings, self._registry = nc, settings, registry
         self.runner_id = runner_id or new_runner_id()
         self._js: JetStreamContext = nc.jetstream()
+        if cancel_grace_s is None:
+            cancel_grace_s = settings.cancel_grace_ms / 1000
         self._env = RunnerEnvironment(log=EventLog(nc, settings.subjects), settings=settings,
                                       runner_id=self.runner_id, cancel_grace_s=cancel_grace_s,
                                       parent_client=parent_client)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import api as js_api
 from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
@@ -48,6 +49,15 @@ class Tether:
         self.rpc_timeout = rpc_timeout
         self.run_reads: RunReads = (ScopedReads(self.log)
                                     if scoped_reads else DirectReads(self.log))
+        self._answers: set[asyncio.Task] = set()
+
+    def answer_present(self, msg: Msg) -> None:
+        """Answer the reconciler's question whether an awaited run is still awaited."""
+        if not msg.reply:
+            return
+        task = asyncio.ensure_future(self.nc.publish(msg.reply, b""))
+        self._answers.add(task)  # referenced until sent
+        task.add_done_callback(self._answers.discard)
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""

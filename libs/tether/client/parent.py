@@ -99,6 +99,11 @@ class ParentHandle:
         live: asyncio.Queue[Msg] = asyncio.Queue()
         subscription = await subscribe_routed(
             self.tether.nc, self.tether.subjects.run_live(self.ref, command.run_id), live.put_nowait)
+        # Present as the run's awaiter while waiting: the reconciler recovers an awaited
+        # run only once nobody answers here (docs/recovery.md).
+        awaiter = None if detached else await subscribe_routed(
+            self.tether.nc, self.tether.subjects.awaiter(self.ref, command.run_id),
+            self.tether.answer_present)
         requested = False
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -150,8 +155,10 @@ class ParentHandle:
                 await asyncio.shield(self._cancel_quietly(command.run_id))
             raise
         finally:
-            with suppress(Exception):  # the connection may already be closing
-                await subscription.unsubscribe()
+            for held in (subscription, awaiter):
+                if held is not None:
+                    with suppress(Exception):  # the connection may already be closing
+                        await held.unsubscribe()
 
     async def _cancel_quietly(self, run_id: str) -> None:
         # Best effort: the caller is leaving, and a cancel that cannot be sent must not

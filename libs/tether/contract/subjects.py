@@ -111,10 +111,11 @@ class Subjects:
         """Core request to the runners of an agent type: do you hold this run?"""
         return f"{self.prefix}.ctl.inspect.{check_identifier(agent_type, 'agent type')}"
 
-    @property
-    def parent_started(self) -> str:
-        """Core: a parent service (re)started; the reconciler recovers awaited runs."""
-        return f"{self.prefix}.ctl.parent_started"
+    def awaiter(self, parent: ParentRef, run_id: str) -> str:
+        """Core: the application awaiting the run answers here while it awaits; a request
+        nobody answers (no responders) says the awaiting side is gone (docs/recovery.md)."""
+        return (f"{self.prefix}.ctl.awaiter.{parent.agent}.{parent.name}."
+                f"{check_identifier(run_id, 'run id')}")
 
     @property
     def registry_bucket(self) -> str:

@@ -210,8 +210,13 @@ def give_up(state: RunState | None, cause: Cause, reason: str, error: str,
 
 def reattach_decided(state: RunState | None, cause: Cause, *, outcome: str,
                      reason: str | None, child_still_running: bool,
-                     timings: dict[str, int]) -> list[Event]:
-    """Record a recovery decision; an interruption ends the run softly if it is still open."""
+                     timings: dict[str, int], cancel: bool = False) -> list[Event]:
+    """Record a recovery decision; an interruption ends the run softly if it is still open.
+
+    `cancel`: the decision stops the child too (a spent re-attach window). The request is
+    in the log, so a runner that missed the cancel signal stops the child at its next
+    heartbeat and a work item still queued is aborted on pickup.
+    """
     if state is None:
         return []
     decision_id = cause.event_id(state.run_id, "decision")
@@ -221,6 +226,9 @@ def reattach_decided(state: RunState | None, cause: Cause, *, outcome: str,
         **_envelope(state.run_id, state.parent, cause, "decided"),
         data=RunReattachDecidedData(decision_id=decision_id, outcome=outcome, reason=reason,
                                     child_still_running=child_still_running, timings=timings))]
+    if cancel and not state.is_hard_terminal and state.cancel_requested_at is None:
+        events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+                                         data=RunCancelRequestedData(reason=GIVE_UP)))
     # An interrupted run that was re-attached and gave up again is interrupted anew, so
     # the caller that re-issued the request gets an answer.
     if outcome == "interrupted" and not state.is_hard_terminal and reason is not None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
@@ -47,11 +48,13 @@ class ChildControl:
     async def inspect(self, state: RunState, timeout_s: float) -> Inspection:
         started = time.monotonic()
         inbox = self._nc.new_inbox()
-        replies: asyncio.Queue[bytes] = asyncio.Queue()
+        replies: asyncio.Queue[bytes | None] = asyncio.Queue()
 
         async def collect(msg) -> None:
-            # The server answers a request nobody subscribes to with an empty 503.
+            # The server answers a request nobody subscribes to with an empty 503: no
+            # runner of the type is up, and none is going to answer.
             if msg.headers and msg.headers.get("Status") == "503":
+                replies.put_nowait(None)
                 return
             replies.put_nowait(msg.data)
 
@@ -66,6 +69,8 @@ class ChildControl:
                 try:
                     data = await asyncio.wait_for(replies.get(), timeout=remaining)
                 except TimeoutError:
+                    break
+                if data is None:
                     break
                 answered = True
                 reply = ChildInspectReply.model_validate_json(data)
@@ -90,6 +95,22 @@ class ChildControl:
             return True  # runners are up and none holds the run: it is queued, not running
         reply = CancelReply.model_validate_json(response.data)
         return reply.stopped or not reply.had_run
+
+
+async def awaiter_present(nc: NATS, subjects: Subjects, state: RunState,
+                          timeout_s: float) -> bool:
+    """Whether the application awaiting the run still answers for it (docs/recovery.md).
+
+    Its subscription lives as long as its connection, so "no responders" is the server
+    saying the awaiting side is gone; an awaiter that is slow to answer is still there.
+    """
+    try:
+        await nc.request(subjects.awaiter(state.parent, state.run_id), b"", timeout=timeout_s)
+    except NoRespondersError:
+        return False
+    except (NatsTimeout, NatsError, OSError):
+        return True  # not known to be gone: asked again at the next check
+    return True
 
 
 class Observability:

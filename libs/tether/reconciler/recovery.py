@@ -1,19 +1,25 @@
-"""Recovery and re-attach (the seed's "Interrupted runs and recovery").
+"""Recovery and re-attach (the seed's "Interrupted runs and recovery"; docs/recovery.md).
 
-When a parent service starts (it announces itself on `<prefix>.ctl.parent_started`) or a
-reconciler becomes active, every awaited run that is still starting or running is
-recovered in two passes:
+An awaited run is awaited by an application, not by the parent service: the client that
+requested it answers on the run's awaiter subject for as long as it waits. The reconciler
+asks each open awaited run's awaiter every `awaiter_check_interval_ms`; a run whose
+awaiter is missing at two checks in a row has lost its awaiting side and is recovered in
+two passes. A parent replica starting or stopping loses nothing and recovers nothing.
 
-1. inspect each child through the runners (per child `recovery_inspect_timeout_ms`, all
-   of them within `recovery_deadline_ms`): a child whose run already ended is recorded
-   as finished, never run again; no runner answering ends the run `interrupted` with
+1. inspect each child through the runners (per child `recovery_inspect_timeout_ms`, at
+   most `recovery_inspect_concurrency` at once, all of them within
+   `recovery_deadline_ms`): a child whose run already ended is recorded as finished,
+   never run again; no runner answering ends the run `interrupted` with
    `inspect-timeout`, a failed inspection with `inspect-failed`, and a child not reached
    before the total deadline with `recovery-deadline`. "No record yet" is not a failure:
    the run is watched like a live one.
 2. re-attach to each live child: follow its events and progress; every one resets the
-   no-progress timeout. Silence for the whole timeout ends the run `interrupted`,
-   `no-progress`, with the child still running (a repeated request re-attaches to it);
-   a finite max window ends it `window-exceeded` and cancels the child.
+   no-progress timeout. When the timeout passes in silence the child is inspected again:
+   a runner that still holds it is its heartbeat and the watch goes on. Silence with no
+   runner holding the child ends the run `interrupted`, `no-progress`, the child still
+   to run (its work item is kept; a repeated request re-attaches to it); a finite max
+   window ends it `window-exceeded` and cancels the child, durably (`run.cancel_requested`
+   in the log); a watch that cannot follow the child's events ends it `not-tailable`.
 
 Each decision is a `run.reattach_decided` event with its reason and timings. Recovering
 twice is harmless: decisions are appended with optimistic concurrency and only while the
@@ -29,9 +35,12 @@ from tether.adapters.jetstream import EventLog
 from tether.config import Settings
 from tether.domain import decide
 from tether.domain.run_state import RunState, evolve
-from tether.reconciler.control import ChildControl, Inspection, Observability
+from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
 
 RunKey = tuple[str, str, str]
+# Awaiter checks in flight at once: a check is one core request, answered at once by the
+# server when nobody awaits the run.
+AWAITER_CHECKS_IN_FLIGHT = 64
 
 
 def now_ms() -> int:
@@ -52,27 +61,63 @@ class Recovery:
         self._logger = logger
         self._origin = origin
         self._watching: dict[RunKey, asyncio.Task] = {}
+        self._recovering: set[RunKey] = set()
         self._passes: set[asyncio.Task] = set()
+        # Runs whose awaiter was missing at the last check: recovered if it still is.
+        self._missed: set[RunKey] = set()
 
     async def run(self, stop: asyncio.Event, awaited_open_runs: Callable[[], list[RunState]]) -> None:
-        async def on_parent_started(_msg) -> None:
-            self._start_pass(awaited_open_runs())
-
-        subscription = await self._log.nats.subscribe(self._log.subjects.parent_started,
-                                                      cb=on_parent_started)
-        self._start_pass(awaited_open_runs())
+        interval_s = self._settings.awaiter_check_interval_ms / 1000
         try:
-            await stop.wait()
+            while not stop.is_set():
+                try:
+                    gone = await self.awaiters_gone(awaited_open_runs())
+                except Exception as error:  # noqa: BLE001 - checked again at the next interval
+                    self._logger.warning("recovery.awaiter_check_failed",
+                                         error=f"{type(error).__name__}: {error}")
+                    gone = []
+                if gone:
+                    self._start_pass(gone)
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout=interval_s)
+                except TimeoutError:
+                    pass
         finally:
-            await subscription.unsubscribe()
             for task in [*self._passes, *self._watching.values()]:
                 task.cancel()
             await asyncio.gather(*self._passes, *self._watching.values(), return_exceptions=True)
 
+    async def awaiters_gone(self, runs: list[RunState]) -> list[RunState]:
+        """The runs whose awaiter was missing at this check and the one before."""
+        runs = [run for run in runs
+                if _key(run) not in self._watching and _key(run) not in self._recovering]
+        timeout_s = self._settings.recovery_inspect_timeout_ms / 1000
+        slots = asyncio.Semaphore(AWAITER_CHECKS_IN_FLIGHT)
+
+        async def present(run: RunState) -> bool:
+            async with slots:
+                return await awaiter_present(self._log.nats, self._log.subjects, run, timeout_s)
+
+        answers = await asyncio.gather(*(present(run) for run in runs))
+        missed = {_key(run) for run, here in zip(runs, answers, strict=True) if not here}
+        gone = [run for run in runs if _key(run) in missed and _key(run) in self._missed]
+        self._missed = missed
+        return gone
+
     def _start_pass(self, runs: list[RunState]) -> None:
+        keys = {_key(run) for run in runs}
+        self._recovering |= keys
         task = asyncio.create_task(self.recover(runs))
         self._passes.add(task)
-        task.add_done_callback(self._passes.discard)
+
+        def done(finished: asyncio.Task) -> None:
+            self._passes.discard(finished)
+            self._recovering -= keys
+            if not finished.cancelled() and finished.exception() is not None:
+                self._logger.error("recovery.pass_failed", runs=len(runs),
+                                   exc_info=finished.exception())
+
+        task.add_done_callback(done)
 
     async def recover(self, runs: list[RunState]) -> None:
         runs = [run for run in runs if _key(run) not in self._watching]
@@ -81,10 +126,16 @@ class Recovery:
         started = time.monotonic()
         total_s = self._settings.recovery_deadline_ms / 1000
         each_s = self._settings.recovery_inspect_timeout_ms / 1000
+        slots = asyncio.Semaphore(self._settings.recovery_inspect_concurrency)
         for run in runs:
             await self._obs.emit("agent_tool:recovery:row", run.run_id, run.parent,
                                  status=run.status, agent_type=run.agent_type)
-        inspections = [asyncio.ensure_future(self._control.inspect(run, each_s)) for run in runs]
+
+        async def inspect(run: RunState) -> Inspection:
+            async with slots:
+                return await self._control.inspect(run, each_s)
+
+        inspections = [asyncio.ensure_future(inspect(run)) for run in runs]
         _, late = await asyncio.wait(inspections, timeout=total_s)
         for run, inspection in zip(runs, inspections, strict=True):
             if inspection in late:
@@ -130,94 +181,130 @@ class Recovery:
             return
         task = asyncio.create_task(self._reattach(state, inspect_ms, announce))
         self._watching[key] = task
-        task.add_done_callback(lambda _: self._watching.pop(key, None))
+
+        def done(finished: asyncio.Task) -> None:
+            self._watching.pop(key, None)
+            if not finished.cancelled() and finished.exception() is not None:
+                self._logger.error("recovery.watch_failed", run_id=state.run_id,
+                                   exc_info=finished.exception())
+
+        task.add_done_callback(done)
 
     async def _reattach(self, state: RunState, inspect_ms: int | None, announce: bool) -> None:
         started = time.monotonic()
-        history = await self._log.read_run(state.parent, state.run_id)
-        current = history.state
-        if current is None or current.is_hard_terminal:
-            return
-        if announce:
-            cause = decide.timer_cause(now_ms(), self._origin)
-            current, _ = await self._log.update(
-                state.parent, state.run_id, lambda s: decide.reattach_started(s, cause, "recovery"))
+        current: RunState | None = state
+        try:
             history = await self._log.read_run(state.parent, state.run_id)
+            current = history.state
+            if current is None or current.is_hard_terminal:
+                return
+            if announce:
+                cause = decide.timer_cause(now_ms(), self._origin)
+                current, _ = await self._log.update(
+                    state.parent, state.run_id,
+                    lambda s: decide.reattach_started(s, cause, "recovery"))
+                history = await self._log.read_run(state.parent, state.run_id)
+                current = history.state
+                if current is None or current.is_hard_terminal:
+                    return
+            await self._follow(current, history.last_seq, started, inspect_ms)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - whatever stopped the watch is a decision
+            # A lost connection, a consumer the server refused, an unreadable stream: the
+            # child's events cannot be followed, which the run's awaiter is told.
+            self._logger.warning("recovery.not_tailable", run_id=state.run_id,
+                                 error=f"{type(error).__name__}: {error}")
+            if current is not None:
+                await self._interrupt(current, "not-tailable", started, inspect_ms=inspect_ms,
+                                      child_still_running=True)
+
+    async def _follow(self, current: RunState, last_seq: int, started: float,
+                      inspect_ms: int | None) -> None:
         silence_s = self._settings.reattach_no_progress_timeout_ms / 1000
+        inspect_s = self._settings.recovery_inspect_timeout_ms / 1000
         window_ms = self._settings.reattach_max_window_ms
         window_ends = None if window_ms is None else started + window_ms / 1000
         signals: asyncio.Queue[None] = asyncio.Queue()
+        parent, run_id = current.parent, current.run_id
 
         async def on_progress(_msg) -> None:
             signals.put_nowait(None)
 
         progress = await self._log.nats.subscribe(
-            self._log.subjects.run_progress(state.parent, state.run_id), cb=on_progress)
-        events = self._log.follow(self._log.subjects.run_events(state.parent, state.run_id),
-                                  start_seq=history.last_seq + 1)
+            self._log.subjects.run_progress(parent, run_id), cb=on_progress)
+        events = self._log.follow(self._log.subjects.run_events(parent, run_id),
+                                  start_seq=last_seq + 1)
         last_signal = time.monotonic()
         window_spent = False
         try:
             async with aclosing(events) as stream:
                 next_event = asyncio.ensure_future(anext(stream))
-                while True:
-                    give_up_at = last_signal + silence_s
-                    # Which deadline the wait is for decides the reason, not a clock read
-                    # after it: uvloop's timers run on a cached millisecond clock and may
-                    # wake a little before time.monotonic() reaches the deadline.
-                    if window_ends is not None and window_ends <= give_up_at:
-                        give_up_at, window_spent = window_ends, True
-                    next_signal = asyncio.ensure_future(signals.get())
-                    done, _ = await asyncio.wait({next_event, next_signal},
-                                                 timeout=max(give_up_at - time.monotonic(), 0),
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    next_signal.cancel()
-                    if next_event in done:
-                        stored = next_event.result()
-                        current = evolve(current, stored.event).state if stored.event else current
-                        if current is None:
-                            return  # cleared while we watched
-                        if current.is_hard_terminal:
-                            await self._record(current, "finished", None, False, started,
-                                               inspect_ms=inspect_ms)
-                            return
-                        if stored.event and stored.event.type == "run.interrupted":
-                            return  # someone else gave up on it (a budget): not ours to judge
-                        last_signal = time.monotonic()
-                        next_event = asyncio.ensure_future(anext(stream))
-                    elif next_signal in done:
-                        last_signal = time.monotonic()
-                    else:
-                        next_event.cancel()
-                        # Let the cancelled read finish before the stream is closed.
-                        await asyncio.gather(next_event, return_exceptions=True)
-                        break
+                try:
+                    while True:
+                        give_up_at = last_signal + silence_s
+                        # Which deadline the wait is for decides the reason, not a clock read
+                        # after it: uvloop's timers run on a cached millisecond clock and may
+                        # wake a little before time.monotonic() reaches the deadline.
+                        if window_ends is not None and window_ends <= give_up_at:
+                            give_up_at, window_spent = window_ends, True
+                        next_signal = asyncio.ensure_future(signals.get())
+                        done, _ = await asyncio.wait(
+                            {next_event, next_signal},
+                            timeout=max(give_up_at - time.monotonic(), 0),
+                            return_when=asyncio.FIRST_COMPLETED)
+                        next_signal.cancel()
+                        if next_event in done:
+                            stored = next_event.result()
+                            evolved = evolve(current, stored.event).state if stored.event else current
+                            if evolved is None:
+                                return  # cleared while we watched
+                            current = evolved
+                            if current.is_hard_terminal:
+                                await self._record(current, "finished", None, False, started,
+                                                   inspect_ms=inspect_ms)
+                                return
+                            if stored.event and stored.event.type == "run.interrupted":
+                                return  # someone else gave up on it (a budget): not ours
+                            last_signal = time.monotonic()
+                            next_event = asyncio.ensure_future(anext(stream))
+                        elif next_signal in done:
+                            last_signal = time.monotonic()
+                        elif not window_spent and (
+                                await self._control.inspect(current, inspect_s)).outcome == "found":
+                            # Silent, but a runner holds it: a long step, not a lost child.
+                            last_signal = time.monotonic()
+                        else:
+                            break
+                finally:
+                    next_event.cancel()
+                    # Let the cancelled read finish before the stream is closed.
+                    await asyncio.gather(next_event, return_exceptions=True)
             if window_spent:
                 # The child had its whole window: it is cancelled and considered spent.
-                await self._control.cancel(current, decide.GIVE_UP,
-                                           self._settings.cancel_grace_ms / 1000)
+                stopped = await self._control.cancel(current, decide.GIVE_UP,
+                                                     self._settings.cancel_grace_ms / 1000)
                 await self._interrupt(current, "window-exceeded", started,
-                                      inspect_ms=inspect_ms, child_still_running=False)
+                                      inspect_ms=inspect_ms, child_still_running=not stopped,
+                                      cancel=True)
             else:
-                # Soft: the child keeps running; a repeated request re-attaches to it.
+                # Soft: nobody holds the child; its work item is kept, and a repeated
+                # request re-attaches to it.
                 await self._interrupt(current, "no-progress", started, inspect_ms=inspect_ms,
                                       child_still_running=True,
                                       silent_ms=int((time.monotonic() - last_signal) * 1000))
-        except (ConnectionError, OSError) as error:
-            self._logger.warning("recovery.not_tailable", run_id=state.run_id, error=str(error))
-            await self._interrupt(current, "not-tailable", started, inspect_ms=inspect_ms,
-                                  child_still_running=True)
         finally:
             await progress.unsubscribe()
 
     async def _interrupt(self, state: RunState, reason: str, started: float, *,
                          inspect_ms: int | None, child_still_running: bool,
-                         silent_ms: int | None = None) -> None:
+                         silent_ms: int | None = None, cancel: bool = False) -> None:
         await self._record(state, "interrupted", reason, child_still_running, started,
-                           inspect_ms=inspect_ms, silent_ms=silent_ms)
+                           inspect_ms=inspect_ms, silent_ms=silent_ms, cancel=cancel)
 
     async def _record(self, state: RunState, outcome: str, reason: str | None,
-                      child_still_running: bool, started: float, **timings: int | None) -> None:
+                      child_still_running: bool, started: float, *, cancel: bool = False,
+                      **timings: int | None) -> None:
         timings_ms = {k: v for k, v in timings.items() if v is not None}
         timings_ms["waited_ms"] = int((time.monotonic() - started) * 1000)
         cause = decide.timer_cause(now_ms(), self._origin)
@@ -225,7 +312,7 @@ class Recovery:
             state.parent, state.run_id,
             lambda s: decide.reattach_decided(s, cause, outcome=outcome, reason=reason,
                                               child_still_running=child_still_running,
-                                              timings=timings_ms))
+                                              timings=timings_ms, cancel=cancel))
         if appended:
             self._logger.info("recovery.decided", run_id=state.run_id, outcome=outcome,
                               reason=reason, child_still_running=child_still_running,

@@ -1,4 +1,4 @@
-"""The reconciler: detached budgets, recovery after a parent restart, delivery retries.
+"""The reconciler: detached budgets, recovery of runs whose awaiter is gone, delivery retries.
 
 One reconciler is active at a time (a lease: a Postgres session advisory lock, confirmed
 while held, see `tether.leadership`); a standby takes over when the active one's session
@@ -238,8 +238,11 @@ class Reconciler:
                 DEADLINES_DUE.inc(kind=kind)
                 if (key, kind) not in self._in_flight:
                     self._in_flight.add((key, kind))
+                    # Referenced until done: the loop keeps only a weak reference to a
+                    # task, and a collected one would never decide its deadline. (And
+                    # cancelled with the term.)
                     task = asyncio.create_task(self._fire(key, kind))
-                    self._firing.add(task)  # referenced until done, and cancelled with the term
+                    self._firing.add(task)
                     task.add_done_callback(self._firing.discard)
 
     async def _fire(self, key: RunKey, kind: str) -> None:
