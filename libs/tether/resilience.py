@@ -163,13 +163,20 @@ async def persistently(operation: Callable[[], Awaitable[T]], *, what: str, logg
         return result
 
 
-async def settle(settlement: Awaitable[object], *, logger, what: str) -> bool:
+async def settle(settlement: Awaitable[object], *, what: str, logger=None,
+                 **context: object) -> bool:
     """Ack, nak or term a JetStream message; False when the connection lost it. The
     server then redelivers the message after its ack wait, and every handler is
-    idempotent by the message's ids, so a lost settlement costs only time."""
+    idempotent by the message's ids, so a lost settlement costs only time. (`logger`,
+    else one bound to `context` when there is something to say.)"""
     try:
         await settlement
     except TRANSIENT_ERRORS as error:
-        logger.warning("message.settle_failed", what=what, error=describe(error))
+        if logger is None:
+            from tether.log import get_logger
+
+            logger = get_logger(**context)
+            context = {}
+        logger.warning("message.settle_failed", what=what, error=describe(error), **context)
         return False
     return True

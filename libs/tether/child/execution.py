@@ -502,7 +502,7 @@ class Execution:
 
     async def _settle_item(self, settlement, what: str) -> None:
         # A lost ack redelivers the item, whose run the log then shows ended: skipped.
-        await settle(settlement, logger=get_logger(run_id=self.run_id), what=f"work_item.{what}")
+        await settle(settlement, what=f"work_item.{what}", run_id=self.run_id)
 
     async def _update(self, decide: Callable[[RunState | None], list[Event]]
                       ) -> tuple[RunState | None, list[Event]]:
