@@ -317,7 +317,10 @@ class System:
     async def start(self) -> None:
         self.nats.start()
         self.postgres.start()
-        for name in ("projector", "reconciler", "parent", "child-runner"):
+        # A standby projector and reconciler beside the active ones: the single-leader
+        # check then means something, and a failover is exercised.
+        for name in ("projector", "projector", "reconciler", "reconciler", "parent",
+                     "child-runner"):
             await self.start_service(name)
         await asyncio.gather(*(ready(service) for service in self.services))
 
@@ -327,7 +330,9 @@ class System:
         return service
 
     def of(self, name: str) -> list[ServiceProcess]:
-        return [service for service in self.services if service.name == name]
+        """The running services of a kind, the one leading (if any) first."""
+        return sorted((service for service in self.services if service.name == name),
+                      key=lambda service: not _leading(service))
 
     async def kill(self, service: ServiceProcess) -> None:
         service.signal(signal.SIGKILL)
@@ -466,6 +471,12 @@ class System:
             terms.sort()
             for (_, end, who), (start, _, other) in itertools.pairwise(terms):
                 assert start >= end, f"{who} and {other} both led {role} at {start}"
+
+
+def _leading(service: ServiceProcess) -> bool:
+    events = [line.get("event") for line in service.lines
+              if line.get("event") in ("leadership.acquired", "leadership.released")]
+    return bool(events) and events[-1] == "leadership.acquired"
 
 
 def _at(line: dict) -> float:
