@@ -411,8 +411,9 @@ def running_services() -> dict:
 
 
 def print_urls(state: dict) -> None:
-    print(f"TETHER_NATS_URL={state['nats']['url']}")
-    print(f"TETHER_DATABASE_URL={state['postgres']['url']}")
+    # `eval "$(make -s env)"` puts them in the shell.
+    print(f"export TETHER_NATS_URL={state['nats']['url']}")
+    print(f"export TETHER_DATABASE_URL={state['postgres']['url']}")
 
 
 def cmd_up() -> int:
