@@ -10,22 +10,52 @@ import socket
 import struct
 import sys
 import termios
+import uuid
 from pathlib import Path
 
+import asyncpg
 import pyte
 import pytest
 
+from tests.e2e.conftest import ServiceProcess
+from tether.adapters.jetstream import connect_nats, remove_streams
 from tether.client import connect
+from tether.config import Settings
 
 AGENTS = "examples.agents:Researcher,examples.agents:Sleeper"
 ROOT = Path(__file__).resolve().parents[2]
 TETHER_SCRIPT = Path(sys.executable).parent / "tether"
 
 
-@pytest.fixture
-async def stack(services, log, pool):
-    await services("parent", TETHER_AGENTS=AGENTS)
-    await services("child-runner", TETHER_AGENTS=AGENTS)
+@pytest.fixture(scope="module")
+def settings(nats_url: str, database_url: str) -> Settings:
+    # One stack for the module: each test uses its own parent names.
+    name = "t" + uuid.uuid4().hex[:10]
+    return Settings(nats_url=nats_url, database_url=database_url, prefix=name,
+                    projection_schema=name)
+
+
+@pytest.fixture(scope="module")
+def service_env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(TETHER_NATS_URL=settings.nats_url, TETHER_DATABASE_URL=settings.database_url,
+               TETHER_PREFIX=settings.prefix, TETHER_PROJECTION_SCHEMA=settings.projection_schema,
+               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json", TETHER_AGENTS=AGENTS)
+    return env
+
+
+@pytest.fixture(scope="module")
+async def stack(settings: Settings, service_env: dict[str, str]):
+    started = [await ServiceProcess(name, service_env).start() for name in ("parent", "child-runner")]
+    yield
+    for service in started:
+        await service.stop()
+    nc = await connect_nats(settings.nats_url, name="tether-e2e")
+    await remove_streams(nc.jetstream(), settings.subjects)
+    await nc.drain()
+    conn = await asyncpg.connect(settings.database_url)
+    await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.projection_schema}" CASCADE')
+    await conn.close()
 
 
 async def tether_cli(env: dict, *args: str, stdin: bytes | None = None,
