@@ -99,7 +99,7 @@ class Tether:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
         payload = command.model_dump_json().encode()
-        if len(payload) > self.settings.max_input_bytes:
+        if len(payload) > self.settings.max_input_bytes or len(payload) > self.nc.max_payload:
             self._check_size(kind, command, payload)
         try:
             return await self.log.publish(subject, payload,
@@ -119,8 +119,8 @@ class Tether:
 
     def _check_size(self, kind: str, command: BaseModel, payload: bytes) -> None:
         """Refuse, before sending, a run whose input the parent would reject as too large,
-        or a command the NATS server would not take (a whole command no larger than the
-        input limit passes without this)."""
+        or a command the NATS server would not take (a whole command within both limits
+        passes without this)."""
         limit = self.settings.max_input_bytes
         if kind == "run":
             size = input_size(command.input)
