@@ -23,9 +23,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from tests.e2e.conftest import ServiceProcess
 from tether.adapters.jetstream import connect_nats, remove_streams
 from tether.config import Settings
-from tests.e2e.conftest import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
