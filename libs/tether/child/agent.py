@@ -49,7 +49,7 @@ class AwaitingInput:
 
 
 class ChildAgent:
-    """Subclass and implement `run`; see the README for the full surface.
+    """Subclass and implement `run`; docs/concepts.md describes the full surface.
 
     `run` returns the child's final text (the default summary), or a structured value
     (the output), or None, or an `AwaitingInput` to pause the run. Workflow-style
