@@ -251,6 +251,12 @@ async def test_unreachable_servers_are_named_with_their_url(service_env):
                           f"{pg_url.rsplit(':', 1)[1].split('/')[0]}/db (TETHER_DATABASE_URL or "
                           "--database-url): "), err
     assert "pw" not in err
+    # A service whose NATS answers and whose Postgres does not names Postgres only.
+    code, _, err = await tether_cli({**env, "TETHER_NATS_URL": service_env["TETHER_NATS_URL"]},
+                                    "services", "parent")
+    assert code == 1
+    assert err.splitlines()[-1].startswith("tether: cannot connect to Postgres at "), err
+    assert "NATS" not in err.splitlines()[-1]
 
 
 async def test_a_busy_health_port_is_named(service_env):

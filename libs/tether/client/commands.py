@@ -1,7 +1,7 @@
 """The client subcommands of the `tether` CLI: run, watch, inspect, cancel, clear, hooks.
 
-Exit codes: 0 success, 1 a failed run or an unreachable service, 2 bad arguments (checked
-before anything is sent, with a one-line message).
+Exit codes: 0 success, 1 a failed run, an unknown run or an unreachable server (named, with
+its URL), 2 bad arguments (checked before anything is sent, with a one-line message).
 """
 
 import argparse
