@@ -56,7 +56,7 @@ demo: venv
 		--service projector --service parent --service child-runner --service reconciler \
 		-- $(PY) examples/demo.py
 
-# The benchmark of issue 7 (bench/README.md). `make bench RUNS=300` for a quick look;
+# The benchmark (bench/README.md). `make bench RUNS=300` for a quick look;
 # BENCH_ARGS passes more flags, e.g. BENCH_ARGS=--profile. Extras: `bench` (matplotlib,
 # py-spy) and, for bench-peers, `peers` (dbos); pip only warns while an extra is missing.
 RUNS ?= 5000

@@ -14,11 +14,11 @@ import asyncio
 import os
 import sys
 import uuid
+from collections.abc import Mapping
 
 from tether import LifecycleResult, RunInfo, connect
-from tether.client import ParentHandle, TimelineView
-from tether.client.render import run_line
-from tether.log import configure_logging
+from tether.client import ParentHandle
+from tether.client.render import Board, run_line
 
 QUERIES = ("HTTP/3 and QUIC", "gRPC streaming", "WebTransport")
 IMPORT_INPUT = {"source": "s3://demo/customers.csv", "rows": 20_000, "batch": 1_000,
@@ -26,53 +26,10 @@ IMPORT_INPUT = {"source": "s3://demo/customers.csv", "rows": 20_000, "batch": 1_
 DONE_WITHIN_S = 120
 
 
-class Board:
-    """Live run lines at the bottom of a terminal, with messages printed above them.
-
-    Without a terminal (a pipe, CI) each changed line is printed once instead.
-    """
-
-    def __init__(self) -> None:
-        self.tty = sys.stdout.isatty()
-        self._lines: list[str] = []
-        self._drawn = 0
-        self._printed: dict[str, str] = {}
-
-    def show(self, view: TimelineView) -> None:
-        lines = [run_line(run, width=24) for run in view.ordered()]
-        if self.tty:
-            self._lines = lines
-            self._redraw()
-        else:
-            for run_id in sorted(view.changed):
-                line = run_line(view.runs[run_id], width=24) if run_id in view.runs else ""
-                if line and self._printed.get(run_id) != line:
-                    self._printed[run_id] = line
-                    print(line, flush=True)
-
-    def say(self, text: str) -> None:
-        if self.tty:
-            self._clear()
-            print(text, flush=True)
-            self._redraw()
-        else:
-            print(text, flush=True)
-
-    def _clear(self) -> None:
-        if self._drawn:
-            print(f"\x1b[{self._drawn}F\x1b[J", end="", flush=True)
-            self._drawn = 0
-
-    def _redraw(self) -> None:
-        self._clear()
-        if self._lines:
-            print("\n".join(self._lines), flush=True)
-        self._drawn = len(self._lines)
-
-
 async def draw_progress(me: ParentHandle, board: Board) -> None:
     async for view in me.timeline():
-        board.show(view)
+        board.show([(run.run_id, run_line(run, width=board.bar_width))
+                    for run in view.ordered()])
 
 
 async def relay_chat(me: ParentHandle, board: Board, import_run: asyncio.Future) -> asyncio.Event:
@@ -88,9 +45,14 @@ async def relay_chat(me: ParentHandle, board: Board, import_run: asyncio.Future)
 
 
 async def main() -> int:
-    configure_logging(level="warning")  # the library's own log lines would cut the board
-    board = Board()
     user = f"demo-{uuid.uuid4().hex[:6]}"
+    with Board(sys.stdout) as board:
+        await delegate(board, user)
+    print(next_steps(user, os.environ))
+    return 0
+
+
+async def delegate(board: Board, user: str) -> None:
     async with connect(name="tether-demo") as tether:
         me = tether.parent("Assistant", user)
         finished: asyncio.Future[tuple[RunInfo, LifecycleResult]] = asyncio.Future()
@@ -104,10 +66,8 @@ async def main() -> int:
             if run.parent.name == user and not finished.done():
                 finished.set_result((run, result))
 
-        watch = f"tether watch Assistant/{user}"
-        if os.environ.get("TETHER_NATS_URL"):
-            watch = f"TETHER_NATS_URL={os.environ['TETHER_NATS_URL']} {watch}"
-        print(f"Parent Assistant/{user}. In another terminal, follow it live:\n  {watch}\n")
+        board.say(f"Parent Assistant/{user}: three researchers, and an import in the "
+                  "background.")
 
         async with hooks.running():
             progress = asyncio.create_task(draw_progress(me, board))
@@ -138,14 +98,31 @@ async def main() -> int:
                     task.cancel()
                 await asyncio.gather(progress, chat, return_exceptions=True)
 
-    print(f"\nDone. Where to look next:\n"
-          f"  {watch}\n      live progress bars of this parent's runs\n"
-          f"  tether inspect Assistant/{user}\n      its runs as the projection has them\n"
-          f"  tether run Researcher --parent Assistant/{user} --input '{{\"query\": \"NATS\"}}'\n"
-          f"      one more run, from the command line\n"
-          f"  curl -s 127.0.0.1:<health port>/metrics\n      a service's metrics "
-          f"(ports in .tether/run-logs/*.log; README, \"Operating Tether\")")
-    return 0
+def next_steps(user: str, environ: Mapping[str, str]) -> str:
+    """What to try next, as commands that work as printed, while the stack is still up."""
+    if environ.get("TETHER_DEVSTACK_HELD") == "0":
+        return ("\nDone. The services and servers stop now. To explore one that stays up: "
+                "`eval \"$(make -s up)\"`, then `tether services all --agents "
+                "examples.agents:Researcher,examples.agents:Importer` and "
+                "`python examples/demo.py`.")
+    nats_url = environ.get("TETHER_NATS_URL", "nats://127.0.0.1:4222")
+    lines = ["", "Done. Where to look next, in another terminal, from this directory:",
+             f"  source .venv/bin/activate && export TETHER_NATS_URL={nats_url}"
+             + (f" TETHER_PREFIX={environ['TETHER_PREFIX']}" if environ.get("TETHER_PREFIX")
+                else ""),
+             f"  tether watch Assistant/{user}",
+             "      live progress bars of this parent's runs",
+             f"  tether inspect Assistant/{user}",
+             "      its runs, as JSON",
+             f"  tether run Researcher --parent Assistant/{user} --input '{{\"query\": \"NATS\"}}'",
+             "      one more run, from the command line"]
+    services = dict(item.split("=", 1) for item in
+                    environ.get("TETHER_DEVSTACK_SERVICE_URLS", "").split(",") if "=" in item)
+    for name, url in services.items():
+        lines.append(f"  curl -s {url}/metrics    # {name}'s metrics")
+    if environ.get("TETHER_DEVSTACK_HELD") == "1":
+        lines.append("The stack stays up until you press Enter here.")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

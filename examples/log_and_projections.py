@@ -83,7 +83,7 @@ async def main() -> None:
             if await tool.wait() != 0:
                 raise SystemExit(f"tether projections {action} failed")
         print("\nnext: `make up`, then `tether services projector` and `tether projections verify`"
-              " against it (see README.md)")
+              " against it (see docs/operations.md)")
     finally:
         projector.send_signal(signal.SIGTERM)
         await projector.wait()

@@ -325,11 +325,13 @@ def wait_ready(name: str, proc: subprocess.Popen, port: int, log_path: Path) -> 
 
 
 @contextlib.contextmanager
-def tether_services(names: list[str], env: dict[str, str], agents: str | None) -> Iterator[None]:
+def tether_services(names: list[str], env: dict[str, str],
+                    agents: str | None) -> Iterator[dict[str, str]]:
     """`tether services NAME` for each name, as processes, ready on exit from `with`'s head.
 
     Each runs in its own session, so a Ctrl-C at the terminal reaches only the command in
     the foreground; they are stopped with SIGTERM (the graceful drain) when it is done.
+    Yields each service's health and metrics URL by name.
     """
     logs = STATE_DIR / "run-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -350,10 +352,13 @@ def tether_services(names: list[str], env: dict[str, str], agents: str | None) -
                                         preexec_fn=die_with_parent(signal.SIGTERM))  # noqa: PLW1509
             started.append((name, proc))
             waiting.append((name, proc, port, log_path))
+        urls = {}
         for name, proc, port, log_path in waiting:
             wait_ready(name, proc, port, log_path)
-            log(f"tether services {name} (pid {proc.pid}) ready; log {log_path}")
-        yield
+            urls[name] = f"http://127.0.0.1:{port}"
+            log(f"tether services {name} (pid {proc.pid}) ready, health and metrics at "
+                f"{urls[name]}; log {log_path}")
+        yield urls
     finally:
         for name, proc in reversed(started):
             with contextlib.suppress(ProcessLookupError):
@@ -391,9 +396,14 @@ def cmd_run(args: list[str]) -> int:
             env["TETHER_NATS_URL"] = stack.enter_context(temporary_nats())
         if not env.get("TETHER_DATABASE_URL"):
             env["TETHER_DATABASE_URL"] = stack.enter_context(temporary_postgres())
-        stack.enter_context(tether_services(names, env, agents))
+        urls = stack.enter_context(tether_services(names, env, agents))
+        # What the command may tell its user: where the services answer, and whether the
+        # stack outlives it (held for the user only on a terminal).
+        held = hold and sys.stdin.isatty()
+        env["TETHER_DEVSTACK_SERVICE_URLS"] = ",".join(f"{n}={u}" for n, u in urls.items())
+        env["TETHER_DEVSTACK_HELD"] = "1" if held else "0"
         code = run_child(cmd, env)
-        if hold and code == 0 and sys.stdin.isatty():
+        if held and code == 0:
             log(f"still running at TETHER_NATS_URL={env['TETHER_NATS_URL']}; "
                 "press Enter (or Ctrl-C) to stop everything")
             with contextlib.suppress(EOFError, KeyboardInterrupt):
@@ -411,8 +421,9 @@ def running_services() -> dict:
 
 
 def print_urls(state: dict) -> None:
-    print(f"TETHER_NATS_URL={state['nats']['url']}")
-    print(f"TETHER_DATABASE_URL={state['postgres']['url']}")
+    # `eval "$(make -s env)"` puts them in the shell.
+    print(f"export TETHER_NATS_URL={state['nats']['url']}")
+    print(f"export TETHER_DATABASE_URL={state['postgres']['url']}")
 
 
 def cmd_up() -> int:

@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "RunView": "tether.client",
     "TetherError": "tether.client",
     "ServiceUnavailable": "tether.client",
+    "InputTooLarge": "tether.client",
     "RequestFailed": "tether.client",
     # the child side
     "ChildAgent": "tether.child.agent",
@@ -38,7 +39,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AgentTool", "AgentToolFailure", "AgentToolSuccess", "ChatMessage", "ChildAgent",
-    "DetachedHandle", "HookRegistry", "LifecycleResult", "ParentHandle", "RequestFailed",
+    "DetachedHandle", "HookRegistry", "InputTooLarge", "LifecycleResult", "ParentHandle", "RequestFailed",
     "RunContext", "RunInfo", "RunSnapshot", "RunView", "ServiceUnavailable", "Settings",
     "Tether", "TetherError", "TimelineView", "agent_tool", "connect",
 ]
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from tether.client import (
         AgentTool,
         HookRegistry,
+        InputTooLarge,
         ParentHandle,
         RequestFailed,
         RunView,

@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 
@@ -10,9 +11,21 @@ import asyncpg
 from tether.agents.devtools import add_runs_command, run_runs_command
 from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_client_command
 from tether.config import ConfigurationError, Settings
+from tether.diagnose import (
+    is_address_in_use,
+    nats_unreachable,
+    postgres_unreachable,
+    unreachable_servers,
+)
 from tether.log import configure_logging
 
 SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084}
+ALL_SERVICES_HEALTH_PORT = 8080
+NATS_CONNECT_TIMEOUT_S = 5.0
+
+
+class CommandFailed(Exception):
+    """A command could not do its work; the message says why and what to check."""
 
 
 SERVICE_MODULES = {"parent": "tether_services.parent",
@@ -27,7 +40,17 @@ def _services() -> dict[str, Callable[..., Awaitable[None]]]:
     return {name: importlib.import_module(module).serve for name, module in SERVICE_MODULES.items()}
 
 
+def import_from_current_directory() -> None:
+    """Find `--agents`, `TETHER_FORMATTERS` and `TETHER_MODEL_CLIENT` modules in the current
+    directory first, as `python -m` does; the `tether` script's own directory is the venv's
+    bin/, where no application code lives."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import_from_current_directory()
     parser = argparse.ArgumentParser(prog="tether", description=__doc__)
     parser.add_argument("--nats-url", help="default: $TETHER_NATS_URL")
     parser.add_argument("--database-url", help="default: $TETHER_DATABASE_URL")
@@ -66,8 +89,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "services":
                 return runner.run(_run_services(settings, args.name))
             return runner.run(_projections(settings, args.action, args.batch_size))
+    except CommandFailed as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return 1
     except (OSError, asyncpg.PostgresError, ConnectionError) as error:
-        print(f"tether: {type(error).__name__}: {error}", file=sys.stderr)
+        # Drivers name an address at best: say which server does not answer.
+        servers = (unreachable_servers(settings, nats=args.command != "runs")
+                   if isinstance(error, OSError) else [])
+        for message in servers or [f"{type(error).__name__}: {error}"]:
+            print(f"tether: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
@@ -99,28 +129,38 @@ async def _run_services(settings: Settings, name: str) -> int:
 
     port = settings.health_port
     if port is None:
-        port = SERVICE_HEALTH_PORTS.get(name, 8080)
-    await run_service(name, run_all, health_host=settings.health_host, health_port=port)
+        port = SERVICE_HEALTH_PORTS.get(name, ALL_SERVICES_HEALTH_PORT)
+    try:
+        await run_service(name, run_all, health_host=settings.health_host, health_port=port)
+    except OSError as error:
+        if not is_address_in_use(error):
+            raise
+        raise CommandFailed(
+            f"cannot serve health and metrics on {settings.health_host}:{port}: the port is "
+            "in use (by another service?); set TETHER_HEALTH_PORT to a free port, or 0 for "
+            "any") from None
     return 0
 
 
 async def _projections(settings: Settings, action: str, batch_size: int) -> int:
-    from tether.adapters.jetstream import EventLog, connect_nats
+    from tether.adapters.jetstream import EventLog
     from tether.adapters.postgres.migrator import migrate
     from tether.adapters.postgres.projector import rebuild, verify
     from tether.runtime import pause_gc_for_replay
 
     pause_gc_for_replay(settings.gc_threshold)
     schema = settings.projection_schema
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    try:
+        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
+    except OSError as error:
+        raise CommandFailed(postgres_unreachable(settings.database_url, error)) from None
     try:
         if action == "migrate":
             async with pool.acquire() as conn:
                 applied = await migrate(conn, schema)
             print(f"schema {schema}: applied {applied or 'nothing (up to date)'}")
             return 0
-        nc = await connect_nats(settings.nats_connect_url, name=f"tether-{action}",
-                                startup_timeout_s=settings.client_connect_timeout_ms / 1000)
+        nc = await _connect_nats(settings, f"tether-{action}")
         try:
             log = EventLog(nc, settings.subjects)
             options = {"batch_size": batch_size, "preview_chars": settings.input_preview_chars,
@@ -146,6 +186,24 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
             await nc.drain()
     finally:
         await pool.close()
+
+
+async def _connect_nats(settings: Settings, name: str):
+    from tether.adapters.jetstream import connect_nats
+
+    failures: list[BaseException] = []
+
+    async def keep(error: BaseException) -> None:
+        failures.append(error)
+
+    # nats-py tries the first connection again and again: bound it, keep the last reason.
+    try:
+        async with asyncio.timeout(NATS_CONNECT_TIMEOUT_S):
+            return await connect_nats(settings.nats_connect_url, name=name,
+                                      startup_timeout_s=None, error_cb=keep)
+    except TimeoutError:
+        why = failures[-1] if failures else f"no answer within {NATS_CONNECT_TIMEOUT_S:g} s"
+        raise CommandFailed(nats_unreachable(settings.nats_url, why)) from None
 
 
 def _progress_printer(action: str) -> Callable[[int, int, float], None]:

@@ -89,10 +89,8 @@ class Settings(BaseModel):
     # long); a new holder waits two of these and a half second before it acts.
     leadership_check_ms: int = Field(default=1_000, ge=50, le=60_000)
     # A service starting retries an unreachable NATS or Postgres this long, then exits 1
-    # naming it (an orchestrator restarts it); the CLI and applications (`connect`) give
-    # up on NATS after `client_connect_timeout_ms`.
+    # naming it (an orchestrator restarts it). Applications: `connect(connect_timeout=)`.
     startup_timeout_ms: int = Field(default=30_000, ge=100)
-    client_connect_timeout_ms: int = Field(default=5_000, ge=100)
     health_host: str = "0.0.0.0"
     # None: the service's own default (parent 8081, child-runner 8082, reconciler 8083,
     # projector 8084); 0 picks a free port.

@@ -1,9 +1,20 @@
-"""structlog, configured once per process: JSON lines unless on a terminal."""
+"""Logging: the services' structured lines, and the library's lines inside an application.
+
+The services and the CLI call `configure_logging`: structlog renders one JSON line per
+record (or a readable one on a terminal) to stderr. An application that imports Tether
+and configures nothing gets the library's records through the standard `logging` module
+under the `tether` logger, so they follow the application's handlers and levels (with no
+handler at all, Python prints warnings and errors to stderr and drops the rest); one that
+configured structlog itself gets them through its structlog configuration. Either can ask
+for the services' rendering instead by calling `configure_logging`.
+"""
 
 import logging
 import sys
 
 import structlog
+
+LIBRARY_LOGGER = "tether"
 
 _configured = False
 
@@ -33,4 +44,21 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
 
 
 def get_logger(**bound: object) -> structlog.typing.FilteringBoundLogger:
-    return structlog.get_logger().bind(**bound)
+    if _configured or structlog.is_configured():
+        return structlog.get_logger().bind(**bound)
+    return _library_logger().bind(**bound)
+
+
+def _library_logger() -> structlog.typing.FilteringBoundLogger:
+    # The standard logger decides the level, so an application's `logging` settings
+    # (basicConfig, dictConfig, a level on "tether") apply as to any other library.
+    return structlog.wrap_logger(
+        logging.getLogger(LIBRARY_LOGGER),
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.stdlib.filter_by_level,
+            structlog.processors.format_exc_info,
+            structlog.processors.KeyValueRenderer(key_order=["event"], sort_keys=True),
+        ],
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )

@@ -367,3 +367,25 @@ async def test_a_republished_hook_waits_while_its_first_call_runs(log, tether):
         await settled(tether, timeout=20)
     assert calls == ["import-twice"]
     assert hooks.stats.skipped == 1  # the retry, once the first call was recorded
+
+
+async def test_serve_says_when_it_is_registered_and_serving_and_stops_when_told(log, tether):
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
+
+    @hooks.on_finish(METHOD)
+    async def on_import_done(run: RunInfo, result: LifecycleResult) -> None:
+        await recorder(run, result)
+
+    stop = asyncio.Event()
+    serving = asyncio.create_task(hooks.serve(stop))
+    await asyncio.wait_for(hooks.ready.wait(), timeout=10)
+    # Ready means registered: the parent would accept a run naming the method now.
+    bucket = await tether.js.key_value(tether.subjects.registry_bucket)
+    assert await bucket.get(f"hook.{PARENT.agent}.{METHOD}")
+    await publish_hook(log, await finished_run(log, "import-served"))
+    await asyncio.wait_for(recorder.called.wait(), timeout=10)
+    stop.set()
+    await asyncio.wait_for(serving, timeout=10)
+    assert not hooks.ready.is_set()
+    assert [run.run_id for run, _, _ in recorder.calls] == ["import-served"]

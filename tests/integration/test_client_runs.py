@@ -15,7 +15,7 @@ from typing import Self
 import pytest
 
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
-from tether.client import ServiceUnavailable, Tether, connect
+from tether.client import InputTooLarge, ServiceUnavailable, Tether, connect
 from tether.client import parent as client_parent
 from tether.client.awaiting import RunWaiter
 from tether.client.feed import OrderedFeed
@@ -178,6 +178,26 @@ async def test_bad_arguments_are_refused_before_anything_is_sent(tether):
         await me.run_agent_tool("Researcher", ["not", "an", "object"])
     with pytest.raises(ValueError, match="invalid parent name"):
         tether.parent("Assistant", "user.1")
+
+
+async def test_an_oversized_input_is_refused_before_anything_is_sent(log, tether, settings):
+    me = tether.parent(PARENT.agent, PARENT.name)
+    with pytest.raises(InputTooLarge) as refused:
+        await me.run_agent_tool("Researcher", {"query": "x" * 300_000})
+    assert str(refused.value) == ("the input is 300,012 bytes; the limit is 262,144 bytes "
+                                  "(TETHER_MAX_INPUT_BYTES)")
+    roomy = settings.model_copy(update={"max_input_bytes": 100_000_000})
+    async with connect(settings=roomy) as client:
+        limit = client.nc.max_payload
+        with pytest.raises(InputTooLarge) as refused:
+            await client.parent(PARENT.agent, PARENT.name).run_agent_tool(
+                "Researcher", {"query": "x" * limit})
+    assert str(refused.value).startswith("the run command is ")
+    assert str(refused.value).endswith(
+        f"bytes; the NATS server at {settings.nats_url} takes at most {limit:,} bytes per "
+        "message (its max_payload)")
+    info = await log.jetstream.stream_info(log.subjects.commands_stream)
+    assert info.state.messages == 0
 
 
 async def test_queries_without_a_parent_service_fail_clearly(tether):

@@ -50,3 +50,11 @@ def test_the_dev_nats_server_gets_the_scheduler_threads_it_is_told(devstack, tmp
     with pytest.raises(devstack.DevstackError, match="TETHER_DEV_NATS_GOMAXPROCS"):
         devstack.start_nats(tmp_path / "bad", devstack.free_port(), tmp_path / "bad.log",
                             daemon=False)
+
+
+def test_make_env_prints_lines_a_shell_can_eval(devstack, capsys) -> None:
+    devstack.print_urls({"nats": {"url": "nats://127.0.0.1:14222"},
+                         "postgres": {"url": "postgresql://postgres@127.0.0.1:15432/tether"}})
+    assert capsys.readouterr().out == (
+        "export TETHER_NATS_URL=nats://127.0.0.1:14222\n"
+        "export TETHER_DATABASE_URL=postgresql://postgres@127.0.0.1:15432/tether\n")

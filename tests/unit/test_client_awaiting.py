@@ -31,6 +31,31 @@ def test_a_new_run_is_answered_by_its_outcome() -> None:
     assert answer.ok and answer.summary == "the summary" and answer.output == {"n": 1}
 
 
+def test_streamed_text_is_the_output_of_a_run_that_returned_none() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    w.on_published(duplicate=False)
+    feed(w, [run.requested(), run.running(), run.output("HTTP/3 "), run.output("runs over QUIC")])
+    answer = w.on_event(5, run.completed("the summary"))
+    assert (answer.summary, answer.output) == ("the summary", "HTTP/3 runs over QUIC")
+
+
+def test_structured_output_wins_over_streamed_text() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    w.on_published(duplicate=False)
+    feed(w, [run.requested(), run.running(), run.output("chunk")])
+    assert w.on_event(4, run.completed("s", {"n": 1})).output == {"n": 1}
+
+
+def test_a_run_without_text_or_output_has_none() -> None:
+    run = RunEvents("r1")
+    w = waiter(mark=0)
+    w.on_published(duplicate=False)
+    feed(w, [run.requested(), run.running()])
+    assert w.on_event(3, run.completed("s")).output is None
+
+
 def test_a_failure_keeps_the_seed_shape() -> None:
     run = RunEvents("r1")
     w = waiter(mark=0)

@@ -988,18 +988,25 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
         waiters.add(stopping)
     try:
         await asyncio.wait(waiters, timeout=startup_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the caller's own timeout or stop: no retry left behind
+        await _abandon(nc, connecting)
+        raise
     finally:
         if stopping is not None:
             stopping.cancel()
     if connecting.done():
         connecting.result()  # a refusal nats-py does not retry (bad credentials, TLS)
         return nc
-    connecting.cancel()
-    await asyncio.gather(connecting, return_exceptions=True)
-    with suppress(Exception):
-        await nc.close()
+    await _abandon(nc, connecting)
     if stop is not None and stop.is_set():
         raise asyncio.CancelledError("stopped while connecting to NATS")
     last = events.last_error or "no answer"
     raise NatsUnreachable(f"could not reach NATS at {redact(url)} within "
                           f"{startup_timeout_s:g}s ({last})")
+
+
+async def _abandon(nc: NATS, connecting: asyncio.Future) -> None:
+    connecting.cancel()
+    await asyncio.gather(connecting, return_exceptions=True)
+    with suppress(Exception):
+        await nc.close()

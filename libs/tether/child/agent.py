@@ -5,6 +5,7 @@ A child agent is a Python class registered by import path (`TETHER_AGENTS`,
 """
 
 import importlib
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -48,7 +49,7 @@ class AwaitingInput:
 
 
 class ChildAgent:
-    """Subclass and implement `run`; see the README for the full surface.
+    """Subclass and implement `run`; docs/concepts.md describes the full surface.
 
     `run` returns the child's final text (the default summary), or a structured value
     (the output), or None, or an `AwaitingInput` to pause the run. Workflow-style
@@ -103,7 +104,9 @@ def load_agent(path: str) -> type[ChildAgent]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise AgentConfigurationError(f"agent {path!r}: cannot import {module_name}: {error}") from None
+        raise AgentConfigurationError(
+            f"agent {path!r}: cannot import {module_name} (from the current directory "
+            f"{os.getcwd()} or the installed packages): {error}") from None
     cls = getattr(module, attribute, None)
     if not (isinstance(cls, type) and issubclass(cls, ChildAgent)):
         raise AgentConfigurationError(

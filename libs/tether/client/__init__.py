@@ -9,7 +9,13 @@ async with connect() as tether:
 
 from tether.client.awaiting import RunWaiter
 from tether.client.connection import Tether, connect
-from tether.client.errors import NotPermitted, RequestFailed, ServiceUnavailable, TetherError
+from tether.client.errors import (
+    InputTooLarge,
+    NotPermitted,
+    RequestFailed,
+    ServiceUnavailable,
+    TetherError,
+)
 from tether.client.hooks import HookRegistry
 from tether.client.parent import ParentHandle
 from tether.client.timeline import ProgressView, RunView, TimelineView
@@ -18,6 +24,7 @@ from tether.client.tools import AgentTool, agent_tool, tool_run_id
 __all__ = [
     "AgentTool",
     "HookRegistry",
+    "InputTooLarge",
     "NotPermitted",
     "ParentHandle",
     "ProgressView",

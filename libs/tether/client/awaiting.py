@@ -121,8 +121,11 @@ class RunWaiter:
             return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
                                     status="error", error=rejection.error, retryable=False)
         if state.status == "completed":
+            # A child that streamed text and returned no structured output: its text is
+            # the output, so an awaited caller gets what the timeline shows.
+            output = state.output if state.output is not None else (state.output_text or None)
             return AgentToolSuccess(run_id=state.run_id, agent_type=state.agent_type,
-                                    summary=state.summary or "", output=state.output)
+                                    summary=state.summary or "", output=output)
         if state.status in ("error", "aborted"):
             return AgentToolFailure.of(state)
         if state.status == "interrupted":

@@ -1,7 +1,7 @@
 """The client subcommands of the `tether` CLI: run, watch, inspect, cancel, clear, hooks.
 
-Exit codes: 0 success, 1 a failed run or an unreachable service, 2 bad arguments (checked
-before anything is sent, with a one-line message).
+Exit codes: 0 success, 1 a failed run, an unknown run or an unreachable server (named, with
+its URL), 2 bad arguments (checked before anything is sent, with a one-line message).
 """
 
 import argparse
@@ -9,15 +9,17 @@ import asyncio
 import json
 import sys
 import time
+from contextlib import nullcontext
 from typing import Any, TextIO
 
 import nats.errors
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
-from tether.client.connection import Tether, connect
+from tether.client.connection import Tether, connect, input_size
 from tether.client.errors import TetherError
 from tether.client.parent import ParentHandle, build_run_command, new_run_id
-from tether.client.render import run_line, timeline_lines
+from tether.client.render import FINAL_STATUSES, Board, run_line, timeline_lines, timeline_rows
+from tether.client.timeline import TimelineView
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
@@ -26,15 +28,27 @@ CLIENT_COMMANDS = ("run", "watch", "inspect", "cancel", "clear", "hooks")
 STATUSES = ("starting", "running", "completed", "error", "aborted", "interrupted")
 
 
+# The CLI gives up on an unreachable NATS sooner than an application would.
+CLI_CONNECT_TIMEOUT_S = 3.0
+FINAL_FRAME_WAIT_S = 2.0
+CLEAR_WAIT_S = 10.0
+STDIN = "-"
+
+
 class UsageError(ValueError):
     pass
+
+
+def _connect(settings: Settings):
+    return connect(settings=settings, name="tether-cli", connect_timeout=CLI_CONNECT_TIMEOUT_S)
 
 
 def add_client_commands(commands: "argparse._SubParsersAction") -> None:
     run = commands.add_parser("run", help="run a child agent and print its result as JSON")
     run.add_argument("agent_type")
     run.add_argument("--parent", required=True, metavar="AGENT/NAME")
-    run.add_argument("--input", default="{}", metavar="JSON", help="a JSON object (default {})")
+    run.add_argument("--input", default="{}", metavar="JSON",
+                     help="a JSON object (default {}); @PATH reads it from a file, - from stdin")
     run.add_argument("--run-id", help="idempotency key (default: a new id)")
     run.add_argument("--detached", action="store_true", help="return a handle at once")
     run.add_argument("--on-finish", metavar="METHOD", help="finish hook method (implies --detached)")
@@ -92,14 +106,35 @@ def parse_parent(text: str) -> ParentRef:
                      name=check_identifier(name, "parent name"))
 
 
-def parse_input(text: str) -> dict[str, Any]:
+def parse_input(text: str, stdin: TextIO | None = None) -> dict[str, Any]:
+    """`--input`: JSON text, `@PATH` for a file's contents, `-` for standard input."""
+    source = "--input"
+    if text == STDIN:
+        source, text = "--input - (standard input)", (stdin or sys.stdin).read()
+    elif text.startswith("@"):
+        path = text[1:]
+        source = f"--input @{path}"
+        try:
+            with open(path, encoding="utf-8") as file:
+                text = file.read()
+        except OSError as error:
+            raise UsageError(f"{source}: cannot read {path}: {error.strerror or error}") from None
+        except UnicodeDecodeError as error:
+            raise UsageError(f"{source}: {path} is not UTF-8 text: {error.reason}") from None
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise UsageError(f"--input is not valid JSON: {error}") from None
+        raise UsageError(f"{source} is not valid JSON: {error}") from None
     if not isinstance(value, dict):
-        raise UsageError(f"--input must be a JSON object, not {type(value).__name__}")
+        raise UsageError(f"{source} must be a JSON object, not {type(value).__name__}")
     return value
+
+
+def check_input_size(input: dict[str, Any], settings: Settings) -> None:
+    size, limit = input_size(input), settings.max_input_bytes
+    if size > limit:
+        raise UsageError(f"--input is {size:,} bytes; the limit is {limit:,} bytes "
+                         "(TETHER_MAX_INPUT_BYTES); nothing was sent")
 
 
 def parse_statuses(text: str | None) -> list[str] | None:
@@ -122,25 +157,33 @@ def _handle(tether: Tether, ref: ParentRef) -> ParentHandle:
 def _run(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
     detached: bool | dict[str, Any] = {"on_finish": args.on_finish} if args.on_finish else args.detached
-    command = build_run_command(ref, args.agent_type, parse_input(args.input),
+    input = parse_input(args.input)
+    check_input_size(input, settings)
+    command = build_run_command(ref, args.agent_type, input,
                                 run_id=args.run_id or new_run_id(), parent_tool_call_id=None,
                                 display_order=None, display=None, detached=detached)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be positive")
 
     async def run() -> int:
-        async with connect(settings=settings, name="tether-cli") as tether:
+        async with _connect(settings) as tether:
             me = _handle(tether, ref)
-            bar = None
-            if not detached and not args.quiet:
-                bar = asyncio.create_task(_progress(me, command.run_id, sys.stderr))
-            try:
-                result = await me.run_agent_tool(
-                    command.agent_type, command.input, run_id=command.run_id,
-                    detached=command.detached, timeout=args.timeout)
-            finally:
-                if bar is not None:
-                    await _stop(bar)
+            board = None if detached or args.quiet else Board(sys.stderr)
+            with board or nullcontext():
+                bar = None
+                if board is not None:
+                    bar = asyncio.create_task(_progress(me, command.run_id, board))
+                try:
+                    result = await me.run_agent_tool(
+                        command.agent_type, command.input, run_id=command.run_id,
+                        detached=command.detached, timeout=args.timeout)
+                    if bar is not None:
+                        # The answer can arrive before the timeline's last event: let the
+                        # bar end on the run's final status.
+                        await asyncio.wait({bar}, timeout=FINAL_FRAME_WAIT_S)
+                finally:
+                    if bar is not None:
+                        await _stop(bar)
         print(result.model_dump_json(indent=2))
         if getattr(result, "status", None) == "running":
             return 0
@@ -157,23 +200,15 @@ async def _stop(task: asyncio.Task) -> None:
         await asyncio.wait({task}, timeout=0.1)
 
 
-async def _progress(me: ParentHandle, run_id: str, out: TextIO) -> None:
-    """The run's line on stderr: redrawn in place on a terminal, a new line per change otherwise."""
-    tty = out.isatty()
-    shown = ""
-    try:
-        async for view in me.timeline(run_id=run_id):
-            run = view.runs.get(run_id)
-            if run is None or (line := run_line(run)) == shown:
-                continue
-            shown = line
-            if tty:
-                print("\r\x1b[2K" + line, end="", file=out, flush=True)
-            else:
-                print(line, file=out, flush=True)
-    finally:
-        if tty and shown:
-            print(file=out, flush=True)
+async def _progress(me: ParentHandle, run_id: str, board: Board) -> None:
+    """The run's line, until it shows the run's final status."""
+    async for view in me.timeline(run_id=run_id):
+        run = view.runs.get(run_id)
+        if run is None:
+            continue
+        board.show([(run_id, run_line(run, width=board.bar_width))])
+        if run.status in FINAL_STATUSES:
+            return
 
 
 def _watch(args: argparse.Namespace, settings: Settings):
@@ -182,30 +217,24 @@ def _watch(args: argparse.Namespace, settings: Settings):
         check_identifier(args.run_id, "run id")
 
     async def watch() -> int:
-        async with connect(settings=settings, name="tether-cli") as tether:
+        async with _connect(settings) as tether:
             me = _handle(tether, ref)
-            tty = sys.stdout.isatty() and not args.once
-            drawn = 0
-            async for view in me.timeline(run_id=args.run_id, live=not args.once):
-                if args.once:
-                    continue
-                if tty:
-                    lines = timeline_lines(view)
-                    up = f"\x1b[{drawn}F\x1b[J" if drawn else ""
-                    print(up + "\n".join(lines), flush=True)
-                    drawn = len(lines)
-                else:
-                    changed = [view.runs[run_id] for run_id in sorted(view.changed)
-                               if run_id in view.runs]
-                    for run in changed:
-                        print(run_line(run), flush=True)
-                    if not view.runs and view.caught_up and not changed:
-                        print("(no runs yet)", flush=True)
             if args.once:
+                view = TimelineView({})
+                async for view in me.timeline(run_id=args.run_id, live=False):
+                    pass
                 print("\n".join(timeline_lines(view)))
+                return 0
+            with Board(sys.stdout) as board:
+                async for view in me.timeline(run_id=args.run_id):
+                    board.show(timeline_rows(view, width=board.bar_width))
         return 0
 
     return watch()
+
+
+def not_found(ref: ParentRef, run_id: str) -> str:
+    return f"run {run_id} not found: parent {ref.agent}/{ref.name} has no such run"
 
 
 def _inspect(args: argparse.Namespace, settings: Settings):
@@ -217,7 +246,7 @@ def _inspect(args: argparse.Namespace, settings: Settings):
         raise UsageError("--limit must be between 1 and 10000")
 
     async def inspect() -> int:
-        async with connect(settings=settings, name="tether-cli") as tether:
+        async with _connect(settings) as tether:
             me = _handle(tether, ref)
             if args.run_id is None:
                 runs = await me.list_runs(statuses, args.limit)
@@ -225,8 +254,7 @@ def _inspect(args: argparse.Namespace, settings: Settings):
                 return 0
             snapshot = await me.inspect(args.run_id)
         if snapshot is None:
-            print(f"tether inspect: {ref.agent}/{ref.name} has no run {args.run_id}",
-                  file=sys.stderr)
+            print(f"tether inspect: {not_found(ref, args.run_id)}", file=sys.stderr)
             return 1
         print(snapshot.model_dump_json(indent=2))
         return 0
@@ -239,9 +267,17 @@ def _cancel(args: argparse.Namespace, settings: Settings):
     check_identifier(args.run_id, "run id")
 
     async def cancel() -> int:
-        async with connect(settings=settings, name="tether-cli") as tether:
-            await _handle(tether, ref).cancel(args.run_id)
-        print(f"cancel requested for {args.run_id}")
+        async with _connect(settings) as tether:
+            me = _handle(tether, ref)
+            snapshot = await me.inspect(args.run_id)
+            if snapshot is None:
+                print(f"tether cancel: {not_found(ref, args.run_id)}", file=sys.stderr)
+                return 1
+            if snapshot.status in FINAL_STATUSES:
+                print(f"run {args.run_id} is already {snapshot.status}: nothing to cancel")
+                return 0
+            await me.cancel(args.run_id)
+        print(f"cancel requested for run {args.run_id} ({snapshot.status})")
         return 0
 
     return cancel()
@@ -256,10 +292,42 @@ def _clear(args: argparse.Namespace, settings: Settings):
             raise UsageError("--older-than-ms must not be negative")
         older_than = max(int(time.time() * 1000) - args.older_than_ms, 0)
 
+    def matches(run) -> bool:
+        return ((statuses is None or run.status in statuses)
+                and (older_than is None or run.requested_at < older_than))
+
     async def clear() -> int:
-        async with connect(settings=settings, name="tether-cli") as tether:
-            await _handle(tether, ref).clear(status=statuses, older_than=older_than)
-        print(f"clear requested for {ref.agent}/{ref.name}")
+        async with _connect(settings) as tether:
+            me = _handle(tether, ref)
+            # The parent clears asynchronously; the parent's timeline shows each cleared
+            # run leave it, so the count printed is what was cleared, not what was asked.
+            timeline = me.timeline()
+            try:
+                view = await anext(timeline)
+                while not view.caught_up:
+                    view = await anext(timeline)
+                chosen = {run_id for run_id, run in view.runs.items() if matches(run)}
+                if not chosen:
+                    print(f"cleared 0 runs of {ref.agent}/{ref.name}: none matched")
+                    return 0
+                await me.clear(status=statuses, older_than=older_than)
+                remaining = set(chosen)
+                try:
+                    async with asyncio.timeout(CLEAR_WAIT_S):
+                        while remaining:
+                            view = await anext(timeline)
+                            remaining = {run_id for run_id in remaining if run_id in view.runs}
+                except TimeoutError:
+                    pass
+            finally:
+                await timeline.aclose()
+        cleared = len(chosen) - len(remaining)
+        print(f"cleared {cleared} run{'s' if cleared != 1 else ''} of {ref.agent}/{ref.name}")
+        if remaining:
+            print(f"tether clear: {len(remaining)} matching runs were still there after "
+                  f"{CLEAR_WAIT_S:g} s (is the parent service running?): "
+                  f"{', '.join(sorted(remaining))}", file=sys.stderr)
+            return 1
         return 0
 
     return clear()
@@ -271,7 +339,7 @@ def _hooks(args: argparse.Namespace, settings: Settings):
     agent = check_identifier(args.parent_agent, "parent agent")
 
     async def hooks() -> int:
-        async with connect(settings=settings, name="tether-cli") as tether:
+        async with _connect(settings) as tether:
             prefix = f"hook.{agent}."
             try:
                 bucket = await tether.js.key_value(tether.subjects.registry_bucket)

@@ -1,6 +1,7 @@
 """One NATS connection for an application: `async with connect() as tether: ...`."""
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -12,12 +13,14 @@ from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
 from tether.adapters.jetstream import EventLog, PublishDenied, connect_nats
-from tether.client.errors import NotPermitted, RequestFailed, ServiceUnavailable
+from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
 from tether.client.live import DirectReads, RunReads, ScopedReads
 from tether.config import Settings
 from tether.contract.subjects import Subjects
+from tether.diagnose import nats_unreachable, redact
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
+from tether.log import get_logger
 
 if TYPE_CHECKING:
     from tether.client.hooks import HookRegistry
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 
 class Tether:
@@ -104,8 +108,11 @@ class Tether:
     async def publish_command(self, kind: str, command: BaseModel, msg_id: str) -> js_api.PubAck:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
+        payload = command.model_dump_json().encode()
+        if len(payload) > self.settings.max_input_bytes or len(payload) > self.nc.max_payload:
+            self._check_size(kind, command, payload)
         try:
-            return await self.log.publish(subject, command.model_dump_json().encode(),
+            return await self.log.publish(subject, payload,
                                           headers={"Nats-Msg-Id": msg_id},
                                           stream=self.subjects.commands_stream)
         except NoStreamResponseError:
@@ -119,6 +126,22 @@ class Tether:
                 f"{command.parent.agent}/{command.parent.name} (the server refused {subject}); "
                 "an application user acts only for the parent agents its configuration "
                 "lists (tether.access)") from None
+
+    def _check_size(self, kind: str, command: BaseModel, payload: bytes) -> None:
+        """Refuse, before sending, a run whose input the parent would reject as too large,
+        or a command the NATS server would not take (a whole command within both limits
+        passes without this)."""
+        limit = self.settings.max_input_bytes
+        if kind == "run":
+            size = input_size(command.input)
+            if size > limit:
+                raise InputTooLarge(f"the input is {size:,} bytes; the limit is {limit:,} "
+                                    "bytes (TETHER_MAX_INPUT_BYTES)")
+        server_limit = self.nc.max_payload
+        if server_limit and len(payload) > server_limit:
+            raise InputTooLarge(f"the {kind} command is {len(payload):,} bytes; the NATS server "
+                                f"at {redact(self.settings.nats_url)} takes at most "
+                                f"{server_limit:,} bytes per message (its max_payload)")
 
     async def request(self, kind: str, query: BaseModel, reply_model: type[Reply], *,
                       timeout: float | None = None) -> Reply:
@@ -148,23 +171,50 @@ class Tether:
             await self.nc.drain()
 
 
+def input_size(input: object) -> int:
+    """A run input's size as the parent measures it: compact JSON, in bytes."""
+    return len(json.dumps(input, separators=(",", ":")).encode())
+
+
 class _Connection:
     """What `connect` returns: use it with `async with`, or `await` it and `close()` later."""
 
-    def __init__(self, settings: Settings, name: str, inbox_prefix: str | None = None) -> None:
+    def __init__(self, settings: Settings, name: str, inbox_prefix: str | None = None,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+        if connect_timeout <= 0:
+            raise ValueError("connect_timeout must be positive")
         self._settings = settings
         self._name = name
         self._options = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
+        self._connect_timeout = connect_timeout
         self._tether: Tether | None = None
 
     async def _open(self) -> Tether:
+        url = self._settings.nats_url
+        failures: list[BaseException] = []
+        connected = False
+        logger = get_logger(component="client", nats_url=redact(url))
+
+        # nats-py tries the first connection again and again once reconnecting is on (it
+        # is, for later outages): the timeout ends that, with the last reason it gave.
+        async def on_error(error: BaseException) -> None:
+            if connected:
+                logger.warning("nats.error", error=str(error) or type(error).__name__)
+            else:
+                failures.append(error)
+
         try:
-            nc = await connect_nats(
-                self._settings.nats_connect_url, name=self._name,
-                startup_timeout_s=self._settings.client_connect_timeout_ms / 1000, **self._options)
+            async with asyncio.timeout(self._connect_timeout):
+                nc = await connect_nats(self._settings.nats_connect_url, name=self._name,
+                                        startup_timeout_s=None, error_cb=on_error,
+                                        **self._options)
+        except TimeoutError:
+            why = (str(failures[-1]) or type(failures[-1]).__name__ if failures
+                   else f"no answer within {self._connect_timeout:g} s")
+            raise ServiceUnavailable(nats_unreachable(url, why)) from None
         except (OSError, nats.errors.Error) as error:
-            raise ServiceUnavailable(
-                f"cannot connect to NATS at {self._settings.nats_url}: {error}") from None
+            raise ServiceUnavailable(nats_unreachable(url, error)) from None
+        connected = True
         # Its own inbox prefix is how an application connects under access control.
         self._tether = Tether(nc, self._settings, scoped_reads="inbox_prefix" in self._options)
         return self._tether
@@ -182,13 +232,16 @@ class _Connection:
 
 def connect(nats_url: str | None = None, *, prefix: str | None = None,
             settings: Settings | None = None, name: str = "tether-client",
-            inbox_prefix: str | None = None) -> _Connection:
+            inbox_prefix: str | None = None,
+            connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> _Connection:
     """Connect to Tether; defaults come from `TETHER_NATS_URL` and `TETHER_PREFIX`.
 
     `settings` (a `tether.config.Settings`) replaces the environment; `nats_url` and
     `prefix` override either. `inbox_prefix` (e.g. `_INBOX_<user>`) is where replies come
     back under access control, which lets each application read only its own; such a
     client also reads the log only as an application user may (`Tether(scoped_reads=True)`).
+    `connect_timeout`: how long to try the first connection before `ServiceUnavailable`
+    names the server it could not reach; once connected, the client reconnects on its own.
     """
     overrides = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
                  if value is not None}
@@ -196,5 +249,5 @@ def connect(nats_url: str | None = None, *, prefix: str | None = None,
         settings = Settings.from_env(**overrides)
     elif overrides:
         settings = Settings(**{**settings.model_dump(), **overrides})
-    return _Connection(settings, name, inbox_prefix)
+    return _Connection(settings, name, inbox_prefix, connect_timeout)
 

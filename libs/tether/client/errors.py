@@ -16,3 +16,7 @@ class RequestFailed(TetherError):
 class NotPermitted(TetherError):
     """The NATS server refused this connection's user: an application user may act only
     for the parent agents `tether.access` grants it."""
+
+
+class InputTooLarge(TetherError, ValueError):
+    """A run's input is over the size limit; nothing was sent."""
