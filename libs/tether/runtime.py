@@ -52,20 +52,16 @@ def pause_gc_for_replay(young_threshold: int) -> None:
     gc.disable()
 
 
-class StartupFailed(Exception):
-    """A dependency stayed unreachable for the whole start-up time; the message names it."""
-
-
-def redact_dsn(url: str) -> str:
-    from tether.adapters.jetstream import redact
-
-    return redact(url)
+class StartupFailed(ConnectionError):
+    """A dependency stayed unreachable for the whole start-up time; the message names it,
+    its URL (without a password) and the setting."""
 
 
 async def open_nats(settings, name: str, stop: asyncio.Event):
     """The service's NATS connection, or None when `stop` came first. Retried for
     `startup_timeout_ms`, then `StartupFailed` names the server(s)."""
     from tether.adapters.jetstream import NatsUnreachable, connect_nats
+    from tether.diagnose import nats_unreachable
 
     try:
         return await connect_nats(settings.nats_connect_url, name=name, stop=stop,
@@ -75,13 +71,15 @@ async def open_nats(settings, name: str, stop: asyncio.Event):
             return None
         raise
     except NatsUnreachable as error:
-        raise StartupFailed(str(error)) from None
+        raise StartupFailed(nats_unreachable(settings.nats_url, f"{error.last_error} (tried for "
+                                             f"{settings.startup_timeout_ms / 1000:g}s)")) from None
 
 
 async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_size: int):
     """The service's pool, or None when `stop` came first; retried like `open_nats`."""
     import asyncpg
 
+    from tether.diagnose import postgres_unreachable
     from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
 
     loop = asyncio.get_running_loop()
@@ -94,8 +92,9 @@ async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_siz
         except (*TRANSIENT_ERRORS, asyncpg.CannotConnectNowError) as error:
             last = describe(error)
         if loop.time() >= deadline:
-            raise StartupFailed(f"could not reach Postgres at {redact_dsn(settings.database_url)} "
-                                f"within {settings.startup_timeout_ms / 1000:g}s ({last})")
+            raise StartupFailed(postgres_unreachable(
+                settings.database_url,
+                f"{last} (tried for {settings.startup_timeout_ms / 1000:g}s)"))
         if await sleep_unless_stopped(stop, min(backoff.next_delay(), deadline - loop.time())):
             return None
 
@@ -228,8 +227,9 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
     try:
         await main(stop, checks)
     except StartupFailed as error:
+        # A JSON line for the log, and the error for the command to say on its way out.
         logger.error("service.unavailable", error=str(error))
-        raise SystemExit(1) from None
+        raise
     finally:
         await health.stop()
         logger.info("service.stopped")

@@ -251,8 +251,10 @@ async def test_unreachable_servers_are_named_with_their_url(service_env):
                           f"{pg_url.rsplit(':', 1)[1].split('/')[0]}/db (TETHER_DATABASE_URL or "
                           "--database-url): "), err
     assert "pw" not in err
-    # A service whose NATS answers and whose Postgres does not names Postgres only.
-    code, _, err = await tether_cli({**env, "TETHER_NATS_URL": service_env["TETHER_NATS_URL"]},
+    # A service whose NATS answers and whose Postgres does not names Postgres only, once
+    # its start-up retries are over.
+    code, _, err = await tether_cli({**env, "TETHER_NATS_URL": service_env["TETHER_NATS_URL"],
+                                     "TETHER_STARTUP_TIMEOUT_MS": "1000"},
                                     "services", "parent")
     assert code == 1
     assert err.splitlines()[-1].startswith("tether: cannot connect to Postgres at "), err

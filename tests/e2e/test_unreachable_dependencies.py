@@ -24,7 +24,9 @@ async def test_an_unreachable_nats_ends_the_start_naming_the_url(services):
     assert await parent.wait(timeout=15) == 1
     assert time.monotonic() - started < 10
     [line] = await parent.logged("service.unavailable")
-    assert line["error"].startswith(f"could not reach NATS at {url} within 1.5s (")
+    assert line["error"].startswith(f"cannot connect to NATS at {url} (TETHER_NATS_URL or "
+                                    "--nats-url): ")
+    assert line["error"].endswith(" (tried for 1.5s)")
     assert "Connect call failed" in line["error"] or "refused" in line["error"]
     # One line per change of state, not one per attempt (it tries twice a second).
     assert len([x for x in parent.lines if x.get("event") == "nats.error"]) <= 2
@@ -50,8 +52,9 @@ async def test_an_unreachable_postgres_ends_the_start_naming_it(services, settin
     assert await projector.wait(timeout=15) == 1
     [line] = await projector.logged("service.unavailable")
     shown = url.replace(":secret@", ":***@")
-    assert line["error"].startswith(f"could not reach Postgres at {shown} within 1s (")
-    assert "secret" not in line["error"]
+    assert line["error"] == (f"cannot connect to Postgres at {shown} (TETHER_DATABASE_URL or "
+                             "--database-url): ConnectionRefusedError: [Errno 111] Connection "
+                             "refused (tried for 1s)")
 
 
 async def test_a_server_list_connects_through_the_server_that_answers(services, settings, log):

@@ -923,6 +923,10 @@ class _Client(NATS):
 class NatsUnreachable(ConnectionError):
     """No server of the URL answered within the start-up time."""
 
+    def __init__(self, message: str, last_error: str) -> None:
+        super().__init__(message)
+        self.last_error = last_error
+
 
 def nats_servers(url: str) -> list[str]:
     """A URL, or several separated by commas (the servers of one cluster)."""
@@ -1002,7 +1006,7 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
         raise asyncio.CancelledError("stopped while connecting to NATS")
     last = events.last_error or "no answer"
     raise NatsUnreachable(f"could not reach NATS at {redact(url)} within "
-                          f"{startup_timeout_s:g}s ({last})")
+                          f"{startup_timeout_s:g}s ({last})", last)
 
 
 async def _abandon(nc: NATS, connecting: asyncio.Future) -> None:
