@@ -12,13 +12,15 @@ from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_cli
 from tether.config import ConfigurationError, Settings
 from tether.log import configure_logging
 
-SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084}
+SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084,
+                        "ui": 8085}
 
 
 SERVICE_MODULES = {"parent": "tether_services.parent",
                    "child-runner": "tether_services.child_runner",
                    "reconciler": "tether_services.reconciler",
-                   "projector": "tether_services.projector"}
+                   "projector": "tether_services.projector",
+                   "ui": "tether_services.ui"}
 
 
 def _services() -> dict[str, Callable[..., Awaitable[None]]]:
@@ -46,12 +48,17 @@ def main(argv: list[str] | None = None) -> int:
     projections.add_argument("--batch-size", type=int, default=5000)
     add_client_commands(commands)
     add_runs_command(commands)
+    ui = commands.add_parser("ui", help="serve the web timeline of parents and their runs")
+    ui.add_argument("--host", help="default: $TETHER_UI_HOST or 127.0.0.1")
+    ui.add_argument("--port", type=int, help="default: $TETHER_UI_PORT or 8090")
 
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(config_file=args.config, nats_url=args.nats_url,
                                      database_url=args.database_url, prefix=args.prefix,
-                                     agents=getattr(args, "agents", None))
+                                     agents=getattr(args, "agents", None),
+                                     ui_host=getattr(args, "host", None),
+                                     ui_port=getattr(args, "port", None))
         loop_factory = event_loop_factory(settings.event_loop)
     except ConfigurationError as error:
         print(f"tether: {error}", file=sys.stderr)
@@ -65,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             if args.command == "services":
                 return runner.run(_run_services(settings, args.name))
+            if args.command == "ui":
+                return runner.run(_run_services(settings, "ui"))
             return runner.run(_projections(settings, args.action, args.batch_size))
     except (OSError, asyncpg.PostgresError, ConnectionError) as error:
         print(f"tether: {type(error).__name__}: {error}", file=sys.stderr)
