@@ -1,0 +1,185 @@
+"""`tether ui` in a real browser: headless Chromium (Debian's `chromium` package) driven by
+Playwright, against the parent, a child-runner, the projector and the UI as processes.
+
+Every wait is on a page condition (Playwright's `expect` / `wait_for_function`), never a
+fixed sleep. No Chromium is a failure, not a skip: `.ci/run` installs it.
+"""
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator
+
+import pytest
+from playwright.async_api import Page, async_playwright, expect
+
+from tether.client import Tether, connect
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+AGENTS = "examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher"
+PARENT = ("Assistant", "user-42")
+PAGE_TIMEOUT_MS = 15_000
+
+
+def chromium_path() -> str:
+    found = shutil.which("chromium") or (CHROMIUM if os.path.exists(CHROMIUM) else None)
+    if found is None:
+        pytest.fail("no Chromium: install Debian's packages `chromium` and `chromium-driver` "
+                    "(`apt-get install -y chromium chromium-driver`; .ci/run does it)")
+    return found
+
+
+@pytest.fixture(scope="session")
+async def browser_context(tmp_path_factory) -> AsyncIterator:
+    """One headless Chromium for the session, with a fresh profile directory."""
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    async with async_playwright() as playwright:
+        context = await playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield context
+        finally:
+            await context.close()
+
+
+@pytest.fixture
+async def page(browser_context) -> AsyncIterator[Page]:
+    opened = await browser_context.new_page()
+    opened.set_default_timeout(PAGE_TIMEOUT_MS)
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    await opened.close()
+    assert errors == [], f"script errors on the page: {errors}"
+
+
+async def ready(service, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            reader, writer = await asyncio.open_connection("127.0.0.1", service.health_port)
+            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            head = await reader.readline()
+            writer.close()
+            if int(head.split()[1]) == 200:
+                return
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def ui_url(log, pool, services) -> str:
+    """The parent, a child-runner, the projector and the UI; the UI's base URL."""
+    started = await asyncio.gather(
+        services("parent", TETHER_AGENTS=AGENTS), services("projector"),
+        services("child-runner", TETHER_AGENTS=AGENTS, TETHER_RUNNER_CONCURRENCY="16"),
+        services("ui", TETHER_UI_PORT="0"))
+    await asyncio.gather(*(ready(service) for service in started))
+    [listening] = await started[-1].logged("ui.listening")
+    return f"http://127.0.0.1:{listening['port']}"
+
+
+@pytest.fixture
+async def tether(ui_url, settings) -> AsyncIterator[Tether]:
+    async with connect(settings=settings) as client:
+        yield client
+
+
+def run_card(page: Page, run_id: str):
+    return page.locator(f'#timeline > .group > .run[data-run-id="{run_id}"]')
+
+
+async def open_timeline(page: Page, ui_url: str) -> None:
+    await page.goto(f"{ui_url}/parents/{PARENT[0]}/{PARENT[1]}")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+
+
+async def test_the_index_lists_the_parent_and_searches(page, ui_url, tether):
+    me = tether.parent(*PARENT)
+    await me.run_agent_tool("Sleeper", {"seconds": 0}, run_id="quick")
+    await page.goto(ui_url)
+    row = page.locator('tr.parent[data-parent="Assistant/user-42"]')
+    await expect(row).to_be_visible()
+    await expect(row.locator('[data-status="completed"]')).to_have_text("1")
+    await page.fill("#search", "nobody")
+    await expect(row).to_be_hidden()
+    await page.fill("#search", "user-4")
+    await row.locator("a").click()
+    await expect(page.locator("body")).to_have_attribute("data-page", "parent")
+    await expect(run_card(page, "quick")).to_have_attribute("data-status", "completed")
+
+
+async def test_a_live_run_advances_its_bar_passes_its_milestones_in_order_and_completes(
+        page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    handle = await tether.parent(*PARENT).run_agent_tool(
+        "Sleeper", {"seconds": 2.5, "milestones": 5}, run_id="nap", detached=True)
+    assert handle.status == "running"
+    card = run_card(page, "nap")
+    await expect(card).to_have_attribute("data-status", "running")
+    # Part of the way: the bar shows a fraction strictly between 0 and 1.
+    await page.wait_for_function(
+        """() => { const bar = document.querySelector('#timeline .run[data-run-id="nap"] .bar');
+                   const f = bar && parseFloat(bar.dataset.fraction);
+                   return f > 0 && f < 1; }""", polling="raf")
+    await expect(card).to_have_attribute("data-status", "completed", timeout=20_000)
+    await expect(card.locator(".bar")).to_have_attribute("data-fraction", "1")
+    await expect(card.locator(".pin")).to_have_text(
+        ["step-1", "step-2", "step-3", "step-4", "step-5"])
+    assert [await pin.get_attribute("data-sequence") for pin in
+            await card.locator(".pin").all()] == ["0", "1", "2", "3", "4"]
+    await expect(card.locator(".summary")).to_have_text("slept 2.5s")
+
+
+async def test_the_cancel_button_ends_a_run_aborted(page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    await tether.parent(*PARENT).run_agent_tool("Sleeper", {"seconds": 120}, run_id="long",
+                                                detached=True)
+    card = run_card(page, "long")
+    await expect(card).to_have_attribute("data-status", "running")
+    await card.locator("button.cancel").click()
+    await expect(page.locator("#notice")).to_have_text("cancel requested for long")
+    await expect(card).to_have_attribute("data-status", "aborted")
+    await expect(card.locator("button.cancel")).to_have_count(0)
+
+
+async def test_an_approval_from_the_inbox_resumes_a_paused_run(page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    await tether.parent(*PARENT).run_agent_tool(
+        "Publisher", {"input": "Write a note about HTTP/3 and publish it."}, run_id="pub",
+        detached=True)
+    item = page.locator('#inbox .item[data-run-id="pub"]')
+    await expect(item.locator(".pending b")).to_have_text("publish")
+    await expect(run_card(page, "pub")).to_have_attribute("data-waiting", "waiting_for_human")
+    await item.locator("button.approve").click()
+    await expect(run_card(page, "pub")).to_have_attribute("data-status", "completed")
+    await expect(run_card(page, "pub").locator(".summary")).to_have_text(
+        "Published: https://notes.example/pub")
+    await expect(page.locator("#inbox-section")).to_be_hidden()
+
+
+async def test_the_sequence_slider_shows_an_earlier_state(page, ui_url, tether):
+    await tether.parent(*PARENT).run_agent_tool("Researcher", {"query": "HTTP/3"},
+                                                run_id="research")
+    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/research")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    await expect(page.locator("#current .run")).to_have_attribute("data-status", "completed")
+    await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "completed")
+    types = await page.locator("#events tbody tr td:nth-child(2)").all_text_contents()
+    running = types.index("run.running")
+    slider = page.locator("#slider")
+    await slider.fill(str(running))
+    await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "running")
+    await expect(page.locator("#slider-seq")).to_contain_text("run.running")
+    await expect(page.locator("#as-of .summary")).to_have_count(0)
+    await expect(page.locator("#events tr.past").first).to_be_attached()
+    await slider.fill("0")
+    await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "starting")
+
+
+async def test_an_unknown_run_page_is_a_404_page(page, ui_url):
+    answer = await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/nobody")
+    assert answer.status == 404
+    await expect(page.locator("h1")).to_have_text("Not found")
