@@ -6,54 +6,15 @@ fixed sleep. No Chromium is a failure, not a skip: `.ci/run` installs it.
 """
 
 import asyncio
-import os
-import shutil
 from collections.abc import AsyncIterator
 
 import pytest
-from playwright.async_api import Page, async_playwright, expect
+from playwright.async_api import Page, expect
 
 from tether.client import Tether, connect
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 AGENTS = "examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher"
 PARENT = ("Assistant", "user-42")
-PAGE_TIMEOUT_MS = 15_000
-
-
-def chromium_path() -> str:
-    found = shutil.which("chromium") or (CHROMIUM if os.path.exists(CHROMIUM) else None)
-    if found is None:
-        pytest.fail("no Chromium: install Debian's packages `chromium` and `chromium-driver` "
-                    "(`apt-get install -y chromium chromium-driver`; .ci/run does it)")
-    return found
-
-
-@pytest.fixture(scope="session")
-async def browser_context(tmp_path_factory) -> AsyncIterator:
-    """One headless Chromium for the session, with a fresh profile directory."""
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    async with async_playwright() as playwright:
-        context = await playwright.chromium.launch_persistent_context(
-            str(profile), executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield context
-        finally:
-            await context.close()
-
-
-@pytest.fixture
-async def page(browser_context) -> AsyncIterator[Page]:
-    opened = await browser_context.new_page()
-    opened.set_default_timeout(PAGE_TIMEOUT_MS)
-    errors: list[str] = []
-    opened.on("pageerror", lambda error: errors.append(str(error)))
-    yield opened
-    await opened.close()
-    assert errors == [], f"script errors on the page: {errors}"
 
 
 async def ready(service, timeout: float = 30) -> None:

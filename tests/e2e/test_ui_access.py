@@ -1,6 +1,6 @@
 """`tether ui` under the NATS users of `tether.access`: an application's UI shows and acts
-for its own parents only, and another application's parent or run answers 404; the
-operator's UI sees every parent."""
+for its own parents only, and another application's parent or run answers 404 (over HTTP
+and in the browser); the operator's UI sees every parent."""
 
 import asyncio
 import json
@@ -13,9 +13,11 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
+from playwright.async_api import expect
 
 from tether.access import SERVICE_ROLES, Application, render
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
 from tether.config import Settings
 from tether.domain.events import ParentRef
@@ -79,6 +81,8 @@ async def ui_as(settings: Settings):
 @pytest.fixture
 async def operator_log(auth_nats, settings, pool):
     """The streams as the services create them, one run per application, projected."""
+    async with pool.acquire() as conn:
+        await migrate(conn, settings.projection_schema)
     admin = await nats.connect(auth_nats, user="operator", password=PASSWORDS["operator"])
     await ensure_streams(admin.jetstream(), settings.subjects, StreamSettings())
     log = EventLog(admin, settings.subjects)
@@ -149,3 +153,18 @@ async def test_the_operator_ui_sees_every_parent(auth_nats, settings, operator_l
         assert [(p["agent"], p["name"]) for p in parents] == [("AliceBot", "user-1"),
                                                               ("BobBot", "user-1")]
         assert (await ui.get("/runs/BobBot/user-1/run-1")).status_code == 200
+
+
+async def test_another_applications_run_is_a_404_page_in_the_browser(
+        auth_nats, settings, operator_log, page):
+    async with ui_as(as_user(settings, auth_nats, "alice")) as ui:
+        base = str(ui.base_url).rstrip("/")
+        answer = await page.goto(f"{base}/runs/BobBot/user-1/run-1")
+        assert answer.status == 404
+        await expect(page.locator("h1")).to_have_text("Not found")
+        await expect(page.locator("main")).to_contain_text("no parent BobBot/user-1")
+
+        await page.goto(f"{base}/parents/AliceBot/user-1")
+        card = page.locator('#timeline .run[data-run-id="run-1"]')
+        await expect(card).to_have_attribute("data-status", "starting")
+        await expect(page.locator("#live")).to_have_attribute("data-state", "caught-up")
