@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     add_runs_command(commands)
     ui = commands.add_parser("ui", help="serve the web timeline of parents and their runs")
     ui.add_argument("--host", help="default: $TETHER_UI_HOST or 127.0.0.1")
-    ui.add_argument("--port", type=int, help="default: $TETHER_UI_PORT or 8090")
+    ui.add_argument("--port", type=_port, help="default: $TETHER_UI_PORT or 8090")
 
     args = parser.parse_args(argv)
     try:
@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0 to 65535)")
+    return int(text)
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
