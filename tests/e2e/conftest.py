@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-from playwright.async_api import Page, async_playwright
+from playwright.async_api import Page, async_playwright, expect
 
 from tether.adapters.jetstream import (
     EventLog,
@@ -82,6 +82,12 @@ class ServiceProcess:
             self._reader.cancel()
 
 
+@pytest.fixture(scope="session")
+def service_process() -> type[ServiceProcess]:
+    """The class itself, for a fixture that keeps services up for more than one test."""
+    return ServiceProcess
+
+
 @pytest.fixture
 def settings(nats_url: str, database_url: str, unique_name: str) -> Settings:
     return Settings(nats_url=nats_url, database_url=database_url, prefix=unique_name,
@@ -141,6 +147,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]
 PAGE_TIMEOUT_MS = 15_000
+expect.set_options(timeout=PAGE_TIMEOUT_MS)
 
 
 def chromium_path() -> str:

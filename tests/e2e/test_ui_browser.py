@@ -6,12 +6,18 @@ fixed sleep. No Chromium is a failure, not a skip: `.ci/run` installs it.
 """
 
 import asyncio
+import json
+import os
+import uuid
 from collections.abc import AsyncIterator
 
+import asyncpg
 import pytest
 from playwright.async_api import Page, expect
 
+from tether.adapters.jetstream import StreamSettings, connect_nats, ensure_streams, remove_streams
 from tether.client import Tether, connect
+from tether.config import Settings
 
 AGENTS = "examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher"
 PARENT = ("Assistant", "user-42")
@@ -30,21 +36,50 @@ async def ready(service, timeout: float = 30) -> None:
             await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def ui_url(log, pool, services) -> str:
-    """The parent, a child-runner, the projector and the UI; the UI's base URL."""
-    started = await asyncio.gather(
-        services("parent", TETHER_AGENTS=AGENTS), services("projector"),
-        services("child-runner", TETHER_AGENTS=AGENTS, TETHER_RUNNER_CONCURRENCY="16"),
-        services("ui", TETHER_UI_PORT="0"))
-    await asyncio.gather(*(ready(service) for service in started))
-    [listening] = await started[-1].logged("ui.listening")
-    return f"http://127.0.0.1:{listening['port']}"
+@pytest.fixture(scope="module")
+def stack_settings(nats_url: str, database_url: str) -> Settings:
+    name = "t" + uuid.uuid4().hex[:10]
+    return Settings(nats_url=nats_url, database_url=database_url, prefix=name,
+                    projection_schema=name)
+
+
+@pytest.fixture(scope="module")
+async def ui_url(stack_settings, service_process) -> AsyncIterator[str]:
+    """The parent, a child-runner, the projector and the UI, for every test of the module
+    (each uses run ids of its own); the UI's base URL."""
+    settings = stack_settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(TETHER_NATS_URL=settings.nats_url, TETHER_DATABASE_URL=settings.database_url,
+               TETHER_PREFIX=settings.prefix, TETHER_PROJECTION_SCHEMA=settings.projection_schema,
+               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json")
+    nc = await connect_nats(settings.nats_url, name="tether-ui-tests")
+    await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings())
+    processes = [service_process("parent", {**env, "TETHER_AGENTS": AGENTS}),
+                 service_process("projector", env),
+                 service_process("child-runner", {**env, "TETHER_AGENTS": AGENTS,
+                                                  "TETHER_RUNNER_CONCURRENCY": "16"}),
+                 service_process("ui", {**env, "TETHER_UI_PORT": "0"})]
+    try:
+        await asyncio.gather(*(process.start() for process in processes))
+        await asyncio.gather(*(ready(process) for process in processes))
+        [listening] = await processes[-1].logged("ui.listening")
+        yield f"http://127.0.0.1:{listening['port']}"
+    finally:
+        for process in processes:
+            await process.stop()
+            print(f"--- {process.name} (last 100 log lines) ---")  # shown when a test failed
+            for line in process.lines[-100:]:
+                print(json.dumps(line))
+        await remove_streams(nc.jetstream(), settings.subjects)
+        await nc.drain()
+        connection = await asyncpg.connect(settings.database_url)
+        await connection.execute(f'DROP SCHEMA IF EXISTS "{settings.projection_schema}" CASCADE')
+        await connection.close()
 
 
 @pytest.fixture
-async def tether(ui_url, settings) -> AsyncIterator[Tether]:
-    async with connect(settings=settings) as client:
+async def tether(ui_url, stack_settings) -> AsyncIterator[Tether]:
+    async with connect(settings=stack_settings) as client:
         yield client
 
 
@@ -58,15 +93,15 @@ async def open_timeline(page: Page, ui_url: str) -> None:
 
 
 async def test_the_index_lists_the_parent_and_searches(page, ui_url, tether):
-    me = tether.parent(*PARENT)
-    await me.run_agent_tool("Sleeper", {"seconds": 0}, run_id="quick")
+    await tether.parent("Assistant", "searched").run_agent_tool("Sleeper", {"seconds": 0},
+                                                                run_id="quick")
     await page.goto(ui_url)
-    row = page.locator('tr.parent[data-parent="Assistant/user-42"]')
+    row = page.locator('tr.parent[data-parent="Assistant/searched"]')
     await expect(row).to_be_visible()
     await expect(row.locator('[data-status="completed"]')).to_have_text("1")
     await page.fill("#search", "nobody")
     await expect(row).to_be_hidden()
-    await page.fill("#search", "user-4")
+    await page.fill("#search", "SEARCH")
     await row.locator("a").click()
     await expect(page.locator("body")).to_have_attribute("data-page", "parent")
     await expect(run_card(page, "quick")).to_have_attribute("data-status", "completed")

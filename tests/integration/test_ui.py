@@ -286,3 +286,15 @@ async def test_health_and_readiness(ui):
     assert (await ui.get("/healthz")).json() == {"status": "alive"}
     ready = await ui.get("/readyz")
     assert ready.status_code == 200 and set(ready.json()["checks"]) == {"nats", "postgres"}
+
+
+async def test_a_run_the_projector_has_not_seen_yet_is_read_from_the_log(log, pool, settings):
+    run = a_run("fresh")
+    await append(log, run.requested(), run.started())
+    # No projector runs: the run is only in the log.
+    async with running_ui(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as ui:
+        detail = (await ui.get("/api/runs/Assistant/user-1/fresh")).json()
+        assert detail["run"]["status"] == "starting"
+        assert [e["type"] for e in detail["events"]] == ["run.requested", "run.started"]
+        assert (await ui.get("/runs/Assistant/user-1/fresh")).status_code == 200
+        assert (await ui.get("/runs/Assistant/user-1/never")).status_code == 404

@@ -135,7 +135,12 @@ async def _run(request: Request) -> tuple[ParentRef, RunState]:
         check_identifier(run_id, "run id")
     except ValueError:
         raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}") from None
-    state = await _ui(request).store.run(parent, run_id)
+    ui = _ui(request)
+    state = await ui.store.run(parent, run_id)
+    if state is None:
+        # Not projected yet (the projector lags the log by a batch or more): its events say.
+        events = await ui.tether.run_reads.read(ui.tether.subjects.run_events(parent, run_id))
+        state = state_as_of(events, events[-1].seq) if events else None
     if state is None:
         raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}")
     return parent, state
@@ -232,6 +237,9 @@ async def run_json(request: Request) -> Response:
     ui = _ui(request)
     subject = ui.tether.subjects.run_events(parent, state.run_id)
     events = await ui.tether.run_reads.read(subject)
+    # The log's fold, which the projection may lag: the run as its events list shows it.
+    if events and (folded := state_as_of(events, events[-1].seq)) is not None:
+        state = folded
     records = records_of(state)
     usage = usage_of(records).model_dump(mode="json") if records else None
     return JSONResponse({

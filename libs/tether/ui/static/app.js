@@ -75,7 +75,7 @@ async function indexPage() {
     }
   };
   await load();
-  setInterval(load, 5000);
+  setInterval(load, 2000);
 }
 
 // --- one run's card --------------------------------------------------------------------
@@ -234,25 +234,84 @@ function parentPage() {
     const unbound = runs.filter((r) => r.parent_tool_call_id == null).sort(byOrder);
     return {calls, unbound};
   }
+  function groupHtml(call, runs) {
+    const title = call == null ? `<h2>Unbound runs</h2>` : `<div class="group-title">tool call ${esc(call)}</div>`;
+    return `<div class="group" data-tool-call="${call == null ? "" : esc(call)}">${title}
+      ${runs.map((r) => runCard(r, tree)).join("")}</div>`;
+  }
+  function groupOf(call) {
+    const wanted = call == null ? "" : call;
+    for (const group of timeline.children) {
+      if (group.classList.contains("group") && group.dataset.toolCall === wanted) return group;
+    }
+    timeline.querySelector(".empty")?.remove();
+    const holder = document.createElement("div");
+    holder.innerHTML = groupHtml(call, []);
+    const group = holder.firstElementChild;
+    // Tool-call groups in the order their first run was requested; unbound runs last.
+    const unbound = [...timeline.children].find((g) => g.dataset.toolCall === "");
+    timeline.insertBefore(group, call == null ? null : unbound || null);
+    return group;
+  }
+  function element(html) {
+    const holder = document.createElement("div");
+    holder.innerHTML = html;
+    return holder.firstElementChild;
+  }
+  const cards = new Map();  // run id -> its card on the timeline
+  function remember(scope) {
+    for (const card of scope.querySelectorAll(".group > .run")) cards.set(card.dataset.runId, card);
+  }
+  // New runs go into their groups at their places, most often the end, in one insertion
+  // per group: the cards already drawn stay as they are.
+  function insert(runs) {
+    const byCall = new Map();
+    for (const run of runs.sort(byOrder)) {
+      const call = run.parent_tool_call_id;
+      if (!byCall.has(call)) byCall.set(call, []);
+      byCall.get(call).push(run);
+    }
+    for (const [call, added] of byCall) {
+      const group = groupOf(call);
+      const last = group.lastElementChild?.classList.contains("run") ? group.lastElementChild : null;
+      const lastRun = last && tree.runs.get(last.dataset.runId);
+      if (!lastRun || byOrder(added[0], lastRun) > 0) {
+        group.insertAdjacentHTML("beforeend", added.map((r) => runCard(r, tree)).join(""));
+      } else {
+        for (const run of added) {
+          const before = [...group.querySelectorAll(":scope > .run")].find(
+            (card) => byOrder(run, tree.runs.get(card.dataset.runId)) < 0);
+          group.insertBefore(element(runCard(run, tree)), before || null);
+        }
+      }
+      remember(group);
+    }
+  }
   function draw() {
     scheduled = false;
     if (full) {
       const {calls, unbound} = groups();
       let html = "";
-      for (const [call, runs] of calls) {
-        html += `<div class="group" data-tool-call="${esc(call)}"><div class="group-title">tool call ${esc(call)}</div>
-          ${runs.sort(byOrder).map((r) => runCard(r, tree)).join("")}</div>`;
-      }
-      if (unbound.length) {
-        html += `<div class="group" data-tool-call=""><h2>Unbound runs</h2>${unbound.map((r) => runCard(r, tree)).join("")}</div>`;
-      }
+      for (const [call, runs] of calls) html += groupHtml(call, runs.sort(byOrder));
+      if (unbound.length) html += groupHtml(null, unbound);
       timeline.innerHTML = html || `<p class="empty">No runs yet.</p>`;
+      cards.clear();
+      remember(timeline);
     } else {
+      const added = [];
       for (const runId of dirty) {
         const run = tree.runs.get(runId);
-        const card = timeline.querySelector(`.run[data-run-id="${CSS.escape(runId)}"]:not(.children .run)`);
-        if (run && card) card.outerHTML = runCard(run, tree);
+        const card = cards.get(runId);
+        if (!run) continue;
+        if (card && card.isConnected) {
+          const fresh = element(runCard(run, tree));
+          card.replaceWith(fresh);
+          cards.set(runId, fresh);
+        } else {
+          added.push(run);
+        }
       }
+      if (added.length) insert(added);
     }
     dirty = new Set();
     full = false;
@@ -316,7 +375,6 @@ function parentPage() {
   source.addEventListener("update", (message) => {
     const data = JSON.parse(message.data);
     for (const run of data.runs) {
-      if (!tree.runs.has(run.run_id)) full = true;
       tree.runs.set(run.run_id, run);
       dirty.add(run.run_id);
     }
@@ -457,10 +515,11 @@ function runPage() {
   // The run changes: the parent's stream says when; the detail is read again then.
   let pending = null;
   const source = new EventSource(`/api/parents/${parentPath(agent, name)}/stream`);
+  const reload = () => { if (!pending) pending = setTimeout(() => { pending = null; load(); }, 100); };
+  source.addEventListener("snapshot", reload);
   source.addEventListener("update", (message) => {
     const data = JSON.parse(message.data);
-    if (!data.runs.some((r) => r.run_id === runId) && !data.removed.includes(runId)) return;
-    if (!pending) pending = setTimeout(() => { pending = null; load(); }, 100);
+    if (data.runs.some((r) => r.run_id === runId) || data.removed.includes(runId)) reload();
   });
   load();
 }
