@@ -129,7 +129,7 @@ async def test_an_application_ui_shows_and_acts_for_its_own_parents_only(
             answer = await ui.get(path)
             assert answer.status_code == 404, path
         for path in ("/api/runs/BobBot/user-1/run-1/cancel", "/api/parents/BobBot/user-1/clear"):
-            assert (await ui.post(path)).status_code == 404, path
+            assert (await ui.post(path, json={})).status_code == 404, path
         assert "no parent BobBot/user-1" in (await ui.get("/parents/BobBot/user-1")).text
 
         assert (await ui.get("/parents/AliceBot/user-1")).status_code == 200
@@ -139,7 +139,7 @@ async def test_an_application_ui_shows_and_acts_for_its_own_parents_only(
             (kind, snapshot), *rest = await events_until_caught_up(response)
         assert kind == "snapshot" and [r["run_id"] for r in snapshot["runs"]] == ["run-1"]
         assert [kind for kind, _ in rest][-1] == "update", rest
-        cancelled = await ui.post("/api/runs/AliceBot/user-1/run-1/cancel")
+        cancelled = await ui.post("/api/runs/AliceBot/user-1/run-1/cancel", json={})
         assert cancelled.json() == {"ok": True, "message": "cancel requested for run-1"}
         command = await operator_log.jetstream.get_last_msg(
             settings.subjects.commands_stream,

@@ -250,15 +250,15 @@ async def test_actions_send_the_commands_of_the_client(ui, log, projector):
         paused.make(ev.RunPaused, reason="waiting_for_human", pending=pending))
     await asyncio.wait_for(projector.wait_for_position(seq), 10)
 
-    answer = await ui.post("/api/runs/Assistant/user-1/open/cancel")
+    answer = await ui.post("/api/runs/Assistant/user-1/open/cancel", json={})
     assert answer.json() == {"ok": True, "message": "cancel requested for open"}
     assert (await last_command(log, "cancel"))["run_id"] == "open"
 
-    assert (await ui.post("/api/runs/Assistant/user-1/stuck/rerequest")).status_code == 200
+    assert (await ui.post("/api/runs/Assistant/user-1/stuck/rerequest", json={})).status_code == 200
     command = await last_command(log, "run")
     assert (command["run_id"], command["agent_type"], command["input"], command["display"]) == (
         "stuck", "Importer", {"rows": 5}, "Import")
-    refused = await ui.post("/api/runs/Assistant/user-1/open/rerequest")
+    refused = await ui.post("/api/runs/Assistant/user-1/open/rerequest", json={})
     assert refused.status_code == 409 and "only an interrupted run" in refused.json()["error"]
 
     answer = await ui.post("/api/runs/Assistant/user-1/paused/continue",
@@ -270,12 +270,16 @@ async def test_actions_send_the_commands_of_the_client(ui, log, projector):
                         json={"approvals": "call-1"})
     assert bad.status_code == 400 and bad.json()["error"].startswith(
         "invalid continue request: approvals")
-    not_json = await ui.post("/api/runs/Assistant/user-1/paused/continue", content=b"{")
+    form = await ui.post("/api/runs/Assistant/user-1/open/cancel",
+                         data={"from": "another site"})
+    assert form.status_code == 415 and "Content-Type: application/json" in form.json()["error"]
+    not_json = await ui.post("/api/runs/Assistant/user-1/paused/continue", content=b"{",
+                             headers={"Content-Type": "application/json"})
     assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]
     not_paused = await ui.post("/api/runs/Assistant/user-1/open/continue", json={})
     assert not_paused.status_code == 409
 
-    assert (await ui.post("/api/parents/Assistant/user-1/clear")).status_code == 200
+    assert (await ui.post("/api/parents/Assistant/user-1/clear", json={})).status_code == 200
     assert (await last_command(log, "clear"))["status"] == [
         "completed", "error", "aborted", "interrupted"]
     bad = await ui.post("/api/parents/Assistant/user-1/clear", json={"status": ["done"]})

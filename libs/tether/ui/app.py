@@ -280,6 +280,7 @@ async def _act(action) -> Response:
 
 async def cancel_run(request: Request) -> Response:
     parent, state = await _run(request)
+    await _json_body(request)
     handle = _ui(request).tether.parent(parent.agent, parent.name)
 
     async def cancel() -> str:
@@ -291,6 +292,7 @@ async def cancel_run(request: Request) -> Response:
 
 async def rerequest_run(request: Request) -> Response:
     parent, state = await _run(request)
+    await _json_body(request)
     if state.status != "interrupted":
         raise HTTPException(409, f"run {state.run_id} is {state.status}: only an interrupted "
                                  "run is re-requested")
@@ -347,6 +349,10 @@ async def clear_runs(request: Request) -> Response:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
+    # A form on another site can post to this port, but not with this content type
+    # without the browser asking first (CORS), which this app never allows.
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise HTTPException(415, "an action takes a JSON body (Content-Type: application/json)")
     raw = await request.body()
     if not raw:
         return {}

@@ -99,8 +99,9 @@ function waterfall(run) {
     const until = to ?? (run.finished ? from : Date.now());
     pieces.push([cls, Math.max(until - from, 0), label]);
   };
-  add(start, run.started_at ?? run.ended_at, "wf-queue", "requested → running");
-  add(run.started_at, run.ended_at, "wf-run", "running → outcome");
+  add(start, run.started_at ?? run.ended_at, "wf-queue",
+      run.started_at == null && run.ended_at == null ? "requested, waiting" : "requested → running");
+  add(run.started_at, run.ended_at, "wf-run", run.ended_at == null ? "running so far" : "running → outcome");
   if (run.ended_at != null && run.delivered_at != null) {
     add(run.ended_at, run.delivered_at, "wf-deliver", "outcome → hook delivered");
   }
