@@ -155,6 +155,13 @@ async def test_an_approval_from_the_inbox_resumes_a_paused_run(page, ui_url, tet
         "Published: https://notes.example/pub")
     await expect(page.locator("#inbox-section")).to_be_hidden()
 
+    # The model child's page: its steps with their tool calls, and its usage and cost.
+    await run_card(page, "pub").locator("a.id").click()
+    await expect(page.locator("body")).to_have_attribute("data-page", "run")
+    await expect(page.locator("#steps tr.step")).to_have_count(4)
+    await expect(page.locator("#steps")).to_contain_text("publish [approved]")
+    await expect(page.locator("#usage")).to_contain_text("cost $")
+
 
 async def test_the_sequence_slider_shows_an_earlier_state(page, ui_url, tether):
     await tether.parent(*PARENT).run_agent_tool("Researcher", {"query": "HTTP/3"},
@@ -179,3 +186,19 @@ async def test_an_unknown_run_page_is_a_404_page(page, ui_url):
     answer = await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/nobody")
     assert answer.status == 404
     await expect(page.locator("h1")).to_have_text("Not found")
+
+
+async def test_clearing_finished_runs_takes_them_off_the_timeline(page, ui_url, tether):
+    me = tether.parent("Assistant", "clearing")
+    await me.run_agent_tool("Sleeper", {"seconds": 0}, run_id="done-1")
+    await me.run_agent_tool("Sleeper", {"seconds": 120}, run_id="still-going", detached=True)
+    await page.goto(f"{ui_url}/parents/Assistant/clearing")
+    cards = page.locator("#timeline .group > .run")
+    await expect(page.locator('#timeline .run[data-run-id="still-going"]')).to_have_attribute(
+        "data-status", "running")
+    await expect(cards).to_have_count(2)
+    await page.click("#clear-finished")
+    await expect(page.locator("#notice")).to_contain_text("clear requested for Assistant/clearing")
+    await expect(cards).to_have_count(1)
+    await expect(cards).to_have_attribute("data-run-id", "still-going")
+    await me.cancel("still-going")
