@@ -159,6 +159,7 @@ def _shell(title: str, page: str, data: dict[str, Any]) -> str:
 </head><body data-page="{page}" data-props="{payload}">
 <header><a class="brand" href="/">Tether</a> <span class="crumbs" id="crumbs"></span></header>
 <main id="main"></main>
+<script src="/static/runs.js"></script>
 <script src="/static/app.js"></script>
 </body></html>"""
 
