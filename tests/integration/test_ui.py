@@ -302,3 +302,25 @@ async def test_a_run_the_projector_has_not_seen_yet_is_read_from_the_log(log, po
         assert [e["type"] for e in detail["events"]] == ["run.requested", "run.started"]
         assert (await ui.get("/runs/Assistant/user-1/fresh")).status_code == 200
         assert (await ui.get("/runs/Assistant/user-1/never")).status_code == 404
+
+
+async def test_nested_runs_come_under_the_run_that_started_them(ui, log, projector):
+    coordinator = a_run("digest")
+    owner = ParentRef(agent="Coordinator", name="digest")
+    first = a_run("digest-part-0", owner)
+    seq = await append(log, coordinator.requested("Coordinator"), coordinator.started(),
+                       coordinator.running(), first.requested("Summarizer"), first.started(),
+                       first.completed("part one"))
+    await asyncio.wait_for(projector.wait_for_position(seq), 10)
+
+    async with stream(ui, PARENT) as page:
+        kind, snapshot = await page.next()
+        assert kind == "snapshot" and [r["run_id"] for r in snapshot["runs"]] == ["digest"]
+        assert [(r["parent"], r["run_id"], r["summary"]) for r in snapshot["nested"]] == [
+            ({"agent": "Coordinator", "name": "digest"}, "digest-part-0", "part one")]
+        # The coordinator is open: a nested run it starts later reaches the page too.
+        second = a_run("digest-part-1", owner)
+        await append(log, second.requested("Summarizer"), second.started())
+        await page.until(lambda m: any(r["run_id"] == "digest-part-1"
+                                       for r in m.get("nested", [])))
+    assert (await ui.get("/parents/Coordinator/digest")).status_code == 200
