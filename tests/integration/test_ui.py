@@ -16,12 +16,15 @@ import pytest
 
 from tether.adapters.jetstream import EventLog
 from tether.adapters.postgres.projector import Projector
+from tether.client import connect
 from tether.config import Settings
 from tether.contract.codec import encode_event
 from tether.domain import events as ev
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
+from tether.ui.live import ParentStream
 from tether.ui.server import serve_ui
+from tether.ui.store import ProjectionStore
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 OTHER = ParentRef(agent="Assistant", name="user-2")
@@ -324,3 +327,13 @@ async def test_nested_runs_come_under_the_run_that_started_them(ui, log, project
         await page.until(lambda m: any(r["run_id"] == "digest-part-1"
                                        for r in m.get("nested", [])))
     assert (await ui.get("/parents/Coordinator/digest")).status_code == 200
+
+
+async def test_a_quiet_stream_sends_heartbeats(log, pool, settings):
+    async with connect(settings=settings) as tether:
+        page = ParentStream(tether, ProjectionStore(pool, settings.projection_schema), PARENT,
+                            heartbeat_s=0.05)
+        messages = page.messages()
+        kinds = [(await anext(messages))["type"] for _ in range(4)]
+        await messages.aclose()
+    assert kinds == ["snapshot", "update", "heartbeat", "heartbeat"]

@@ -223,7 +223,10 @@ async def parent_stream(request: Request) -> Response:
             if ui.stopping:
                 return
             async for message in stream.messages():
-                yield f"event: {message['type']}\ndata: {json.dumps(message)}\n\n"
+                if message["type"] == "heartbeat":
+                    yield ": heartbeat\n\n"  # a comment: EventSource ignores it
+                else:
+                    yield f"event: {message['type']}\ndata: {json.dumps(message)}\n\n"
         except TetherError as error:
             yield f"event: failure\ndata: {json.dumps({'error': str(error)})}\n\n"
         finally:

@@ -28,17 +28,22 @@ from tether.ui.views import run_document
 
 FRAME_MS = 250
 NESTED_REFRESH_MS = 1_000
+# A quiet stream still sends something this often, so proxies keep it open and a browser
+# that went away is noticed.
+HEARTBEAT_S = 15.0
 STOP = FeedMessage("stop", 0, "", b"", 0)  # put on a page's queue when the UI shuts down
 
 
 class ParentStream:
     def __init__(self, tether: Tether, store: ProjectionStore, parent: ParentRef, *,
-                 frame_ms: int = FRAME_MS, nested_refresh_ms: int = NESTED_REFRESH_MS) -> None:
+                 frame_ms: int = FRAME_MS, nested_refresh_ms: int = NESTED_REFRESH_MS,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
         self._tether = tether
         self._store = store
         self._parent = parent
         self._frame = frame_ms / 1000
         self._nested_refresh = nested_refresh_ms / 1000
+        self._heartbeat = heartbeat_s
         self.sink: asyncio.Queue[FeedMessage] = asyncio.Queue()
         self._states: dict[str, RunState] = {}
         self._signals: dict[str, ProgressSignal] = {}
@@ -68,14 +73,17 @@ class ParentStream:
             changed: set[str] = set()
             loop = asyncio.get_running_loop()
             next_frame = next_nested = loop.time()
+            next_heartbeat = next_frame + self._heartbeat
             announced = False
             while True:
                 now = loop.time()
-                waits = [next_nested - now] if self._any_open() else []
+                waits = [next_heartbeat - now]
+                if self._any_open():
+                    waits.append(next_nested - now)
                 if changed or (all(caught.values()) and not announced):
                     waits.append(next_frame - now)
                 try:
-                    async with asyncio.timeout(max(min(waits), 0) if waits else None):
+                    async with asyncio.timeout(max(min(waits), 0)):
                         batch = [await self.sink.get()]
                 except TimeoutError:
                     batch = []
@@ -100,6 +108,10 @@ class ParentStream:
                     changed = set()
                     announced = announced or caught_up
                     next_frame = loop.time() + self._frame
+                    next_heartbeat = next_frame + self._heartbeat
+                elif now >= next_heartbeat:
+                    yield {"type": "heartbeat"}
+                    next_heartbeat = now + self._heartbeat
 
     def _apply(self, message: FeedMessage) -> str | None:
         if message.source == "event":
