@@ -71,6 +71,7 @@ class ParentStream:
         async with events, progress:
             caught = {"event": events.initially_empty, "progress": progress.initially_empty}
             changed: set[str] = set()
+            nested: set[tuple[str, str, str]] = set()
             loop = asyncio.get_running_loop()
             next_frame = next_nested = loop.time()
             next_heartbeat = next_frame + self._heartbeat
@@ -80,7 +81,7 @@ class ParentStream:
                 waits = [next_heartbeat - now]
                 if self._any_open():
                     waits.append(next_nested - now)
-                if changed or (all(caught.values()) and not announced):
+                if changed or nested or (all(caught.values()) and not announced):
                     waits.append(next_frame - now)
                 try:
                     async with asyncio.timeout(max(min(waits), 0)):
@@ -97,15 +98,13 @@ class ParentStream:
                     if message.pending == 0:
                         caught[message.source] = True
                 now = loop.time()
-                nested: list[dict[str, Any]] = []
                 if self._any_open() and now >= next_nested:
-                    nested = await self._refresh_nested()
+                    nested |= await self._refresh_nested()
                     next_nested = now + self._nested_refresh
                 caught_up = all(caught.values())
-                due = now >= next_frame
-                if (changed and due) or nested or (caught_up and not announced and due):
+                if now >= next_frame and (changed or nested or (caught_up and not announced)):
                     yield self._update(changed, nested, caught_up)
-                    changed = set()
+                    changed, nested = set(), set()
                     announced = announced or caught_up
                     next_frame = loop.time() + self._frame
                     next_heartbeat = next_frame + self._heartbeat
@@ -134,7 +133,7 @@ class ParentStream:
         self._signals[signal.run_id] = signal
         return signal.run_id if signal.run_id in self._states else None
 
-    def _update(self, changed: set[str], nested: list[dict[str, Any]],
+    def _update(self, changed: set[str], nested: set[tuple[str, str, str]],
                 caught_up: bool) -> dict[str, Any]:
         runs, removed = [], []
         for run_id in sorted(changed):
@@ -146,7 +145,13 @@ class ParentStream:
                 removed.append(run_id)
         for document in runs:
             self._sent[document["run_id"]] = document
-        return {"type": "update", "runs": runs, "removed": removed, "nested": nested,
+        nested_documents = []
+        for key in sorted(nested):
+            document = run_document(self._nested[key])
+            if self._sent.get(key) != document:
+                self._sent[key] = document
+                nested_documents.append(document)
+        return {"type": "update", "runs": runs, "removed": removed, "nested": nested_documents,
                 "caught_up": caught_up, "sent_at": int(time.time() * 1000)}
 
     def _document(self, run_id: str) -> dict[str, Any]:
@@ -156,19 +161,18 @@ class ParentStream:
         return any(state.is_open for state in self._states.values()) or any(
             state.is_open for state in self._nested.values())
 
-    async def _refresh_nested(self) -> list[dict[str, Any]]:
+    async def _refresh_nested(self) -> set[tuple[str, str, str]]:
+        """The nested runs of the open runs on the page, read again; the keys of those
+        that changed since they were last sent."""
         owners = [(state.agent_type, state.run_id)
                   for state in (*self._states.values(), *self._nested.values())
                   if state.is_open]
-        found = await self._store.children(owners)
-        changed = []
-        for state in found:
+        changed = set()
+        for state in await self._store.children(owners):
             key = _key(state)
-            self._nested[key] = state
-            document = run_document(state)
-            if self._sent.get(key) != document:
-                self._sent[key] = document
-                changed.append(document)
+            if self._nested.get(key) != state:
+                self._nested[key] = state
+                changed.add(key)
         return changed
 
 
