@@ -337,3 +337,20 @@ async def test_a_quiet_stream_sends_heartbeats(log, pool, settings):
         kinds = [(await anext(messages))["type"] for _ in range(4)]
         await messages.aclose()
     assert kinds == ["snapshot", "update", "heartbeat", "heartbeat"]
+
+
+async def test_missing_projections_are_a_503_that_names_the_schema(log, nats_url, database_url):
+    settings = Settings(nats_url=nats_url, database_url=database_url, prefix=log.subjects.prefix,
+                        projection_schema="never_migrated")
+    async with running_ui(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as ui:
+        answer = await ui.get("/api/parents")
+        assert answer.status_code == 503
+        assert "schema 'never_migrated'" in answer.json()["error"]
+        assert "projector" in answer.json()["error"]
+        page = await ui.get("/parents/Assistant/user-1")
+        assert page.status_code == 200  # the page itself; its stream says what failed
+        async with stream(ui, PARENT) as events:
+            kind, failure = await events.next()
+        assert kind == "failure" and "never_migrated" in failure["error"]
+        stream_answer = await ui.get("/runs/Assistant/user-1/r1")
+        assert stream_answer.status_code == 503 and "never_migrated" in stream_answer.text

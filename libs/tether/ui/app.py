@@ -100,8 +100,33 @@ def create_app(settings: Settings, *, frame_ms: int | None = None) -> Starlette:
         Route("/api/runs/{agent}/{name}/{run_id}/continue", continue_run, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]
+    unavailable = dict.fromkeys(UNAVAILABLE, _unavailable)
     return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: _http_error})
+                     exception_handlers={HTTPException: _http_error, **unavailable})
+
+
+UNAVAILABLE = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TetherError,
+               TimeoutError)
+
+
+def _failure(settings: Settings, error: Exception) -> str:
+    if isinstance(error, asyncpg.UndefinedTableError):
+        return (f"the projections are not in schema {settings.projection_schema!r} of "
+                "TETHER_DATABASE_URL: is the projector running (it creates them)?")
+    if isinstance(error, asyncpg.PostgresError | asyncpg.InterfaceError):
+        return f"Postgres (TETHER_DATABASE_URL) failed: {type(error).__name__}: {error}"
+    if isinstance(error, TetherError):
+        return str(error)
+    return f"{type(error).__name__}: {error or 'no answer in time'}"
+
+
+async def _unavailable(request: Request, error: Exception) -> Response:
+    """Postgres or NATS failed under a request: 503 with what failed, for the page to show."""
+    detail = _failure(_ui(request).tether.settings, error)
+    get_logger(service="ui").warning("ui.request_failed", path=request.url.path, error=detail)
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": detail}, status_code=503)
+    return HTMLResponse(_shell("Unavailable", "missing", {"message": detail}), status_code=503)
 
 
 async def _http_error(request: Request, error: HTTPException) -> Response:
@@ -227,8 +252,11 @@ async def parent_stream(request: Request) -> Response:
                     yield ": heartbeat\n\n"  # a comment: EventSource ignores it
                 else:
                     yield f"event: {message['type']}\ndata: {json.dumps(message)}\n\n"
-        except TetherError as error:
-            yield f"event: failure\ndata: {json.dumps({'error': str(error)})}\n\n"
+        except UNAVAILABLE as error:
+            detail = _failure(ui.tether.settings, error)
+            get_logger(service="ui").warning("ui.stream_failed", path=request.url.path,
+                                             error=detail)
+            yield f"event: failure\ndata: {json.dumps({'error': detail})}\n\n"
         finally:
             ui.streams.discard(stream)
 

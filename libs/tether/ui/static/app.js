@@ -229,7 +229,11 @@ function parentPage() {
   source.addEventListener("failure", (message) => {
     live.dataset.state = "error"; live.textContent = JSON.parse(message.data).error;
   });
-  source.onerror = () => { live.dataset.state = "error"; live.textContent = "disconnected, retrying…"; };
+  source.onerror = () => {
+    // Keep a failure the server explained; the browser reconnects by itself either way.
+    if (live.dataset.state !== "error") live.textContent = "disconnected, retrying…";
+    live.dataset.state = "error";
+  };
   setInterval(() => {
     const now = Date.now();
     for (const cell of timeline.querySelectorAll(".deadline")) {
