@@ -8,6 +8,7 @@ fixed sleep. No Chromium is a failure, not a skip: `.ci/run` installs it.
 import asyncio
 import json
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,6 +19,8 @@ from playwright.async_api import Page, expect
 from tether.adapters.jetstream import StreamSettings, connect_nats, ensure_streams, remove_streams
 from tether.client import Tether, connect
 from tether.config import Settings
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents
 
 AGENTS = "examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher"
 PARENT = ("Assistant", "user-42")
@@ -202,3 +205,19 @@ async def test_clearing_finished_runs_takes_them_off_the_timeline(page, ui_url, 
     await expect(cards).to_have_count(1)
     await expect(cards).to_have_attribute("data-run-id", "still-going")
     await me.cancel("still-going")
+
+
+async def test_re_requesting_an_interrupted_run_re_attaches_to_it(page, ui_url, tether):
+    run = RunEvents("stalled", ParentRef(agent=PARENT[0], name=PARENT[1]),
+                    start_ms=int(time.time() * 1000))
+    await tether.log.append_batch(
+        [run.requested("Sleeper", input={"seconds": 1}), run.started(), run.running(),
+         run.interrupted("no-progress", child_still_running=False)], expected_last_seq=0)
+    await open_timeline(page, ui_url)
+    card = run_card(page, "stalled")
+    await expect(card).to_have_attribute("data-status", "interrupted")
+    await expect(card.locator(".reason")).to_contain_text("reason: no-progress")
+    await expect(card.locator(".reason")).to_contain_text("child still running: false")
+    await card.locator("button.rerequest").click()
+    await expect(page.locator("#notice")).to_have_text("re-requested stalled")
+    await expect(card.locator("div.meta")).to_contain_text("re-attach 1")

@@ -92,6 +92,7 @@ function runCard(run, tree, options = {}) {
     `requested ${clock(run.requested_at)}`,
     run.waiting_for ? `waiting: ${esc(run.waiting_for)}` : "",
     run.cancel_requested && !run.finished ? "cancel requested" : "",
+    run.reattach_attempts ? `re-attach ${run.reattach_attempts}` : "",
   ].filter(Boolean);
   return `<div class="run" data-run-id="${esc(run.run_id)}" data-status="${esc(run.status)}"
       ${run.waiting_for ? `data-waiting="${esc(run.waiting_for)}"` : ""}>
