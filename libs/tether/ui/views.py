@@ -24,7 +24,7 @@ def run_document(state: RunState, signal: ProgressSignal | None = None, *,
         document["output_text"], document["output_truncated"] = text[-output_chars:], True
     else:
         document["output_text"], document["output_truncated"] = text, False
-    delivered = [at for at in state.ledger.finish.values()]
+    delivered = list(state.ledger.finish.values())  # when each finish hook was acknowledged
     document.update(
         parent={"agent": state.parent.agent, "name": state.parent.name},
         attempt=state.attempt,
