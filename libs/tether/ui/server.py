@@ -2,7 +2,7 @@
 
 import asyncio
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import uvicorn
 
@@ -51,13 +51,19 @@ async def serve_ui(settings: Settings, stop: asyncio.Event, checks: dict[str, Re
                 started.set_result(bound)
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        if not serving.done():
+        if not serving.done() and not server.started:
+            # Still connecting (NATS or Postgres unreachable, retrying): nothing to drain.
+            serving.cancel()
+            with suppress(asyncio.CancelledError):
+                await serving
+        elif not serving.done():
             if hasattr(app.state, "ui"):
                 app.state.ui.stop_streams()
             server.should_exit = True
             await serving
         stopping.cancel()
-    serving.result()
+    if not serving.cancelled():
+        serving.result()
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
