@@ -53,3 +53,24 @@ async def test_tether_ui_serves_on_its_flags_and_stops_on_sigterm_with_a_stream_
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_a_sigterm_while_nats_is_unreachable_stops_tether_ui_at_once(service_env, devstack):
+    env = {**service_env, "TETHER_NATS_URL": f"nats://127.0.0.1:{devstack.free_port()}"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tether.cli", "ui", "--port", "0", env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with asyncio.timeout(30):
+            while b'"service.started"' not in await process.stderr.readline():
+                pass
+        process.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        remaining = asyncio.create_task(process.stderr.read())
+        code = await asyncio.wait_for(process.wait(), EXIT_WITHIN_S)
+        assert code == 0 and time.monotonic() - started < GRACEFUL_SHUTDOWN_S / 2
+        assert b'"service.stopped"' in await remaining
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
