@@ -19,7 +19,8 @@ from tether.diagnose import (
 )
 from tether.log import configure_logging
 
-SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084}
+SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084,
+                        "ui": 8085}
 ALL_SERVICES_HEALTH_PORT = 8080
 NATS_CONNECT_TIMEOUT_S = 5.0
 
@@ -31,7 +32,8 @@ class CommandFailed(Exception):
 SERVICE_MODULES = {"parent": "tether_services.parent",
                    "child-runner": "tether_services.child_runner",
                    "reconciler": "tether_services.reconciler",
-                   "projector": "tether_services.projector"}
+                   "projector": "tether_services.projector",
+                   "ui": "tether_services.ui"}
 
 
 def _services() -> dict[str, Callable[..., Awaitable[None]]]:
@@ -69,12 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     projections.add_argument("--batch-size", type=int, default=5000)
     add_client_commands(commands)
     add_runs_command(commands)
+    ui = commands.add_parser("ui", help="serve the web timeline of parents and their runs")
+    ui.add_argument("--host", help="default: $TETHER_UI_HOST or 127.0.0.1")
+    ui.add_argument("--port", type=_port, help="default: $TETHER_UI_PORT or 8090")
 
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(config_file=args.config, nats_url=args.nats_url,
                                      database_url=args.database_url, prefix=args.prefix,
-                                     agents=getattr(args, "agents", None))
+                                     agents=getattr(args, "agents", None),
+                                     ui_host=getattr(args, "host", None),
+                                     ui_port=getattr(args, "port", None))
         loop_factory = event_loop_factory(settings.event_loop)
     except ConfigurationError as error:
         print(f"tether: {error}", file=sys.stderr)
@@ -88,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             if args.command == "services":
                 return runner.run(_run_services(settings, args.name))
+            if args.command == "ui":
+                return runner.run(_run_services(settings, "ui"))
             return runner.run(_projections(settings, args.action, args.batch_size))
     except CommandFailed as error:
         print(f"tether: {error}", file=sys.stderr)
@@ -101,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0 to 65535)")
+    return int(text)
 
 
 def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

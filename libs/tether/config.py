@@ -95,6 +95,9 @@ class Settings(BaseModel):
     # None: the service's own default (parent 8081, child-runner 8082, reconciler 8083,
     # projector 8084); 0 picks a free port.
     health_port: int | None = Field(default=None, ge=0, le=65535)
+    # The web timeline (`tether ui`, or the `ui` service): where it listens.
+    ui_host: str = "127.0.0.1"
+    ui_port: int = Field(default=8090, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     # The services' event loop: uvloop (faster I/O) where it is installed, else asyncio's.

@@ -2,9 +2,12 @@
 
 import json
 import os
+import shutil
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from playwright.async_api import Page, async_playwright, expect
 from service_processes import ServiceProcess
 
 from tether.adapters.jetstream import (
@@ -15,6 +18,12 @@ from tether.adapters.jetstream import (
     remove_streams,
 )
 from tether.config import Settings
+
+
+@pytest.fixture(scope="session")
+def service_process() -> type[ServiceProcess]:
+    """The class itself, for a fixture that keeps services up for more than one test."""
+    return ServiceProcess
 
 
 @pytest.fixture
@@ -69,3 +78,45 @@ async def pool(settings: Settings):
         await created.execute(f'DROP SCHEMA IF EXISTS "{settings.projection_schema}{suffix}" CASCADE')
     await created.close()
 
+
+
+# --- a real browser, for the UI's tests ---------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+PAGE_TIMEOUT_MS = 15_000
+expect.set_options(timeout=PAGE_TIMEOUT_MS)
+
+
+def chromium_path() -> str:
+    found = shutil.which("chromium") or (CHROMIUM if os.path.exists(CHROMIUM) else None)
+    if found is None:
+        pytest.fail("no Chromium: install Debian's packages `chromium` and `chromium-driver` "
+                    "(`apt-get install -y chromium chromium-driver`; .ci/run does it)")
+    return found
+
+
+@pytest.fixture(scope="session")
+async def browser_context(tmp_path_factory) -> AsyncIterator:
+    """One headless Chromium for the session, with a fresh profile directory."""
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    async with async_playwright() as playwright:
+        context = await playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=chromium_path(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield context
+        finally:
+            await context.close()
+
+
+@pytest.fixture
+async def page(browser_context) -> AsyncIterator[Page]:
+    opened = await browser_context.new_page()
+    opened.set_default_timeout(PAGE_TIMEOUT_MS)
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    await opened.close()
+    assert errors == [], f"script errors on the page: {errors}"

@@ -29,6 +29,9 @@ LONG_RUNNING = {"Deployment", "StatefulSet", "DaemonSet"}
 TETHER_UID = 10001
 TETHER_EGRESS = {(4222, "TCP"), (5432, "TCP"), (53, "UDP"), (53, "TCP")}
 TETHER_SERVICES = ("parent", "child-runner", "reconciler", "projector")
+# The web timeline: a Tether deployment too, connected as the operator (it sees every parent).
+UI, UI_USER, UI_PORT = "ui", "operator", 8090
+DEPLOYMENTS = (*TETHER_SERVICES, UI)
 # Children finish, then the stopped ones hand their work back: two shutdown graces.
 CHILD_RUNNER_GRACE_S = 45
 
@@ -168,7 +171,7 @@ def test_compose_file_follows_the_compose_specification():
 def test_compose_runs_every_service_from_one_image_as_its_own_nats_user():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"nats", "postgres", *TETHER_SERVICES}
+    assert set(services) == {"nats", "postgres", *DEPLOYMENTS}
     nats_env = services["nats"]["environment"]
     for name in TETHER_SERVICES:
         service = services[name]
@@ -186,6 +189,23 @@ def test_compose_runs_every_service_from_one_image_as_its_own_nats_user():
         assert password_variable(user) in nats_env, user
     assert services["nats"]["command"] == ["nats-server", "--config", "/etc/nats/nats.conf"]
     assert "./deploy/nats:/etc/nats:ro" in services["nats"]["volumes"]
+
+
+def test_compose_serves_the_web_timeline_on_its_own_port():
+    ui = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"][UI]
+    nats_env = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["nats"][
+        "environment"]
+    assert ui["build"] == "." and ui["image"] == "tether:dev"
+    assert ui["command"] == ["services", UI]
+    assert ui["read_only"] is True and ui["cap_drop"] == ["ALL"]
+    assert "/readyz" in " ".join(ui["healthcheck"]["test"])
+    environment = ui["environment"]
+    assert (environment["TETHER_UI_HOST"], environment["TETHER_UI_PORT"]) == ("0.0.0.0",
+                                                                              str(UI_PORT))
+    assert environment["TETHER_NATS_USER"] == UI_USER
+    assert environment["TETHER_NATS_PASSWORD"] == nats_env[password_variable(UI_USER)]
+    assert ui["ports"] == [f"127.0.0.1:${{TETHER_COMPOSE_UI_PORT:-{UI_PORT}}}:{UI_PORT}"]
+    assert ui["depends_on"]["projector"] == {"condition": "service_healthy"}
 
 
 # --- Kubernetes -----------------------------------------------------------------------
@@ -237,7 +257,7 @@ def test_tether_containers_share_one_contract(rendered):
     config = _tether_config(objects)
     tether_pods = [(w, p) for w, p in _pod_specs(objects) if any(map(_is_tether, p["containers"]))]
     assert {_name(w) for w, _ in tether_pods} == {
-        *(f"Deployment/{name}" for name in TETHER_SERVICES), "Job/migrate"}
+        *(f"Deployment/{name}" for name in DEPLOYMENTS), "Job/migrate"}
     for workload, pod in tether_pods:
         where = f"{overlay} {_name(workload)}"
         assert pod["securityContext"]["runAsUser"] == TETHER_UID, where
@@ -267,9 +287,10 @@ def test_tether_containers_share_one_contract(rendered):
             assert any(p["name"] == "health" for p in container["ports"]), where
             annotations = workload["spec"]["template"]["metadata"]["annotations"]
             assert annotations["prometheus.io/path"] == "/metrics", where
-            assert env["TETHER_NATS_USER"]["value"] == name, where
+            user = UI_USER if name == UI else name
+            assert env["TETHER_NATS_USER"]["value"] == user, where
             assert env["TETHER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-                "name": "tether-nats-users", "key": name}, where
+                "name": "tether-nats-users", "key": user}, where
             for kind in ("ServiceAccount", "Service", "NetworkPolicy"):
                 _find(objects, kind, name)
     assert config["TETHER_LOG_FORMAT"] == "json"
@@ -300,6 +321,24 @@ def test_services_and_policies_select_real_pods(rendered):
                   for rule in policy["spec"]["egress"] for p in rule["ports"]}
         # Children reach model APIs over HTTPS; nothing else leaves for the internet.
         assert egress == TETHER_EGRESS | ({(443, "TCP")} if name == "child-runner" else set())
+
+
+def test_the_web_timeline_listens_on_its_port_behind_its_service(rendered):
+    overlay, objects = rendered
+    (container,) = _find(objects, "Deployment", UI)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["TETHER_UI_HOST"], env["TETHER_UI_PORT"]) == ("0.0.0.0", str(UI_PORT))
+    assert {(p["name"], p["containerPort"]) for p in container["ports"]} == {
+        ("health", 8084), ("http", UI_PORT)}
+    service = _find(objects, "Service", UI)
+    assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        ("health", 8084, "health"), ("http", UI_PORT, "http")}
+    policy = _find(objects, "NetworkPolicy", UI)
+    ingress = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ingress == ["health", "http"], overlay
+    egress = {(p["port"], p["protocol"])
+              for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert egress == TETHER_EGRESS, overlay
 
 
 def test_child_runners_scale_by_an_autoscaler_that_owns_their_count(rendered):
@@ -338,7 +377,7 @@ def test_nats_runs_with_the_shipped_users_and_every_password(rendered):
 
 def test_dev_overlay_runs_one_of_everything_in_cluster():
     objects = _render("dev")
-    for name in ("parent", "reconciler", "projector"):
+    for name in ("parent", "reconciler", "projector", UI):
         assert _find(objects, "Deployment", name)["spec"]["replicas"] == 1
     for name in ("nats", "postgres"):
         assert _find(objects, "StatefulSet", name)["spec"]["replicas"] == 1
@@ -354,9 +393,9 @@ def test_dev_overlay_runs_one_of_everything_in_cluster():
 def test_prod_overlay_replicates_everything_three_ways():
     objects = _render("prod")
     assert _tether_config(objects)["TETHER_STREAM_REPLICAS"] == "3"
-    for name in ("parent", "reconciler", "projector"):
+    for name in ("parent", "reconciler", "projector", UI):
         assert _find(objects, "Deployment", name)["spec"]["replicas"] == 2
-    for name in TETHER_SERVICES:
+    for name in DEPLOYMENTS:
         assert _find(objects, "PodDisruptionBudget", name)["spec"]["minAvailable"] == 1
     nats = _find(objects, "StatefulSet", "nats")
     assert nats["spec"]["replicas"] == 3 and nats["spec"]["serviceName"] == "nats-headless"

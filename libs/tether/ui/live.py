@@ -1,0 +1,180 @@
+"""A parent's timeline for one open page: the snapshot, then coalesced changes.
+
+The snapshot is the projection at its checkpoint (one repeatable-read transaction); the
+parent's events subject is then followed from the next stream sequence, so nothing is
+missed and nothing is applied twice, and its progress signals from the start of the
+progress stream (which keeps the last one per run). Changes are folded with the same
+`evolve` as the services and sent at most once per frame (`frame_ms`), each run's latest
+document only, so a burst of events costs the browser one redraw per frame. Nested runs
+(owned by `<agent type>/<run id>` of a run on the page) come from the projections, read
+again each `nested_refresh_ms` while a run on the page is open.
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import ValidationError
+
+from tether.client.connection import Tether
+from tether.client.feed import FeedMessage, OrderedFeed
+from tether.contract.codec import EventDecodeError, decode_event
+from tether.contract.messages import ProgressSignal
+from tether.domain.events import ParentRef
+from tether.domain.run_state import RunState, evolve
+from tether.ui.store import ProjectionStore
+from tether.ui.views import run_document
+
+FRAME_MS = 250
+NESTED_REFRESH_MS = 1_000
+# A quiet stream still sends something this often, so proxies keep it open and a browser
+# that went away is noticed.
+HEARTBEAT_S = 15.0
+STOP = FeedMessage("stop", 0, "", b"", 0)  # put on a page's queue when the UI shuts down
+
+
+class ParentStream:
+    def __init__(self, tether: Tether, store: ProjectionStore, parent: ParentRef, *,
+                 frame_ms: int = FRAME_MS, nested_refresh_ms: int = NESTED_REFRESH_MS,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
+        self._tether = tether
+        self._store = store
+        self._parent = parent
+        self._frame = frame_ms / 1000
+        self._nested_refresh = nested_refresh_ms / 1000
+        self._heartbeat = heartbeat_s
+        self.sink: asyncio.Queue[FeedMessage] = asyncio.Queue()
+        self._states: dict[str, RunState] = {}
+        self._signals: dict[str, ProgressSignal] = {}
+        self._nested: dict[tuple[str, str, str], RunState] = {}
+        self._sent: dict[Any, dict[str, Any]] = {}
+
+    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+        snapshot = await self._store.snapshot(self._parent)
+        self._states = {state.run_id: state for state in snapshot.runs}
+        self._nested = {_key(state): state for state in snapshot.nested}
+        runs = [self._document(run_id) for run_id in self._states]
+        nested = [run_document(state) for state in self._nested.values()]
+        self._sent = {run["run_id"]: run for run in runs}
+        self._sent.update({_key(state): document
+                           for state, document in zip(self._nested.values(), nested, strict=True)})
+        yield {"type": "snapshot", "checkpoint": snapshot.checkpoint, "runs": runs,
+               "nested": nested}
+        subjects = self._tether.subjects
+        events = OrderedFeed(self._tether.js, subjects.events_stream,
+                             subjects.parent_events(self._parent), source="event",
+                             start_seq=snapshot.checkpoint + 1, sink=self.sink)
+        progress = OrderedFeed(self._tether.js, subjects.progress_stream,
+                               subjects.parent_progress(self._parent), source="progress",
+                               sink=self.sink)
+        async with events, progress:
+            caught = {"event": events.initially_empty, "progress": progress.initially_empty}
+            changed: set[str] = set()
+            nested: set[tuple[str, str, str]] = set()
+            loop = asyncio.get_running_loop()
+            next_frame = next_nested = loop.time()
+            next_heartbeat = next_frame + self._heartbeat
+            announced = False
+            while True:
+                now = loop.time()
+                waits = [next_heartbeat - now]
+                if self._any_open():
+                    waits.append(next_nested - now)
+                if changed or nested or (all(caught.values()) and not announced):
+                    waits.append(next_frame - now)
+                try:
+                    async with asyncio.timeout(max(min(waits), 0)):
+                        batch = [await self.sink.get()]
+                except TimeoutError:
+                    batch = []
+                while not self.sink.empty():
+                    batch.append(self.sink.get_nowait())
+                for message in batch:
+                    if message is STOP:
+                        return
+                    if (run_id := self._apply(message)) is not None:
+                        changed.add(run_id)
+                    if message.pending == 0:
+                        caught[message.source] = True
+                now = loop.time()
+                if self._any_open() and now >= next_nested:
+                    nested |= await self._refresh_nested()
+                    next_nested = now + self._nested_refresh
+                caught_up = all(caught.values())
+                if now >= next_frame and (changed or nested or (caught_up and not announced)):
+                    yield self._update(changed, nested, caught_up)
+                    changed, nested = set(), set()
+                    announced = announced or caught_up
+                    next_frame = loop.time() + self._frame
+                    next_heartbeat = next_frame + self._heartbeat
+                elif now >= next_heartbeat:
+                    yield {"type": "heartbeat"}
+                    next_heartbeat = now + self._heartbeat
+
+    def _apply(self, message: FeedMessage) -> str | None:
+        if message.source == "event":
+            try:
+                event = decode_event(message.data)
+            except EventDecodeError:
+                return None  # dead-lettered by the projector; a page skips it
+            evolved = evolve(self._states.get(event.run_id), event)
+            if not evolved.applied:
+                return None
+            if evolved.state is None:
+                self._states.pop(event.run_id, None)
+            else:
+                self._states[event.run_id] = evolved.state
+            return event.run_id
+        try:
+            signal = ProgressSignal.model_validate_json(message.data)
+        except ValidationError:
+            return None
+        self._signals[signal.run_id] = signal
+        return signal.run_id if signal.run_id in self._states else None
+
+    def _update(self, changed: set[str], nested: set[tuple[str, str, str]],
+                caught_up: bool) -> dict[str, Any]:
+        runs, removed = [], []
+        for run_id in sorted(changed):
+            if run_id in self._states:
+                document = self._document(run_id)
+                if self._sent.get(run_id) != document:
+                    runs.append(document)
+            elif self._sent.pop(run_id, None) is not None:
+                removed.append(run_id)
+        for document in runs:
+            self._sent[document["run_id"]] = document
+        nested_documents = []
+        for key in sorted(nested):
+            document = run_document(self._nested[key])
+            if self._sent.get(key) != document:
+                self._sent[key] = document
+                nested_documents.append(document)
+        return {"type": "update", "runs": runs, "removed": removed, "nested": nested_documents,
+                "caught_up": caught_up, "sent_at": int(time.time() * 1000)}
+
+    def _document(self, run_id: str) -> dict[str, Any]:
+        return run_document(self._states[run_id], self._signals.get(run_id))
+
+    def _any_open(self) -> bool:
+        return any(state.is_open for state in self._states.values()) or any(
+            state.is_open for state in self._nested.values())
+
+    async def _refresh_nested(self) -> set[tuple[str, str, str]]:
+        """The nested runs of the open runs on the page, read again; the keys of those
+        that changed since they were last sent."""
+        owners = [(state.agent_type, state.run_id)
+                  for state in (*self._states.values(), *self._nested.values())
+                  if state.is_open]
+        changed = set()
+        for state in await self._store.children(owners):
+            key = _key(state)
+            if self._nested.get(key) != state:
+                self._nested[key] = state
+                changed.add(key)
+        return changed
+
+
+def _key(state: RunState) -> tuple[str, str, str]:
+    return (state.parent.agent, state.parent.name, state.run_id)

@@ -1,0 +1,351 @@
+// tether ui: draws the page named by <body data-page> from the UI's JSON and live streams;
+// runs.js (loaded first) draws the runs.
+"use strict";
+
+const props = JSON.parse(document.body.dataset.props || "{}");
+const main = document.getElementById("main");
+const crumbs = document.getElementById("crumbs");
+
+// --- the index: parents with their counts by status -----------------------------------
+
+async function indexPage() {
+  main.innerHTML = `<h1>Parents</h1>
+    <div class="toolbar"><input type="search" id="search" placeholder="Search parents (agent/name)"
+      autofocus><span class="notice" id="notice"></span></div>
+    <table id="parents"><thead><tr><th>Parent</th><th>Runs</th>
+      ${STATUSES.map((s) => `<th>${s}</th>`).join("")}</tr></thead><tbody></tbody></table>`;
+  const search = document.getElementById("search");
+  const body = main.querySelector("#parents tbody");
+  let parents = [];
+  const draw = () => {
+    const q = search.value.trim().toLowerCase();
+    const shown = parents.filter((p) => `${p.agent}/${p.name}`.toLowerCase().includes(q));
+    body.innerHTML = shown.length ? shown.map((p) => `<tr class="parent" data-parent="${esc(p.agent)}/${esc(p.name)}">
+        <td><a href="/parents/${parentPath(p.agent, p.name)}">${esc(p.agent)}/${esc(p.name)}</a></td>
+        <td>${p.total}</td>
+        ${STATUSES.map((s) => `<td><span class="chip s-${s} ${p.counts[s] ? "" : "zero"}"
+          data-status="${s}">${p.counts[s]}</span></td>`).join("")}</tr>`).join("")
+      : `<tr><td colspan="${STATUSES.length + 2}" class="empty">No parents${q ? " match" : " yet"}.</td></tr>`;
+  };
+  search.addEventListener("input", draw);
+  const load = async () => {
+    try {
+      parents = (await api("/api/parents")).parents;
+      draw();
+      document.body.dataset.loaded = "true";
+    } catch (error) {
+      notice(error.message, true);
+    }
+  };
+  await load();
+  setInterval(load, 2000);
+}
+
+// --- a parent's timeline ----------------------------------------------------------------
+
+function parentPage() {
+  const {agent, name} = props;
+  crumbs.innerHTML = `/ <a href="/parents/${parentPath(agent, name)}">${esc(agent)}/${esc(name)}</a>`;
+  main.innerHTML = `<h1>${esc(agent)}/${esc(name)}</h1>
+    <div class="toolbar"><span class="live" id="live" data-state="connecting">connecting…</span>
+      <span id="counts"></span>
+      <button id="clear-finished">Clear finished runs</button>
+      <span class="notice" id="notice"></span></div>
+    <section class="inbox" id="inbox-section" hidden><h2>Waiting for you</h2><div id="inbox"></div></section>
+    <section id="timeline"></section>`;
+  const tree = new Tree();
+  const live = document.getElementById("live");
+  const timeline = document.getElementById("timeline");
+  let dirty = new Set(), full = true, scheduled = false;
+
+  const schedule = () => {
+    if (!scheduled) { scheduled = true; requestAnimationFrame(draw); }
+  };
+  function groups() {
+    const runs = [...tree.runs.values()];
+    const calls = new Map();
+    for (const run of [...runs].sort((a, b) => a.requested_at - b.requested_at)) {
+      if (run.parent_tool_call_id != null && !calls.has(run.parent_tool_call_id)) {
+        calls.set(run.parent_tool_call_id, []);
+      }
+    }
+    for (const run of runs) if (run.parent_tool_call_id != null) calls.get(run.parent_tool_call_id).push(run);
+    const unbound = runs.filter((r) => r.parent_tool_call_id == null).sort(byOrder);
+    return {calls, unbound};
+  }
+  function groupHtml(call, runs) {
+    const title = call == null ? `<h2>Unbound runs</h2>` : `<div class="group-title">tool call ${esc(call)}</div>`;
+    return `<div class="group" data-tool-call="${call == null ? "" : esc(call)}">${title}
+      ${runs.map((r) => runCard(r, tree)).join("")}</div>`;
+  }
+  function groupOf(call) {
+    const wanted = call == null ? "" : call;
+    for (const group of timeline.children) {
+      if (group.classList.contains("group") && group.dataset.toolCall === wanted) return group;
+    }
+    timeline.querySelector(".empty")?.remove();
+    const holder = document.createElement("div");
+    holder.innerHTML = groupHtml(call, []);
+    const group = holder.firstElementChild;
+    // Tool-call groups in the order their first run was requested; unbound runs last.
+    const unbound = [...timeline.children].find((g) => g.dataset.toolCall === "");
+    timeline.insertBefore(group, call == null ? null : unbound || null);
+    return group;
+  }
+  function element(html) {
+    const holder = document.createElement("div");
+    holder.innerHTML = html;
+    return holder.firstElementChild;
+  }
+  const cards = new Map();  // run id -> its card on the timeline
+  function remember(scope) {
+    for (const card of scope.querySelectorAll(".group > .run")) cards.set(card.dataset.runId, card);
+  }
+  // New runs go into their groups at their places, most often the end, in one insertion
+  // per group: the cards already drawn stay as they are.
+  function insert(runs) {
+    const byCall = new Map();
+    for (const run of runs.sort(byOrder)) {
+      const call = run.parent_tool_call_id;
+      if (!byCall.has(call)) byCall.set(call, []);
+      byCall.get(call).push(run);
+    }
+    for (const [call, added] of byCall) {
+      const group = groupOf(call);
+      const last = group.lastElementChild?.classList.contains("run") ? group.lastElementChild : null;
+      const lastRun = last && tree.runs.get(last.dataset.runId);
+      if (!lastRun || byOrder(added[0], lastRun) > 0) {
+        group.insertAdjacentHTML("beforeend", added.map((r) => runCard(r, tree)).join(""));
+      } else {
+        for (const run of added) {
+          const before = [...group.querySelectorAll(":scope > .run")].find(
+            (card) => byOrder(run, tree.runs.get(card.dataset.runId)) < 0);
+          group.insertBefore(element(runCard(run, tree)), before || null);
+        }
+      }
+      remember(group);
+    }
+  }
+  function draw() {
+    scheduled = false;
+    if (full) {
+      const {calls, unbound} = groups();
+      let html = "";
+      for (const [call, runs] of calls) html += groupHtml(call, runs.sort(byOrder));
+      if (unbound.length) html += groupHtml(null, unbound);
+      timeline.innerHTML = html || `<p class="empty">No runs yet.</p>`;
+      cards.clear();
+      remember(timeline);
+    } else {
+      const added = [];
+      for (const runId of dirty) {
+        const run = tree.runs.get(runId);
+        const card = cards.get(runId);
+        if (!run) continue;
+        if (card && card.isConnected) {
+          const fresh = element(runCard(run, tree));
+          card.replaceWith(fresh);
+          cards.set(runId, fresh);
+        } else {
+          added.push(run);
+        }
+      }
+      if (added.length) insert(added);
+    }
+    dirty = new Set();
+    full = false;
+    drawInbox();
+    drawCounts();
+  }
+  function drawInbox() {
+    const waiting = [...tree.runs.values()].filter((r) => r.waiting_for && !r.finished).sort(byOrder);
+    document.getElementById("inbox-section").hidden = waiting.length === 0;
+    const inbox = document.getElementById("inbox");
+    const shown = [...inbox.children].map((item) => item.dataset.runId + "|" + item.dataset.sig);
+    const wanted = waiting.map((r) => r.run_id + "|" + JSON.stringify(r.pending));
+    if (shown.join() === wanted.join()) return;  // keep what the user is typing
+    inbox.innerHTML = waiting.map(inboxItem).join("");
+    [...inbox.children].forEach((item, i) => { item.dataset.sig = JSON.stringify(waiting[i].pending); });
+  }
+  function drawCounts() {
+    const counts = Object.fromEntries(STATUSES.map((s) => [s, 0]));
+    for (const run of tree.runs.values()) counts[run.status] += 1;
+    document.getElementById("counts").innerHTML = STATUSES.map((s) =>
+      `<span class="chip s-${s} ${counts[s] ? "" : "zero"}" title="${s}" data-status="${s}">${counts[s]}</span>`).join("");
+  }
+
+  timeline.addEventListener("click", (click) => {
+    const button = click.target.closest("button[data-act]");
+    if (!button) return;
+    const runId = button.closest(".run").dataset.runId;
+    button.disabled = true;
+    act(`/api/runs/${parentPath(agent, name)}/${seg(runId)}/${button.dataset.act}`);
+  });
+  document.getElementById("inbox").addEventListener("click", (click) => {
+    const button = click.target.closest("button");
+    if (!button) return;
+    const item = button.closest(".item");
+    const path = `${item.dataset.base}/continue`;
+    if (button.classList.contains("approve")) act(path, {approvals: [button.dataset.call]});
+    else if (button.classList.contains("reject")) act(path, {rejections: [button.dataset.call]});
+    else if (button.classList.contains("give-output")) {
+      const text = button.parentElement.querySelector(".tool-output").value;
+      let value;
+      try { value = JSON.parse(text); } catch (error) { notice(`tool output is not JSON: ${error.message}`, true); return; }
+      act(path, {tool_outputs: {[button.dataset.call]: value}});
+    } else if (button.classList.contains("continue")) {
+      act(path, {human_input: item.querySelector(".human-input").value});
+    }
+  });
+  document.getElementById("clear-finished").addEventListener("click", () =>
+    act(`/api/parents/${parentPath(agent, name)}/clear`, {}));
+
+  const source = new EventSource(`/api/parents/${parentPath(agent, name)}/stream`);
+  source.addEventListener("snapshot", (message) => {
+    const data = JSON.parse(message.data);
+    tree.runs.clear(); tree.nested.clear();
+    for (const run of data.runs) tree.runs.set(run.run_id, run);
+    for (const run of data.nested) tree.nested.set(tree.key(run), run);
+    full = true;
+    live.dataset.state = "live"; live.textContent = "live";
+    draw();
+    document.body.dataset.loaded = "true";
+  });
+  source.addEventListener("update", (message) => {
+    const data = JSON.parse(message.data);
+    for (const run of data.runs) {
+      tree.runs.set(run.run_id, run);
+      dirty.add(run.run_id);
+    }
+    for (const runId of data.removed) { tree.runs.delete(runId); full = true; }
+    for (const run of data.nested) {
+      tree.nested.set(tree.key(run), run);
+      const root = tree.rootOf(run);
+      if (root) dirty.add(root); else full = true;
+    }
+    if (data.caught_up) { live.dataset.state = "caught-up"; live.textContent = "live, caught up"; }
+    schedule();
+  });
+  source.addEventListener("failure", (message) => {
+    live.dataset.state = "error"; live.textContent = JSON.parse(message.data).error;
+  });
+  source.onerror = () => {
+    // Keep a failure the server explained; the browser reconnects by itself either way.
+    if (live.dataset.state !== "error") live.textContent = "disconnected, retrying…";
+    live.dataset.state = "error";
+  };
+  setInterval(() => {
+    const now = Date.now();
+    for (const cell of timeline.querySelectorAll(".deadline")) {
+      const run = tree.runs.get(cell.closest(".run").dataset.runId);
+      if (run) cell.textContent = deadlineText(run, now);
+    }
+  }, 1000);
+}
+
+// --- one run's detail -------------------------------------------------------------------
+
+function runPage() {
+  const {agent, name, run_id: runId} = props;
+  const base = `/api/runs/${parentPath(agent, name)}/${seg(runId)}`;
+  crumbs.innerHTML = `/ <a href="/parents/${parentPath(agent, name)}">${esc(agent)}/${esc(name)}</a> / ${esc(runId)}`;
+  main.innerHTML = `<h1>${esc(runId)}</h1>
+    <div class="toolbar"><span class="notice" id="notice"></span></div>
+    <section id="current"></section>
+    <section class="inbox" id="inbox-section" hidden><h2>Waiting for you</h2><div id="inbox"></div></section>
+    <h2>State as of a sequence</h2>
+    <div class="slider"><input type="range" id="slider" min="0" max="0" step="1" value="0">
+      <span id="slider-seq"></span></div>
+    <div class="as-of" id="as-of"></div>
+    <h2>Steps</h2><div id="steps"></div><div id="usage" class="meta"></div>
+    <h2>Events</h2><table id="events"><thead><tr><th>seq</th><th>type</th><th>at</th><th>data</th></tr></thead>
+      <tbody></tbody></table>`;
+  const slider = document.getElementById("slider");
+  let events = [], following = true, asOfRequest = 0;
+
+  async function showAsOf(index) {
+    const event = events[index];
+    if (!event) return;
+    document.getElementById("slider-seq").textContent = `sequence ${event.seq} (${index + 1} of ${events.length}: ${event.type})`;
+    for (const row of document.querySelectorAll("#events tbody tr")) {
+      row.classList.toggle("past", Number(row.dataset.seq) > event.seq);
+    }
+    const ticket = ++asOfRequest;
+    const answer = await api(`${base}/state?seq=${event.seq}`);
+    if (ticket !== asOfRequest) return;  // a later position was asked for meanwhile
+    const box = document.getElementById("as-of");
+    box.dataset.seq = String(event.seq);
+    box.innerHTML = stateBlock(answer.run);
+  }
+  slider.addEventListener("input", () => {
+    following = Number(slider.value) === events.length - 1;
+    showAsOf(Number(slider.value));
+  });
+
+  async function load() {
+    let detail;
+    try { detail = await api(base); } catch (error) { notice(error.message, true); return; }
+    const run = detail.run;
+    const actions = [];
+    if (!run.finished) actions.push(`<button class="cancel danger" data-act="cancel">Cancel</button>`);
+    if (run.status === "interrupted") actions.push(`<button class="rerequest" data-act="rerequest">Re-request</button>`);
+    document.getElementById("current").innerHTML = `${runCard(run, new Tree(), {actions: false})}
+      <div class="toolbar">${actions.join("")}</div>
+      <div class="detail-grid"><div><h2>Input</h2><pre class="json">${esc(JSON.stringify(detail.input, null, 2))}</pre></div>
+      <div><h2>Continuations</h2><pre class="json">${esc(JSON.stringify(detail.resumptions, null, 2))}</pre></div></div>`;
+    const inbox = document.getElementById("inbox");
+    document.getElementById("inbox-section").hidden = !(run.waiting_for && !run.finished);
+    if (run.waiting_for && !run.finished && !inbox.querySelector(`[data-sig='${CSS.escape(JSON.stringify(run.pending))}']`)) {
+      inbox.innerHTML = inboxItem(run);
+      inbox.firstElementChild.dataset.sig = JSON.stringify(run.pending);
+    }
+    document.getElementById("steps").innerHTML = stepsTable(detail.steps);
+    const usage = detail.usage;
+    document.getElementById("usage").textContent = usage
+      ? `usage: ${usage.input_tokens} in · ${usage.output_tokens} out · ${usage.cached_tokens} cached · cost ${usage.cost == null ? "unknown" : "$" + usage.cost.toFixed(6)}`
+      : "";
+    events = detail.events;
+    document.querySelector("#events tbody").innerHTML = events.map((e) =>
+      `<tr data-seq="${e.seq}"><td>${e.seq}</td><td>${esc(e.type)}</td><td>${esc(clock(e.occurred_at))}</td>
+        <td><pre class="json">${esc(JSON.stringify(e.data))}</pre></td></tr>`).join("");
+    slider.max = String(Math.max(events.length - 1, 0));
+    if (following) slider.value = slider.max;
+    await showAsOf(Number(slider.value));
+    document.body.dataset.loaded = "true";
+  }
+
+  main.addEventListener("click", (click) => {
+    const button = click.target.closest("button");
+    if (!button) return;
+    if (button.dataset.act) { button.disabled = true; act(`${base}/${button.dataset.act}`); return; }
+    const item = button.closest(".item");
+    if (!item) return;
+    const path = `${base}/continue`;
+    if (button.classList.contains("approve")) act(path, {approvals: [button.dataset.call]});
+    else if (button.classList.contains("reject")) act(path, {rejections: [button.dataset.call]});
+    else if (button.classList.contains("give-output")) {
+      const text = button.parentElement.querySelector(".tool-output").value;
+      try { act(path, {tool_outputs: {[button.dataset.call]: JSON.parse(text)}}); }
+      catch (error) { notice(`tool output is not JSON: ${error.message}`, true); }
+    } else if (button.classList.contains("continue")) {
+      act(path, {human_input: item.querySelector(".human-input").value});
+    }
+  });
+
+  // The run changes: the parent's stream says when; the detail is read again then.
+  let pending = null;
+  const source = new EventSource(`/api/parents/${parentPath(agent, name)}/stream`);
+  const reload = () => { if (!pending) pending = setTimeout(() => { pending = null; load(); }, 100); };
+  source.addEventListener("snapshot", reload);
+  source.addEventListener("update", (message) => {
+    const data = JSON.parse(message.data);
+    if (data.runs.some((r) => r.run_id === runId) || data.removed.includes(runId)) reload();
+  });
+  load();
+}
+
+function missingPage() {
+  main.innerHTML = `<h1>Not found</h1><p class="empty">${esc(props.message || "")}</p>`;
+}
+
+({index: indexPage, parent: parentPage, run: runPage, missing: missingPage})[document.body.dataset.page]();

@@ -1,0 +1,194 @@
+// tether ui: what every page draws with: helpers, a run's card, the inbox, steps.
+"use strict";
+
+const STATUSES = ["starting", "running", "completed", "error", "aborted", "interrupted"];
+
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => ({
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+const seg = encodeURIComponent;
+function parentPath(agent, name) { return `${seg(agent)}/${seg(name)}`; }
+function clock(ms) { return ms == null ? "—" : new Date(ms).toISOString().slice(11, 23); }
+function span(ms) {
+  if (ms == null) return "—";
+  if (Math.abs(ms) < 1000) return `${ms} ms`;
+  const s = ms / 1000;
+  return s < 120 ? `${s.toFixed(1)} s` : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, {headers: {"Content-Type": "application/json"}, ...options});
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.error || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+function notice(text, failed = false) {
+  const box = document.getElementById("notice");
+  if (!box) return;
+  box.textContent = text;
+  box.className = failed ? "notice failed" : "notice";
+}
+
+async function act(path, body) {
+  try {
+    const answer = await api(path, {method: "POST", body: JSON.stringify(body || {})});
+    notice(answer.message);
+  } catch (error) {
+    notice(error.message, true);
+  }
+}
+
+// --- one run's card --------------------------------------------------------------------
+
+function deadlineText(run, now) {
+  const parts = [];
+  if (run.finished) return "";
+  if (run.max_budget_deadline) parts.push(`budget ${span(run.max_budget_deadline - now)} left`);
+  if (run.no_progress_deadline) parts.push(`no-progress ${span(run.no_progress_deadline - now)} left`);
+  return parts.join(" · ");
+}
+
+function waterfall(run) {
+  const start = run.requested_at;
+  const points = [run.started_at, run.ended_at, run.delivered_at].filter((t) => t != null);
+  const end = points.length ? Math.max(...points) : Date.now();
+  const total = Math.max(end - start, 1);
+  const pieces = [];
+  const add = (from, to, cls, label) => {
+    if (from == null) return;
+    const until = to ?? (run.finished ? from : Date.now());
+    pieces.push([cls, Math.max(until - from, 0), label]);
+  };
+  add(start, run.started_at ?? run.ended_at, "wf-queue",
+      run.started_at == null && run.ended_at == null ? "requested, waiting" : "requested → running");
+  add(run.started_at, run.ended_at, "wf-run", run.ended_at == null ? "running so far" : "running → outcome");
+  if (run.ended_at != null && run.delivered_at != null) {
+    add(run.ended_at, run.delivered_at, "wf-deliver", "outcome → hook delivered");
+  }
+  const bars = pieces.map(([cls, ms, label]) =>
+    `<span class="${cls}" style="width:${(100 * ms / total).toFixed(2)}%" title="${label}: ${span(ms)}"></span>`).join("");
+  const legend = pieces.map(([, ms, label]) => `${label} ${span(ms)}`).join(" · ");
+  return `<div class="waterfall" data-total="${total}">${bars}</div>
+    <div class="waterfall-legend">${esc(legend)}</div>`;
+}
+
+function runCard(run, tree, options = {}) {
+  const p = run.progress || {};
+  const fraction = p.fraction ?? (run.status === "completed" ? 1 : null);
+  const runUrl = `/runs/${parentPath(run.parent.agent, run.parent.name)}/${seg(run.run_id)}`;
+  const actions = [];
+  if (!run.finished) actions.push(`<button class="cancel danger" data-act="cancel">Cancel</button>`);
+  if (run.status === "interrupted") {
+    actions.push(`<button class="rerequest" data-act="rerequest">Re-request</button>`);
+  }
+  const pins = run.milestones.map((m) =>
+    `<span class="pin" data-sequence="${m.sequence}" title="${esc(clock(m.at))}">${esc(m.name)}</span>`).join("");
+  const children = tree.childrenOf(run);
+  const meta = [
+    `attempt ${run.attempt}`,
+    run.detached ? "detached" : "awaited",
+    `requested ${clock(run.requested_at)}`,
+    run.waiting_for ? `waiting: ${esc(run.waiting_for)}` : "",
+    run.cancel_requested && !run.finished ? "cancel requested" : "",
+    run.reattach_attempts ? `re-attach ${run.reattach_attempts}` : "",
+  ].filter(Boolean);
+  return `<div class="run" data-run-id="${esc(run.run_id)}" data-status="${esc(run.status)}"
+      ${run.waiting_for ? `data-waiting="${esc(run.waiting_for)}"` : ""}>
+    <div class="run-head">
+      <span class="badge s-${esc(run.status)} status">${esc(run.status)}</span>
+      <span class="title">${esc(run.display || run.agent_type)}</span>
+      <a class="id" href="${runUrl}">${esc(run.run_id)}</a>
+      <span class="spacer"></span>
+      <span class="deadline meta" data-budget="${run.max_budget_deadline ?? ""}"
+        data-no-progress="${run.no_progress_deadline ?? ""}">${esc(deadlineText(run, Date.now()))}</span>
+      ${options.actions === false ? "" : actions.join("")}
+    </div>
+    <div class="bar" data-fraction="${fraction ?? ""}"><div class="fill"
+      style="width:${fraction == null ? 0 : (100 * fraction).toFixed(1)}%"></div></div>
+    <div class="meta"><span class="phase">${esc(p.phase || "")}</span>
+      <span class="message">${esc(p.message || "")}</span>${meta.map((m) => `<span>${m}</span>`).join("")}</div>
+    ${pins ? `<div class="pins">${pins}</div>` : ""}
+    ${run.output_text ? `<pre class="output">${run.output_truncated ? "…" : ""}${esc(run.output_text)}</pre>` : ""}
+    ${run.summary ? `<div class="summary">${esc(run.summary)}</div>` : ""}
+    ${run.error ? `<div class="problem">${esc(run.error)}</div>` : ""}
+    ${run.status === "interrupted" ? `<div class="reason">reason: ${esc(run.reason)}
+      · child still running: ${run.child_still_running == null ? "unknown" : run.child_still_running}</div>` : ""}
+    ${waterfall(run)}
+    ${children.length ? `<div class="children">${children.map((c) => runCard(c, tree, {actions: false})).join("")}</div>` : ""}
+  </div>`;
+}
+
+function byOrder(a, b) {
+  const ao = a.display_order ?? Infinity, bo = b.display_order ?? Infinity;
+  return ao - bo || a.requested_at - b.requested_at || (a.run_id < b.run_id ? -1 : 1);
+}
+
+// Runs of the page and their nested runs (owned by `<agent type>/<run id>`).
+class Tree {
+  constructor() { this.runs = new Map(); this.nested = new Map(); }
+  key(run) { return `${run.parent.agent}/${run.parent.name}/${run.run_id}`; }
+  childrenOf(run) {
+    const owner = `${run.agent_type}/${run.run_id}/`;
+    return [...this.nested.values()].filter((c) => `${c.parent.agent}/${c.parent.name}/` === owner)
+      .sort(byOrder);
+  }
+  rootOf(nested) {
+    let current = nested;
+    for (let depth = 0; depth < 8; depth += 1) {
+      const owner = [...this.runs.values(), ...this.nested.values()].find(
+        (r) => r.agent_type === current.parent.agent && r.run_id === current.parent.name);
+      if (!owner) return null;
+      if (this.runs.get(owner.run_id) === owner) return owner.run_id;
+      current = owner;
+    }
+    return null;
+  }
+}
+
+// --- a run waiting for a human, as the inbox shows it -----------------------------------
+
+function inboxItem(run) {
+  const base = `/api/runs/${parentPath(run.parent.agent, run.parent.name)}/${seg(run.run_id)}`;
+  const pending = run.pending.map((call) => `<div class="pending" data-call="${esc(call.tool_call_id)}">
+      <b>${esc(call.tool_name)}</b> <code>${esc(JSON.stringify(call.input))}</code>
+      <span class="meta">${esc(call.reason)}</span>
+      ${call.reason === "approval" ? `<button class="approve primary" data-call="${esc(call.tool_call_id)}">Approve</button>
+        <button class="reject danger" data-call="${esc(call.tool_call_id)}">Reject</button>`
+        : `<input type="text" class="tool-output" placeholder='tool output as JSON, e.g. {"ok": true}'>
+        <button class="give-output" data-call="${esc(call.tool_call_id)}">Give output</button>`}
+    </div>`).join("");
+  return `<div class="item" data-run-id="${esc(run.run_id)}" data-base="${esc(base)}">
+    <div><b>${esc(run.display || run.agent_type)}</b> <span class="id">${esc(run.run_id)}</span>
+      waits: ${esc(run.waiting_for)}</div>
+    ${pending}
+    <textarea class="human-input" placeholder="Your answer (human input)"></textarea>
+    <button class="continue">Continue</button>
+  </div>`;
+}
+
+// --- a run's detail -------------------------------------------------------------------
+
+function stateBlock(run) {
+  if (!run) return `<p class="empty">No run at this sequence (not requested yet, or cleared).</p>`;
+  const tree = new Tree();
+  return runCard(run, tree, {actions: false});
+}
+
+function stepsTable(steps) {
+  if (!steps.length) return `<p class="empty">No steps recorded.</p>`;
+  const rows = steps.map((step) => {
+    const turn = step.turn;
+    const tools = (step.tool_results || []).map((t) =>
+      `${esc(t.tool_name)} [${esc(t.decision)}]${t.is_error ? " ERROR" : ""}`).join(", ");
+    const pending = (step.pending || []).map((p) => `${esc(p.tool_name)} (${esc(p.reason)})`).join(", ");
+    return `<tr class="step"><td>${step.index}</td><td>${esc(step.kind)}</td><td>${step.call}</td>
+      <td>${esc(step.model || "")}</td><td>${esc(step.status)}</td>
+      <td>${turn ? `${turn.usage.input_tokens} in / ${turn.usage.output_tokens} out` : ""}</td>
+      <td>${step.cost == null ? "" : "$" + step.cost.toFixed(6)}</td>
+      <td>${tools}${pending ? ` waits: ${pending}` : ""}</td></tr>`;
+  }).join("");
+  return `<table><thead><tr><th>#</th><th>kind</th><th>call</th><th>model</th><th>status</th>
+    <th>tokens</th><th>cost</th><th>tool calls</th></tr></thead><tbody>${rows}</tbody></table>`;
+}

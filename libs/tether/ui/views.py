@@ -1,0 +1,76 @@
+"""What a page shows of a run: pure functions from folded states to JSON documents."""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tether.adapters.jetstream import StoredEvent
+from tether.client.timeline import run_view
+from tether.contract.messages import ProgressSignal
+from tether.domain.run_state import RunState, evolve
+
+# The tail of a run's streamed output a timeline carries; the run page has all of it.
+OUTPUT_TAIL_CHARS = 2_000
+STATUSES = ("starting", "running", "completed", "error", "aborted", "interrupted")
+
+
+def run_document(state: RunState, signal: ProgressSignal | None = None, *,
+                 output_chars: int | None = OUTPUT_TAIL_CHARS) -> dict[str, Any]:
+    """One run as the timeline draws it: the client's `RunView` plus what a page needs on
+    top (attempts, deadlines, the waterfall's moments, what a paused run waits for)."""
+    view = run_view(state, signal)
+    document = view.model_dump(mode="json", exclude={"output_parts"})
+    text = view.output_text
+    if output_chars is not None and len(text) > output_chars:
+        document["output_text"], document["output_truncated"] = text[-output_chars:], True
+    else:
+        document["output_text"], document["output_truncated"] = text, False
+    delivered = list(state.ledger.finish.values())  # when each finish hook was acknowledged
+    document.update(
+        parent={"agent": state.parent.agent, "name": state.parent.name},
+        attempt=state.attempt,
+        reattach_attempts=state.reattach_attempts,
+        max_budget_deadline=state.max_budget_deadline,
+        no_progress_deadline=state.no_progress_deadline,
+        delivered_at=min(delivered) if delivered else None,
+        pending=list(state.paused.pending) if state.paused else [],
+        step_count=len(state.steps),
+        finished=state.status in ("completed", "error", "aborted", "interrupted"),
+    )
+    return document
+
+
+def state_as_of(events: Iterable[StoredEvent], seq: int) -> RunState | None:
+    """The run folded from its events up to stream sequence `seq` (inclusive)."""
+    state: RunState | None = None
+    for stored in events:
+        if stored.seq > seq:
+            break
+        if stored.event is not None:
+            state = evolve(state, stored.event).state
+    return state
+
+
+def event_documents(events: Sequence[StoredEvent]) -> list[dict[str, Any]]:
+    """A run's events as its page lists them: sequence, type, time and payload."""
+    documents = []
+    for stored in events:
+        if stored.event is None:
+            documents.append({"seq": stored.seq, "type": "undecodable", "occurred_at": None,
+                              "data": str(stored.error)})
+            continue
+        event = stored.event
+        documents.append({"seq": stored.seq, "type": event.type,
+                          "occurred_at": event.occurred_at,
+                          "data": event.data.model_dump(mode="json")})
+    return documents
+
+
+def status_counts(rows: Iterable[tuple[str, str, str, int]]) -> list[dict[str, Any]]:
+    """(agent, name, status, runs) rows -> one entry per parent with its counts by status."""
+    parents: dict[tuple[str, str], dict[str, Any]] = {}
+    for agent, name, status, runs in rows:
+        entry = parents.setdefault((agent, name), {"agent": agent, "name": name, "total": 0,
+                                                   "counts": dict.fromkeys(STATUSES, 0)})
+        entry["counts"][status] = entry["counts"].get(status, 0) + runs
+        entry["total"] += runs
+    return [parents[key] for key in sorted(parents)]

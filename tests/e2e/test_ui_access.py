@@ -1,0 +1,170 @@
+"""`tether ui` under the NATS users of `tether.access`: an application's UI shows and acts
+for its own parents only, and another application's parent or run answers 404 (over HTTP
+and in the browser); the operator's UI sees every parent."""
+
+import asyncio
+import json
+import subprocess
+import time
+import urllib.request
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+from playwright.async_api import expect
+
+from tether.access import SERVICE_ROLES, Application, render
+from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.adapters.postgres.migrator import migrate
+from tether.adapters.postgres.projector import Projector
+from tether.config import Settings
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents
+from tether.ui.server import serve_ui
+
+ALICE = Application("alice", ("AliceBot",))
+BOB = Application("bob", ("BobBot",))
+ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
+BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
+PASSWORDS = {user: f"{user}-secret" for user in (*SERVICE_ROLES, "alice", "bob", "operator")}
+
+
+@pytest.fixture
+def auth_nats(tmp_path: Path, unique_name: str, devstack):
+    """nats-server with JetStream and the users of prefix `unique_name`; yields its URL."""
+    port, monitor = devstack.free_port(), devstack.free_port()
+    config = tmp_path / "nats.conf"
+    config.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
+                      f"jetstream {{ store_dir: {json.dumps(str(tmp_path / 'js'))} }}\n"
+                      + render(Settings(prefix=unique_name).subjects, [ALICE, BOB],
+                               passwords=PASSWORDS))
+    log_path = tmp_path / "nats.log"
+    with log_path.open("wb") as out:
+        server = subprocess.Popen([devstack.find_nats_server(), "-c", str(config)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with suppress(OSError), urllib.request.urlopen(
+                    f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=1):
+                break
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.02)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def as_user(settings: Settings, url: str, user: str) -> Settings:
+    return Settings(**{**settings.model_dump(), "nats_url": url, "nats_user": user,
+                       "nats_password": PASSWORDS[user]})
+
+
+@asynccontextmanager
+async def ui_as(settings: Settings):
+    stop = asyncio.Event()
+    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve_ui(settings, stop, {}, host="127.0.0.1", port=0,
+                                        started=started))
+    try:
+        port = await asyncio.wait_for(asyncio.shield(started), 20)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield client
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
+
+
+@pytest.fixture
+async def operator_log(auth_nats, settings, pool):
+    """The streams as the services create them, one run per application, projected."""
+    async with pool.acquire() as conn:
+        await migrate(conn, settings.projection_schema)
+    admin = await nats.connect(auth_nats, user="operator", password=PASSWORDS["operator"])
+    await ensure_streams(admin.jetstream(), settings.subjects, StreamSettings())
+    log = EventLog(admin, settings.subjects)
+    projector = Projector(pool, log, settings.projection_schema)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    seq = 0
+    for parent in (ALICE_PARENT, BOB_PARENT):
+        run = RunEvents("run-1", parent, id_prefix=parent.agent)
+        seq = await log.append_batch([run.requested(), run.started()], expected_last_seq=0)
+    await asyncio.wait_for(projector.wait_for_position(seq), 10)
+    try:
+        yield log
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await admin.drain()
+
+
+async def events_until_caught_up(response: httpx.Response) -> list[tuple[str, dict]]:
+    """The stream's events up to its first caught-up update: the snapshot, and proof that
+    the follow-up consumers on the log were allowed."""
+    kind, seen = "", []
+    async with asyncio.timeout(15):
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                seen.append((kind, json.loads(line[6:])))
+                if kind != "snapshot" and seen[-1][1].get("caught_up") is not False:
+                    return seen
+    raise AssertionError(f"the stream ended after {seen}")
+
+
+async def test_an_application_ui_shows_and_acts_for_its_own_parents_only(
+        auth_nats, settings, operator_log):
+    async with ui_as(as_user(settings, auth_nats, "alice")) as ui:
+        parents = (await ui.get("/api/parents")).json()["parents"]
+        assert [(p["agent"], p["name"]) for p in parents] == [("AliceBot", "user-1")]
+
+        for path in ("/parents/BobBot/user-1", "/runs/BobBot/user-1/run-1",
+                     "/api/runs/BobBot/user-1/run-1", "/api/runs/BobBot/user-1/run-1/state?seq=1",
+                     "/api/parents/BobBot/user-1/stream"):
+            answer = await ui.get(path)
+            assert answer.status_code == 404, path
+        for path in ("/api/runs/BobBot/user-1/run-1/cancel", "/api/parents/BobBot/user-1/clear"):
+            assert (await ui.post(path, json={})).status_code == 404, path
+        assert "no parent BobBot/user-1" in (await ui.get("/parents/BobBot/user-1")).text
+
+        assert (await ui.get("/parents/AliceBot/user-1")).status_code == 200
+        detail = (await ui.get("/api/runs/AliceBot/user-1/run-1")).json()
+        assert [e["type"] for e in detail["events"]] == ["run.requested", "run.started"]
+        async with ui.stream("GET", "/api/parents/AliceBot/user-1/stream") as response:
+            (kind, snapshot), *rest = await events_until_caught_up(response)
+        assert kind == "snapshot" and [r["run_id"] for r in snapshot["runs"]] == ["run-1"]
+        assert [kind for kind, _ in rest][-1] == "update", rest
+        cancelled = await ui.post("/api/runs/AliceBot/user-1/run-1/cancel", json={})
+        assert cancelled.json() == {"ok": True, "message": "cancel requested for run-1"}
+        command = await operator_log.jetstream.get_last_msg(
+            settings.subjects.commands_stream,
+            settings.subjects.command_for("cancel", ALICE_PARENT))
+        assert json.loads(command.data)["run_id"] == "run-1"
+
+
+async def test_the_operator_ui_sees_every_parent(auth_nats, settings, operator_log):
+    async with ui_as(as_user(settings, auth_nats, "operator")) as ui:
+        parents = (await ui.get("/api/parents")).json()["parents"]
+        assert [(p["agent"], p["name"]) for p in parents] == [("AliceBot", "user-1"),
+                                                              ("BobBot", "user-1")]
+        assert (await ui.get("/runs/BobBot/user-1/run-1")).status_code == 200
+
+
+async def test_another_applications_run_is_a_404_page_in_the_browser(
+        auth_nats, settings, operator_log, page):
+    async with ui_as(as_user(settings, auth_nats, "alice")) as ui:
+        base = str(ui.base_url).rstrip("/")
+        answer = await page.goto(f"{base}/runs/BobBot/user-1/run-1")
+        assert answer.status == 404
+        await expect(page.locator("h1")).to_have_text("Not found")
+        await expect(page.locator("main")).to_contain_text("no parent BobBot/user-1")
+
+        await page.goto(f"{base}/parents/AliceBot/user-1")
+        card = page.locator('#timeline .run[data-run-id="run-1"]')
+        await expect(card).to_have_attribute("data-status", "starting")
+        await expect(page.locator("#live")).to_have_attribute("data-state", "caught-up")

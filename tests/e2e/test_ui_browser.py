@@ -1,0 +1,223 @@
+"""`tether ui` in a real browser: headless Chromium (Debian's `chromium` package) driven by
+Playwright, against the parent, a child-runner, the projector and the UI as processes.
+
+Every wait is on a page condition (Playwright's `expect` / `wait_for_function`), never a
+fixed sleep. No Chromium is a failure, not a skip: `.ci/run` installs it.
+"""
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from playwright.async_api import Page, expect
+
+from tether.adapters.jetstream import StreamSettings, connect_nats, ensure_streams, remove_streams
+from tether.client import Tether, connect
+from tether.config import Settings
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents
+
+AGENTS = "examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher"
+PARENT = ("Assistant", "user-42")
+
+
+async def ready(service, timeout: float = 30) -> None:
+    async with asyncio.timeout(timeout):
+        while True:
+            reader, writer = await asyncio.open_connection("127.0.0.1", service.health_port)
+            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+            await writer.drain()
+            head = await reader.readline()
+            writer.close()
+            if int(head.split()[1]) == 200:
+                return
+            await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def stack_settings(nats_url: str, database_url: str) -> Settings:
+    name = "t" + uuid.uuid4().hex[:10]
+    return Settings(nats_url=nats_url, database_url=database_url, prefix=name,
+                    projection_schema=name)
+
+
+@pytest.fixture(scope="module")
+async def ui_url(stack_settings, service_process) -> AsyncIterator[str]:
+    """The parent, a child-runner, the projector and the UI, for every test of the module
+    (each uses run ids of its own); the UI's base URL."""
+    settings = stack_settings
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
+    env.update(TETHER_NATS_URL=settings.nats_url, TETHER_DATABASE_URL=settings.database_url,
+               TETHER_PREFIX=settings.prefix, TETHER_PROJECTION_SCHEMA=settings.projection_schema,
+               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json")
+    nc = await connect_nats(settings.nats_url, name="tether-ui-tests")
+    await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings())
+    processes = [service_process("parent", {**env, "TETHER_AGENTS": AGENTS}),
+                 service_process("projector", env),
+                 service_process("child-runner", {**env, "TETHER_AGENTS": AGENTS,
+                                                  "TETHER_RUNNER_CONCURRENCY": "16"}),
+                 service_process("ui", {**env, "TETHER_UI_PORT": "0"})]
+    try:
+        await asyncio.gather(*(process.start() for process in processes))
+        await asyncio.gather(*(ready(process) for process in processes))
+        [listening] = await processes[-1].logged("ui.listening")
+        yield f"http://127.0.0.1:{listening['port']}"
+    finally:
+        for process in processes:
+            await process.stop()
+            print(f"--- {process.name} (last 100 log lines) ---")  # shown when a test failed
+            for line in process.lines[-100:]:
+                print(json.dumps(line))
+        await remove_streams(nc.jetstream(), settings.subjects)
+        await nc.drain()
+        connection = await asyncpg.connect(settings.database_url)
+        await connection.execute(f'DROP SCHEMA IF EXISTS "{settings.projection_schema}" CASCADE')
+        await connection.close()
+
+
+@pytest.fixture
+async def tether(ui_url, stack_settings) -> AsyncIterator[Tether]:
+    async with connect(settings=stack_settings) as client:
+        yield client
+
+
+def run_card(page: Page, run_id: str):
+    return page.locator(f'#timeline > .group > .run[data-run-id="{run_id}"]')
+
+
+async def open_timeline(page: Page, ui_url: str) -> None:
+    await page.goto(f"{ui_url}/parents/{PARENT[0]}/{PARENT[1]}")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+
+
+async def test_the_index_lists_the_parent_and_searches(page, ui_url, tether):
+    await tether.parent("Assistant", "searched").run_agent_tool("Sleeper", {"seconds": 0},
+                                                                run_id="quick")
+    await page.goto(ui_url)
+    row = page.locator('tr.parent[data-parent="Assistant/searched"]')
+    await expect(row).to_be_visible()
+    await expect(row.locator('[data-status="completed"]')).to_have_text("1")
+    await page.fill("#search", "nobody")
+    await expect(row).to_be_hidden()
+    await page.fill("#search", "SEARCH")
+    await row.locator("a").click()
+    await expect(page.locator("body")).to_have_attribute("data-page", "parent")
+    await expect(run_card(page, "quick")).to_have_attribute("data-status", "completed")
+
+
+async def test_a_live_run_advances_its_bar_passes_its_milestones_in_order_and_completes(
+        page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    handle = await tether.parent(*PARENT).run_agent_tool(
+        "Sleeper", {"seconds": 2.5, "milestones": 5}, run_id="nap", detached=True)
+    assert handle.status == "running"
+    card = run_card(page, "nap")
+    await expect(card).to_have_attribute("data-status", "running")
+    # Part of the way: the bar shows a fraction strictly between 0 and 1.
+    await page.wait_for_function(
+        """() => { const bar = document.querySelector('#timeline .run[data-run-id="nap"] .bar');
+                   const f = bar && parseFloat(bar.dataset.fraction);
+                   return f > 0 && f < 1; }""", polling="raf")
+    await expect(card).to_have_attribute("data-status", "completed", timeout=20_000)
+    await expect(card.locator(".bar")).to_have_attribute("data-fraction", "1")
+    await expect(card.locator(".pin")).to_have_text(
+        ["step-1", "step-2", "step-3", "step-4", "step-5"])
+    assert [await pin.get_attribute("data-sequence") for pin in
+            await card.locator(".pin").all()] == ["0", "1", "2", "3", "4"]
+    await expect(card.locator(".summary")).to_have_text("slept 2.5s")
+
+
+async def test_the_cancel_button_ends_a_run_aborted(page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    await tether.parent(*PARENT).run_agent_tool("Sleeper", {"seconds": 120}, run_id="long",
+                                                detached=True)
+    card = run_card(page, "long")
+    await expect(card).to_have_attribute("data-status", "running")
+    await card.locator("button.cancel").click()
+    await expect(page.locator("#notice")).to_have_text("cancel requested for long")
+    await expect(card).to_have_attribute("data-status", "aborted")
+    await expect(card.locator("button.cancel")).to_have_count(0)
+
+
+async def test_an_approval_from_the_inbox_resumes_a_paused_run(page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    await tether.parent(*PARENT).run_agent_tool(
+        "Publisher", {"input": "Write a note about HTTP/3 and publish it."}, run_id="pub",
+        detached=True)
+    item = page.locator('#inbox .item[data-run-id="pub"]')
+    await expect(item.locator(".pending b")).to_have_text("publish")
+    await expect(run_card(page, "pub")).to_have_attribute("data-waiting", "waiting_for_human")
+    await item.locator("button.approve").click()
+    await expect(run_card(page, "pub")).to_have_attribute("data-status", "completed")
+    await expect(run_card(page, "pub").locator(".summary")).to_have_text(
+        "Published: https://notes.example/pub")
+    await expect(page.locator("#inbox-section")).to_be_hidden()
+
+    # The model child's page: its steps with their tool calls, and its usage and cost.
+    await run_card(page, "pub").locator("a.id").click()
+    await expect(page.locator("body")).to_have_attribute("data-page", "run")
+    await expect(page.locator("#steps tr.step")).to_have_count(4)
+    await expect(page.locator("#steps")).to_contain_text("publish [approved]")
+    await expect(page.locator("#usage")).to_contain_text("cost $")
+
+
+async def test_the_sequence_slider_shows_an_earlier_state(page, ui_url, tether):
+    await tether.parent(*PARENT).run_agent_tool("Researcher", {"query": "HTTP/3"},
+                                                run_id="research")
+    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/research")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    await expect(page.locator("#current .run")).to_have_attribute("data-status", "completed")
+    await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "completed")
+    types = await page.locator("#events tbody tr td:nth-child(2)").all_text_contents()
+    running = types.index("run.running")
+    slider = page.locator("#slider")
+    await slider.fill(str(running))
+    await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "running")
+    await expect(page.locator("#slider-seq")).to_contain_text("run.running")
+    await expect(page.locator("#as-of .summary")).to_have_count(0)
+    await expect(page.locator("#events tr.past").first).to_be_attached()
+    await slider.fill("0")
+    await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "starting")
+
+
+async def test_an_unknown_run_page_is_a_404_page(page, ui_url):
+    answer = await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/nobody")
+    assert answer.status == 404
+    await expect(page.locator("h1")).to_have_text("Not found")
+
+
+async def test_clearing_finished_runs_takes_them_off_the_timeline(page, ui_url, tether):
+    me = tether.parent("Assistant", "clearing")
+    await me.run_agent_tool("Sleeper", {"seconds": 0}, run_id="done-1")
+    await me.run_agent_tool("Sleeper", {"seconds": 120}, run_id="still-going", detached=True)
+    await page.goto(f"{ui_url}/parents/Assistant/clearing")
+    cards = page.locator("#timeline .group > .run")
+    await expect(page.locator('#timeline .run[data-run-id="still-going"]')).to_have_attribute(
+        "data-status", "running")
+    await expect(cards).to_have_count(2)
+    await page.click("#clear-finished")
+    await expect(page.locator("#notice")).to_contain_text("clear requested for Assistant/clearing")
+    await expect(cards).to_have_count(1)
+    await expect(cards).to_have_attribute("data-run-id", "still-going")
+    await me.cancel("still-going")
+
+
+async def test_re_requesting_an_interrupted_run_re_attaches_to_it(page, ui_url, tether):
+    run = RunEvents("stalled", ParentRef(agent=PARENT[0], name=PARENT[1]),
+                    start_ms=int(time.time() * 1000))
+    await tether.log.append_batch(
+        [run.requested("Sleeper", input={"seconds": 1}), run.started(), run.running(),
+         run.interrupted("no-progress", child_still_running=False)], expected_last_seq=0)
+    await open_timeline(page, ui_url)
+    card = run_card(page, "stalled")
+    await expect(card).to_have_attribute("data-status", "interrupted")
+    await expect(card.locator(".reason")).to_contain_text("reason: no-progress")
+    await expect(card.locator(".reason")).to_contain_text("child still running: false")
+    await card.locator("button.rerequest").click()
+    await expect(page.locator("#notice")).to_have_text("re-requested stalled")
+    await expect(card.locator("div.meta")).to_contain_text("re-attach 1")

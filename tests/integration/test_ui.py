@@ -1,0 +1,356 @@
+"""`tether ui` over HTTP against real NATS and Postgres: the pages' JSON, the live stream,
+the state as of a sequence, the actions' commands and their errors.
+
+The events are appended directly and projected by an in-process projector; no parent
+service runs, so an action is checked by the command it puts on the commands stream.
+"""
+
+import asyncio
+import itertools
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from tether.adapters.jetstream import EventLog
+from tether.adapters.postgres.projector import Projector
+from tether.client import connect
+from tether.config import Settings
+from tether.contract.codec import encode_event
+from tether.domain import events as ev
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents
+from tether.ui.live import ParentStream
+from tether.ui.server import serve_ui
+from tether.ui.store import ProjectionStore
+
+PARENT = ParentRef(agent="Assistant", name="user-1")
+OTHER = ParentRef(agent="Assistant", name="user-2")
+
+
+@asynccontextmanager
+async def running_ui(settings: Settings) -> AsyncIterator[str]:
+    stop = asyncio.Event()
+    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve_ui(settings, stop, {}, host="127.0.0.1", port=0,
+                                        started=started))
+    try:
+        port = await asyncio.wait_for(asyncio.shield(started), 20)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 20)
+
+
+@asynccontextmanager
+async def running_projector(pool, log: EventLog, schema: str) -> AsyncIterator[Projector]:
+    projector = Projector(pool, log, schema)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    try:
+        yield projector
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def append(log: EventLog, *events: ev.Event) -> int:
+    seq = 0
+    for event in events:
+        seq = await log.append(event, expected_last_seq=None)
+    return seq
+
+
+@pytest.fixture
+async def projector(pool, log, settings):
+    async with running_projector(pool, log, settings.projection_schema) as running:
+        yield running
+
+
+@pytest.fixture
+async def ui(projector, settings):
+    async with running_ui(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        yield client
+
+
+class Stream:
+    """The server-sent events of one page's stream, as (event, data) pairs."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._lines = response.aiter_lines()
+
+    async def next(self, timeout: float = 10) -> tuple[str, dict]:
+        kind, data = "", ""
+        async with asyncio.timeout(timeout):
+            async for line in self._lines:
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: "):
+                    data = line[6:]
+                elif line == "" and kind:
+                    return kind, json.loads(data)
+        raise AssertionError("the stream ended")
+
+    async def until(self, predicate, timeout: float = 10) -> list[dict]:
+        """Messages up to the first one `predicate` accepts (included)."""
+        seen = []
+        async with asyncio.timeout(timeout):
+            while True:
+                _, message = await self.next(timeout)
+                seen.append(message)
+                if predicate(message):
+                    return seen
+
+
+@asynccontextmanager
+async def stream(client: httpx.AsyncClient, parent: ParentRef) -> AsyncIterator[Stream]:
+    async with client.stream("GET", f"/api/parents/{parent.agent}/{parent.name}/stream") as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        yield Stream(r)
+
+
+def a_run(run_id: str, parent: ParentRef = PARENT) -> RunEvents:
+    return RunEvents(run_id, parent, start_ms=1_700_000_000_000)
+
+
+async def test_the_index_lists_parents_with_their_counts_by_status_and_searches(
+        ui, log, projector):
+    done, failed, other = a_run("r1"), a_run("r2"), a_run("r3", OTHER)
+    seq = await append(log, done.requested(), done.started(), done.completed(),
+                       failed.requested(), failed.failed(), other.requested())
+    await asyncio.wait_for(projector.wait_for_position(seq), 10)
+
+    parents = (await ui.get("/api/parents")).json()["parents"]
+    assert [(p["agent"], p["name"], p["total"]) for p in parents] == [
+        ("Assistant", "user-1", 2), ("Assistant", "user-2", 1)]
+    counts = parents[0]["counts"]
+    assert (counts["completed"], counts["error"], counts["starting"]) == (1, 1, 0)
+    assert parents[1]["counts"]["starting"] == 1
+    assert [p["name"] for p in (await ui.get("/api/parents?q=USER-2")).json()["parents"]] == [
+        "user-2"]
+    page = await ui.get("/")
+    assert page.status_code == 200 and 'data-page="index"' in page.text
+
+
+async def test_the_stream_starts_from_the_projection_and_follows_the_log(ui, log, projector):
+    old = a_run("old")
+    seq = await append(log, old.requested(), old.started(), old.running(),
+                       old.milestone("first"), old.completed("earlier"))
+    await asyncio.wait_for(projector.wait_for_position(seq), 10)
+
+    async with stream(ui, PARENT) as page:
+        kind, snapshot = await page.next()
+        assert kind == "snapshot" and snapshot["checkpoint"] >= seq
+        [run] = snapshot["runs"]
+        assert (run["run_id"], run["status"], run["summary"]) == ("old", "completed", "earlier")
+        assert [m["name"] for m in run["milestones"]] == ["first"]
+
+        new = a_run("new")
+        await append(log, new.requested(display="Looking it up"), new.started(), new.running(),
+                     new.milestone("a"), new.milestone("b"), new.output("partial "),
+                     new.output("text"), new.progress(0.4, "reading"))
+        updates = await page.until(lambda m: any(
+            r["run_id"] == "new" and r["progress"] and r["progress"]["fraction"] == 0.4
+            for r in m["runs"]))
+        latest = [r for m in updates for r in m["runs"] if r["run_id"] == "new"][-1]
+        assert latest["display"] == "Looking it up" and latest["status"] == "running"
+        assert latest["progress"]["fraction"] == 0.4 and latest["progress"]["message"] == "reading"
+        assert [(m["sequence"], m["name"]) for m in latest["milestones"]] == [(0, "a"), (1, "b")]
+        assert latest["output_text"] == "partial text"
+        assert latest["attempt"] == 1 and not latest["finished"]
+
+        await append(log, new.completed("found it"))
+        await page.until(lambda m: any(r["run_id"] == "new" and r["status"] == "completed"
+                                       for r in m["runs"]))
+        await append(log, old.cleared())
+        await page.until(lambda m: m["removed"] == ["old"])
+
+
+async def test_a_burst_reaches_the_page_coalesced_per_frame(log, pool, settings, projector):
+    run = a_run("busy")
+    await append(log, run.requested(), run.started(), run.running())
+    # The app's default frame (250 ms): the burst below is published in far less.
+    async with (running_ui(settings) as url,
+                httpx.AsyncClient(base_url=url, timeout=10) as ui,
+                stream(ui, PARENT) as page):
+        kind, _ = await page.next()
+        assert kind == "snapshot"
+        acks = [await log.jetstream.publish_async(
+            log.subjects.run_events(PARENT, "busy"), encode_event(event),
+            headers={"Nats-Msg-Id": event.event_id})
+            for event in (run.output(f"{i} ") for i in range(300))]
+        await asyncio.gather(*acks)
+        updates = await page.until(lambda m: any(
+            r["output_text"].endswith("299 ") for r in m["runs"]))
+    frames = [m for m in updates if m["runs"]]
+    assert len(frames) < 20, f"{len(frames)} frames for one burst of 300 events"
+    assert all(len(m["runs"]) == 1 for m in frames), "one document per run per frame"
+    gaps = [b["sent_at"] - a["sent_at"] for a, b in itertools.pairwise(frames)]
+    assert all(gap >= 240 for gap in gaps), gaps
+
+
+async def test_the_run_page_folds_its_events_up_to_any_sequence(ui, log, projector):
+    run = a_run("r-seq")
+    seqs = [await append(log, event) for event in (
+        run.requested(), run.started(), run.running(), run.milestone("half"),
+        run.output("hello"), run.completed("all done"))]
+    await asyncio.wait_for(projector.wait_for_position(seqs[-1]), 10)
+
+    detail = (await ui.get("/api/runs/Assistant/user-1/r-seq")).json()
+    assert [e["seq"] for e in detail["events"]] == seqs
+    assert [e["type"] for e in detail["events"]] == [
+        "run.requested", "run.started", "run.running", "run.milestone", "run.output",
+        "run.completed"]
+    assert detail["run"]["status"] == "completed" and detail["steps"] == []
+
+    async def as_of(seq: int) -> dict | None:
+        answer = await ui.get(f"/api/runs/Assistant/user-1/r-seq/state?seq={seq}")
+        assert answer.status_code == 200
+        return answer.json()["run"]
+
+    assert await as_of(seqs[0] - 1) is None
+    assert (await as_of(seqs[0]))["status"] == "starting"
+    at_milestone = await as_of(seqs[3])
+    assert (at_milestone["status"], [m["name"] for m in at_milestone["milestones"]],
+            at_milestone["output_text"]) == ("running", ["half"], "")
+    assert (await as_of(seqs[4]))["output_text"] == "hello"
+    assert (await as_of(seqs[5]))["summary"] == "all done"
+    page = await ui.get("/runs/Assistant/user-1/r-seq")
+    assert page.status_code == 200 and 'data-page="run"' in page.text
+
+    bad = await ui.get("/api/runs/Assistant/user-1/r-seq/state?seq=soon")
+    assert bad.status_code == 400 and "seq" in bad.json()["error"]
+
+
+async def test_unknown_or_malformed_parents_and_runs_are_404(ui):
+    for path in ("/runs/Assistant/user-1/nope", "/api/runs/Assistant/user-1/nope",
+                 "/parents/Bad%20Agent/x", "/runs/Assistant/user-1/bad%20id"):
+        answer = await ui.get(path)
+        assert answer.status_code == 404, path
+    assert "no run nope of Assistant/user-1" in (
+        await ui.get("/api/runs/Assistant/user-1/nope")).json()["error"]
+    assert (await ui.get("/parents/Assistant/nobody-yet")).status_code == 200
+
+
+async def last_command(log: EventLog, kind: str, parent: ParentRef = PARENT) -> dict:
+    message = await log.jetstream.get_last_msg(log.subjects.commands_stream,
+                                               log.subjects.command_for(kind, parent))
+    return json.loads(message.data)
+
+
+async def test_actions_send_the_commands_of_the_client(ui, log, projector):
+    open_run, stuck, paused = a_run("open"), a_run("stuck"), a_run("paused")
+    pending = [{"tool_call_id": "call-1", "tool_name": "publish", "input": {},
+                "reason": "approval"}]
+    seq = await append(
+        log, open_run.requested(), open_run.started(),
+        stuck.requested("Importer", input={"rows": 5}, display="Import"), stuck.started(),
+        stuck.interrupted(),
+        paused.requested(), paused.started(), paused.running(),
+        paused.make(ev.RunPaused, reason="waiting_for_human", pending=pending))
+    await asyncio.wait_for(projector.wait_for_position(seq), 10)
+
+    answer = await ui.post("/api/runs/Assistant/user-1/open/cancel", json={})
+    assert answer.json() == {"ok": True, "message": "cancel requested for open"}
+    assert (await last_command(log, "cancel"))["run_id"] == "open"
+
+    assert (await ui.post("/api/runs/Assistant/user-1/stuck/rerequest", json={})).status_code == 200
+    command = await last_command(log, "run")
+    assert (command["run_id"], command["agent_type"], command["input"], command["display"]) == (
+        "stuck", "Importer", {"rows": 5}, "Import")
+    refused = await ui.post("/api/runs/Assistant/user-1/open/rerequest", json={})
+    assert refused.status_code == 409 and "only an interrupted run" in refused.json()["error"]
+
+    answer = await ui.post("/api/runs/Assistant/user-1/paused/continue",
+                           json={"approvals": ["call-1"]})
+    assert answer.status_code == 200
+    command = await last_command(log, "continue")
+    assert (command["run_id"], command["approvals"]) == ("paused", ["call-1"])
+    bad = await ui.post("/api/runs/Assistant/user-1/paused/continue",
+                        json={"approvals": "call-1"})
+    assert bad.status_code == 400 and bad.json()["error"].startswith(
+        "invalid continue request: approvals")
+    form = await ui.post("/api/runs/Assistant/user-1/open/cancel",
+                         data={"from": "another site"})
+    assert form.status_code == 415 and "Content-Type: application/json" in form.json()["error"]
+    not_json = await ui.post("/api/runs/Assistant/user-1/paused/continue", content=b"{",
+                             headers={"Content-Type": "application/json"})
+    assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]
+    not_paused = await ui.post("/api/runs/Assistant/user-1/open/continue", json={})
+    assert not_paused.status_code == 409
+
+    assert (await ui.post("/api/parents/Assistant/user-1/clear", json={})).status_code == 200
+    assert (await last_command(log, "clear"))["status"] == [
+        "completed", "error", "aborted", "interrupted"]
+    bad = await ui.post("/api/parents/Assistant/user-1/clear", json={"status": ["done"]})
+    assert bad.status_code == 400 and "status" in bad.json()["error"]
+
+
+async def test_health_and_readiness(ui):
+    assert (await ui.get("/healthz")).json() == {"status": "alive"}
+    ready = await ui.get("/readyz")
+    assert ready.status_code == 200 and set(ready.json()["checks"]) == {"nats", "postgres"}
+
+
+async def test_a_run_the_projector_has_not_seen_yet_is_read_from_the_log(log, pool, settings):
+    run = a_run("fresh")
+    await append(log, run.requested(), run.started())
+    # No projector runs: the run is only in the log.
+    async with running_ui(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as ui:
+        detail = (await ui.get("/api/runs/Assistant/user-1/fresh")).json()
+        assert detail["run"]["status"] == "starting"
+        assert [e["type"] for e in detail["events"]] == ["run.requested", "run.started"]
+        assert (await ui.get("/runs/Assistant/user-1/fresh")).status_code == 200
+        assert (await ui.get("/runs/Assistant/user-1/never")).status_code == 404
+
+
+async def test_nested_runs_come_under_the_run_that_started_them(ui, log, projector):
+    coordinator = a_run("digest")
+    owner = ParentRef(agent="Coordinator", name="digest")
+    first = a_run("digest-part-0", owner)
+    seq = await append(log, coordinator.requested("Coordinator"), coordinator.started(),
+                       coordinator.running(), first.requested("Summarizer"), first.started(),
+                       first.completed("part one"))
+    await asyncio.wait_for(projector.wait_for_position(seq), 10)
+
+    async with stream(ui, PARENT) as page:
+        kind, snapshot = await page.next()
+        assert kind == "snapshot" and [r["run_id"] for r in snapshot["runs"]] == ["digest"]
+        assert [(r["parent"], r["run_id"], r["summary"]) for r in snapshot["nested"]] == [
+            ({"agent": "Coordinator", "name": "digest"}, "digest-part-0", "part one")]
+        # The coordinator is open: a nested run it starts later reaches the page too.
+        second = a_run("digest-part-1", owner)
+        await append(log, second.requested("Summarizer"), second.started())
+        await page.until(lambda m: any(r["run_id"] == "digest-part-1"
+                                       for r in m.get("nested", [])))
+    assert (await ui.get("/parents/Coordinator/digest")).status_code == 200
+
+
+async def test_a_quiet_stream_sends_heartbeats(log, pool, settings):
+    async with connect(settings=settings) as tether:
+        page = ParentStream(tether, ProjectionStore(pool, settings.projection_schema), PARENT,
+                            heartbeat_s=0.05)
+        messages = page.messages()
+        kinds = [(await anext(messages))["type"] for _ in range(4)]
+        await messages.aclose()
+    assert kinds == ["snapshot", "update", "heartbeat", "heartbeat"]
+
+
+async def test_missing_projections_are_a_503_that_names_the_schema(log, nats_url, database_url):
+    settings = Settings(nats_url=nats_url, database_url=database_url, prefix=log.subjects.prefix,
+                        projection_schema="never_migrated")
+    async with running_ui(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as ui:
+        answer = await ui.get("/api/parents")
+        assert answer.status_code == 503
+        assert "schema 'never_migrated'" in answer.json()["error"]
+        assert "projector" in answer.json()["error"]
+        page = await ui.get("/parents/Assistant/user-1")
+        assert page.status_code == 200  # the page itself; its stream says what failed
+        async with stream(ui, PARENT) as events:
+            kind, failure = await events.next()
+        assert kind == "failure" and "never_migrated" in failure["error"]
+        stream_answer = await ui.get("/runs/Assistant/user-1/r1")
+        assert stream_answer.status_code == 503 and "never_migrated" in stream_answer.text
