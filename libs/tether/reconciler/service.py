@@ -19,6 +19,7 @@ from collections.abc import Hashable
 
 import asyncpg
 
+from tether.adapters.control import control_broker
 from tether.adapters.jetstream import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
@@ -66,7 +67,8 @@ class Reconciler:
         # Distinguishes this reconciler's decisions from another's (see decide.Cause).
         self.origin = f"rec-{uuid.uuid4().hex[:8]}"
         self._control = ChildControl(log.nats, log.subjects)
-        self.observability = Observability(log.nats, log.subjects, logger)
+        self._observability_broker = control_broker(settings, "tether-reconciler-observability")
+        self.observability = Observability(self._observability_broker, log.subjects, logger)
         self.recovery = Recovery(settings, log, self._control, self.observability, logger,
                                  origin=self.origin)
         self._states: dict[RunKey, RunState] = {}
@@ -94,6 +96,7 @@ class Reconciler:
                     continue
             if stop.is_set():
                 return
+            await self._observability_broker.start()
             self.active.set()
             self._logger.info("reconciler.active")
             try:
@@ -102,6 +105,7 @@ class Reconciler:
                                      self.recovery.run(stop, self._awaited_open_runs))
             finally:
                 self.active.clear()
+                await self._observability_broker.stop()
                 await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", self.lock_key)
 
     def _awaited_open_runs(self) -> list[RunState]:
