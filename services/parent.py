@@ -34,7 +34,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         # The reconciler recovers the awaited runs a previous incarnation left open.
         await nc.publish(settings.subjects.parent_started, b"{}")
 
-        checks.update(parent_nats=nats_check(nc), parent_postgres=postgres_check(pool))
+        checks.update(parent_nats=nats_check(nc), parent_queries=nats_check(service.queries.connection),
+                      parent_postgres=postgres_check(pool))
         js, hooks_stream = nc.jetstream(), settings.subjects.hooks_stream
 
         async def collect_hook_deliveries() -> None:

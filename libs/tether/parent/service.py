@@ -12,6 +12,7 @@ import json
 from collections import defaultdict
 
 import asyncpg
+from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
@@ -74,6 +75,11 @@ class ParentService:
                                        middlewares=[queries.middleware()])
         queries.subscribe(self._queries, self._subjects)
         await start_control(self._queries)
+
+    @property
+    def queries(self) -> NatsBroker:
+        """The faststream broker answering the queries (started by `start()`)."""
+        return self._queries
 
     async def run(self, stop: asyncio.Event) -> None:
         assert self._deliverer is not None
