@@ -43,7 +43,7 @@ class _Metric:
         self._registry.register(self)
         self._metric = self._create(name, documentation, self.labelnames,
                                     registry=self._registry.prometheus, **options)
-        self._children: dict[Labels, Any] = {}
+        self._children: dict[tuple[tuple[str, str], ...], Any] = {}
 
     def _create(self, *args: Any, **options: Any) -> Any:
         raise NotImplementedError
@@ -58,15 +58,20 @@ class _Metric:
                              f"not {sorted(labels)}") from missing
 
     def _child(self, labels: dict[str, str]) -> Any:
+        # Keyed by the labels as the caller passed them, which a call site always does in
+        # the same order: a hot path hashes one tuple and skips the check of the names.
+        call = tuple(labels.items())
+        child = self._children.get(call)
+        if child is None:
+            child = self._children[call] = self._resolve(labels)
+        return child
+
+    def _resolve(self, labels: dict[str, str]) -> Any:
         if not self.labelnames:
             if labels:
                 raise ValueError(f"{self.name} takes no labels, got {sorted(labels)}")
             return self._metric
-        key = self._key(labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self._metric.labels(*key)
-        return child
+        return self._metric.labels(*self._key(labels))
 
     def _sample(self, suffix: str, labels: dict[str, str]) -> float:
         key = self._key(labels)
