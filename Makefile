@@ -38,8 +38,10 @@ down:
 env:
 	@$(PYTHON) scripts/devstack.py env
 
+# The JSON Schemas and the AsyncAPI document under schemas/, and its page under docs/.
 schemas: venv
 	$(PY) -m tether.contract.schemas --write
+	$(PY) -m tether.contract.asyncapi --write
 
 lint: venv
 	$(PY) -m ruff check .

@@ -54,7 +54,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                 return True, f"consuming work for {agents}"
             return False, "not consuming (starting or stopping)"
 
-        checks.update(nats=nats_check(nc), streams=streams_present, consuming=consuming)
+        checks.update(nats=nats_check(nc), control=nats_check(runner.control.connection),
+                      streams=streams_present, consuming=consuming)
         RUNNER_SLOTS.set(settings.runner_concurrency)
 
         async def collect_work_queue() -> None:

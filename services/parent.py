@@ -44,7 +44,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
             return
         logger.info("parent.ready", agents=agents.agent_types)
 
-        checks.update(parent_nats=nats_check(nc), parent_postgres=postgres_check(pool))
+        checks.update(parent_nats=nats_check(nc), parent_queries=nats_check(service.queries.connection),
+                      parent_postgres=postgres_check(pool))
         js, hooks_stream = nc.jetstream(), settings.subjects.hooks_stream
 
         async def collect_hook_deliveries() -> None:

@@ -1,17 +1,25 @@
-"""Prometheus metrics without a dependency: counters, gauges and histograms with labels,
-and the text exposition format (version 0.0.4) served on each service's `/metrics`.
+"""Prometheus metrics through `prometheus_client`: counters, gauges and histograms with
+labels, served on each service's `/metrics` in the text format (0.0.4), or OpenMetrics
+when the scrape's Accept header asks for it, with the process and garbage-collector
+metrics (`process_*`, `python_gc_*`, `python_info`).
 
-Instruments are module-level, like `prometheus_client`'s, so a hot path pays one dict
-update per call and no lookup of a registry. Values that live elsewhere (a stream's last
-sequence, a table's row counts, a consumer's pending messages) are read at scrape time
-by collectors a service registers while it runs, never polled in the background.
+Instruments are module-level and take their labels as keyword arguments
+(`WORK_ITEMS.inc(agent_type=..., outcome=...)`); each keeps the labelled child of every
+label set it has seen, so a hot path pays a dict lookup and the child's update. Values
+that live elsewhere (a stream's last sequence, a table's row counts, a consumer's pending
+messages) are read at scrape time by collectors a service registers while it runs, never
+polled in the background.
 """
 
 import asyncio
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
+from typing import Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
 
 from tether.log import get_logger
 
@@ -24,26 +32,21 @@ DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 COLLECT_TIMEOUT_S = 2.0
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return str(int(value)) if float(value).is_integer() and abs(value) < 2 ** 53 else repr(value)
-
-
 class _Metric:
     kind = ""
 
     def __init__(self, name: str, documentation: str, labelnames: Iterable[str] = (),
-                 registry: "Registry | None" = None) -> None:
+                 registry: "Registry | None" = None, **options: Any) -> None:
         self.name, self.documentation = name, documentation
         self.labelnames: Labels = tuple(labelnames)
-        (registry if registry is not None else REGISTRY).register(self)
+        self._registry = registry if registry is not None else REGISTRY
+        self._registry.register(self)
+        self._metric = self._create(name, documentation, self.labelnames,
+                                    registry=self._registry.prometheus, **options)
+        self._children: dict[tuple[tuple[str, str], ...], Any] = {}
+
+    def _create(self, *args: Any, **options: Any) -> Any:
+        raise NotImplementedError
 
     def _key(self, labels: dict[str, str]) -> Labels:
         if len(labels) != len(self.labelnames):
@@ -54,19 +57,36 @@ class _Metric:
             raise ValueError(f"{self.name} takes labels {self.labelnames}, "
                              f"not {sorted(labels)}") from missing
 
-    def _selector(self, key: Labels, extra: tuple[tuple[str, str], ...] = ()) -> str:
-        pairs = [*zip(self.labelnames, key), *extra]
-        if not pairs:
-            return ""
-        return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
+    def _child(self, labels: dict[str, str]) -> Any:
+        # Keyed by the labels as the caller passed them, which a call site always does in
+        # the same order: a hot path hashes one tuple and skips the check of the names.
+        call = tuple(labels.items())
+        child = self._children.get(call)
+        if child is None:
+            child = self._children[call] = self._resolve(labels)
+        return child
+
+    def _resolve(self, labels: dict[str, str]) -> Any:
+        if not self.labelnames:
+            if labels:
+                raise ValueError(f"{self.name} takes no labels, got {sorted(labels)}")
+            return self._metric
+        return self._metric.labels(*self._key(labels))
+
+    def _sample(self, suffix: str, labels: dict[str, str]) -> float:
+        key = self._key(labels)
+        value = self._registry.prometheus.get_sample_value(
+            self.name + suffix, dict(zip(self.labelnames, key, strict=True)))
+        return value or 0.0
 
     def samples(self) -> list[str]:
-        raise NotImplementedError
+        """This metric's sample lines in the text format."""
+        text = generate_latest(self._registry.prometheus.restricted_registry(
+            self._sample_names())).decode()
+        return [line for line in text.splitlines() if line and not line.startswith("#")]
 
-    def render(self) -> str:
-        head = (f"# HELP {self.name} {_escape(self.documentation)}\n"
-                f"# TYPE {self.name} {self.kind}\n")
-        return head + "".join(line + "\n" for line in self.samples())
+    def _sample_names(self) -> list[str]:
+        return [self.name]
 
 
 class Counter(_Metric):
@@ -74,58 +94,64 @@ class Counter(_Metric):
 
     kind = "counter"
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._values: dict[Labels, float] = {}
+        self._totals: dict[Labels, float] = {}
+
+    def _create(self, *args: Any, **options: Any) -> Any:
+        return prometheus_client.Counter(*args, **options)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         if amount < 0:
             raise ValueError(f"{self.name}: a counter cannot go down")
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
+        self._child(labels).inc(amount)
 
     def set_total(self, value: float, **labels: str) -> None:
-        """For a count kept elsewhere that only grows (a stream's last sequence)."""
-        self._values[self._key(labels)] = float(value)
+        """For a count kept elsewhere that only grows (a stream's last sequence); a smaller
+        one (the stream was recreated) starts the counter again."""
+        key = self._key(labels)
+        child = self._child(labels)
+        previous = self._totals.get(key, 0.0)
+        if value < previous:
+            child.reset()
+            previous = 0.0
+        child.inc(value - previous)
+        self._totals[key] = float(value)
 
     def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
+        return self._sample("", labels)
 
-    def samples(self) -> list[str]:
-        return [f"{self.name}{self._selector(key)} {_number(value)}"
-                for key, value in sorted(self._values.items())]
+    def _sample_names(self) -> list[str]:
+        return [self.name, self.name.removesuffix("_total") + "_created"]
 
 
 class Gauge(_Metric):
     kind = "gauge"
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._values: dict[Labels, float] = {}
+    def _create(self, *args: Any, **options: Any) -> Any:
+        return prometheus_client.Gauge(*args, **options)
 
     def set(self, value: float, **labels: str) -> None:
-        self._values[self._key(labels)] = float(value)
+        self._child(labels).set(value)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
+        self._child(labels).inc(amount)
 
     def dec(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc(-amount, **labels)
+        self._child(labels).dec(amount)
 
     def replace(self, values: dict[Labels, float]) -> None:
         """Set every series at once; series not in `values` disappear (a status with no runs)."""
         for key in values:
             if len(key) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes labels {self.labelnames}")
-        self._values = {tuple(map(str, k)): float(v) for k, v in values.items()}
+        self._metric.clear()
+        self._children.clear()
+        for key, value in values.items():
+            self._child(dict(zip(self.labelnames, map(str, key), strict=True))).set(value)
 
     def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> list[str]:
-        return [f"{self.name}{self._selector(key)} {_number(value)}"
-                for key, value in sorted(self._values.items())]
+        return self._sample("", labels)
 
 
 class _Timer:
@@ -142,49 +168,36 @@ class Histogram(_Metric):
     def __init__(self, name: str, documentation: str, labelnames: Iterable[str] = (),
                  buckets: Iterable[float] = DEFAULT_BUCKETS,
                  registry: "Registry | None" = None) -> None:
-        super().__init__(name, documentation, labelnames, registry)
         self.buckets = tuple(sorted(buckets))
-        # Per series: a count per bucket (not cumulative; summed when rendered), sum, count.
-        self._series: dict[Labels, tuple[list[int], list[float]]] = {}
+        super().__init__(name, documentation, labelnames, registry, buckets=self.buckets)
+
+    def _create(self, *args: Any, **options: Any) -> Any:
+        return prometheus_client.Histogram(*args, **options)
 
     def start(self) -> _Timer:
         """`clock = H.start()` ... `clock.observe(**labels)`: two lines around a handler."""
         return _Timer(self)
 
     def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = ([0] * (len(self.buckets) + 1), [0.0, 0.0])
-        counts, totals = series
-        index = len(self.buckets)
-        for position, bound in enumerate(self.buckets):
-            if value <= bound:
-                index = position
-                break
-        counts[index] += 1
-        totals[0] += value
-        totals[1] += 1
+        self._child(labels).observe(value)
 
     def count(self, **labels: str) -> int:
-        series = self._series.get(self._key(labels))
-        return int(series[1][1]) if series else 0
+        return int(self._sample("_count", labels))
 
-    def samples(self) -> list[str]:
-        lines = []
-        for key, (counts, (total, count)) in sorted(self._series.items()):
-            running = 0
-            for bound, bucket_count in zip((*self.buckets, math.inf), counts):
-                running += bucket_count
-                lines.append(f"{self.name}_bucket{self._selector(key, (('le', _number(bound)),))}"
-                             f" {running}")
-            lines.append(f"{self.name}_sum{self._selector(key)} {_number(total)}")
-            lines.append(f"{self.name}_count{self._selector(key)} {_number(count)}")
-        return lines
+    def _sample_names(self) -> list[str]:
+        return [self.name + suffix for suffix in ("_bucket", "_sum", "_count", "_created")]
 
 
 class Registry:
-    def __init__(self) -> None:
+    """Tether's instruments in a `prometheus_client.CollectorRegistry` (`prometheus`), and
+    the scrape-time collectors that refresh them."""
+
+    def __init__(self, *, process_collectors: bool = False) -> None:
+        self.prometheus = CollectorRegistry(auto_describe=True)
+        if process_collectors:
+            ProcessCollector(registry=self.prometheus)
+            GCCollector(registry=self.prometheus)
+            PlatformCollector(registry=self.prometheus)
         self._metrics: dict[str, _Metric] = {}
         self._collectors: list[Collector] = []
         self._logger = get_logger(component="metrics")
@@ -221,16 +234,25 @@ class Registry:
                 self._failing.discard(name)
 
     def render(self) -> str:
-        return "".join(metric.render() for _, metric in sorted(self._metrics.items()))
+        """Every metric in the text format (0.0.4)."""
+        return generate_latest(self.prometheus).decode()
 
     async def exposition(self) -> str:
         with suppress(asyncio.CancelledError):
             await self.collect()
         return self.render()
 
+    async def scrape(self, accept: str | None) -> tuple[bytes, str]:
+        """The body and content type of a scrape: OpenMetrics when `accept` (the
+        request's Accept header) asks for it, the text format otherwise."""
+        with suppress(asyncio.CancelledError):
+            await self.collect()
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.prometheus), content_type
 
-REGISTRY = Registry()
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+REGISTRY = Registry(process_collectors=True)
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 COLLECTOR_FAILURES = Counter(
     "tether_metrics_collector_failures_total",

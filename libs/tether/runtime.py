@@ -2,7 +2,8 @@
 
 `/healthz` answers 200 while the event loop runs; `/readyz` answers 200 only when every
 readiness check passes, and 503 with the failing checks otherwise; `/metrics` is the
-Prometheus text exposition of `tether.metrics`. SIGTERM and SIGINT set the stop event;
+Prometheus exposition of `tether.metrics` (OpenMetrics when the scrape's Accept header
+asks for it). SIGTERM and SIGINT set the stop event;
 the service finishes the work in hand and returns, and the process exits 0.
 """
 
@@ -13,7 +14,7 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from tether.log import get_logger
-from tether.metrics import CONTENT_TYPE, REGISTRY, Registry
+from tether.metrics import REGISTRY, Registry
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 
@@ -182,8 +183,12 @@ class HealthServer:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readline(), timeout=5.0)
-            while (await asyncio.wait_for(reader.readline(), timeout=5.0)) not in (b"\r\n", b"\n", b""):
-                pass
+            accept = None
+            while (line := await asyncio.wait_for(reader.readline(), timeout=5.0)) not in (
+                    b"\r\n", b"\n", b""):
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "accept":
+                    accept = value.strip()
             parts = request.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) > 1 else ""
             content_type = "application/json"
@@ -193,11 +198,12 @@ class HealthServer:
                 ready, checks = await self.readiness()
                 status, body = (200 if ready else 503), {"ready": ready, "checks": checks}
             elif path == "/metrics":
-                status, body, content_type = 200, await self._metrics.exposition(), CONTENT_TYPE
+                body, content_type = await self._metrics.scrape(accept)
+                status = 200
             else:
                 status, body = 404, {"error": f"no such endpoint {path!r}; "
                                               "try /healthz, /readyz or /metrics"}
-            payload = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            payload = body if isinstance(body, bytes) else json.dumps(body).encode()
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
             writer.write(f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
                          f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()

@@ -24,7 +24,8 @@ EXIT_WITHIN_S = 10.0
 
 
 async def scrape(port: int) -> dict[str, float]:
-    """`/metrics` as {sample with labels: value}."""
+    """`/metrics` as {sample with labels: value} (labels in name order, as
+    prometheus_client writes them)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     await writer.drain()
@@ -126,7 +127,7 @@ async def test_a_parent_finishes_the_batch_in_hand_and_loses_no_command(log, poo
             input={"text": run_id}).model_dump_json().encode(),
         headers={"Nats-Msg-Id": f"run:{run_id}"}) for run_id in run_ids]
     await asyncio.gather(*acks)
-    handled_metric = 'tether_handler_seconds_count{service="parent",handler="command.run"}'
+    handled_metric = 'tether_handler_seconds_count{handler="command.run",service="parent"}'
     async with asyncio.timeout(20):
         while not (await scrape(parent.health_port)).get(handled_metric):
             await asyncio.sleep(0.01)
@@ -174,8 +175,8 @@ async def test_a_projector_commits_the_batch_in_hand_and_reports_its_lag(log, po
     metrics = await scrape(survivor.health_port)
     assert metrics["tether_projector_lag_events"] == 0
     assert metrics["tether_projector_lag_seconds"] == 0
-    assert metrics['tether_runs{status="completed",agent_type="Researcher"}'] == 100
-    assert metrics['tether_runs{status="error",agent_type="Researcher"}'] == 50
+    assert metrics['tether_runs{agent_type="Researcher",status="completed"}'] == 100
+    assert metrics['tether_runs{agent_type="Researcher",status="error"}'] == 50
     await stop_within_grace(survivor)
 
 

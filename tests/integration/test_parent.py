@@ -556,3 +556,18 @@ async def test_overridden_formatters_set_the_text_and_an_empty_one_suppresses_it
                  for m in await next_messages(log, log.subjects.chat(PARENT), 1)]
     assert message.content == "[Researcher] done: the answer"
     assert (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages == 1
+
+
+async def test_a_per_parent_query_subject_answers_only_for_its_own_parent(parent, log,
+                                                                          dispatches):
+    await send(log, "run", run_request("scoped"))
+    await dispatches("scoped")
+    body = json.dumps({"run_id": "scoped", "parent": PARENT.model_dump()}).encode()
+    own = await log.nats.request(log.subjects.rpc_for("inspect", PARENT), body, timeout=5)
+    assert InspectReply.model_validate_json(own.data).run.run_id == "scoped"
+    other = ParentRef(agent="Intruder", name=PARENT.name)
+    foreign = InspectReply.model_validate_json(
+        (await log.nats.request(log.subjects.rpc_for("inspect", other), body, timeout=5)).data)
+    assert foreign.run is None
+    assert foreign.error == (f"invalid request: the payload's parent {PARENT.agent}/"
+                             f"{PARENT.name} differs from the subject's Intruder/{PARENT.name}")

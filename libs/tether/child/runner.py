@@ -7,7 +7,8 @@ life, which is how a killed runner's run is resumed elsewhere. Each `Execution` 
 its item alive with in-progress acknowledgements while the child runs.
 
 Cancellation arrives as a core NATS `CancelSignal` broadcast to every runner of the
-agent type; the one running the run stops its child. Signals can be missed, so each
+agent type (a faststream handler, like the child inspect); the one running the run stops
+its child. Signals can be missed, so each
 execution also looks for `run.cancel_requested` in the log at every heartbeat.
 
 On stop (SIGTERM) the runner stops fetching, gives running children `shutdown_grace_s`
@@ -23,13 +24,16 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+from faststream.middlewares import ExceptionMiddleware
+from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from pydantic import ValidationError
 
+from tether.adapters.control import control_broker, start_control
 from tether.adapters.jetstream import EventLog, Pull, durable_pull
 from tether.child.agent import AgentRegistry
 from tether.child.execution import Execution, Outcome, RunnerEnvironment
@@ -137,7 +141,9 @@ class ChildRunner:
         # item for the run can arrive while the first still runs it.
         self._active: dict[tuple[str, str, str], list[Execution]] = {}
         self._handlers: set[asyncio.Task[None]] = set()
-        self._subscriptions: list[Subscription] = []
+        self._control = control_broker(settings, "tether-child-runner-control",
+                                       middlewares=[ExceptionMiddleware(
+                                           handlers={ValidationError: self._unreadable})])
         self._pulls: dict[str, Pull] = {}
         self.consuming = False
 
@@ -158,10 +164,26 @@ class ChildRunner:
             # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.
             self._pulls[agent_type] = await durable_pull(self._js, self._nc, stream,
                                                          self.consumer_config(agent_type))
-            self._subscriptions.append(await self._nc.subscribe(
-                self._settings.subjects.cancel_signal(agent_type), cb=self._on_cancel_signal))
-            self._subscriptions.append(await self._nc.subscribe(
-                self._settings.subjects.inspect_child(agent_type), cb=self._on_inspect))
+        self.subscribe_control()
+        await start_control(self._control)
+
+    @property
+    def control(self) -> NatsBroker:
+        """The faststream broker of the cancel and inspect handlers."""
+        return self._control
+
+    def subscribe_control(self) -> None:
+        """Declare the cancel and inspect handlers of every agent type (before starting)."""
+        subjects = self._settings.subjects
+        for agent_type in self._registry.agent_types:
+            # A cancel is answered only by the runner holding the run (see `_on_cancel`).
+            self._control.subscriber(subjects.cancel_signal(agent_type), no_reply=True,
+                                     title=f"{subjects.cancel_signal(agent_type)}:cancel",
+                                     description="Stop this run's child now")(self._on_cancel)
+            self._control.subscriber(subjects.inspect_child(agent_type),
+                                     title=f"{subjects.inspect_child(agent_type)}:inspect",
+                                     description="The child's record, if this runner holds "
+                                                 "the run")(self._on_inspect)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then shut down gracefully (see the module doc)."""
@@ -185,9 +207,11 @@ class ChildRunner:
             # does not leave a pull request behind to swallow an item after we are gone.
             await asyncio.gather(*loops, return_exceptions=True)
             await self._drain()
-            for subscription in [*self._subscriptions, *self._pulls.values()]:
+            with suppress(*TRANSIENT_ERRORS):
+                await self._control.stop()
+            for pull in self._pulls.values():
                 with suppress(*TRANSIENT_ERRORS):
-                    await subscription.unsubscribe()
+                    await pull.unsubscribe()
 
     async def _drain(self) -> None:
         if not self._handlers:
@@ -301,19 +325,19 @@ class ChildRunner:
         else:
             self._logger.info("work_item.done", **fields)
 
-    async def _on_cancel_signal(self, msg: Msg) -> None:
-        try:
-            signal = CancelSignal.model_validate_json(msg.data)
-        except ValidationError:
-            self._logger.warning("cancel_signal.unreadable", subject=msg.subject)
-            return
+    def _unreadable(self, error: ValidationError, message: NatsMessage) -> None:
+        """A cancel or inspect request that is not one gets no answer."""
+        self._logger.warning("control.unreadable", subject=message.raw_message.subject,
+                             error=str(error).splitlines()[0])
+
+    async def _on_cancel(self, signal: CancelSignal, message: NatsMessage) -> None:
         executions = list(self._active.get(
             (signal.parent.agent, signal.parent.name, signal.run_id), ()))
         if not executions:
             return  # only the runner holding the run answers a cancel request
         for execution in executions:
             execution.cancel(signal.reason)
-        if msg.reply:
+        if message.reply_to:
             # Asked as a request (the reconciler): say whether the child really stopped.
             grace = self._env.cancel_grace_s + 1.0
             with suppress(TimeoutError):
@@ -322,16 +346,10 @@ class ChildRunner:
                         await execution.finished.wait()
             reply = CancelReply(had_run=True,
                                 stopped=all(e.finished.is_set() for e in executions))
-            await msg.respond(reply.model_dump_json().encode())
+            await message.raw_message.respond(reply.model_dump_json().encode())
 
-    async def _on_inspect(self, msg: Msg) -> None:
+    async def _on_inspect(self, request: ChildInspectRequest) -> ChildInspectReply:
         """Every runner answers; "no record" from all of them means "not started yet"."""
-        if not msg.reply:
-            return
-        try:
-            request = ChildInspectRequest.model_validate_json(msg.data)
-        except ValidationError:
-            return
         executions = self._active.get((request.parent.agent, request.parent.name,
                                        request.run_id))
         record = None
@@ -339,4 +357,4 @@ class ChildRunner:
             execution = executions[-1]  # the latest item's: a takeover is the run's attempt
             record = ChildRecord(status=execution.child_status, attempt=execution.attempt,
                                  runner_id=self.runner_id)
-        await msg.respond(ChildInspectReply(record=record).model_dump_json().encode())
+        return ChildInspectReply(record=record)

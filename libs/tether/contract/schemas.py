@@ -1,4 +1,6 @@
-"""JSON Schemas of every command and event, generated from the models.
+"""JSON Schemas of every message (commands, events, and the other payloads), generated
+from the models, and the AsyncAPI document of the whole contract (`asyncapi.json`,
+`tether.contract.asyncapi`).
 
 `python -m tether.contract.schemas --write` (or `make schemas`) writes them under
 `schemas/`; `--check` exits non-zero when the checked-in files differ from the models.
@@ -12,10 +14,29 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from tether.contract import asyncapi
+from tether.contract.messages import (
+    CancelReply,
+    CancelSignal,
+    ChatMessage,
+    ChildInspectReply,
+    ChildInspectRequest,
+    HasRunReply,
+    HookMessage,
+    InspectReply,
+    ListReply,
+    ObservabilityEvent,
+    ProgressSignal,
+    WorkItem,
+)
 from tether.domain.commands import COMMAND_CLASSES
 from tether.domain.events import EVENT_CLASSES, Event
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
+# Every payload on the wire that is neither a command nor an event.
+MESSAGE_CLASSES = (WorkItem, CancelSignal, CancelReply, ChildInspectRequest, ChildInspectReply,
+                   ProgressSignal, HookMessage, ChatMessage, InspectReply, ListReply,
+                   HasRunReply, ObservabilityEvent)
 
 
 def _document(schema: dict[str, Any], schema_id: str) -> dict[str, Any]:
@@ -34,6 +55,10 @@ def generate() -> dict[str, dict[str, Any]]:
     for cls in COMMAND_CLASSES:
         path = f"commands/{cls.model_fields['type'].default}.json"
         documents[path] = _document(cls.model_json_schema(), path)
+    for cls in MESSAGE_CLASSES:
+        path = f"messages/{cls.__name__}.json"
+        documents[path] = _document(cls.model_json_schema(), path)
+    documents["asyncapi.json"] = asyncapi.generate()
     return documents
 
 
@@ -52,12 +77,13 @@ def differences(directory: Path) -> list[str]:
 
 
 def write(directory: Path) -> None:
-    for path, document in generate().items():
+    documents = generate()
+    for path, document in documents.items():
         target = directory / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(render(document))
     for stale in directory.rglob("*.json"):
-        if str(stale.relative_to(directory)) not in generate():
+        if str(stale.relative_to(directory)) not in documents:
             stale.unlink()
 
 

@@ -13,42 +13,27 @@ from collections import defaultdict
 from contextlib import suppress
 
 import asyncpg
+from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import api as js_api
-from pydantic import ValidationError
 
+from tether.adapters.control import control_broker, start_control
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import EventLog, StreamSettings, delivery_of, durable_pull, key_value
 from tether.child.agent import AgentRegistry
 from tether.config import Settings
-from tether.contract.messages import (
-    HasRunReply,
-    InspectReply,
-    ListReply,
-    RunSnapshot,
-)
 from tether.domain import decide
-from tether.domain.commands import HasRunQuery, InspectQuery, ListQuery, parse_command
-from tether.domain.run_state import RunState
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
 from tether.parent.delivery import Deliverer
 from tether.parent.formatters import load_formatters
+from tether.parent.queries import ParentQueries
 from tether.parent.registry import RegisteredHooks
 from tether.parent.slots import SlotKeeper
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
-QUERY_KINDS = ("inspect", "list", "has_run")
 MAX_COMMAND_DELIVERIES = 10
-
-LIST_RUNS = """
-    SELECT state::text AS state FROM {schema}.runs
-    WHERE parent_agent = $1 AND parent_name = $2
-      AND ($3::text[] IS NULL OR status = ANY($3::text[]))
-    ORDER BY requested_at DESC, run_id
-    LIMIT $4
-"""
 
 
 class ParentService:
@@ -90,24 +75,25 @@ class ParentService:
                                     duplicate_window_ms=self._settings.duplicate_window_ms,
                                     delivery_lease_ms=self._settings.delivery_lease_ms,
                                     records=records)
-        nc = self._log.nats
-        queue = "tether-parent"
-        self._rpc = [
-            await nc.subscribe(subject, queue=queue, cb=handler)
-            for kind, handler in (("inspect", self._inspect), ("list", self._list),
-                                  ("has_run", self._has_run))
-            # The short form, and the per-parent form that NATS permissions can scope.
-            for subject in (self._subjects.rpc(kind), self._subjects.rpc(kind) + ".*.*")
-        ]
+        queries = ParentQueries(self._log, self._pool, self._settings.projection_schema,
+                                self._logger)
+        self._queries = control_broker(self._settings, "tether-parent-queries",
+                                       middlewares=[queries.middleware()])
+        queries.subscribe(self._queries, self._subjects)
+        await start_control(self._queries)
+
+    @property
+    def queries(self) -> NatsBroker:
+        """The faststream broker answering the queries (started by `start()`)."""
+        return self._queries
 
     async def run(self, stop: asyncio.Event) -> None:
         assert self._deliverer is not None
         try:
             await asyncio.gather(self._consume_commands(stop), self._deliverer.run(stop))
         finally:
-            for subscription in self._rpc:
-                with suppress(*TRANSIENT_ERRORS):
-                    await subscription.unsubscribe()
+            with suppress(*TRANSIENT_ERRORS):
+                await self._queries.stop()
 
     # --- commands -------------------------------------------------------------------
 
@@ -209,53 +195,6 @@ class ParentService:
 
     async def _hook_registered(self, parent_agent: str, method: str) -> bool:
         return await self._hooks.has(parent_agent, method, recheck_absent=True)
-
-    # --- request/reply ----------------------------------------------------------------
-
-    async def _inspect(self, msg: Msg) -> None:
-        async def answer() -> InspectReply:
-            query = parse_command("inspect", json.loads(msg.data))
-            assert isinstance(query, InspectQuery)
-            # The run's subject contains its parent, so another parent's run id is
-            # simply not there: "not found", never data.
-            state = (await self._log.read_run(query.parent, query.run_id)).state
-            return InspectReply(run=RunSnapshot.of(state) if state else None)
-
-        await self._reply(msg, answer, InspectReply)
-
-    async def _has_run(self, msg: Msg) -> None:
-        async def answer() -> HasRunReply:
-            query = parse_command("has_run", json.loads(msg.data))
-            assert isinstance(query, HasRunQuery)
-            state = (await self._log.read_run(query.parent, query.run_id)).state
-            return HasRunReply(has_run=state is not None)
-
-        await self._reply(msg, answer, HasRunReply)
-
-    async def _list(self, msg: Msg) -> None:
-        async def answer() -> ListReply:
-            query = parse_command("list", json.loads(msg.data))
-            assert isinstance(query, ListQuery)
-            sql = LIST_RUNS.format(schema=f'"{self._settings.projection_schema}"')
-            rows = await self._pool.fetch(sql, query.parent.agent, query.parent.name,
-                                          query.status, query.limit)
-            return ListReply(runs=[RunSnapshot.of(RunState.model_validate_json(r["state"]))
-                                   for r in rows])
-
-        await self._reply(msg, answer, ListReply)
-
-    async def _reply(self, msg: Msg, answer, reply_model) -> None:
-        if not msg.reply:
-            return
-        try:
-            _check_subject_parent(msg.subject, _payload(msg.data))
-            reply = await answer()
-        except (ValidationError, ValueError, UnparseableCommand) as error:
-            reply = reply_model(error=f"invalid request: {error}")
-        except Exception as error:
-            self._logger.exception("rpc.failed", subject=msg.subject)
-            reply = reply_model(error=f"{type(error).__name__}: {error}")
-        await msg.respond(reply.model_dump_json().encode())
 
 
 def _payload(data: bytes) -> Payload:

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from faststream.nats import NatsBroker
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
@@ -114,10 +115,11 @@ async def awaiter_present(nc: NATS, subjects: Subjects, state: RunState,
 
 
 class Observability:
-    """Typed events for operators: a core NATS message and a structured log line each."""
+    """Typed events for operators: a core NATS message (published through the
+    reconciler's faststream broker) and a structured log line each."""
 
-    def __init__(self, nc: NATS, subjects: Subjects, logger) -> None:
-        self._nc, self._subjects, self._logger = nc, subjects, logger
+    def __init__(self, broker: NatsBroker, subjects: Subjects, logger) -> None:
+        self._broker, self._subjects, self._logger = broker, subjects, logger
 
     async def emit(self, event_type: str, run_id: str, parent: ParentRef,
                    reason: str | None = None, **details: object) -> None:
@@ -125,8 +127,8 @@ class Observability:
                                    at=int(time.time() * 1000), details=details)
         self._logger.info(event_type, run_id=run_id, parent=f"{parent.agent}/{parent.name}",
                           reason=reason, **details)
-        await self._nc.publish(self._subjects.observability(event_type),
-                               json.dumps(event.model_dump(mode="json")).encode())
+        await self._broker.publish(json.dumps(event.model_dump(mode="json")).encode(),
+                                   self._subjects.observability(event_type))
 
 
 def _ms_since(started: float) -> int:

@@ -17,9 +17,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import Hashable
+from contextlib import suppress
 
 import asyncpg
 
+from tether.adapters.control import control_broker
 from tether.adapters.jetstream import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
@@ -38,7 +40,7 @@ from tether.parent.delivery import Deliverer
 from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
-from tether.resilience import supervise
+from tether.resilience import TRANSIENT_ERRORS, supervise
 
 RunKey = tuple[str, str, str]
 
@@ -69,7 +71,8 @@ class Reconciler:
         # Distinguishes this reconciler's decisions from another's (see decide.Cause).
         self.origin = f"rec-{uuid.uuid4().hex[:8]}"
         self._control = ChildControl(log.nats, log.subjects)
-        self.observability = Observability(log.nats, log.subjects, logger)
+        self._observability_broker = control_broker(settings, "tether-reconciler-observability")
+        self.observability = Observability(self._observability_broker, log.subjects, logger)
         self.recovery = Recovery(settings, log, self._control, self.observability, logger,
                                  origin=self.origin)
         self._states: dict[RunKey, RunState] = {}
@@ -98,6 +101,7 @@ class Reconciler:
         async with lease.held(stop) as term:
             if term is None:
                 return
+            await self._observability_broker.start()
             progressed()
             self._reset_view()
             self.active.set()
@@ -108,6 +112,8 @@ class Reconciler:
                 self.active.clear()
                 for task in list(self._firing):
                     task.cancel()
+                with suppress(*TRANSIENT_ERRORS):
+                    await self._observability_broker.stop()
 
     async def _act(self, stop: asyncio.Event) -> None:
         checkpoint = await self._load()
