@@ -13,6 +13,8 @@ from chaos import Load, Report, chaos_system, namespaces_available
 from service_processes import http_status
 
 long = pytest.mark.long
+# `make test-chaos`: the load the scenarios were first tried with, 300 runs.
+LONG_LOAD = Load(detached=240, awaited=60)
 
 
 async def until_hooks(system, count: int) -> None:
@@ -23,8 +25,8 @@ async def until_hooks(system, count: int) -> None:
 
 
 async def scenario(name: str, fault, *, load: Load | None = None, runner_died: bool = False,
-                   **options) -> Report:
-    load = load or Load()
+                   long_load: bool = False, **options) -> Report:
+    load = load or (LONG_LOAD if long_load else Load())
     report = Report(name)
     async with chaos_system(**options) as system:
         async def inject() -> None:
@@ -34,6 +36,10 @@ async def scenario(name: str, fault, *, load: Load | None = None, runner_died: b
         await system.run_load(load, inject, report, runner_died=runner_died)
     print(report.line())
     return report
+
+
+async def long_scenario(name: str, fault, **options) -> Report:
+    return await scenario(name, fault, long_load=True, **options)
 
 
 async def restart_nats(system, sig: int) -> None:
@@ -59,7 +65,7 @@ async def test_nats_stopped_gracefully_and_restarted():
 
 @long
 async def test_nats_killed_and_restarted():
-    await scenario("nats-sigkill", lambda system: restart_nats(system, signal.SIGKILL))
+    await long_scenario("nats-sigkill", lambda system: restart_nats(system, signal.SIGKILL))
 
 
 async def restart_postgres(system, mode: str) -> None:
@@ -74,7 +80,7 @@ async def test_postgres_restarted_fast():
 
 @long
 async def test_postgres_restarted_immediate():
-    await scenario("postgres-immediate", lambda system: restart_postgres(system, "immediate"))
+    await long_scenario("postgres-immediate", lambda system: restart_postgres(system, "immediate"))
 
 
 def kill_and_restart(name: str):
@@ -87,7 +93,7 @@ def kill_and_restart(name: str):
 @long
 @pytest.mark.parametrize("name", ["parent", "child-runner", "projector", "reconciler"])
 async def test_a_service_killed_and_restarted(name):
-    await scenario(f"sigkill-{name}", kill_and_restart(name),
+    await long_scenario(f"sigkill-{name}", kill_and_restart(name),
                    runner_died=name == "child-runner")
 
 
@@ -110,7 +116,7 @@ async def test_a_rolling_deploy_of_the_parents():
 
 @long
 async def test_a_rolling_deploy_of_the_child_runners():
-    await scenario("rolling-runners", rolling("child-runner"), runner_died=True,
+    await long_scenario("rolling-runners", rolling("child-runner"), runner_died=True,
                    env={"TETHER_RUNNER_SHUTDOWN_GRACE_MS": "300"})
 
 
@@ -131,7 +137,7 @@ def lose_node(which: str):
 @long
 @pytest.mark.parametrize("which", ["follower", "leader"])
 async def test_a_three_node_cluster_losing_a_node(which):
-    await scenario(f"cluster-lose-{which}", lose_node(which), nats_nodes=3)
+    await long_scenario(f"cluster-lose-{which}", lose_node(which), nats_nodes=3)
 
 
 def partition_leader():
@@ -165,4 +171,4 @@ async def make_leader(system, stream: str, node: str) -> None:
 async def test_a_partition_cuts_off_the_events_streams_leader():
     if (reason := namespaces_available()) is not None:
         pytest.skip(reason)
-    await scenario("partition-leader", partition_leader(), nats_nodes=3, partitionable=True)
+    await long_scenario("partition-leader", partition_leader(), nats_nodes=3, partitionable=True)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import pytest
+from service_processes import ready
 
 from tether.adapters.jetstream import EventLog
 from tether.client import Tether, TimelineView, connect
@@ -20,21 +21,6 @@ AGENTS = ("examples.agents:Researcher,examples.agents:Summarizer,"
           "examples.agents:Failing,examples.agents:Sleeper,examples.nested:Coordinator")
 ASSISTANT = ("Assistant", "user-42")
 RESEARCH_SUMMARY = "HTTP/3: the two sources agree on the essentials."
-
-
-async def http_status(port: int, path: str) -> int:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    head = await reader.readline()
-    writer.close()
-    return int(head.split()[1])
-
-
-async def ready(service, timeout: float = 30) -> None:
-    async with asyncio.timeout(timeout):
-        while await http_status(service.health_port, "/readyz") != 200:
-            await asyncio.sleep(0.05)
 
 
 @pytest.fixture

@@ -4,18 +4,16 @@ and in the browser); the operator's UI sees every parent."""
 
 import asyncio
 import json
-import subprocess
-import time
-import urllib.request
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 import nats
 import pytest
+from authorized_nats import authorized_nats
 from playwright.async_api import expect
 
-from tether.access import SERVICE_ROLES, Application, render
+from tether.access import SERVICE_ROLES, Application
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
@@ -34,28 +32,9 @@ PASSWORDS = {user: f"{user}-secret" for user in (*SERVICE_ROLES, "alice", "bob",
 @pytest.fixture
 def auth_nats(tmp_path: Path, unique_name: str, devstack):
     """nats-server with JetStream and the users of prefix `unique_name`; yields its URL."""
-    port, monitor = devstack.free_port(), devstack.free_port()
-    config = tmp_path / "nats.conf"
-    config.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
-                      f"jetstream {{ store_dir: {json.dumps(str(tmp_path / 'js'))} }}\n"
-                      + render(Settings(prefix=unique_name).subjects, [ALICE, BOB],
-                               passwords=PASSWORDS))
-    log_path = tmp_path / "nats.log"
-    with log_path.open("wb") as out:
-        server = subprocess.Popen([devstack.find_nats_server(), "-c", str(config)],
-                                  stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with suppress(OSError), urllib.request.urlopen(
-                    f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=1):
-                break
-            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.02)
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with authorized_nats(tmp_path, devstack, Settings(prefix=unique_name).subjects,
+                         [ALICE, BOB], PASSWORDS) as (url, _log):
+        yield url
 
 
 def as_user(settings: Settings, url: str, user: str) -> Settings:

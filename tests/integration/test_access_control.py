@@ -12,15 +12,15 @@ import json
 import re
 import subprocess
 import time
-import urllib.request
 from contextlib import suppress
 from pathlib import Path
 
 import nats
 import pytest
+from authorized_nats import authorized_nats
 from nats.js import api as js_api
 
-from tether.access import SERVICE_ROLES, Application, render
+from tether.access import SERVICE_ROLES, Application
 from tether.access import main as render_main
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams, remove_streams
 from tether.client import NotPermitted, connect
@@ -44,28 +44,9 @@ SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconc
 @pytest.fixture
 def auth_nats(tmp_path: Path, unique_name: str, devstack):
     """nats-server with JetStream and the users of prefix `unique_name`; yields (url, log)."""
-    port, monitor = devstack.free_port(), devstack.free_port()
-    config = tmp_path / "nats.conf"
-    config.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
-                      f"jetstream {{ store_dir: {json.dumps(str(tmp_path / 'js'))} }}\n"
-                      + render(Settings(prefix=unique_name).subjects, [ALICE, BOB],
-                               passwords=PASSWORDS))
-    log_path = tmp_path / "nats.log"
-    with log_path.open("wb") as out:
-        server = subprocess.Popen([devstack.find_nats_server(), "-c", str(config)],
-                                  stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with suppress(OSError), urllib.request.urlopen(
-                    f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=1):
-                break
-            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.02)
-        yield f"nats://127.0.0.1:{port}", log_path
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with authorized_nats(tmp_path, devstack, Settings(prefix=unique_name).subjects,
+                         [ALICE, BOB], PASSWORDS) as server:
+        yield server
 
 
 def as_user(settings: Settings, url: str, user: str, **changes) -> Settings:

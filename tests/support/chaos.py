@@ -273,7 +273,9 @@ class Report:
     def line(self) -> str:
         return (f"chaos {self.scenario}: {self.runs} runs settled in {self.seconds:.1f}s; "
                 f"{self.attempts_over_one} runs took another attempt, "
-                f"{self.hooks_repeated} hooks handled twice (each as the broker was killed)")
+                f"{self.hooks_repeated} hooks handled twice"
+                + (" (each within 2 s before the broker was killed)" if self.hooks_repeated
+                   else ""))
 
 
 class System:

@@ -64,7 +64,8 @@ def test_every_subject_and_stream_of_the_contract_is_declared_with_its_payload()
         ("tether.evt.>", "receive"),
         ("tether.live.evt.{parent_agent}.{parent_name}.{run_id}", "send"),
         ("tether.cmd.dead_letter", "send"),
-        ("tether.ctl.parent_started", "send"), ("tether.ctl.parent_started", "receive")}
+        ("tether.ctl.awaiter.{parent_agent}.{parent_name}.{run_id}", "send"),
+        ("tether.ctl.awaiter.{parent_agent}.{parent_name}.{run_id}", "receive")}
     assert found[("tether.progress.{parent_agent}.{parent_name}.{run_id}", "send")] == \
         "ProgressSignal"
     assert found[("tether.work.{agent_type}", "send")] == "WorkItem"

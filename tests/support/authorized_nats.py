@@ -1,0 +1,41 @@
+"""A nats-server of a test's own with the authorization `tether.access` generates."""
+
+import contextlib
+import json
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from tether.access import Application, render
+from tether.contract.subjects import Subjects
+
+
+@contextlib.contextmanager
+def authorized_nats(directory: Path, devstack, subjects: Subjects,
+                    applications: list[Application],
+                    passwords: dict[str, str]) -> Iterator[tuple[str, Path]]:
+    """nats-server with JetStream and the services' and `applications`' users; yields
+    its URL and its log's path, and stops it on exit."""
+    port, monitor = devstack.free_port(), devstack.free_port()
+    config = directory / "nats.conf"
+    config.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
+                      f"jetstream {{ store_dir: {json.dumps(str(directory / 'js'))} }}\n"
+                      + render(subjects, applications, passwords=passwords))
+    log_path = directory / "nats.log"
+    with log_path.open("wb") as out:
+        server = subprocess.Popen([devstack.find_nats_server(), "-c", str(config)],
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(
+                    f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=1):
+                break
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.02)
+        yield f"nats://127.0.0.1:{port}", log_path
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
