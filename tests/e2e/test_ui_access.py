@@ -65,7 +65,7 @@ async def operator_log(auth_nats, settings, pool):
     admin = await nats.connect(auth_nats, user="operator", password=PASSWORDS["operator"])
     await ensure_streams(admin.jetstream(), settings.subjects, StreamSettings())
     log = EventLog(admin, settings.subjects)
-    projector = Projector(pool, log, settings.projection_schema)
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(projector.run(stop))
     seq = 0

@@ -71,7 +71,8 @@ async def publish(log: EventLog, events: list) -> None:
 async def running(settings, pool, log):
     async with pool.acquire() as conn:
         await migrate(conn, settings.projection_schema)
-    projector = Projector(pool, log, settings.projection_schema, batch_size=5000)
+    projector = Projector(pool, log, settings.projection_schema, batch_size=5000,
+                          leadership_check_s=0.1)
     stop = asyncio.Event()
     started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     tasks = [asyncio.create_task(projector.run(stop)),

@@ -371,7 +371,7 @@ async def test_runs_show_prints_steps_tool_calls_usage_and_timings(
     await command(log, "continue", run_id=run_id,
                   approvals=[state.paused.pending[0]["tool_call_id"]])
     await until(log, run_id, ended)
-    projector = Projector(pool, log, settings.projection_schema)
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(projector.run(stop))
     await asyncio.wait_for(projector.wait_for_position(await log.stream_last_seq()), 10)

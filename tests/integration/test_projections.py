@@ -26,7 +26,7 @@ async def project_until(projector: Projector, seq: int) -> None:
 
 
 async def run_projector_until(pool, log, schema, seq: int, **options) -> Projector:
-    projector = Projector(pool, log, schema, **options)
+    projector = Projector(pool, log, schema, leadership_check_s=0.1, **options)
     stop = asyncio.Event()
     task = asyncio.create_task(projector.run(stop))
     await asyncio.wait_for(project_until(projector, seq), timeout=60)
@@ -168,7 +168,7 @@ async def test_rebuild_of_a_10000_event_log_equals_the_live_projection(log, pool
     total = await append_finished_runs(log, 1000, milestones=2, outputs=4)
     assert total == 10_000
     schema = settings.projection_schema
-    live = Projector(pool, log, schema, batch_size=500)
+    live = Projector(pool, log, schema, batch_size=500, leadership_check_s=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(live.run(stop))
     await asyncio.wait_for(project_until(live, total), timeout=60)
@@ -373,7 +373,8 @@ async def test_a_standby_projector_waits_for_the_active_one(log, pool, settings)
     run = RunEvents("r-standby")
     last = await log.append(run.requested(), expected_last_seq=None)
     schema = settings.projection_schema
-    first, second = Projector(pool, log, schema), Projector(pool, log, schema)
+    first, second = (Projector(pool, log, schema, leadership_check_s=0.1),
+                     Projector(pool, log, schema, leadership_check_s=0.1))
     stop_first, stop_second = asyncio.Event(), asyncio.Event()
     task_first = asyncio.create_task(first.run(stop_first))
     await asyncio.wait_for(first.active.wait(), timeout=10)

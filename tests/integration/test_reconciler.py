@@ -35,7 +35,8 @@ def now_ms() -> int:
 @pytest.fixture
 def fast(settings):
     return settings.model_copy(update={"delivery_lease_ms": 300, "cancel_grace_ms": 100,
-                                       "reattach_no_progress_timeout_ms": 400})
+                                       "reattach_no_progress_timeout_ms": 400,
+                                       "leadership_check_ms": 100})
 
 
 async def start(fast, log, pool, cls: type[Reconciler] = Reconciler):

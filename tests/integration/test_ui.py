@@ -46,7 +46,7 @@ async def running_ui(settings: Settings) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def running_projector(pool, log: EventLog, schema: str) -> AsyncIterator[Projector]:
-    projector = Projector(pool, log, schema)
+    projector = Projector(pool, log, schema, leadership_check_s=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(projector.run(stop))
     try:
