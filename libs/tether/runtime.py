@@ -81,43 +81,44 @@ async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_siz
     import asyncpg
 
     from tether.diagnose import postgres_unreachable
-    from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
 
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.startup_timeout_ms / 1000
-    backoff = Backoff(max_s=1.0)
-    while True:
-        try:
-            return await asyncpg.create_pool(settings.database_url, min_size=min_size,
-                                             max_size=max_size)
-        except (*TRANSIENT_ERRORS, asyncpg.CannotConnectNowError) as error:
-            last = describe(error)
-        if loop.time() >= deadline:
-            raise StartupFailed(postgres_unreachable(
-                settings.database_url,
-                f"{last} (tried for {settings.startup_timeout_ms / 1000:g}s)"))
-        if await sleep_unless_stopped(stop, min(backoff.next_delay(), deadline - loop.time())):
-            return None
+    def unreachable(error: str) -> str:
+        return postgres_unreachable(settings.database_url, error)
+
+    return await _retry_starting(
+        settings, stop, unreachable,
+        lambda: asyncpg.create_pool(settings.database_url, min_size=min_size, max_size=max_size))
 
 
 async def while_starting(settings, stop: asyncio.Event, what: str, operation) -> bool:
     """A start-up step (streams, migrations) retried across transient errors for the
     start-up time; True once done, False when `stop` came first."""
+    async def done() -> bool:
+        await operation()
+        return True
+
+    return bool(await _retry_starting(settings, stop, lambda error: f"{what} failed: {error}",
+                                      done))
+
+
+async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
+    """`operation()`'s result, retried across transient errors for `startup_timeout_ms`
+    (then `StartupFailed` with `failure(last error)`); None when `stop` came first."""
     from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
 
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + settings.startup_timeout_ms / 1000
+    timeout_s = settings.startup_timeout_ms / 1000
+    deadline = loop.time() + timeout_s
     backoff = Backoff(max_s=1.0)
     while True:
         try:
-            await operation()
-            return True
+            return await operation()
         except TRANSIENT_ERRORS as error:
-            if loop.time() >= deadline:
-                raise StartupFailed(f"{what} failed for {settings.startup_timeout_ms / 1000:g}s: "
-                                    f"{describe(error)}") from None
-        if await sleep_unless_stopped(stop, backoff.next_delay()):
-            return False
+            last = describe(error)
+        if loop.time() >= deadline:
+            raise StartupFailed(failure(f"{last} (tried for {timeout_s:g}s)"))
+        if await sleep_unless_stopped(stop, min(backoff.next_delay(), deadline - loop.time())):
+            return None
 
 
 async def close_quietly(closing) -> None:

@@ -6,15 +6,14 @@ detached run of a parent agent whose application registered a global handler). A
 registers each method in the registry bucket, so the parent accepts runs that name it,
 and consumes each method's subject with a durable pull consumer shared by its replicas.
 
-Delivery: exactly once normally, at least once on a crash. Before the function is
-called the handler claims the delivery (a key in the deliveries bucket,
-`adapters/deliveries.py`); after it returns the key is marked delivered, then
-`run.finish_delivered` is appended to the run (the ledger), and only then the message is
-acknowledged. A message whose delivery is already recorded (the key, or the ledger) is
-acknowledged without calling the function, and one whose delivery another handler is
-making waits, so a redelivery after a lost ack, a republished hook or a crash between
-the steps does not call it again, even while the parent service that writes the ledger
-is down. The ledger is read for every message that
+Delivery: exactly once normally, at least once on a crash. After the function returns,
+the handler writes its own record of the delivery (a key in the deliveries bucket,
+`adapters/deliveries.py`), then `run.finish_delivered` is appended to the run (the
+ledger), and only then the message is acknowledged. A message whose delivery is already
+recorded (the key, or the ledger) is acknowledged without calling the function, and one
+whose delivery this handler is making right now waits, so a redelivery after a lost ack,
+a republished hook or a crash between the steps does not call it again, even while the
+parent service that writes the ledger is down. The ledger is read for every message that
 could repeat an earlier one: a redelivery, or a publication the parent does not mark as
 its first for the outcome (`Tether-First-Publication`). A function that raises is retried after
 the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1); a process that dies
@@ -26,7 +25,6 @@ import asyncio
 import inspect
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -37,7 +35,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from tether.adapters.deliveries import DeliveryRecords
+from tether.adapters.deliveries import DeliveryRecords, delivery_key
 from tether.adapters.jetstream import PublishDenied, delivery_of, durable_pull, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import (
@@ -111,6 +109,7 @@ class HookRegistry:
         self.ready = asyncio.Event()
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
         self._records = DeliveryRecords(None)
+        self._calling: set[str] = set()  # the deliveries whose function is being called
 
     def register(self, method: str, function: HookFunction) -> HookFunction:
         check_identifier(method, "hook method")
@@ -267,32 +266,40 @@ class HookRegistry:
                                    stream_seq=delivery.stream_seq)
         headers = msg.headers or {}
         message_id = headers.get("Nats-Msg-Id")
+        key = (delivery_key(run.parent, method, message_id) if message_id is not None
+               else None)
+        if key is not None and key in self._calling:
+            # Another publication of this outcome is being handled here now (the parent's
+            # and the reconciler's retry, both at once): look again once it is done.
+            self.stats.deferred += 1
+            logger.info("hooks.delivery_in_progress")
+            await settle(msg.nak(delay=min(max(self.lease_s / 4, 0.05), 1.0)),
+                         logger=logger, what="hook.nak")
+            return
         if delivery.delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
-            # It may repeat a call already made: the run's ledger says (a cleared run's
-            # went with it, and a later run with its id keeps its own).
+            # It may repeat a call already made. This handler's own record holds while the parent that writes the ledger is
+            # down; else the run's ledger (a cleared run's went with it, and a later run
+            # with its id keeps its own).
+            if message_id is not None and await self._records.recorded(run.parent, method,
+                                                                        message_id):
+                await self._already_delivered(msg, logger)
+                return
             state = (await self.tether.log.read_run(run.parent, run.run_id)).state
             if (state is not None and state.finish_delivered(result.status, method)
                     and (message_id is None
                          or names_this_life(message_id, state, result.status, method))):
                 await self._already_delivered(msg, logger)
                 return
-        # This handler's own record, which holds while the parent that writes the ledger
-        # is down, and keeps two publications of one outcome from both calling.
-        claim = None
-        if message_id is not None:
-            token = uuid.uuid4().hex
-            claim = await persistently(
-                lambda: self._records.claim(run.parent, method, message_id, self.lease_s, token),
-                what="hooks.claim", logger=logger)
-            if claim.state == "delivered":
-                await self._already_delivered(msg, logger)
-                return
-            if claim.state == "busy":  # another handler is calling it now: look again later
-                self.stats.deferred += 1
-                logger.info("hooks.delivery_in_progress")
-                await settle(msg.nak(delay=min(max(self.lease_s / 4, 0.05), 1.0)),
-                             logger=logger, what="hook.nak")
-                return
+        if key is not None:
+            self._calling.add(key)
+        try:
+            await self._call(method, msg, hook, message_id, logger)
+        finally:
+            self._calling.discard(key)
+
+    async def _call(self, method: str, msg: Msg, hook: HookMessage, message_id: str | None,
+                    logger) -> None:
+        run, result = hook.run, hook.result
         try:
             outcome = self.functions[method](run, result)
             if inspect.isawaitable(outcome):
@@ -305,9 +312,9 @@ class HookRegistry:
         self.stats.called += 1
         # The function ran: from here on, a broker restart must not make it run again.
         # Both records are idempotent; they are retried until they land.
-        if claim is not None:
-            await persistently(lambda: self._records.mark_delivered(claim, result.status,
-                                                                    message_id),
+        if message_id is not None:
+            await persistently(lambda: self._records.record(run.parent, method, message_id,
+                                                            result.status),
                                what="hooks.record", logger=logger)
         # (A stream without responders is a cluster electing its leader, here: the
         # commands stream existed when this handler started.)
