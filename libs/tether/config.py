@@ -70,7 +70,7 @@ class Settings(BaseModel):
     # format_detached_milestone(run, milestone) overriding the chat texts.
     formatters: str | None = None
     # Recovery of awaited runs whose awaiting application is gone, and re-attach (the
-    # seed's agentToolReattach* options); docs/recovery.md.
+    # agentToolReattach* options of agents-as-tools APIs); docs/recovery.md.
     reattach_no_progress_timeout_ms: int = Field(default=120_000, gt=0)
     reattach_max_window_ms: int | None = Field(default=None, gt=0)  # None: infinite
     recovery_inspect_timeout_ms: int = Field(default=2_000, gt=0)

@@ -258,7 +258,7 @@ COLLECTOR_FAILURES = Counter(
     "tether_metrics_collector_failures_total",
     "Scrape-time collectors that failed (their metrics keep the last value)", ["collector"])
 
-# --- Tether's instruments (DESIGN.md "observability"; the README lists them) ------------
+# --- Tether's instruments (docs/operations.md lists them) ------------------------------
 
 RUNS = Gauge("tether_runs", "Runs in the projection by status and agent type",
              ["status", "agent_type"])

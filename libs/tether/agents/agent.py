@@ -71,7 +71,7 @@ class Agent:
                   stop_when: Any = None, journal: StepJournal | None = None) -> AgentRunResult:
         """Run the agent on `input` until it answers, stops, pauses or fails.
 
-        `stop_when` is accepted and ignored, as the seed has it for Python: stop
+        `stop_when` is accepted and ignored in Python: stop
         conditions belong to the definition (`AgentDefinition.stop_when`).
         """
         if stop_when is not None:

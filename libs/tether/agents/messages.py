@@ -1,6 +1,6 @@
 """What a model reads and writes: messages, tool calls, tool specs, requests and responses.
 
-These are the model-client protocol's vocabulary (the seed's ModelRequest / ModelResponse,
+These are the model-client protocol's vocabulary (ModelRequest / ModelResponse,
 Message, ToolCall, ToolSpec). They are frozen pydantic models so a step record that holds
 them can be stored as JSON in the run's log and read back unchanged.
 """

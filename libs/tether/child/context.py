@@ -2,7 +2,7 @@
 
 The same child code must also run standalone (a script, a unit test, an agent used as a
 plain object): every reporting call then becomes a no-op that logs one development
-warning per process, as the seed asks of `reportProgress()` outside a run.
+warning per process for `report_progress()` outside a run.
 """
 
 import asyncio

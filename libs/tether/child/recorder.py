@@ -270,8 +270,8 @@ class RunRecorder:
         """Coalesce: latest value wins, at most one send per window.
 
         `fraction >= 1` is sent at once, and a value still waiting for its window is
-        dropped: the end supersedes it (the seed's "latest value wins; a fraction >= 1
-        frame is always sent").
+        dropped: the end supersedes it (latest value wins, and a `fraction >= 1` frame is
+        always sent).
 
         Snapshots reach the log at most once per persist window (`persist` ones at once):
         the latest one when its window ends, or before the run's outcome or pause. One

@@ -1,4 +1,4 @@
-"""A parent's child runs as a live view (the seed's useAgentToolEvents).
+"""A parent's child runs as a live view.
 
 Two sources, each replayed from the start and then followed live: the run events of the
 parent (`<prefix>.evt.<agent>.<name>.>`) and its ephemeral progress signals
@@ -42,7 +42,7 @@ class ProgressView(Model):
 
 
 class RunView(Model):
-    """One child run as a timeline shows it (the seed's AgentToolRunState)."""
+    """One child run as a timeline shows it."""
 
     run_id: str
     agent_type: str

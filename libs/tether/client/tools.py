@@ -1,4 +1,4 @@
-"""A child agent as a tool in a parent model's tool list (the seed's agentTool).
+"""A child agent as a tool in a parent model's tool list.
 
 `definition()` is what the parent model is shown; `execute(parent, tool_call_id, input)`
 is what the application runs when the model calls the tool: an awaited run with run id

@@ -80,7 +80,7 @@ class ProgressSignal(Model):
 
 
 class RunInfo(Model):
-    """What a hook or a formatter is told about the run (the seed's AgentToolRunInfo)."""
+    """What a hook or a formatter is told about the run."""
 
     run_id: str
     agent_type: str
@@ -99,7 +99,7 @@ class RunInfo(Model):
 
 
 class LifecycleResult(Model):
-    """How a run ended (the seed's AgentToolLifecycleResult)."""
+    """How a run ended."""
 
     status: Literal["completed", "error", "aborted", "interrupted"]
     summary: str | None = None
@@ -158,7 +158,7 @@ class AgentToolSuccess(Model):
 
 
 class AgentToolFailure(Model):
-    """The seed's AgentToolFailure: `retryable` only for an interrupted run."""
+    """A failed agent tool: `retryable` only for an interrupted run."""
 
     ok: Literal[False] = False
     run_id: str
@@ -182,7 +182,7 @@ class AgentToolFailure(Model):
 
 
 class DetachedHandle(Model):
-    """What a detached `run_agent_tool` returns at once (the seed's DetachedRunAgentToolResult)."""
+    """What a detached `run_agent_tool` returns at once."""
 
     run_id: str
     agent_type: str

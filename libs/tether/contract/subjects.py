@@ -1,4 +1,4 @@
-"""Subject and stream names of the wire contract (DESIGN.md, "Wire contract").
+"""Subject and stream names of the wire contract (docs/contract.md).
 
 Every name is derived from one prefix (default `tether`), so several Tether installations,
 or several test cases, can share one NATS server without seeing each other.

@@ -1,4 +1,4 @@
-"""Recovery and re-attach (the seed's "Interrupted runs and recovery"; docs/recovery.md).
+"""Recovery and re-attach (docs/recovery.md).
 
 An awaited run is awaited by an application, not by the parent service: the client that
 requested it answers on the run's awaiter subject for as long as it waits. The reconciler

@@ -4,7 +4,7 @@ An application user of `tether.access` may read the events of its own parent age
 only; the UI asks the server once per parent agent (a last-message request on a subject
 of that agent, which the permissions allow or refuse) and remembers the answer. The
 operator, or a server without users, may read everything. A parent the UI may not read
-is treated as one that does not exist (404), as the seed's drill-in gating does.
+is treated as one that does not exist (404): a drill-in never tells whether it exists.
 """
 
 import asyncio
