@@ -6,7 +6,7 @@ PYTEST_ARGS ?= -q -p no:cacheprovider
 # `make test` leaves the long chaos scenarios to `make test-chaos`.
 TEST_MARKERS ?= not long
 
-.PHONY: venv test test-unit test-chaos up down env schemas lint clean demo
+.PHONY: venv test test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo
 
 venv: $(VENV)/.installed
 
@@ -27,6 +27,13 @@ test-chaos: venv
 
 test-unit: venv
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# One tier against throwaway NATS + Postgres.
+test-integration: venv
+	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+test-e2e: venv
+	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m e2e $(PYTEST_ARGS)
 
 # Persistent dev servers (data in .tether/). `make down PURGE=1` also deletes the data.
 up: venv
