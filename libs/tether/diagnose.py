@@ -16,7 +16,11 @@ _DEFAULT_PORTS = {"nats": 4222, "tls": 4222, "postgresql": 5432, "postgres": 543
 
 
 def redact(url: str) -> str:
-    """The URL without its password, fit for a message."""
+    """The URL without its password, fit for a message; each of a comma-separated list."""
+    return ",".join(_redact_one(server.strip()) for server in url.split(","))
+
+
+def _redact_one(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url

@@ -9,7 +9,7 @@ when it works again, and goes on. Only a configuration error stops a service.
 import asyncio
 import random
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 import nats.errors
@@ -74,20 +74,14 @@ class Health:
     def __init__(self, logger, loop: str) -> None:
         self._logger, self.loop = logger, loop
         self.failing_since: float | None = None
-        self.last_error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.failing_since is None
 
     def failed(self, error: BaseException) -> None:
-        self.last_error = describe(error)
         if self.failing_since is None:
             self.failing_since = asyncio.get_running_loop().time()
             if is_transient(error):
-                self._logger.warning("dependency.lost", loop=self.loop, error=self.last_error)
+                self._logger.warning("dependency.lost", loop=self.loop, error=describe(error))
             else:
-                self._logger.error("loop.failed", loop=self.loop, error=self.last_error,
+                self._logger.error("loop.failed", loop=self.loop, error=describe(error),
                                    exc_info=error)
 
     def recovered(self) -> None:
@@ -98,8 +92,7 @@ class Health:
 
 
 async def supervise(name: str, body: Callable[[Callable[[], None]], Awaitable[None]],
-                    stop: asyncio.Event, logger, *, backoff: Backoff | None = None,
-                    health: Health | None = None) -> None:
+                    stop: asyncio.Event, logger) -> None:
     """Run `body(progressed)` until `stop`; when it raises, back off and run it again.
 
     `body` calls `progressed()` once it has done real work after (re)starting (a fetch
@@ -109,8 +102,7 @@ async def supervise(name: str, body: Callable[[Callable[[], None]], Awaitable[No
     the same way: a service stays up, and its readiness (its dependencies' checks) says
     whether it can work.
     """
-    backoff = backoff or Backoff()
-    health = health or Health(logger, name)
+    backoff, health = Backoff(), Health(logger, name)
 
     def progressed() -> None:
         backoff.reset()
@@ -129,38 +121,48 @@ async def supervise(name: str, body: Callable[[Callable[[], None]], Awaitable[No
             return
 
 
-async def persistently(operation: Callable[[], Awaitable[T]], *, what: str, logger,
-                       give_up: asyncio.Event | None = None,
-                       backoff: Backoff | None = None,
-                       also: tuple[type[BaseException], ...] = ()) -> T:
+async def persistently(operation: Callable[[], Awaitable[T]], *, what: str,
+                       logger: Callable[[], Any], give_up: asyncio.Event | None = None,
+                       also: tuple[type[BaseException], ...] = (),
+                       while_retrying: Callable[[], Awaitable[None]] | None = None) -> T:
     """`operation()` retried across transient errors until it succeeds, or `give_up` is
     set (its last error is then raised). For writes that are idempotent by their message
     ids (appends, hook and chat publishes): a retry whose first attempt landed is stored
-    once. `also`: more errors to treat as transient here."""
+    once. `also`: more errors to treat as transient here.
+
+    The usual case, a first attempt that succeeds, makes no retry state: `logger` is a
+    function that returns the logger, called only when there is something to say, and
+    `while_retrying` (keeping a message ours, say) runs only from the first failure until
+    the end.
+    """
     retried = (*TRANSIENT_ERRORS, *also) if also else TRANSIENT_ERRORS
     try:
-        return await operation()  # the usual case: no retry state is made
+        return await operation()
     except retried as error:
         first_error = error
-    backoff = backoff or Backoff(max_s=1.0)
-    health = Health(logger, what)
+    side = asyncio.ensure_future(while_retrying()) if while_retrying is not None else None
+    backoff, health = Backoff(max_s=1.0), Health(logger(), what)
     error: BaseException = first_error
-    while True:
-        health.failed(error)
-        if give_up is not None and give_up.is_set():
-            raise error
-        delay = backoff.next_delay()
-        if give_up is None:
-            await asyncio.sleep(delay)
-        elif await sleep_unless_stopped(give_up, delay):
-            raise error
-        try:
-            result = await operation()
-        except retried as again:
-            error = again
-            continue
-        health.recovered()
-        return result
+    try:
+        while True:
+            health.failed(error)
+            if give_up is not None and give_up.is_set():
+                raise error
+            delay = backoff.next_delay()
+            if give_up is None:
+                await asyncio.sleep(delay)
+            elif await sleep_unless_stopped(give_up, delay):
+                raise error
+            try:
+                result = await operation()
+            except retried as again:
+                error = again
+                continue
+            health.recovered()
+            return result
+    finally:
+        if side is not None:
+            side.cancel()
 
 
 async def settle(settlement: Awaitable[object], *, what: str, logger=None,

@@ -12,6 +12,7 @@ import nats
 import pytest
 from authorized_nats import authorized_nats
 from playwright.async_api import expect
+from ui_server import running_ui
 
 from tether.access import SERVICE_ROLES, Application
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
@@ -20,7 +21,6 @@ from tether.adapters.postgres.projector import Projector
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
-from tether.ui.server import serve_ui
 
 ALICE = Application("alice", ("AliceBot",))
 BOB = Application("bob", ("BobBot",))
@@ -44,17 +44,9 @@ def as_user(settings: Settings, url: str, user: str) -> Settings:
 
 @asynccontextmanager
 async def ui_as(settings: Settings):
-    stop = asyncio.Event()
-    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve_ui(settings, stop, {}, host="127.0.0.1", port=0,
-                                        started=started))
-    try:
-        port = await asyncio.wait_for(asyncio.shield(started), 20)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
-            yield client
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 20)
+    async with running_ui(settings) as url, httpx.AsyncClient(base_url=url,
+                                                               timeout=10) as client:
+        yield client
 
 
 @pytest.fixture

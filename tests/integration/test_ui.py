@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 import pytest
+from ui_server import running_ui
 
 from tether.adapters.jetstream import EventLog
 from tether.adapters.postgres.projector import Projector
@@ -23,25 +24,10 @@ from tether.domain import events as ev
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
 from tether.ui.live import ParentStream
-from tether.ui.server import serve_ui
 from tether.ui.store import ProjectionStore
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 OTHER = ParentRef(agent="Assistant", name="user-2")
-
-
-@asynccontextmanager
-async def running_ui(settings: Settings) -> AsyncIterator[str]:
-    stop = asyncio.Event()
-    started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(serve_ui(settings, stop, {}, host="127.0.0.1", port=0,
-                                        started=started))
-    try:
-        port = await asyncio.wait_for(asyncio.shield(started), 20)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 20)
 
 
 @asynccontextmanager

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
+from tether.diagnose import redact
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
 
@@ -931,12 +932,6 @@ class NatsUnreachable(ConnectionError):
 def nats_servers(url: str) -> list[str]:
     """A URL, or several separated by commas (the servers of one cluster)."""
     return [server.strip() for server in url.split(",") if server.strip()]
-
-
-def redact(url: str) -> str:
-    """The URL(s) without a password, for messages (NATS and Postgres URLs alike)."""
-    return ",".join(re.sub(r"//([^:@/]+):[^@/]*@", r"//\1:***@", server)
-                    for server in nats_servers(url))
 
 
 class _ConnectionEvents:

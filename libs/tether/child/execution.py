@@ -514,19 +514,11 @@ class Execution:
         recomputed by running the child again: the item is kept ours meanwhile, and only
         a shutdown's release gives up (the item then goes back to the queue).
         """
-        log = self._env.log
-        try:
-            return await log.update(self.parent, self.run_id, decide)
-        except TRANSIENT_ERRORS:
-            pass
-        interval = self._env.settings.work_ack_wait_ms / 1000 / 3
-        keepalive = asyncio.ensure_future(self._keep_item(interval))
-        try:
-            return await persistently(lambda: log.update(self.parent, self.run_id, decide),
-                                      what="run.append", logger=get_logger(run_id=self.run_id),
-                                      give_up=self._released)
-        finally:
-            keepalive.cancel()
+        log, interval = self._env.log, self._env.settings.work_ack_wait_ms / 1000 / 3
+        return await persistently(lambda: log.update(self.parent, self.run_id, decide),
+                                  what="run.append", logger=lambda: get_logger(run_id=self.run_id),
+                                  give_up=self._released,
+                                  while_retrying=lambda: self._keep_item(interval))
 
     async def _keep_item(self, interval: float) -> None:
         while True:

@@ -39,7 +39,7 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import PauseInfo, RunState
 from tether.log import get_logger
-from tether.resilience import TRANSIENT_ERRORS, persistently
+from tether.resilience import persistently
 
 
 def now_ms() -> int:
@@ -121,12 +121,8 @@ class RunRecorder:
         """The log's `update`, retried across a broker restart: a child's report is not
         lost, and does not fail the child, because the broker was away for a moment.
         (The child's own task: a stop cancels it, and the retry with it.)"""
-        try:
-            return await self._log.update(self.parent, self.run_id, decide)
-        except TRANSIENT_ERRORS:
-            pass  # (a logger is bound only when there is something to say)
         return await persistently(lambda: self._log.update(self.parent, self.run_id, decide),
-                                  what="child.report", logger=self._logger())
+                                  what="child.report", logger=self._logger)
 
     def _logger(self):
         """Bound only when there is something to say: most runs log nothing."""

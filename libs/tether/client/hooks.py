@@ -315,11 +315,12 @@ class HookRegistry:
         if message_id is not None:
             await persistently(lambda: self._records.record(run.parent, method, message_id,
                                                             result.status),
-                               what="hooks.record", logger=logger)
+                               what="hooks.record", logger=lambda: logger)
         # (A stream without responders is a cluster electing its leader, here: the
         # commands stream existed when this handler started.)
         await persistently(lambda: self._record_delivered(hook, method, message_id),
-                           what="hooks.ledger", logger=logger, also=(ServiceUnavailable,))
+                           what="hooks.ledger", logger=lambda: logger,
+                           also=(ServiceUnavailable,))
         await settle(msg.ack(), logger=logger, what="hook.ack")
         logger.info("hooks.delivered")
 

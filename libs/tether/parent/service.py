@@ -149,7 +149,7 @@ class ParentService:
             # Handlers decide from the run's events and append with its ids, so one retried
             # across a broker restart lands once; until `stop`, then redelivery retries it.
             await persistently(lambda: self._dispatch(kind, payload, seq, log),
-                               what=f"command.{kind}", logger=log, give_up=stop)
+                               what=f"command.{kind}", logger=lambda: log, give_up=stop)
         except UnparseableCommand as error:
             await self._dead_letter(msg, str(error))
             log.error("command.dead_lettered", error=str(error))
