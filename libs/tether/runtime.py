@@ -223,7 +223,11 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
 
     `main` registers its readiness checks in `checks` as it brings its parts up.
     """
+    from tether import tracing
+
     logger = get_logger(service=name)
+    # Traces where the OTEL_* variables ask for them (docs/tracing.md).
+    traced = tracing.configure(f"tether-{name}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -231,7 +235,7 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
     checks: dict[str, ReadinessCheck] = {}
     health = HealthServer(health_host, health_port, checks)
     await health.start()
-    logger.info("service.started", health_port=health.port)
+    logger.info("service.started", health_port=health.port, tracing=traced)
     try:
         await main(stop, checks)
     except StartupFailed as error:
@@ -240,4 +244,6 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
         raise
     finally:
         await health.stop()
+        if traced:
+            tracing.shutdown()
         logger.info("service.stopped")

@@ -28,6 +28,7 @@ from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic_core import from_json
 
+from tether import tracing
 from tether.adapters.nats_fastpath import FastClient
 from tether.adapters.nats_fastpath import supported as fastpath_supported
 
@@ -415,7 +416,10 @@ class EventLog:
         `NoStreamResponseError`, `nats.errors.TimeoutError`), for a third less CPU: the
         ack comes back on this log's routed inbox and is read without nats-py's
         dataclass reflection."""
-        msg = await self._ask(subject, payload, {**headers, "Nats-Expected-Stream": stream})
+        headers = {**headers, "Nats-Expected-Stream": stream}
+        if tracing.ENABLED:  # the current span's context travels with the message
+            tracing.inject(headers)
+        msg = await self._ask(subject, payload, headers)
         if msg.headers and msg.headers.get("Status") == "503":
             raise NoStreamResponseError
         reply = from_json(msg.data)
