@@ -15,6 +15,7 @@ hot path builds no header and no span.
 """
 
 import os
+import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
@@ -53,6 +54,8 @@ def configure(service_name: str, environ: Mapping[str, str] = os.environ) -> boo
     global _provider
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return ENABLED
+    if "opentelemetry.trace" not in sys.modules and not requested_by_environment(environ):
+        return ENABLED  # no provider can have been set, and none is asked for: no import
     try:
         from opentelemetry import trace
     except ImportError:
