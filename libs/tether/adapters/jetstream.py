@@ -41,6 +41,9 @@ from tether.diagnose import redact
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
 
+# The port's values, here too for the callers that import them from the adapter.
+from tether.ports import ConcurrencyConflict, RunHistory, StoredEvent
+
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
 STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configuration
 DAY_S = 24 * 60 * 60
@@ -60,38 +63,6 @@ class PublishDenied(Exception):
         super().__init__(f"NATS refused this connection's publish to {subject}: "
                          "its user's permissions do not allow it")
         self.subject = subject
-
-
-class ConcurrencyConflict(Exception):
-    """Someone appended to the run since we read it; re-read and decide again."""
-
-    def __init__(self, subject: str, expected_last_seq: int) -> None:
-        super().__init__(f"{subject}: the run moved past sequence {expected_last_seq}")
-        self.subject = subject
-        self.expected_last_seq = expected_last_seq
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
-    """One message of the log: its stream sequence, subject, and the decoded event.
-
-    `event` is None when the message could not be decoded; `error` then says why.
-    `pending` is how many messages matching the filter followed it when it was delivered.
-    """
-
-    seq: int
-    subject: str
-    event: Event | None
-    error: EventDecodeError | None
-    raw: bytes
-    pending: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class RunHistory:
-    events: tuple[Event, ...]
-    last_seq: int  # the subject's last stream sequence; 0 when the run has no events
-    state: RunState | None
 
 
 @dataclass(frozen=True, slots=True)
