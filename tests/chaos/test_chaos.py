@@ -10,6 +10,7 @@ import time
 
 import pytest
 from chaos import Load, Report, chaos_system, namespaces_available
+from eventually import eventually
 from service_processes import http_status
 
 long = pytest.mark.long
@@ -19,9 +20,7 @@ LONG_LOAD = Load(detached=240, awaited=60)
 
 async def until_hooks(system, count: int) -> None:
     """Until the application has handled `count` finish hooks: the load is under way."""
-    async with asyncio.timeout(60):
-        while len(system.hook_calls) < count:
-            await asyncio.sleep(0.05)
+    await eventually(lambda: len(system.hook_calls) >= count, timeout=60, interval=0.05)
 
 
 async def scenario(name: str, fault, *, load: Load | None = None, runner_died: bool = False,
@@ -54,9 +53,10 @@ async def restart_nats(system, sig: int) -> None:
 
 
 async def not_ready(service, timeout: float = 10) -> None:
-    async with asyncio.timeout(timeout):
-        while await http_status(service.health_port, "/readyz") != 503:
-            await asyncio.sleep(0.05)
+    async def unready() -> bool:
+        return await http_status(service.health_port, "/readyz") == 503
+
+    await eventually(unready, timeout=timeout, interval=0.05)
 
 
 async def test_nats_stopped_gracefully_and_restarted():

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import pytest
+from eventually import eventually
 from service_processes import ready
 
 from tether.adapters.jetstream import EventLog
@@ -160,9 +161,9 @@ async def test_inspect_from_another_parent_gets_none(tether):
 async def test_list_runs_comes_from_the_projections(tether):
     me = tether.parent(*ASSISTANT)
     await me.run_agent_tool("Summarizer", {"text": "listed"}, run_id="listed-1")
-    async with asyncio.timeout(30):
-        while not (runs := await me.list_runs(status=["completed"])):
-            await asyncio.sleep(0.1)  # the projector catches up asynchronously
+    # The projector catches up asynchronously.
+    runs = await eventually(lambda: me.list_runs(status=["completed"]), timeout=30,
+                            interval=0.1)
     assert [run.run_id for run in runs] == ["listed-1"]
 
 
@@ -287,9 +288,10 @@ async def test_a_cleared_run_id_runs_again_with_its_own_hook_call(tether, log):
     assert types[-4:] == ["run.cleared", "run.requested", "run.running", "run.completed"]
     snapshot = await me.inspect("again-1")
     assert (snapshot.summary, snapshot.detached) == ("THIRD", False)
-    async with asyncio.timeout(30):
-        while [(r.run_id, r.summary) for r in await me.list_runs()] != [("again-1", "THIRD")]:
-            await asyncio.sleep(0.1)  # the projector catches up asynchronously
+    async def listed_once() -> bool:
+        return [(r.run_id, r.summary) for r in await me.list_runs()] == [("again-1", "THIRD")]
+
+    await eventually(listed_once, timeout=30, interval=0.1)  # the projector catches up
 
 
 async def test_a_rejected_request_does_not_block_its_run_id(tether, log):

@@ -18,6 +18,7 @@ from pathlib import Path
 import nats
 import pytest
 from authorized_nats import authorized_nats
+from eventually import eventually
 from nats.js import api as js_api
 
 from tether.access import SERVICE_ROLES, Application
@@ -104,9 +105,7 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
     operator = Settings(**{**settings.model_dump(), "nats_url": url.replace(
         "nats://", f"nats://operator:{PASSWORDS['operator']}@")})
     try:
-        async with asyncio.timeout(30):
-            while not await all_ready(checks):
-                await asyncio.sleep(0.02)
+        await eventually(lambda: all_ready(checks), timeout=30, interval=0.02)
         async with asyncio.timeout(30), connect(settings=operator) as tether:
             done = asyncio.Event()
             hooks = tether.hooks("Assistant")
