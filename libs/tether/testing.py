@@ -41,6 +41,7 @@ class RunEvents:
     def make(self, cls: type[Event], at: int | None = None, event_id: str | None = None,
              **data: Any) -> Event:
         data_cls = cls.model_fields["data"].annotation
+        assert data_cls is not None
         return cls(
             event_id=event_id or f"{self._id_prefix}-{next(self._ids)}",
             run_id=self.run_id,
@@ -228,12 +229,11 @@ class InMemoryJetStream:
     async def stream_info(self, name: str, subjects_filter: str | None = None) -> _StreamInfo:
         await asyncio.sleep(0)
         stream = self._streams[name]
-        subjects = None
-        if subjects_filter is not None:
-            subjects = {}
-            for message in stream.matching(subjects_filter):
-                subjects[message.subject] = subjects.get(message.subject, 0) + 1
-        return _StreamInfo(_StreamState(stream.last_seq, len(stream.messages), subjects))
+        counts: dict[str, int] = {}
+        for message in stream.matching(subjects_filter or ">"):
+            counts[message.subject] = counts.get(message.subject, 0) + 1
+        return _StreamInfo(_StreamState(stream.last_seq, len(stream.messages),
+                                        counts if subjects_filter is not None else None))
 
     async def purge_stream(self, name: str, seq: int | None = None, subject: str | None = None,
                            keep: int | None = None) -> bool:
@@ -324,7 +324,9 @@ class InMemoryEventLog:
         ack = await self._store_event(event, 0)
         if ack is None or ack.duplicate:
             return None
-        return evolve(None, event).state, ack.seq
+        state = evolve(None, event).state
+        assert state is not None  # a run's first event makes the run
+        return state, ack.seq
 
     async def update(self, parent: ParentRef, run_id: str, decide: Decide, *,
                      attempts: int = 20) -> tuple[RunState | None, list[Event]]:

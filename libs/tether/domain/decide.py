@@ -6,10 +6,12 @@ itself. Time and ids come in as arguments.
 """
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand
 from tether.domain.events import (
     Event,
+    InterruptedReason,
     ParentRef,
     RunAborted,
     RunAbortedData,
@@ -72,7 +74,7 @@ def timer_cause(now: int, origin: str) -> Cause:
     return Cause(command_seq=now, now=now, origin=origin)
 
 
-def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict:
+def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict[str, Any]:
     return {"event_id": cause.event_id(run_id, kind), "run_id": run_id, "parent": parent,
             "occurred_at": cause.now, "causation_id": cause.causation_id,
             "correlation_id": run_id}
@@ -186,7 +188,7 @@ def matches_clear(state: RunState, statuses: list[str] | None, older_than: int |
     return older_than is None or state.requested_at < older_than
 
 
-def give_up(state: RunState | None, cause: Cause, reason: str, error: str,
+def give_up(state: RunState | None, cause: Cause, reason: InterruptedReason, error: str,
             child_still_running: bool) -> list[Event]:
     """The parent stops waiting: the run ends `interrupted` (soft) if it is still open.
 
@@ -208,8 +210,9 @@ def give_up(state: RunState | None, cause: Cause, reason: str, error: str,
     return events
 
 
-def reattach_decided(state: RunState | None, cause: Cause, *, outcome: str,
-                     reason: str | None, child_still_running: bool,
+def reattach_decided(state: RunState | None, cause: Cause, *,
+                     outcome: Literal["finished", "reattached", "interrupted"],
+                     reason: InterruptedReason | None, child_still_running: bool,
                      timings: dict[str, int], cancel: bool = False) -> list[Event]:
     """Record a recovery decision; an interruption ends the run softly if it is still open.
 

@@ -11,6 +11,7 @@ and an event that makes no sense in the current state is reported in `Evolved.no
 not applied. The fold reads no clock: times are copied from `occurred_at`.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -446,7 +447,7 @@ def _reattach_decided(state: RunState, event: RunReattachDecided) -> Evolved:
     return _applied(state, reattach_decisions=(*state.reattach_decisions, decision))
 
 
-_TRANSITIONS = {
+_TRANSITIONS: dict[str, Callable[[RunState, Any], Evolved]] = {
     "run.started": _started,
     "run.running": _running,
     "run.output": _output,
