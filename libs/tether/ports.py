@@ -20,7 +20,7 @@ What every implementation guarantees, and callers rely on:
 - reads by run return the run's events in order and the state they fold to.
 """
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -126,13 +126,13 @@ class EventLog(Protocol):
     async def last_seq_of(self, subject: str) -> int: ...
 
     def follow(self, filter_subject: str, *, start_seq: int = 1,
-               idle_heartbeat: float = 5.0) -> AsyncIterator[StoredEvent]:
+               idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
         """Replay from `start_seq`, then go on live, in one ordered sequence."""
         ...
 
     def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
                        max_batch: int = 1000, linger: float = 0.0,
-                       idle_heartbeat: float = 5.0) -> AsyncIterator[list[StoredEvent]]:
+                       idle_heartbeat: float = 5.0) -> AsyncGenerator[list[StoredEvent], None]:
         ...
 
     async def publish(self, subject: str, payload: bytes, *, headers: dict[str, str],

@@ -138,8 +138,8 @@ async def persistently(operation: Callable[[], Awaitable[T]], *, what: str,
     retried = (*TRANSIENT_ERRORS, *also) if also else TRANSIENT_ERRORS
     try:
         return await operation()
-    except retried as error:
-        first_error = error
+    except retried as caught:
+        first_error = caught
     side = asyncio.ensure_future(while_retrying()) if while_retrying is not None else None
     backoff, health = Backoff(max_s=1.0), Health(logger(), what)
     error: BaseException = first_error

@@ -125,9 +125,10 @@ async def close_quietly(closing) -> None:
     """Close a connection or pool on the way out, whatever state its server is in."""
     from tether.resilience import TRANSIENT_ERRORS
 
+    ignored: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, RuntimeError)
     try:
         await asyncio.wait_for(closing, timeout=5.0)
-    except (*TRANSIENT_ERRORS, RuntimeError):
+    except ignored:
         pass
 
 
@@ -193,6 +194,7 @@ class HealthServer:
             parts = request.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) > 1 else ""
             content_type = "application/json"
+            body: dict[str, object] | bytes
             if path == "/healthz":
                 status, body = 200, {"status": "alive"}
             elif path == "/readyz":

@@ -5,7 +5,7 @@ import asyncio
 import bisect
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -386,14 +386,15 @@ class InMemoryEventLog:
         return self._events.last_seq
 
     async def follow(self, filter_subject: str, *, start_seq: int = 1,
-                     idle_heartbeat: float = 5.0) -> AsyncIterator[StoredEvent]:
+                     idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
         async for batch in self.follow_batches(filter_subject, start_seq=start_seq, max_batch=1):
             for stored in batch:
                 yield stored
 
     async def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
                              max_batch: int = 1000, linger: float = 0.0,
-                             idle_heartbeat: float = 5.0) -> AsyncIterator[list[StoredEvent]]:
+                             idle_heartbeat: float = 5.0
+                             ) -> AsyncGenerator[list[StoredEvent], None]:
         next_seq = max(start_seq, 1)
         while True:
             stored = self._stored  # taken before looking, so no message goes unnoticed

@@ -13,7 +13,7 @@ import json
 import re
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
@@ -620,7 +620,7 @@ class EventLog:
         return self._replies
 
     async def follow(self, filter_subject: str, *, start_seq: int = 1,
-                     idle_heartbeat: float = 5.0) -> AsyncIterator[StoredEvent]:
+                     idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
         """Replay from `start_seq`, then go on live, in one ordered sequence."""
         async with aclosing(self.follow_batches(filter_subject, start_seq=start_seq,
                                                 max_batch=1, idle_heartbeat=idle_heartbeat)) as batches:
@@ -630,7 +630,7 @@ class EventLog:
 
     async def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
                              max_batch: int = 1000, linger: float = 0.0,
-                             idle_heartbeat: float = 5.0) -> AsyncIterator[list[StoredEvent]]:
+                             idle_heartbeat: float = 5.0) -> AsyncGenerator[list[StoredEvent], None]:
         """Like `follow`, in batches of what has already arrived; with `linger` (seconds),
         a batch not yet full waits that long for more.
 

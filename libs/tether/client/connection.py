@@ -3,7 +3,7 @@
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -72,7 +72,7 @@ class Tether:
         return ParentHandle(self, ref)
 
     def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
-              ledger: str = "parent") -> "HookRegistry":
+              ledger: Literal["parent", "direct"] = "parent") -> "HookRegistry":
         """Finish-hook handlers of one parent agent class (all its instances)."""
         from tether.client.hooks import HookRegistry
 
@@ -105,7 +105,7 @@ class Tether:
         finally:
             await subscription.unsubscribe()
 
-    async def publish_command(self, kind: str, command: BaseModel, msg_id: str) -> js_api.PubAck:
+    async def publish_command(self, kind: str, command: Any, msg_id: str) -> js_api.PubAck:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
         payload = command.model_dump_json().encode()
@@ -127,7 +127,7 @@ class Tether:
                 "an application user acts only for the parent agents its configuration "
                 "lists (tether.access)") from None
 
-    def _check_size(self, kind: str, command: BaseModel, payload: bytes) -> None:
+    def _check_size(self, kind: str, command: Any, payload: bytes) -> None:
         """Refuse, before sending, a run whose input the parent would reject as too large,
         or a command the NATS server would not take (a whole command within both limits
         passes without this)."""
@@ -143,7 +143,7 @@ class Tether:
                                 f"at {redact(self.settings.nats_url)} takes at most "
                                 f"{server_limit:,} bytes per message (its max_payload)")
 
-    async def request(self, kind: str, query: BaseModel, reply_model: type[Reply], *,
+    async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
                       timeout: float | None = None) -> Reply:
         """Core request/reply with the parent service; raises ServiceUnavailable or RequestFailed."""
         subject = self.subjects.rpc_for(kind, query.parent)
@@ -162,8 +162,8 @@ class Tether:
             reply = reply_model.model_validate_json(message.data)
         except ValidationError as error:
             raise RequestFailed(f"unexpected reply on {subject}: {error}") from None
-        if getattr(reply, "error", None):
-            raise RequestFailed(f"{subject}: {reply.error}")
+        if refusal := getattr(reply, "error", None):
+            raise RequestFailed(f"{subject}: {refusal}")
         return reply
 
     async def close(self) -> None:
@@ -185,7 +185,7 @@ class _Connection:
             raise ValueError("connect_timeout must be positive")
         self._settings = settings
         self._name = name
-        self._options = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
+        self._options: dict[str, Any] = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
         self._connect_timeout = connect_timeout
         self._tether: Tether | None = None
 
@@ -243,7 +243,7 @@ def connect(nats_url: str | None = None, *, prefix: str | None = None,
     `connect_timeout`: how long to try the first connection before `ServiceUnavailable`
     names the server it could not reach; once connected, the client reconnects on its own.
     """
-    overrides = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
+    overrides: dict[str, Any] = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
                  if value is not None}
     if settings is None:
         settings = Settings.from_env(**overrides)

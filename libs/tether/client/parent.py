@@ -2,7 +2,7 @@
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import suppress
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -220,7 +220,7 @@ class ParentHandle:
     # --- subscriptions and tools ------------------------------------------------------
 
     def timeline(self, *, run_id: str | None = None,
-                 live: bool = True) -> AsyncIterator["TimelineView"]:
+                 live: bool = True) -> AsyncGenerator["TimelineView", None]:
         """The parent's runs (or one run), replayed from the start and then live.
 
         Yields a `TimelineView` once caught up with the log (even an empty one) and after

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from tether.contract.messages import AgentToolSuccess
 from tether.domain.ids import check_identifier
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class AgentTool:
         result = await parent.run_agent_tool(
             self.agent_type, arguments, run_id=run_id, parent_tool_call_id=tool_call_id,
             display_order=display_order, display=self.display_name)
-        if result.ok:
+        if isinstance(result, AgentToolSuccess):
             return result.summary
         return result.model_dump(mode="json", exclude_none=True)
 

@@ -55,12 +55,13 @@ class ParentStream:
         self._states = {state.run_id: state for state in snapshot.runs}
         self._nested = {_key(state): state for state in snapshot.nested}
         runs = [self._document(run_id) for run_id in self._states]
-        nested = [run_document(state) for state in self._nested.values()]
+        nested_runs = [run_document(state) for state in self._nested.values()]
         self._sent = {run["run_id"]: run for run in runs}
         self._sent.update({_key(state): document
-                           for state, document in zip(self._nested.values(), nested, strict=True)})
+                           for state, document in zip(self._nested.values(), nested_runs,
+                                                      strict=True)})
         yield {"type": "snapshot", "checkpoint": snapshot.checkpoint, "runs": runs,
-               "nested": nested}
+               "nested": nested_runs}
         subjects = self._tether.subjects
         events = OrderedFeed(self._tether.js, subjects.events_stream,
                              subjects.parent_events(self._parent), source="event",

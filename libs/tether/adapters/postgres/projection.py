@@ -15,6 +15,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import asyncpg
 from pydantic_core import to_json
@@ -381,7 +382,7 @@ def _known_states(known: KnownStates, keys: list[RunKey],
         if state is _UNKNOWN:
             missing.append(key)
         elif state is not None:
-            before[key] = state
+            before[key] = cast("RunState", state)
     return [] if known.complete else missing
 
 
@@ -428,8 +429,8 @@ class _Rows:
     decisions: str | None
     dead: list[StoredEvent]
     # Rows of runs the table does not hold at all, for COPY (a bulk replay's).
-    new_runs: list[tuple[object, ...]] = field(default_factory=list)
-    new_milestones: list[tuple[object, ...]] = field(default_factory=list)
+    new_runs: list[tuple[Any, ...]] = field(default_factory=list)
+    new_milestones: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def _rows(folded: _Folded, preview_chars: int, *, copy_new: bool = False) -> _Rows:
@@ -622,7 +623,7 @@ class PipelinedReplay:
         if self._end_seq is not None:
             quiet_events = min(quiet_events, max(self._end_seq - self._checkpoint, 0))
         quiet_since = self._checkpoint - quiet_events
-        due = []
+        due: list[RunKey] = []
         for key, entry in self._unwritten.items():
             if entry.last_seq > quiet_since and len(self._unwritten) - len(due) <= self._max_unwritten:
                 break
