@@ -26,9 +26,9 @@ def tune_gc(young_threshold: int) -> None:
     The objects alive now (modules, classes, schemas) are moved out of the collector's
     sight, and a young collection waits for `young_threshold` allocations instead of 700.
     A service's work lives in batches and caches that outlive several default young
-    collections and are then scanned again and again by the older ones: with Python's
-    defaults the collector took 15-30 % of each service's CPU in the benchmark. 0 leaves
-    the interpreter's settings alone.
+    collections and are then scanned again and again by the older ones, which finds
+    almost nothing to free: the objects go by reference counting. 0 leaves the
+    interpreter's settings alone.
     """
     if young_threshold <= 0:
         return
@@ -40,11 +40,10 @@ def tune_gc(young_threshold: int) -> None:
 
 def pause_gc_for_replay(young_threshold: int) -> None:
     """A command that replays the log and exits (`tether projections`): the collector is
-    off. A replay's objects free themselves by reference counting (an 80,000-event
-    rebuild left about 100 objects in cycles), while its collections scanned the
-    batches and states it holds again and again: 15 % of a rebuild with the services'
-    threshold. `young_threshold` 0 leaves the interpreter's settings alone, as for
-    `tune_gc`.
+    off. A replay's objects free themselves by reference counting (a rebuild leaves
+    next to nothing in cycles), while collections would scan the batches and states it
+    holds again and again, even with the services' threshold. `young_threshold` 0
+    leaves the interpreter's settings alone, as for `tune_gc`.
     """
     if young_threshold <= 0:
         return

@@ -53,7 +53,7 @@ LOAD_RUNS = """
 READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
 # of the loop whatever its size; under load, waiting gathers the events of many runs
-# into one (about 15 % of the reconciler's CPU in W1), and no deadline is that tight.
+# into one, and no deadline is that tight.
 FOLLOW_LINGER_S = 0.02
 
 

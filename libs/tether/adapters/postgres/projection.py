@@ -130,8 +130,8 @@ class Statements:
 
     @property
     def analyze_runs(self) -> str:
-        """Statistics of the columns lookups and lists filter on: a third of the time of
-        all columns' (the documents are large)."""
+        """Statistics of the columns lookups and lists filter on, only: the other columns
+        are the large documents, which no query filters on."""
         return self._q("ANALYZE {s}.runs (parent_agent, parent_name, run_id, status, "
                        "parent_tool_call_id, requested_at, max_budget_deadline, "
                        "no_progress_deadline)")
@@ -273,8 +273,8 @@ def _run_scalars(state: RunState, last_seq: int, preview_chars: int) -> dict[str
 
 def _run_documents(state: RunState) -> tuple[str | None, str | None, str, str]:
     """A `runs` row's JSON documents, as JSON text (None: SQL NULL): output, progress,
-    delivery, state. Serialised by pydantic's encoder (several times faster than
-    `json.dumps`)."""
+    delivery, state. Serialised by pydantic's encoder, which writes the models' JSON
+    without building Python dicts first."""
     return (None if state.output is None else to_json(state.output).decode(),
             state.progress.model_dump_json() if state.progress else None,
             state.ledger.model_dump_json(), state.model_dump_json())
@@ -435,7 +435,7 @@ class _Rows:
 
 def _rows(folded: _Folded, preview_chars: int, *, copy_new: bool = False) -> _Rows:
     """`copy_new`: the rows of runs the table does not hold (not in `folded.before`) are
-    records for COPY, which Postgres takes in about half the time of the upsert; only
+    records for COPY, which Postgres loads without the upsert's conflict checks; only
     for the schema's only writer, since a row someone else inserted meanwhile would
     fail the COPY."""
     changed, before = folded.changed, folded.before
