@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import nats
 
 from bench import ceilings, chart, report, stages
 from bench.callgrind import Callgrind
@@ -100,8 +101,6 @@ def run_peer(database_url: str, runs: int) -> dict:
 
 
 async def cleanup(nats_url: str, database_url: str, settings: Settings) -> None:
-    import nats
-
     nc = await nats.connect(nats_url)
     await remove_streams(nc.jetstream(), settings.subjects)
     await nc.drain()

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 import uuid
+from importlib.metadata import version
 
 import asyncpg
 import sqlalchemy as sa
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         DBOS.destroy()
         asyncio.run(drop_database(args.database_url, name))
-    import dbos
+    import dbos  # noqa: PLC0415 - optional: the `peers` extra, imported once DBOS ran
 
     result["dbos_version"] = getattr(dbos, "__version__", None) or _version()
     print(json.dumps(result) if args.json else
@@ -105,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import version
-
     return version("dbos")
 
 

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 import asyncpg
 import nats.errors
 
+from tether.log import get_logger
+
 T = TypeVar("T")
 
 # What a lost or restarting dependency raises. NATS: timeouts, no responders (a stream's
@@ -175,8 +177,6 @@ async def settle(settlement: Awaitable[object], *, what: str, logger=None,
         await settlement
     except TRANSIENT_ERRORS as error:
         if logger is None:
-            from tether.log import get_logger
-
             logger = get_logger(**context)
             context = {}
         logger.warning("message.settle_failed", what=what, error=describe(error), **context)

@@ -13,8 +13,13 @@ import json
 import signal
 from collections.abc import Awaitable, Callable
 
+import asyncpg
+
+from tether.adapters.jetstream import NatsUnreachable, connect_nats
+from tether.diagnose import nats_unreachable, postgres_unreachable
 from tether.log import get_logger
 from tether.metrics import REGISTRY, Registry
+from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 
@@ -60,9 +65,6 @@ class StartupFailed(ConnectionError):
 async def open_nats(settings, name: str, stop: asyncio.Event):
     """The service's NATS connection, or None when `stop` came first. Retried for
     `startup_timeout_ms`, then `StartupFailed` names the server(s)."""
-    from tether.adapters.jetstream import NatsUnreachable, connect_nats
-    from tether.diagnose import nats_unreachable
-
     try:
         return await connect_nats(settings.nats_connect_url, name=name, stop=stop,
                                   startup_timeout_s=settings.startup_timeout_ms / 1000)
@@ -77,10 +79,6 @@ async def open_nats(settings, name: str, stop: asyncio.Event):
 
 async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_size: int):
     """The service's pool, or None when `stop` came first; retried like `open_nats`."""
-    import asyncpg
-
-    from tether.diagnose import postgres_unreachable
-
     def unreachable(error: str) -> str:
         return postgres_unreachable(settings.database_url, error)
 
@@ -103,8 +101,6 @@ async def while_starting(settings, stop: asyncio.Event, what: str, operation) ->
 async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
     """`operation()`'s result, retried across transient errors for `startup_timeout_ms`
     (then `StartupFailed` with `failure(last error)`); None when `stop` came first."""
-    from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
-
     loop = asyncio.get_running_loop()
     timeout_s = settings.startup_timeout_ms / 1000
     deadline = loop.time() + timeout_s
@@ -122,8 +118,6 @@ async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
 
 async def close_quietly(closing) -> None:
     """Close a connection or pool on the way out, whatever state its server is in."""
-    from tether.resilience import TRANSIENT_ERRORS
-
     ignored: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, RuntimeError)
     try:
         await asyncio.wait_for(closing, timeout=5.0)

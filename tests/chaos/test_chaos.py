@@ -13,6 +13,8 @@ from chaos import Load, Report, chaos_system, namespaces_available
 from eventually import eventually
 from service_processes import http_status
 
+from tether.adapters.jetstream import connect_nats
+
 long = pytest.mark.long
 # `make test-chaos`: the load the scenarios were first tried with, 300 runs.
 LONG_LOAD = Load(detached=240, awaited=60)
@@ -153,8 +155,6 @@ def partition_leader():
 
 async def make_leader(system, stream: str, node: str) -> None:
     """Ask the stream's leader to step down in favour of `node`, until it leads."""
-    from tether.adapters.jetstream import connect_nats
-
     nc = await connect_nats(system.nats.url, name="chaos-stepdown")
     try:
         async with asyncio.timeout(30):

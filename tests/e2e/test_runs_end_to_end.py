@@ -111,7 +111,7 @@ async def test_a_fan_out_of_three_runs_concurrently_on_one_connection(tether):
         for order, text in enumerate(texts)))
     assert [result.summary for result in results] == ["ALPHA", "BETA", "GAMMA"]
     view = None
-    async for view in me.timeline(live=False):
+    async for view in me.timeline(live=False):  # noqa: B007 - the last view is wanted
         pass
     assert [run.summary for run in view.runs_for_tool_call("call-fan")] == ["ALPHA", "BETA", "GAMMA"]
 
@@ -186,7 +186,7 @@ async def test_a_late_timeline_subscriber_sees_what_an_early_one_saw(tether):
             me.run_agent_tool("Researcher", {"query": "HTTP/3"}, parent_tool_call_id="call-t"),
             me.run_agent_tool("Summarizer", {"text": "side"}))
         late = None
-        async for late in me.timeline(live=False):
+        async for late in me.timeline(live=False):  # noqa: B007 - the last view is wanted
             pass
         async with asyncio.timeout(10), changed:
             await changed.wait_for(lambda: views[-1] == late)
@@ -212,7 +212,7 @@ async def test_a_child_runs_its_own_agent_tools_on_its_own_timeline(tether, log)
         assert snapshot is not None and snapshot.summary == text
     # The grandchildren are not on the top parent's timeline.
     view = None
-    async for view in me.timeline(live=False):
+    async for view in me.timeline(live=False):  # noqa: B007 - the last view is wanted
         pass
     assert "coordinate-1" in view.runs
     assert not any(run_id.startswith("coordinate-1-part") for run_id in view.runs)
@@ -271,7 +271,7 @@ async def test_a_cleared_run_id_runs_again_with_its_own_hook_call(tether, log):
 
     me = tether.parent(*ASSISTANT)
     async with hooks.running():
-        for n, text in enumerate(["first", "second"], start=1):
+        for text in ["first", "second"]:
             handle = await me.run_agent_tool("Summarizer", {"text": text}, run_id="again-1",
                                              detached={"on_finish": "on_again_done"})
             assert handle.status == "running"

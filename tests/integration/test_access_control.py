@@ -100,7 +100,7 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
     checks: list[dict] = [{} for _ in SERVICES]
     tasks = [asyncio.create_task(module.serve(as_user(settings, url, role, agents=AGENTS), stop,
                                               role_checks))
-             for (role, module), role_checks in zip(SERVICES.items(), checks)]
+             for (role, module), role_checks in zip(SERVICES.items(), checks, strict=True)]
     # The operator's credentials in the URL: what any NATS client understands.
     operator = Settings(**{**settings.model_dump(), "nats_url": url.replace(
         "nats://", f"nats://operator:{PASSWORDS['operator']}@")})
@@ -251,14 +251,14 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
                                inbox_prefix=ALICE.inbox_prefix) as app:
                 bobs = app.parent(BOB_PARENT.agent, BOB_PARENT.name)
                 for detached in (False, {"on_finish": "on_done"}):
-                    with pytest.raises(NotPermitted, match="BobBot.user-1"):
+                    with pytest.raises(NotPermitted, match=r"BobBot.user-1"):
                         async with asyncio.timeout(2):
                             await bobs.run_agent_tool("Researcher", {"query": "QUIC"},
                                                       run_id="not-hers", detached=detached)
                 with pytest.raises(NotPermitted, match="cancel commands for parent BobBot/user-1"):
                     async with asyncio.timeout(2):
                         await bobs.cancel("not-hers")
-                with pytest.raises(NotPermitted, match="may not follow .*BobBot"):
+                with pytest.raises(NotPermitted, match=r"may not follow .*BobBot"):
                     async with asyncio.timeout(2):
                         await anext(bobs.timeline())
                 for agent, method in (("BobBot", "on_done"), ("AliceBot", "unlisted")):

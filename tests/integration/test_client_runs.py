@@ -202,9 +202,9 @@ async def test_an_oversized_input_is_refused_before_anything_is_sent(log, tether
 
 async def test_queries_without_a_parent_service_fail_clearly(tether):
     me = tether.parent(PARENT.agent, PARENT.name)
-    with pytest.raises(ServiceUnavailable, match="no parent service answers .*rpc.inspect"):
+    with pytest.raises(ServiceUnavailable, match=r"no parent service answers .*rpc.inspect"):
         await me.inspect("r1")
-    with pytest.raises(ServiceUnavailable, match="rpc.has_run"):
+    with pytest.raises(ServiceUnavailable, match=r"rpc.has_run"):
         await me.has_run("r1")
 
 

@@ -54,8 +54,7 @@ async def test_a_standby_leads_only_after_the_holder_lost_its_session(pool, uniq
     await pool.execute("SELECT pg_terminate_backend($1)", pid)
     async with asyncio.timeout(10):
         await holding
-        while len(led) < 3:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(led) >= 3, timeout=10, interval=0.01)
     names = [name for name, _ in led]
     assert names == ["first acquired", "first lost", "second acquired"]
     lost_at, acquired_at = led[1][1], led[2][1]

@@ -19,6 +19,7 @@ import importlib.util
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,6 +27,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import asyncpg
@@ -484,8 +486,6 @@ def _leading(service: ServiceProcess) -> bool:
 
 
 def _at(line: dict) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(line["timestamp"]).timestamp()
 
 
@@ -503,6 +503,4 @@ async def chaos_system(**options):
         if failed:
             system.dump_logs()
         await system.close()
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)

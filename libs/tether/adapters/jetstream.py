@@ -40,6 +40,7 @@ from tether.contract.subjects import Subjects
 from tether.diagnose import redact
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
+from tether.log import get_logger  # (it configures structlog lazily, at the first line)
 
 # The port's values, here too for the callers that import them from the adapter.
 from tether.ports import ConcurrencyConflict, RunHistory, StoredEvent
@@ -783,7 +784,7 @@ async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None])
     on any other nats-py client it is an ordinary callback subscription."""
     if isinstance(nc, _Client):
         subscription = await nc.subscribe(subject)
-        nc.routes[subscription._id] = route
+        nc.routes[subscription._id] = route  # noqa: SLF001 - nats-py keeps the sid private
         return subscription
 
     async def callback(msg: Msg) -> None:
@@ -914,7 +915,6 @@ class _ConnectionEvents:
         self.closing: Callable[[], bool] = lambda: False
 
     def _logger(self):
-        from tether.log import get_logger  # the log module configures structlog lazily
         return get_logger(connection=self._name)
 
     async def error(self, error: Exception) -> None:

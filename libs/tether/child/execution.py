@@ -351,20 +351,8 @@ class Execution:
             # The child found out before the heartbeat did.
             self._stop_reason, self._cancel_detail = error.reason, str(error)  # type: ignore[assignment]
         if child.cancelled() or isinstance(error, RunCancelled):
-            if self._stop_reason == "shutdown":
-                await self._settle_item(self._msg.nak(), "nak")  # another runner resumes it now
-                return self._outcome("released", "the runner stopped before the child finished")
-            if self._stop_reason == "superseded":
-                # The newer attempt owns the run and its work item; leave both alone.
-                return self._outcome("superseded", self._cancel_detail)
-            if self._stop_reason == "gone":
-                return await self._ack("skipped", self._cancel_detail)
-            if self._stop_reason == "cancel":
-                return await self._abort(self._cancel_detail)
-            if self._stop_reason == "give-up":
-                return await self._ack("aborted", "stopped: the reconciler gave up on the run")
-            if error is not None:  # the child gave up on its own
-                return await self._abort(str(error) or None, cause="child")
+            if (stopped := await self._settle_stopped(error)) is not None:
+                return stopped
             error = asyncio.CancelledError("the child's task was cancelled by the child itself")
         if error is not None:
             return await self._fail(safe_error(error), error)
@@ -384,6 +372,25 @@ class Execution:
         if not appended:
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
+
+    async def _settle_stopped(self, error: BaseException | None) -> Outcome | None:
+        """The outcome of a child that stopped on a cancel: why it was stopped decides it.
+        None: nobody stopped it, and it raised no `RunCancelled` either."""
+        if self._stop_reason == "shutdown":
+            await self._settle_item(self._msg.nak(), "nak")  # another runner resumes it now
+            return self._outcome("released", "the runner stopped before the child finished")
+        if self._stop_reason == "superseded":
+            # The newer attempt owns the run and its work item; leave both alone.
+            return self._outcome("superseded", self._cancel_detail)
+        if self._stop_reason == "gone":
+            return await self._ack("skipped", self._cancel_detail)
+        if self._stop_reason == "cancel":
+            return await self._abort(self._cancel_detail)
+        if self._stop_reason == "give-up":
+            return await self._ack("aborted", "stopped: the reconciler gave up on the run")
+        if error is not None:  # the child gave up on its own
+            return await self._abort(str(error) or None, cause="child")
+        return None
 
     def _start_heartbeat(self, interval: float) -> None:
         self._beating = asyncio.ensure_future(self._heartbeat(interval))

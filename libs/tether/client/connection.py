@@ -13,9 +13,13 @@ from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
 from tether.adapters.jetstream import EventLog, PublishDenied, connect_nats
+from tether.client.chat import follow_chat
 from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
+from tether.client.hooks import HookRegistry
 from tether.client.live import DirectReads, RunReads, ScopedReads
+from tether.client.parent import ParentHandle
 from tether.config import Settings
+from tether.contract.messages import ObservabilityEvent
 from tether.contract.subjects import Subjects
 from tether.diagnose import nats_unreachable, redact
 from tether.domain.events import ParentRef
@@ -23,9 +27,7 @@ from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
 if TYPE_CHECKING:
-    from tether.client.hooks import HookRegistry
-    from tether.client.parent import ParentHandle
-    from tether.contract.messages import ChatMessage, ObservabilityEvent
+    from tether.contract.messages import ChatMessage
 
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
@@ -65,8 +67,6 @@ class Tether:
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
-        from tether.client.parent import ParentHandle
-
         ref = ParentRef(agent=check_identifier(agent, "parent agent"),
                         name=check_identifier(name, "parent name"))
         return ParentHandle(self, ref)
@@ -74,16 +74,12 @@ class Tether:
     def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
               ledger: Literal["parent", "direct"] = "parent") -> "HookRegistry":
         """Finish-hook handlers of one parent agent class (all its instances)."""
-        from tether.client.hooks import HookRegistry
-
         return HookRegistry(self, parent_agent, lease_ms=lease_ms, concurrency=concurrency,
                             ledger=ledger)
 
     def chat(self, parent: "ParentHandle | ParentRef", *, durable: str | None = None,
              new_only: bool = False) -> AsyncIterator["ChatMessage"]:
         """Chat notifications for one parent instance; see `tether.client.chat.follow_chat`."""
-        from tether.client.chat import follow_chat
-
         ref = parent if isinstance(parent, ParentRef) else parent.ref
         return follow_chat(self, ref, durable=durable, new_only=new_only)
 
@@ -91,8 +87,6 @@ class Tether:
         """The reconciler's typed events as they happen (`agent_tool:recovery:row`,
         `agent_tool:detached:give_up`, ...); `pattern` narrows them, e.g.
         `agent_tool:detached:>`. Live only: nothing is replayed."""
-        from tether.contract.messages import ObservabilityEvent
-
         events: asyncio.Queue[bytes] = asyncio.Queue()
 
         async def receive(msg) -> None:

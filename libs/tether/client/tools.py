@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from tether.child.agent import AnyInput
 from tether.contract.messages import AgentToolSuccess
 from tether.domain.ids import check_identifier
 
@@ -138,8 +139,6 @@ def agent_tool(agent: Any, *, description: str | None = None, display_name: str 
     defaults (a class without an input model of its own takes any object).
     """
     if isinstance(agent, type):
-        from tether.child.agent import AnyInput
-
         agent_type = getattr(agent, "agent_type", "") or agent.__name__
         description = description or getattr(agent, "description", "") or ""
         declared = getattr(agent, "input_model", None)

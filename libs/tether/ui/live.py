@@ -84,14 +84,7 @@ class ParentStream:
                     waits.append(next_nested - now)
                 if changed or nested or (all(caught.values()) and not announced):
                     waits.append(next_frame - now)
-                try:
-                    async with asyncio.timeout(max(min(waits), 0)):
-                        batch = [await self.sink.get()]
-                except TimeoutError:
-                    batch = []
-                while not self.sink.empty():
-                    batch.append(self.sink.get_nowait())
-                for message in batch:
+                for message in await self._arrived(min(waits)):
                     if message is STOP:
                         return
                     if (run_id := self._apply(message)) is not None:
@@ -112,6 +105,18 @@ class ParentStream:
                 elif now >= next_heartbeat:
                     yield {"type": "heartbeat"}
                     next_heartbeat = now + self._heartbeat
+
+    async def _arrived(self, wait_s: float) -> list[Any]:
+        """What the feeds sent: the first message within `wait_s` (none after it), and
+        every other one already there."""
+        try:
+            async with asyncio.timeout(max(wait_s, 0)):
+                batch = [await self.sink.get()]
+        except TimeoutError:
+            batch = []
+        while not self.sink.empty():
+            batch.append(self.sink.get_nowait())
+        return batch
 
     def _apply(self, message: FeedMessage) -> str | None:
         if message.source == "event":

@@ -58,7 +58,7 @@ class KnownStates:
             return False
         return True
 
-    def get(self, key: RunKey) -> "RunState | None | object":
+    def get(self, key: RunKey) -> "RunState | object | None":
         return self._states.get(key, _UNKNOWN)
 
     def committed(self, states: dict[RunKey, RunState | None], checkpoint: int) -> None:
