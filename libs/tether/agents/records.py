@@ -22,12 +22,13 @@ PauseReason = Literal["waiting_for_human", "waiting_for_tools"]
 
 
 class PendingToolCall(Frozen):
-    """A tool call the run waits on: for approval, or for its output from outside."""
+    """A tool call the run waits on: for approval, for its output from outside, or (`run`)
+    a call that starts a Tether run, recorded with the model turn before it runs."""
 
     tool_call_id: str
     tool_name: str
     input: dict[str, Any] = Field(default_factory=dict)
-    reason: Literal["approval", "external"] = "approval"
+    reason: Literal["approval", "external", "run"] = "approval"
 
 
 class ToolResult(Frozen):
@@ -171,6 +172,13 @@ def open_pending(records: Sequence[AgentStepRecord]) -> tuple[PendingToolCall, .
         return ()
     last = records[-1]
     return last.pending if last.status in ("waiting_for_human", "waiting_for_tools") else ()
+
+
+def starting_runs(records: Sequence[AgentStepRecord]) -> tuple[PendingToolCall, ...]:
+    """Calls that start runs, recorded with the last model turn and not yet answered."""
+    if not records or records[-1].status != "running":
+        return ()
+    return tuple(p for p in records[-1].pending if p.reason == "run")
 
 
 def pause_of(records: Sequence[AgentStepRecord]) -> HumanPause | None:

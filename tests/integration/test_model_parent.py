@@ -1,0 +1,187 @@
+"""A model parent: an AgentDefinition whose tools include child agents, against real NATS.
+
+The parent service and a child-runner run in-process; the runner's parent client is a
+Tether client, so the model parent's agent-tool calls become runs on its own timeline
+(`<agent type>/<run id>`). Each test gives the model a fresh scripted client; every wait
+follows events or polls a condition with a deadline.
+"""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import ClassVar
+
+import pytest
+from pydantic import BaseModel, Field
+
+from tether import ChildAgent, RunContext, agent_tool
+from tether.agents import AgentDefinition, ModelAgent, Reply, ScriptedModelClient, ToolContext, tool
+from tether.child.agent import AgentRegistry
+from tether.child.runner import ChildRunner
+from tether.client import Tether, connect
+from tether.log import get_logger
+from tether.parent.service import ParentService
+
+DEADLINE_S = 10
+
+
+class Query(BaseModel):
+    query: str = Field(min_length=3)
+    siblings: int = 1  # how many Researchers the same turn starts
+
+
+class Researcher(ChildAgent):
+    """Researches one topic; `bad` fails. It waits (bounded) until as many Researchers as
+    the turn started run at once, so a sequential fan-out fails the test."""
+
+    input_model = Query
+    active: ClassVar[set[str]] = set()
+    together: ClassVar[asyncio.Event | None] = None
+
+    async def run(self, ctx: RunContext, input: Query) -> str:
+        if input.query == "bad":
+            raise RuntimeError("no sources found for 'bad'")
+        cls = type(self)
+        cls.active.add(input.query)
+        if len(cls.active) >= input.siblings and cls.together is not None:
+            cls.together.set()
+        try:
+            if input.siblings > 1:
+                assert cls.together is not None
+                await asyncio.wait_for(cls.together.wait(), timeout=5)
+        finally:
+            cls.active.discard(input.query)
+        return f"findings on {input.query}"
+
+
+class Note(BaseModel):
+    text: str
+
+
+@tool
+async def remember(ctx: ToolContext, input: Note) -> str:
+    """Write a note down."""
+    return f"noted: {input.text}"
+
+
+class Planner(ModelAgent):
+    definition = AgentDefinition(
+        id="planner", model="scripted", max_steps=4,
+        instructions="Plan; delegate research to the Researcher tool.",
+        tools=(agent_tool(Researcher, description="Research one topic in depth.",
+                          display_name="Research"), remember))
+    script = ()
+
+
+AGENTS = (Researcher, Planner)
+
+
+@pytest.fixture(autouse=True)
+def fresh_researchers():
+    Researcher.active = set()
+    Researcher.together = asyncio.Event()
+
+
+@pytest.fixture
+async def tether(log, settings) -> AsyncIterator[Tether]:
+    async with connect(settings=settings) as client:
+        yield client
+
+
+@pytest.fixture
+async def services(settings, log, pool, tether):
+    parent = ParentService(settings, log, pool, AgentRegistry(AGENTS),
+                           get_logger(service="parent-test"))
+    await parent.start()
+    runner = ChildRunner(tether.nc, settings.model_copy(update={"work_ack_wait_ms": 1500}),
+                         AgentRegistry(AGENTS), fetch_timeout_s=0.3, cancel_grace_s=0.2,
+                         parent_client=lambda ref: tether.parent(ref.agent, ref.name))
+    await runner.start()
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(parent.run(stop)), asyncio.create_task(runner.run(stop))]
+    yield parent, runner
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+
+
+@pytest.fixture
+def scripted(monkeypatch) -> Callable[..., ScriptedModelClient]:
+    def give(agent: type[ModelAgent], script: list) -> ScriptedModelClient:
+        client = ScriptedModelClient(script)
+        monkeypatch.setattr(agent, "model_client", client)
+        return client
+    return give
+
+
+async def runs_of(tether: Tether, agent: str, name: str) -> dict:
+    """The runs on a parent's timeline, as the log has them now."""
+    view = None
+    async for view in tether.parent(agent, name).timeline(live=False):
+        pass
+    return dict(view.runs) if view is not None else {}
+
+
+def tool_messages(client: ScriptedModelClient, turn: int) -> dict[str, str]:
+    """The tool results the model was shown at `turn`, by tool call id."""
+    return {m.tool_call_id: m.content for m in client.requests[turn].messages
+            if m.role == "tool"}
+
+
+async def test_parallel_agent_tool_calls_fan_out_as_runs_of_the_model_parents_timeline(
+        services, tether, scripted):
+    client = scripted(Planner, [
+        Reply("Researching both.", [("Researcher", {"query": "HTTP/3", "siblings": 2}),
+                                    ("Researcher", {"query": "gRPC", "siblings": 2}),
+                                    ("remember", {"text": "compare transports"})]),
+        Reply("HTTP/3 and gRPC compared.")])
+    me = tether.parent("Assistant", "fan-out")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Compare HTTP/3 and gRPC"}, run_id="plan-1"),
+        DEADLINE_S)
+
+    assert result.ok, result
+    assert result.summary == "HTTP/3 and gRPC compared."
+    # Both Researchers ran at once (each waited for the other) and answered the model.
+    assert tool_messages(client, 1) == {"call_0_0": "findings on HTTP/3",
+                                        "call_0_1": "findings on gRPC",
+                                        "call_0_2": "noted: compare transports"}
+    # Their runs belong to the model parent's run, keyed by the tool call.
+    runs = await runs_of(tether, "Planner", "plan-1")
+    assert set(runs) == {"agent-tool:call_0_0", "agent-tool:call_0_1"}
+    assert {run.parent_tool_call_id for run in runs.values()} == {"call_0_0", "call_0_1"}
+    assert all(run.status == "completed" for run in runs.values())
+    # One model turn per reply: the turn was recorded before its runs started.
+    assert len(client.requests) == 2
+
+
+async def test_a_failed_child_comes_back_as_failure_json_and_the_model_reissues_it(
+        services, tether, scripted):
+    client = scripted(Planner, [
+        Reply("", [("Researcher", {"query": "bad"})]),
+        Reply("Trying a better query.", [("Researcher", {"query": "good topic"})]),
+        Reply("Found it.")])
+    me = tether.parent("Assistant", "retry")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Research"}, run_id="plan-2"), DEADLINE_S)
+
+    assert result.ok and result.summary == "Found it."
+    failure = json.loads(tool_messages(client, 1)["call_0_0"])
+    assert {key: failure[key] for key in ("ok", "status", "retryable", "run_id")} == {
+        "ok": False, "status": "error", "retryable": False, "run_id": "agent-tool:call_0_0"}
+    assert "no sources found" in failure["error"]
+    assert tool_messages(client, 2)["call_1_0"] == "findings on good topic"
+    statuses = {run_id: run.status
+                for run_id, run in (await runs_of(tether, "Planner", "plan-2")).items()}
+    assert statuses == {"agent-tool:call_0_0": "error", "agent-tool:call_1_0": "completed"}
+
+
+async def test_invalid_arguments_are_a_failure_for_the_model_and_start_no_run(
+        services, tether, scripted):
+    client = scripted(Planner, [Reply("", [("Researcher", {"query": "x"})]), Reply("Sorry.")])
+    me = tether.parent("Assistant", "invalid")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Research"}, run_id="plan-3"), DEADLINE_S)
+
+    assert result.ok
+    assert "invalid input" in tool_messages(client, 1)["call_0_0"]
+    assert await runs_of(tether, "Planner", "plan-3") == {}
