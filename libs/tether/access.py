@@ -34,7 +34,7 @@ from tether.contract.subjects import Subjects
 from tether.domain.ids import check_identifier
 
 SERVICE_ROLES = ("parent", "child-runner", "reconciler", "projector")
-COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
+COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
 QUERY_KINDS = ("inspect", "list", "has_run")
 ADMIN_USER = "operator"
 
@@ -139,6 +139,8 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     if role == "child-runner":
         work = subjects.work_stream
         publish = [f"{p}.evt.>", f"{p}.progress.>",
+                   # A model parent answers in its conversation.
+                   f"{p}.chat.>",
                    # A child that delegates (nested agent tools) is a parent of its own runs.
                    f"{p}.cmd.>",
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{work}.>", f"$JS.API.CONSUMER.CREATE.{work}.>",

@@ -15,7 +15,15 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tether import ChildAgent, RunContext, agent_tool
-from tether.agents import AgentDefinition, ModelAgent, Reply, ScriptedModelClient, ToolContext, tool
+from tether.agents import (
+    AgentDefinition,
+    ModelAgent,
+    ModelParent,
+    Reply,
+    ScriptedModelClient,
+    ToolContext,
+    tool,
+)
 from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
@@ -94,7 +102,7 @@ async def services(settings, log, pool, tether):
                            get_logger(service="parent-test"))
     await parent.start()
     runner = ChildRunner(tether.nc, settings.model_copy(update={"work_ack_wait_ms": 1500}),
-                         AgentRegistry(AGENTS), fetch_timeout_s=0.3, cancel_grace_s=0.2,
+                         AgentRegistry(AGENTS), fetch_timeout_s=0.3, cancel_grace_s=0.2, shutdown_grace_s=0.5,
                          parent_client=lambda ref: tether.parent(ref.agent, ref.name))
     await runner.start()
     stop = asyncio.Event()
@@ -185,3 +193,142 @@ async def test_invalid_arguments_are_a_failure_for_the_model_and_start_no_run(
     assert result.ok
     assert "invalid input" in tool_messages(client, 1)["call_0_0"]
     assert await runs_of(tether, "Planner", "plan-3") == {}
+
+
+# --- durable conversations ------------------------------------------------------------
+
+
+class ImportJob(BaseModel):
+    rows: int = 2
+
+
+class Importer(ChildAgent):
+    """Imports rows in the background; passes `rows-loaded` and `needs-review`."""
+
+    input_model = ImportJob
+
+    async def run(self, ctx: RunContext, input: ImportJob) -> str:
+        await ctx.report_progress(milestone="rows-loaded", data={"rows": input.rows})
+        await ctx.report_progress(milestone="needs-review")
+        await ctx.report_progress(milestone="noisy")
+        return f"imported {input.rows} rows"
+
+
+def last_user(request) -> str:
+    return next(m.content for m in reversed(request.messages) if m.role == "user")
+
+
+def answer(request) -> Reply:
+    """The model says what it was told last."""
+    return Reply(f"seen: {last_user(request)}")
+
+
+class Assistant(ModelParent):
+    definition = AgentDefinition(
+        id="assistant", model="scripted", max_steps=4, instructions="Help the user.",
+        tools=(agent_tool(Researcher, description="Research one topic in depth."),
+               agent_tool(Importer, description="Import rows in the background.",
+                          detached={"notify": True,
+                                    "on_milestones": {"names": ["rows-loaded"],
+                                                      "mode": "narrate"}}),
+               agent_tool(Importer, name="ImportReviewed",
+                          description="Import rows; the model reviews them.",
+                          detached={"notify": True,
+                                    "on_milestones": {"names": ["needs-review", "noisy"],
+                                                      "mode": "react"}})))
+    script = ()
+
+    def format_detached_completion(self, run, result) -> str:
+        return f"The {run.agent_type} finished: {result.summary}"
+
+    def format_detached_milestone(self, run, milestone) -> str:
+        if milestone.name == "noisy":
+            return ""  # suppressed: no message, no model turn
+        return f"{run.agent_type} reached {milestone.name}"
+
+
+AGENTS = (*AGENTS, Importer, Assistant)
+
+
+async def until_chat(conversation, count: int, predicate=lambda m: True) -> list:
+    """The conversation's first `count` messages that match."""
+    found = []
+    async with asyncio.timeout(DEADLINE_S):
+        async for message in conversation.messages():
+            if predicate(message):
+                found.append(message)
+                if len(found) == count:
+                    return found
+    raise AssertionError("unreachable")
+
+
+def from_model(message) -> bool:
+    return message.metadata.get("source") == "model"
+
+
+async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
+        services, tether, scripted, log):
+    client = scripted(Assistant, [answer, answer])
+    conversation = tether.conversation("Assistant", "chat-1")
+    await conversation.start()
+    assert await asyncio.wait_for(conversation.ask("hello", message_id="m1"), DEADLINE_S) \
+        == "seen: hello"
+    # A message sent twice is one message: one model turn for it.
+    await conversation.send("hello", message_id="m1")
+    assert await asyncio.wait_for(conversation.ask("and now?", message_id="m2"), DEADLINE_S) \
+        == "seen: and now?"
+
+    assert [[m.content for m in r.messages] for r in client.requests] == [
+        ["hello"], ["hello", "seen: hello", "and now?"]]
+    history = await log.read_run(conversation.owner.ref, "chat-1")
+    steps = [history.state.steps[i] for i in sorted(history.state.steps)]
+    assert [(s["kind"], s["inbox"], s["status"]) for s in steps] == [
+        ("continuation", ["user:m1"], "running"), ("model_turn", [], "completed"),
+        ("continuation", ["user:m2"], "running"), ("model_turn", [], "completed")]
+    assert history.state.status == "running"
+    await conversation.close()
+    async with asyncio.timeout(DEADLINE_S):
+        while (await log.read_run(conversation.owner.ref, "chat-1")).state.status != "aborted":
+            await asyncio.sleep(0.02)
+
+
+async def test_notify_and_milestones_reach_the_model_once_narrate_without_a_turn(
+        services, tether, scripted):
+    client = scripted(Assistant, [
+        Reply("", [("Importer", {"rows": 5})]), Reply("Import started."), answer, answer])
+    conversation = tether.conversation("Assistant", "chat-2")
+    await conversation.start()
+    await conversation.send("import five rows", message_id="go")
+    replies = await until_chat(conversation, 2, from_model)
+
+    assert [m.content for m in replies] == [
+        "Import started.", "seen: The Importer finished: imported 5 rows"]
+    started = json.loads(tool_messages(client, 1)["call_0_0"])
+    assert (started["run_id"], started["status"]) == ("agent-tool:call_0_0", "running")
+    messages = await until_chat(conversation, 5)
+    narrated = [m for m in messages if m.metadata.get("kind") == "milestone"]
+    assert [(m.role, m.content, m.metadata["mode"]) for m in narrated] == [
+        ("assistant", "Importer reached rows-loaded", "narrate")]
+    # Two model calls for the user's message, one for the completion; the narrated line
+    # is in the model's context as an assistant message, with no turn of its own.
+    assert len(client.requests) == 3
+    assert [m.content for m in client.requests[2].messages if m.role == "assistant"] == [
+        "", "Import started.", "Importer reached rows-loaded"]
+
+
+async def test_react_milestones_take_a_turn_and_an_empty_format_suppresses_one(
+        services, tether, scripted):
+    client = scripted(Assistant, [
+        Reply("", [("ImportReviewed", {"rows": 1})]), Reply("Started."), answer, answer])
+    conversation = tether.conversation("Assistant", "chat-3")
+    await conversation.start()
+    await conversation.send("import and review", message_id="go")
+    replies = await until_chat(conversation, 3, from_model)
+
+    assert [m.content for m in replies] == [
+        "Started.", "seen: Importer reached needs-review",
+        "seen: The Importer finished: imported 1 rows"]
+    assert len(client.requests) == 4
+    # `noisy` was formatted to "": no message, so no turn.
+    texts = [m.content for r in client.requests for m in r.messages]
+    assert not any("noisy" in text for text in texts)

@@ -86,6 +86,7 @@ class CallPlan:
     tool_execution: Literal["auto", "manual"] = "auto"
     context: Any = None
     parent: ParentRef | None = None
+    inbox: tuple[str, ...] = ()  # the conversation messages this call answers
 
 
 @dataclass
@@ -229,7 +230,7 @@ class AgentLoop:
         await self._store(session, plan, AgentStepRecord(
             index=index, call=plan.call, kind="continuation", status=status,
             tool_results=tuple(results), pending=tuple(remaining),
-            human_input=decisions.human_input,
+            human_input=decisions.human_input, inbox=plan.inbox,
             state=session.state.snapshot(), started_at=started, ended_at=now_ms()))
 
     # --- one model turn -----------------------------------------------------------------

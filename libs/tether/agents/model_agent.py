@@ -99,6 +99,8 @@ class ModelAgent(ChildAgent):
         definition = cls.__dict__.get("definition")
         if definition is not None and not cls.__dict__.get("description"):
             cls.description = definition.description
+        if cls.__dict__.get("base_class"):
+            return  # a base for model agents of a kind (ModelParent), not an agent itself
         if not isinstance(getattr(cls, "definition", None), AgentDefinition):
             raise AgentConfigurationError(f"{cls.__name__}: set `definition = AgentDefinition(...)`")
 

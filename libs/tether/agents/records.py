@@ -67,6 +67,10 @@ class AgentStepRecord(Frozen):
     cost: float | None = None
     state: dict[str, Any] = Field(default_factory=dict)  # the application state afterwards
     milestones: tuple[str, ...] = ()  # milestone names reported while this step ran
+    # A conversation's messages this record took in (chat message ids), and an assistant
+    # status line it added without a model turn (a narrated milestone).
+    inbox: tuple[str, ...] = ()
+    note: str | None = None
     started_at: int = 0
     ended_at: int = 0
 
@@ -155,6 +159,8 @@ def conversation(input_messages: Sequence[Message],
     for record in records:
         if record.turn is not None:
             messages.append(record.turn.message)
+        if record.note:
+            messages.append(Message(role="assistant", content=record.note))
         messages.extend(result.message() for result in record.tool_results)
         if record.human_input:
             held.append(record.human_input)

@@ -140,8 +140,9 @@ class HookMessage(Model):
 
 class ChatMessage(Model):
     """`<prefix>.chat.<parent_agent>.<parent_name>`, `Nats-Msg-Id` = `id`:
-    `detached-finish:<run_id>:<status>:<incarnation>` or
-    `detached-ms:<run_id>:<name>:<incarnation>`."""
+    `detached-finish:<run_id>:<status>:<incarnation>`,
+    `detached-ms:<run_id>:<name>:<incarnation>`, `user:<message_id>` (a `message`
+    command) or `reply:<run_id>:<call>` (a model parent's answer)."""
 
     id: str
     role: Literal["user", "assistant"]
@@ -362,3 +363,13 @@ class ObservabilityEvent(Model):
     reason: str | None = None
     at: int
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+def user_message_id(message_id: str) -> str:
+    """The chat message id of a conversation's user message (a `message` command)."""
+    return f"user:{message_id}"
+
+
+def reply_message_id(run_id: str, call: int) -> str:
+    """The chat message id of a model parent's answer to one conversation call."""
+    return f"reply:{run_id}:{call}"

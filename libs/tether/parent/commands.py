@@ -19,9 +19,11 @@ from tether.adapters.jetstream import EventLog
 from tether.child.agent import AgentRegistry
 from tether.contract.messages import (
     CancelSignal,
+    ChatMessage,
     WorkItem,
     names_this_life,
     record_delivery_of_this_life,
+    user_message_id,
     work_message_id,
 )
 from tether.domain import decide
@@ -30,6 +32,7 @@ from tether.domain.commands import (
     ClearCommand,
     ContinueCommand,
     DeliveredCommand,
+    MessageCommand,
     RunCommand,
     parse_command,
 )
@@ -229,6 +232,18 @@ class CommandHandlers:
         await self._reject(command.run_id, command.parent, state.agent_type, "not-paused", why,
                            cause)
         return "not paused"
+
+    async def message(self, payload: Payload) -> str:
+        """A user message goes on the conversation's chat subject, once per message id."""
+        command = self._parse(MessageCommand, "message", payload)
+        message = ChatMessage(id=user_message_id(command.message_id), role="user",
+                              content=command.content,
+                              metadata={**command.metadata, "source": "user", "kind": "message"})
+        ack = await self._log.publish(self._subjects.chat(command.parent),
+                                      message.model_dump_json().encode(),
+                                      headers={"Nats-Msg-Id": message.id},
+                                      stream=self._subjects.chat_stream)
+        return "duplicate" if ack.duplicate else "posted"
 
     async def record_delivery(self, payload: Payload) -> str:
         command = self._parse(DeliveredCommand, "delivered", payload)
