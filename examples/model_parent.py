@@ -43,7 +43,8 @@ def scripted_turn(request: ModelRequest) -> Reply:
                      + ". The import runs in the background; I will tell you when it is done.")
     if last.role == "user" and "Importer" in last.content:
         return Reply(f"The customer import is done ({last.content.split(': ', 1)[-1]}). "
-                     "HTTP/3 suits the public API; gRPC suits service-to-service calls.")
+                     "HTTP/3 suits the public API; gRPC suits service-to-service calls.",
+                     chunk_delay_ms=20)  # streamed as a model writes
     return Reply("Researching both and starting the import.", [
         ("Researcher", {"query": "HTTP/3 for public APIs"}),
         ("Researcher", {"query": "gRPC for internal services"}),
