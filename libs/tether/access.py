@@ -150,7 +150,9 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
         # as their awaiter.
         return Permissions(tuple(common + publish),
                            (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", subjects.all_live_events,
-                            f"{p}.ctl.awaiter.>", "_INBOX.>"), True)
+                            f"{p}.ctl.awaiter.>", "_INBOX.>",
+                            # A model parent's on_progress follows its runs' progress.
+                            f"{p}.progress.>"), True)
     if role == "reconciler":
         publish = [f"{p}.evt.>", f"{p}.hook.>", f"{p}.chat.>", f"{p}.obs.>",
                    f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", f"{p}.ctl.awaiter.>",

@@ -88,6 +88,7 @@ AGENTS = (Researcher, Planner)
 def fresh_researchers():
     Researcher.active = set()
     Researcher.together = asyncio.Event()
+    Assistant.progress = []
 
 
 @pytest.fixture
@@ -208,6 +209,7 @@ class Importer(ChildAgent):
     input_model = ImportJob
 
     async def run(self, ctx: RunContext, input: ImportJob) -> str:
+        await ctx.report_progress(fraction=1.0, phase="loading", message="all rows read")
         await ctx.report_progress(milestone="rows-loaded", data={"rows": input.rows})
         await ctx.report_progress(milestone="needs-review")
         await ctx.report_progress(milestone="noisy")
@@ -237,6 +239,11 @@ class Assistant(ModelParent):
                                     "on_milestones": {"names": ["needs-review", "noisy"],
                                                       "mode": "react"}})))
     script = ()
+    progress: ClassVar[list] = []
+
+    async def on_progress(self, run, progress) -> None:
+        type(self).progress.append((run.run_id, run.agent_type, progress.phase,
+                                    progress.milestone))
 
     def format_detached_completion(self, run, result) -> str:
         return f"The {run.agent_type} finished: {result.summary}"
@@ -332,3 +339,21 @@ async def test_react_milestones_take_a_turn_and_an_empty_format_suppresses_one(
     # `noisy` was formatted to "": no message, so no turn.
     texts = [m.content for r in client.requests for m in r.messages]
     assert not any("noisy" in text for text in texts)
+
+
+async def test_on_progress_sees_the_live_progress_and_milestones_of_the_conversations_runs(
+        services, tether, scripted):
+    scripted(Assistant, [Reply("", [("Importer", {"rows": 3})]), Reply("Started."), answer, answer])
+    conversation = tether.conversation("Assistant", "chat-4")
+    await conversation.start()
+    await conversation.send("import three rows", message_id="go")
+    await until_chat(conversation, 2, from_model)
+
+    expected = [("agent-tool:call_0_0", "Importer", "loading", None),
+                ("agent-tool:call_0_0", "Importer", None, "rows-loaded"),
+                ("agent-tool:call_0_0", "Importer", None, "needs-review")]
+    async with asyncio.timeout(DEADLINE_S):
+        while not all(item in Assistant.progress for item in expected):
+            await asyncio.sleep(0.02)
+    milestones = [m for *_, m in Assistant.progress if m]
+    assert milestones == ["rows-loaded", "needs-review", "noisy"], "each once, in order"

@@ -34,13 +34,16 @@ from tether.agents.records import AgentStepRecord, Decisions, state_after
 from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
 from tether.child.context import RunCancelled, RunContext
+from tether.adapters.jetstream import subscribe_routed
 from tether.contract.messages import (
     ChatMessage,
     LifecycleResult,
     MilestoneView,
+    ProgressSignal,
     RunInfo,
     reply_message_id,
 )
+from tether.log import get_logger
 from tether.parent.formatters import DefaultFormatters
 
 class ConversationInput(BaseModel):
@@ -72,6 +75,12 @@ class ModelParent(ModelAgent):
     def format_detached_milestone(self, run: RunInfo, milestone: MilestoneView) -> str:
         return self._formats.format_detached_milestone(run, milestone)
 
+    async def on_progress(self, run: RunInfo, progress: ProgressSignal) -> None:
+        """Each progress signal and milestone (`progress.milestone` set) of the runs this
+        conversation started, awaited or detached, as it arrives: best effort, live only
+        (after a takeover, `inspect` has each run's latest snapshot; old signals are not
+        replayed here). Override to meter, steer or show progress."""
+
     async def run(self, ctx: RunContext, input: BaseModel) -> Any:
         if ctx.client is None:
             raise RuntimeError("a model parent needs the child-runner's parent client "
@@ -86,9 +95,16 @@ class ModelParent(ModelAgent):
         self._journal = _RunJournal(ctx, records)
         self._replayed = False
         taken = {message_id for record in records for message_id in record.inbox}
-        if records and records[-1].status not in ("completed", "stopped"):
-            # Taken over mid-call: finish it after its last recorded step.
-            await self._call(records[-1].call, None)
+        watching = (type(self).on_progress is not ModelParent.on_progress)
+        async with contextlib.AsyncExitStack() as stack:
+            if watching:
+                await stack.enter_async_context(_ProgressWatch(self, ctx))
+            if records and records[-1].status not in ("completed", "stopped"):
+                # Taken over mid-call: finish it after its last recorded step.
+                await self._call(records[-1].call, None)
+            await self._serve_inbox(ctx, taken)
+
+    async def _serve_inbox(self, ctx: RunContext, taken: set[str]) -> None:
         async with contextlib.aclosing(self._inbox(ctx)) as inbox:
             async for message in inbox:
                 if message.id in taken or message.metadata.get("source") == "model":
@@ -184,3 +200,57 @@ class ModelParent(ModelAgent):
 
     async def get_summary(self, run_id: str, output: Any) -> str | None:
         return None
+
+
+class _ProgressWatch:
+    """Calls the model parent's `on_progress` for the live progress and milestones of the
+    runs on its timeline, from their progress subjects (where the runner publishes each
+    milestone too, marked by `milestone`); a core subscription, so nothing is replayed."""
+
+    def __init__(self, agent: ModelParent, ctx: RunContext) -> None:
+        self._agent, self._ctx = agent, ctx
+        self._tether = ctx.client.tether
+        self._queue: asyncio.Queue[ProgressSignal] = asyncio.Queue(maxsize=1024)
+        self._runs: dict[str, RunInfo] = {}
+        self._subscriptions: list = []
+        self._task: asyncio.Task | None = None
+        self._logger = get_logger(component="on_progress", run_id=ctx.run_id)
+
+    async def __aenter__(self) -> "_ProgressWatch":
+        me, subjects, nc = self._ctx.as_parent(), self._tether.subjects, self._tether.nc
+        self._subscriptions = [
+            await subscribe_routed(nc, subjects.parent_progress(me), self._on_progress)]
+        await nc.flush()
+        self._task = asyncio.create_task(self._deliver())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for subscription in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+    def _offer(self, signal: ProgressSignal) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # best effort: a slow hook drops some
+            self._queue.put_nowait(signal)
+
+    def _on_progress(self, msg: Any) -> None:
+        with contextlib.suppress(ValueError):
+            self._offer(ProgressSignal.model_validate_json(msg.data))
+
+    async def _deliver(self) -> None:
+        while True:
+            signal = await self._queue.get()
+            try:
+                run = self._runs.get(signal.run_id)
+                if run is None:
+                    history = await self._tether.log.read_run(signal.parent, signal.run_id)
+                    if history.state is None:
+                        continue
+                    run = self._runs[signal.run_id] = RunInfo.of(history.state)
+                await self._agent.on_progress(run, signal)
+            except Exception as error:  # noqa: BLE001 - best effort: a failing hook is logged
+                self._logger.warning("on_progress.failed", error=repr(error))
