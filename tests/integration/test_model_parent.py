@@ -7,9 +7,10 @@ follows events or polls a condition with a deadline.
 """
 
 import asyncio
+import io
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from pydantic import BaseModel, Field
@@ -18,15 +19,22 @@ from tether import ChildAgent, RunContext, agent_tool
 from tether.agents import (
     AgentDefinition,
     ModelAgent,
+    ModelAgentInput,
     ModelParent,
+    ModelPrice,
+    PriceTable,
     Reply,
     ScriptedModelClient,
     ToolContext,
     tool,
 )
+from tether.adapters.postgres.projector import Projector
+from tether.agents.devtools import show_run
 from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
+from tether.contract.messages import UsageView
+from tether.domain.events import ParentRef
 from tether.log import get_logger
 from tether.parent.service import ParentService
 
@@ -357,3 +365,119 @@ async def test_on_progress_sees_the_live_progress_and_milestones_of_the_conversa
             await asyncio.sleep(0.02)
     milestones = [m for *_, m in Assistant.progress if m]
     assert milestones == ["rows-loaded", "needs-review", "noisy"], "each once, in order"
+
+
+# --- the tree -------------------------------------------------------------------------
+
+PRICES = PriceTable.of({"tree-model": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
+
+
+class Paper(BaseModel):
+    title: str
+
+
+@tool(needs_approval=True)
+async def sign(ctx: ToolContext, input: Paper) -> str:
+    """Sign a paper (a human approves first)."""
+    return f"signed {input.title}"
+
+
+class Clerk(ModelAgent):
+    definition = AgentDefinition(id="clerk", model="tree-model", tools=(sign,), prices=PRICES)
+    script = (Reply("Signing.", [("sign", {"title": "lease"})]), Reply("Signed the lease."))
+
+
+class Lead(ModelAgent):
+    definition = AgentDefinition(
+        id="lead", model="tree-model", prices=PRICES,
+        tools=(agent_tool(Clerk, description="Get papers signed.",
+                          input_model=ModelAgentInput),))
+    script = (Reply("", [("Clerk", {"input": "sign the lease"})]), Reply("The clerk signed."))
+
+
+class Chief(ModelAgent):
+    definition = AgentDefinition(
+        id="chief", model="tree-model", prices=PRICES,
+        tools=(agent_tool(Lead, description="Delegate to the lead.",
+                          input_model=ModelAgentInput),))
+    script = (Reply("", [("Lead", {"input": "handle the lease"})]), Reply("All done."))
+
+
+AGENTS = (*AGENTS, Clerk, Lead, Chief)
+LEAD_RUN = ("Chief", "tree-run", "agent-tool:call_0_0")
+CLERK_RUN = ("Lead", "agent-tool:call_0_0", "agent-tool:call_0_0")
+
+
+async def waiting_view(root) -> Any:
+    """The root's run once its timeline shows the grandchild's pause."""
+    async with asyncio.timeout(DEADLINE_S):
+        async for view in root.timeline():
+            run = view.runs.get("tree-run")
+            if run is not None and run.waiting_for == "waiting_for_human":
+                return run
+    raise AssertionError("unreachable")
+
+
+async def test_a_grandchilds_approval_shows_on_the_root_and_resumes_only_it(
+        services, tether, log, pool, settings):
+    root = tether.parent("Assistant", "tree")
+    chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
+    run = await waiting_view(root)
+
+    assert [tuple(step.values()) for step in run.waiting_path] == [
+        ("Chief", "tree-run", "agent-tool:call_0_0"),
+        ("Lead", "agent-tool:call_0_0", "agent-tool:call_0_0")]
+    await root.continue_waiting(run, approvals=["call_0_0"])
+    result = await asyncio.wait_for(chief, DEADLINE_S)
+    assert result.ok and result.summary == "All done."
+
+    resumed = {}
+    for agent, name, run_id in (("Assistant", "tree", "tree-run"), LEAD_RUN, CLERK_RUN):
+        history = await log.read_run(ParentRef(agent=agent, name=name), run_id)
+        resumed[history.state.agent_type] = [e.type for e in history.events].count("run.resumed")
+    assert resumed == {"Chief": 0, "Lead": 0, "Clerk": 1}
+    assert (await runs_of(tether, "Assistant", "tree"))["tree-run"].waiting_for is None
+
+    # The subtree's usage and cost: the run's own turns plus those of every run below.
+    snapshot = await root.inspect("tree-run")
+    states = [(await log.read_run(ParentRef(agent=a, name=n), r)).state
+              for a, n, r in (("Assistant", "tree", "tree-run"), LEAD_RUN, CLERK_RUN)]
+    own = [UsageView.of_steps(state.steps) for state in states]
+    assert snapshot.usage == own[0] and own[0].total_tokens > 0
+    assert snapshot.subtree_usage.total_tokens == sum(u.total_tokens for u in own)
+    assert snapshot.subtree_usage.cost == pytest.approx(sum(u.cost for u in own))
+    assert snapshot.subtree_usage.cost > snapshot.usage.cost > 0
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    await asyncio.wait_for(projector.wait_for_position(await log.stream_last_seq()), 10)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    out = io.StringIO()
+    assert await show_run(settings, ParentRef(agent="Assistant", name="tree"), "tree-run",
+                          out=out) == 0
+    total = snapshot.subtree_usage
+    assert (f"subtree   in {total.input_tokens:,}  out {total.output_tokens:,}  cached 0  "
+            f"total {total.total_tokens:,}  cost ${total.cost:.6f}  (2 runs below)") \
+        in out.getvalue()
+
+
+async def test_cancelling_a_run_cancels_its_open_descendants_first(services, tether, log):
+    root = tether.parent("Assistant", "tree-cancel")
+    chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
+    await waiting_view(root)
+    await root.cancel("tree-run")
+    result = await asyncio.wait_for(chief, DEADLINE_S)
+    assert not result.ok and result.status == "aborted"
+
+    cancelled_at = {}
+    async with asyncio.timeout(DEADLINE_S):
+        for agent, name, run_id in (("Assistant", "tree-cancel", "tree-run"), LEAD_RUN,
+                                    CLERK_RUN):
+            ref = ParentRef(agent=agent, name=name)
+            while (history := await log.read_run(ref, run_id)).state.status != "aborted":
+                await asyncio.sleep(0.02)
+            stored = await log.read_subject(log.subjects.run_events(ref, run_id))
+            cancelled_at[history.state.agent_type] = next(
+                e.seq for e in stored if e.event.type == "run.cancel_requested")
+    assert cancelled_at["Clerk"] < cancelled_at["Lead"] < cancelled_at["Chief"]

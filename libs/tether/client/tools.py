@@ -135,7 +135,9 @@ class AgentTool:
             if run is None or run.client is None:
                 raise RuntimeError(f"the {self.name} tool starts a Tether run: it works in a "
                                    "model parent run by a child-runner with a parent client")
-            return await self.execute(run.client, ctx.tool_call_id,
+            # Through the run's context: an awaited run that waits for a human is relayed
+            # up the tree (`RunContext.run_agent_tool`).
+            return await self.execute(run, ctx.tool_call_id,  # type: ignore[arg-type]
                                       input.model_dump(mode="json", exclude_unset=True))
 
         return Tool(id=self.name, description=self.description,

@@ -46,6 +46,10 @@ from tether.parent.slots import SlotKeeper
 Payload = dict[str, Any] | bytes
 
 
+# How deep a cancel follows a run's descendants (runs of runs of ...).
+MAX_TREE_DEPTH = 16
+
+
 class UnparseableCommand(Exception):
     """A command with no valid run id and parent to answer on: it is dead-lettered."""
 
@@ -205,8 +209,13 @@ class CommandHandlers:
     # --- cancel and clear ---------------------------------------------------------------
 
     async def cancel(self, payload: Payload, seq: int) -> str | None:
+        """Cancel a run, and first its open descendants (the runs it started, and
+        theirs), deepest first, so nothing it delegated outlives it."""
         command = self._parse(CancelCommand, "cancel", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
+        current = (await self._log.read_run(command.parent, command.run_id)).state
+        if current is not None and current.is_open:
+            await self._cancel_descendants(current, cause, depth=0)
         state, appended = await self._log.update(command.parent, command.run_id,
                                                  lambda s: decide.cancel(s, cause))
         if state is not None and appended:
@@ -282,6 +291,24 @@ class CommandHandlers:
                 await self._slots.release(command.parent, run_id)
             cleared.append(run_id)
         return cleared
+
+    async def _cancel_descendants(self, state: RunState, cause: decide.Cause, depth: int) -> None:
+        if depth >= MAX_TREE_DEPTH:
+            return
+        owner = ParentRef(agent=state.agent_type, name=state.run_id)
+        for run_id in await self._run_ids(owner):
+            child = (await self._log.read_run(owner, run_id)).state
+            if child is None or not child.is_open:
+                continue
+            await self._cancel_descendants(child, cause, depth + 1)
+            # Run ids repeat between parents (`agent-tool:call_0_0`): the descendant's
+            # incarnation keeps its event ids apart from any other run's of this command.
+            mine = decide.Cause(command_seq=cause.command_seq, now=cause.now,
+                                origin=f"cascade-{child.incarnation}")
+            after, appended = await self._log.update(
+                owner, run_id, lambda s: decide.cancel(s, mine, reason="its parent run was cancelled"))
+            if after is not None and appended:
+                await self._signal_cancel(after)
 
     async def _run_ids(self, parent: ParentRef) -> list[str]:
         prefix = self._subjects.parent_events(parent)[:-1]
