@@ -57,7 +57,9 @@ async def test_a_conversation_killed_mid_notification_is_taken_over_with_one_tur
 
         history = await log.read_run(owner, "takeover")
         steps = [history.state.steps[i] for i in sorted(history.state.steps)]
-        assert [e.data.attempt for e in history.events if e.type == "run.running"] == [1, 2]
+        assert [(e.data.attempt, int(e.data.runner_id.split(":")[1]))
+                for e in history.events if e.type == "run.running"] == [
+            (1, victim.process.pid), (2, survivor.process.pid)]
         took_in = [s["inbox"] for s in steps if s["inbox"]]
         assert took_in.count([notice]) == 1, "the notification was taken in once"
         notice_call = next(s["call"] for s in steps if s["inbox"] == [notice])

@@ -16,6 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tether import ChildAgent, RunContext, agent_tool
+from tether.adapters.postgres.projector import Projector
 from tether.agents import (
     AgentDefinition,
     ModelAgent,
@@ -28,7 +29,6 @@ from tether.agents import (
     ToolContext,
     tool,
 )
-from tether.adapters.postgres.projector import Projector
 from tether.agents.devtools import show_run
 from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner

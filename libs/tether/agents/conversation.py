@@ -24,17 +24,17 @@ in, so a message gets one call and a recorded model turn or child run is never r
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, Field
 
+from tether.adapters.jetstream import subscribe_routed
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.model_agent import ModelAgent, _RunJournal, client_for
 from tether.agents.records import AgentStepRecord, Decisions, state_after
 from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
 from tether.child.context import RunCancelled, RunContext
-from tether.adapters.jetstream import subscribe_routed
 from tether.contract.messages import (
     ChatMessage,
     LifecycleResult,
@@ -45,6 +45,7 @@ from tether.contract.messages import (
 )
 from tether.log import get_logger
 from tether.parent.formatters import DefaultFormatters
+
 
 class ConversationInput(BaseModel):
     """What starts a conversation: options for every call of it."""
@@ -216,7 +217,7 @@ class _ProgressWatch:
         self._task: asyncio.Task | None = None
         self._logger = get_logger(component="on_progress", run_id=ctx.run_id)
 
-    async def __aenter__(self) -> "_ProgressWatch":
+    async def __aenter__(self) -> Self:
         me, subjects, nc = self._ctx.as_parent(), self._tether.subjects, self._tether.nc
         self._subscriptions = [
             await subscribe_routed(nc, subjects.parent_progress(me), self._on_progress)]

@@ -17,8 +17,8 @@ agent class), else a scripted client playing the class's `script` (demos, tests)
 
 import importlib
 import os
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field

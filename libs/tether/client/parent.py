@@ -25,8 +25,8 @@ from tether.contract.messages import (
 )
 from tether.domain.commands import (
     CancelCommand,
-    ContinueCommand,
     ClearCommand,
+    ContinueCommand,
     HasRunQuery,
     InspectQuery,
     ListQuery,

@@ -306,15 +306,12 @@ class CommandHandlers:
             mine = decide.Cause(command_seq=cause.command_seq, now=cause.now,
                                 origin=f"cascade-{child.incarnation}")
             after, appended = await self._log.update(
-                owner, run_id, lambda s: decide.cancel(s, mine, reason="its parent run was cancelled"))
+                owner, run_id, lambda s, mine=mine: decide.cancel(s, mine, reason="its parent run was cancelled"))
             if after is not None and appended:
                 await self._signal_cancel(after)
 
     async def _run_ids(self, parent: ParentRef) -> list[str]:
-        prefix = self._subjects.parent_events(parent)[:-1]
-        info = await self._js.stream_info(self._subjects.events_stream,
-                                          subjects_filter=prefix + "*")
-        return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
+        return await self._log.run_ids(parent)
 
     async def _signal_cancel(self, state: RunState) -> None:
         signal = CancelSignal(run_id=state.run_id, parent=state.parent, reason="cancelled")

@@ -82,11 +82,8 @@ class ParentQueries:
         if depth >= MAX_TREE_DEPTH:
             return total
         owner = ParentRef(agent=state.agent_type, name=state.run_id)
-        prefix = self._log.subjects.parent_events(owner)[:-1]
-        info = await self._log.jetstream.stream_info(self._log.subjects.events_stream,
-                                                     subjects_filter=prefix + "*")
-        for subject in sorted(info.state.subjects or {}):
-            child = (await self._log.read_run(owner, subject[len(prefix):])).state
+        for run_id in await self._log.run_ids(owner):
+            child = (await self._log.read_run(owner, run_id)).state
             if child is not None:
                 total = total.plus(UsageView.of_steps(child.steps)).plus(
                     await self._descendants_usage(child, depth + 1))
