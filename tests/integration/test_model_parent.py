@@ -57,6 +57,7 @@ class Researcher(ChildAgent):
     async def run(self, ctx: RunContext, input: Query) -> str:
         if input.query == "bad":
             raise RuntimeError("no sources found for 'bad'")
+        await ctx.report_progress(fraction=1.0, phase="reading")
         cls = type(self)
         cls.active.add(input.query)
         if len(cls.active) >= input.siblings and cls.together is not None:
@@ -80,16 +81,33 @@ async def remember(ctx: ToolContext, input: Note) -> str:
     return f"noted: {input.text}"
 
 
+class Text(BaseModel):
+    text: str
+
+
+class Summarizer(ModelAgent):
+    """A model child whose first message is worded from its input and the request."""
+
+    definition = AgentDefinition(id="summarizer", model="scripted")
+    input_model = Text
+    script = ()
+
+    def format_agent_tool_input(self, input: Text, request) -> str:
+        return (f"Summarize for {request.parent.agent}/{request.parent.name} "
+                f"({request.run_id}, call {request.parent_tool_call_id}):\n\n{input.text}")
+
+
 class Planner(ModelAgent):
     definition = AgentDefinition(
         id="planner", model="scripted", max_steps=4,
         instructions="Plan; delegate research to the Researcher tool.",
         tools=(agent_tool(Researcher, description="Research one topic in depth.",
-                          display_name="Research"), remember))
+                          display_name="Research"), remember,
+               agent_tool(Summarizer, description="Summarize a text.")))
     script = ()
 
 
-AGENTS = (Researcher, Planner)
+AGENTS = (Researcher, Summarizer, Planner)
 
 
 @pytest.fixture(autouse=True)
@@ -202,6 +220,20 @@ async def test_invalid_arguments_are_a_failure_for_the_model_and_start_no_run(
     assert result.ok
     assert "invalid input" in tool_messages(client, 1)["call_0_0"]
     assert await runs_of(tether, "Planner", "plan-3") == {}
+
+
+async def test_a_model_childs_first_message_is_shaped_by_format_agent_tool_input(
+        services, tether, scripted):
+    scripted(Planner, [Reply("", [("Summarizer", {"text": "QUIC is UDP-based."})]),
+                       Reply("Summarized.")])
+    child = scripted(Summarizer, [Reply("QUIC runs over UDP.")])
+    me = tether.parent("Assistant", "shaped")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Summarize"}, run_id="plan-4"), DEADLINE_S)
+
+    assert result.ok and result.summary == "Summarized."
+    assert [m.content for m in child.requests[0].messages] == [
+        "Summarize for Planner/plan-4 (agent-tool:call_0_0, call call_0_0):\n\nQUIC is UDP-based."]
 
 
 # --- durable conversations ------------------------------------------------------------
@@ -351,13 +383,15 @@ async def test_react_milestones_take_a_turn_and_an_empty_format_suppresses_one(
 
 async def test_on_progress_sees_the_live_progress_and_milestones_of_the_conversations_runs(
         services, tether, scripted):
-    scripted(Assistant, [Reply("", [("Importer", {"rows": 3})]), Reply("Started."), answer, answer])
+    scripted(Assistant, [Reply("", [("Importer", {"rows": 3}), ("Researcher", {"query": "QUIC"})]),
+                         Reply("Started."), answer, answer])
     conversation = tether.conversation("Assistant", "chat-4")
     await conversation.start()
     await conversation.send("import three rows", message_id="go")
     await until_chat(conversation, 2, from_model)
 
-    expected = [("agent-tool:call_0_0", "Importer", "loading", None),
+    expected = [("agent-tool:call_0_1", "Researcher", "reading", None),  # awaited
+                ("agent-tool:call_0_0", "Importer", "loading", None),  # detached
                 ("agent-tool:call_0_0", "Importer", None, "rows-loaded"),
                 ("agent-tool:call_0_0", "Importer", None, "needs-review")]
     async with asyncio.timeout(DEADLINE_S):
