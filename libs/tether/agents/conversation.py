@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from tether.adapters.jetstream import subscribe_routed
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
-from tether.agents.model_agent import ModelAgent, _RunJournal, client_for
+from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
 from tether.agents.records import AgentStepRecord, Decisions, state_after
 from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
@@ -44,7 +44,7 @@ from tether.contract.messages import (
     reply_message_id,
 )
 from tether.log import get_logger
-from tether.parent.formatters import DefaultFormatters
+from tether.parent.formatters import DefaultFormatters, default_format
 
 
 class ConversationInput(BaseModel):
@@ -70,9 +70,11 @@ class ModelParent(ModelAgent):
     input_model = ConversationInput
     _formats: ClassVar[DefaultFormatters] = DefaultFormatters()
 
+    @default_format
     def format_detached_completion(self, run: RunInfo, result: LifecycleResult) -> str:
         return self._formats.format_detached_completion(run, result)
 
+    @default_format
     def format_detached_milestone(self, run: RunInfo, milestone: MilestoneView) -> str:
         return self._formats.format_detached_milestone(run, milestone)
 
@@ -145,8 +147,6 @@ class ModelParent(ModelAgent):
         if outcome.status == "cancelled":
             ctx.raise_if_cancelled()
         if outcome.status == "failed":
-            from tether.agents.model_agent import ModelAgentFailed
-
             raise ModelAgentFailed(outcome.error or "the model call failed")
         ctx.child_status = "waiting_for_input"
         await self._reply(call)
