@@ -29,7 +29,7 @@ from tether.agents import (
     ToolContext,
     tool,
 )
-from tether.agents.devtools import show_run
+from tether.agents.devtools import render_run, show_run
 from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
@@ -333,6 +333,9 @@ async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
         ("continuation", ["user:m1"], "running"), ("model_turn", [], "completed"),
         ("continuation", ["user:m2"], "running"), ("model_turn", [], "completed")]
     assert history.state.status == "running"
+    shown = render_run(history.state)
+    assert "      human hello\n      took  user:m1" in shown
+    assert "text  seen: and now?" in shown
     await conversation.close()
     async with asyncio.timeout(DEADLINE_S):
         while (await log.read_run(conversation.owner.ref, "chat-1")).state.status != "aborted":

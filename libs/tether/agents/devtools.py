@@ -170,6 +170,10 @@ def _step(record: AgentStepRecord, inputs: dict[str, dict[str, Any]], origin: in
                      f"({pending.reason}, id {pending.tool_call_id})")
     if record.human_input:
         lines.append(f"      human {_preview(record.human_input)}")
+    if record.note:
+        lines.append(f"      note  {_preview(record.note)}")
+    if record.inbox:
+        lines.append(f"      took  {', '.join(record.inbox)}")
     if record.stop_reason:
         lines.append(f"      stop  {record.stop_reason}")
     return lines
