@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from tether.adapters.jetstream import EventLog, PublishDenied, connect_nats
 from tether.client.chat import follow_chat
+from tether.client.conversation import Conversation
 from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
 from tether.client.hooks import HookRegistry
 from tether.client.live import DirectReads, RunReads, ScopedReads
@@ -70,6 +71,10 @@ class Tether:
         ref = ParentRef(agent=check_identifier(agent, "parent agent"),
                         name=check_identifier(name, "parent name"))
         return ParentHandle(self, ref)
+
+    def conversation(self, agent_type: str, name: str) -> "Conversation":
+        """A model parent's conversation `agent_type/name` (`tether.client.conversation`)."""
+        return Conversation(self, agent_type, name)
 
     def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
               ledger: Literal["parent", "direct"] = "parent") -> "HookRegistry":
