@@ -12,15 +12,9 @@ its detached runs and the model's answers (`reply:<run id>:<call>`) all land.
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from tether.contract.messages import (
-    AgentToolFailure,
-    AgentToolSuccess,
-    ChatMessage,
-    DetachedHandle,
-    user_message_id,
-)
+from tether.contract.messages import ChatMessage, DetachedHandle, user_message_id
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
@@ -56,15 +50,15 @@ class Conversation:
         return self.tether.parent(self.ref.agent, self.ref.name)
 
     async def start(self, context: dict[str, Any] | None = None,
-                    **options: Any) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
-        """Start the conversation (idempotent: an open one is left as it is): its handle,
-        or the failure that refused the request.
+                    **options: Any) -> DetachedHandle:
+        """Start the conversation (idempotent: an open one is left as it is).
 
         `options` are the model parent's `ConversationInput` fields (`model`,
         `max_steps`, `state`, `preset`)."""
-        return await self.owner.run_agent_tool(
+        handle = await self.owner.run_agent_tool(
             self.ref.agent, {"context": context or {}, **options}, run_id=self.ref.name,
             detached={"max_budget_ms": CONVERSATION_BUDGET_MS, "no_progress_budget_ms": 0})
+        return cast(DetachedHandle, handle)  # a detached request is answered with its handle
 
     async def send(self, text: str, *, message_id: str | None = None,
                    metadata: dict[str, Any] | None = None) -> str:
