@@ -125,6 +125,14 @@ class EventLog(Protocol):
 
     async def last_seq_of(self, subject: str) -> int: ...
 
+    async def stream_last_seq(self) -> int:
+        """The sequence of the events stream's last message, of any run."""
+        ...
+
+    async def run_ids(self, parent: ParentRef) -> list[str]:
+        """The run ids of one parent instance that have events in the log, sorted."""
+        ...
+
     def follow(self, filter_subject: str, *, start_seq: int = 1,
                idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
         """Replay from `start_seq`, then go on live, in one ordered sequence."""

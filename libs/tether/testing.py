@@ -385,6 +385,11 @@ class InMemoryEventLog:
     async def stream_last_seq(self) -> int:
         return self._events.last_seq
 
+    async def run_ids(self, parent: ParentRef) -> list[str]:
+        prefix = self.subjects.parent_events(parent)[:-1]
+        info = await self.jetstream.stream_info(self._events.name, subjects_filter=prefix + "*")
+        return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
+
     async def follow(self, filter_subject: str, *, start_seq: int = 1,
                      idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
         async for batch in self.follow_batches(filter_subject, start_seq=start_seq, max_batch=1):

@@ -99,6 +99,8 @@ async def _scenario(log) -> list[object]:
     info = await log.jetstream.stream_info(subjects.events_stream,
                                            subjects_filter=subjects.parent_events(a.parent)[:-1] + "*")
     seen.append(("subjects", dict(info.state.subjects)))
+    seen.append(("run ids", await log.run_ids(a.parent), await log.run_ids(b.parent),
+                 await log.stream_last_seq()))
     await log.jetstream.purge_stream(subjects.events_stream, seq=last,
                                      subject=subjects.run_events(a.parent, a.run_id))
     cleared = await log.read_run(a.parent, a.run_id)
