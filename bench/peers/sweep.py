@@ -1,0 +1,99 @@
+"""A peer's configurations swept, and Tether compared with the best of them.
+
+Each point of a sweep is one configuration of the peer (how it is deployed and tuned)
+run as its own process, so no point inherits another's threads, pools or caches. The
+sweep runs every point with `sweep_runs` runs; when the bench asks for more runs than
+that, the best point and the reference point (the one the harness used before, e.g.
+DBOS started directly) are run again with the bench's own number of runs, and those two
+figures are the ones compared with Tether: a short run counts the peer's start-up and
+ramp against it more than a long one does.
+
+A point counts only when every one of its runs finished: a configuration that loses or
+stalls runs is fast at nothing.
+"""
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+from bench.stack import REPO
+
+
+def label(config: dict) -> str:
+    """A configuration in a few words, e.g. `queue sync 2x16 poll 0.1s`."""
+    parts = [config["mode"]]
+    if "workflow" in config:
+        parts.append(config["workflow"])
+    if "pool" in config:
+        parts.append(config["pool"])
+    if config["mode"] != "direct":
+        parts.append(f"{config['processes']}x{config['concurrency']}")
+    if "polling_s" in config:
+        parts.append(f"poll {config['polling_s']:g}s")
+    return " ".join(parts)
+
+
+def complete(point: dict) -> bool:
+    return ("error" not in point and point.get("runs", 0) > 0
+            and point.get("finished") == point.get("runs") and point.get("runs_per_s", 0) > 0)
+
+
+def best(points: Sequence[dict]) -> dict | None:
+    """The complete point with the highest throughput (the first of equals), or None."""
+    candidates = [p for p in points if complete(p)]
+    return max(candidates, key=lambda p: p["runs_per_s"], default=None)
+
+
+def run_point(module: str, config: dict, runs: int, args: Sequence[str],
+              timeout: float) -> dict:
+    """`python -m <module> point --config JSON --runs N ...` as its own process; its JSON."""
+    command = [sys.executable, "-m", module, "point", "--config", json.dumps(config),
+               "--runs", str(runs), *args]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                              check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"config": config, "label": label(config), "runs": runs,
+                "error": f"timed out after {timeout:.0f} s"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"config": config, "label": label(config), "runs": runs,
+                "error": (done.stderr or done.stdout)[-1500:]}
+    return json.loads(lines[-1])
+
+
+def sweep(system: str, grid: Sequence[dict], reference: dict, runs: int, sweep_runs: int,
+          run: Callable[[dict, int], dict], log: Callable[[str], None]) -> dict:
+    """Every point of `grid` at `sweep_runs`; the best and `reference` again at `runs`.
+
+    `runs_per_s` of the result is the best configuration's, the figure Tether is
+    compared with; `reference` is reported beside it.
+    """
+    points = []
+    for config in grid:
+        point = run(config, min(sweep_runs, runs))
+        points.append(point)
+        log(f"{system} {point['label']}: " + (
+            f"{point['runs_per_s']:.1f} runs/s" if complete(point) else
+            f"incomplete ({point.get('finished', 0)}/{point['runs']}) "
+            f"{point.get('error', '')[-300:]}"))
+    chosen = best(points)
+    reference_point = next((p for p in points if p["config"] == reference), None)
+    if chosen is not None and runs > sweep_runs:
+        chosen = run(chosen["config"], runs)
+        log(f"{system} best at {runs} runs, {chosen['label']}: {chosen.get('runs_per_s', 0):.1f}")
+        if reference_point is not None:
+            reference_point = (chosen if reference == chosen["config"]
+                               else run(reference, runs))
+            log(f"{system} reference at {runs} runs: {reference_point.get('runs_per_s', 0):.1f}")
+    result = {"system": system, "sweep_runs": min(sweep_runs, runs), "sweep": points,
+              "best": chosen, "reference": reference_point}
+    if chosen is None or not complete(chosen):
+        result["error"] = "no configuration finished all its runs" if chosen is None else (
+            f"the best configuration ({chosen['label']}) did not finish all {runs} runs: "
+            f"{chosen.get('error', '')[-500:]}")
+        return result
+    result.update(runs=chosen["runs"], runs_per_s=chosen["runs_per_s"], label=chosen["label"],
+                  seconds=chosen["seconds"])
+    return result
