@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import asyncpg
 import sqlalchemy as sa
@@ -198,18 +199,17 @@ async def drive_direct(config: dict, runs: int, timeout: float) -> dict:
     submitted = time.time()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.gather(*waits), timeout)
-    rows, last_row = await wait_rows(runs if config["hook"] else 0, 10)
+    rows, _ = await wait_rows(runs if config["hook"] else 0, 10)
     end = max(finished, default=time.time())
     return {"finished": len(finished), "seconds": end - started,
             "submit_seconds": submitted - started, "finish_rows": rows}
 
 
-async def drive_queue(config: dict, runs: int, timeout: float) -> dict:
-    queue = await DBOS.register_queue_async(QUEUE, worker_concurrency=config["concurrency"],
-                                            polling_interval_sec=config["polling_s"])
-    workflow = bench_run if config["workflow"] == "async" else bench_run_sync
-    enqueue = queue.enqueue_async if config["workflow"] == "async" else (
-        lambda f, *a: asyncio.to_thread(queue.enqueue, f, *a))
+@contextlib.contextmanager
+def queue_workers(config: dict, timeout: float = 60) -> Iterator[None]:
+    """The queue registered, and `processes` worker processes serving it, each launched."""
+    DBOS.register_queue(QUEUE, worker_concurrency=config["concurrency"],
+                        polling_interval_sec=config["polling_s"])
     workers = [subprocess.Popen(
         [sys.executable, "-m", "bench.peers.dbos_w1", "worker", "--database-url", ROWS.url,
          "--executor-id", f"worker-{i}", "--threads", str(config["concurrency"]),
@@ -218,32 +218,41 @@ async def drive_queue(config: dict, runs: int, timeout: float) -> dict:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for i in range(config["processes"])]
     try:
+        deadline = time.time() + timeout
         for w in workers:
-            line = await asyncio.wait_for(asyncio.to_thread(w.stdout.readline), 60)
-            if line.strip() != "ready":
+            line = w.stdout.readline()
+            if line.strip() != "ready" or time.time() > deadline:
                 raise RuntimeError(f"a DBOS worker did not start ({w.poll()}): {line!r}")
-        numbers = iter(range(runs))
-
-        async def submitter() -> None:
-            for n in numbers:
-                await enqueue(workflow, n, True)
-
-        started = time.time()
-        await asyncio.gather(*(submitter() for _ in range(SUBMIT_CONCURRENCY)))
-        submitted = time.time()
-        rows, last_row = await wait_rows(runs, timeout)
-        return {"finished": rows, "seconds": (last_row or time.time()) - started,
-                "submit_seconds": submitted - started, "finish_rows": rows}
+        yield
     finally:
         for w in workers:
             with contextlib.suppress(OSError):
                 w.stdin.close()
         for w in workers:
             try:
-                await asyncio.to_thread(w.wait, 30)
+                w.wait(30)
             except subprocess.TimeoutExpired:
                 w.kill()
                 w.wait()
+
+
+async def drive_queue(config: dict, runs: int, timeout: float) -> dict:
+    queue = await DBOS.retrieve_queue_async(QUEUE)
+    workflow = bench_run if config["workflow"] == "async" else bench_run_sync
+    enqueue = queue.enqueue_async if config["workflow"] == "async" else (
+        lambda f, *a: asyncio.to_thread(queue.enqueue, f, *a))
+    numbers = iter(range(runs))
+
+    async def submitter() -> None:
+        for n in numbers:
+            await enqueue(workflow, n, True)
+
+    started = time.time()
+    await asyncio.gather(*(submitter() for _ in range(SUBMIT_CONCURRENCY)))
+    submitted = time.time()
+    rows, last_row = await wait_rows(runs, timeout)
+    return {"finished": rows, "seconds": (last_row or time.time()) - started,
+            "submit_seconds": submitted - started, "finish_rows": rows}
 
 
 async def create_table(url: str) -> None:
@@ -276,8 +285,11 @@ def point(args: argparse.Namespace) -> int:
     try:
         DBOS.launch()
         asyncio.run(create_table(url))
-        drive = drive_queue if config["mode"] == "queue" else drive_direct
-        measured = asyncio.run(drive(config, args.runs, timeout))
+        if config["mode"] == "queue":
+            with queue_workers(config):
+                measured = asyncio.run(drive_queue(config, args.runs, timeout))
+        else:
+            measured = asyncio.run(drive_direct(config, args.runs, timeout))
     finally:
         DBOS.destroy()
         asyncio.run(drop_database(args.database_url, name))
