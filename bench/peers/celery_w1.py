@@ -37,6 +37,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import psycopg
@@ -117,12 +118,11 @@ def _announce_ready(**_: object) -> None:
 # --- one configuration ------------------------------------------------------------------
 
 def _pg(url: str, database: str | None = None) -> str:
-    import sqlalchemy as sa
-
-    parsed = sa.make_url(url).set(drivername="postgresql")
-    if database:
-        parsed = parsed.set(database=database)
-    return parsed.render_as_string(hide_password=False)
+    """`url` as asyncpg and psycopg take it, on `database` if given."""
+    parts = urlsplit(url)
+    scheme = "postgresql" if parts.scheme.startswith("postgres") else parts.scheme
+    path = f"/{database}" if database else parts.path
+    return urlunsplit((scheme, parts.netloc, path, parts.query, parts.fragment))
 
 
 async def _admin(url: str, sql: str, database: str | None = None) -> None:
@@ -134,7 +134,7 @@ async def _admin(url: str, sql: str, database: str | None = None) -> None:
 
 
 async def _counts(url: str) -> tuple[int, int, float | None]:
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(_pg(url))
     try:
         milestones = await conn.fetchval("SELECT count(*) FROM w1_milestones")
         finished, last = await conn.fetchrow("SELECT count(*), max(at) FROM w1_finished")
