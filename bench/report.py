@@ -4,6 +4,13 @@ import json
 import math
 from pathlib import Path
 
+from bench.peers.sweep import complete
+
+# Each peer's reference configuration: as deployed by default (DBOS: workflows started
+# directly in the application; Celery: one prefork worker, a process per CPU).
+PEER_REFERENCES = {"dbos": "direct", "celery": "default"}
+PEER_TITLES = {"dbos": "DBOS", "celery": "Celery"}
+
 GROWTH_TOLERANCE_KIB = 1024  # per quarter of the runs: RSS may wobble by a MiB
 GROWTH_TOLERANCE_RATIO = 0.01
 
@@ -69,7 +76,7 @@ def peer_ratios(runs_per_s: float, peers: dict) -> dict:
     """Tether's W1 throughput over each peer's best configuration (`w1_vs_<peer>`) and over
     its reference one (`w1_vs_dbos_direct`, `w1_vs_celery_default`)."""
     result = {}
-    for name, reference in (("dbos", "direct"), ("celery", "default")):
+    for name, reference in PEER_REFERENCES.items():
         peer = peers.get(name) or {}
         result[f"w1_vs_{name}"] = ratio(runs_per_s, peer.get("runs_per_s"))
         result[f"w1_vs_{name}_{reference}"] = ratio(
@@ -77,35 +84,40 @@ def peer_ratios(runs_per_s: float, peers: dict) -> dict:
     return result
 
 
+def _peer_figure(point: dict) -> str:
+    if complete(point):
+        return f"{point['runs_per_s']:7.1f}"
+    return f"incomplete {point.get('finished', 0)}/{point.get('runs')}"
+
+
 def peers_table(report: dict) -> str:
     """Each peer's sweep, one line per configuration, and Tether's ratios to it."""
     lines = []
     for name, peer in (report.get("peers") or {}).items():
-        title = {"dbos": "DBOS", "celery": "Celery"}.get(name, name)
+        title = PEER_TITLES.get(name, name)
         if not peer.get("sweep"):
             lines.append(f"{title}: failed: {peer.get('error', '')[-1500:]}")
             continue
-        reference = peer.get("reference") or {}
-        lines.append(
-            f"{title} {peer.get('version', '')} W1, {len(peer['sweep'])} configurations of "
-            f"{peer['sweep_runs']} runs (runs/s; * the best, run again with {peer.get('runs', '-')}):")
+        lines.append(f"{title} {peer.get('version', '')} W1, runs/s of "
+                     f"{len(peer['sweep'])} configuration(s) at {peer['sweep_runs']} runs "
+                     "(* the best):")
         best_config = (peer.get("best") or {}).get("config")
         for point in peer["sweep"]:
             mark = "*" if point["config"] == best_config else " "
-            figure = (f"{point['runs_per_s']:7.1f}" if "error" not in point
-                      and point.get("finished") == point.get("runs") else
-                      f"incomplete {point.get('finished', 0)}/{point.get('runs')}")
-            lines.append(f"  {mark} {point['label']:<32} {figure}")
+            lines.append(f"  {mark} {point['label']:<34} {_peer_figure(point)}")
+        for point in peer.get("confirmed") or []:
+            lines.append(f"    {point['label'] + ' at ' + str(point['runs']) + ' runs':<34} "
+                         f"{_peer_figure(point)}")
         if "error" in peer:
             lines.append(f"  failed: {peer['error']}")
             continue
-        r = report["ratios"]
-        ref_name = "direct" if name == "dbos" else "default"
+        r, reference = report["ratios"], peer.get("reference") or {}
+        ref_name = PEER_REFERENCES[name]
         lines.append(
-            f"  best: {peer['label']} {peer['runs_per_s']:.1f} runs/s over {peer['runs']} runs: "
-            f"Tether / {title} = {_x(r.get(f'w1_vs_{name}'))}; {ref_name} "
-            f"({reference.get('label', '-')}) {_n(reference.get('runs_per_s'), 1)} runs/s: "
-            f"{_x(r.get(f'w1_vs_{name}_{ref_name}'))}")
+            f"  Tether / {title} = {_x(r.get(f'w1_vs_{name}'))} of the best ({peer['label']}, "
+            f"{peer['runs_per_s']:.1f} runs/s over {peer['runs']} runs); "
+            f"{_x(r.get(f'w1_vs_{name}_{ref_name}'))} of the {ref_name} configuration "
+            f"({reference.get('label', '-')}, {_n(reference.get('runs_per_s'), 1)} runs/s)")
     return "\n".join(lines)
 
 

@@ -3,10 +3,11 @@
 Each point of a sweep is one configuration of the peer (how it is deployed and tuned)
 run as its own process, so no point inherits another's threads, pools or caches. The
 sweep runs every point with `sweep_runs` runs; when the bench asks for more runs than
-that, the best point and the reference point (the one the harness used before, e.g.
-DBOS started directly) are run again with the bench's own number of runs, and those two
-figures are the ones compared with Tether: a short run counts the peer's start-up and
-ramp against it more than a long one does.
+that, the best point and the reference point (the peer as deployed by default, e.g.
+DBOS started directly) are run again with the bench's own number of runs, and the
+better of those two is the figure compared with Tether: a short run counts the peer's
+start-up and ramp against it more than a long one does, and the sweep's short runs on a
+shared machine only choose the candidates.
 
 A point counts only when every one of its runs finished: a configuration that loses or
 stalls runs is fast at nothing.
@@ -68,7 +69,7 @@ def sweep(system: str, grid: Sequence[dict], reference: dict, runs: int, sweep_r
     """Every point of `grid` at `sweep_runs`; the best and `reference` again at `runs`.
 
     `runs_per_s` of the result is the best configuration's, the figure Tether is
-    compared with; `reference` is reported beside it.
+    compared with; `reference` is reported beside it (None when not in `grid`).
     """
     points = []
     for config in grid:
@@ -80,19 +81,26 @@ def sweep(system: str, grid: Sequence[dict], reference: dict, runs: int, sweep_r
             f"{point.get('error', '')[-300:]}"))
     chosen = best(points)
     reference_point = next((p for p in points if p["config"] == reference), None)
+    confirmed = []
     if chosen is not None and runs > sweep_runs:
-        chosen = run(chosen["config"], runs)
-        log(f"{system} best at {runs} runs, {chosen['label']}: {chosen.get('runs_per_s', 0):.1f}")
+        confirmed.append(run(chosen["config"], runs))
         if reference_point is not None:
-            reference_point = (chosen if reference == chosen["config"]
+            reference_point = (confirmed[0] if reference == chosen["config"]
                                else run(reference, runs))
-            log(f"{system} reference at {runs} runs: {reference_point.get('runs_per_s', 0):.1f}")
+            if reference_point is not confirmed[0]:
+                confirmed.append(reference_point)
+        for point in confirmed:
+            log(f"{system} {point['label']} at {runs} runs: "
+                f"{point.get('runs_per_s', 0):.1f} runs/s")
+        # The best of what ran with the bench's runs: the sweep's short runs only
+        # chose the candidates.
+        chosen = best(confirmed) or confirmed[0]
     result = {"system": system, "sweep_runs": min(sweep_runs, runs), "sweep": points,
-              "best": chosen, "reference": reference_point}
+              "confirmed": confirmed, "best": chosen, "reference": reference_point}
     if chosen is None or not complete(chosen):
         result["error"] = "no configuration finished all its runs" if chosen is None else (
-            f"the best configuration ({chosen['label']}) did not finish all {runs} runs: "
-            f"{chosen.get('error', '')[-500:]}")
+            f"no configuration run with {runs} runs finished them all ({chosen['label']}: "
+            f"{chosen.get('finished', 0)}/{runs}) {chosen.get('error', '')[-500:]}")
         return result
     result.update(runs=chosen["runs"], runs_per_s=chosen["runs_per_s"], label=chosen["label"],
                   seconds=chosen["seconds"])
