@@ -104,9 +104,9 @@ def peers_table(report: dict) -> str:
         best_config = (peer.get("best") or {}).get("config")
         for point in peer["sweep"]:
             mark = "*" if point["config"] == best_config else " "
-            lines.append(f"  {mark} {point['label']:<34} {_peer_figure(point)}")
+            lines.append(f"  {mark} {point['label']:<40} {_peer_figure(point)}")
         for point in peer.get("confirmed") or []:
-            lines.append(f"    {point['label'] + ' at ' + str(point['runs']) + ' runs':<34} "
+            lines.append(f"    {point['label'] + ' at ' + str(point['runs']) + ' runs':<40} "
                          f"{_peer_figure(point)}")
         if "error" in peer:
             lines.append(f"  failed: {peer['error']}")
