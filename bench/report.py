@@ -85,9 +85,12 @@ def peer_ratios(runs_per_s: float, peers: dict) -> dict:
 
 
 def _peer_figure(point: dict) -> str:
+    cpu = point.get("cpu") or {}
+    busy = (f"  (cores busy: machine {cpu['machine_cores_busy']:.2f}, the peer's processes "
+            f"{cpu['peer_cores']:.2f})" if cpu else "")
     if complete(point):
-        return f"{point['runs_per_s']:7.1f}"
-    return f"incomplete {point.get('finished', 0)}/{point.get('runs')}"
+        return f"{point['runs_per_s']:7.1f}{busy}"
+    return f"incomplete {point.get('finished', 0)}/{point.get('runs')}{busy}"
 
 
 def peers_table(report: dict) -> str:

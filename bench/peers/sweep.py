@@ -14,8 +14,11 @@ stalls runs is fast at nothing.
 """
 
 import json
+import os
+import resource
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from bench.stack import REPO
@@ -46,22 +49,39 @@ def best(points: Sequence[dict]) -> dict | None:
     return max(candidates, key=lambda p: p["runs_per_s"], default=None)
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def run_point(module: str, config: dict, runs: int, args: Sequence[str],
               timeout: float) -> dict:
-    """`python -m <module> point --config JSON --runs N ...` as its own process; its JSON."""
+    """`python -m <module> point --config JSON --runs N ...` as its own process; its JSON.
+
+    With `cpu`: over the point's whole process (start-up included), the cores the machine
+    had busy and those the peer's own processes used (the driver and its workers, not
+    Postgres or Redis): on a shared machine, the difference is mostly other work."""
     command = [sys.executable, "-m", module, "point", "--config", json.dumps(config),
                "--runs", str(runs), *args]
+    began, busy = time.monotonic(), machine_busy_seconds()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                               check=False, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"config": config, "label": label(config), "runs": runs,
                 "error": f"timed out after {timeout:.0f} s"}
+    wall = time.monotonic() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = {"wall_s": wall, "machine_cores_busy": (machine_busy_seconds() - busy) / wall,
+           "peer_cores": (after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime) / wall}
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
-        return {"config": config, "label": label(config), "runs": runs,
+        return {"config": config, "label": label(config), "runs": runs, "cpu": cpu,
                 "error": (done.stderr or done.stdout)[-1500:]}
-    return json.loads(lines[-1])
+    return {**json.loads(lines[-1]), "cpu": cpu}
 
 
 def sweep(system: str, grid: Sequence[dict], reference: dict, runs: int, sweep_runs: int,
