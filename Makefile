@@ -57,9 +57,10 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info libs/*.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-# Throwaway NATS + Postgres, the four services as processes, and examples/demo.py;
+# Throwaway NATS + Postgres, the four services as processes, and examples/demo.py (which
+# ends with examples/model_parent.py's conversation);
 # everything stops when the demo ends (on a terminal: after Enter) or on Ctrl-C.
-DEMO_AGENTS := examples.agents:Researcher,examples.agents:Importer
+DEMO_AGENTS := examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner
 demo: venv
 	$(PY) scripts/devstack.py run --hold --agents $(DEMO_AGENTS) \
 		--service projector --service parent --service child-runner --service reconciler \

@@ -339,7 +339,7 @@ async def rerequest_run(request: Request) -> Response:
         # One command per position of the run in the log: a second click on the same
         # interrupted run is a duplicate, a request after a later interruption is new.
         last_seq = await ui.tether.log.last_seq(parent, state.run_id)
-        await ui.tether.publish_command("run", command, run_message_id(state.run_id, last_seq))
+        await ui.tether.publish_command("run", command, run_message_id(state.run_id, last_seq, state.parent))
         return f"re-requested {state.run_id}"
 
     return await _act(rerequest())
