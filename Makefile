@@ -71,7 +71,9 @@ demo: venv
 
 # The benchmark (bench/README.md). `make bench RUNS=300` for a quick look;
 # BENCH_ARGS passes more flags, e.g. BENCH_ARGS=--profile. Extras: `bench` (matplotlib,
-# py-spy) and, for bench-peers, `peers` (dbos); pip only warns while an extra is missing.
+# py-spy) and, for bench-peers, `peers` (dbos, celery[redis], psycopg; the Celery peer
+# starts a throwaway redis-server unless TETHER_BENCH_REDIS_URL names a Redis); pip only
+# warns while an extra is missing.
 RUNS ?= 5000
 BENCH_ARGS ?=
 
