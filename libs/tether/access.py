@@ -85,8 +85,8 @@ class Application:
 def _streams(subjects: Subjects) -> list[str]:
     names = [subjects.commands_stream, subjects.events_stream, subjects.progress_stream,
              subjects.work_stream, subjects.hooks_stream, subjects.chat_stream]
-    return names + [f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}",
-                    f"KV_{subjects.deliveries_bucket}"]
+    return [*names, f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}",
+            f"KV_{subjects.deliveries_bucket}"]
 
 
 def _provision(subjects: Subjects) -> list[str]:
