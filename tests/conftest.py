@@ -74,7 +74,7 @@ def database_url() -> Iterator[str]:
 def nats_fast_path() -> bool:
     """The services' NATS client (`TETHER_NATS_FAST_PATH`, on unless set off): the tests'
     own connections follow it, so a run with it off runs on nats-py's own client."""
-    from tether.config import Settings
+    from tether.config import Settings  # noqa: PLC0415 - as the fixtures above, when used
 
     return Settings.from_env().nats_fast_path
 

@@ -34,7 +34,7 @@ from tether.contract.subjects import Subjects
 from tether.domain.ids import check_identifier
 
 SERVICE_ROLES = ("parent", "child-runner", "reconciler", "projector")
-COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
+COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
 QUERY_KINDS = ("inspect", "list", "has_run")
 ADMIN_USER = "operator"
 
@@ -85,8 +85,8 @@ class Application:
 def _streams(subjects: Subjects) -> list[str]:
     names = [subjects.commands_stream, subjects.events_stream, subjects.progress_stream,
              subjects.work_stream, subjects.hooks_stream, subjects.chat_stream]
-    return names + [f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}",
-                    f"KV_{subjects.deliveries_bucket}"]
+    return [*names, f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}",
+            f"KV_{subjects.deliveries_bucket}"]
 
 
 def _provision(subjects: Subjects) -> list[str]:
@@ -139,6 +139,8 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     if role == "child-runner":
         work = subjects.work_stream
         publish = [f"{p}.evt.>", f"{p}.progress.>",
+                   # A model parent answers in its conversation.
+                   f"{p}.chat.>",
                    # A child that delegates (nested agent tools) is a parent of its own runs.
                    f"{p}.cmd.>",
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{work}.>", f"$JS.API.CONSUMER.CREATE.{work}.>",
@@ -148,7 +150,9 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
         # as their awaiter.
         return Permissions(tuple(common + publish),
                            (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", subjects.all_live_events,
-                            f"{p}.ctl.awaiter.>", "_INBOX.>"), True)
+                            f"{p}.ctl.awaiter.>", "_INBOX.>",
+                            # A model parent's on_progress follows its runs' progress.
+                            f"{p}.progress.>"), True)
     if role == "reconciler":
         publish = [f"{p}.evt.>", f"{p}.hook.>", f"{p}.chat.>", f"{p}.obs.>",
                    f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", f"{p}.ctl.awaiter.>",

@@ -18,6 +18,7 @@ from pathlib import Path
 import nats
 import pytest
 from authorized_nats import authorized_nats
+from eventually import eventually
 from nats.js import api as js_api
 
 from tether.access import SERVICE_ROLES, Application
@@ -99,14 +100,12 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
     checks: list[dict] = [{} for _ in SERVICES]
     tasks = [asyncio.create_task(module.serve(as_user(settings, url, role, agents=AGENTS), stop,
                                               role_checks))
-             for (role, module), role_checks in zip(SERVICES.items(), checks)]
+             for (role, module), role_checks in zip(SERVICES.items(), checks, strict=True)]
     # The operator's credentials in the URL: what any NATS client understands.
     operator = Settings(**{**settings.model_dump(), "nats_url": url.replace(
         "nats://", f"nats://operator:{PASSWORDS['operator']}@")})
     try:
-        async with asyncio.timeout(30):
-            while not await all_ready(checks):
-                await asyncio.sleep(0.02)
+        await eventually(lambda: all_ready(checks), timeout=30, interval=0.02)
         async with asyncio.timeout(30), connect(settings=operator) as tether:
             done = asyncio.Event()
             hooks = tether.hooks("Assistant")
@@ -252,14 +251,14 @@ async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings)
                                inbox_prefix=ALICE.inbox_prefix) as app:
                 bobs = app.parent(BOB_PARENT.agent, BOB_PARENT.name)
                 for detached in (False, {"on_finish": "on_done"}):
-                    with pytest.raises(NotPermitted, match="BobBot.user-1"):
+                    with pytest.raises(NotPermitted, match=r"BobBot.user-1"):
                         async with asyncio.timeout(2):
                             await bobs.run_agent_tool("Researcher", {"query": "QUIC"},
                                                       run_id="not-hers", detached=detached)
                 with pytest.raises(NotPermitted, match="cancel commands for parent BobBot/user-1"):
                     async with asyncio.timeout(2):
                         await bobs.cancel("not-hers")
-                with pytest.raises(NotPermitted, match="may not follow .*BobBot"):
+                with pytest.raises(NotPermitted, match=r"may not follow .*BobBot"):
                     async with asyncio.timeout(2):
                         await anext(bobs.timeline())
                 for agent, method in (("BobBot", "on_done"), ("AliceBot", "unlisted")):

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from eventually import eventually
 from nats.aio.msg import Msg
 
 from tether.adapters.jetstream import EventLog
@@ -25,6 +26,10 @@ async def test_a_feed_names_its_consumer_so_permissions_can_see_its_filter(log: 
         assert name.startswith("feed-")
 
 
+async def _has(log: EventLog, consumer: str) -> bool:
+    return consumer in await consumer_names(log)
+
+
 async def next_message(feed: OrderedFeed):
     return await asyncio.wait_for(feed.sink.get(), 5)
 
@@ -42,9 +47,7 @@ async def test_a_feed_goes_on_under_a_new_name_when_its_consumer_is_lost(log: Ev
         first = await next_message(feed)
         for incarnation in ("mine-2", "mine-3"):  # every incarnation has a name of its own
             await log.jetstream.delete_consumer(log.subjects.events_stream, feed.consumer)
-            async with asyncio.timeout(5):
-                while incarnation not in await consumer_names(log):
-                    await asyncio.sleep(0.02)
+            await eventually(lambda name=incarnation: _has(log, name), timeout=5)
             await log.append(run.started(), expected_last_seq=None)
             second = await next_message(feed)
             assert (second.seq, second.subject) == (first.seq + 1, subject)
@@ -82,9 +85,7 @@ async def test_a_gap_in_the_deliveries_makes_the_feed_start_again_after_what_it_
         await log.append(run.started(), expected_last_seq=None)
         second = await next_message(feed)
         await gap(log, feed, second.seq)
-        async with asyncio.timeout(5):
-            while "mine-2" not in await consumer_names(log):
-                await asyncio.sleep(0.02)
+        await eventually(lambda: _has(log, "mine-2"), timeout=5)
         await log.append(run.running(), expected_last_seq=None)
         third = await next_message(feed)
         assert (first.seq + 1, second.seq + 1) == (second.seq, third.seq)

@@ -6,9 +6,9 @@ context the message before it carried in its headers. The services run in this p
 context reaches each only through the messages."""
 
 import asyncio
-from collections.abc import Callable
 
 import pytest
+from eventually import eventually
 from pydantic import BaseModel
 from spans import named, one, parent_of, recorded_spans
 
@@ -59,12 +59,6 @@ async def services(settings, log, pool, nc, monkeypatch):
     yield
     stop.set()
     await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
-
-
-async def eventually(condition: Callable[[], bool], timeout: float = 10) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 async def test_one_runs_spans_share_one_trace_from_the_request_to_the_hook(settings, services):

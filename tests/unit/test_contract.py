@@ -83,7 +83,7 @@ def test_run_command_refuses_an_invalid_run_id(value: str) -> None:
 def test_a_parent_name_that_would_add_a_subject_token_is_refused(name: str) -> None:
     with pytest.raises(ValidationError, match="name"):
         ParentRef(agent="Assistant", name=name)
-    with pytest.raises(ValidationError, match="parent.name"):
+    with pytest.raises(ValidationError, match=r"parent.name"):
         parse_command("cancel", {"run_id": "r1", "parent": {"agent": "Assistant", "name": name}})
 
 
@@ -282,7 +282,7 @@ def test_schemas_cover_every_event_and_command() -> None:
     assert {"events/run.requested.v2.json", "events/run.interrupted.v2.json",
             "events/event.json", "commands/run.json"} <= set(generated)
     assert len([p for p in generated if p.startswith("events/run.")]) == 20
-    assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 8
+    assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 9
 
 
 def test_a_work_item_ignores_fields_a_later_parent_adds_but_checks_its_own() -> None:
@@ -330,3 +330,8 @@ def test_a_hooks_message_id_names_its_own_life_only() -> None:
 def test_a_run_request_after_a_rejection_or_a_clear_names_it() -> None:
     assert run_message_id("r1") == "run:r1"
     assert run_message_id("r1", vacated_at=42) == "run:r1:42"
+    # Two parents may use one run id (`agent-tool:call_0_0`): their requests are two.
+    parent = ParentRef(agent="Lead", name="agent-tool:call_0_0")
+    assert run_message_id("agent-tool:call_0_0", parent=parent) == \
+        "run:Lead/agent-tool:call_0_0/agent-tool:call_0_0"
+    assert run_message_id("r1", 42, parent) == "run:Lead/agent-tool:call_0_0/r1:42"

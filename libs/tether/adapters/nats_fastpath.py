@@ -22,6 +22,7 @@ services use nats-py's own client.
 import weakref
 from collections.abc import Callable
 from importlib.metadata import version
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -31,8 +32,8 @@ try:  # names of nats-py's header checks: in the releases of `TESTED`
     from nats.aio.client import _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES
     from nats.errors import BadHeaderError
 except ImportError:  # another nats-py: `supported()` is False
-    _HEADER_KEY_RE = _HEADER_VALUE_NEWLINES = None
-    BadHeaderError = ValueError
+    _HEADER_KEY_RE = _HEADER_VALUE_NEWLINES = None  # type: ignore[assignment]
+    BadHeaderError = ValueError  # type: ignore[misc,assignment]
 
 # The nats-py minor releases whose internals these overrides were tested against.
 TESTED = ("2.16",)
@@ -57,10 +58,10 @@ class FastClient(NATS):
 
     async def subscribe_routed(self, subject: str, route: Callable[[Msg], None]) -> Subscription:
         subscription = await self.subscribe(subject)
-        self.routes[subscription._id] = route
+        self.routes[subscription._id] = route  # noqa: SLF001 - nats-py keeps the sid private
         return subscription
 
-    def skip_headers(self, subscription: object) -> None:
+    def skip_headers(self, subscription: Any) -> None:
         """Leave the headers of `subscription`'s data messages unparsed (`msg.headers`
         None); a JetStream subscription is given by its connection-level one, which it
         keeps across an ordered consumer's resets."""
@@ -73,7 +74,7 @@ class FastClient(NATS):
             if (headers and len(headers) > _STATUS_AT and headers[_STATUS_AT] != _SPACE
                     and self._subs.get(sid) in self.headers_unread):
                 headers = b""
-            await super()._process_msg(sid, subject, reply, data, headers)
+            await super()._process_msg(sid, subject, reply, data, headers or b"")
             return
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)

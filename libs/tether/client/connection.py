@@ -3,7 +3,7 @@
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -14,9 +14,14 @@ from pydantic import BaseModel, ValidationError
 
 from tether import tracing
 from tether.adapters.jetstream import EventLog, PublishDenied, connect_nats
+from tether.client.chat import follow_chat
+from tether.client.conversation import Conversation
 from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
+from tether.client.hooks import HookRegistry
 from tether.client.live import DirectReads, RunReads, ScopedReads
+from tether.client.parent import ParentHandle
 from tether.config import Settings
+from tether.contract.messages import ObservabilityEvent
 from tether.contract.subjects import Subjects
 from tether.diagnose import nats_unreachable, redact
 from tether.domain.events import ParentRef
@@ -24,9 +29,7 @@ from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
 if TYPE_CHECKING:
-    from tether.client.hooks import HookRegistry
-    from tether.client.parent import ParentHandle
-    from tether.contract.messages import ChatMessage, ObservabilityEvent
+    from tether.contract.messages import ChatMessage
 
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
@@ -66,25 +69,23 @@ class Tether:
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
-        from tether.client.parent import ParentHandle
-
         ref = ParentRef(agent=check_identifier(agent, "parent agent"),
                         name=check_identifier(name, "parent name"))
         return ParentHandle(self, ref)
 
-    def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
-              ledger: str = "parent") -> "HookRegistry":
-        """Finish-hook handlers of one parent agent class (all its instances)."""
-        from tether.client.hooks import HookRegistry
+    def conversation(self, agent_type: str, name: str) -> "Conversation":
+        """A model parent's conversation `agent_type/name` (`tether.client.conversation`)."""
+        return Conversation(self, agent_type, name)
 
+    def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
+              ledger: Literal["parent", "direct"] = "parent") -> "HookRegistry":
+        """Finish-hook handlers of one parent agent class (all its instances)."""
         return HookRegistry(self, parent_agent, lease_ms=lease_ms, concurrency=concurrency,
                             ledger=ledger)
 
     def chat(self, parent: "ParentHandle | ParentRef", *, durable: str | None = None,
              new_only: bool = False) -> AsyncIterator["ChatMessage"]:
         """Chat notifications for one parent instance; see `tether.client.chat.follow_chat`."""
-        from tether.client.chat import follow_chat
-
         ref = parent if isinstance(parent, ParentRef) else parent.ref
         return follow_chat(self, ref, durable=durable, new_only=new_only)
 
@@ -92,8 +93,6 @@ class Tether:
         """The reconciler's typed events as they happen (`agent_tool:recovery:row`,
         `agent_tool:detached:give_up`, ...); `pattern` narrows them, e.g.
         `agent_tool:detached:>`. Live only: nothing is replayed."""
-        from tether.contract.messages import ObservabilityEvent
-
         events: asyncio.Queue[bytes] = asyncio.Queue()
 
         async def receive(msg) -> None:
@@ -106,7 +105,7 @@ class Tether:
         finally:
             await subscription.unsubscribe()
 
-    async def publish_command(self, kind: str, command: BaseModel, msg_id: str) -> js_api.PubAck:
+    async def publish_command(self, kind: str, command: Any, msg_id: str) -> js_api.PubAck:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
         payload = command.model_dump_json().encode()
@@ -128,7 +127,7 @@ class Tether:
                 "an application user acts only for the parent agents its configuration "
                 "lists (tether.access)") from None
 
-    def _check_size(self, kind: str, command: BaseModel, payload: bytes) -> None:
+    def _check_size(self, kind: str, command: Any, payload: bytes) -> None:
         """Refuse, before sending, a run whose input the parent would reject as too large,
         or a command the NATS server would not take (a whole command within both limits
         passes without this)."""
@@ -144,7 +143,7 @@ class Tether:
                                 f"at {redact(self.settings.nats_url)} takes at most "
                                 f"{server_limit:,} bytes per message (its max_payload)")
 
-    async def request(self, kind: str, query: BaseModel, reply_model: type[Reply], *,
+    async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
                       timeout: float | None = None) -> Reply:
         """Core request/reply with the parent service; raises ServiceUnavailable or RequestFailed."""
         subject = self.subjects.rpc_for(kind, query.parent)
@@ -163,8 +162,8 @@ class Tether:
             reply = reply_model.model_validate_json(message.data)
         except ValidationError as error:
             raise RequestFailed(f"unexpected reply on {subject}: {error}") from None
-        if getattr(reply, "error", None):
-            raise RequestFailed(f"{subject}: {reply.error}")
+        if refusal := getattr(reply, "error", None):
+            raise RequestFailed(f"{subject}: {refusal}")
         return reply
 
     async def close(self) -> None:
@@ -186,7 +185,7 @@ class _Connection:
             raise ValueError("connect_timeout must be positive")
         self._settings = settings
         self._name = name
-        self._options = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
+        self._options: dict[str, Any] = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
         self._connect_timeout = connect_timeout
         self._tether: Tether | None = None
 
@@ -246,7 +245,7 @@ def connect(nats_url: str | None = None, *, prefix: str | None = None,
     `connect_timeout`: how long to try the first connection before `ServiceUnavailable`
     names the server it could not reach; once connected, the client reconnects on its own.
     """
-    overrides = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
+    overrides: dict[str, Any] = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
                  if value is not None}
     if settings is None:
         settings = Settings.from_env(**overrides)

@@ -2,7 +2,7 @@
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import suppress
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -14,6 +14,8 @@ from tether import tracing
 from tether.adapters.jetstream import subscribe_routed
 from tether.client.awaiting import Answer, RunFold, RunWaiter
 from tether.client.live import live_event
+from tether.client.timeline import TimelineView, follow_timeline
+from tether.client.tools import AgentTool, agent_tool
 from tether.contract.messages import (
     AgentToolFailure,
     AgentToolSuccess,
@@ -27,6 +29,7 @@ from tether.contract.messages import (
 from tether.domain.commands import (
     CancelCommand,
     ClearCommand,
+    ContinueCommand,
     HasRunQuery,
     InspectQuery,
     ListQuery,
@@ -38,8 +41,7 @@ from tether.resilience import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from tether.client.connection import Tether
-    from tether.client.timeline import TimelineView
-    from tether.client.tools import AgentTool
+    from tether.client.timeline import RunView
     from tether.contract.messages import ChatMessage
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
@@ -124,7 +126,7 @@ class ParentHandle:
             requested = True  # from here on the request may have reached the stream
             vacated_at = waiter.mark if waiter.state is None else 0
             ack = await self.tether.publish_command(
-                "run", command, run_message_id(command.run_id, vacated_at))
+                "run", command, run_message_id(command.run_id, vacated_at, command.parent))
             answer = waiter.on_published(bool(ack.duplicate))
             idle = LIVE_IDLE_S
             while answer is None:
@@ -182,6 +184,29 @@ class ParentHandle:
         await self.tether.publish_command("cancel", command,
                                           f"cancel:{run_id}:{uuid.uuid4().hex}")
 
+    async def continue_run(self, run_id: str, *, approvals: Iterable[str] = (),
+                           rejections: Iterable[str] = (),
+                           tool_outputs: dict[str, Any] | None = None,
+                           human_input: str | None = None) -> None:
+        """Answer a paused run of this parent (`tether.cmd.continue`): it resumes in
+        whichever runner picks it up. A run that is not paused ignores the answers."""
+        check_identifier(run_id, "run id")
+        command = ContinueCommand(run_id=run_id, parent=self.ref, approvals=list(approvals),
+                                  rejections=list(rejections), tool_outputs=tool_outputs or {},
+                                  human_input=human_input)
+        await self.tether.publish_command("continue", command,
+                                          f"continue:{run_id}:{uuid.uuid4().hex}")
+
+    async def continue_waiting(self, view: "RunView", **answers: Any) -> None:
+        """Answer the run a timeline shows waiting: the run itself when it is paused, or
+        the descendant at the end of its `waiting_path` (only that one resumes)."""
+        if view.waiting_path:
+            last = view.waiting_path[-1]
+            owner = self.tether.parent(last["agent"], last["name"])
+            await owner.continue_run(last["run_id"], **answers)
+        else:
+            await self.continue_run(view.run_id, **answers)
+
     async def clear(self, status: Iterable[str] | str | None = None,
                     older_than: int | datetime | None = None) -> None:
         """Ask the parent to clear retained runs (open ones are cancelled first).
@@ -228,14 +253,12 @@ class ParentHandle:
     # --- subscriptions and tools ------------------------------------------------------
 
     def timeline(self, *, run_id: str | None = None,
-                 live: bool = True) -> AsyncIterator["TimelineView"]:
+                 live: bool = True) -> AsyncGenerator["TimelineView", None]:
         """The parent's runs (or one run), replayed from the start and then live.
 
         Yields a `TimelineView` once caught up with the log (even an empty one) and after
         every change; with `live=False` it ends once caught up.
         """
-        from tether.client.timeline import follow_timeline
-
         return follow_timeline(self.tether, self.ref, run_id=run_id, live=live)
 
     def chat(self, *, durable: str | None = None,
@@ -246,8 +269,6 @@ class ParentHandle:
                    display_name: str | None = None, input_model: type[BaseModel] | None = None,
                    name: str | None = None) -> "AgentTool":
         """An `AgentTool` bound to this parent (see `tether.client.tools.agent_tool`)."""
-        from tether.client.tools import agent_tool
-
         return agent_tool(agent_type, description=description, display_name=display_name,
                           input_model=input_model, name=name).bind(self)
 
