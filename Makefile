@@ -6,7 +6,7 @@ PYTEST_ARGS ?= -q -p no:cacheprovider
 # `make test` leaves the long chaos scenarios to `make test-chaos`.
 TEST_MARKERS ?= not long
 
-.PHONY: venv test test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo
+.PHONY: venv test test-plain-nats test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo
 
 venv: $(VENV)/.installed
 
@@ -17,9 +17,20 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# The client and service tests run a second time on nats-py's own client, without the
+# services' fast path (libs/tether/adapters/nats_fastpath.py).
+PLAIN_NATS_TESTS := $(addprefix tests/integration/,test_client_feed.py test_client_timeline.py \
+	test_client_runs.py test_client_hooks.py test_event_log.py test_pull.py test_parent.py \
+	test_child_runner.py test_access_control.py test_reconciler.py test_registered_hooks.py)
+
 # Integration/e2e tests: throwaway NATS + Postgres around the whole pytest run.
 test: venv
 	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-plain-nats
+
+test-plain-nats: venv
+	TETHER_NATS_FAST_PATH=false $(PY) scripts/devstack.py test -- \
+		$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS) $(PLAIN_NATS_TESTS)
 
 # Every chaos scenario (tests/chaos): each starts its own servers and breaks them.
 test-chaos: venv

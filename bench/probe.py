@@ -42,7 +42,7 @@ def category(subject: str, prefix: str) -> str:
 async def main(nats_url: str, prefix: str, out: str, count_subjects: bool) -> None:
     # Tether's client: a routed subscription calls `on_message` straight from the read
     # loop, without a queue, a task and a coroutine per message.
-    nc = await connect_nats(nats_url, name="tether-bench-probe")
+    nc = await connect_nats(nats_url, name="tether-bench-probe", fast_path=True)
     # Receive time, latency (s), milestone or not: numbers the collector does not track.
     received_at, latencies, milestones = array("d"), array("d"), array("b")
     clock = time.time

@@ -70,6 +70,15 @@ def database_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture(scope="session")
+def nats_fast_path() -> bool:
+    """The services' NATS client (`TETHER_NATS_FAST_PATH`, on unless set off): the tests'
+    own connections follow it, so a run with it off runs on nats-py's own client."""
+    from tether.config import Settings  # noqa: PLC0415 - as the fixtures above, when used
+
+    return Settings.from_env().nats_fast_path
+
+
 @pytest.fixture
 def unique_name() -> str:
     """Short unique lowercase identifier (`t` + 10 hex) for stream prefixes and schema names."""

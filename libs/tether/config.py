@@ -102,6 +102,9 @@ class Settings(BaseModel):
     log_format: Literal["auto", "json", "console"] = "auto"
     # The services' event loop: uvloop (faster I/O) where it is installed, else asyncio's.
     event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    # The services' and the CLI's NATS client with nats-py's message path sped up
+    # (tether.adapters.nats_fastpath); off: nats-py's own client, as applications get.
+    nats_fast_path: bool = True
     # The services' young-generation GC threshold (objects allocated between collections,
     # Python's default 700); 0 leaves the interpreter's settings alone.
     gc_threshold: int = Field(default=10_000, ge=0)

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
+from tether import tracing
 from tether.adapters.jetstream import NatsUnreachable, connect_nats
 from tether.diagnose import nats_unreachable, postgres_unreachable
 from tether.log import get_logger
@@ -67,6 +68,7 @@ async def open_nats(settings, name: str, stop: asyncio.Event):
     `startup_timeout_ms`, then `StartupFailed` names the server(s)."""
     try:
         return await connect_nats(settings.nats_connect_url, name=name, stop=stop,
+                                  fast_path=settings.nats_fast_path,
                                   startup_timeout_s=settings.startup_timeout_ms / 1000)
     except asyncio.CancelledError:
         if stop.is_set():
@@ -218,6 +220,8 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
     `main` registers its readiness checks in `checks` as it brings its parts up.
     """
     logger = get_logger(service=name)
+    # Traces where the OTEL_* variables ask for them (docs/tracing.md).
+    traced = tracing.configure(f"tether-{name}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -225,7 +229,7 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
     checks: dict[str, ReadinessCheck] = {}
     health = HealthServer(health_host, health_port, checks)
     await health.start()
-    logger.info("service.started", health_port=health.port)
+    logger.info("service.started", health_port=health.port, tracing=traced)
     try:
         await main(stop, checks)
     except StartupFailed as error:
@@ -234,4 +238,6 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
         raise
     finally:
         await health.stop()
+        if traced:
+            tracing.shutdown()
         logger.info("service.stopped")

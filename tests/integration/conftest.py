@@ -15,14 +15,16 @@ from tether.config import Settings
 
 
 @pytest.fixture
-def settings(nats_url: str, database_url: str, unique_name: str) -> Settings:
+def settings(nats_url: str, database_url: str, unique_name: str,
+             nats_fast_path: bool) -> Settings:
     return Settings(nats_url=nats_url, database_url=database_url, prefix=unique_name,
-                    projection_schema=unique_name)
+                    projection_schema=unique_name, nats_fast_path=nats_fast_path)
 
 
 @pytest.fixture
 async def nc(settings: Settings):
-    client = await connect_nats(settings.nats_url, name="tether-tests")
+    client = await connect_nats(settings.nats_url, name="tether-tests",
+                                fast_path=settings.nats_fast_path)
     yield client
     await client.drain()
 

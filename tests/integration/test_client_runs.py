@@ -53,7 +53,7 @@ class ScriptedParent:
         self.log, self.script = log, script
         self.commands: list[object] = []
         self.received = asyncio.Condition()
-        self._feed = OrderedFeed(log.jetstream, log.subjects.commands_stream,
+        self._feed = OrderedFeed(log.nats, log.subjects.commands_stream,
                                  f"{log.subjects.prefix}.cmd.>")
         self._task: asyncio.Task | None = None
 

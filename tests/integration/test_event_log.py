@@ -1,7 +1,7 @@
 """The JetStream event log: streams, dedupe, optimistic concurrency, reads and follows."""
 
 import asyncio
-from contextlib import aclosing, suppress
+from contextlib import aclosing
 
 import nats
 import pytest
@@ -14,11 +14,9 @@ from tether.adapters.jetstream import (
     ConcurrencyConflict,
     EventLog,
     StreamSettings,
-    _Client,
     ensure_streams,
     remove_streams,
     stream_configs,
-    subscribe_routed,
 )
 from tether.domain.events import ParentRef, RunCompleted
 from tether.testing import RunEvents
@@ -231,32 +229,6 @@ async def test_a_parent_timeline_replays_then_follows_live_in_order(log: EventLo
     assert late == received[2:], "a follower starting from a sequence sees the same suffix"
 
 
-async def test_a_follower_parses_no_event_headers_and_still_hears_heartbeats(
-        log: EventLog, monkeypatch):
-    """Each stored event carries its append's headers (message id, expected sequence),
-    which a follower never reads: they are not parsed. The consumer's heartbeats, a
-    status line and headers, still are."""
-    parsed: list[bytes] = []
-    heard = asyncio.Event()
-    parse = _Client._parse_header_lines
-
-    def recording(raw: bytes) -> dict[str, str]:
-        parsed.append(raw)
-        heard.set()
-        return parse(raw)
-
-    monkeypatch.setattr(_Client, "_parse_header_lines", staticmethod(recording))
-    run = RunEvents("r-quiet")
-    await log.append(run.requested(), expected_last_seq=None)
-    follower = log.follow(log.subjects.run_events(run.parent, run.run_id), idle_heartbeat=0.1)
-    async with aclosing(follower) as stream:
-        assert (await asyncio.wait_for(anext(stream), 10)).event.type == "run.requested"
-        await asyncio.wait_for(heard.wait(), 10)  # an idle heartbeat, parsed
-        await log.append(run.running(), expected_last_seq=None)
-        assert (await asyncio.wait_for(anext(stream), 10)).event.type == "run.running"
-    assert parsed and all(b"Nats-Msg-Id" not in raw for raw in parsed), parsed
-
-
 async def test_a_runs_first_event_is_appended_without_a_read_only_onto_an_empty_subject(
         log: EventLog):
     fresh, again = RunEvents("n-1"), RunEvents("n-1", id_prefix="again")
@@ -330,32 +302,6 @@ async def test_an_acked_publish_nobody_answers_times_out_and_forgets_its_waiter(
         await log.publish(f"{settings.prefix}.silent", b"{}", headers={}, stream="ANY")
     await silent.unsubscribe()
     assert log._waiting == {}
-
-
-async def test_a_routed_subscription_gets_its_messages_and_leaves_nothing_behind(nc, settings):
-    subject = f"{settings.prefix}.routed"
-    got: list[tuple[bytes, str]] = []
-    for n in range(50):  # as an awaited run subscribes and unsubscribes its live subject
-        arrived = asyncio.Event()
-
-        def route(msg, arrived=arrived) -> None:
-            got.append((msg.data, msg.headers["K"]))
-            arrived.set()
-
-        subscription = await subscribe_routed(nc, subject, route)
-        await nc.flush()
-        # Core delivery is at most once; to a just-made subscription one in a few dozen
-        # never arrived here (with nats-py's own callbacks too), so publish until one does.
-        while not arrived.is_set():
-            await nc.publish(subject, b"x", headers={"K": str(n)})
-            with suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), 0.2)
-        await subscription.unsubscribe()
-    assert nc.routes == {}
-    assert {(b"x", str(n)) for n in range(50)} == set(got)
-    await nc.publish(subject, b"after")
-    await nc.flush()
-    assert (b"after", "") not in got and all(data == b"x" for data, _ in got)
 
 
 async def test_the_last_sequence_of_a_run_is_read_by_a_subject_scoped_direct_get(log: EventLog):

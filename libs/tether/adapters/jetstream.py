@@ -18,17 +18,19 @@ from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from nats.aio.client import _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import BadHeaderError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import APIError, NoStreamResponseError, NotFoundError
 from nats.js.kv import KeyValue
 from pydantic_core import from_json
+
+from tether import tracing
+from tether.adapters.nats_fastpath import FastClient
+from tether.adapters.nats_fastpath import supported as fastpath_supported
 
 if TYPE_CHECKING:
     from nats.aio.subscription import Subscription
@@ -52,9 +54,6 @@ T = TypeVar("T")
 DIRECT_BATCH = 500
 FOLLOW_BUFFER = 20_000  # messages a follower holds before the server waits for it
 KNOWN_RUNS = 512  # runs whose state each process keeps between its own reads and appends
-_VALID_HEADER_NAMES: set[str] = set()  # names `_Client` has checked as nats-py does
-# A received header block starts `NATS/1.0`; a space after it begins a status line.
-_STATUS_AT, _SPACE = len(b"NATS/1.0"), ord(" ")
 
 
 class PublishDenied(Exception):
@@ -314,8 +313,8 @@ class EventLog:
         self._asking: dict[str, tuple[str, asyncio.Future[Msg]]] = {}  # token: subject, answer
         self._tokens = itertools.count(1)
         self._nc = nc
-        if isinstance(nc, _Client):
-            nc.denial_listeners.append(weakref.WeakMethod(self._publish_denied))
+        if (denials := _DENIALS.get(nc)) is not None:
+            denials.listeners.append(weakref.WeakMethod(self._publish_denied))
         self._js = nc.jetstream(timeout=timeout)
         self.subjects = subjects
 
@@ -385,10 +384,13 @@ class EventLog:
                       stream: str) -> js_api.PubAck:
         """A JetStream publish that waits for the stream's ack, as nats-py's
         `JetStreamContext.publish` (the same errors: `APIError` and its kinds,
-        `NoStreamResponseError`, `nats.errors.TimeoutError`), with less work per
-        publish, since every append takes this path: the ack comes back on this log's
-        routed inbox and is read without nats-py's dataclass reflection."""
-        msg = await self._ask(subject, payload, {**headers, "Nats-Expected-Stream": stream})
+        `NoStreamResponseError`, `nats.errors.TimeoutError`), for a third less CPU: the
+        ack comes back on this log's routed inbox and is read without nats-py's
+        dataclass reflection."""
+        headers = {**headers, "Nats-Expected-Stream": stream}
+        if tracing.ENABLED:  # the current span's context travels with the message
+            tracing.inject(headers)
+        msg = await self._ask(subject, payload, headers)
         if msg.headers and msg.headers.get("Status") == "503":
             raise NoStreamResponseError
         reply = from_json(msg.data)
@@ -662,11 +664,10 @@ class EventLog:
             filter_subject, stream=self.subjects.events_stream, cb=enqueue,
             ordered_consumer=True, config=config, idle_heartbeat=idle_heartbeat,
         )
-        if isinstance(self._nc, _Client):
+        if isinstance(self._nc, FastClient):
             # An event's stored headers (its message id, the expected sequence) say
-            # nothing a follower needs, and a replay reads every event: they are not parsed.
-            # (The connection's own subscription, kept across the consumer's resets.)
-            self._nc.headers_unread.add(getattr(subscription, "_sub", subscription))
+            # nothing a follower needs: they are not parsed (5 % of a replay's instructions).
+            self._nc.skip_headers(subscription)
         last_seq = start_seq - 1
         try:
             while True:
@@ -748,12 +749,41 @@ def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> Sto
 _PUBLISH_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
 
 
+class _Denials:
+    """Who is told the subject of each publish the server refused this connection
+    (`-ERR 'Permissions Violation for Publish to "<subject>"'`, which nats-py hands to its
+    `error_cb`, lowercased): event logs' methods, weak so that one goes with its log, and
+    `unless_refused`'s callbacks, which remove themselves."""
+
+    def __init__(self) -> None:
+        self.listeners: list[weakref.WeakMethod] = []
+        self.callbacks: list[Callable[[str], None]] = []
+
+    def seen(self, error: BaseException) -> None:
+        if (denied := _PUBLISH_DENIED.search(str(error))) is None:
+            return
+        subject = denied[1].lower()
+        for reference in list(self.listeners):
+            listener = reference()
+            if listener is None:
+                self.listeners.remove(reference)
+            else:
+                listener(subject)
+        for callback in list(self.callbacks):
+            callback(subject)
+
+
+# The connections `connect_nats` made, whose refused publishes are reported.
+_DENIALS: "weakref.WeakKeyDictionary[NATS, _Denials]" = weakref.WeakKeyDictionary()
+
+
 async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
     """`operation`'s result, or `PublishDenied` as soon as the server refuses this
     connection a publish to a subject starting with `prefix`: for a request nats-py makes
     itself (a consumer create, a key-value put), which would otherwise only time out.
-    On a client other than ours, just `operation`."""
-    if not isinstance(nc, _Client):
+    On a connection `connect_nats` did not make, just `operation`."""
+    denials = _DENIALS.get(nc)
+    if denials is None:
         return await operation
     running = asyncio.ensure_future(operation)
     refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -763,14 +793,14 @@ async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
         if subject.startswith(wanted) and not refused.done():
             refused.set_result(subject)
 
-    nc.denial_callbacks.append(listener)
+    denials.callbacks.append(listener)
     try:
         await asyncio.wait({running, refused}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
         running.cancel()
         raise
     finally:
-        nc.denial_callbacks.remove(listener)
+        denials.callbacks.remove(listener)
     if running.done():  # its result, its error or its own cancellation, as it ended
         return running.result()
     running.cancel()
@@ -786,117 +816,16 @@ def _expire(answer: "asyncio.Future[Msg]") -> None:
 async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None]) -> "Subscription":
     """Subscribe `route`, a plain function called with each message as it is read.
 
-    On our own client the message skips the subscription's queue, its task and a
-    coroutine per message (a reply's waiter is woken straight from the read loop);
-    on any other nats-py client it is an ordinary callback subscription."""
-    if isinstance(nc, _Client):
-        subscription = await nc.subscribe(subject)
-        nc.routes[subscription._id] = route  # noqa: SLF001 - nats-py keeps the sid private
-        return subscription
+    On the services' fast client (`nats_fastpath`) the message skips the subscription's
+    queue, its task and a coroutine per message; on nats-py's own client it is an
+    ordinary callback subscription."""
+    if isinstance(nc, FastClient):
+        return await nc.subscribe_routed(subject, route)
 
     async def callback(msg: Msg) -> None:
         route(msg)
 
     return await nc.subscribe(subject, cb=callback)
-
-
-class _Client(NATS):
-    """nats-py's client with leaner header handling (every stored event carries some):
-    received headers parsed and a publish's header block built with the same results and
-    less work; routed subscriptions (`subscribe_routed`); and refused publishes reported
-    to their waiters (`denial_listeners`, `unless_refused`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.routes: dict[int, Callable[[Msg], None]] = {}
-        # Told the subject of each publish the server refused (`-ERR 'Permissions
-        # Violation for Publish to "<subject>"'`, lowercased by nats-py): event logs'
-        # methods, weak so that one goes with its log, and `unless_refused`'s callbacks,
-        # which remove themselves.
-        self.denial_listeners: list[weakref.WeakMethod] = []
-        self.denial_callbacks: list[Callable[[str], None]] = []
-        # Subscriptions whose messages' headers nobody reads, but a status (a JetStream
-        # heartbeat or flow control, `NATS/1.0 100 ...`), which is still parsed.
-        self.headers_unread: weakref.WeakSet[Subscription] = weakref.WeakSet()
-
-    async def _process_err(self, err_msg: str) -> None:
-        if (denied := _PUBLISH_DENIED.search(err_msg)) is not None:
-            subject = denied[1].lower()
-            for reference in list(self.denial_listeners):
-                listener = reference()
-                if listener is None:
-                    self.denial_listeners.remove(reference)
-                else:
-                    listener(subject)
-            for callback in list(self.denial_callbacks):
-                callback(subject)
-        await super()._process_err(err_msg)
-
-    async def _process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
-                           headers: bytes | None) -> None:
-        route = self.routes.get(sid)
-        if route is None:
-            if (headers and len(headers) > _STATUS_AT and headers[_STATUS_AT] != _SPACE
-                    and self._subs.get(sid) in self.headers_unread):
-                headers = b""
-            await super()._process_msg(sid, subject, reply, data, headers)
-            return
-        self.stats["in_msgs"] += 1
-        self.stats["in_bytes"] += len(data)
-        parsed = await self._process_headers(headers)
-        msg = self._build_message(sid, subject, reply, data, parsed)
-        if msg is not None:
-            route(msg)
-
-    def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
-        super()._remove_sub(sid, max_msgs)
-        self.routes.pop(sid, None)  # one per awaited run: none may stay behind
-
-    async def _send_publish(self, subject: str, reply: str, payload: bytes, payload_size: int,
-                            headers: dict[str, str] | None) -> None:
-        """nats-py's, with the header block built in one join (every event, work item and
-        hook carries some): the same bytes, built with less work on every publish's path."""
-        if not headers or not subject:
-            await super()._send_publish(subject, reply, payload, payload_size, headers)
-            return
-        lines = ["NATS/1.0"]
-        for name, value in headers.items():
-            # (nats-py's own names are str enums: `strip` gives the plain value, which
-            # formatting one would not.)
-            if type(name) is not str or name not in _VALID_HEADER_NAMES:
-                key = name.strip()
-                if not key:
-                    continue  # as nats-py: an empty name is left out
-                if not _HEADER_KEY_RE.fullmatch(key):
-                    raise BadHeaderError(key)
-                if key == name and type(name) is str and len(_VALID_HEADER_NAMES) < 256:
-                    _VALID_HEADER_NAMES.add(name)
-                name = key
-            lines.append(f"{name}: {value.strip().translate(_HEADER_VALUE_NEWLINES)}")
-        lines.append("\r\n")
-        block = "\r\n".join(lines).encode()
-        size = len(block)
-        command = b"".join((f"HPUB {subject} {reply} {size} {size + payload_size}\r\n".encode(),
-                            block, payload, b"\r\n"))
-        self.stats["out_msgs"] += 1
-        self.stats["out_bytes"] += payload_size
-        await self._send_command(command)
-        if self._flush_queue is not None and self._flush_queue.empty():
-            await self._flush_pending()
-
-    @staticmethod
-    def _parse_header_lines(raw: bytes) -> dict[str, str]:
-        headers: dict[str, str] = {}
-        for line in raw.decode("utf-8", "replace").split("\r\n"):
-            name, colon, value = line.partition(":")
-            if not colon:
-                continue
-            key = name.strip()
-            # An ASCII name with no whitespace inside; anything else is skipped.
-            if not key.isascii() or len(key.split()) > 1:
-                continue
-            headers[key] = value.strip()
-        return headers
 
 
 class NatsUnreachable(ConnectionError):
@@ -940,7 +869,8 @@ class _ConnectionEvents:
 
 
 async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None = 5.0,
-                       stop: asyncio.Event | None = None, **options: object) -> NATS:
+                       stop: asyncio.Event | None = None, fast_path: bool = False,
+                       **options: object) -> NATS:
     """A connection that keeps reconnecting once made.
 
     `url` may list several servers separated by commas. The first connection is tried
@@ -948,11 +878,20 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
     `NatsUnreachable` names the server(s) and the last error; `stop` (a service's
     SIGTERM) ends the wait at once with `asyncio.CancelledError`. `options` go to nats-py
     (an application's `inbox_prefix`, credentials, TLS, callbacks).
+    `fast_path`: the services' client of `nats_fastpath` (where the installed nats-py is
+    one it was tested with); otherwise nats-py's own.
     """
-    nc = _Client()
+    nc = FastClient() if fast_path and fastpath_supported() else NATS()
     events = _ConnectionEvents(name)
     events.closing = lambda: nc.is_closed or nc.is_draining
-    options.setdefault("error_cb", events.error)
+    denials = _DENIALS[nc] = _Denials()
+    reported = options.pop("error_cb", events.error)
+
+    async def error_cb(error: Exception) -> None:
+        denials.seen(error)
+        await reported(error)
+
+    options["error_cb"] = error_cb
     options.setdefault("disconnected_cb", events.disconnected)
     options.setdefault("reconnected_cb", events.reconnected)
     connecting = asyncio.ensure_future(nc.connect(

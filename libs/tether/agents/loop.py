@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from tether import tracing
 from tether.agents.definition import (
     AgentDefinition,
     DynamicContext,
@@ -250,7 +251,9 @@ class AgentLoop:
             messages=tuple(messages), tools=tuple(t.spec() for t in definition.tools),
             sampling=await resolve(definition.sampling, dynamic), preset=plan.preset,
             context=plan.context, run_id=plan.run_id)
-        response, attempts, duration_ms = await self._call_model(plan, request, index)
+        response, attempts, duration_ms = await (
+            self._call_model(plan, request, index) if not tracing.ENABLED
+            else self._traced_call(plan, request, index))
         turn = ModelTurn(**response.model_dump(), attempts=attempts, duration_ms=duration_ms)
         await self._emit(plan, "model_response", index, data={
             "finish_reason": turn.finish_reason, "request_id": turn.request_id,
@@ -342,6 +345,28 @@ class AgentLoop:
         more, remaining = await self._tools(session, plan, index).resolve(pending, decisions,
                                                                           index)
         return results + more, remaining
+
+    async def _traced_call(self, plan: CallPlan, request: ModelRequest,
+                           index: int) -> tuple[ModelResponse, int, int]:
+        """The model call (with its retries) as a GenAI `chat` span."""
+        with tracing.span(f"chat {request.model}", tracing.CLIENT, attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": request.model,
+                "gen_ai.agent.name": self._definition.id, "tether.run.id": plan.run_id,
+        }) as span:
+            response, attempts, duration_ms = await self._call_model(plan, request, index)
+            usage = response.usage
+            span.set_attributes({
+                "gen_ai.usage.input_tokens": usage.input_tokens,
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "tether.model.attempts": attempts})
+            for name, value in (("gen_ai.provider.name", response.provider),
+                                ("gen_ai.response.model", response.model),
+                                ("gen_ai.response.id", response.request_id)):
+                if value:
+                    span.set_attribute(name, value)
+            if response.finish_reason:
+                span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
+            return response, attempts, duration_ms
 
     async def _call_model(self, plan: CallPlan, request: ModelRequest,
                           index: int) -> tuple[ModelResponse, int, int]:

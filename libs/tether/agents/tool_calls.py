@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from tether import tracing
 from tether.agents.definition import AgentDefinition
 from tether.agents.errors import describe
 from tether.agents.history import truncate_tool_output
@@ -156,7 +157,14 @@ class ToolRunner:
                                                      "tool_name": tool.id, "input": raw_input})
         is_error = False
         try:
-            content = render_output(await tool.execute(ctx, parsed))
+            if not tracing.ENABLED:
+                content = render_output(await tool.execute(ctx, parsed))
+            else:
+                with tracing.span(f"execute_tool {tool.id}", tracing.INTERNAL, attributes={
+                        "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool.id,
+                        "gen_ai.tool.call.id": ctx.tool_call_id, "gen_ai.tool.type": "function",
+                        "gen_ai.agent.name": self._definition.id, "tether.run.id": ctx.run_id}):
+                    content = render_output(await tool.execute(ctx, parsed))
         except RunCancelled:
             raise
         except Exception as error:  # noqa: BLE001 - the model sees the failure and may recover

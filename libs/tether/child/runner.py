@@ -33,6 +33,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from pydantic import ValidationError
 
+from tether import tracing
 from tether.adapters.control import control_broker, start_control
 from tether.adapters.jetstream import EventLog, Pull, durable_pull
 from tether.child.agent import AgentRegistry
@@ -278,7 +279,8 @@ class ChildRunner:
             executions = self._active.setdefault(key, [])
             executions.append(execution)
             try:
-                outcome = await execution.run()
+                outcome = await (execution.run() if not tracing.ENABLED
+                                 else self._traced(execution, agent_type, item, msg))
             except Exception as error:  # the item is redelivered after ack_wait
                 self._logger.error("work_item.error", run_id=item.run_id, agent_type=agent_type,
                                    parent=f"{item.parent.agent}/{item.parent.name}",
@@ -295,6 +297,17 @@ class ChildRunner:
         finally:
             RUNNER_SLOTS_IN_USE.dec()
             await self._slots.give_back(1)
+
+    async def _traced(self, execution: Execution, agent_type: str, item: WorkItem,
+                      msg: Msg) -> Outcome:
+        """The child's run as an `invoke_agent` span, continuing the work item's trace."""
+        attributes = tracing.invoke_agent_attributes(agent_type, item.run_id, item.parent)
+        attributes["tether.dispatch"] = item.dispatch
+        with tracing.span(f"invoke_agent {agent_type}", tracing.INTERNAL,
+                          carrier=msg.headers or {}, attributes=attributes) as span:
+            outcome = await execution.run()
+            span.set_attribute("tether.outcome", outcome.kind)
+            return outcome
 
     async def _adopted(self, key: tuple[str, str, str], msg: Msg) -> bool:
         """Whether `msg` is a redelivery of an item this process still runs: the server

@@ -35,7 +35,7 @@ async def follow_chat(tether: "Tether", parent: ParentRef, *, durable: str | Non
                       new_only: bool = False) -> AsyncIterator[ChatMessage]:
     logger = get_logger(component="chat", parent=f"{parent.agent}/{parent.name}")
     if durable is None:
-        feed = OrderedFeed(tether.js, tether.subjects.chat_stream, tether.subjects.chat(parent),
+        feed = OrderedFeed(tether.nc, tether.subjects.chat_stream, tether.subjects.chat(parent),
                            source="chat", deliver_new=new_only)
         async with feed:
             while True:

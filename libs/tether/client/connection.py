@@ -12,6 +12,7 @@ from nats.js import api as js_api
 from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
+from tether import tracing
 from tether.adapters.jetstream import EventLog, PublishDenied, connect_nats
 from tether.client.chat import follow_chat
 from tether.client.conversation import Conversation
@@ -214,6 +215,8 @@ class _Connection:
         except (OSError, nats.errors.Error) as error:
             raise ServiceUnavailable(nats_unreachable(url, error)) from None
         connected = True
+        # The application's tracer provider, or one the OTEL_* variables ask for.
+        tracing.configure(self._name)
         # Its own inbox prefix is how an application connects under access control.
         self._tether = Tether(nc, self._settings, scoped_reads="inbox_prefix" in self._options)
         return self._tether

@@ -5,22 +5,33 @@ sequence is the deduplication key), with two things the client needs on top: the
 subscription exists when `start()` returns, so a caller can publish a request knowing it
 cannot miss the answer; and whether there was anything to replay at all, so a reader can
 tell when it has caught up with the stream as it was when it subscribed.
+
+The ordered consumer is this module's own, on nats-py's public API: a named consumer
+(its filter in the create request's subject, where NATS permissions see it) pushes to an
+inbox of this feed; a gap in the consumer's sequence, a heartbeat that reports messages
+this feed has not seen, or heartbeats that stop (a reconnection to a server that lost the
+consumer) make the feed create a consumer of a new name from the next stream sequence.
 """
 
 import asyncio
 import itertools
+import time
 import uuid
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Self
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
+from nats.aio.subscription import Subscription
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from tether.adapters.jetstream import PublishDenied, delivery_of, unless_refused
+from tether.adapters.jetstream import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
+
+# Heartbeats missed in a row before the consumer is taken for lost and made anew.
+MISSED_HEARTBEATS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +48,12 @@ class FeedMessage:
 class OrderedFeed:
     """Messages of `filter_subject` in `stream` from `start_seq`, put on `sink` in order."""
 
-    def __init__(self, js: JetStreamContext, stream: str, filter_subject: str, *,
+    def __init__(self, nc: NATS, stream: str, filter_subject: str, *,
                  source: str = "", start_seq: int = 1, deliver_new: bool = False,
                  sink: "asyncio.Queue[FeedMessage] | None" = None,
                  idle_heartbeat: float = 5.0, name: str | None = None) -> None:
-        self._js = js
+        self._nc = nc
+        self._js = nc.jetstream()
         self._stream = stream
         self._filter = filter_subject
         self.source = source
@@ -52,28 +64,24 @@ class OrderedFeed:
         # A named consumer puts its filter in the create request's subject
         # (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`), where NATS permissions see
         # it: an application user may only create consumers on its own parents' subjects.
-        self._name = name or f"feed-{uuid.uuid4().hex}"
+        self._first_name = name or f"feed-{uuid.uuid4().hex}"
+        self.consumer = self._first_name  # the current incarnation's name
         self._incarnations = itertools.count(2)
-        self._subscription: JetStreamContext.PushSubscription | None = None
-        self._last_seq = 0
+        self._incarnation = 0  # which subscription's messages count
+        self._subscription: Subscription | None = None
+        self._consumer_seq = 0  # of the current incarnation: a gap shows in it
+        self._last_seq = 0  # the stream sequence last put on the sink
+        self._heard = 0.0  # when the current incarnation last sent anything
+        self._resetting: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
         # True when the stream held nothing to replay for this filter at subscription time.
         self.initially_empty = False
 
     async def start(self) -> Self:
-        if self._deliver_new:
-            config = js_api.ConsumerConfig(name=self._name,
-                                           deliver_policy=js_api.DeliverPolicy.NEW)
-        else:
-            config = js_api.ConsumerConfig(name=self._name,
-                                           deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
-                                           opt_start_seq=self._start_seq)
         try:
-            self._subscription = await unless_refused(
-                self._js._nc,  # noqa: SLF001 - the context's connection, not exposed by nats-py
-                f"$JS.API.CONSUMER.CREATE.{self._stream}.{self._name}.",
-                self._js.subscribe(self._filter, stream=self._stream, cb=self._enqueue,
-                                   ordered_consumer=True, config=config,
-                                   idle_heartbeat=self._idle_heartbeat))
+            info = await unless_refused(
+                self._nc, f"$JS.API.CONSUMER.CREATE.{self._stream}.{self._first_name}.",
+                self._incarnate(self.consumer))
         except NotFoundError:
             raise ServiceUnavailable(
                 f"stream {self._stream} does not exist: start the Tether services "
@@ -83,40 +91,107 @@ class OrderedFeed:
                 f"this connection's NATS user may not follow {self._filter}: an application "
                 "user follows only the parent agents its configuration lists "
                 "(tether.access)") from None
-        self._rename_on_reset(self._subscription)
-        info = await self._subscription.consumer_info()
         self.initially_empty = (self._deliver_new
                                 or (info.num_pending == 0 and info.delivered.consumer_seq == 0))
+        self._watch = asyncio.create_task(self._watch_heartbeats())
         return self
 
-    def _rename_on_reset(self, subscription: JetStreamContext.PushSubscription) -> None:
-        """Give each consumer nats-py's ordered subscription re-creates a name of its own.
+    async def _incarnate(self, name: str) -> js_api.ConsumerInfo:
+        """Subscribe a new inbox, then create consumer `name` pushing to it from the
+        stream sequence after the last one delivered (the first: the feed's start)."""
+        old, self._subscription = self._subscription, None
+        if old is not None:
+            with suppress(Exception):
+                await old.unsubscribe()
+        inbox = self._nc.new_inbox()
+        incarnation = self._incarnation = self._incarnation + 1
 
-        After a gap (a lost message, missed heartbeats, a reconnection) nats-py creates
-        the consumer again from the next sequence with the configuration it kept, name
-        included; the server refuses a create that changes an existing consumer (the
-        first one is only removed once inactive), and the feed would stop. The old
-        consumer is not deleted here: it has lost its subscription and the server
-        removes it after its inactivity threshold.
-        """
-        # nats-py keeps the ordered consumer's state private (see the docstring).
-        jsi = subscription._sub._jsi  # noqa: SLF001
-        reset = jsi.reset_ordered_consumer
+        async def receive(msg: Msg) -> None:
+            if incarnation == self._incarnation:  # not an earlier one's, still on its way
+                await self._receive(msg)
 
-        async def reset_renamed(sseq: int | None) -> bool:
-            jsi._ccreq.name = f"{self._name}-{next(self._incarnations)}"  # noqa: SLF001
-            return await reset(sseq)
+        subscription = await self._nc.subscribe(inbox, cb=receive)
+        if self._last_seq:
+            start = {"deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
+                     "opt_start_seq": self._last_seq + 1}
+        elif self._deliver_new:
+            start = {"deliver_policy": js_api.DeliverPolicy.NEW}
+        else:
+            start = {"deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
+                     "opt_start_seq": self._start_seq}
+        config = js_api.ConsumerConfig(
+            name=name, deliver_subject=inbox, filter_subject=self._filter,
+            ack_policy=js_api.AckPolicy.NONE, max_deliver=1, flow_control=True,
+            idle_heartbeat=self._idle_heartbeat, mem_storage=True, num_replicas=1,
+            **start)
+        self._consumer_seq = 0
+        self._heard = time.monotonic()
+        try:
+            info = await self._js.add_consumer(self._stream, config)
+        except BaseException:
+            with suppress(Exception):
+                await subscription.unsubscribe()
+            raise
+        self._subscription = subscription
+        self.consumer = name
+        return info
 
-        jsi.reset_ordered_consumer = reset_renamed
-
-    async def _enqueue(self, msg: Msg) -> None:
-        seq, _, pending = delivery_of(msg)
-        if seq <= self._last_seq:  # an ordered consumer's reset may deliver a message again
+    async def _receive(self, msg: Msg) -> None:
+        self._heard = time.monotonic()
+        headers = msg.headers
+        if headers and not msg.data and (status := headers.get("Status")) is not None:
+            if status == "100":
+                await self._control(msg, headers)
             return
-        self._last_seq = seq
-        self.sink.put_nowait(FeedMessage(self.source, seq, msg.subject, msg.data, pending))
+        stream_seq, consumer_seq, pending = _positions(msg)
+        if consumer_seq != self._consumer_seq + 1:
+            self._reset()  # a message was lost on the way
+            return
+        self._consumer_seq = consumer_seq
+        if stream_seq <= self._last_seq:
+            return
+        self._last_seq = stream_seq
+        self.sink.put_nowait(FeedMessage(self.source, stream_seq, msg.subject, msg.data,
+                                         pending))
+
+    async def _control(self, msg: Msg, headers: dict[str, str]) -> None:
+        """A flow control request (answered: the sink takes everything) or a heartbeat,
+        which says the consumer's last sequence and whether it waits for an answer."""
+        if msg.reply:
+            await self._nc.publish(msg.reply, b"")
+            return
+        if stalled := headers.get("Nats-Consumer-Stalled"):
+            await self._nc.publish(stalled, b"")
+        last = headers.get("Nats-Last-Consumer")
+        if last is not None and int(last) != self._consumer_seq:
+            self._reset()
+
+    def _reset(self) -> None:
+        if self._resetting is None or self._resetting.done():
+            self._resetting = asyncio.create_task(self._reincarnate())
+
+    async def _reincarnate(self) -> None:
+        """A consumer of a new name from the next sequence: the server refuses to create
+        one of an existing name with another configuration, and the lost incarnation is
+        only removed once inactive."""
+        with suppress(Exception):  # not reachable now: the heartbeat watch tries again
+            await self._incarnate(f"{self._first_name}-{next(self._incarnations)}")
+
+    async def _watch_heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self._idle_heartbeat)
+            silent = time.monotonic() - self._heard
+            if silent > MISSED_HEARTBEATS * self._idle_heartbeat and self._nc.is_connected:
+                self._reset()
+                if self._resetting is not None:
+                    await asyncio.gather(self._resetting, return_exceptions=True)
 
     async def stop(self) -> None:
+        for task in (self._watch, self._resetting):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._watch = self._resetting = None
         if self._subscription is not None:
             subscription, self._subscription = self._subscription, None
             with suppress(Exception):  # the connection may already be closing
@@ -127,3 +202,13 @@ class OrderedFeed:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+
+def _positions(msg: Msg) -> tuple[int, int, int]:
+    """A push delivery's stream and consumer sequences and the messages pending after it,
+    read off its reply subject (as `delivery_of`)."""
+    tokens = msg.reply.split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5]), int(tokens[6]), int(tokens[8])
+    metadata = msg.metadata
+    return metadata.sequence.stream, metadata.sequence.consumer, metadata.num_pending

@@ -35,6 +35,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords, delivery_key
 from tether.adapters.jetstream import PublishDenied, delivery_of, durable_pull, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
@@ -242,7 +243,14 @@ class HookRegistry:
 
     async def _handle_guarded(self, method: str, msg: Msg) -> None:
         try:
-            await self.handle(method, msg)
+            if not tracing.ENABLED:
+                await self.handle(method, msg)
+            else:  # the run's trace goes on in this handler
+                with tracing.span(f"process {msg.subject}", tracing.CONSUMER,
+                                  carrier=msg.headers or {},
+                                  attributes=tracing.messaging_attributes(
+                                      "process", msg.subject, **{"tether.hook.method": method})):
+                    await self.handle(method, msg)
         except Exception as error:  # never lose a hook to a bug or a NATS hiccup
             if is_transient(error):
                 self._logger.warning("hooks.handling_failed", method=method,

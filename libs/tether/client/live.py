@@ -46,7 +46,6 @@ class DirectReads:
 class ScopedReads:
     def __init__(self, log: EventLog, *, timeout: float = 5.0) -> None:
         self._log = log
-        self._js = log.jetstream
         self._stream = log.subjects.events_stream
         self._timeout = timeout
 
@@ -59,7 +58,7 @@ class ScopedReads:
                                "its configuration lists (tether.access)") from None
         if last_seq < start_seq:
             return []
-        feed = OrderedFeed(self._js, self._stream, subject, start_seq=start_seq,
+        feed = OrderedFeed(self._log.nats, self._stream, subject, start_seq=start_seq,
                            name=f"run-{uuid.uuid4().hex}")
         await feed.start()
         try:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
+from tether import tracing
 from tether.adapters.jetstream import subscribe_routed
 from tether.client.awaiting import Answer, RunFold, RunWaiter
 from tether.client.live import live_event
@@ -88,7 +89,14 @@ class ParentHandle:
                                     parent_tool_call_id=parent_tool_call_id,
                                     display_order=display_order, display=display,
                                     detached=detached)
-        return await self._run(command, command.detached is not False, timeout)
+        if not tracing.ENABLED:
+            return await self._run(command, command.detached is not False, timeout)
+        with tracing.span(f"invoke_agent {command.agent_type}", tracing.CLIENT,
+                          attributes=tracing.invoke_agent_attributes(
+                              command.agent_type, command.run_id, self.ref)) as span:
+            answer = await self._run(command, command.detached is not False, timeout)
+            span.set_attribute("tether.run.status", _status_of(answer))
+            return answer
 
     async def _run(self, command: RunCommand, detached: bool, timeout: float | None) -> Answer:
         """Publish the request and fold the run's events until they answer it.
@@ -286,6 +294,13 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
                           display=display, detached=detached)
     except ValidationError as error:
         raise ValueError(f"invalid run request: {_first_error(error)}") from None
+
+
+def _status_of(answer: Answer) -> str:
+    """A run's answer in one word for its span: `completed`, the failure's status, or a
+    detached run's (`running`, `error`)."""
+    status = getattr(answer, "status", None)
+    return status if isinstance(status, str) else "completed"
 
 
 def new_run_id() -> str:

@@ -213,9 +213,9 @@ async def follow_timeline(tether: "Tether", parent: ParentRef, *, run_id: str | 
         events_subject = subjects.run_events(parent, run_id)
         progress_subject = subjects.run_progress(parent, run_id)
     sink: asyncio.Queue[FeedMessage] = asyncio.Queue()
-    events = OrderedFeed(tether.js, subjects.events_stream, events_subject, source="event",
+    events = OrderedFeed(tether.nc, subjects.events_stream, events_subject, source="event",
                          sink=sink)
-    progress = OrderedFeed(tether.js, subjects.progress_stream, progress_subject,
+    progress = OrderedFeed(tether.nc, subjects.progress_stream, progress_subject,
                            source="progress", sink=sink)
     folder = TimelineFolder()
     async with events, progress:

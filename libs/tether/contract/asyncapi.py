@@ -61,7 +61,11 @@ DESCRIPTION = (
     "for the default prefix `tether` (`TETHER_PREFIX` changes it; streams are named "
     "`<PREFIX>_<KIND>`). `{name}` marks a subject token; identifiers match "
     "`^[A-Za-z0-9][A-Za-z0-9_:-]{0,127}$`. Message ids are the `Nats-Msg-Id` the streams "
-    "deduplicate by, within the duplicate window.")
+    "deduplicate by, within the duplicate window. While tracing is on, the messages "
+    "published to the streams carry the sender's trace context in the W3C `traceparent` "
+    "(and `tracestate`) headers; a reader may ignore them.")
+# The messages Tether publishes with an acknowledgement: the trace context may go with them.
+TRACE = " With tracing on: `traceparent`, `tracestate` (W3C Trace Context)."
 
 
 class AwaiterProbe(BaseModel):
@@ -143,7 +147,7 @@ def contract_broker() -> NatsBroker:
             text = (f"Stream `{s.commands_stream}`. `Nats-Msg-Id`: {message_id}. "
                     + ("The per-parent form, which NATS permissions can grant to the "
                        "application owning the parent; it must name the payload's parent."
-                       if form == "per-parent" else "The short form."))
+                       if form == "per-parent" else "The short form.")) + TRACE
             send(address, model, f"send:{address}", text)
             receive(address, model, f"receive:{address}",
                     f"The parent's durable pull consumer `parent-commands`. {text}")
@@ -168,7 +172,7 @@ def contract_broker() -> NatsBroker:
     send(events, Event, f"send:{events}",
          f"Stream `{s.events_stream}`: the run's events, the truth. `Nats-Msg-Id`: the "
          "event's `event_id` (`<run_id>:<incarnation>:<kind>...`), so a retried append is "
-         "one event.")
+         "one event." + TRACE)
     receive(s.all_events, Event, f"receive:{s.all_events}",
             f"Stream `{s.events_stream}`: the projector, the parent's deliverer "
             "(`parent-deliverer`) and the reconciler follow every event.")
@@ -187,7 +191,7 @@ def contract_broker() -> NatsBroker:
     work_id = ("`work:<run_id>:<why>:<dispatch>:<incarnation>` (`why`: `start`, `reattach`, "
                "`resume`)")
     send(work, WorkItem, f"send:{work}",
-         f"Stream `{s.work_stream}` (work queue). `Nats-Msg-Id`: {work_id}.")
+         f"Stream `{s.work_stream}` (work queue). `Nats-Msg-Id`: {work_id}." + TRACE)
     receive(work, WorkItem, f"receive:{work}",
             f"Stream `{s.work_stream}`: the durable pull consumer `runner-<agent_type>` "
             f"shared by every runner of the type. `Nats-Msg-Id`: {work_id}.")
@@ -196,12 +200,13 @@ def contract_broker() -> NatsBroker:
     send(hook, HookMessage, f"send:{hook}",
          f"Stream `{s.hooks_stream}`. `Nats-Msg-Id`: `finish:<run_id>:<status>:<incarnation>` "
          "(`finish-global:...` for the parent's global finish hook; `:retry<n>` added to a "
-         "retry after the lease); `Tether-First-Publication: 1` on a first publication.")
+         "retry after the lease); `Tether-First-Publication: 1` on a first publication."
+         + TRACE)
     chat = _template(s.chat(_parent_ref()), **_PARENT)
     send(chat, ChatMessage, f"send:{chat}",
          f"Stream `{s.chat_stream}`. `Nats-Msg-Id` = `id`: "
          "`detached-finish:<run_id>:<status>:<incarnation>` or "
-         "`detached-ms:<run_id>:<name>:<incarnation>`.")
+         "`detached-ms:<run_id>:<name>:<incarnation>`." + TRACE)
 
     # --- control (core NATS) ----------------------------------------------------------
     cancel = _template(s.cancel_signal("AGENTTYPE"), agent_type="AGENTTYPE")

@@ -24,6 +24,7 @@ from contextlib import suppress
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
+from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import (
     EventLog,
@@ -187,7 +188,7 @@ class Deliverer:
                     stored = to_stored_event(delivery.stream_seq, msg.subject, msg.data)
                     owed = self._judge(stored, first_delivery=delivery.delivered == 1)
                 if owed is not None:
-                    await owed()
+                    await (owed() if not tracing.ENABLED else self._traced(msg, owed))
             except Exception as error:
                 seq = delivery_of(msg).stream_seq
                 if is_transient(error):  # the broker: it comes back, and so does the event
@@ -198,6 +199,14 @@ class Deliverer:
                 await settle(msg.nak(delay=1.0), logger=self._logger, what="delivery.nak")
                 continue
             await settle(msg.ack(), logger=self._logger, what="delivery.ack")
+
+    async def _traced(self, msg: Msg, owed: "Owed") -> None:
+        """What a run's event owes, in the trace of the event's writer (a run's outcome:
+        its child's run)."""
+        subject = self._log.subjects.all_events
+        with tracing.span(f"process {subject}", tracing.CONSUMER, carrier=msg.headers or {},
+                          attributes=tracing.messaging_attributes("process", subject)):
+            await owed()
 
     def _forget(self, stored: "StoredEvent | None") -> None:
         """After a failure: the run is read again when its event comes back."""
@@ -380,9 +389,18 @@ class Deliverer:
         headers = {"Nats-Msg-Id": message_id}
         if first:
             headers[FIRST_PUBLICATION_HEADER] = "1"
-        await self._log.publish(self._log.subjects.hook(state.parent.agent, method),
-                                message.model_dump_json().encode(), headers=headers,
-                                stream=self._log.subjects.hooks_stream)
+        subject = self._log.subjects.hook(state.parent.agent, method)
+        payload = message.model_dump_json().encode()
+        if not tracing.ENABLED:
+            await self._log.publish(subject, payload, headers=headers,
+                                    stream=self._log.subjects.hooks_stream)
+        else:
+            with tracing.span(f"send {subject}", tracing.PRODUCER,
+                              attributes=tracing.messaging_attributes(
+                                  "send", subject, **{"tether.run.id": state.run_id,
+                                                      "tether.hook.method": method})):
+                await self._log.publish(subject, payload, headers=headers,
+                                        stream=self._log.subjects.hooks_stream)
         self.delivered += 1
         self._logger.info("delivery.hook_published", run_id=state.run_id, method=method,
                           status=result.status)

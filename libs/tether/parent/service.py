@@ -17,6 +17,7 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
+from tether import tracing
 from tether.adapters.control import control_broker, start_control
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import EventLog, StreamSettings, delivery_of, durable_pull, key_value
@@ -139,6 +140,18 @@ class ParentService:
             await self._handle_command(msg, payload, stop)
 
     async def _handle_command(self, msg: Msg, payload: Payload, stop: asyncio.Event) -> None:
+        if not tracing.ENABLED:
+            return await self._handle(msg, payload, stop)
+        kind = msg.subject.split(".")[2]
+        subject = self._subjects.command(kind)
+        attributes = tracing.messaging_attributes("process", subject)
+        if isinstance(payload, dict) and isinstance(payload.get("run_id"), str):
+            attributes["tether.run.id"] = payload["run_id"]
+        with tracing.span(f"process {subject}", tracing.CONSUMER, carrier=msg.headers or {},
+                          attributes=attributes):
+            return await self._handle(msg, payload, stop)
+
+    async def _handle(self, msg: Msg, payload: Payload, stop: asyncio.Event) -> None:
         assert self._handlers is not None
         seq, delivered, _ = delivery_of(msg)
         kind = msg.subject.split(".")[2]

@@ -63,10 +63,10 @@ class ParentStream:
         yield {"type": "snapshot", "checkpoint": snapshot.checkpoint, "runs": runs,
                "nested": nested_runs}
         subjects = self._tether.subjects
-        events = OrderedFeed(self._tether.js, subjects.events_stream,
+        events = OrderedFeed(self._tether.nc, subjects.events_stream,
                              subjects.parent_events(self._parent), source="event",
                              start_seq=snapshot.checkpoint + 1, sink=self.sink)
-        progress = OrderedFeed(self._tether.js, subjects.progress_stream,
+        progress = OrderedFeed(self._tether.nc, subjects.progress_stream,
                                subjects.parent_progress(self._parent), source="progress",
                                sink=self.sink)
         async with events, progress:
