@@ -14,7 +14,7 @@ from authorized_nats import authorized_nats
 from playwright.async_api import expect
 from ui_server import running_ui
 
-from tether.access import SERVICE_ROLES, Application
+from tether.access import USERS, Application
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
@@ -26,7 +26,7 @@ ALICE = Application("alice", ("AliceBot",))
 BOB = Application("bob", ("BobBot",))
 ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
 BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
-PASSWORDS = {user: f"{user}-secret" for user in (*SERVICE_ROLES, "alice", "bob", "operator")}
+PASSWORDS = {user: f"{user}-secret" for user in (*USERS, "alice", "bob")}
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ async def operator_log(auth_nats, settings, pool):
     """The streams as the services create them, one run per application, projected."""
     async with pool.acquire() as conn:
         await migrate(conn, settings.projection_schema)
-    admin = await nats.connect(auth_nats, user="operator", password=PASSWORDS["operator"])
+    admin = await nats.connect(auth_nats, user="admin", password=PASSWORDS["admin"])
     await ensure_streams(admin.jetstream(), settings.subjects, StreamSettings())
     log = EventLog(admin, settings.subjects)
     projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)

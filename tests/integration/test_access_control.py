@@ -20,7 +20,7 @@ import pytest
 from authorized_nats import authorized_nats
 from nats.js import api as js_api
 
-from tether.access import SERVICE_ROLES, Application
+from tether.access import USERS, Application
 from tether.access import main as render_main
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams, remove_streams
 from tether.client import NotPermitted, connect
@@ -35,7 +35,7 @@ ALICE = Application("alice", ("AliceBot",), ("on_done",))
 BOB = Application("bob", ("BobBot",), ("on_done",))
 ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
 BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
-PASSWORDS = {user: f"{user}-secret" for user in (*SERVICE_ROLES, "alice", "bob", "operator")}
+PASSWORDS = {user: f"{user}-secret" for user in (*USERS, "alice", "bob")}
 AGENTS = ("examples.agents:Researcher",)
 SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconciler,
             "projector": projector}
@@ -164,7 +164,7 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
     finally:
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-        async with await nats.connect(operator.nats_url) as nc:
+        async with await nats.connect(url, user="admin", password=PASSWORDS["admin"]) as nc:
             await remove_streams(nc.jetstream(), settings.subjects)
     violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
     assert not violations, "\n".join(violations)
@@ -188,7 +188,7 @@ async def request_once_answered(nc, subject: str, within_s: float = 5) -> "nats.
 async def test_an_application_acts_for_its_own_parents_only(auth_nats, settings):
     url, _ = auth_nats
     p, subjects = settings.prefix, settings.subjects
-    async with await nats.connect(url, user="operator", password=PASSWORDS["operator"]) as admin:
+    async with await nats.connect(url, user="admin", password=PASSWORDS["admin"]) as admin:
         # The streams as the services create them, and one run for each application.
         await ensure_streams(admin.jetstream(), subjects, StreamSettings())
         log = EventLog(admin, subjects)
@@ -329,7 +329,7 @@ def test_the_shipped_nats_configuration_is_current_and_valid(tmp_path, capsys, d
     assert capsys.readouterr().out == shipped, "regenerate it with the command in its header"
 
     environment = {f"TETHER_NATS_{user.upper().replace('-', '_')}_PASSWORD": "x"
-                   for user in (*SERVICE_ROLES, "operator", "demo")}
+                   for user in (*USERS, "demo")}
     # The server's own check of the file compose and the dev overlay run, users included.
     result = subprocess.run([devstack.find_nats_server(), "-t", "-c",
                              str(ROOT / "deploy" / "nats" / "nats.conf")],
