@@ -149,6 +149,8 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    f"$JS.API.STREAM.PURGE.{subjects.progress_stream}",
                    # /metrics: the hook consumers' backlog.
                    f"$JS.API.CONSUMER.LIST.{subjects.hooks_stream}",
+                   # `has_run` with `command_seq`: whose command a duplicate repeated.
+                   f"$JS.API.DIRECT.GET.{subjects.commands_stream}",
                    # `history`: the feeds an application reads through the parent.
                    f"$JS.API.DIRECT.GET.{subjects.progress_stream}",
                    f"$JS.API.DIRECT.GET.{subjects.chat_stream}",

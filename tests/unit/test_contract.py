@@ -328,5 +328,8 @@ def test_a_hooks_message_id_names_its_own_life_only() -> None:
 
 
 def test_a_run_request_after_a_rejection_or_a_clear_names_it() -> None:
-    assert run_message_id("r1") == "run:r1"
-    assert run_message_id("r1", vacated_at=42) == "run:r1:42"
+    parent = ParentRef(agent="Assistant", name="user-1")
+    assert run_message_id(parent, "r1") == "run:Assistant.user-1.r1"
+    assert run_message_id(parent, "r1", vacated_at=42) == "run:Assistant.user-1.r1:42"
+    other = ParentRef(agent="Assistant", name="user-2")
+    assert run_message_id(other, "r1") != run_message_id(parent, "r1")

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import suppress
 from typing import TYPE_CHECKING, TypeVar
@@ -138,9 +139,16 @@ class Tether:
         if len(payload) > self.settings.max_input_bytes or len(payload) > self.nc.max_payload:
             self._check_size(kind, command, payload)
         try:
-            return await self.log.publish(subject, payload,
-                                          headers={"Nats-Msg-Id": msg_id},
-                                          stream=self.subjects.commands_stream)
+            ack = await self.log.publish(subject, payload, headers={"Nats-Msg-Id": msg_id},
+                                         stream=self.subjects.commands_stream)
+            if ack.duplicate and kind == "run" and not await self._duplicate_is_ours(
+                    command, ack.seq, msg_id):
+                # Another parent's command carried this id (the window is the stream's):
+                # the request goes again under an id nobody else can know.
+                ack = await self.log.publish(
+                    subject, payload, headers={"Nats-Msg-Id": f"{msg_id}:{uuid.uuid4().hex}"},
+                    stream=self.subjects.commands_stream)
+            return ack
         except NoStreamResponseError:
             raise ServiceUnavailable(
                 f"no stream takes {subject}: the Tether services create "
@@ -152,6 +160,19 @@ class Tether:
                 f"{command.parent.agent}/{command.parent.name} (the server refused {subject}); "
                 "an application user acts only for the parent agents its configuration "
                 "lists (tether.access)") from None
+
+    async def _duplicate_is_ours(self, command: BaseModel, seq: int, msg_id: str) -> bool:
+        """Whether the command a run request was a duplicate of is this parent's request
+        with the same id, as the parent service reads it from the commands stream."""
+        from tether.contract.messages import HasRunReply
+        from tether.domain.commands import HasRunQuery
+
+        query = HasRunQuery(run_id=command.run_id, parent=command.parent, command_seq=seq,
+                            command_id=msg_id)
+        try:
+            return (await self.request("has_run", query, HasRunReply)).command_ours is not False
+        except ServiceUnavailable:
+            return True  # the parent will handle the command when it is back: wait for it
 
     def _check_size(self, kind: str, command: BaseModel, payload: bytes) -> None:
         """Refuse, before sending, a run whose input the parent would reject as too large,

@@ -349,7 +349,8 @@ class HookRegistry:
                                    method=method, message_id=message_id)
         if self.ledger == "parent":
             await self.tether.publish_command("delivered", command,
-                                              msg_id=f"delivered:{method}:{message_id}")
+                                              msg_id=f"delivered:{run.parent.agent}."
+                                                     f"{run.parent.name}:{method}:{message_id}")
             return
         await self.tether.log.update(
             run.parent, run.run_id,

@@ -116,7 +116,7 @@ class ParentHandle:
             requested = True  # from here on the request may have reached the stream
             vacated_at = waiter.mark if waiter.state is None else 0
             ack = await self.tether.publish_command(
-                "run", command, run_message_id(command.run_id, vacated_at))
+                "run", command, run_message_id(command.parent, command.run_id, vacated_at))
             answer = waiter.on_published(bool(ack.duplicate))
             idle = LIVE_IDLE_S
             while answer is None:

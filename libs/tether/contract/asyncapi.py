@@ -113,12 +113,14 @@ def _reader(model: type) -> Callable[..., Any]:
 
 
 COMMANDS = (
-    ("run", RunCommand, ("`run:<run_id>`, or `run:<run_id>:<seq>` when the run id has events "
-                        "but no run (`seq`: the stream sequence of its rejection or tombstone)")),
+    ("run", RunCommand, ("`run:<parent_agent>.<parent_name>.<run_id>`, with `:<seq>` added "
+                        "when the run id has events but no run (`seq`: the stream sequence "
+                        "of its rejection or tombstone)")),
     ("cancel", CancelCommand, "`cancel:<run_id>:<random>`"),
     ("clear", ClearCommand, "`clear:<parent_agent>:<parent_name>:<random>`"),
     ("continue", ContinueCommand, "unique per answer, chosen by the sender"),
-    ("delivered", DeliveredCommand, "`delivered:<method>:<the hook message's id>`"),
+    ("delivered", DeliveredCommand,
+     "`delivered:<parent_agent>.<parent_name>:<method>:<the hook message's id>`"),
 )
 QUERIES = (("inspect", InspectQuery, InspectReply), ("list", ListQuery, ListReply),
            ("has_run", HasRunQuery, HasRunReply), ("history", HistoryQuery, HistoryReply),

@@ -255,7 +255,10 @@ class ListReply(Model):
 
 
 class HasRunReply(Model):
+    """`command_ours`: the answer to the query's `command_seq`, when it asked."""
+
     has_run: bool = False
+    command_ours: bool | None = None
     error: str | None = None
 
 
@@ -294,12 +297,15 @@ def _life(incarnation: str) -> str:
     return f":{incarnation}" if incarnation else ""
 
 
-def run_message_id(run_id: str, vacated_at: int = 0) -> str:
-    """A run request's id: `run:<run_id>`, or `run:<run_id>:<seq>` when the run id has
-    events but no run (the last was a rejection or a clear, at stream sequence `seq`).
-    Requests for one run repeated inside the duplicate window make one command, and a
-    request after a rejection or a clear is a new one that reaches the parent."""
-    return f"run:{run_id}:{vacated_at}" if vacated_at else f"run:{run_id}"
+def run_message_id(parent: ParentRef, run_id: str, vacated_at: int = 0) -> str:
+    """A run request's id: `run:<parent_agent>.<parent_name>.<run_id>`, with `:<seq>`
+    added when the run id has events but no run (the last was a rejection or a clear, at
+    stream sequence `seq`). Requests for one run repeated inside the duplicate window
+    make one command, and a request after a rejection or a clear is a new one that
+    reaches the parent. The parent is in the id: one parent's run id is another's too
+    (`.` separates, as no identifier contains it)."""
+    scoped = f"run:{parent.agent}.{parent.name}.{run_id}"
+    return f"{scoped}:{vacated_at}" if vacated_at else scoped
 
 
 def work_message_id(run_id: str, dispatch: int, why: str = "start", incarnation: str = "") -> str:

@@ -16,6 +16,7 @@ import asyncpg
 from faststream.middlewares import ExceptionMiddleware
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
+from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
 from tether.adapters.hook_consumers import serve_hook
@@ -94,7 +95,24 @@ class ParentQueries:
         assert self._log is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
         state = (await self._log.read_run(query.parent, query.run_id)).state
-        return HasRunReply(has_run=state is not None)
+        ours = None
+        if query.command_seq is not None:
+            ours = await self._command_is(query.command_seq, query.parent, query.command_id)
+        return HasRunReply(has_run=state is not None, command_ours=ours)
+
+    async def _command_is(self, seq: int, parent: ParentRef, message_id: str | None) -> bool:
+        """Whether the commands stream holds this parent's run request with `message_id`
+        at `seq` (not, say, another parent's command that carried the same id)."""
+        assert self._log is not None
+        subjects = self._log.subjects
+        try:
+            stored = await self._log.jetstream.get_msg(subjects.commands_stream, seq,
+                                                       direct=True)
+        except NotFoundError:
+            return False
+        headers = stored.headers or {}
+        return (stored.subject == subjects.command_for("run", parent)
+                and headers.get("Nats-Msg-Id") == message_id)
 
     async def list_runs(self, query: ListQuery, message: NatsMessage) -> ListReply:
         assert self._pool is not None
