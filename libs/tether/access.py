@@ -36,8 +36,10 @@ server resolves from its environment (a Kubernetes Secret, compose's environment
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tether.contract.subjects import Subjects
 from tether.domain.ids import check_identifier
@@ -249,18 +251,32 @@ def password_variable(user: str) -> str:
     return "TETHER_NATS_" + user.upper().replace("-", "_") + "_PASSWORD"
 
 
+def new_nkey() -> tuple[str, str]:
+    """A new user NKey: its seed (the secret, `SU...`) and its public key (`U...`)."""
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
 def accounts(subjects: Subjects, applications: list[Application], *,
-             passwords: dict[str, str] | None = None) -> dict:
+             passwords: dict[str, str] | None = None,
+             nkeys: dict[str, str] | None = None) -> dict:
     """The `accounts` block: Tether's (the services, the admin, JetStream), the
-    operators', and one per application; passwords are `$VARIABLE` references unless
-    given."""
+    operators', and one per application. A user in `nkeys` signs in with that public
+    NKey; any other with a password, a `$VARIABLE` reference unless `passwords` has it."""
+    nkeys = nkeys or {}
+
     def password(user: str) -> str:
         if passwords is not None:
             return json.dumps(passwords[user])
         return "$" + password_variable(user)
 
-    def user(name: str, permissions: Permissions) -> dict:
-        return {"user": name, "password": password(name), "permissions": permissions.as_config()}
+    def user(name: str, permissions: Permissions | dict) -> dict:
+        config = permissions if isinstance(permissions, dict) else permissions.as_config()
+        if name in nkeys:
+            return {"user": name, "nkey": nkeys[name], "permissions": config}
+        return {"user": name, "password": password(name), "permissions": config}
 
     tenants = [(OPERATOR_ACCOUNT, OPERATOR_USER, operator_grant(subjects))]
     tenants += [(account_name(app.user), app.user, application_grant(subjects, app))
@@ -269,9 +285,8 @@ def accounts(subjects: Subjects, applications: list[Application], *,
     if len(set(names)) != len(names) or SERVICE_ACCOUNT in names:
         raise ValueError(f"two applications map to one account name: {names}")
     service_users = [user(role, service_permissions(subjects, role)) for role in SERVICE_ROLES]
-    service_users.append({"user": ADMIN_USER, "password": password(ADMIN_USER),
-                          "permissions": {"publish": {"allow": [">"]},
-                                          "subscribe": {"allow": [">"]}}})
+    service_users.append(user(ADMIN_USER, {"publish": {"allow": [">"]},
+                                           "subscribe": {"allow": [">"]}}))
     tether: dict = {"jetstream": "enabled", "users": service_users, "exports": [], "imports": []}
     result = {SERVICE_ACCOUNT: tether}
     for name, user_name, grant in tenants:
@@ -299,18 +314,25 @@ def accounts(subjects: Subjects, applications: list[Application], *,
 
 
 def render(subjects: Subjects, applications: list[Application], *,
-           passwords: dict[str, str] | None = None, header: str = "") -> str:
+           passwords: dict[str, str] | None = None, nkeys: dict[str, str] | None = None,
+           header: str = "") -> str:
     """nats-server configuration text (its format reads JSON values; passwords stay bare
     `$VARIABLE` references, which is why this is not plain json.dumps)."""
     lines = [header] if header else []
     lines.append("accounts {")
-    for name, account in accounts(subjects, applications, passwords=passwords).items():
+    for name, account in accounts(subjects, applications, passwords=passwords,
+                                  nkeys=nkeys).items():
         lines.append(f"  {name}: {{")
         if "jetstream" in account:
             lines.append(f"    jetstream: {account['jetstream']}")
         lines.append("    users: [")
         for user in account["users"]:
-            lines.append(f"      {{user: {json.dumps(user['user'])}, password: {user['password']},")
+            if "nkey" in user:  # named in a comment: an NKey user has no name of its own
+                lines.append(f"      # {user['user']}")
+                lines.append(f"      {{nkey: {json.dumps(user['nkey'])},")
+            else:
+                lines.append(f"      {{user: {json.dumps(user['user'])}, "
+                             f"password: {user['password']},")
             permissions = json.dumps(user["permissions"], indent=2).replace("\n", "\n        ")
             lines.append(f"        permissions: {permissions}}}")
         lines.append("    ]")
@@ -331,16 +353,47 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="USER:AGENT[,AGENT][:METHOD[,METHOD]]",
                         help="an application user, the parent agents it owns and the hook "
                              "methods it serves (repeatable)")
+    parser.add_argument("--nkey", action="append", default=[], metavar="USER=PUBLIC_KEY",
+                        help="the user signs in with this NKey instead of a password "
+                             "(repeatable)")
+    parser.add_argument("--nkeys-dir", metavar="DIR",
+                        help="every user signs in with an NKey: its seed is DIR/<user>.nk, "
+                             "made when missing (mode 0600; give it to that user only)")
     args = parser.parse_args(argv)
     applications = [Application.parse(text) for text in args.application]
+    users = (*USERS, *(app.user for app in applications))
+    nkeys = dict(text.split("=", 1) for text in args.nkey)
+    if args.nkeys_dir:
+        nkeys.update(nkey_files(Path(args.nkeys_dir), users))
     command = " ".join(["python -m tether.access", f"--prefix {args.prefix}",
-                        *(f"--application {text}" for text in args.application)])
+                        *(f"--application {text}" for text in args.application),
+                        *(f"--nkey {text}" for text in args.nkey),
+                        *([f"--nkeys-dir {args.nkeys_dir}"] if args.nkeys_dir else [])])
     header = (f"# Generated by `{command}`; do not edit (tests/integration/"
               "test_access_control.py checks it).\n# Each password is "
               "$TETHER_NATS_<USER>_PASSWORD in the server's environment; users: "
-              + ", ".join((*USERS, *(app.user for app in applications))) + ".")
-    sys.stdout.write(render(Subjects(args.prefix), applications, header=header))
+              + ", ".join(users) + ".")
+    sys.stdout.write(render(Subjects(args.prefix), applications, nkeys=nkeys, header=header))
     return 0
+
+
+def nkey_files(directory: Path, users: "tuple[str, ...] | list[str]") -> dict[str, str]:
+    """Each user's public NKey, from its seed file `<user>.nk` in `directory` (made, with
+    a new seed, where it is missing)."""
+    import nkeys
+
+    directory.mkdir(parents=True, exist_ok=True)
+    public = {}
+    for user in users:
+        path = directory / f"{user}.nk"
+        if not path.exists():
+            seed, _ = new_nkey()
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(seed + "\n")
+        seed = path.read_text().strip().encode()
+        public[user] = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    return public
 
 
 if __name__ == "__main__":

@@ -261,7 +261,7 @@ class _Connection:
             async with asyncio.timeout(self._connect_timeout):
                 nc = await connect_nats(self._settings.nats_connect_url, name=self._name,
                                         startup_timeout_s=None, error_cb=on_error,
-                                        **self._options)
+                                        **self._settings.nats_options(), **self._options)
         except TimeoutError:
             why = (str(failures[-1]) or type(failures[-1]).__name__ if failures
                    else f"no answer within {self._connect_timeout:g} s")
