@@ -19,7 +19,12 @@ from tether.client import InputTooLarge, ServiceUnavailable, Tether, connect
 from tether.client import parent as client_parent
 from tether.client.awaiting import RunWaiter
 from tether.client.feed import OrderedFeed
-from tether.contract.messages import AgentToolFailure, ChatMessage, DetachedHandle
+from tether.contract.messages import (
+    AgentToolFailure,
+    ChatMessage,
+    DetachedHandle,
+    run_message_id,
+)
 from tether.domain.commands import CancelCommand, RunCommand, parse_command
 from tether.domain.events import Event, ParentRef, RunRejected
 from tether.testing import RunEvents
@@ -128,7 +133,8 @@ async def test_a_duplicate_request_for_an_interrupted_run_returns_the_interrupti
         await log.append(event, expected_last_seq=None)
     # An earlier request with this run id is still in the server's duplicate window.
     await tether.publish_command("run", RunCommand(run_id="stuck", parent=PARENT,
-                                                   agent_type="Researcher"), "run:stuck")
+                                                   agent_type="Researcher"),
+                                  run_message_id(PARENT, "stuck"))
     result = await tether.parent(PARENT.agent, PARENT.name).run_agent_tool(
         "Researcher", {}, run_id="stuck", timeout=10)
     assert (result.status, result.retryable, result.reason, result.child_still_running) == (
