@@ -3,8 +3,12 @@ their own NKey over an encrypted connection, a whole run goes through, and confi
 still holds; a cluster's routes are encrypted and authorized."""
 
 import asyncio
+import contextlib
 import json
 import ssl
+import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import nats
@@ -132,3 +136,56 @@ async def test_plain_connections_and_unknown_keys_are_refused(secured):
         await nats.connect(url, nkeys_seed=str(seeds / "alice.nk"),
                            tls=ssl.create_default_context(), allow_reconnect=False,
                            connect_timeout=2, max_reconnect_attempts=0)
+
+
+def _route_node(directory: Path, devstack, name: str, certificates, port: int, cluster: int,
+                routes: list[int]):
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "nats.conf"
+    monitor = devstack.free_port()
+    config.write_text(
+        f"server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
+        f"cluster {{\n  name: tether\n  listen: 127.0.0.1:{cluster}\n"
+        f"  routes: [{', '.join(f'nats-route://127.0.0.1:{r}' for r in routes)}]\n"
+        "  " + tls_block(certificates).replace("timeout: 5", "verify: true\n  timeout: 5")
+        + "}\n")
+    log = directory / "nats.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([devstack.find_nats_server(), "-c", str(config)],
+                                   stdout=out, stderr=subprocess.STDOUT)
+    return process, monitor, log
+
+
+def _routes(monitor: int) -> list[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/routez", timeout=2) as answer:
+        return [route.get("remote_name", "") for route in json.load(answer)["routes"] or []]
+
+
+def test_cluster_routes_are_encrypted_and_authorized_by_certificate(tmp_path, devstack):
+    ours = make_certificates(tmp_path / "ca")
+    other = make_certificates(tmp_path / "other-ca")
+    ports = [devstack.free_port() for _ in range(6)]
+    nodes = [_route_node(tmp_path / "n1", devstack, "n1", ours, ports[0], ports[1], [ports[3]]),
+             _route_node(tmp_path / "n2", devstack, "n2",
+                         make_certificates(tmp_path / "ca", "n2", ca=ours), ports[2], ports[3],
+                         [ports[1]]),
+             _route_node(tmp_path / "n3", devstack, "n3", other, ports[4], ports[5],
+                         [ports[1]])]
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError):
+                if "n2" in _routes(nodes[0][1]):
+                    break
+            assert time.monotonic() < deadline, nodes[0][2].read_text()
+            time.sleep(0.05)
+        # The stranger's certificate is refused on both sides of its route attempts.
+        while "TLS route handshake error" not in nodes[2][2].read_text():
+            assert time.monotonic() < deadline, nodes[2][2].read_text()
+            time.sleep(0.05)
+        assert "n3" not in _routes(nodes[0][1])
+        assert _routes(nodes[2][1]) == []
+    finally:
+        for process, _, _ in nodes:
+            process.terminate()
+            process.wait(timeout=10)

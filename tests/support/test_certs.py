@@ -10,6 +10,7 @@ class Certificates:
     ca: Path
     cert: Path
     key: Path
+    ca_key: Path
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -25,13 +26,14 @@ def make_certificates(directory: Path, name: str = "server",
     if ca is None:
         _openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
                  "-subj", "/CN=tether-test-ca", cwd=directory)
-        ca = Certificates(directory / "ca.pem", directory / "ca.pem", directory / "ca.key")
+        ca = Certificates(directory / "ca.pem", directory / "ca.pem", directory / "ca.key",
+                          directory / "ca.key")
     _openssl("req", *curve, "-keyout", f"{name}.key", "-out", f"{name}.csr",
              "-subj", f"/CN={name}", cwd=directory)
     (directory / f"{name}.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
         "extendedKeyUsage=serverAuth,clientAuth\n")
-    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", str(ca.ca), "-CAkey", str(ca.key),
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", str(ca.ca), "-CAkey", str(ca.ca_key),
              "-CAcreateserial", "-out", f"{name}.pem", "-days", "1",
              "-extfile", f"{name}.ext", cwd=directory)
-    return Certificates(ca.ca, directory / f"{name}.pem", directory / f"{name}.key")
+    return Certificates(ca.ca, directory / f"{name}.pem", directory / f"{name}.key", ca.ca_key)

@@ -292,8 +292,9 @@ async def _account_without_jetstream(nc: NATS) -> bool:
     """Whether the server says JetStream is not enabled for this connection's account:
     an application in an account of its own (`tether.access`)."""
     try:
-        reply = await nc.request("$JS.API.INFO", b"", timeout=DEFAULT_RPC_TIMEOUT_S)
-    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        reply = await unless_refused(nc, "$JS.API.INFO", nc.request(
+            "$JS.API.INFO", b"", timeout=DEFAULT_RPC_TIMEOUT_S))
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError, PublishDenied):
         return False
     with suppress(ValueError, AttributeError):
         return json.loads(reply.data).get("error", {}).get("err_code") == JS_NOT_ENABLED_FOR_ACCOUNT
