@@ -7,13 +7,16 @@ server with the same code and stops it at the end, so a plain `pytest` works too
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from jetstream_errors import ServerErrorWatch
 
 _TESTS = Path(__file__).resolve().parent
 _TIERS = ("unit", "integration", "e2e", "chaos")
@@ -37,10 +40,25 @@ def devstack():
 @pytest.fixture(scope="session")
 def nats_url() -> Iterator[str]:
     if url := os.environ.get("TETHER_NATS_URL"):
-        yield url
+        with _watching_api_errors(url):
+            yield url
         return
-    with _devstack().temporary_nats() as url:
+    with _devstack().temporary_nats() as url, _watching_api_errors(url):
         yield url
+
+
+_api_errors: ServerErrorWatch | None = None
+
+
+@contextlib.contextmanager
+def _watching_api_errors(url: str) -> Iterator[None]:
+    global _api_errors
+    _api_errors = ServerErrorWatch(url).start()
+    try:
+        yield
+    finally:
+        _api_errors.stop()
+        _api_errors = None
 
 
 @pytest.fixture(scope="session")
@@ -64,3 +82,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = Path(item.path).resolve()
         if path.is_relative_to(_TESTS) and (tier := path.relative_to(_TESTS).parts[0]) in _TIERS:
             item.add_marker(tier)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A failing test's report lists the JetStream API calls the server failed (5xx)
+    since the test began: the request behind a bare `ServerError`."""
+    report = yield
+    if report.failed and _api_errors is not None:
+        started = item.stash.get(_STARTED, 0.0)
+        if failures := _api_errors.since(started):
+            report.sections.append(("JetStream API errors",
+                                    "\n".join(str(failure) for failure in failures)))
+    return report
+
+
+_STARTED = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    item.stash[_STARTED] = time.monotonic()
