@@ -78,17 +78,11 @@ class Tenants:
 
     async def counts(self) -> dict[str, int]:
         """Messages in every stream and bucket of the installation, and its consumers."""
-        js = self.admin.jetstream()
         counts = {}
-        async for info in _streams(js):
+        for info in await self.admin.jetstream().streams_info():
             counts[info.config.name] = info.state.messages
             counts[f"{info.config.name} consumers"] = info.state.consumer_count
         return counts
-
-
-async def _streams(js):
-    for name in await js.streams_info():
-        yield name
 
 
 @pytest.fixture
