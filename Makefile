@@ -57,9 +57,10 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info libs/*.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-# Throwaway NATS + Postgres, the four services as processes, and examples/demo.py;
+# Throwaway NATS + Postgres, the four services as processes, and examples/demo.py (which
+# ends with examples/model_parent.py's conversation);
 # everything stops when the demo ends (on a terminal: after Enter) or on Ctrl-C.
-DEMO_AGENTS := examples.agents:Researcher,examples.agents:Importer
+DEMO_AGENTS := examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner
 demo: venv
 	$(PY) scripts/devstack.py run --hold --agents $(DEMO_AGENTS) \
 		--service projector --service parent --service child-runner --service reconciler \
@@ -67,7 +68,9 @@ demo: venv
 
 # The benchmark (bench/README.md). `make bench RUNS=300` for a quick look;
 # BENCH_ARGS passes more flags, e.g. BENCH_ARGS=--profile. Extras: `bench` (matplotlib,
-# py-spy) and, for bench-peers, `peers` (dbos); pip only warns while an extra is missing.
+# py-spy) and, for bench-peers, `peers` (dbos, celery[redis], psycopg; the Celery peer
+# starts a throwaway redis-server unless TETHER_BENCH_REDIS_URL names a Redis); pip only
+# warns while an extra is missing.
 RUNS ?= 5000
 BENCH_ARGS ?=
 

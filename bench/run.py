@@ -33,6 +33,7 @@ from tether.log import configure_logging
 from tether.runtime import tune_gc
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PEERS = ("dbos", "celery")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,7 +68,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--count-subjects", action="store_true",
                         help="count every NATS message by subject kind during W1 (diagnosis; "
                              "adds load)")
-    parser.add_argument("--peers", action="store_true", help="also run W1 on DBOS (make bench-peers)")
+    parser.add_argument("--peers", action="store_true",
+                        help="also run W1 on the peers, DBOS and Celery, each swept over its "
+                             "configurations, and compare Tether with the best (make bench-peers)")
+    parser.add_argument("--peer", action="append", choices=PEERS, dest="peer_names",
+                        help="with --peers, only this peer (repeatable; default: all)")
+    parser.add_argument("--peer-sweep-runs", type=int, default=400,
+                        help="runs per configuration of a peer's sweep; its best and its "
+                             "reference configuration are then run with --runs (default 400)")
+    parser.add_argument("--peer-grid", choices=["default", "quick"], default="default",
+                        help="the peers' configurations: default, or quick (two DBOS "
+                             "configurations, one Celery; for tests)")
+    parser.add_argument("--redis-url", default=os.environ.get("TETHER_BENCH_REDIS_URL"),
+                        help="the Redis of the Celery peer (default: $TETHER_BENCH_REDIS_URL, "
+                             "else a throwaway redis-server on a free port)")
     parser.add_argument("--no-ceilings", action="store_true")
     parser.add_argument("--no-rebuild", action="store_true")
     parser.add_argument("--no-chart", action="store_true")
@@ -90,13 +104,25 @@ def git_describe() -> str:
     return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def run_peer(database_url: str, runs: int) -> dict:
-    done = subprocess.run([sys.executable, "-m", "bench.peers.dbos_w1", "--database-url",
-                           database_url, "--runs", str(runs), "--json"],
-                          cwd=REPO, capture_output=True, text=True, check=False, timeout=3600)
-    if done.returncode != 0:
-        return {"error": (done.stderr or done.stdout)[-1500:]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def run_peer(name: str, args: argparse.Namespace, database_url: str) -> dict:
+    """`bench/peers/<name>_w1.py` in its own process: its sweep, as JSON.
+
+    Its progress (one line per configuration) goes to stderr as it runs."""
+    command = [sys.executable, "-m", f"bench.peers.{name}_w1", "--database-url", database_url,
+               "--runs", str(args.runs), "--sweep-runs", str(args.peer_sweep_runs),
+               "--grid", args.peer_grid, "--json"]
+    if name == "celery" and args.redis_url:
+        command += ["--redis-url", args.redis_url]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    tail: list[str] = []
+    for line in process.stderr:
+        print(line, end="", file=sys.stderr, flush=True)
+        tail = (tail + [line])[-30:]
+    out = process.stdout.read()
+    if process.wait() != 0 or not out.strip():
+        return {"system": name, "error": ("".join(tail) or out)[-1500:]}
+    return json.loads(out.strip().splitlines()[-1])
 
 
 async def cleanup(nats_url: str, database_url: str, settings: Settings) -> None:
@@ -196,7 +222,8 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
         result["ceilings"] = await ceilings.measure(nats_url, database_url, settings.subjects,
                                                     result["log_messages"])
     if args.peers:
-        result["peers"] = {"dbos": await asyncio.to_thread(run_peer, database_url, args.runs)}
+        result["peers"] = {name: await asyncio.to_thread(run_peer, name, args, database_url)
+                           for name in args.peer_names or PEERS}
     if not args.keep:
         await cleanup(nats_url, database_url, settings)
     result["meta"]["load_avg_after"] = os.getloadavg()
@@ -227,13 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     if "profiles" in result:
         print("\nhot spots (py-spy, share of busy samples):")
         print(render(result["profiles"]))
-    peer = (result.get("peers") or {}).get("dbos")
-    if peer:
-        if "error" in peer:
-            print(f"\nDBOS: failed: {peer['error']}")
-        else:
-            print(f"\nDBOS W1: {peer['runs_per_s']:.1f} runs/s ({peer['runs']} runs); "
-                  f"Tether / DBOS = {result['ratios']['w1_vs_dbos']:.2f}x")
+    if result.get("peers"):
+        print("\n" + report.peers_table(result))
     print(f"\n{result['files']['json']}" + (f"\n{result['files']['png']}"
                                            if result['files']['png'] else ""))
     w = result["w1"]

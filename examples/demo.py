@@ -20,6 +20,11 @@ from tether import LifecycleResult, RunInfo, connect
 from tether.client import ParentHandle
 from tether.client.render import Board, run_line
 
+try:  # run as examples/demo.py, or imported as examples.demo
+    from model_parent import main as converse
+except ImportError:
+    from examples.model_parent import main as converse
+
 QUERIES = ("HTTP/3 and QUIC", "gRPC streaming", "WebTransport")
 IMPORT_INPUT = {"source": "s3://demo/customers.csv", "rows": 20_000, "batch": 1_000,
                 "pace_s": 0.2}
@@ -48,6 +53,9 @@ async def main() -> int:
     user = f"demo-{uuid.uuid4().hex[:6]}"
     with Board(sys.stdout) as board:
         await delegate(board, user)
+    # The same children as the tools of a parent model (examples/model_parent.py).
+    print()
+    await converse()
     print(next_steps(user, os.environ))
     return 0
 
@@ -103,7 +111,8 @@ def next_steps(user: str, environ: Mapping[str, str]) -> str:
     if environ.get("TETHER_DEVSTACK_HELD") == "0":
         return ("\nDone. The services and servers stop now. To explore one that stays up: "
                 "`eval \"$(make -s up)\"`, then `tether services all --agents "
-                "examples.agents:Researcher,examples.agents:Importer` and "
+                "examples.agents:Researcher,examples.agents:Importer,"
+                "examples.model_parent:Planner` and "
                 "`python examples/demo.py`.")
     nats_url = environ.get("TETHER_NATS_URL", "nats://127.0.0.1:4222")
     lines = ["", "Done. Where to look next, in another terminal, from this directory:",

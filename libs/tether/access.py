@@ -45,7 +45,7 @@ from tether.contract.subjects import Subjects
 from tether.domain.ids import check_identifier
 
 SERVICE_ROLES = ("parent", "child-runner", "reconciler", "projector")
-COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
+COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
 QUERY_KINDS = ("inspect", "list", "has_run", "history")
 LIVE_KINDS = ("evt", "progress", "chat")
 SERVICE_ACCOUNT = "TETHER"
@@ -164,6 +164,8 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     if role == "child-runner":
         work = subjects.work_stream
         publish = [f"{p}.evt.>", f"{p}.progress.>",
+                   # A model parent answers in its conversation.
+                   f"{p}.chat.>",
                    # A child that delegates (nested agent tools) is a parent of its own runs.
                    f"{p}.cmd.>",
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{work}.>", f"$JS.API.CONSUMER.CREATE.{work}.>",
@@ -173,7 +175,9 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
         # as their awaiter.
         return Permissions(tuple(common + publish),
                            (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", subjects.all_live_events,
-                            f"{p}.ctl.awaiter.>", "_INBOX.>"), True)
+                            f"{p}.ctl.awaiter.>", "_INBOX.>",
+                            # A model parent's on_progress follows its runs' progress.
+                            f"{p}.progress.>"), True)
     if role == "reconciler":
         publish = [f"{p}.evt.>", f"{p}.hook.>", f"{p}.chat.>", f"{p}.obs.>",
                    f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", f"{p}.ctl.awaiter.>",

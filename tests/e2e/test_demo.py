@@ -14,7 +14,8 @@ async def test_the_demo_runs_every_kind_of_delegation_and_stops_what_it_started(
                 for arg in ("--service", name)]
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(ROOT / "scripts" / "devstack.py"), "run", "--hold",
-        "--agents", "examples.agents:Researcher,examples.agents:Importer", *services,
+        "--agents", "examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner",
+        *services,
         "--", sys.executable, str(ROOT / "examples" / "demo.py"),
         cwd=ROOT, env=service_env, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
@@ -25,6 +26,13 @@ async def test_the_demo_runs_every_kind_of_delegation_and_stops_what_it_started(
     assert "💬 chat (assistant): Importer" in text and "reached half-imported" in text
     assert "🪝 finish hook on_import_done: Importer" in text
     assert "completed: imported 20,000 rows" in text
+    # The model parent: two Researchers in one turn, a detached Importer, and the answer
+    # the model gives to the importer's completion message.
+    planner = text[text.index("Conversation Planner/"):]
+    assert planner.count("Researcher completed") == 2, planner
+    assert "Importer completed (detached)" in planner
+    assert "📬 notify: Background task Importer" in planner
+    assert "🤖 planner: The customer import is done (imported 20,000 rows" in planner
     # Not on a terminal the stack is not held: no hints at servers about to stop.
     assert "Done. The services and servers stop now." in text
     assert "Where to look next" not in text and "tether watch" not in text

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TETHER_SCRIPT = Path(sys.executable).parent / "tether"
 SAVE = re.compile(r"^# save as (?P<name>[\w.]+\.py)(?:, then: python (?P<run>[\w.]+\.py))?\s*$")
-AGENT_CLASS = re.compile(r"^class (\w+)\((?:ChildAgent|ModelAgent)\):", re.MULTILINE)
+AGENT_CLASS = re.compile(r"^class (\w+)\((?:ChildAgent|ModelAgent|ModelParent)\):", re.MULTILINE)
 BLOCK_BUDGET_S = 60
 
 

@@ -6,6 +6,7 @@ are exercised over the real wire without the parent service.
 """
 
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -134,7 +135,7 @@ async def test_a_duplicate_request_for_an_interrupted_run_returns_the_interrupti
     # An earlier request with this run id is still in the server's duplicate window.
     await tether.publish_command("run", RunCommand(run_id="stuck", parent=PARENT,
                                                    agent_type="Researcher"),
-                                  run_message_id(PARENT, "stuck"))
+                                  run_message_id("stuck", parent=PARENT))
     result = await tether.parent(PARENT.agent, PARENT.name).run_agent_tool(
         "Researcher", {}, run_id="stuck", timeout=10)
     assert (result.status, result.retryable, result.reason, result.child_still_running) == (
@@ -278,11 +279,13 @@ class RecordedReads:
     def __init__(self, reads, before_first=None) -> None:
         self._reads, self._before_first = reads, before_first
         self.starts: list[int] = []
+        self.times: list[float] = []  # when each read began (monotonic)
 
     async def read(self, subject: str, start_seq: int = 1):
         if not self.starts and self._before_first is not None:
             await self._before_first()
         self.starts.append(start_seq)
+        self.times.append(time.monotonic())
         return await self._reads.read(subject, start_seq)
 
 
@@ -378,11 +381,14 @@ async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading, monke
     reads = RecordedReads(reading.run_reads)
     monkeypatch.setattr(reading, "run_reads", reads)
     # No parent answers: the request stays unanswered until the timeout.
-    with pytest.raises(TimeoutError, match="gave no answer within 1s"):
+    with pytest.raises(TimeoutError, match="gave no answer within 2s"):
         await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
-            "Researcher", {}, run_id="quiet-long", timeout=1)
-    # 0.05 + 0.1 + 0.2 + 0.2 ... : about 6 reads in a second, not the 20 of a fixed 50 ms.
-    assert 4 <= len(reads.starts) <= 9, reads.starts
+            "Researcher", {}, run_id="quiet-long", timeout=2)
+    # Each quiet read doubles the wait, up to the maximum: 0.05, 0.1, 0.2, 0.2, ... after
+    # the first (a busy machine only stretches the gaps): about 11 reads, not a fixed 50 ms's 40.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(reads.times)]
+    assert 4 <= len(reads.times) <= 12, gaps
+    assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, [0.05, 0.1] + [0.2] * 10)), gaps
 
 
 async def test_streams_made_before_the_live_subject_get_it_on_start_up(log, nc, settings):

@@ -359,7 +359,7 @@ async def test_the_client_says_what_an_application_may_not_do(tenants):
 async def test_a_message_id_of_another_tenants_request_does_not_swallow_it(tenants):
     """Hole 6: alice sends a command carrying the message id bob's request will have."""
     subjects = tenants.subjects
-    squatted = run_message_id(BOB_PARENT, "wanted")
+    squatted = run_message_id("wanted", parent=BOB_PARENT)
     violations = Violations()
     alice = await connect_alice(tenants.url, violations)
     try:

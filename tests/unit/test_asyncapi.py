@@ -84,7 +84,7 @@ def test_each_stream_and_message_id_rule_is_stated() -> None:
     for stream in ("TETHER_CMD", "TETHER_EVENTS", "TETHER_PROGRESS", "TETHER_WORK",
                    "TETHER_HOOKS", "TETHER_CHAT"):
         assert f"Stream `{stream}`" in text
-    for rule in ("`run:<parent_agent>.<parent_name>.<run_id>`", "`work:<run_id>:<why>:<dispatch>:<incarnation>`",
+    for rule in ("`run:<parent_agent>/<parent_name>/<run_id>`", "`work:<run_id>:<why>:<dispatch>:<incarnation>`",
                  "`finish:<run_id>:<status>:<incarnation>`", "`detached-ms:",
                  "`delivered:<parent_agent>.<parent_name>:<method>:", "the event's `event_id`", "`Tether-Error`"):
         assert rule in text

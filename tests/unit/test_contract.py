@@ -282,7 +282,7 @@ def test_schemas_cover_every_event_and_command() -> None:
     assert {"events/run.requested.v2.json", "events/run.interrupted.v2.json",
             "events/event.json", "commands/run.json"} <= set(generated)
     assert len([p for p in generated if p.startswith("events/run.")]) == 20
-    assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 10
+    assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 11
 
 
 def test_a_work_item_ignores_fields_a_later_parent_adds_but_checks_its_own() -> None:
@@ -328,8 +328,10 @@ def test_a_hooks_message_id_names_its_own_life_only() -> None:
 
 
 def test_a_run_request_after_a_rejection_or_a_clear_names_it() -> None:
-    parent = ParentRef(agent="Assistant", name="user-1")
-    assert run_message_id(parent, "r1") == "run:Assistant.user-1.r1"
-    assert run_message_id(parent, "r1", vacated_at=42) == "run:Assistant.user-1.r1:42"
-    other = ParentRef(agent="Assistant", name="user-2")
-    assert run_message_id(other, "r1") != run_message_id(parent, "r1")
+    assert run_message_id("r1") == "run:r1"
+    assert run_message_id("r1", vacated_at=42) == "run:r1:42"
+    # Two parents may use one run id (`agent-tool:call_0_0`): their requests are two.
+    parent = ParentRef(agent="Lead", name="agent-tool:call_0_0")
+    assert run_message_id("agent-tool:call_0_0", parent=parent) == \
+        "run:Lead/agent-tool:call_0_0/agent-tool:call_0_0"
+    assert run_message_id("r1", 42, parent) == "run:Lead/agent-tool:call_0_0/r1:42"

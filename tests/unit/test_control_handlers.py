@@ -29,7 +29,7 @@ class _History:
 
 
 class _Log:
-    """`EventLog.read_run` over runs kept in memory."""
+    """`EventLog.read_run` and `run_ids` over runs kept in memory."""
 
     def __init__(self, *runs: RunEvents) -> None:
         self._states = {(run.parent, run.run_id): fold([run.requested(), run.running()])
@@ -39,6 +39,9 @@ class _Log:
     async def read_run(self, parent: ParentRef, run_id: str) -> _History:
         self.reads.append(run_id)
         return _History(self._states.get((parent, run_id)))
+
+    async def run_ids(self, parent: ParentRef) -> list[str]:
+        return sorted(run_id for owner, run_id in self._states if owner == parent)
 
 
 class _Pool:

@@ -580,6 +580,13 @@ class EventLog:
             raise APIError(code=int(status), description=headers.get("Description"))
         return int(headers["Nats-Sequence"])
 
+    async def run_ids(self, parent: ParentRef) -> list[str]:
+        """The run ids of one parent instance that have events in the log, sorted."""
+        prefix = self.subjects.parent_events(parent)[:-1]
+        info = await self.jetstream.stream_info(self.subjects.events_stream,
+                                                subjects_filter=prefix + "*")
+        return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
+
     async def read_run(self, parent: ParentRef, run_id: str, *,
                        before_seq: int | None = None) -> RunHistory:
         """Every event of one run, in order, and the state they fold to.

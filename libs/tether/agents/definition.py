@@ -104,7 +104,9 @@ class AgentDefinition:
         check_identifier(self.id, "agent id")
         if self.max_steps < 1:
             raise ValueError(f"agent {self.id}: max_steps must be at least 1")
-        object.__setattr__(self, "tools", tuple(self.tools))
+        # An agent tool (`tether.agent_tool(...)`) stands for the Tool it makes.
+        object.__setattr__(self, "tools", tuple(t.as_tool() if hasattr(t, "as_tool") else t
+                                                for t in self.tools))
         object.__setattr__(self, "stop_when", tuple(self.stop_when))
         ids = [t.id for t in self.tools]
         if duplicates := sorted({i for i in ids if ids.count(i) > 1}):

@@ -18,12 +18,25 @@ import asyncpg
 from tether.adapters.postgres.migrator import check_schema_name
 from tether.agents.records import AgentStepRecord, usage_of
 from tether.config import Settings
+from tether.contract.messages import UsageView
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState
 
 SELECT_RUN_STATE = """
     SELECT state::text FROM "{schema}".runs
     WHERE parent_agent = $1 AND parent_name = $2 AND run_id = $3
+"""
+# The runs below one (the runs it started, theirs, ...), as far as 16 levels down.
+SELECT_DESCENDANTS = """
+    WITH RECURSIVE tree(agent_type, run_id, state, depth) AS (
+        SELECT agent_type, run_id, state, 1 FROM "{schema}".runs
+        WHERE parent_agent = $1 AND parent_name = $2
+        UNION ALL
+        SELECT r.agent_type, r.run_id, r.state, t.depth + 1 FROM "{schema}".runs r
+        JOIN tree t ON r.parent_agent = t.agent_type AND r.parent_name = t.run_id
+        WHERE t.depth < 16
+    )
+    SELECT state::text FROM tree
 """
 PREVIEW_CHARS = 120
 
@@ -49,29 +62,47 @@ def run_runs_command(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def load_run(settings: Settings, parent: ParentRef, run_id: str) -> RunState | None:
+    state, _ = await load_tree(settings, parent, run_id)
+    return state
+
+
+async def load_tree(settings: Settings, parent: ParentRef,
+                    run_id: str) -> tuple[RunState | None, list[RunState]]:
+    """A run and every run below it, from the projections."""
     schema = check_schema_name(settings.projection_schema)
     conn = await asyncpg.connect(settings.database_url)
     try:
         text = await conn.fetchval(SELECT_RUN_STATE.format(schema=schema), parent.agent,
                                    parent.name, run_id)
+        if text is None:
+            return None, []
+        state = RunState.model_validate_json(text)
+        rows = await conn.fetch(SELECT_DESCENDANTS.format(schema=schema), state.agent_type,
+                                state.run_id)
     finally:
         await conn.close()
-    return None if text is None else RunState.model_validate_json(text)
+    return state, [RunState.model_validate_json(row[0]) for row in rows]
 
 
 async def show_run(settings: Settings, parent: ParentRef, run_id: str, *, as_json: bool = False,
                    out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    state = await load_run(settings, parent, run_id)
+    state, below = await load_tree(settings, parent, run_id)
     if state is None:
         print(f"tether: no run {run_id!r} of {parent.agent}/{parent.name} in the projections "
               f"(schema {settings.projection_schema})", file=sys.stderr)
         return 1
-    print(state.model_dump_json(indent=2) if as_json else render_run(state), file=out)
+    print(state.model_dump_json(indent=2) if as_json else render_run(state, below), file=out)
     return 0
 
 
-def render_run(state: RunState) -> str:
+def _usage_line(label: str, usage: UsageView) -> str:
+    cost = "unknown" if usage.cost is None else f"${usage.cost:.6f}"
+    return (f"{label:<10}in {usage.input_tokens:,}  out {usage.output_tokens:,}  "
+            f"cached {usage.cached_tokens:,}  total {usage.total_tokens:,}  cost {cost}")
+
+
+def render_run(state: RunState, below: list[RunState] | None = None) -> str:
     records = records_of(state)
     parent = f"{state.parent.agent}/{state.parent.name}"
     timings = (f"requested {_clock(state.requested_at)}"
@@ -90,6 +121,12 @@ def render_run(state: RunState) -> str:
         cost = "unknown" if usage.cost is None else f"${usage.cost:.6f}"
         lines.append(f"usage     in {usage.input_tokens:,}  out {usage.output_tokens:,}  "
                      f"cached {usage.cached_tokens:,}  total {usage.total_tokens:,}  cost {cost}")
+    if below:
+        subtree = UsageView.of_steps(state.steps)
+        for run in below:
+            subtree = subtree.plus(UsageView.of_steps(run.steps))
+        lines.append(_usage_line("subtree", subtree)
+                     + f"  ({len(below)} run{'s' if len(below) != 1 else ''} below)")
     for resumption in state.resumptions:
         lines.append(f"continue  {_clock(resumption.at)}  {_compact(resumption.decisions)}")
     if state.summary:
@@ -133,6 +170,10 @@ def _step(record: AgentStepRecord, inputs: dict[str, dict[str, Any]], origin: in
                      f"({pending.reason}, id {pending.tool_call_id})")
     if record.human_input:
         lines.append(f"      human {_preview(record.human_input)}")
+    if record.note:
+        lines.append(f"      note  {_preview(record.note)}")
+    if record.inbox:
+        lines.append(f"      took  {', '.join(record.inbox)}")
     if record.stop_reason:
         lines.append(f"      stop  {record.stop_reason}")
     return lines

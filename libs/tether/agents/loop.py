@@ -41,6 +41,7 @@ from tether.agents.records import (
     conversation,
     open_pending,
     pause_of,
+    starting_runs,
     turns_in_call,
     usage_of,
 )
@@ -85,6 +86,7 @@ class CallPlan:
     tool_execution: Literal["auto", "manual"] = "auto"
     context: Any = None
     parent: ParentRef | None = None
+    inbox: tuple[str, ...] = ()  # the conversation messages this call answers
 
 
 @dataclass
@@ -195,6 +197,12 @@ class AgentLoop:
         answered = any(r.kind == "continuation" for r in this_call)
         if decisions is not None and not answered and not decisions.empty:
             await self._continuation(session, plan, decisions)
+        if starting_runs(records):
+            # Resumed while the runs of a recorded turn went on: join them (each run is
+            # idempotent by its id) instead of asking the model again.
+            record = await self._run_started(session, plan, turns_in_call(records, plan.call))
+            if record.status != "running":
+                return CallOutcome(record.status, self._model, record.stop_reason)
         if pause := pause_of(records):
             return CallOutcome(pause.reason, self._model)
         turns = turns_in_call(records, plan.call)
@@ -222,7 +230,7 @@ class AgentLoop:
         await self._store(session, plan, AgentStepRecord(
             index=index, call=plan.call, kind="continuation", status=status,
             tool_results=tuple(results), pending=tuple(remaining),
-            human_input=decisions.human_input,
+            human_input=decisions.human_input, inbox=plan.inbox,
             state=session.state.snapshot(), started_at=started, ended_at=now_ms()))
 
     # --- one model turn -----------------------------------------------------------------
@@ -252,8 +260,9 @@ class AgentLoop:
         if turn.message.tool_calls:
             results, pending = await self._tools(session, plan, index).run_calls(
                 turn.message.tool_calls, index)
-            if pending:
-                results, pending = await self._review(session, plan, index, results, pending)
+        runs = [p for p in pending if p.reason == "run"]
+        if pending and not runs:
+            results, pending = await self._review(session, plan, index, results, pending)
         status = "completed" if not turn.message.tool_calls else "running"
         if pending:
             status = ("waiting_for_human" if any(p.reason == "approval" for p in pending)
@@ -266,8 +275,38 @@ class AgentLoop:
             index=index, call=plan.call, kind="model_turn", status=status, model=self._model,
             turn=turn, tool_results=tuple(results), pending=tuple(pending), cost=cost,
             state=session.state.snapshot(), started_at=started, ended_at=now_ms())
+        if runs:
+            # The turn is durable before its runs start; their results follow in a
+            # continuation record.
+            await self._store(session, plan, record.model_copy(update={"status": "running"}))
+            return await self._run_started(session, plan, turns + 1)
         if status == "running":
             stop_reason = self._stop_reason(session, plan, record, turns + 1)
+            if stop_reason is not None:
+                record = record.model_copy(update={"status": "stopped",
+                                                   "stop_reason": stop_reason})
+        return await self._store(session, plan, record)
+
+    async def _run_started(self, session: Session, plan: CallPlan, turns: int) -> AgentStepRecord:
+        """Run the calls of the last recorded turn that start runs, and record their results
+        (with the calls still waiting for a human or for output, if any)."""
+        last = session.records[-1]
+        index, started = len(session.records), now_ms()
+        runs = [p for p in last.pending if p.reason == "run"]
+        others = [p for p in last.pending if p.reason != "run"]
+        results = await self._tools(session, plan, index).run_started_calls(runs, index)
+        if others:
+            results, others = await self._review(session, plan, index, results, others)
+        status = "running"
+        if others:
+            status = ("waiting_for_human" if any(p.reason == "approval" for p in others)
+                      else "waiting_for_tools")
+        record = AgentStepRecord(
+            index=index, call=plan.call, kind="continuation", status=status,
+            tool_results=tuple(results), pending=tuple(others),
+            state=session.state.snapshot(), started_at=started, ended_at=now_ms())
+        if status == "running":
+            stop_reason = self._stop_reason(session, plan, record, turns)
             if stop_reason is not None:
                 record = record.model_copy(update={"status": "stopped",
                                                    "stop_reason": stop_reason})

@@ -18,6 +18,7 @@ agent class), else a scripted client playing the class's `script` (demos, tests)
 import importlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -26,13 +27,14 @@ from tether.agents.agent import build_result, input_messages
 from tether.agents.clients.scripted import Entry, ScriptedModelClient
 from tether.agents.definition import AgentDefinition
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
-from tether.agents.messages import ModelClient
+from tether.agents.messages import Message, ModelClient
 from tether.agents.records import AgentStepRecord, Decisions, state_after
 from tether.agents.results import AgentRunResult
 from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AgentConfigurationError, AwaitingInput, ChildAgent
 from tether.child.context import RunContext
+from tether.domain.events import ParentRef
 
 MODEL_CLIENT_VARIABLE = "TETHER_MODEL_CLIENT"
 SCRIPTED_CALLS_VARIABLE = "TETHER_SCRIPTED_CALLS_FILE"
@@ -51,6 +53,16 @@ class ModelAgentInput(BaseModel):
     tool_execution: Literal["auto", "manual"] = Field(
         default="auto", description="manual: every tool call waits for its output from the "
                                     "parent (tether.cmd.continue with tool_outputs)")
+
+
+@dataclass(frozen=True)
+class AgentToolRequest:
+    """The run a model child's first message is shaped for (`format_agent_tool_input`)."""
+
+    run_id: str
+    agent_type: str
+    parent: ParentRef
+    parent_tool_call_id: str | None = None
 
 
 class ModelAgentFailed(Exception):
@@ -99,6 +111,8 @@ class ModelAgent(ChildAgent):
         definition = cls.__dict__.get("definition")
         if definition is not None and not cls.__dict__.get("description"):
             cls.description = definition.description
+        if cls.__dict__.get("base_class"):
+            return  # a base for model agents of a kind (ModelParent), not an agent itself
         if not isinstance(getattr(cls, "definition", None), AgentDefinition):
             raise AgentConfigurationError(f"{cls.__name__}: set `definition = AgentDefinition(...)`")
 
@@ -112,9 +126,19 @@ class ModelAgent(ChildAgent):
             return input
         return ModelAgentInput(input=input.model_dump_json(), context=input.model_dump(mode="json"))
 
+    def format_agent_tool_input(self, input: BaseModel, request: AgentToolRequest) -> str | Message:
+        """The run's first user message: by default the task (`input`) of a
+        `ModelAgentInput`, or the input as JSON for an agent with its own input model.
+        Override to word it (a str, or a `Message`)."""
+        return self.run_input(input).input
+
     async def run(self, ctx: RunContext, input: BaseModel) -> Any:
         definition = type(self).definition
         options = self.run_input(input)
+        request = AgentToolRequest(
+            run_id=ctx.run_id, agent_type=ctx.agent_type, parent=ctx.parent,
+            parent_tool_call_id=ctx.history.parent_tool_call_id if ctx.history else None)
+        first = self.format_agent_tool_input(input, request)
         history = ctx.history
         records = ([AgentStepRecord.model_validate(history.steps[i]) for i in sorted(history.steps)]
                    if history is not None else [])
@@ -125,7 +149,7 @@ class ModelAgent(ChildAgent):
                         retry=definition.model_retries, model=options.model,
                         preset=options.preset, tool_execution=options.tool_execution,
                         context=options.context, parent=ctx.parent)
-        session = Session(input=input_messages(options.input), records=records,
+        session = Session(input=input_messages(first), records=records,
                           state=StateAccessor(state_after(options.state, records)))
 
         async def text(chunk: str, replayed: bool) -> None:

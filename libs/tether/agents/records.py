@@ -22,12 +22,13 @@ PauseReason = Literal["waiting_for_human", "waiting_for_tools"]
 
 
 class PendingToolCall(Frozen):
-    """A tool call the run waits on: for approval, or for its output from outside."""
+    """A tool call the run waits on: for approval, for its output from outside, or (`run`)
+    a call that starts a Tether run, recorded with the model turn before it runs."""
 
     tool_call_id: str
     tool_name: str
     input: dict[str, Any] = Field(default_factory=dict)
-    reason: Literal["approval", "external"] = "approval"
+    reason: Literal["approval", "external", "run"] = "approval"
 
 
 class ToolResult(Frozen):
@@ -66,6 +67,10 @@ class AgentStepRecord(Frozen):
     cost: float | None = None
     state: dict[str, Any] = Field(default_factory=dict)  # the application state afterwards
     milestones: tuple[str, ...] = ()  # milestone names reported while this step ran
+    # A conversation's messages this record took in (chat message ids), and an assistant
+    # status line it added without a model turn (a narrated milestone).
+    inbox: tuple[str, ...] = ()
+    note: str | None = None
     started_at: int = 0
     ended_at: int = 0
 
@@ -154,6 +159,8 @@ def conversation(input_messages: Sequence[Message],
     for record in records:
         if record.turn is not None:
             messages.append(record.turn.message)
+        if record.note:
+            messages.append(Message(role="assistant", content=record.note))
         messages.extend(result.message() for result in record.tool_results)
         if record.human_input:
             held.append(record.human_input)
@@ -171,6 +178,13 @@ def open_pending(records: Sequence[AgentStepRecord]) -> tuple[PendingToolCall, .
         return ()
     last = records[-1]
     return last.pending if last.status in ("waiting_for_human", "waiting_for_tools") else ()
+
+
+def starting_runs(records: Sequence[AgentStepRecord]) -> tuple[PendingToolCall, ...]:
+    """Calls that start runs, recorded with the last model turn and not yet answered."""
+    if not records or records[-1].status != "running":
+        return ()
+    return tuple(p for p in records[-1].pending if p.reason == "run")
 
 
 def pause_of(records: Sequence[AgentStepRecord]) -> HumanPause | None:

@@ -1,5 +1,6 @@
 """Running the tool calls of one model turn, and answering paused ones with decisions."""
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -88,9 +89,28 @@ class ToolRunner:
             elif await tool.requires_approval(parsed, ctx):
                 pending.append(PendingToolCall(tool_call_id=call.id, tool_name=call.name,
                                                input=call.input, reason="approval"))
+            elif tool.starts_run:
+                # Run once the turn is recorded (`run_started_calls`), not before.
+                pending.append(PendingToolCall(tool_call_id=call.id, tool_name=call.name,
+                                               input=call.input, reason="run"))
             else:
                 results.append(await self.execute(tool, parsed, ctx, call.input, step, "auto"))
         return results, pending
+
+    async def run_started_calls(self, calls: tuple[PendingToolCall, ...] | list[PendingToolCall],
+                                step: int) -> list[ToolResult]:
+        """Run calls that start runs, all at once; the results in the model's order."""
+
+        async def one(call: PendingToolCall) -> ToolResult:
+            tool = self._definition.tool(call.tool_name)
+            if tool is None or tool.execute is None:
+                return self.error(call.tool_call_id, call.tool_name,
+                                  f"unknown tool {call.tool_name!r}")
+            parsed = tool.input_model.model_validate(call.input)
+            return await self.execute(tool, parsed, self._context_for(call.tool_call_id),
+                                      call.input, step, "auto")
+
+        return list(await asyncio.gather(*(one(call) for call in calls)))
 
     async def resolve(self, pending: tuple[PendingToolCall, ...] | list[PendingToolCall],
                       decisions: Decisions, step: int

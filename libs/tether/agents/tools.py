@@ -86,6 +86,10 @@ class Tool:
     pauses the run as `waiting_for_tools` until its output is supplied. `needs_approval`
     (a flag, or a rule on the input) pauses the run as `waiting_for_human` until the call
     is approved or rejected.
+
+    `starts_run` marks a tool whose call starts a Tether run (an agent tool): the model
+    turn is recorded before such calls run, so a resumed run never asks the model again
+    for them, and the calls of one turn run concurrently.
     """
 
     id: str
@@ -93,6 +97,7 @@ class Tool:
     input_model: type[BaseModel]
     execute: Execute | None = None
     needs_approval: ApprovalRule = False
+    starts_run: bool = False
 
     def __post_init__(self) -> None:
         # Tool names travel in provider APIs that accept only [A-Za-z0-9_-].

@@ -6,6 +6,7 @@ warning per process for `report_progress()` outside a run.
 """
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -226,4 +227,53 @@ class RunContext:
                 "parent_client factory so that ctx.client is set")
         if options.get("run_id") is None:
             options["run_id"] = self.nested_run_id(agent_type, input)
-        return await self.client.run_agent_tool(agent_type, input, **options)
+        if options.get("detached") or self._recorder is None:
+            return await self.client.run_agent_tool(agent_type, input, **options)
+        relay = asyncio.create_task(self._relay_waiting(options["run_id"]))
+        try:
+            return await self.client.run_agent_tool(agent_type, input, **options)
+        finally:
+            relay.cancel()
+            with contextlib.suppress(BaseException):
+                await relay
+
+    async def _relay_waiting(self, run_id: str) -> None:
+        """While an awaited nested run (or one below it) waits for a human or for tool
+        output, say so in this run's progress (`phase` the reason, `data.waiting_path`
+        the runs down to the paused one), so every timeline up to the root shows it; and
+        say when it goes on. Best effort: a failure here never fails the run."""
+        from tether.client.timeline import waiting_below
+        from tether.domain.run_state import evolve
+
+        tether, owner = self.client.tether, self.as_parent()
+        state, shown = None, None
+        try:
+            async with contextlib.aclosing(
+                    tether.log.follow(tether.subjects.run_events(owner, run_id))) as events:
+                async for stored in events:
+                    state = evolve(state, stored.event).state
+                    if state is None:
+                        continue
+                    here = {"agent": owner.agent, "name": owner.name, "run_id": run_id}
+                    if state.paused is not None:
+                        waiting = (state.paused.reason, (here,))
+                    else:
+                        phase, below = waiting_below(
+                            state.progress.phase if state.progress else None,
+                            state.progress.data if state.progress else None)
+                        waiting = (phase, (here, *below)) if phase else None
+                    if waiting == shown:
+                        continue
+                    if waiting is not None:
+                        await self.report_progress(
+                            phase=waiting[0], persist=True,
+                            message=f"{run_id} ({state.agent_type}) waits: {waiting[0]}",
+                            data={"waiting_path": list(waiting[1])})
+                    elif shown is not None:
+                        await self.report_progress(phase="running", persist=True,
+                                                   message=f"{run_id} goes on")
+                    shown = waiting
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - best effort, as the docstring says
+            get_logger().warning("nested.relay_failed", run_id=self.run_id, error=repr(error))

@@ -33,6 +33,7 @@ from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
 if TYPE_CHECKING:
+    from tether.client.conversation import Conversation
     from tether.client.hooks import HookRegistry
     from tether.client.parent import ParentHandle
     from tether.contract.messages import ChatMessage, ObservabilityEvent
@@ -97,6 +98,12 @@ class Tether:
         ref = ParentRef(agent=check_identifier(agent, "parent agent"),
                         name=check_identifier(name, "parent name"))
         return ParentHandle(self, ref)
+
+    def conversation(self, agent_type: str, name: str) -> "Conversation":
+        """A model parent's conversation `agent_type/name` (`tether.client.conversation`)."""
+        from tether.client.conversation import Conversation
+
+        return Conversation(self, agent_type, name)
 
     def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
               ledger: str = "parent") -> "HookRegistry":

@@ -26,6 +26,7 @@ from tether.contract.messages import (
 from tether.domain.commands import (
     CancelCommand,
     ClearCommand,
+    ContinueCommand,
     HasRunQuery,
     InspectQuery,
     ListQuery,
@@ -37,7 +38,7 @@ from tether.resilience import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from tether.client.connection import Tether
-    from tether.client.timeline import TimelineView
+    from tether.client.timeline import RunView, TimelineView
     from tether.client.tools import AgentTool
     from tether.contract.messages import ChatMessage
 
@@ -116,7 +117,7 @@ class ParentHandle:
             requested = True  # from here on the request may have reached the stream
             vacated_at = waiter.mark if waiter.state is None else 0
             ack = await self.tether.publish_command(
-                "run", command, run_message_id(command.parent, command.run_id, vacated_at))
+                "run", command, run_message_id(command.run_id, vacated_at, command.parent))
             answer = waiter.on_published(bool(ack.duplicate))
             idle = LIVE_IDLE_S
             while answer is None:
@@ -173,6 +174,29 @@ class ParentHandle:
         command = CancelCommand(run_id=run_id, parent=self.ref)
         await self.tether.publish_command("cancel", command,
                                           f"cancel:{run_id}:{uuid.uuid4().hex}")
+
+    async def continue_run(self, run_id: str, *, approvals: Iterable[str] = (),
+                           rejections: Iterable[str] = (),
+                           tool_outputs: dict[str, Any] | None = None,
+                           human_input: str | None = None) -> None:
+        """Answer a paused run of this parent (`tether.cmd.continue`): it resumes in
+        whichever runner picks it up. A run that is not paused ignores the answers."""
+        check_identifier(run_id, "run id")
+        command = ContinueCommand(run_id=run_id, parent=self.ref, approvals=list(approvals),
+                                  rejections=list(rejections), tool_outputs=tool_outputs or {},
+                                  human_input=human_input)
+        await self.tether.publish_command("continue", command,
+                                          f"continue:{run_id}:{uuid.uuid4().hex}")
+
+    async def continue_waiting(self, view: "RunView", **answers: Any) -> None:
+        """Answer the run a timeline shows waiting: the run itself when it is paused, or
+        the descendant at the end of its `waiting_path` (only that one resumes)."""
+        if view.waiting_path:
+            last = view.waiting_path[-1]
+            owner = self.tether.parent(last["agent"], last["name"])
+            await owner.continue_run(last["run_id"], **answers)
+        else:
+            await self.continue_run(view.run_id, **answers)
 
     async def clear(self, status: Iterable[str] | str | None = None,
                     older_than: int | datetime | None = None) -> None:

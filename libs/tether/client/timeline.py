@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from tether.client.connection import Tether
 
 
+WAITING_PHASES = ("waiting_for_human", "waiting_for_tools")
+
+
 class ProgressView(Model):
     fraction: float | None = None
     message: str | None = None
@@ -59,7 +62,11 @@ class RunView(Model):
     reason: str | None = None
     child_still_running: bool | None = None
     cancel_requested: bool = False
+    # What the run waits for: its own pause, or a descendant's (`waiting_path`: each run
+    # from this one's child down to the paused one, as {agent, name, run_id}, `agent/name`
+    # being its parent); `ParentHandle.continue_waiting(view, ...)` answers it.
     waiting_for: str | None = None
+    waiting_path: tuple[dict[str, str], ...] = ()
     requested_at: int
     started_at: int | None = None
     ended_at: int | None = None
@@ -163,9 +170,25 @@ def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
         summary=state.summary, error=state.error, reason=state.reason,
         child_still_running=state.child_still_running,
         cancel_requested=state.cancel_requested_at is not None,
-        waiting_for=state.paused.reason if state.paused else None,
+        waiting_for=state.paused.reason if state.paused else _waiting_below(state)[0],
+        waiting_path=() if state.paused else _waiting_below(state)[1],
         requested_at=state.requested_at, started_at=state.started_at, ended_at=state.ended_at,
     )
+
+
+def _waiting_below(state: RunState) -> tuple[str | None, tuple[dict[str, str], ...]]:
+    """A descendant's pause, as the run's runner relays it in its progress."""
+    return waiting_below(state.progress.phase if state.progress else None,
+                         state.progress.data if state.progress else None)
+
+
+def waiting_below(phase: str | None, data: Any) -> tuple[str | None, tuple[dict[str, str], ...]]:
+    if phase not in WAITING_PHASES or not isinstance(data, dict):
+        return None, ()
+    path = data.get("waiting_path")
+    if not isinstance(path, list) or not path:
+        return None, ()
+    return phase, tuple(dict(step) for step in path if isinstance(step, dict))
 
 
 def _progress(state: RunState, signal: ProgressSignal | None) -> ProgressView | None:

@@ -48,9 +48,18 @@ def tool_name(agent_type: str) -> str:
 
 
 class AgentTool:
+    """A child agent as one tool of a parent model.
+
+    In an `AgentDefinition`'s tools it becomes a `Tool` (`as_tool()`) that starts the run
+    from the model parent's own run: awaited by default, or, with `detached` (True or the
+    options of `run_agent_tool(detached=...)`), started in the background, the model
+    getting the handle at once and the outcome through `notify` or `on_finish`.
+    """
+
     def __init__(self, agent_type: str, *, description: str, name: str | None = None,
                  display_name: str | None = None,
-                 input_model: type[BaseModel] | None = None) -> None:
+                 input_model: type[BaseModel] | None = None,
+                 detached: bool | dict[str, Any] = False) -> None:
         self.agent_type = check_identifier(agent_type, "agent type")
         if not description or not description.strip():
             raise ValueError(f"the {agent_type} tool needs a description for the parent model")
@@ -60,6 +69,7 @@ class AgentTool:
             raise ValueError(f"invalid tool name {self.name!r}: 1 to 64 letters, digits, '_' or '-'")
         self.display_name = display_name or agent_type
         self.input_model = input_model
+        self.detached = detached
         self.parent: ParentHandle | None = None
 
     def __repr__(self) -> str:
@@ -80,7 +90,8 @@ class AgentTool:
     def bind(self, parent: "ParentHandle") -> "AgentTool":
         """A copy whose `execute` may leave the parent out."""
         bound = AgentTool(self.agent_type, description=self.description, name=self.name,
-                          display_name=self.display_name, input_model=self.input_model)
+                          display_name=self.display_name, input_model=self.input_model,
+                          detached=self.detached)
         bound.parent = parent
         return bound
 
@@ -101,12 +112,36 @@ class AgentTool:
         except (ValueError, TypeError) as error:
             return {"ok": False, "run_id": run_id, "agent_type": self.agent_type,
                     "status": "error", "error": f"invalid input: {error}", "retryable": False}
+        options: dict[str, Any] = {"detached": self.detached} if self.detached else {}
         result = await parent.run_agent_tool(
             self.agent_type, arguments, run_id=run_id, parent_tool_call_id=tool_call_id,
-            display_order=display_order, display=self.display_name)
-        if result.ok:
+            display_order=display_order, display=self.display_name, **options)
+        if getattr(result, "ok", None) is True:
             return result.summary
         return result.model_dump(mode="json", exclude_none=True)
+
+    def as_tool(self) -> Any:
+        """This agent tool as a `tether.agents.Tool`, for a model parent's definition.
+
+        Its calls start runs owned by the model parent's run (`ctx.client`, the
+        child-runner's parent client), one per tool call, and run concurrently.
+        """
+        from tether.agents.tools import Tool
+        from tether.child.agent import AnyInput
+        from tether.child.context import current_context
+
+        async def execute(ctx: Any, input: BaseModel) -> Any:
+            run = current_context()
+            if run is None or run.client is None:
+                raise RuntimeError(f"the {self.name} tool starts a Tether run: it works in a "
+                                   "model parent run by a child-runner with a parent client")
+            # Through the run's context: an awaited run that waits for a human is relayed
+            # up the tree (`RunContext.run_agent_tool`).
+            return await self.execute(run, ctx.tool_call_id,  # type: ignore[arg-type]
+                                      input.model_dump(mode="json", exclude_unset=True))
+
+        return Tool(id=self.name, description=self.description,
+                    input_model=self.input_model or AnyInput, execute=execute, starts_run=True)
 
     def _arguments(self, input: dict[str, Any] | str | BaseModel | None) -> dict[str, Any]:
         if isinstance(input, str):
@@ -130,7 +165,8 @@ class AgentTool:
 
 
 def agent_tool(agent: Any, *, description: str | None = None, display_name: str | None = None,
-               input_model: type[BaseModel] | None = None, name: str | None = None) -> AgentTool:
+               input_model: type[BaseModel] | None = None, name: str | None = None,
+               detached: bool | dict[str, Any] = False) -> AgentTool:
     """An `AgentTool` for a child agent, named by its agent type or given as its class.
 
     With a `ChildAgent` subclass, its `agent_type`, `description` and `input_model` are the
@@ -147,4 +183,4 @@ def agent_tool(agent: Any, *, description: str | None = None, display_name: str 
     else:
         agent_type = agent
     return AgentTool(agent_type, description=description or "", name=name,
-                     display_name=display_name, input_model=input_model)
+                     display_name=display_name, input_model=input_model, detached=detached)

@@ -50,6 +50,7 @@ from tether.domain.commands import (
     HistoryQuery,
     InspectQuery,
     ListQuery,
+    MessageCommand,
     RunCommand,
     ServeHookQuery,
 )
@@ -113,14 +114,15 @@ def _reader(model: type) -> Callable[..., Any]:
 
 
 COMMANDS = (
-    ("run", RunCommand, ("`run:<parent_agent>.<parent_name>.<run_id>`, with `:<seq>` added "
-                        "when the run id has events but no run (`seq`: the stream sequence "
-                        "of its rejection or tombstone)")),
+    ("run", RunCommand, ("`run:<parent_agent>/<parent_name>/<run_id>`, with `:<seq>` after it "
+                        "when the run id has events but no run (`seq`: the stream sequence of "
+                        "its rejection or tombstone)")),
     ("cancel", CancelCommand, "`cancel:<run_id>:<random>`"),
     ("clear", ClearCommand, "`clear:<parent_agent>:<parent_name>:<random>`"),
     ("continue", ContinueCommand, "unique per answer, chosen by the sender"),
     ("delivered", DeliveredCommand,
      "`delivered:<parent_agent>.<parent_name>:<method>:<the hook message's id>`"),
+    ("message", MessageCommand, "`message:<parent_agent>:<parent_name>:<message_id>`"),
 )
 QUERIES = (("inspect", InspectQuery, InspectReply), ("list", ListQuery, ListReply),
            ("has_run", HasRunQuery, HasRunReply), ("history", HistoryQuery, HistoryReply),

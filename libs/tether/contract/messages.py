@@ -140,8 +140,9 @@ class HookMessage(Model):
 
 class ChatMessage(Model):
     """`<prefix>.chat.<parent_agent>.<parent_name>`, `Nats-Msg-Id` = `id`:
-    `detached-finish:<run_id>:<status>:<incarnation>` or
-    `detached-ms:<run_id>:<name>:<incarnation>`."""
+    `detached-finish:<run_id>:<status>:<incarnation>`,
+    `detached-ms:<run_id>:<name>:<incarnation>`, `user:<message_id>` (a `message`
+    command) or `reply:<run_id>:<call>` (a model parent's answer)."""
 
     id: str
     role: Literal["user", "assistant"]
@@ -197,8 +198,43 @@ class MilestoneView(Model):
     at: int
 
 
+class UsageView(Model):
+    """Model usage: tokens, and the cost (None when a model's price is unknown)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    total_tokens: int = 0
+    cost: float | None = 0.0
+
+    @classmethod
+    def of_steps(cls, steps: dict[int, dict[str, Any]]) -> "UsageView":
+        """The usage of a run's recorded steps (each model turn's usage and cost)."""
+        total = cls()
+        for step in steps.values():
+            turn = step.get("turn") or {}
+            usage = turn.get("usage") or {}
+            if not turn:
+                continue
+            total = total.plus(cls(input_tokens=usage.get("input_tokens", 0),
+                                   output_tokens=usage.get("output_tokens", 0),
+                                   cached_tokens=usage.get("cached_tokens", 0),
+                                   cost=step.get("cost")))
+        return total
+
+    def plus(self, other: "UsageView") -> "UsageView":
+        inputs = self.input_tokens + other.input_tokens
+        outputs = self.output_tokens + other.output_tokens
+        cost = (None if self.cost is None or other.cost is None
+                else round(self.cost + other.cost, 10))
+        return UsageView(input_tokens=inputs, output_tokens=outputs,
+                         cached_tokens=self.cached_tokens + other.cached_tokens,
+                         total_tokens=inputs + outputs, cost=cost)
+
+
 class RunSnapshot(Model):
-    """A run as inspect and list show it."""
+    """A run as inspect and list show it. `usage` is the run's own model usage;
+    `subtree_usage` (inspect only) adds that of every run it started, and theirs."""
 
     run_id: str
     parent: ParentRef
@@ -222,6 +258,8 @@ class RunSnapshot(Model):
     requested_at: int
     started_at: int | None = None
     ended_at: int | None = None
+    usage: UsageView = Field(default_factory=UsageView)
+    subtree_usage: UsageView | None = None
 
     @classmethod
     def of(cls, state: RunState) -> "RunSnapshot":
@@ -238,7 +276,7 @@ class RunSnapshot(Model):
             cancel_requested=state.cancel_requested_at is not None,
             waiting_for=state.paused.reason if state.paused else None,
             requested_at=state.requested_at, started_at=state.started_at,
-            ended_at=state.ended_at,
+            ended_at=state.ended_at, usage=UsageView.of_steps(state.steps),
         )
 
 
@@ -297,15 +335,15 @@ def _life(incarnation: str) -> str:
     return f":{incarnation}" if incarnation else ""
 
 
-def run_message_id(parent: ParentRef, run_id: str, vacated_at: int = 0) -> str:
-    """A run request's id: `run:<parent_agent>.<parent_name>.<run_id>`, with `:<seq>`
-    added when the run id has events but no run (the last was a rejection or a clear, at
-    stream sequence `seq`). Requests for one run repeated inside the duplicate window
-    make one command, and a request after a rejection or a clear is a new one that
-    reaches the parent. The parent is in the id: one parent's run id is another's too
-    (`.` separates, as no identifier contains it)."""
-    scoped = f"run:{parent.agent}.{parent.name}.{run_id}"
-    return f"{scoped}:{vacated_at}" if vacated_at else scoped
+def run_message_id(run_id: str, vacated_at: int = 0, parent: ParentRef | None = None) -> str:
+    """A run request's id: `run:<parent_agent>/<parent_name>/<run_id>` (`run:<run_id>`
+    without a parent), with `:<seq>` after it when the run id has events but no run (the
+    last was a rejection or a clear, at stream sequence `seq`). Requests for one run
+    repeated inside the duplicate window make one command, two parents' runs of one run
+    id are two, and a request after a rejection or a clear is a new one that reaches the
+    parent."""
+    key = run_id if parent is None else f"{parent.agent}/{parent.name}/{run_id}"
+    return f"run:{key}:{vacated_at}" if vacated_at else f"run:{key}"
 
 
 def work_message_id(run_id: str, dispatch: int, why: str = "start", incarnation: str = "") -> str:
@@ -395,3 +433,13 @@ class ObservabilityEvent(Model):
     reason: str | None = None
     at: int
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+def user_message_id(message_id: str) -> str:
+    """The chat message id of a conversation's user message (a `message` command)."""
+    return f"user:{message_id}"
+
+
+def reply_message_id(run_id: str, call: int) -> str:
+    """The chat message id of a model parent's answer to one conversation call."""
+    return f"reply:{run_id}:{call}"

@@ -55,6 +55,18 @@ class ContinueCommand(Model):
     human_input: str | None = None
 
 
+class MessageCommand(Model):
+    """A user message for a conversation: the parent puts it on the conversation's chat
+    subject (`<prefix>.chat.<agent>.<name>`) as `user:<message_id>`, where the model
+    parent of that conversation takes it in once."""
+
+    type: Literal["message"] = "message"
+    parent: ParentRef
+    message_id: Identifier
+    content: str = Field(min_length=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
 class DeliveredCommand(Model):
     """A hook handler's acknowledgement: the parent records `run.finish_delivered`, so an
     application never needs to append to the log itself."""
@@ -120,12 +132,12 @@ class ServeHookQuery(Model):
 
 Command = Annotated[
     RunCommand | CancelCommand | ClearCommand | ContinueCommand | DeliveredCommand
-    | InspectQuery | ListQuery | HasRunQuery | HistoryQuery | ServeHookQuery,
+    | MessageCommand | InspectQuery | ListQuery | HasRunQuery | HistoryQuery | ServeHookQuery,
     Field(discriminator="type"),
 ]
 COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,
-                   DeliveredCommand, InspectQuery, ListQuery, HasRunQuery, HistoryQuery,
-                   ServeHookQuery)
+                   DeliveredCommand, MessageCommand, InspectQuery, ListQuery, HasRunQuery,
+                   HistoryQuery, ServeHookQuery)
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 COMMAND_TYPES: frozenset[str] = frozenset(cls.model_fields["type"].default for cls in COMMAND_CLASSES)
 

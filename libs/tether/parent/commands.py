@@ -19,9 +19,11 @@ from tether.adapters.jetstream import EventLog
 from tether.child.agent import AgentRegistry
 from tether.contract.messages import (
     CancelSignal,
+    ChatMessage,
     WorkItem,
     names_this_life,
     record_delivery_of_this_life,
+    user_message_id,
     work_message_id,
 )
 from tether.domain import decide
@@ -30,6 +32,7 @@ from tether.domain.commands import (
     ClearCommand,
     ContinueCommand,
     DeliveredCommand,
+    MessageCommand,
     RunCommand,
     parse_command,
 )
@@ -41,6 +44,10 @@ from tether.parent.slots import SlotKeeper
 # A command's JSON object, or its bytes when the service could not make one of them (the
 # handler then says why).
 Payload = dict[str, Any] | bytes
+
+
+# How deep a cancel follows a run's descendants (runs of runs of ...).
+MAX_TREE_DEPTH = 16
 
 
 class UnparseableCommand(Exception):
@@ -202,8 +209,13 @@ class CommandHandlers:
     # --- cancel and clear ---------------------------------------------------------------
 
     async def cancel(self, payload: Payload, seq: int) -> str | None:
+        """Cancel a run, and first its open descendants (the runs it started, and
+        theirs), deepest first, so nothing it delegated outlives it."""
         command = self._parse(CancelCommand, "cancel", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
+        current = (await self._log.read_run(command.parent, command.run_id)).state
+        if current is not None and current.is_open:
+            await self._cancel_descendants(current, cause, depth=0)
         state, appended = await self._log.update(command.parent, command.run_id,
                                                  lambda s: decide.cancel(s, cause))
         if state is not None and appended:
@@ -229,6 +241,18 @@ class CommandHandlers:
         await self._reject(command.run_id, command.parent, state.agent_type, "not-paused", why,
                            cause)
         return "not paused"
+
+    async def message(self, payload: Payload) -> str:
+        """A user message goes on the conversation's chat subject, once per message id."""
+        command = self._parse(MessageCommand, "message", payload)
+        message = ChatMessage(id=user_message_id(command.message_id), role="user",
+                              content=command.content,
+                              metadata={**command.metadata, "source": "user", "kind": "message"})
+        ack = await self._log.publish(self._subjects.chat(command.parent),
+                                      message.model_dump_json().encode(),
+                                      headers={"Nats-Msg-Id": message.id},
+                                      stream=self._subjects.chat_stream)
+        return "duplicate" if ack.duplicate else "posted"
 
     async def record_delivery(self, payload: Payload) -> str:
         command = self._parse(DeliveredCommand, "delivered", payload)
@@ -268,11 +292,26 @@ class CommandHandlers:
             cleared.append(run_id)
         return cleared
 
+    async def _cancel_descendants(self, state: RunState, cause: decide.Cause, depth: int) -> None:
+        if depth >= MAX_TREE_DEPTH:
+            return
+        owner = ParentRef(agent=state.agent_type, name=state.run_id)
+        for run_id in await self._run_ids(owner):
+            child = (await self._log.read_run(owner, run_id)).state
+            if child is None or not child.is_open:
+                continue
+            await self._cancel_descendants(child, cause, depth + 1)
+            # Run ids repeat between parents (`agent-tool:call_0_0`): the descendant's
+            # incarnation keeps its event ids apart from any other run's of this command.
+            mine = decide.Cause(command_seq=cause.command_seq, now=cause.now,
+                                origin=f"cascade-{child.incarnation}")
+            after, appended = await self._log.update(
+                owner, run_id, lambda s, mine=mine: decide.cancel(s, mine, reason="its parent run was cancelled"))
+            if after is not None and appended:
+                await self._signal_cancel(after)
+
     async def _run_ids(self, parent: ParentRef) -> list[str]:
-        prefix = self._subjects.parent_events(parent)[:-1]
-        info = await self._js.stream_info(self._subjects.events_stream,
-                                          subjects_filter=prefix + "*")
-        return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
+        return await self._log.run_ids(parent)
 
     async def _signal_cancel(self, state: RunState) -> None:
         signal = CancelSignal(run_id=state.run_id, parent=state.parent, reason="cancelled")

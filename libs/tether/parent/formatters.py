@@ -45,6 +45,38 @@ class _Layered:
         return (method or self._default.format_detached_milestone)(run, milestone)
 
 
+def default_format(method: Any) -> Any:
+    """Marks a class's formatter method as the default one: the deployment's formatters
+    (`TETHER_FORMATTERS`) word the message instead."""
+    method.default_format = True
+    return method
+
+
+class ByParentClass:
+    """A parent that is a registered agent class with its own formatter methods (a model
+    parent that overrides them) words its runs' messages itself; every other parent gets
+    `fallback`."""
+
+    def __init__(self, agents: Any, fallback: Formatters) -> None:
+        self._agents, self._fallback = agents, fallback
+        self._instances: dict[str, Any] = {}
+
+    def _for(self, run: RunInfo, method: str) -> Any:
+        cls = self._agents.get(run.parent.agent) if self._agents else None
+        found = getattr(cls, method, None) if cls is not None else None
+        if not callable(found) or getattr(found, "default_format", False):
+            return getattr(self._fallback, method)
+        if cls.agent_type not in self._instances:
+            self._instances[cls.agent_type] = cls()
+        return getattr(self._instances[cls.agent_type], method)
+
+    def format_detached_completion(self, run: RunInfo, result: LifecycleResult) -> str:
+        return self._for(run, "format_detached_completion")(run, result)
+
+    def format_detached_milestone(self, run: RunInfo, milestone: MilestoneView) -> str:
+        return self._for(run, "format_detached_milestone")(run, milestone)
+
+
 def load_formatters(path: str | None) -> Formatters:
     if not path:
         return DefaultFormatters()

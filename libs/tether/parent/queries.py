@@ -29,6 +29,7 @@ from tether.contract.messages import (
     RunSnapshot,
     ServeHookReply,
     StoredMessage,
+    UsageView,
 )
 from tether.contract.subjects import Subjects
 from tether.domain.commands import (
@@ -42,6 +43,7 @@ from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState
 
 QUERY_QUEUE = "tether-parent"
+MAX_TREE_DEPTH = 16  # how deep a subtree's usage is summed
 REPLIES = {"inspect": InspectReply, "list": ListReply, "has_run": HasRunReply,
            "history": HistoryReply, "serve_hook": ServeHookReply}
 # A history reply stays well under NATS's default max_payload (1 MiB).
@@ -89,7 +91,25 @@ class ParentQueries:
         # The run's subject contains its parent, so another parent's run id is simply
         # not there: "not found", never data.
         state = (await self._log.read_run(query.parent, query.run_id)).state
-        return InspectReply(run=RunSnapshot.of(state) if state else None)
+        if state is None:
+            return InspectReply(run=None)
+        snapshot = RunSnapshot.of(state)
+        subtree = snapshot.usage.plus(await self._descendants_usage(state, depth=0))
+        return InspectReply(run=snapshot.model_copy(update={"subtree_usage": subtree}))
+
+    async def _descendants_usage(self, state: RunState, depth: int) -> UsageView:
+        """The model usage of every run below this one (runs it started, and theirs)."""
+        assert self._log is not None
+        total = UsageView()
+        if depth >= MAX_TREE_DEPTH:
+            return total
+        owner = ParentRef(agent=state.agent_type, name=state.run_id)
+        for run_id in await self._log.run_ids(owner):
+            child = (await self._log.read_run(owner, run_id)).state
+            if child is not None:
+                total = total.plus(UsageView.of_steps(child.steps)).plus(
+                    await self._descendants_usage(child, depth + 1))
+        return total
 
     async def has_run(self, query: HasRunQuery, message: NatsMessage) -> HasRunReply:
         assert self._log is not None

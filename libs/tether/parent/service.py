@@ -26,13 +26,13 @@ from tether.domain import decide
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
 from tether.parent.delivery import Deliverer
-from tether.parent.formatters import load_formatters
+from tether.parent.formatters import ByParentClass, load_formatters
 from tether.parent.queries import ParentQueries
 from tether.parent.registry import RegisteredHooks
 from tether.parent.slots import SlotKeeper
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
-COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered")
+COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
 MAX_COMMAND_DELIVERIES = 10
 
 
@@ -71,7 +71,7 @@ class ParentService:
         )
         records = await DeliveryRecords.open(self._js, self._subjects.deliveries_bucket)
         self._deliverer = Deliverer(self._log, self._hooks,
-                                    load_formatters(self._settings.formatters), self._logger,
+                                    ByParentClass(self._agents, load_formatters(self._settings.formatters)), self._logger,
                                     duplicate_window_ms=self._settings.duplicate_window_ms,
                                     delivery_lease_ms=self._settings.delivery_lease_ms,
                                     records=records)
@@ -182,6 +182,9 @@ class ParentService:
         elif kind == "delivered":
             result = await self._handlers.record_delivery(payload)
             log.info("command.delivered", result=result)
+        elif kind == "message":
+            result = await self._handlers.message(payload)
+            log.info("command.message", result=result)
         else:
             cleared = await self._handlers.clear(payload, seq)
             log.info("command.clear", cleared=len(cleared))

@@ -340,7 +340,7 @@ async def rerequest_run(request: Request) -> Response:
         # interrupted run is a duplicate, a request after a later interruption is new.
         last_seq = await ui.tether.run_reads.last_seq(
             ui.tether.subjects.run_events(parent, state.run_id))
-        await ui.tether.publish_command("run", command, run_message_id(parent, state.run_id, last_seq))
+        await ui.tether.publish_command("run", command, run_message_id(state.run_id, last_seq, state.parent))
         return f"re-requested {state.run_id}"
 
     return await _act(rerequest())

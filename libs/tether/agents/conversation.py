@@ -1,0 +1,257 @@
+"""A model parent: a model agent whose run is a durable conversation, `Agent/name`.
+
+    class Assistant(ModelParent):
+        definition = AgentDefinition(id="assistant", model="gpt-4o-mini",
+                                     tools=(agent_tool(Researcher, description="..."),))
+
+The conversation `Assistant/user-42` is the run `user-42` of the agent type `Assistant`,
+owned by `Conversations/Assistant` and executed by a child-runner like any child. It
+is the parent of the runs its model starts, so they are on the timeline
+`Assistant/user-42`, and its inbox is that parent's chat subject: user messages (the
+`message` command), the notifications of its detached runs (`notify`) and their
+milestones (`on_milestones`). Each message it takes in is recorded in a step record
+(`inbox`) before the model sees it: a user-role message starts one call of the agent
+loop (model turns and tool calls until the model answers, each step recorded), an
+assistant-role one (a narrated milestone) is added as a status line without a model
+turn. The answer goes back on the chat subject as `reply:<run id>:<call>`.
+
+A runner that dies is replaced by another (the work item comes back): the new one
+rebuilds the conversation from the step records, finishes the call that was under way
+after its last recorded step, and reads the inbox again, skipping what the records took
+in, so a message gets one call and a recorded model turn or child run is never repeated.
+"""
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, Field
+
+from tether.adapters.jetstream import subscribe_routed
+from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
+from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
+from tether.agents.records import AgentStepRecord, Decisions, state_after
+from tether.agents.tool_calls import now_ms
+from tether.agents.tools import StateAccessor
+from tether.child.context import RunCancelled, RunContext
+from tether.contract.messages import (
+    ChatMessage,
+    LifecycleResult,
+    MilestoneView,
+    ProgressSignal,
+    RunInfo,
+    reply_message_id,
+)
+from tether.log import get_logger
+from tether.parent.formatters import DefaultFormatters, default_format
+
+
+class ConversationInput(BaseModel):
+    """What starts a conversation: options for every call of it."""
+
+    context: dict[str, Any] = Field(default_factory=dict,
+                                    description="application context for tools and instructions")
+    model: str | None = Field(default=None, description="overrides the definition's model")
+    max_steps: int | None = Field(default=None, ge=1, description="model turns per message")
+    state: dict[str, Any] = Field(default_factory=dict, description="initial state")
+    preset: str | None = Field(default=None, description="a gateway preset, passed through")
+
+
+class ModelParent(ModelAgent):
+    """A model agent that holds a conversation and delegates to child agents as tools.
+
+    Override `format_detached_completion(run, result)` and
+    `format_detached_milestone(run, milestone)` to word the messages its detached runs
+    put in the conversation (the parent service calls them; "" suppresses a message).
+    """
+
+    base_class: ClassVar[bool] = True
+    input_model = ConversationInput
+    _formats: ClassVar[DefaultFormatters] = DefaultFormatters()
+
+    @default_format
+    def format_detached_completion(self, run: RunInfo, result: LifecycleResult) -> str:
+        return self._formats.format_detached_completion(run, result)
+
+    @default_format
+    def format_detached_milestone(self, run: RunInfo, milestone: MilestoneView) -> str:
+        return self._formats.format_detached_milestone(run, milestone)
+
+    async def on_progress(self, run: RunInfo, progress: ProgressSignal) -> None:
+        """Each progress signal and milestone (`progress.milestone` set) of the runs this
+        conversation started, awaited or detached, as it arrives: best effort, live only
+        (after a takeover, `inspect` has each run's latest snapshot; old signals are not
+        replayed here). Override to meter, steer or show progress."""
+
+    async def run(self, ctx: RunContext, input: BaseModel) -> Any:
+        if ctx.client is None:
+            raise RuntimeError("a model parent needs the child-runner's parent client "
+                               "(it reads its conversation and starts runs through it)")
+        options = input if isinstance(input, ConversationInput) else ConversationInput()
+        history = ctx.history
+        records = ([AgentStepRecord.model_validate(history.steps[i]) for i in sorted(history.steps)]
+                   if history is not None else [])
+        self._session = Session(input=(), records=records,
+                                state=StateAccessor(state_after(options.state, records)))
+        self._ctx, self._options = ctx, options
+        self._journal = _RunJournal(ctx, records)
+        self._replayed = False
+        taken = {message_id for record in records for message_id in record.inbox}
+        watching = (type(self).on_progress is not ModelParent.on_progress)
+        async with contextlib.AsyncExitStack() as stack:
+            if watching:
+                await stack.enter_async_context(_ProgressWatch(self, ctx))
+            if records and records[-1].status not in ("completed", "stopped"):
+                # Taken over mid-call: finish it after its last recorded step.
+                await self._call(records[-1].call, None)
+            await self._serve_inbox(ctx, taken)
+
+    async def _serve_inbox(self, ctx: RunContext, taken: set[str]) -> None:
+        async with contextlib.aclosing(self._inbox(ctx)) as inbox:
+            async for message in inbox:
+                if message.id in taken or message.metadata.get("source") == "model":
+                    continue
+                taken.add(message.id)
+                call = self._session.records[-1].call + 1 if self._session.records else 0
+                if message.role == "assistant":
+                    await self._note(call, message)
+                else:
+                    await self._call(call, Decisions(human_input=message.content),
+                                     inbox=(message.id,))
+
+    async def _call(self, call: int, decisions: Decisions | None,
+                    inbox: tuple[str, ...] = ()) -> None:
+        """One call of the agent loop: the model answers one message (or goes on with a
+        call a dead runner left), and the answer goes on the chat subject."""
+        definition, ctx, options = type(self).definition, self._ctx, self._options
+
+        async def text(chunk: str, replayed: bool) -> None:
+            if replayed and self._replayed:
+                return  # only the first call replays what the log already has
+            await ctx.output(chunk)
+
+        def status(value: str) -> None:
+            ctx.child_status = value
+
+        plan = CallPlan(run_id=ctx.run_id, call=call,
+                        max_steps=options.max_steps or definition.max_steps,
+                        retry=definition.model_retries, model=options.model,
+                        preset=options.preset, context=options.context, parent=ctx.parent,
+                        inbox=inbox)
+        ports = LoopPorts(client=client_for(type(self)), journal=self._journal, text=text,
+                          progress=ctx.report_progress, cancelled=ctx.cancelled,
+                          on_status=status)
+        outcome = await AgentLoop(definition, ports).drive(self._session, plan, decisions)
+        self._replayed = True
+        if outcome.status == "cancelled":
+            ctx.raise_if_cancelled()
+        if outcome.status == "failed":
+            raise ModelAgentFailed(outcome.error or "the model call failed")
+        ctx.child_status = "waiting_for_input"
+        await self._reply(call)
+
+    async def _note(self, call: int, message: ChatMessage) -> None:
+        """A narrated milestone: an assistant status line, recorded, with no model turn."""
+        records = self._session.records
+        at = now_ms()
+        record = AgentStepRecord(index=len(records), call=call, kind="continuation",
+                                 status="completed", note=message.content,
+                                 inbox=(message.id,), state=self._session.state.snapshot(),
+                                 started_at=at, ended_at=at)
+        records.append(await self._journal.record(record))
+
+    async def _reply(self, call: int) -> None:
+        records = [r for r in self._session.records if r.call == call]
+        answer = next((r.text for r in reversed(records) if r.text), "")
+        if not answer:
+            return
+        asked = [message_id for r in records for message_id in r.inbox]
+        tether = self._ctx.client.tether
+        message = ChatMessage(id=reply_message_id(self._ctx.run_id, call), role="assistant",
+                              content=answer, metadata={"source": "model", "kind": "reply",
+                                                        "call": call, "in_reply_to": asked})
+        await tether.log.publish(tether.subjects.chat(self._ctx.as_parent()),
+                                 message.model_dump_json().encode(),
+                                 headers={"Nats-Msg-Id": message.id},
+                                 stream=tether.subjects.chat_stream)
+
+    async def _inbox(self, ctx: RunContext) -> AsyncIterator[ChatMessage]:
+        """The conversation's chat subject from the start, until the run is cancelled."""
+        from tether.client.chat import follow_chat
+
+        messages = follow_chat(ctx.client.tether, ctx.as_parent())
+        cancelled = asyncio.ensure_future(ctx.cancelled.wait())
+        following: asyncio.Future | None = None
+        try:
+            while True:
+                following = asyncio.ensure_future(anext(messages))
+                done, _ = await asyncio.wait({following, cancelled},
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if following not in done:
+                    raise RunCancelled(f"conversation {ctx.run_id} was closed")
+                yield following.result()
+        finally:
+            cancelled.cancel()
+            if following is not None and not following.done():
+                following.cancel()
+                with contextlib.suppress(BaseException):
+                    await following
+            await messages.aclose()
+
+    async def get_summary(self, run_id: str, output: Any) -> str | None:
+        return None
+
+
+class _ProgressWatch:
+    """Calls the model parent's `on_progress` for the live progress and milestones of the
+    runs on its timeline, from their progress subjects (where the runner publishes each
+    milestone too, marked by `milestone`); a core subscription, so nothing is replayed."""
+
+    def __init__(self, agent: ModelParent, ctx: RunContext) -> None:
+        self._agent, self._ctx = agent, ctx
+        self._tether = ctx.client.tether
+        self._queue: asyncio.Queue[ProgressSignal] = asyncio.Queue(maxsize=1024)
+        self._runs: dict[str, RunInfo] = {}
+        self._subscriptions: list = []
+        self._task: asyncio.Task | None = None
+        self._logger = get_logger(component="on_progress", run_id=ctx.run_id)
+
+    async def __aenter__(self) -> Self:
+        me, subjects, nc = self._ctx.as_parent(), self._tether.subjects, self._tether.nc
+        self._subscriptions = [
+            await subscribe_routed(nc, subjects.parent_progress(me), self._on_progress)]
+        await nc.flush()
+        self._task = asyncio.create_task(self._deliver())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for subscription in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+    def _offer(self, signal: ProgressSignal) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # best effort: a slow hook drops some
+            self._queue.put_nowait(signal)
+
+    def _on_progress(self, msg: Any) -> None:
+        with contextlib.suppress(ValueError):
+            self._offer(ProgressSignal.model_validate_json(msg.data))
+
+    async def _deliver(self) -> None:
+        while True:
+            signal = await self._queue.get()
+            try:
+                run = self._runs.get(signal.run_id)
+                if run is None:
+                    history = await self._tether.log.read_run(signal.parent, signal.run_id)
+                    if history.state is None:
+                        continue
+                    run = self._runs[signal.run_id] = RunInfo.of(history.state)
+                await self._agent.on_progress(run, signal)
+            except Exception as error:  # noqa: BLE001 - best effort: a failing hook is logged
+                self._logger.warning("on_progress.failed", error=repr(error))

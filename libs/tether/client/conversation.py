@@ -1,0 +1,95 @@
+"""A model parent's conversation as the application sees it: start, send, read, close.
+
+    conversation = tether.conversation("Assistant", "user-42")
+    await conversation.start()
+    answer = await conversation.ask("Compare HTTP/3 and gRPC")
+
+The conversation `Assistant/user-42` is the run `user-42` of the model parent
+`Assistant`, owned by `Conversations/Assistant`; its messages are the chat subject of
+`Assistant/user-42`, where user messages (the `message` command), the notifications of
+its detached runs and the model's answers (`reply:<run id>:<call>`) all land.
+"""
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from tether.contract.messages import ChatMessage, DetachedHandle, user_message_id
+from tether.domain.commands import MessageCommand
+from tether.domain.events import ParentRef
+from tether.domain.ids import check_identifier
+
+if TYPE_CHECKING:
+    from tether.client.connection import Tether
+    from tether.client.parent import ParentHandle
+    from tether.contract.messages import RunSnapshot
+
+# The owner of every conversation run: `Conversations/<agent type>`.
+CONVERSATIONS = "Conversations"
+# A conversation lives until it is closed: its absolute budget is this long (ten years).
+CONVERSATION_BUDGET_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+def conversation_owner(agent_type: str) -> ParentRef:
+    return ParentRef(agent=CONVERSATIONS, name=agent_type)
+
+
+class Conversation:
+    def __init__(self, tether: "Tether", agent_type: str, name: str) -> None:
+        self.tether = tether
+        self.ref = ParentRef(agent=check_identifier(agent_type, "agent type"),
+                             name=check_identifier(name, "conversation name"))
+        self.owner: ParentHandle = tether.parent(CONVERSATIONS, agent_type)
+
+    def __repr__(self) -> str:
+        return f"Conversation({self.ref.agent}/{self.ref.name})"
+
+    @property
+    def parent(self) -> "ParentHandle":
+        """The conversation as the parent of the runs its model starts (their timeline)."""
+        return self.tether.parent(self.ref.agent, self.ref.name)
+
+    async def start(self, context: dict[str, Any] | None = None,
+                    **options: Any) -> DetachedHandle:
+        """Start the conversation (idempotent: an open one is left as it is).
+
+        `options` are the model parent's `ConversationInput` fields (`model`,
+        `max_steps`, `state`, `preset`)."""
+        return await self.owner.run_agent_tool(
+            self.ref.agent, {"context": context or {}, **options}, run_id=self.ref.name,
+            detached={"max_budget_ms": CONVERSATION_BUDGET_MS, "no_progress_budget_ms": 0})
+
+    async def send(self, text: str, *, message_id: str | None = None,
+                   metadata: dict[str, Any] | None = None) -> str:
+        """Post a user message; returns its chat message id. The same `message_id` sent
+        again is one message."""
+        message_id = check_identifier(message_id or uuid.uuid4().hex, "message id")
+        command = MessageCommand(parent=self.ref, message_id=message_id, content=text,
+                                 metadata=metadata or {})
+        await self.tether.publish_command(
+            "message", command, f"message:{self.ref.agent}:{self.ref.name}:{message_id}")
+        return user_message_id(message_id)
+
+    def messages(self, *, new_only: bool = False,
+                 durable: str | None = None) -> AsyncIterator[ChatMessage]:
+        """Every message of the conversation, replayed from the start, then live."""
+        return self.tether.chat(self.ref, new_only=new_only, durable=durable)
+
+    async def reply(self, message_id: str) -> ChatMessage:
+        """The model's answer to the message with this chat message id."""
+        async for message in self.messages():
+            if message.metadata.get("source") == "model" \
+                    and message_id in message.metadata.get("in_reply_to", ()):
+                return message
+        raise AssertionError("unreachable: the chat feed does not end")
+
+    async def ask(self, text: str, *, message_id: str | None = None) -> str:
+        """Send a message and wait for the model's answer to it."""
+        return (await self.reply(await self.send(text, message_id=message_id))).content
+
+    async def inspect(self) -> "RunSnapshot | None":
+        return await self.owner.inspect(self.ref.name)
+
+    async def close(self) -> None:
+        """End the conversation (its run ends `aborted`; its awaited runs are cancelled)."""
+        await self.owner.cancel(self.ref.name)

@@ -1,0 +1,520 @@
+"""A model parent: an AgentDefinition whose tools include child agents, against real NATS.
+
+The parent service and a child-runner run in-process; the runner's parent client is a
+Tether client, so the model parent's agent-tool calls become runs on its own timeline
+(`<agent type>/<run id>`). Each test gives the model a fresh scripted client; every wait
+follows events or polls a condition with a deadline.
+"""
+
+import asyncio
+import io
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import BaseModel, Field
+
+from tether import ChildAgent, RunContext, agent_tool
+from tether.adapters.postgres.projector import Projector
+from tether.agents import (
+    AgentDefinition,
+    ModelAgent,
+    ModelAgentInput,
+    ModelParent,
+    ModelPrice,
+    PriceTable,
+    Reply,
+    ScriptedModelClient,
+    ToolContext,
+    tool,
+)
+from tether.agents.devtools import render_run, show_run
+from tether.child.agent import AgentRegistry
+from tether.child.runner import ChildRunner
+from tether.client import Tether, connect
+from tether.contract.messages import UsageView
+from tether.domain.events import ParentRef
+from tether.log import get_logger
+from tether.parent.service import ParentService
+
+DEADLINE_S = 10
+
+
+class Query(BaseModel):
+    query: str = Field(min_length=3)
+    siblings: int = 1  # how many Researchers the same turn starts
+
+
+class Researcher(ChildAgent):
+    """Researches one topic; `bad` fails. It waits (bounded) until as many Researchers as
+    the turn started run at once, so a sequential fan-out fails the test."""
+
+    input_model = Query
+    active: ClassVar[set[str]] = set()
+    together: ClassVar[asyncio.Event | None] = None
+
+    async def run(self, ctx: RunContext, input: Query) -> str:
+        if input.query == "bad":
+            raise RuntimeError("no sources found for 'bad'")
+        await ctx.report_progress(fraction=1.0, phase="reading")
+        cls = type(self)
+        cls.active.add(input.query)
+        if len(cls.active) >= input.siblings and cls.together is not None:
+            cls.together.set()
+        try:
+            if input.siblings > 1:
+                assert cls.together is not None
+                await asyncio.wait_for(cls.together.wait(), timeout=5)
+        finally:
+            cls.active.discard(input.query)
+        return f"findings on {input.query}"
+
+
+class Note(BaseModel):
+    text: str
+
+
+@tool
+async def remember(ctx: ToolContext, input: Note) -> str:
+    """Write a note down."""
+    return f"noted: {input.text}"
+
+
+class Text(BaseModel):
+    text: str
+
+
+class Summarizer(ModelAgent):
+    """A model child whose first message is worded from its input and the request."""
+
+    definition = AgentDefinition(id="summarizer", model="scripted")
+    input_model = Text
+    script = ()
+
+    def format_agent_tool_input(self, input: Text, request) -> str:
+        return (f"Summarize for {request.parent.agent}/{request.parent.name} "
+                f"({request.run_id}, call {request.parent_tool_call_id}):\n\n{input.text}")
+
+
+class Planner(ModelAgent):
+    definition = AgentDefinition(
+        id="planner", model="scripted", max_steps=4,
+        instructions="Plan; delegate research to the Researcher tool.",
+        tools=(agent_tool(Researcher, description="Research one topic in depth.",
+                          display_name="Research"), remember,
+               agent_tool(Summarizer, description="Summarize a text.")))
+    script = ()
+
+
+AGENTS = (Researcher, Summarizer, Planner)
+
+
+@pytest.fixture(autouse=True)
+def fresh_researchers():
+    Researcher.active = set()
+    Researcher.together = asyncio.Event()
+    Assistant.progress = []
+
+
+@pytest.fixture
+async def tether(log, settings) -> AsyncIterator[Tether]:
+    async with connect(settings=settings) as client:
+        yield client
+
+
+@pytest.fixture
+async def services(settings, log, pool, tether):
+    parent = ParentService(settings, log, pool, AgentRegistry(AGENTS),
+                           get_logger(service="parent-test"))
+    await parent.start()
+    runner = ChildRunner(tether.nc, settings.model_copy(update={"work_ack_wait_ms": 1500}),
+                         AgentRegistry(AGENTS), fetch_timeout_s=0.3, cancel_grace_s=0.2, shutdown_grace_s=0.5,
+                         parent_client=lambda ref: tether.parent(ref.agent, ref.name))
+    await runner.start()
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(parent.run(stop)), asyncio.create_task(runner.run(stop))]
+    yield parent, runner
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+
+
+@pytest.fixture
+def scripted(monkeypatch) -> Callable[..., ScriptedModelClient]:
+    def give(agent: type[ModelAgent], script: list) -> ScriptedModelClient:
+        client = ScriptedModelClient(script)
+        monkeypatch.setattr(agent, "model_client", client)
+        return client
+    return give
+
+
+async def runs_of(tether: Tether, agent: str, name: str) -> dict:
+    """The runs on a parent's timeline, as the log has them now."""
+    view = None
+    async for view in tether.parent(agent, name).timeline(live=False):
+        pass
+    return dict(view.runs) if view is not None else {}
+
+
+def tool_messages(client: ScriptedModelClient, turn: int) -> dict[str, str]:
+    """The tool results the model was shown at `turn`, by tool call id."""
+    return {m.tool_call_id: m.content for m in client.requests[turn].messages
+            if m.role == "tool"}
+
+
+async def test_parallel_agent_tool_calls_fan_out_as_runs_of_the_model_parents_timeline(
+        services, tether, scripted):
+    client = scripted(Planner, [
+        Reply("Researching both.", [("Researcher", {"query": "HTTP/3", "siblings": 2}),
+                                    ("Researcher", {"query": "gRPC", "siblings": 2}),
+                                    ("remember", {"text": "compare transports"})]),
+        Reply("HTTP/3 and gRPC compared.")])
+    me = tether.parent("Assistant", "fan-out")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Compare HTTP/3 and gRPC"}, run_id="plan-1"),
+        DEADLINE_S)
+
+    assert result.ok, result
+    assert result.summary == "HTTP/3 and gRPC compared."
+    # Both Researchers ran at once (each waited for the other) and answered the model.
+    assert tool_messages(client, 1) == {"call_0_0": "findings on HTTP/3",
+                                        "call_0_1": "findings on gRPC",
+                                        "call_0_2": "noted: compare transports"}
+    # Their runs belong to the model parent's run, keyed by the tool call.
+    runs = await runs_of(tether, "Planner", "plan-1")
+    assert set(runs) == {"agent-tool:call_0_0", "agent-tool:call_0_1"}
+    assert {run.parent_tool_call_id for run in runs.values()} == {"call_0_0", "call_0_1"}
+    assert all(run.status == "completed" for run in runs.values())
+    # One model turn per reply: the turn was recorded before its runs started.
+    assert len(client.requests) == 2
+
+
+async def test_a_failed_child_comes_back_as_failure_json_and_the_model_reissues_it(
+        services, tether, scripted):
+    client = scripted(Planner, [
+        Reply("", [("Researcher", {"query": "bad"})]),
+        Reply("Trying a better query.", [("Researcher", {"query": "good topic"})]),
+        Reply("Found it.")])
+    me = tether.parent("Assistant", "retry")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Research"}, run_id="plan-2"), DEADLINE_S)
+
+    assert result.ok and result.summary == "Found it."
+    failure = json.loads(tool_messages(client, 1)["call_0_0"])
+    assert {key: failure[key] for key in ("ok", "status", "retryable", "run_id")} == {
+        "ok": False, "status": "error", "retryable": False, "run_id": "agent-tool:call_0_0"}
+    assert "no sources found" in failure["error"]
+    assert tool_messages(client, 2)["call_1_0"] == "findings on good topic"
+    statuses = {run_id: run.status
+                for run_id, run in (await runs_of(tether, "Planner", "plan-2")).items()}
+    assert statuses == {"agent-tool:call_0_0": "error", "agent-tool:call_1_0": "completed"}
+
+
+async def test_invalid_arguments_are_a_failure_for_the_model_and_start_no_run(
+        services, tether, scripted):
+    client = scripted(Planner, [Reply("", [("Researcher", {"query": "x"})]), Reply("Sorry.")])
+    me = tether.parent("Assistant", "invalid")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Research"}, run_id="plan-3"), DEADLINE_S)
+
+    assert result.ok
+    assert "invalid input" in tool_messages(client, 1)["call_0_0"]
+    assert await runs_of(tether, "Planner", "plan-3") == {}
+
+
+async def test_a_model_childs_first_message_is_shaped_by_format_agent_tool_input(
+        services, tether, scripted):
+    scripted(Planner, [Reply("", [("Summarizer", {"text": "QUIC is UDP-based."})]),
+                       Reply("Summarized.")])
+    child = scripted(Summarizer, [Reply("QUIC runs over UDP.")])
+    me = tether.parent("Assistant", "shaped")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("Planner", {"input": "Summarize"}, run_id="plan-4"), DEADLINE_S)
+
+    assert result.ok and result.summary == "Summarized."
+    assert [m.content for m in child.requests[0].messages] == [
+        "Summarize for Planner/plan-4 (agent-tool:call_0_0, call call_0_0):\n\nQUIC is UDP-based."]
+
+
+# --- durable conversations ------------------------------------------------------------
+
+
+class ImportJob(BaseModel):
+    rows: int = 2
+
+
+class Importer(ChildAgent):
+    """Imports rows in the background; passes `rows-loaded` and `needs-review`."""
+
+    input_model = ImportJob
+
+    async def run(self, ctx: RunContext, input: ImportJob) -> str:
+        await ctx.report_progress(fraction=1.0, phase="loading", message="all rows read")
+        await ctx.report_progress(milestone="rows-loaded", data={"rows": input.rows})
+        await ctx.report_progress(milestone="needs-review")
+        await ctx.report_progress(milestone="noisy")
+        return f"imported {input.rows} rows"
+
+
+def last_user(request) -> str:
+    return next(m.content for m in reversed(request.messages) if m.role == "user")
+
+
+def answer(request) -> Reply:
+    """The model says what it was told last."""
+    return Reply(f"seen: {last_user(request)}")
+
+
+class Assistant(ModelParent):
+    definition = AgentDefinition(
+        id="assistant", model="scripted", max_steps=4, instructions="Help the user.",
+        tools=(agent_tool(Researcher, description="Research one topic in depth."),
+               agent_tool(Importer, description="Import rows in the background.",
+                          detached={"notify": True,
+                                    "on_milestones": {"names": ["rows-loaded"],
+                                                      "mode": "narrate"}}),
+               agent_tool(Importer, name="ImportReviewed",
+                          description="Import rows; the model reviews them.",
+                          detached={"notify": True,
+                                    "on_milestones": {"names": ["needs-review", "noisy"],
+                                                      "mode": "react"}})))
+    script = ()
+    progress: ClassVar[list] = []
+
+    async def on_progress(self, run, progress) -> None:
+        type(self).progress.append((run.run_id, run.agent_type, progress.phase,
+                                    progress.milestone))
+
+    def format_detached_completion(self, run, result) -> str:
+        return f"The {run.agent_type} finished: {result.summary}"
+
+    def format_detached_milestone(self, run, milestone) -> str:
+        if milestone.name == "noisy":
+            return ""  # suppressed: no message, no model turn
+        return f"{run.agent_type} reached {milestone.name}"
+
+
+AGENTS = (*AGENTS, Importer, Assistant)
+
+
+async def until_chat(conversation, count: int, predicate=lambda m: True) -> list:
+    """The conversation's first `count` messages that match."""
+    found = []
+    async with asyncio.timeout(DEADLINE_S):
+        async for message in conversation.messages():
+            if predicate(message):
+                found.append(message)
+                if len(found) == count:
+                    return found
+    raise AssertionError("unreachable")
+
+
+def from_model(message) -> bool:
+    return message.metadata.get("source") == "model"
+
+
+async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
+        services, tether, scripted, log):
+    client = scripted(Assistant, [answer, answer])
+    conversation = tether.conversation("Assistant", "chat-1")
+    await conversation.start()
+    assert await asyncio.wait_for(conversation.ask("hello", message_id="m1"), DEADLINE_S) \
+        == "seen: hello"
+    # A message sent twice is one message: one model turn for it.
+    await conversation.send("hello", message_id="m1")
+    assert await asyncio.wait_for(conversation.ask("and now?", message_id="m2"), DEADLINE_S) \
+        == "seen: and now?"
+
+    assert [[m.content for m in r.messages] for r in client.requests] == [
+        ["hello"], ["hello", "seen: hello", "and now?"]]
+    history = await log.read_run(conversation.owner.ref, "chat-1")
+    steps = [history.state.steps[i] for i in sorted(history.state.steps)]
+    assert [(s["kind"], s["inbox"], s["status"]) for s in steps] == [
+        ("continuation", ["user:m1"], "running"), ("model_turn", [], "completed"),
+        ("continuation", ["user:m2"], "running"), ("model_turn", [], "completed")]
+    assert history.state.status == "running"
+    shown = render_run(history.state)
+    assert "      human hello\n      took  user:m1" in shown
+    assert "text  seen: and now?" in shown
+    await conversation.close()
+    async with asyncio.timeout(DEADLINE_S):
+        while (await log.read_run(conversation.owner.ref, "chat-1")).state.status != "aborted":
+            await asyncio.sleep(0.02)
+
+
+async def test_notify_and_milestones_reach_the_model_once_narrate_without_a_turn(
+        services, tether, scripted):
+    client = scripted(Assistant, [
+        Reply("", [("Importer", {"rows": 5})]), Reply("Import started."), answer, answer])
+    conversation = tether.conversation("Assistant", "chat-2")
+    await conversation.start()
+    await conversation.send("import five rows", message_id="go")
+    replies = await until_chat(conversation, 2, from_model)
+
+    assert [m.content for m in replies] == [
+        "Import started.", "seen: The Importer finished: imported 5 rows"]
+    started = json.loads(tool_messages(client, 1)["call_0_0"])
+    assert (started["run_id"], started["status"]) == ("agent-tool:call_0_0", "running")
+    messages = await until_chat(conversation, 5)
+    narrated = [m for m in messages if m.metadata.get("kind") == "milestone"]
+    assert [(m.role, m.content, m.metadata["mode"]) for m in narrated] == [
+        ("assistant", "Importer reached rows-loaded", "narrate")]
+    # Two model calls for the user's message, one for the completion; the narrated line
+    # is in the model's context as an assistant message, with no turn of its own.
+    assert len(client.requests) == 3
+    assert [m.content for m in client.requests[2].messages if m.role == "assistant"] == [
+        "", "Import started.", "Importer reached rows-loaded"]
+
+
+async def test_react_milestones_take_a_turn_and_an_empty_format_suppresses_one(
+        services, tether, scripted):
+    client = scripted(Assistant, [
+        Reply("", [("ImportReviewed", {"rows": 1})]), Reply("Started."), answer, answer])
+    conversation = tether.conversation("Assistant", "chat-3")
+    await conversation.start()
+    await conversation.send("import and review", message_id="go")
+    replies = await until_chat(conversation, 3, from_model)
+
+    assert [m.content for m in replies] == [
+        "Started.", "seen: Importer reached needs-review",
+        "seen: The Importer finished: imported 1 rows"]
+    assert len(client.requests) == 4
+    # `noisy` was formatted to "": no message, so no turn.
+    texts = [m.content for r in client.requests for m in r.messages]
+    assert not any("noisy" in text for text in texts)
+
+
+async def test_on_progress_sees_the_live_progress_and_milestones_of_the_conversations_runs(
+        services, tether, scripted):
+    scripted(Assistant, [Reply("", [("Importer", {"rows": 3}), ("Researcher", {"query": "QUIC"})]),
+                         Reply("Started."), answer, answer])
+    conversation = tether.conversation("Assistant", "chat-4")
+    await conversation.start()
+    await conversation.send("import three rows", message_id="go")
+    await until_chat(conversation, 2, from_model)
+
+    expected = [("agent-tool:call_0_1", "Researcher", "reading", None),  # awaited
+                ("agent-tool:call_0_0", "Importer", "loading", None),  # detached
+                ("agent-tool:call_0_0", "Importer", None, "rows-loaded"),
+                ("agent-tool:call_0_0", "Importer", None, "needs-review")]
+    async with asyncio.timeout(DEADLINE_S):
+        while not all(item in Assistant.progress for item in expected):
+            await asyncio.sleep(0.02)
+    milestones = [m for *_, m in Assistant.progress if m]
+    assert milestones == ["rows-loaded", "needs-review", "noisy"], "each once, in order"
+
+
+# --- the tree -------------------------------------------------------------------------
+
+PRICES = PriceTable.of({"tree-model": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
+
+
+class Paper(BaseModel):
+    title: str
+
+
+@tool(needs_approval=True)
+async def sign(ctx: ToolContext, input: Paper) -> str:
+    """Sign a paper (a human approves first)."""
+    return f"signed {input.title}"
+
+
+class Clerk(ModelAgent):
+    definition = AgentDefinition(id="clerk", model="tree-model", tools=(sign,), prices=PRICES)
+    script = (Reply("Signing.", [("sign", {"title": "lease"})]), Reply("Signed the lease."))
+
+
+class Lead(ModelAgent):
+    definition = AgentDefinition(
+        id="lead", model="tree-model", prices=PRICES,
+        tools=(agent_tool(Clerk, description="Get papers signed.",
+                          input_model=ModelAgentInput),))
+    script = (Reply("", [("Clerk", {"input": "sign the lease"})]), Reply("The clerk signed."))
+
+
+class Chief(ModelAgent):
+    definition = AgentDefinition(
+        id="chief", model="tree-model", prices=PRICES,
+        tools=(agent_tool(Lead, description="Delegate to the lead.",
+                          input_model=ModelAgentInput),))
+    script = (Reply("", [("Lead", {"input": "handle the lease"})]), Reply("All done."))
+
+
+AGENTS = (*AGENTS, Clerk, Lead, Chief)
+LEAD_RUN = ("Chief", "tree-run", "agent-tool:call_0_0")
+CLERK_RUN = ("Lead", "agent-tool:call_0_0", "agent-tool:call_0_0")
+
+
+async def waiting_view(root) -> Any:
+    """The root's run once its timeline shows the grandchild's pause."""
+    async with asyncio.timeout(DEADLINE_S):
+        async for view in root.timeline():
+            run = view.runs.get("tree-run")
+            if run is not None and run.waiting_for == "waiting_for_human":
+                return run
+    raise AssertionError("unreachable")
+
+
+async def test_a_grandchilds_approval_shows_on_the_root_and_resumes_only_it(
+        services, tether, log, pool, settings):
+    root = tether.parent("Assistant", "tree")
+    chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
+    run = await waiting_view(root)
+
+    assert [tuple(step.values()) for step in run.waiting_path] == [
+        ("Chief", "tree-run", "agent-tool:call_0_0"),
+        ("Lead", "agent-tool:call_0_0", "agent-tool:call_0_0")]
+    await root.continue_waiting(run, approvals=["call_0_0"])
+    result = await asyncio.wait_for(chief, DEADLINE_S)
+    assert result.ok and result.summary == "All done."
+
+    resumed = {}
+    for agent, name, run_id in (("Assistant", "tree", "tree-run"), LEAD_RUN, CLERK_RUN):
+        history = await log.read_run(ParentRef(agent=agent, name=name), run_id)
+        resumed[history.state.agent_type] = [e.type for e in history.events].count("run.resumed")
+    assert resumed == {"Chief": 0, "Lead": 0, "Clerk": 1}
+    assert (await runs_of(tether, "Assistant", "tree"))["tree-run"].waiting_for is None
+
+    # The subtree's usage and cost: the run's own turns plus those of every run below.
+    snapshot = await root.inspect("tree-run")
+    states = [(await log.read_run(ParentRef(agent=a, name=n), r)).state
+              for a, n, r in (("Assistant", "tree", "tree-run"), LEAD_RUN, CLERK_RUN)]
+    own = [UsageView.of_steps(state.steps) for state in states]
+    assert snapshot.usage == own[0] and own[0].total_tokens > 0
+    assert snapshot.subtree_usage.total_tokens == sum(u.total_tokens for u in own)
+    assert snapshot.subtree_usage.cost == pytest.approx(sum(u.cost for u in own))
+    assert snapshot.subtree_usage.cost > snapshot.usage.cost > 0
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    await asyncio.wait_for(projector.wait_for_position(await log.stream_last_seq()), 10)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    out = io.StringIO()
+    assert await show_run(settings, ParentRef(agent="Assistant", name="tree"), "tree-run",
+                          out=out) == 0
+    total = snapshot.subtree_usage
+    assert (f"subtree   in {total.input_tokens:,}  out {total.output_tokens:,}  cached 0  "
+            f"total {total.total_tokens:,}  cost ${total.cost:.6f}  (2 runs below)") \
+        in out.getvalue()
+
+
+async def test_cancelling_a_run_cancels_its_open_descendants_first(services, tether, log):
+    root = tether.parent("Assistant", "tree-cancel")
+    chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
+    await waiting_view(root)
+    await root.cancel("tree-run")
+    result = await asyncio.wait_for(chief, DEADLINE_S)
+    assert not result.ok and result.status == "aborted"
+
+    cancelled_at = {}
+    async with asyncio.timeout(DEADLINE_S):
+        for agent, name, run_id in (("Assistant", "tree-cancel", "tree-run"), LEAD_RUN,
+                                    CLERK_RUN):
+            ref = ParentRef(agent=agent, name=name)
+            while (history := await log.read_run(ref, run_id)).state.status != "aborted":
+                await asyncio.sleep(0.02)
+            stored = await log.read_subject(log.subjects.run_events(ref, run_id))
+            cancelled_at[history.state.agent_type] = next(
+                e.seq for e in stored if e.event.type == "run.cancel_requested")
+    assert cancelled_at["Clerk"] < cancelled_at["Lead"] < cancelled_at["Chief"]

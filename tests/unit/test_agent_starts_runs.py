@@ -1,0 +1,88 @@
+"""Tools that start runs (agent tools): the model turn is recorded before they run,
+their calls run at once, and a run resumed from the records joins them without asking
+the model again."""
+
+import asyncio
+
+from pydantic import BaseModel
+
+from tether.agents import (
+    Agent,
+    AgentDefinition,
+    ModelRetry,
+    Reply,
+    ScriptedModelClient,
+    StateAccessor,
+    Tool,
+    ToolContext,
+)
+from tether.agents.agent import input_messages
+from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
+from tether.agents.records import AgentStepRecord
+
+
+class Topic(BaseModel):
+    topic: str
+
+
+class Journal:
+    def __init__(self) -> None:
+        self.records: list[AgentStepRecord] = []
+
+    async def record(self, record: AgentStepRecord) -> AgentStepRecord:
+        self.records.append(record)
+        return record
+
+
+def delegate(started: list[str], both: asyncio.Event) -> Tool:
+    async def execute(ctx: ToolContext, input: Topic) -> str:
+        started.append(input.topic)
+        if len(started) == 2:
+            both.set()
+        await asyncio.wait_for(both.wait(), timeout=2)  # a sequential fan-out times out
+        return f"found {input.topic}"
+
+    return Tool(id="research", description="Research a topic.", input_model=Topic,
+                execute=execute, starts_run=True)
+
+
+SCRIPT = [Reply("", [("research", {"topic": "QUIC"}), ("research", {"topic": "UDP"})]),
+          Reply("QUIC runs over UDP.")]
+
+
+async def test_the_turn_is_recorded_before_its_runs_which_run_at_once() -> None:
+    started: list[str] = []
+    journal = Journal()
+    definition = AgentDefinition(id="planner", model="m",
+                                 tools=(delegate(started, asyncio.Event()),))
+    result = await Agent(definition).run("research", client=ScriptedModelClient(SCRIPT),
+                                         journal=journal)
+
+    assert result.output == "QUIC runs over UDP."
+    assert [(r.kind, r.status, [p.reason for p in r.pending],
+             [t.content for t in r.tool_results]) for r in journal.records] == [
+        ("model_turn", "running", ["run", "run"], []),
+        ("continuation", "running", [], ["found QUIC", "found UDP"]),
+        ("model_turn", "completed", [], [])]
+
+
+async def test_a_run_resumed_after_the_turn_joins_its_runs_without_a_model_call() -> None:
+    first = Journal()
+    definition = AgentDefinition(id="planner", model="m",
+                                 tools=(delegate([], asyncio.Event()),))
+    await Agent(definition).run("research", client=ScriptedModelClient(SCRIPT), journal=first)
+    recorded_turn = first.records[:1]  # the process died as the runs went on
+
+    started: list[str] = []
+    resumed = AgentDefinition(id="planner", model="m",
+                              tools=(delegate(started, asyncio.Event()),))
+    client = ScriptedModelClient(SCRIPT)
+    session = Session(input=input_messages("research"), records=list(recorded_turn),
+                      state=StateAccessor())
+    outcome = await AgentLoop(resumed, LoopPorts(client=client)).drive(
+        session, CallPlan(run_id="r", call=0, max_steps=10, retry=ModelRetry()))
+
+    assert outcome.status == "completed"
+    assert sorted(started) == ["QUIC", "UDP"], "the runs were joined again"
+    assert [call.turn for call in client.calls] == [1], "turn 0 was not asked again"
+    assert [r.kind for r in session.records] == ["model_turn", "continuation", "model_turn"]
