@@ -50,8 +50,11 @@ schemas: venv
 	$(PY) -m tether.contract.schemas --write
 	$(PY) -m tether.contract.asyncapi --write
 
+# Ruff, and mypy over libs/tether ([tool.mypy] in pyproject.toml: strict on the domain
+# and the contract).
 lint: venv
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info libs/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -6,11 +6,11 @@ from pathlib import Path
 def draw(report: dict, path: Path) -> Path | None:
     """Six panels; returns None (and draws nothing) when matplotlib is not installed."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: PLC0415 - optional: the `bench` extra
     except ImportError:
         return None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - after matplotlib.use, as it asks
 
     w1 = report["w1"]
     series = w1["_series"]

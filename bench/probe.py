@@ -77,7 +77,7 @@ async def main(nats_url: str, prefix: str, out: str, count_subjects: bool) -> No
     print("ready", flush=True)
     await stop.wait()
     await nc.drain()
-    write(out, {"progress": list(zip(received_at, latencies, milestones)), "subjects": subjects})
+    write(out, {"progress": list(zip(received_at, latencies, milestones, strict=False)), "subjects": subjects})
 
 
 def write(path: str, result: dict) -> None:

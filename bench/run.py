@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import nats
 
 from bench import ceilings, chart, report, stages
 from bench.callgrind import Callgrind
@@ -118,7 +119,7 @@ def run_peer(name: str, args: argparse.Namespace, database_url: str) -> dict:
     tail: list[str] = []
     for line in process.stderr:
         print(line, end="", file=sys.stderr, flush=True)
-        tail = (tail + [line])[-30:]
+        tail = [*tail, line][-30:]
     out = process.stdout.read()
     if process.wait() != 0 or not out.strip():
         return {"system": name, "error": ("".join(tail) or out)[-1500:]}
@@ -126,8 +127,6 @@ def run_peer(name: str, args: argparse.Namespace, database_url: str) -> dict:
 
 
 async def cleanup(nats_url: str, database_url: str, settings: Settings) -> None:
-    import nats
-
     nc = await nats.connect(nats_url)
     await remove_streams(nc.jetstream(), settings.subjects)
     await nc.drain()

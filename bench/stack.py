@@ -231,7 +231,8 @@ class ServiceSet:
         deadline = time.monotonic() + grace
         codes = {}
         for name, service in self.services.items():
-            while service.process.poll() is None and time.monotonic() < deadline:
+            # A process's exit has nothing to await: it is polled until the deadline.
+            while service.process.poll() is None and time.monotonic() < deadline:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
             if service.process.poll() is None:
                 service.process.kill()

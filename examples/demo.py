@@ -92,7 +92,7 @@ async def delegate(board: Board, user: str) -> None:
                     me.run_agent_tool("Researcher", {"query": query, "pace_s": 0.7},
                                       display_order=order)
                     for order, query in enumerate(QUERIES)))
-                for query, result in zip(QUERIES, results):
+                for query, result in zip(QUERIES, results, strict=True):
                     text = result.summary if result.ok else f"failed: {result.error}"
                     board.say(f"  ✔ researcher on {query!r}: {text}")
 

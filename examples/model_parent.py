@@ -21,6 +21,7 @@ import uuid
 
 from tether import agent_tool, connect
 from tether.agents import AgentDefinition, ModelParent, Reply
+from tether.agents.clients.openai_compatible import OpenAICompatibleClient
 from tether.agents.messages import ModelRequest
 
 try:  # a module of the child-runner's agents, or this script run from examples/
@@ -66,8 +67,6 @@ class Planner(ModelParent):
     script = (scripted_turn,) * 12
 
     if os.environ.get("TETHER_MODEL_BASE_URL"):
-        from tether.agents.clients.openai_compatible import OpenAICompatibleClient
-
         model_client = OpenAICompatibleClient.from_env()
 
 
@@ -97,7 +96,7 @@ async def main() -> int:
                         break
             print("Runs the model started (timeline Planner/" + name + "):")
             view = None
-            async for view in conversation.parent.timeline(live=False):
+            async for view in conversation.parent.timeline(live=False):  # noqa: B007 - the last
                 pass
             for run in sorted(view.runs.values(), key=lambda r: r.requested_at):
                 print(f"  {run.run_id} {run.agent_type} {run.status}"

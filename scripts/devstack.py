@@ -360,7 +360,7 @@ def tether_services(names: list[str], env: dict[str, str],
                 f"{urls[name]}; log {log_path}")
         yield urls
     finally:
-        for name, proc in reversed(started):
+        for _name, proc in reversed(started):
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
         for name, proc in reversed(started):

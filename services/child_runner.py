@@ -12,8 +12,8 @@ from tether.metrics import REGISTRY, RUNNER_SLOTS, WORK_PENDING
 from tether.runtime import ReadinessCheck, close_quietly, nats_check, open_nats, while_starting
 
 
-async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
-    logger = get_logger(service="child-runner")
+def _registry(settings: Settings) -> AgentRegistry:
+    """The child agents to run; none, or one that cannot be loaded, stops the service."""
     try:
         registry = AgentRegistry.from_paths(settings.agents)
         if not registry:
@@ -21,9 +21,13 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                 "no child agents to run: set TETHER_AGENTS or pass --agents module:Class[,...]")
     except AgentConfigurationError as error:
         # Nothing useful can run; say why in one line instead of a traceback.
-        logger.error("child_runner.misconfigured", error=str(error))
+        get_logger(service="child-runner").error("child_runner.misconfigured", error=str(error))
         raise SystemExit(2) from None
+    return registry
 
+
+async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
+    registry = _registry(settings)
     nc = await open_nats(settings, "tether-child-runner", stop)
     if nc is None:
         return

@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from importlib.metadata import version
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -350,8 +351,6 @@ def main(argv: list[str] | None = None) -> int:
                              args.sweep_runs, run,
                              log=lambda line: print(line, file=sys.stderr, flush=True))
         result["redis"] = "given" if args.redis_url else "throwaway redis-server"
-    from importlib.metadata import version
-
     result["version"] = version("celery")
     print(json.dumps(result) if args.json else
           f"Celery W1, best of {len(result['sweep'])} configurations: "

@@ -37,6 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from importlib.metadata import version
 
 import asyncpg
 import sqlalchemy as sa
@@ -360,8 +361,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _version() -> str:
-    from importlib.metadata import version
-
     return version("dbos")
 
 

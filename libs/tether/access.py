@@ -41,6 +41,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nkeys
+
 from tether.contract.subjects import Subjects
 from tether.domain.ids import check_identifier
 
@@ -101,8 +103,8 @@ class Application:
 def _streams(subjects: Subjects) -> list[str]:
     names = [subjects.commands_stream, subjects.events_stream, subjects.progress_stream,
              subjects.work_stream, subjects.hooks_stream, subjects.chat_stream]
-    return names + [f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}",
-                    f"KV_{subjects.deliveries_bucket}"]
+    return [*names, f"KV_{subjects.registry_bucket}", f"KV_{subjects.slots_bucket}",
+            f"KV_{subjects.deliveries_bucket}"]
 
 
 def _provision(subjects: Subjects) -> list[str]:
@@ -257,8 +259,6 @@ def password_variable(user: str) -> str:
 
 def new_nkey() -> tuple[str, str]:
     """A new user NKey: its seed (the secret, `SU...`) and its public key (`U...`)."""
-    import nkeys
-
     seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
     return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
 
@@ -384,18 +384,16 @@ def main(argv: list[str] | None = None) -> int:
 def nkey_files(directory: Path, users: "tuple[str, ...] | list[str]") -> dict[str, str]:
     """Each user's public NKey, from its seed file `<user>.nk` in `directory` (made, with
     a new seed, where it is missing)."""
-    import nkeys
-
     directory.mkdir(parents=True, exist_ok=True)
     public = {}
     for user in users:
         path = directory / f"{user}.nk"
         if not path.exists():
-            seed, _ = new_nkey()
+            new_seed, _ = new_nkey()
             descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(descriptor, "w") as out:
-                out.write(seed + "\n")
-        seed = path.read_text().strip().encode()
+                out.write(new_seed + "\n")
+        seed = path.read_bytes().strip()
         public[user] = nkeys.from_seed(bytearray(seed)).public_key.decode()
     return public
 

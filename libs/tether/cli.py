@@ -5,6 +5,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 
@@ -178,7 +179,7 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
         nc = await _connect_nats(settings, f"tether-{action}")
         try:
             log = EventLog(nc, settings.subjects)
-            options = {"batch_size": batch_size, "preview_chars": settings.input_preview_chars,
+            options: dict[str, Any] = {"batch_size": batch_size, "preview_chars": settings.input_preview_chars,
                            "on_progress": _progress_printer(action)}
             if action == "rebuild":
                 report = await rebuild(pool, log, schema, **options)

@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 import asyncpg
 import nats.errors
 
+from tether.log import get_logger
+
 T = TypeVar("T")
 
 # What a lost or restarting dependency raises. NATS: timeouts, no responders (a stream's
@@ -138,8 +140,8 @@ async def persistently(operation: Callable[[], Awaitable[T]], *, what: str,
     retried = (*TRANSIENT_ERRORS, *also) if also else TRANSIENT_ERRORS
     try:
         return await operation()
-    except retried as error:
-        first_error = error
+    except retried as caught:
+        first_error = caught
     side = asyncio.ensure_future(while_retrying()) if while_retrying is not None else None
     backoff, health = Backoff(max_s=1.0), Health(logger(), what)
     error: BaseException = first_error
@@ -175,8 +177,6 @@ async def settle(settlement: Awaitable[object], *, what: str, logger=None,
         await settlement
     except TRANSIENT_ERRORS as error:
         if logger is None:
-            from tether.log import get_logger
-
             logger = get_logger(**context)
             context = {}
         logger.warning("message.settle_failed", what=what, error=describe(error), **context)

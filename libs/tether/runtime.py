@@ -13,8 +13,13 @@ import json
 import signal
 from collections.abc import Awaitable, Callable
 
+import asyncpg
+
+from tether.adapters.jetstream import NatsUnreachable, connect_nats
+from tether.diagnose import nats_unreachable, postgres_unreachable
 from tether.log import get_logger
 from tether.metrics import REGISTRY, Registry
+from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 
@@ -26,9 +31,9 @@ def tune_gc(young_threshold: int) -> None:
     The objects alive now (modules, classes, schemas) are moved out of the collector's
     sight, and a young collection waits for `young_threshold` allocations instead of 700.
     A service's work lives in batches and caches that outlive several default young
-    collections and are then scanned again and again by the older ones: with Python's
-    defaults the collector took 15-30 % of each service's CPU in the benchmark. 0 leaves
-    the interpreter's settings alone.
+    collections and are then scanned again and again by the older ones, which finds
+    almost nothing to free: the objects go by reference counting. 0 leaves the
+    interpreter's settings alone.
     """
     if young_threshold <= 0:
         return
@@ -40,11 +45,10 @@ def tune_gc(young_threshold: int) -> None:
 
 def pause_gc_for_replay(young_threshold: int) -> None:
     """A command that replays the log and exits (`tether projections`): the collector is
-    off. A replay's objects free themselves by reference counting (an 80,000-event
-    rebuild left about 100 objects in cycles), while its collections scanned the
-    batches and states it holds again and again: 15 % of a rebuild with the services'
-    threshold. `young_threshold` 0 leaves the interpreter's settings alone, as for
-    `tune_gc`.
+    off. A replay's objects free themselves by reference counting (a rebuild leaves
+    next to nothing in cycles), while collections would scan the batches and states it
+    holds again and again, even with the services' threshold. `young_threshold` 0
+    leaves the interpreter's settings alone, as for `tune_gc`.
     """
     if young_threshold <= 0:
         return
@@ -61,9 +65,6 @@ class StartupFailed(ConnectionError):
 async def open_nats(settings, name: str, stop: asyncio.Event):
     """The service's NATS connection, or None when `stop` came first. Retried for
     `startup_timeout_ms`, then `StartupFailed` names the server(s)."""
-    from tether.adapters.jetstream import NatsUnreachable, connect_nats
-    from tether.diagnose import nats_unreachable
-
     try:
         return await connect_nats(settings.nats_connect_url, name=name, stop=stop,
                                   startup_timeout_s=settings.startup_timeout_ms / 1000,
@@ -79,10 +80,6 @@ async def open_nats(settings, name: str, stop: asyncio.Event):
 
 async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_size: int):
     """The service's pool, or None when `stop` came first; retried like `open_nats`."""
-    import asyncpg
-
-    from tether.diagnose import postgres_unreachable
-
     def unreachable(error: str) -> str:
         return postgres_unreachable(settings.database_url, error)
 
@@ -105,8 +102,6 @@ async def while_starting(settings, stop: asyncio.Event, what: str, operation) ->
 async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
     """`operation()`'s result, retried across transient errors for `startup_timeout_ms`
     (then `StartupFailed` with `failure(last error)`); None when `stop` came first."""
-    from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
-
     loop = asyncio.get_running_loop()
     timeout_s = settings.startup_timeout_ms / 1000
     deadline = loop.time() + timeout_s
@@ -124,11 +119,10 @@ async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
 
 async def close_quietly(closing) -> None:
     """Close a connection or pool on the way out, whatever state its server is in."""
-    from tether.resilience import TRANSIENT_ERRORS
-
+    ignored: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, RuntimeError)
     try:
         await asyncio.wait_for(closing, timeout=5.0)
-    except (*TRANSIENT_ERRORS, RuntimeError):
+    except ignored:
         pass
 
 
@@ -194,6 +188,7 @@ class HealthServer:
             parts = request.decode("latin-1").split()
             path = parts[1].split("?")[0] if len(parts) > 1 else ""
             content_type = "application/json"
+            body: dict[str, object] | bytes
             if path == "/healthz":
                 status, body = 200, {"status": "alive"}
             elif path == "/readyz":

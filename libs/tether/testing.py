@@ -1,13 +1,28 @@
-"""Builders for events of one run, for tests of code that consumes Tether's log."""
+"""For tests of code that writes or consumes Tether's log: builders for the events of
+one run, and an in-memory event log that stands in for the JetStream one."""
 
+import asyncio
+import bisect
 import itertools
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from nats.js.errors import APIError
+
+from tether.contract.codec import EventDecodeError, decode_event, encode_event
+from tether.contract.subjects import Subjects
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
+from tether.domain.run_state import RunState, evolve
+from tether.ports import ConcurrencyConflict, Decide, RunHistory, StoredEvent
 
 if TYPE_CHECKING:
+    from tether import ports
     from tether.adapters.jetstream import EventLog
+
+WRONG_LAST_SEQUENCE = 10071  # the error code JetStream answers a wrong expected sequence with
 
 
 class RunEvents:
@@ -26,6 +41,7 @@ class RunEvents:
     def make(self, cls: type[Event], at: int | None = None, event_id: str | None = None,
              **data: Any) -> Event:
         data_cls = cls.model_fields["data"].annotation
+        assert data_cls is not None
         return cls(
             event_id=event_id or f"{self._id_prefix}-{next(self._ids)}",
             run_id=self.run_id,
@@ -76,10 +92,6 @@ async def append_finished_runs(log: "EventLog", runs: int, *, milestones: int = 
 
     Uses asynchronous publishes with the event id as `Nats-Msg-Id`, one run at a time.
     """
-    import asyncio
-
-    from tether.contract.codec import encode_event
-
     count = 0
     for i in range(runs):
         run = RunEvents(f"{id_prefix}-{i}", parent)
@@ -93,3 +105,327 @@ async def append_finished_runs(log: "EventLog", runs: int, *, milestones: int = 
         await asyncio.gather(*acks)
         count += len(events)
     return count
+
+
+# --- an in-memory event log ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMessage:
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class PubAck:
+    stream: str
+    seq: int
+    duplicate: bool | None = None
+
+
+class InMemoryStream:
+    """One stream: a sequence across all its subjects, and message ids remembered for the
+    duplicate window, as JetStream keeps them."""
+
+    def __init__(self, name: str, *, duplicate_window_s: float,
+                 clock: Callable[[], float]) -> None:
+        self.name = name
+        self.messages: list[StreamMessage] = []
+        self.last_seq = 0
+        self._window_s = duplicate_window_s
+        self._clock = clock
+        self._ids: dict[str, tuple[int, float]] = {}  # message id: its sequence, when stored
+
+    def store(self, subject: str, data: bytes, headers: dict[str, str]) -> PubAck:
+        """Store a message, or answer as JetStream does: the expected last sequence of the
+        subject is checked first, then the message id against the duplicate window."""
+        expected = headers.get("Nats-Expected-Last-Subject-Sequence")
+        if expected is not None and int(expected) != self.subject_last_seq(subject):
+            raise APIError(code=400, err_code=WRONG_LAST_SEQUENCE,
+                           description=f"wrong last sequence: {self.subject_last_seq(subject)}")
+        now = self._clock()
+        self._ids = {key: (seq, at) for key, (seq, at) in self._ids.items()
+                     if now - at < self._window_s}
+        message_id = headers.get("Nats-Msg-Id")
+        if message_id is not None and message_id in self._ids:
+            return PubAck(self.name, self._ids[message_id][0], duplicate=True)
+        self.last_seq += 1
+        self.messages.append(StreamMessage(self.last_seq, subject, data, dict(headers)))
+        if message_id is not None:
+            self._ids[message_id] = (self.last_seq, now)
+        return PubAck(self.name, self.last_seq)
+
+    def subject_last_seq(self, subject: str) -> int:
+        return next((m.seq for m in reversed(self.messages) if m.subject == subject), 0)
+
+    def matching(self, filter_subject: str, start_seq: int = 1) -> list[StreamMessage]:
+        first = bisect.bisect_left(self.messages, start_seq, key=lambda m: m.seq)
+        return [m for m in self.messages[first:] if subject_matches(filter_subject, m.subject)]
+
+    def purge(self, *, subject: str | None = None, seq: int | None = None) -> int:
+        """Remove the subject's messages (all subjects' without one) before `seq` (all of
+        them without one); how many went."""
+        kept = [m for m in self.messages
+                if not ((subject is None or m.subject == subject) and (seq is None or m.seq < seq))]
+        purged, self.messages = len(self.messages) - len(kept), kept
+        return purged
+
+
+def subject_matches(filter_subject: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, a trailing `>` one or more."""
+    wanted, tokens = filter_subject.split("."), subject.split(".")
+    for index, token in enumerate(wanted):
+        if token == ">":
+            return len(tokens) > index
+        if index >= len(tokens) or (token != "*" and token != tokens[index]):
+            return False
+    return len(tokens) == len(wanted)
+
+
+@dataclass(frozen=True, slots=True)
+class CoreMessage:
+    subject: str
+    data: bytes
+    reply: str = ""
+    headers: dict[str, str] | None = None
+
+
+@dataclass
+class InMemoryNats:
+    """The core-NATS side a caller reaches through `log.nats`: what was published (a
+    cancel signal, a progress frame), kept in order; nobody receives it."""
+
+    max_payload: int = 1024 * 1024
+    is_connected: bool = True
+    published: list[CoreMessage] = field(default_factory=list)
+
+    async def publish(self, subject: str, payload: bytes = b"", reply: str = "",
+                      headers: dict[str, str] | None = None) -> None:
+        await asyncio.sleep(0)
+        self.published.append(CoreMessage(subject, payload, reply, headers))
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamState:
+    last_seq: int
+    messages: int
+    subjects: dict[str, int] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _StreamInfo:
+    state: _StreamState
+
+
+class InMemoryJetStream:
+    """The stream administration a caller reaches through `log.jetstream`: stream
+    information with per-subject counts, and purges (the parent's `clear`)."""
+
+    def __init__(self, streams: "dict[str, InMemoryStream]") -> None:
+        self._streams = streams
+
+    async def stream_info(self, name: str, subjects_filter: str | None = None) -> _StreamInfo:
+        await asyncio.sleep(0)
+        stream = self._streams[name]
+        counts: dict[str, int] = {}
+        for message in stream.matching(subjects_filter or ">"):
+            counts[message.subject] = counts.get(message.subject, 0) + 1
+        return _StreamInfo(_StreamState(stream.last_seq, len(stream.messages),
+                                        counts if subjects_filter is not None else None))
+
+    async def purge_stream(self, name: str, seq: int | None = None, subject: str | None = None,
+                           keep: int | None = None) -> bool:
+        if keep is not None:
+            raise NotImplementedError("the in-memory stream purges by subject and sequence only")
+        await asyncio.sleep(0)
+        self._streams[name].purge(subject=subject, seq=seq)
+        return True
+
+
+class InMemoryEventLog:
+    """The event log's port (`tether.ports.EventLog`) over in-memory streams, for tests
+    that need the log's behaviour and no server: per-run subjects with sequences across
+    the stream, appends refused with `ConcurrencyConflict` when the run moved past the
+    expected sequence, event ids deduplicated within the duplicate window (`clock`, in
+    seconds, decides what is within it), and reads by run folded to the run's state.
+
+    Every read and publish yields to the event loop once, as a round trip to the server
+    would, so concurrent writers interleave between their read and their append.
+    Unlike the JetStream log it keeps no state between calls: every `update` reads the
+    run, and `remember` changes nothing. Messages for the other streams (work items,
+    hooks, chat) are kept too: `messages(stream)` lists them.
+    """
+
+    def __init__(self, subjects: Subjects | None = None, *, duplicate_window_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.subjects = subjects or Subjects()
+        names = (self.subjects.commands_stream, self.subjects.events_stream,
+                 self.subjects.progress_stream, self.subjects.work_stream,
+                 self.subjects.hooks_stream, self.subjects.chat_stream)
+        self.streams = {name: InMemoryStream(name, duplicate_window_s=duplicate_window_s,
+                                             clock=clock) for name in names}
+        self.nats = InMemoryNats()
+        self.jetstream = InMemoryJetStream(self.streams)
+        self._events = self.streams[self.subjects.events_stream]
+        self._stored = asyncio.Event()  # set, and replaced, at each message stored
+
+    def messages(self, stream: str, filter_subject: str = ">") -> list[StreamMessage]:
+        return self.streams[stream].matching(filter_subject)
+
+    # --- publishing -----------------------------------------------------------------------
+
+    async def publish(self, subject: str, payload: bytes, *, headers: dict[str, str],
+                      stream: str) -> PubAck:
+        await asyncio.sleep(0)
+        target = self.streams[stream]
+        ack = target.store(subject, payload, headers)
+        if not ack.duplicate and target is self._events:
+            self._stored.set()
+            self._stored = asyncio.Event()
+        return ack
+
+    async def _store_event(self, event: Event, expected_last_seq: int | None) -> PubAck | None:
+        """The stream's ack; None when the run's last sequence is not the expected one."""
+        headers = {"Nats-Msg-Id": event.event_id}
+        if expected_last_seq is not None:
+            headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
+        try:
+            return await self.publish(self.subjects.run_events(event.parent, event.run_id),
+                                      encode_event(event), headers=headers,
+                                      stream=self._events.name)
+        except APIError as error:
+            if error.err_code != WRONG_LAST_SEQUENCE:
+                raise
+            return None
+
+    async def append(self, event: Event, *, expected_last_seq: int | None) -> int:
+        ack = await self._store_event(event, expected_last_seq)
+        if ack is not None:
+            return ack.seq
+        # Refused: unless the event is already the run's (a retried append whose first
+        # attempt landed), someone else moved the run.
+        subject = self.subjects.run_events(event.parent, event.run_id)
+        stored = await self.read_subject(subject)
+        landed = next((item.seq for item in stored
+                       if item.event is not None and item.event.event_id == event.event_id), None)
+        if landed is None:
+            raise ConcurrencyConflict(subject, expected_last_seq or 0)
+        return landed
+
+    async def append_batch(self, events: Sequence[Event], *, expected_last_seq: int) -> int:
+        seq = expected_last_seq
+        for event in events:
+            seq = await self.append(event, expected_last_seq=seq)
+        return seq
+
+    async def append_new(self, event: Event) -> tuple[RunState, int] | None:
+        ack = await self._store_event(event, 0)
+        if ack is None or ack.duplicate:
+            return None
+        state = evolve(None, event).state
+        assert state is not None  # a run's first event makes the run
+        return state, ack.seq
+
+    async def update(self, parent: ParentRef, run_id: str, decide: Decide, *,
+                     attempts: int = 20) -> tuple[RunState | None, list[Event]]:
+        state, appended, _ = await self.update_at(parent, run_id, decide, attempts=attempts)
+        return state, appended
+
+    async def update_at(self, parent: ParentRef, run_id: str, decide: Decide, *,
+                        attempts: int = 20) -> tuple[RunState | None, list[Event], int]:
+        appended: list[Event] = []
+        seq = 0
+        for _ in range(attempts):
+            history = await self.read_run(parent, run_id)
+            state, seq = history.state, history.last_seq
+            try:
+                for event in list(decide(state)):
+                    seq = await self.append(event, expected_last_seq=seq)
+                    appended.append(event)
+                    state = evolve(state, event).state
+                return state, appended, seq
+            except ConcurrencyConflict:
+                continue
+        raise ConcurrencyConflict(self.subjects.run_events(parent, run_id), seq)
+
+    def remember(self, parent: ParentRef, run_id: str, state: RunState | None,
+                 seq: int) -> None:
+        """Nothing to remember: every `update` here reads the run."""
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def read_run(self, parent: ParentRef, run_id: str, *,
+                       before_seq: int | None = None) -> RunHistory:
+        stored = await self.read_subject(self.subjects.run_events(parent, run_id),
+                                         before_seq=before_seq)
+        events: list[Event] = []
+        state: RunState | None = None
+        for item in stored:
+            if item.event is not None:
+                events.append(item.event)
+                state = evolve(state, item.event).state
+        return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
+
+    async def read_subject(self, subject: str, *, start_seq: int = 1,
+                           before_seq: int | None = None) -> list[StoredEvent]:
+        await asyncio.sleep(0)
+        found = [m for m in self._events.matching(subject, start_seq)
+                 if before_seq is None or m.seq < before_seq]
+        return [_stored(m, len(found) - index - 1) for index, m in enumerate(found)]
+
+    async def last_seq(self, parent: ParentRef, run_id: str) -> int:
+        return await self.last_seq_of(self.subjects.run_events(parent, run_id))
+
+    async def last_seq_of(self, subject: str) -> int:
+        await asyncio.sleep(0)
+        return self._events.subject_last_seq(subject)
+
+    async def stream_last_seq(self) -> int:
+        return self._events.last_seq
+
+    async def run_ids(self, parent: ParentRef) -> list[str]:
+        prefix = self.subjects.parent_events(parent)[:-1]
+        info = await self.jetstream.stream_info(self._events.name, subjects_filter=prefix + "*")
+        return sorted(subject[len(prefix):] for subject in (info.state.subjects or {}))
+
+    async def follow(self, filter_subject: str, *, start_seq: int = 1,
+                     idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
+        async for batch in self.follow_batches(filter_subject, start_seq=start_seq, max_batch=1):
+            for stored in batch:
+                yield stored
+
+    async def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
+                             max_batch: int = 1000, linger: float = 0.0,
+                             idle_heartbeat: float = 5.0
+                             ) -> AsyncGenerator[list[StoredEvent], None]:
+        next_seq = max(start_seq, 1)
+        while True:
+            stored = self._stored  # taken before looking, so no message goes unnoticed
+            found = self._events.matching(filter_subject, next_seq)
+            if not found:
+                await stored.wait()
+                continue
+            if linger and len(found) < max_batch:
+                await asyncio.sleep(linger)
+                found = self._events.matching(filter_subject, next_seq)
+            batch = found[:max_batch]
+            next_seq = batch[-1].seq + 1
+            yield [_stored(m, len(found) - index - 1) for index, m in enumerate(batch)]
+
+
+def _stored(message: StreamMessage, pending: int) -> StoredEvent:
+    try:
+        return StoredEvent(message.seq, message.subject, decode_event(message.data), None,
+                           message.data, pending)
+    except EventDecodeError as error:
+        return StoredEvent(message.seq, message.subject, None, error, message.data, pending)
+
+
+if TYPE_CHECKING:
+    def _in_memory_log_is_an_event_log(log: InMemoryEventLog) -> "ports.EventLog":
+        return log
+
+    def _jetstream_log_is_an_event_log(log: EventLog) -> "ports.EventLog":
+        return log

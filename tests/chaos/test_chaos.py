@@ -10,7 +10,10 @@ import time
 
 import pytest
 from chaos import Load, Report, chaos_system, namespaces_available
+from eventually import eventually
 from service_processes import http_status
+
+from tether.adapters.jetstream import connect_nats
 
 long = pytest.mark.long
 # `make test-chaos`: the load the scenarios were first tried with, 300 runs.
@@ -19,9 +22,7 @@ LONG_LOAD = Load(detached=240, awaited=60)
 
 async def until_hooks(system, count: int) -> None:
     """Until the application has handled `count` finish hooks: the load is under way."""
-    async with asyncio.timeout(60):
-        while len(system.hook_calls) < count:
-            await asyncio.sleep(0.05)
+    await eventually(lambda: len(system.hook_calls) >= count, timeout=60, interval=0.05)
 
 
 async def scenario(name: str, fault, *, load: Load | None = None, runner_died: bool = False,
@@ -54,9 +55,10 @@ async def restart_nats(system, sig: int) -> None:
 
 
 async def not_ready(service, timeout: float = 10) -> None:
-    async with asyncio.timeout(timeout):
-        while await http_status(service.health_port, "/readyz") != 503:
-            await asyncio.sleep(0.05)
+    async def unready() -> bool:
+        return await http_status(service.health_port, "/readyz") == 503
+
+    await eventually(unready, timeout=timeout, interval=0.05)
 
 
 async def test_nats_stopped_gracefully_and_restarted():
@@ -153,8 +155,6 @@ def partition_leader():
 
 async def make_leader(system, stream: str, node: str) -> None:
     """Ask the stream's leader to step down in favour of `node`, until it leads."""
-    from tether.adapters.jetstream import connect_nats
-
     nc = await connect_nats(system.nats.url, name="chaos-stepdown")
     try:
         async with asyncio.timeout(30):

@@ -11,6 +11,8 @@ import signal
 import time
 from contextlib import aclosing
 
+from eventually import eventually
+
 from tether.adapters.jetstream import EventLog
 from tether.contract.messages import WorkItem, work_message_id
 from tether.domain.commands import RunCommand
@@ -128,9 +130,10 @@ async def test_a_parent_finishes_the_batch_in_hand_and_loses_no_command(log, poo
         headers={"Nats-Msg-Id": f"run:{run_id}"}) for run_id in run_ids]
     await asyncio.gather(*acks)
     handled_metric = 'tether_handler_seconds_count{handler="command.run",service="parent"}'
-    async with asyncio.timeout(20):
-        while not (await scrape(parent.health_port)).get(handled_metric):
-            await asyncio.sleep(0.01)
+    async def handled() -> object:
+        return (await scrape(parent.health_port)).get(handled_metric)
+
+    await eventually(handled, timeout=20, interval=0.01)
     await stop_within_grace(parent)
 
     restarted = await services("parent", **agents)
@@ -152,9 +155,7 @@ async def test_a_projector_commits_the_batch_in_hand_and_reports_its_lag(log, po
     projector = await services("projector", TETHER_PROJECTOR_BATCH_SIZE="25")
     await ready(projector)
     schema = settings.projection_schema
-    async with asyncio.timeout(20):
-        while not await _checkpoint(pool, schema):
-            await asyncio.sleep(0.02)
+    await eventually(lambda: _checkpoint(pool, schema), timeout=20, interval=0.02)
     metrics = await scrape(projector.health_port)
     assert metrics["tether_events_appended_total"] == total
     assert metrics["tether_projector_active"] == 1
@@ -169,9 +170,10 @@ async def test_a_projector_commits_the_batch_in_hand_and_reports_its_lag(log, po
     survivor = await services("projector")
     await ready(survivor)
     await survivor.logged("leadership.acquired")  # it leads once its lease's grace is over
-    async with asyncio.timeout(20):
-        while await _checkpoint(pool, schema) < total:
-            await asyncio.sleep(0.02)
+    async def caught_up() -> bool:
+        return await _checkpoint(pool, schema) >= total
+
+    await eventually(caught_up, timeout=20, interval=0.02)
     metrics = await scrape(survivor.health_port)
     assert metrics["tether_projector_lag_events"] == 0
     assert metrics["tether_projector_lag_seconds"] == 0

@@ -78,7 +78,7 @@ async def test_a_conversation_killed_mid_notification_is_taken_over_with_one_tur
         assert 1 <= len(notice_turns) == len(set(notice_turns)) <= 2
         # One run per tool call, each once: the takeover started no second child turn.
         view = None
-        async for view in conversation.parent.timeline(live=False):
+        async for view in conversation.parent.timeline(live=False):  # noqa: B007 - the last view is wanted
             pass
         assert sorted((run.run_id, run.status) for run in view.runs.values()) == [
             ("agent-tool:call_0_0", "completed"), ("agent-tool:call_0_1", "completed"),

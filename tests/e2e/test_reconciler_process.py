@@ -7,6 +7,8 @@ import json
 import signal
 from contextlib import aclosing
 
+from eventually import eventually
+
 from tether.client.connection import connect
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, evolve
@@ -129,9 +131,10 @@ async def test_recovery_after_the_awaiting_application_is_gone(log, pool, servic
             return await pool.fetchval(f'SELECT count(*) FROM "{schema}".reattach_decisions')
         except Exception:  # noqa: BLE001 - not migrated yet
             return 0
-    async with asyncio.timeout(15):
-        while await projected() < 4:
-            await asyncio.sleep(0.05)
+    async def all_projected() -> bool:
+        return await projected() >= 4
+
+    await eventually(all_projected, timeout=15, interval=0.05)
 
 
 async def test_a_finite_reattach_window_cancels_the_child(log, services):
@@ -164,17 +167,15 @@ async def test_a_standby_reconciler_takes_over_and_decides_once(log, services):
     def became_active(service) -> bool:
         return any(line.get("event") == "reconciler.active" for line in service.lines)
 
-    async with asyncio.timeout(10):
-        while not (became_active(first) or became_active(second)):
-            await asyncio.sleep(0.05)
+    await eventually(lambda: became_active(first) or became_active(second), timeout=10,
+                     interval=0.05)
     active, standby = (first, second) if became_active(first) else (second, first)
     assert not became_active(standby)
 
     active.signal(signal.SIGKILL)
     await active.wait()
-    async with asyncio.timeout(5):  # "within a few seconds"
-        while not became_active(standby):
-            await asyncio.sleep(0.05)
+    # "Within a few seconds".
+    await eventually(lambda: became_active(standby), timeout=5, interval=0.05)
 
     # No runner serves Extractor: the detached run can only end by its budget.
     await send_run(log, "budgeted", "Extractor", {"text": "x"},

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import pytest
+from eventually import eventually
 from service_processes import ready
 
 from tether.adapters.jetstream import EventLog
@@ -110,7 +111,7 @@ async def test_a_fan_out_of_three_runs_concurrently_on_one_connection(tether):
         for order, text in enumerate(texts)))
     assert [result.summary for result in results] == ["ALPHA", "BETA", "GAMMA"]
     view = None
-    async for view in me.timeline(live=False):
+    async for view in me.timeline(live=False):  # noqa: B007 - the last view is wanted
         pass
     assert [run.summary for run in view.runs_for_tool_call("call-fan")] == ["ALPHA", "BETA", "GAMMA"]
 
@@ -160,9 +161,9 @@ async def test_inspect_from_another_parent_gets_none(tether):
 async def test_list_runs_comes_from_the_projections(tether):
     me = tether.parent(*ASSISTANT)
     await me.run_agent_tool("Summarizer", {"text": "listed"}, run_id="listed-1")
-    async with asyncio.timeout(30):
-        while not (runs := await me.list_runs(status=["completed"])):
-            await asyncio.sleep(0.1)  # the projector catches up asynchronously
+    # The projector catches up asynchronously.
+    runs = await eventually(lambda: me.list_runs(status=["completed"]), timeout=30,
+                            interval=0.1)
     assert [run.run_id for run in runs] == ["listed-1"]
 
 
@@ -185,7 +186,7 @@ async def test_a_late_timeline_subscriber_sees_what_an_early_one_saw(tether):
             me.run_agent_tool("Researcher", {"query": "HTTP/3"}, parent_tool_call_id="call-t"),
             me.run_agent_tool("Summarizer", {"text": "side"}))
         late = None
-        async for late in me.timeline(live=False):
+        async for late in me.timeline(live=False):  # noqa: B007 - the last view is wanted
             pass
         async with asyncio.timeout(10), changed:
             await changed.wait_for(lambda: views[-1] == late)
@@ -211,7 +212,7 @@ async def test_a_child_runs_its_own_agent_tools_on_its_own_timeline(tether, log)
         assert snapshot is not None and snapshot.summary == text
     # The grandchildren are not on the top parent's timeline.
     view = None
-    async for view in me.timeline(live=False):
+    async for view in me.timeline(live=False):  # noqa: B007 - the last view is wanted
         pass
     assert "coordinate-1" in view.runs
     assert not any(run_id.startswith("coordinate-1-part") for run_id in view.runs)
@@ -270,7 +271,7 @@ async def test_a_cleared_run_id_runs_again_with_its_own_hook_call(tether, log):
 
     me = tether.parent(*ASSISTANT)
     async with hooks.running():
-        for n, text in enumerate(["first", "second"], start=1):
+        for text in ["first", "second"]:
             handle = await me.run_agent_tool("Summarizer", {"text": text}, run_id="again-1",
                                              detached={"on_finish": "on_again_done"})
             assert handle.status == "running"
@@ -287,9 +288,10 @@ async def test_a_cleared_run_id_runs_again_with_its_own_hook_call(tether, log):
     assert types[-4:] == ["run.cleared", "run.requested", "run.running", "run.completed"]
     snapshot = await me.inspect("again-1")
     assert (snapshot.summary, snapshot.detached) == ("THIRD", False)
-    async with asyncio.timeout(30):
-        while [(r.run_id, r.summary) for r in await me.list_runs()] != [("again-1", "THIRD")]:
-            await asyncio.sleep(0.1)  # the projector catches up asynchronously
+    async def listed_once() -> bool:
+        return [(r.run_id, r.summary) for r in await me.list_runs()] == [("again-1", "THIRD")]
+
+    await eventually(listed_once, timeout=30, interval=0.1)  # the projector catches up
 
 
 async def test_a_rejected_request_does_not_block_its_run_id(tether, log):

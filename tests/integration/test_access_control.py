@@ -15,6 +15,7 @@ from pathlib import Path
 import nats
 import pytest
 from authorized_nats import authorized_nats
+from eventually import eventually
 
 from tether.access import USERS, Application
 from tether.access import main as render_main
@@ -69,14 +70,12 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
     checks: list[dict] = [{} for _ in SERVICES]
     tasks = [asyncio.create_task(module.serve(as_user(settings, url, role, agents=AGENTS), stop,
                                               role_checks))
-             for (role, module), role_checks in zip(SERVICES.items(), checks)]
+             for (role, module), role_checks in zip(SERVICES.items(), checks, strict=True)]
     # The operator's credentials in the URL: what any NATS client understands.
     operator = Settings(**{**settings.model_dump(), "nats_url": url.replace(
         "nats://", f"nats://operator:{PASSWORDS['operator']}@")})
     try:
-        async with asyncio.timeout(30):
-            while not await all_ready(checks):
-                await asyncio.sleep(0.02)
+        await eventually(lambda: all_ready(checks), timeout=30, interval=0.02)
         async with asyncio.timeout(30), connect(settings=operator) as tether:
             done = asyncio.Event()
             hooks = tether.hooks("Assistant")

@@ -17,6 +17,7 @@ from contextlib import aclosing
 from typing import Any
 
 import pytest
+from eventually import eventually
 from pydantic import BaseModel
 
 from examples.model_agents import Publisher, Researcher
@@ -155,12 +156,12 @@ async def work_items_left(log: EventLog, agent_type: str) -> tuple[int, int]:
     return info.num_pending, info.num_ack_pending
 
 
-async def eventually(probe: Callable[[], Any], expected: Any, timeout: float = 3) -> None:
+async def equals(probe: Callable[[], Any], expected: Any, timeout: float = 3) -> None:
     """An acknowledgement is not confirmed to its sender, so poll the server for it."""
-    async with asyncio.timeout(timeout):
-        while (found := await probe()) != expected:
-            await asyncio.sleep(0.01)
-    assert found == expected
+    async def found() -> bool:
+        return await probe() == expected
+
+    await eventually(found, timeout=timeout, interval=0.01)
 
 
 # --- steps and output ----------------------------------------------------------------
@@ -267,7 +268,7 @@ async def test_an_approval_pauses_the_run_and_continue_resumes_it_in_a_runner(
     assert state.status == "running" and not of_type(events, "run.completed")
     outcome = await asyncio.wait_for(runner.outcomes.get(), 5)
     assert (outcome.kind, outcome.detail) == ("paused", "waiting_for_human: 1 pending")
-    await eventually(lambda: work_items_left(log, "Publisher"), (0, 0))  # acknowledged
+    await equals(lambda: work_items_left(log, "Publisher"), (0, 0))  # acknowledged
     snapshot = (await inspect(log, run_id)).run
     assert (snapshot.status, snapshot.waiting_for) == ("running", "waiting_for_human")
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
+from eventually import eventually
 
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import EventLog
@@ -354,14 +355,12 @@ async def test_a_republished_hook_waits_while_its_first_call_runs(log, tether):
     async with hooks.running():
         state = await finished_run(log, "import-twice")
         await publish_hook(log, state, first=True)
-        async with asyncio.timeout(10):
-            while not calls:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: calls, timeout=10, interval=0.01)
         await publish_hook(log, state, msg_id=finish_message_id(state, "completed", METHOD)
                            + ":retry1")
-        async with asyncio.timeout(10):  # the retry found the claim and was put back
-            while hooks.stats.deferred == 0 and len(calls) == 1:
-                await asyncio.sleep(0.01)
+        # The retry found the claim and was put back.
+        await eventually(lambda: hooks.stats.deferred != 0 or len(calls) != 1, timeout=10,
+                         interval=0.01)
         release.set()
         await ledger_entry(log, "import-twice")
         await settled(tether, timeout=20)

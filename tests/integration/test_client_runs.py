@@ -209,9 +209,9 @@ async def test_an_oversized_input_is_refused_before_anything_is_sent(log, tether
 
 async def test_queries_without_a_parent_service_fail_clearly(tether):
     me = tether.parent(PARENT.agent, PARENT.name)
-    with pytest.raises(ServiceUnavailable, match="no parent service answers .*rpc.inspect"):
+    with pytest.raises(ServiceUnavailable, match=r"no parent service answers .*rpc.inspect"):
         await me.inspect("r1")
-    with pytest.raises(ServiceUnavailable, match="rpc.has_run"):
+    with pytest.raises(ServiceUnavailable, match=r"rpc.has_run"):
         await me.has_run("r1")
 
 
@@ -388,7 +388,7 @@ async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading, monke
     # the first (a busy machine only stretches the gaps): about 11 reads, not a fixed 50 ms's 40.
     gaps = [later - earlier for earlier, later in itertools.pairwise(reads.times)]
     assert 4 <= len(reads.times) <= 12, gaps
-    assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, [0.05, 0.1] + [0.2] * 10)), gaps
+    assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, [0.05, 0.1] + [0.2] * 10, strict=False)), gaps
 
 
 async def test_streams_made_before_the_live_subject_get_it_on_start_up(log, nc, settings):

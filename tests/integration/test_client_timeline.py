@@ -39,7 +39,8 @@ async def signal(log: EventLog, run_id: str, at: int, fraction: float, **fields)
 
 async def final_view(tether: Tether, **options) -> TimelineView:
     view = None
-    async for view in tether.parent(PARENT.agent, PARENT.name).timeline(live=False, **options):
+    timeline = tether.parent(PARENT.agent, PARENT.name).timeline(live=False, **options)
+    async for view in timeline:  # noqa: B007 - the last view is wanted
         pass
     assert view is not None and view.caught_up
     return view

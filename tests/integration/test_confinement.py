@@ -340,7 +340,7 @@ async def test_the_client_says_what_an_application_may_not_do(tenants):
         with pytest.raises(NotPermitted, match="BobBot"):
             async with asyncio.timeout(2):
                 await bobs.cancel("not-hers")
-        with pytest.raises(NotPermitted, match="may not follow .*BobBot"):
+        with pytest.raises(NotPermitted, match=r"may not follow .*BobBot"):
             async with asyncio.timeout(2):
                 await anext(bobs.timeline())
         with pytest.raises(NotPermitted, match="BobBot"):

@@ -17,6 +17,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from test_certs import make_certificates
 
 from tether.access import password_variable
 
@@ -477,8 +478,6 @@ def test_production_nats_speaks_tls_to_clients_and_routes(tmp_path, devstack):
                                     "items": [{"key": "ca.crt", "path": "ca.crt"}]}, name
     # The server's own check of the production file, with throwaway certificates where
     # the Secret would be mounted.
-    from test_certs import make_certificates
-
     certs = make_certificates(tmp_path / "tls")
     text = (ROOT / "deploy" / "k8s" / "overlays" / "prod" / "nats.conf").read_text()
     assert text.count("verify: true") == 1 and "cluster {" in text

@@ -6,6 +6,7 @@ import time
 
 import asyncpg
 import pytest
+from eventually import eventually
 
 from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.log import get_logger
@@ -43,9 +44,7 @@ async def test_a_standby_leads_only_after_the_holder_lost_its_session(pool, uniq
                 await stop.wait()
 
     holding = asyncio.create_task(lead("first", first, until_lost=True))
-    async with asyncio.timeout(5):
-        while not led:
-            await asyncio.sleep(0.01)
+    await eventually(lambda: led, timeout=5, interval=0.01)
     waiting = asyncio.create_task(lead("second", second, until_lost=False))
     await asyncio.sleep(first.grace_s)  # the standby keeps asking for the lock meanwhile
     assert [name for name, _ in led] == ["first acquired"]
@@ -55,8 +54,7 @@ async def test_a_standby_leads_only_after_the_holder_lost_its_session(pool, uniq
     await pool.execute("SELECT pg_terminate_backend($1)", pid)
     async with asyncio.timeout(10):
         await holding
-        while len(led) < 3:
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(led) >= 3, timeout=10, interval=0.01)
     names = [name for name, _ in led]
     assert names == ["first acquired", "first lost", "second acquired"]
     lost_at, acquired_at = led[1][1], led[2][1]

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
 import pytest
+from eventually import eventually
 from pydantic import BaseModel, Field
 
 from tether import ChildAgent, RunContext, agent_tool
@@ -151,7 +152,7 @@ def scripted(monkeypatch) -> Callable[..., ScriptedModelClient]:
 async def runs_of(tether: Tether, agent: str, name: str) -> dict:
     """The runs on a parent's timeline, as the log has them now."""
     view = None
-    async for view in tether.parent(agent, name).timeline(live=False):
+    async for view in tether.parent(agent, name).timeline(live=False):  # noqa: B007 - the last view
         pass
     return dict(view.runs) if view is not None else {}
 
@@ -337,9 +338,10 @@ async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
     assert "      human hello\n      took  user:m1" in shown
     assert "text  seen: and now?" in shown
     await conversation.close()
-    async with asyncio.timeout(DEADLINE_S):
-        while (await log.read_run(conversation.owner.ref, "chat-1")).state.status != "aborted":
-            await asyncio.sleep(0.02)
+    async def aborted() -> bool:
+        return (await log.read_run(conversation.owner.ref, "chat-1")).state.status == "aborted"
+
+    await eventually(aborted, timeout=DEADLINE_S, interval=0.02)
 
 
 async def test_notify_and_milestones_reach_the_model_once_narrate_without_a_turn(
@@ -397,9 +399,8 @@ async def test_on_progress_sees_the_live_progress_and_milestones_of_the_conversa
                 ("agent-tool:call_0_0", "Importer", "loading", None),  # detached
                 ("agent-tool:call_0_0", "Importer", None, "rows-loaded"),
                 ("agent-tool:call_0_0", "Importer", None, "needs-review")]
-    async with asyncio.timeout(DEADLINE_S):
-        while not all(item in Assistant.progress for item in expected):
-            await asyncio.sleep(0.02)
+    await eventually(lambda: all(item in Assistant.progress for item in expected),
+                     timeout=DEADLINE_S, interval=0.02)
     milestones = [m for *_, m in Assistant.progress if m]
     assert milestones == ["rows-loaded", "needs-review", "noisy"], "each once, in order"
 
@@ -512,8 +513,11 @@ async def test_cancelling_a_run_cancels_its_open_descendants_first(services, tet
         for agent, name, run_id in (("Assistant", "tree-cancel", "tree-run"), LEAD_RUN,
                                     CLERK_RUN):
             ref = ParentRef(agent=agent, name=name)
-            while (history := await log.read_run(ref, run_id)).state.status != "aborted":
-                await asyncio.sleep(0.02)
+            async def aborted_history(ref: ParentRef = ref, run_id: str = run_id):
+                history = await log.read_run(ref, run_id)
+                return history if history.state.status == "aborted" else None
+
+            history = await eventually(aborted_history, timeout=DEADLINE_S, interval=0.02)
             stored = await log.read_subject(log.subjects.run_events(ref, run_id))
             cancelled_at[history.state.agent_type] = next(
                 e.seq for e in stored if e.event.type == "run.cancel_requested")

@@ -6,6 +6,7 @@ import uuid
 from contextlib import aclosing
 
 import pytest
+from eventually import eventually
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field
 
@@ -148,10 +149,7 @@ async def test_fifty_concurrent_identical_requests_make_one_child_turn(parent, l
     await asyncio.gather(*(send(log, "run", run_request("r-50"), msg_id=f"run:r-50:{i}")
                            for i in range(50)))
     await dispatches("r-50")
-    async def all_handled() -> None:
-        while parent.handled < 50:
-            await asyncio.sleep(0.01)
-    await asyncio.wait_for(all_handled(), timeout=20)
+    await eventually(lambda: parent.handled >= 50, timeout=20, interval=0.01)
     history = await log.read_run(PARENT, "r-50")
     assert types(history.events) == ["run.requested"]
     # Each repeat published the item again, with the first's message id: the stream kept one.
@@ -330,13 +328,8 @@ async def test_repeated_request_of_an_interrupted_run_reattaches(parent, log):
     _state, events = await until(log, "int-1", lambda s, e: s.reattach_attempts == 1)
     assert events[-1].type == "run.reattach_started"
 
-    async def redispatched() -> list[WorkItem]:
-        # The work item goes out just after the event that decided it.
-        while not (items := await work_items(log, "Researcher")):
-            await asyncio.sleep(0.01)
-        return items
-
-    items = await asyncio.wait_for(redispatched(), timeout=5)
+    # The work item goes out just after the event that decided it.
+    items = await eventually(lambda: work_items(log, "Researcher"), timeout=5, interval=0.01)
     assert [(w.run_id, w.dispatch) for w in items] == [("int-1", 1)]
 
 

@@ -55,7 +55,7 @@ async def test_a_fetch_takes_what_is_there_up_to_its_batch_and_loses_nothing(nc,
         await msg.ack()
     assert first[0].metadata.sequence.stream == 1  # a JetStream delivery, ackable
 
-    with pytest.raises(TimeoutError, match="no message from consumer worker within 0.3s"):
+    with pytest.raises(TimeoutError, match=r"no message from consumer worker within 0.3s"):
         await pull.fetch(8, timeout=0.3)
     # What comes after a fetch gave up is the next fetch's: its request had expired.
     await js.publish(subject, b"late")

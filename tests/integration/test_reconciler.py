@@ -10,6 +10,7 @@ from contextlib import aclosing
 import pytest
 
 from tether.adapters.jetstream import EventLog, StreamSettings, key_value
+from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent
 from tether.domain.events import (
     ParentRef,
@@ -206,8 +207,6 @@ async def test_an_unacknowledged_finish_hook_is_published_again_after_its_lease(
 
 
 async def test_the_client_observes_a_give_up_as_a_typed_event(reconciler, log, settings):
-    from tether.client import connect
-
     async with connect(settings=settings) as tether:
         stream = tether.observe("agent_tool:detached:>")
         first = asyncio.ensure_future(anext(stream))
@@ -344,8 +343,6 @@ async def test_a_deadline_being_decided_is_not_collected(fast, log, pool):
 
 
 async def test_only_runs_whose_awaiter_is_gone_are_recovered(recovering, log, pool, settings):
-    from tether.client import connect
-
     app = await connect(settings=settings)
     awaiting = asyncio.create_task(app.parent(PARENT.agent, PARENT.name).run_agent_tool(
         "Nobody", {}, run_id="awaited-1"))

@@ -14,6 +14,7 @@ from pathlib import Path
 import nats
 import pytest
 from authorized_nats import nats_server
+from eventually import eventually
 from test_certs import make_certificates
 
 from tether.access import USERS, Application, nkey_files, render
@@ -64,12 +65,12 @@ async def test_the_services_run_over_tls_with_nkey_users_and_stay_confined(
     checks: list[dict] = [{} for _ in SERVICES]
     tasks = [asyncio.create_task(module.serve(
         as_user(settings, url, certificates, seeds, role, agents=AGENTS), stop, role_checks))
-        for (role, module), role_checks in zip(SERVICES.items(), checks)]
+        for (role, module), role_checks in zip(SERVICES.items(), checks, strict=True)]
     admin_settings = as_user(settings, url, certificates, seeds, "admin")
     try:
-        async with asyncio.timeout(60):
-            while not all(checks) or not all([await _passing(c) for c in checks]):
-                await asyncio.sleep(0.05)
+        await eventually(lambda: all(checks), timeout=60, interval=0.05)
+        for service_checks in checks:
+            await eventually(lambda c=service_checks: _passing(c), timeout=60, interval=0.05)
         alice = as_user(settings, url, certificates, seeds, "alice")
         async with asyncio.timeout(30), connect(settings=alice) as app:
             assert app.served
@@ -129,7 +130,7 @@ async def test_plain_connections_and_unknown_keys_are_refused(secured):
     context = ssl.create_default_context(cafile=str(certificates.ca))
     stranger = seeds.parent / "stranger"
     nkey_files(stranger, ["nobody"])
-    with pytest.raises(nats.errors.Error, match="[Aa]uthorization"):
+    with pytest.raises(nats.errors.Error, match=r"[Aa]uthorization"):
         await nats.connect(url, nkeys_seed=str(stranger / "nobody.nk"), tls=context,
                            allow_reconnect=False, connect_timeout=2, max_reconnect_attempts=0)
     with pytest.raises(ssl.SSLError):

@@ -19,6 +19,7 @@ import importlib.util
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -26,9 +27,11 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import asyncpg
+from eventually import eventually
 from service_processes import ServiceProcess, ready
 
 from tether.adapters.jetstream import EventLog, connect_nats
@@ -428,9 +431,10 @@ class System:
             assert unexplained == {}, f"hooks handled more than once: {unexplained}"
             assert sorted(self.hook_calls) == sorted(r for r in run_ids if r.startswith("d-"))
             last_seq = await log.stream_last_seq()
-            async with asyncio.timeout(SETTLE_S):
-                while await self._checkpoint(pool) < last_seq:
-                    await asyncio.sleep(0.1)
+            async def projected() -> bool:
+                return await self._checkpoint(pool) >= last_seq
+
+            await eventually(projected, timeout=SETTLE_S, interval=0.1)
             rows = await pool.fetch(f'SELECT run_id, status FROM "{self.prefix}".runs')
             assert {r["run_id"]: r["status"] for r in rows} == dict.fromkeys(run_ids, "completed")
             result = await verify(pool, log, self.prefix)
@@ -482,8 +486,6 @@ def _leading(service: ServiceProcess) -> bool:
 
 
 def _at(line: dict) -> float:
-    from datetime import datetime
-
     return datetime.fromisoformat(line["timestamp"]).timestamp()
 
 
@@ -501,6 +503,4 @@ async def chaos_system(**options):
         if failed:
             system.dump_logs()
         await system.close()
-        import shutil
-
         shutil.rmtree(root, ignore_errors=True)

@@ -4,6 +4,8 @@
 import asyncio
 from types import SimpleNamespace
 
+from eventually import eventually
+
 from tether.client.hooks import HookRegistry
 
 METHOD = "on_done"
@@ -49,8 +51,8 @@ async def test_a_fetch_returning_more_than_asked_waits_for_room_instead_of_faili
 
     registry.handle = handle
     delivering = asyncio.create_task(registry._deliver(METHOD, subscription, stop))
-    while running < concurrency + 3:  # the overfull first fetch is being handled
-        await asyncio.sleep(0)
+    # The overfull first fetch is being handled.
+    await eventually(lambda: running >= concurrency + 3, interval=0)
     release.set()
     await asyncio.wait_for(delivering, 5)
 

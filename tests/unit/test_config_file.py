@@ -1,11 +1,15 @@
 """Settings from a TOML file, the environment and flags, and the messages a wrong value gets."""
 
+import gc
 import sys
 from pathlib import Path
 
 import pytest
+import uvloop
 
+from tether.cli import event_loop_factory
 from tether.config import ConfigurationError, Settings
+from tether.runtime import pause_gc_for_replay, tune_gc
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -55,10 +59,6 @@ def test_nats_credentials_stay_out_of_the_url_and_out_of_messages():
 
 
 def test_the_services_run_on_uvloop_unless_told_otherwise(monkeypatch) -> None:
-    import uvloop
-
-    from tether.cli import event_loop_factory
-
     assert event_loop_factory("auto") is uvloop.new_event_loop
     assert event_loop_factory("uvloop") is uvloop.new_event_loop
     assert event_loop_factory("asyncio") is None
@@ -69,14 +69,12 @@ def test_the_services_run_on_uvloop_unless_told_otherwise(monkeypatch) -> None:
 
 
 def test_an_unknown_event_loop_is_refused_with_the_accepted_values() -> None:
-    with pytest.raises(ConfigurationError, match="auto.*uvloop.*asyncio"):
+    with pytest.raises(ConfigurationError, match=r"auto.*uvloop.*asyncio"):
         Settings.from_env({"TETHER_EVENT_LOOP": "trio"})
 
 
 @pytest.fixture
 def restored_gc():
-    import gc
-
     threshold = gc.get_threshold()
     yield gc
     gc.unfreeze()
@@ -85,8 +83,6 @@ def restored_gc():
 
 
 def test_the_services_collect_garbage_less_often_unless_told_otherwise(restored_gc) -> None:
-    from tether.runtime import tune_gc
-
     gc = restored_gc
     gc.set_threshold(700, 10, 10)
     tune_gc(Settings.from_env({}).gc_threshold)
@@ -102,8 +98,6 @@ def test_the_services_collect_garbage_less_often_unless_told_otherwise(restored_
 
 
 def test_a_replay_command_turns_the_collector_off_unless_told_otherwise(restored_gc) -> None:
-    from tether.runtime import pause_gc_for_replay
-
     gc = restored_gc
     pause_gc_for_replay(Settings.from_env({}).gc_threshold)
     assert not gc.isenabled() and gc.get_freeze_count() > 0

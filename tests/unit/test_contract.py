@@ -83,7 +83,7 @@ def test_run_command_refuses_an_invalid_run_id(value: str) -> None:
 def test_a_parent_name_that_would_add_a_subject_token_is_refused(name: str) -> None:
     with pytest.raises(ValidationError, match="name"):
         ParentRef(agent="Assistant", name=name)
-    with pytest.raises(ValidationError, match="parent.name"):
+    with pytest.raises(ValidationError, match=r"parent.name"):
         parse_command("cancel", {"run_id": "r1", "parent": {"agent": "Assistant", "name": name}})
 
 

@@ -190,7 +190,7 @@ def test_upcasting_leaves_the_stored_payload_untouched(name: str) -> None:
 def test_an_unknown_event_type_is_refused() -> None:
     payload = {**load("run.completed.v1.json"), "type": "run.teleported"}
 
-    with pytest.raises(EventDecodeError, match="run.teleported") as error:
+    with pytest.raises(EventDecodeError, match=r"run.teleported") as error:
         decode_event(payload)
 
     assert error.value.kind == "unknown-type"

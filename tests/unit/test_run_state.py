@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tether.domain import decide
 from tether.domain.events import (
     EventEnvelope,
     ParentRef,
@@ -41,6 +42,7 @@ from tether.domain.run_state import (
     Milestone,
     ProgressSnapshot,
     RunState,
+    _updated,
     evolve,
     fold,
 )
@@ -241,8 +243,6 @@ def test_events_applied_counts_only_applied_events() -> None:
 
 
 def test_an_applied_event_copies_the_state_as_model_copy_would() -> None:
-    from tether.domain.run_state import _updated
-
     assert RunState.__private_attributes__ == {}
     assert RunState.model_config.get("extra") == "forbid"
     state = state_after(requested(detached={"on_finish": "done"}), started(), running(1))
@@ -907,8 +907,6 @@ def test_a_request_of_another_run_does_not_replace_this_one() -> None:
 
 
 def test_cancelling_a_paused_awaited_run_aborts_it_at_once() -> None:
-    from tether.domain import decide
-
     state = state_after(requested(), running(1), paused(event_id="pause-1"))
     events = decide.cancel(state, decide.Cause(command_seq=7, now=T0 + 50))
 

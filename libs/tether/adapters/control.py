@@ -26,7 +26,9 @@ def control_broker(settings: Settings, name: str, *, middlewares: Sequence[Any] 
     service's structured log, and a line per query would be noise.
     """
     return NatsBroker(nats_servers(settings.nats_connect_url), name=name, max_reconnect_attempts=-1,
-                      reconnect_time_wait=0.5, connect_timeout=5, logger=None,
+                      # (seconds, passed on to nats-py, which takes a float)
+                      reconnect_time_wait=0.5,  # type: ignore[arg-type]
+                      connect_timeout=5, logger=None,
                       middlewares=tuple(middlewares), security=_security(settings))
 
 

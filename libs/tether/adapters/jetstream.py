@@ -13,7 +13,7 @@ import json
 import re
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
@@ -40,6 +40,10 @@ from tether.contract.subjects import Subjects
 from tether.diagnose import redact
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
+from tether.log import get_logger  # (it configures structlog lazily, at the first line)
+
+# The port's values, here too for the callers that import them from the adapter.
+from tether.ports import ConcurrencyConflict, RunHistory, StoredEvent
 
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
 STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configuration
@@ -60,38 +64,6 @@ class PublishDenied(Exception):
         super().__init__(f"NATS refused this connection's publish to {subject}: "
                          "its user's permissions do not allow it")
         self.subject = subject
-
-
-class ConcurrencyConflict(Exception):
-    """Someone appended to the run since we read it; re-read and decide again."""
-
-    def __init__(self, subject: str, expected_last_seq: int) -> None:
-        super().__init__(f"{subject}: the run moved past sequence {expected_last_seq}")
-        self.subject = subject
-        self.expected_last_seq = expected_last_seq
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEvent:
-    """One message of the log: its stream sequence, subject, and the decoded event.
-
-    `event` is None when the message could not be decoded; `error` then says why.
-    `pending` is how many messages matching the filter followed it when it was delivered.
-    """
-
-    seq: int
-    subject: str
-    event: Event | None
-    error: EventDecodeError | None
-    raw: bytes
-    pending: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class RunHistory:
-    events: tuple[Event, ...]
-    last_seq: int  # the subject's last stream sequence; 0 when the run has no events
-    state: RunState | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,11 +164,10 @@ class Pull:
 
     nats-py's `fetch(n)` sends a second, lingering request when its first is answered
     by a status, which may be one an earlier, timed-out request left behind; after a
-    first message, that request waits for the other n - 1 until the timeout. A message
-    reaching an idle loop waited up to the whole timeout (p90 112 ms, max 246 ms with
-    0.5 s in a standalone loop; in the benchmark, most of the time between an outcome
-    and its hook). A fetch here asks for what is there now (a no-wait request, answered
-    at once), and only when nothing is, waits for one message to come. A status left
+    first message, that request waits for the other n - 1 until the timeout, so a
+    message reaching an idle loop would wait up to the whole timeout (between a run's
+    outcome and its hook, say). A fetch here asks for what is there now (a no-wait
+    request, answered at once), and only when nothing is, waits for one message to come. A status left
     by an earlier request only makes a fetch return early, or take a message that came
     late; a message that comes after its fetch returned is the next fetch's. A lingering
     request can then outlive its fetch until it expires, but swallows nothing after
@@ -418,9 +389,9 @@ class EventLog:
                       stream: str) -> js_api.PubAck:
         """A JetStream publish that waits for the stream's ack, as nats-py's
         `JetStreamContext.publish` (the same errors: `APIError` and its kinds,
-        `NoStreamResponseError`, `nats.errors.TimeoutError`), for a third less CPU: the
-        ack comes back on this log's routed inbox and is read without nats-py's
-        dataclass reflection."""
+        `NoStreamResponseError`, `nats.errors.TimeoutError`), with less work per
+        publish, since every append takes this path: the ack comes back on this log's
+        routed inbox and is read without nats-py's dataclass reflection."""
         msg = await self._ask(subject, payload, {**headers, "Nats-Expected-Stream": stream})
         if msg.headers and msg.headers.get("Status") == "503":
             raise NoStreamResponseError
@@ -685,7 +656,7 @@ class EventLog:
         return self._replies
 
     async def follow(self, filter_subject: str, *, start_seq: int = 1,
-                     idle_heartbeat: float = 5.0) -> AsyncIterator[StoredEvent]:
+                     idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
         """Replay from `start_seq`, then go on live, in one ordered sequence."""
         async with aclosing(self.follow_batches(filter_subject, start_seq=start_seq,
                                                 max_batch=1, idle_heartbeat=idle_heartbeat)) as batches:
@@ -695,7 +666,7 @@ class EventLog:
 
     async def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
                              max_batch: int = 1000, linger: float = 0.0,
-                             idle_heartbeat: float = 5.0) -> AsyncIterator[list[StoredEvent]]:
+                             idle_heartbeat: float = 5.0) -> AsyncGenerator[list[StoredEvent], None]:
         """Like `follow`, in batches of what has already arrived; with `linger` (seconds),
         a batch not yet full waits that long for more.
 
@@ -722,7 +693,7 @@ class EventLog:
         )
         if isinstance(self._nc, _Client):
             # An event's stored headers (its message id, the expected sequence) say
-            # nothing a follower needs: they are not parsed (5 % of a replay's instructions).
+            # nothing a follower needs, and a replay reads every event: they are not parsed.
             # (The connection's own subscription, kept across the consumer's resets.)
             self._nc.headers_unread.add(getattr(subscription, "_sub", subscription))
         last_seq = start_seq - 1
@@ -849,7 +820,7 @@ async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None])
     on any other nats-py client it is an ordinary callback subscription."""
     if isinstance(nc, _Client):
         subscription = await nc.subscribe(subject)
-        nc.routes[subscription._id] = route
+        nc.routes[subscription._id] = route  # noqa: SLF001 - nats-py keeps the sid private
         return subscription
 
     async def callback(msg: Msg) -> None:
@@ -859,9 +830,9 @@ async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None])
 
 
 class _Client(NATS):
-    """nats-py's client with faster header handling (every stored event carries some):
-    received headers parsed and a publish's header block built with the same results in
-    less time; routed subscriptions (`subscribe_routed`); and refused publishes reported
+    """nats-py's client with leaner header handling (every stored event carries some):
+    received headers parsed and a publish's header block built with the same results and
+    less work; routed subscriptions (`subscribe_routed`); and refused publishes reported
     to their waiters (`denial_listeners`, `unless_refused`)."""
 
     def __init__(self) -> None:
@@ -913,7 +884,7 @@ class _Client(NATS):
     async def _send_publish(self, subject: str, reply: str, payload: bytes, payload_size: int,
                             headers: dict[str, str] | None) -> None:
         """nats-py's, with the header block built in one join (every event, work item and
-        hook carries some): the same bytes, for about half the time."""
+        hook carries some): the same bytes, built with less work on every publish's path."""
         if not headers or not subject:
             await super()._send_publish(subject, reply, payload, payload_size, headers)
             return
@@ -980,7 +951,6 @@ class _ConnectionEvents:
         self.closing: Callable[[], bool] = lambda: False
 
     def _logger(self):
-        from tether.log import get_logger  # the log module configures structlog lazily
         return get_logger(connection=self._name)
 
     async def error(self, error: Exception) -> None:

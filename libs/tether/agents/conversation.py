@@ -35,6 +35,7 @@ from tether.agents.records import AgentStepRecord, Decisions, state_after
 from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
 from tether.child.context import RunCancelled, RunContext
+from tether.client.chat import follow_chat
 from tether.contract.messages import (
     ChatMessage,
     LifecycleResult,
@@ -178,8 +179,6 @@ class ModelParent(ModelAgent):
 
     async def _inbox(self, ctx: RunContext) -> AsyncIterator[ChatMessage]:
         """The conversation's chat subject from the start, until the run is cancelled."""
-        from tether.client.chat import follow_chat
-
         messages = follow_chat(ctx.client.tether, ctx.as_parent())
         cancelled = asyncio.ensure_future(ctx.cancelled.wait())
         following: asyncio.Future | None = None

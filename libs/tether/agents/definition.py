@@ -81,7 +81,7 @@ class ReviewRequest:
 
 # Returns decisions to go on at once (e.g. a policy, or a prompt in a terminal), or None
 # to pause the run as waiting_for_human until a continue call brings the decisions.
-HumanReview = Callable[[ReviewRequest], "Decisions | None | Awaitable[Decisions | None]"]
+HumanReview = Callable[[ReviewRequest], "Decisions | Awaitable[Decisions | None] | None"]
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
+from tether.domain.run_state import evolve
 from tether.log import get_logger
 
 if TYPE_CHECKING:
@@ -242,8 +243,8 @@ class RunContext:
         output, say so in this run's progress (`phase` the reason, `data.waiting_path`
         the runs down to the paused one), so every timeline up to the root shows it; and
         say when it goes on. Best effort: a failure here never fails the run."""
-        from tether.client.timeline import waiting_below
-        from tether.domain.run_state import evolve
+        # (tether.client imports this module: its timeline is imported when first used.)
+        from tether.client.timeline import waiting_below  # noqa: PLC0415
 
         tether, owner = self.client.tether, self.as_parent()
         state, shown = None, None
@@ -256,7 +257,8 @@ class RunContext:
                         continue
                     here = {"agent": owner.agent, "name": owner.name, "run_id": run_id}
                     if state.paused is not None:
-                        waiting = (state.paused.reason, (here,))
+                        waiting: tuple[str, tuple[dict[str, str], ...]] | None = (
+                            state.paused.reason, (here,))
                     else:
                         phase, below = waiting_below(
                             state.progress.phase if state.progress else None,

@@ -36,6 +36,7 @@ from tether.child.recorder import RunRecorder, now_ms
 from tether.config import Settings
 from tether.contract.codec import encode_event
 from tether.contract.messages import WorkItem
+from tether.domain import decide
 from tether.domain.decide import GIVE_UP
 from tether.domain.events import (
     Event,
@@ -119,15 +120,6 @@ def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
         elif event.type == "run.running":
             count += 1
     return count
-
-
-def _finish_unless_terminal(event: Event, incarnation: str) -> Callable[[RunState | None], list[Event]]:
-    """Append the outcome unless the run has ended, or is a later life of its run id."""
-    def decide(state: RunState | None) -> list[Event]:
-        if state is None or state.is_hard_terminal or state.incarnation != incarnation:
-            return []
-        return [event]
-    return decide
 
 
 class Execution:
@@ -241,15 +233,9 @@ class Execution:
             causation_id=self._causation_id,
             data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id))
 
-        def start(current: RunState | None) -> list[Event]:
-            # Another runner advancing the attempt in the meantime holds the run now.
-            if (current is None or current.is_hard_terminal or current.attempt != expected
-                    or current.cancel_requested_at is not None
-                    or current.incarnation != incarnation):
-                return []
-            return [running]
-
-        state, appended = await self._update(start)
+        state, appended = await self._update(
+            lambda current: decide.start_attempt(current, running, expected_attempt=expected,
+                                                 incarnation=incarnation))
         if state is not None:
             self._incarnation = state.incarnation
         if not appended:
@@ -365,20 +351,8 @@ class Execution:
             # The child found out before the heartbeat did.
             self._stop_reason, self._cancel_detail = error.reason, str(error)  # type: ignore[assignment]
         if child.cancelled() or isinstance(error, RunCancelled):
-            if self._stop_reason == "shutdown":
-                await self._settle_item(self._msg.nak(), "nak")  # another runner resumes it now
-                return self._outcome("released", "the runner stopped before the child finished")
-            if self._stop_reason == "superseded":
-                # The newer attempt owns the run and its work item; leave both alone.
-                return self._outcome("superseded", self._cancel_detail)
-            if self._stop_reason == "gone":
-                return await self._ack("skipped", self._cancel_detail)
-            if self._stop_reason == "cancel":
-                return await self._abort(self._cancel_detail)
-            if self._stop_reason == "give-up":
-                return await self._ack("aborted", "stopped: the reconciler gave up on the run")
-            if error is not None:  # the child gave up on its own
-                return await self._abort(str(error) or None, cause="child")
+            if (stopped := await self._settle_stopped(error)) is not None:
+                return stopped
             error = asyncio.CancelledError("the child's task was cancelled by the child itself")
         if error is not None:
             return await self._fail(safe_error(error), error)
@@ -394,10 +368,29 @@ class Execution:
         if size > limit:
             return await self._fail(f"the child's result is {size} bytes; the largest event "
                                     f"NATS accepts is {limit} bytes")
-        _, appended = await self._update(_finish_unless_terminal(completed, self._incarnation))
+        _, appended = await self._update(self._finish(completed))
         if not appended:
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
+
+    async def _settle_stopped(self, error: BaseException | None) -> Outcome | None:
+        """The outcome of a child that stopped on a cancel: why it was stopped decides it.
+        None: nobody stopped it, and it raised no `RunCancelled` either."""
+        if self._stop_reason == "shutdown":
+            await self._settle_item(self._msg.nak(), "nak")  # another runner resumes it now
+            return self._outcome("released", "the runner stopped before the child finished")
+        if self._stop_reason == "superseded":
+            # The newer attempt owns the run and its work item; leave both alone.
+            return self._outcome("superseded", self._cancel_detail)
+        if self._stop_reason == "gone":
+            return await self._ack("skipped", self._cancel_detail)
+        if self._stop_reason == "cancel":
+            return await self._abort(self._cancel_detail)
+        if self._stop_reason == "give-up":
+            return await self._ack("aborted", "stopped: the reconciler gave up on the run")
+        if error is not None:  # the child gave up on its own
+            return await self._abort(str(error) or None, cause="child")
+        return None
 
     def _start_heartbeat(self, interval: float) -> None:
         self._beating = asyncio.ensure_future(self._heartbeat(interval))
@@ -451,14 +444,9 @@ class Execution:
             causation_id=self._causation_id,
             data=RunPausedData(reason=pause.reason, pending=pause.pending))
 
-        def decide(state: RunState | None) -> list[Event]:
-            if (state is None or state.is_hard_terminal or state.attempt != self.attempt
-                    or state.paused is not None or state.cancel_requested_at is not None
-                    or state.incarnation != self._incarnation):
-                return []
-            return [paused]
-
-        state, _ = await self._update(decide)
+        state, _ = await self._update(
+            lambda current: decide.pause_attempt(current, paused, attempt=self.attempt,
+                                                 incarnation=self._incarnation))
         if state is None or state.incarnation != self._incarnation:
             return await self._ack("skipped", "the run was cleared before it could pause")
         if state.is_hard_terminal:
@@ -481,7 +469,7 @@ class Execution:
             event_id=self._event_id("aborted"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
-        await self._update(_finish_unless_terminal(aborted, self._incarnation))
+        await self._update(self._finish(aborted))
         return await self._ack("aborted", error)
 
     async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
@@ -489,12 +477,16 @@ class Execution:
             event_id=self._event_id("failed"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunFailedData(error=error))
-        await self._update(_finish_unless_terminal(failed, self._incarnation))
+        await self._update(self._finish(failed))
         await self._settle_item(self._msg.ack(), "ack")
         return self._outcome("failed", error, exception)
 
     def _event_id(self, *parts: object) -> str:
         return derived_event_id(self.run_id, self._incarnation, *parts)
+
+    def _finish(self, outcome: Event) -> Callable[[RunState | None], list[Event]]:
+        incarnation = self._incarnation
+        return lambda state: decide.finish_unless_terminal(state, outcome, incarnation)
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
         await self._settle_item(self._msg.ack(), "ack")
@@ -504,7 +496,7 @@ class Execution:
         # A lost ack redelivers the item, whose run the log then shows ended: skipped.
         await settle(settlement, what=f"work_item.{what}", run_id=self.run_id)
 
-    async def _update(self, decide: Callable[[RunState | None], list[Event]]
+    async def _update(self, decision: Callable[[RunState | None], list[Event]]
                       ) -> tuple[RunState | None, list[Event]]:
         """The log's `update`, retried across a broker restart until it lands.
 
@@ -515,7 +507,7 @@ class Execution:
         a shutdown's release gives up (the item then goes back to the queue).
         """
         log, interval = self._env.log, self._env.settings.work_ack_wait_ms / 1000 / 3
-        return await persistently(lambda: log.update(self.parent, self.run_id, decide),
+        return await persistently(lambda: log.update(self.parent, self.run_id, decision),
                                   what="run.append", logger=lambda: get_logger(run_id=self.run_id),
                                   give_up=self._released,
                                   while_retrying=lambda: self._keep_item(interval))

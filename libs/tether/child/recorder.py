@@ -18,7 +18,7 @@ parent or reconciler appending to the same run must not make a child's report fa
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from tether.adapters.jetstream import EventLog
 from tether.child.agent import PAUSE_MILESTONES
 from tether.child.context import RunSuperseded
 from tether.contract.messages import ProgressSignal
+from tether.domain import decide
 from tether.domain.events import (
     Event,
     RunMilestone,
@@ -112,16 +113,15 @@ class RunRecorder:
         """Append unless the run id is in another life: cleared, perhaps requested again,
         while this child ran (its milestones would then be the new run's). The fold keys
         each of these events (sequence, index, time), so a repeat changes nothing."""
-        def decide(state: RunState | None) -> list[Event]:
-            return [event] if state is not None and state.incarnation == self._incarnation else []
+        await self._update(
+            lambda state: decide.record_in_life(state, event, self._incarnation))
 
-        await self._update(decide)
-
-    async def _update(self, decide) -> tuple[RunState | None, list[Event]]:
+    async def _update(self, decision: Callable[[RunState | None], Sequence[Event]]
+                      ) -> tuple[RunState | None, list[Event]]:
         """The log's `update`, retried across a broker restart: a child's report is not
         lost, and does not fail the child, because the broker was away for a moment.
         (The child's own task: a stop cancels it, and the retry with it.)"""
-        return await persistently(lambda: self._log.update(self.parent, self.run_id, decide),
+        return await persistently(lambda: self._log.update(self.parent, self.run_id, decision),
                                   what="child.report", logger=self._logger)
 
     def _logger(self):
@@ -175,13 +175,10 @@ class RunRecorder:
         message = f"waiting for {what} {len(pause.pending)} tool call(s)"
         data = {"pause_id": pause.pause_id, "reason": pause.reason, "pending": pause.pending}
 
-        def decide(state: RunState | None) -> list[Event]:
-            if state is None or state.paused is None or state.paused.pause_id != pause.pause_id:
+        def milestone_if_owed(state: RunState | None) -> list[Event]:
+            sequence = decide.pause_milestone_sequence(state, pause.pause_id, name)
+            if sequence is None:
                 return []
-            if any(m.name == name and isinstance(m.data, dict)
-                   and m.data.get("pause_id") == pause.pause_id for m in state.milestones):
-                return []
-            sequence = max((m.sequence for m in state.milestones), default=-1) + 1
             return [RunMilestone(
                 event_id=self._event_id("ms", sequence), run_id=self.run_id,
                 parent=self.parent, occurred_at=self._next_at(), correlation_id=self.run_id,
@@ -189,7 +186,7 @@ class RunRecorder:
                 data=RunMilestoneData(sequence=sequence, name=name, data=data, message=message,
                                       phase=pause.reason))]
 
-        _, appended = await self._update(decide)
+        _, appended = await self._update(milestone_if_owed)
         if appended:
             await self._publish_signal(_Progress(None, message, pause.reason, data, True),
                                        appended[0].occurred_at, milestone=name)
@@ -209,13 +206,10 @@ class RunRecorder:
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunStepRecordedData(index=index, step=step))
 
-        def decide(state: RunState | None) -> list[Event]:
-            if (state is None or state.is_hard_terminal or state.attempt != self._attempt
-                    or state.incarnation != self._incarnation or index in state.steps):
-                return []
-            return [event]
-
-        state, appended = await self._update(decide)
+        state, appended = await self._update(
+            lambda current: decide.record_step(current, event, index=index,
+                                               attempt=self._attempt,
+                                               incarnation=self._incarnation))
         if appended:
             return
         if state is None or state.is_hard_terminal:

@@ -84,7 +84,7 @@ class _Slots:
 
     @property
     def free(self) -> int:
-        return self._semaphore._value
+        return self._semaphore._value  # noqa: SLF001 - asyncio.Semaphore has no public count
 
     async def wait_for_free(self) -> bool:
         """Until a slot is free (True), or the slots are closed (False)."""

@@ -17,6 +17,7 @@ from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
 from tether.client.connection import Tether, connect, input_size
 from tether.client.errors import TetherError
+from tether.client.hooks import consumer_name
 from tether.client.parent import ParentHandle, build_run_command, new_run_id
 from tether.client.render import FINAL_STATUSES, Board, run_line, timeline_lines, timeline_rows
 from tether.client.timeline import TimelineView
@@ -221,7 +222,7 @@ def _watch(args: argparse.Namespace, settings: Settings):
             me = _handle(tether, ref)
             if args.once:
                 view = TimelineView({})
-                async for view in me.timeline(run_id=args.run_id, live=False):
+                async for view in me.timeline(run_id=args.run_id, live=False):  # noqa: B007 - the last view is the one shown
                     pass
                 print("\n".join(timeline_lines(view)))
                 return 0
@@ -334,8 +335,6 @@ def _clear(args: argparse.Namespace, settings: Settings):
 
 
 def _hooks(args: argparse.Namespace, settings: Settings):
-    from tether.client.hooks import consumer_name
-
     agent = check_identifier(args.parent_agent, "parent agent")
 
     async def hooks() -> int:

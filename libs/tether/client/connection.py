@@ -5,7 +5,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -22,21 +22,24 @@ from tether.adapters.jetstream import (
     run_history,
     unless_refused,
 )
+from tether.client.chat import follow_chat
+from tether.client.conversation import Conversation
 from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
 from tether.client.feed import OrderedFeed, ServedFeed
+from tether.client.hooks import HookRegistry
 from tether.client.live import DirectReads, RunReads, ServedReads
+from tether.client.parent import ParentHandle
 from tether.config import Settings
+from tether.contract.messages import HasRunReply, ObservabilityEvent
 from tether.contract.subjects import Subjects
 from tether.diagnose import nats_unreachable, redact
+from tether.domain.commands import HasRunQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
 if TYPE_CHECKING:
-    from tether.client.conversation import Conversation
-    from tether.client.hooks import HookRegistry
-    from tether.client.parent import ParentHandle
-    from tether.contract.messages import ChatMessage, ObservabilityEvent
+    from tether.contract.messages import ChatMessage
 
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
@@ -93,31 +96,23 @@ class Tether:
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
-        from tether.client.parent import ParentHandle
-
         ref = ParentRef(agent=check_identifier(agent, "parent agent"),
                         name=check_identifier(name, "parent name"))
         return ParentHandle(self, ref)
 
     def conversation(self, agent_type: str, name: str) -> "Conversation":
         """A model parent's conversation `agent_type/name` (`tether.client.conversation`)."""
-        from tether.client.conversation import Conversation
-
         return Conversation(self, agent_type, name)
 
     def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
-              ledger: str = "parent") -> "HookRegistry":
+              ledger: Literal["parent", "direct"] = "parent") -> "HookRegistry":
         """Finish-hook handlers of one parent agent class (all its instances)."""
-        from tether.client.hooks import HookRegistry
-
         return HookRegistry(self, parent_agent, lease_ms=lease_ms, concurrency=concurrency,
                             ledger=ledger)
 
     def chat(self, parent: "ParentHandle | ParentRef", *, durable: str | None = None,
              new_only: bool = False) -> AsyncIterator["ChatMessage"]:
         """Chat notifications for one parent instance; see `tether.client.chat.follow_chat`."""
-        from tether.client.chat import follow_chat
-
         ref = parent if isinstance(parent, ParentRef) else parent.ref
         return follow_chat(self, ref, durable=durable, new_only=new_only)
 
@@ -125,8 +120,6 @@ class Tether:
         """The reconciler's typed events as they happen (`agent_tool:recovery:row`,
         `agent_tool:detached:give_up`, ...); `pattern` narrows them, e.g.
         `agent_tool:detached:>`. Live only: nothing is replayed."""
-        from tether.contract.messages import ObservabilityEvent
-
         events: asyncio.Queue[bytes] = asyncio.Queue()
 
         async def receive(msg) -> None:
@@ -139,7 +132,7 @@ class Tether:
         finally:
             await subscription.unsubscribe()
 
-    async def publish_command(self, kind: str, command: BaseModel, msg_id: str) -> js_api.PubAck:
+    async def publish_command(self, kind: str, command: Any, msg_id: str) -> js_api.PubAck:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
         payload = command.model_dump_json().encode()
@@ -168,12 +161,9 @@ class Tether:
                 "an application user acts only for the parent agents its configuration "
                 "lists (tether.access)") from None
 
-    async def _duplicate_is_ours(self, command: BaseModel, seq: int, msg_id: str) -> bool:
+    async def _duplicate_is_ours(self, command: Any, seq: int, msg_id: str) -> bool:
         """Whether the command a run request was a duplicate of is this parent's request
         with the same id, as the parent service reads it from the commands stream."""
-        from tether.contract.messages import HasRunReply
-        from tether.domain.commands import HasRunQuery
-
         query = HasRunQuery(run_id=command.run_id, parent=command.parent, command_seq=seq,
                             command_id=msg_id)
         try:
@@ -181,7 +171,7 @@ class Tether:
         except ServiceUnavailable:
             return True  # the parent will handle the command when it is back: wait for it
 
-    def _check_size(self, kind: str, command: BaseModel, payload: bytes) -> None:
+    def _check_size(self, kind: str, command: Any, payload: bytes) -> None:
         """Refuse, before sending, a run whose input the parent would reject as too large,
         or a command the NATS server would not take (a whole command within both limits
         passes without this)."""
@@ -197,7 +187,7 @@ class Tether:
                                 f"at {redact(self.settings.nats_url)} takes at most "
                                 f"{server_limit:,} bytes per message (its max_payload)")
 
-    async def request(self, kind: str, query: BaseModel, reply_model: type[Reply], *,
+    async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
                       timeout: float | None = None, subject: str | None = None) -> Reply:
         """Core request/reply with the parent service, on the query's per-parent subject
         unless `subject` is given; raises ServiceUnavailable, NotPermitted or RequestFailed."""
@@ -223,8 +213,8 @@ class Tether:
             reply = reply_model.model_validate_json(message.data)
         except ValidationError as error:
             raise RequestFailed(f"unexpected reply on {subject}: {error}") from None
-        if getattr(reply, "error", None):
-            raise RequestFailed(f"{subject}: {reply.error}")
+        if refusal := getattr(reply, "error", None):
+            raise RequestFailed(f"{subject}: {refusal}")
         return reply
 
     async def close(self) -> None:
@@ -246,7 +236,7 @@ class _Connection:
             raise ValueError("connect_timeout must be positive")
         self._settings = settings
         self._name = name
-        self._options = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
+        self._options: dict[str, Any] = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
         self._connect_timeout = connect_timeout
         self._tether: Tether | None = None
 
@@ -321,7 +311,7 @@ def connect(nats_url: str | None = None, *, prefix: str | None = None,
     `connect_timeout`: how long to try the first connection before `ServiceUnavailable`
     names the server it could not reach; once connected, the client reconnects on its own.
     """
-    overrides = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
+    overrides: dict[str, Any] = {key: value for key, value in (("nats_url", nats_url), ("prefix", prefix))
                  if value is not None}
     if settings is None:
         settings = Settings.from_env(**overrides)

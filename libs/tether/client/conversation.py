@@ -12,7 +12,7 @@ its detached runs and the model's answers (`reply:<run id>:<call>`) all land.
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tether.contract.messages import ChatMessage, DetachedHandle, user_message_id
 from tether.domain.commands import MessageCommand
@@ -55,9 +55,10 @@ class Conversation:
 
         `options` are the model parent's `ConversationInput` fields (`model`,
         `max_steps`, `state`, `preset`)."""
-        return await self.owner.run_agent_tool(
+        handle = await self.owner.run_agent_tool(
             self.ref.agent, {"context": context or {}, **options}, run_id=self.ref.name,
             detached={"max_budget_ms": CONVERSATION_BUDGET_MS, "no_progress_budget_ms": 0})
+        return cast(DetachedHandle, handle)  # a detached request is answered with its handle
 
     async def send(self, text: str, *, message_id: str | None = None,
                    metadata: dict[str, Any] | None = None) -> str:

@@ -78,7 +78,8 @@ class OrderedFeed:
                                            opt_start_seq=self._start_seq)
         try:
             self._subscription = await unless_refused(
-                self._js._nc, f"$JS.API.CONSUMER.CREATE.{self._stream}.{self._name}.",
+                self._js._nc,  # noqa: SLF001 - the context's connection, not exposed by nats-py
+                f"$JS.API.CONSUMER.CREATE.{self._stream}.{self._name}.",
                 self._js.subscribe(self._filter, stream=self._stream, cb=self._enqueue,
                                    ordered_consumer=True, config=config,
                                    idle_heartbeat=self._idle_heartbeat))
@@ -107,11 +108,12 @@ class OrderedFeed:
         consumer is not deleted here: it has lost its subscription and the server
         removes it after its inactivity threshold.
         """
-        jsi = subscription._sub._jsi
+        # nats-py keeps the ordered consumer's state private (see the docstring).
+        jsi = subscription._sub._jsi  # noqa: SLF001
         reset = jsi.reset_ordered_consumer
 
         async def reset_renamed(sseq: int | None) -> bool:
-            jsi._ccreq.name = f"{self._name}-{next(self._incarnations)}"
+            jsi._ccreq.name = f"{self._name}-{next(self._incarnations)}"  # noqa: SLF001
             return await reset(sseq)
 
         jsi.reset_ordered_consumer = reset_renamed

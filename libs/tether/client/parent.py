@@ -2,7 +2,7 @@
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import suppress
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -13,6 +13,8 @@ from pydantic import BaseModel, ValidationError
 from tether.adapters.jetstream import subscribe_routed
 from tether.client.awaiting import Answer, RunFold, RunWaiter
 from tether.client.live import live_event
+from tether.client.timeline import TimelineView, follow_timeline
+from tether.client.tools import AgentTool, agent_tool
 from tether.contract.messages import (
     AgentToolFailure,
     AgentToolSuccess,
@@ -38,8 +40,7 @@ from tether.resilience import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from tether.client.connection import Tether
-    from tether.client.timeline import RunView, TimelineView
-    from tether.client.tools import AgentTool
+    from tether.client.timeline import RunView
     from tether.contract.messages import ChatMessage
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
@@ -244,14 +245,12 @@ class ParentHandle:
     # --- subscriptions and tools ------------------------------------------------------
 
     def timeline(self, *, run_id: str | None = None,
-                 live: bool = True) -> AsyncIterator["TimelineView"]:
+                 live: bool = True) -> AsyncGenerator["TimelineView", None]:
         """The parent's runs (or one run), replayed from the start and then live.
 
         Yields a `TimelineView` once caught up with the log (even an empty one) and after
         every change; with `live=False` it ends once caught up.
         """
-        from tether.client.timeline import follow_timeline
-
         return follow_timeline(self.tether, self.ref, run_id=run_id, live=live)
 
     def chat(self, *, durable: str | None = None,
@@ -262,8 +261,6 @@ class ParentHandle:
                    display_name: str | None = None, input_model: type[BaseModel] | None = None,
                    name: str | None = None) -> "AgentTool":
         """An `AgentTool` bound to this parent (see `tether.client.tools.agent_tool`)."""
-        from tether.client.tools import agent_tool
-
         return agent_tool(agent_type, description=description, display_name=display_name,
                           input_model=input_model, name=name).bind(self)
 

@@ -15,7 +15,7 @@ start.
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -205,7 +205,7 @@ def _progress(state: RunState, signal: ProgressSignal | None) -> ProgressView | 
 
 
 async def follow_timeline(tether: "Tether", parent: ParentRef, *, run_id: str | None = None,
-                          live: bool = True) -> AsyncIterator[TimelineView]:
+                          live: bool = True) -> AsyncGenerator[TimelineView, None]:
     subjects = tether.subjects
     if run_id is None:
         events_subject, progress_subject = subjects.parent_events(parent), subjects.parent_progress(parent)

@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
+from tether.agents.tools import Tool
+from tether.child.agent import AnyInput
+from tether.child.context import current_context
+from tether.contract.messages import AgentToolSuccess
 from tether.domain.ids import check_identifier
 
 if TYPE_CHECKING:
@@ -116,7 +120,7 @@ class AgentTool:
         result = await parent.run_agent_tool(
             self.agent_type, arguments, run_id=run_id, parent_tool_call_id=tool_call_id,
             display_order=display_order, display=self.display_name, **options)
-        if getattr(result, "ok", None) is True:
+        if isinstance(result, AgentToolSuccess):
             return result.summary
         return result.model_dump(mode="json", exclude_none=True)
 
@@ -126,10 +130,6 @@ class AgentTool:
         Its calls start runs owned by the model parent's run (`ctx.client`, the
         child-runner's parent client), one per tool call, and run concurrently.
         """
-        from tether.agents.tools import Tool
-        from tether.child.agent import AnyInput
-        from tether.child.context import current_context
-
         async def execute(ctx: Any, input: BaseModel) -> Any:
             run = current_context()
             if run is None or run.client is None:
@@ -173,8 +173,6 @@ def agent_tool(agent: Any, *, description: str | None = None, display_name: str 
     defaults (a class without an input model of its own takes any object).
     """
     if isinstance(agent, type):
-        from tether.child.agent import AnyInput
-
         agent_type = getattr(agent, "agent_type", "") or agent.__name__
         description = description or getattr(agent, "description", "") or ""
         declared = getattr(agent, "input_model", None)

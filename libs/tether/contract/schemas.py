@@ -54,12 +54,12 @@ def generate() -> dict[str, dict[str, Any]]:
         path = f"events/{event_type}.v{version}.json"
         documents[path] = _document(cls.model_json_schema(), path)
     documents["events/event.json"] = _document(TypeAdapter(Event).json_schema(), "events/event.json")
-    for cls in COMMAND_CLASSES:
-        path = f"commands/{cls.model_fields['type'].default}.json"
-        documents[path] = _document(cls.model_json_schema(), path)
-    for cls in MESSAGE_CLASSES:
-        path = f"messages/{cls.__name__}.json"
-        documents[path] = _document(cls.model_json_schema(), path)
+    for command in COMMAND_CLASSES:
+        path = f"commands/{command.model_fields['type'].default}.json"
+        documents[path] = _document(command.model_json_schema(), path)
+    for message in MESSAGE_CLASSES:
+        path = f"messages/{message.__name__}.json"
+        documents[path] = _document(message.model_json_schema(), path)
     documents["asyncapi.json"] = asyncapi.generate()
     return documents
 

@@ -1,4 +1,6 @@
-"""The parent's decisions, as pure functions from a run's state to the events it needs.
+"""Decisions on a run, as pure functions from its state to the events it needs: the
+parent's (request, cancel, resume, clear, give up) and a child-runner's (start an
+attempt, record while it holds the run, finish).
 
 Each function looks only at the state it is given, so calling it again after a partial
 append or a concurrency conflict (see `EventLog.update`) converges instead of repeating
@@ -6,10 +8,12 @@ itself. Time and ids come in as arguments.
 """
 
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand
 from tether.domain.events import (
     Event,
+    InterruptedReason,
     ParentRef,
     RunAborted,
     RunAbortedData,
@@ -72,7 +76,7 @@ def timer_cause(now: int, origin: str) -> Cause:
     return Cause(command_seq=now, now=now, origin=origin)
 
 
-def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict:
+def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict[str, Any]:
     return {"event_id": cause.event_id(run_id, kind), "run_id": run_id, "parent": parent,
             "occurred_at": cause.now, "causation_id": cause.causation_id,
             "correlation_id": run_id}
@@ -186,7 +190,7 @@ def matches_clear(state: RunState, statuses: list[str] | None, older_than: int |
     return older_than is None or state.requested_at < older_than
 
 
-def give_up(state: RunState | None, cause: Cause, reason: str, error: str,
+def give_up(state: RunState | None, cause: Cause, reason: InterruptedReason, error: str,
             child_still_running: bool) -> list[Event]:
     """The parent stops waiting: the run ends `interrupted` (soft) if it is still open.
 
@@ -208,8 +212,9 @@ def give_up(state: RunState | None, cause: Cause, reason: str, error: str,
     return events
 
 
-def reattach_decided(state: RunState | None, cause: Cause, *, outcome: str,
-                     reason: str | None, child_still_running: bool,
+def reattach_decided(state: RunState | None, cause: Cause, *,
+                     outcome: Literal["finished", "reattached", "interrupted"],
+                     reason: InterruptedReason | None, child_still_running: bool,
                      timings: dict[str, int], cancel: bool = False) -> list[Event]:
     """Record a recovery decision; an interruption ends the run softly if it is still open.
 
@@ -237,6 +242,67 @@ def reattach_decided(state: RunState | None, cause: Cause, *, outcome: str,
             data=RunInterruptedData(reason=reason, error=INTERRUPTED_ERRORS[reason],
                                     child_still_running=child_still_running)))
     return events
+
+
+# --- a child-runner's decisions -------------------------------------------------------
+
+
+def start_attempt(state: RunState | None, running: Event, *, expected_attempt: int,
+                  incarnation: str) -> list[Event]:
+    """`running` (the next attempt's `run.running`), only from the run the runner read:
+    another runner advancing the attempt meanwhile holds the run, and a run that ended,
+    was cancelled, or is a later life of its run id is not started."""
+    if (state is None or state.is_hard_terminal or state.attempt != expected_attempt
+            or state.cancel_requested_at is not None or state.incarnation != incarnation):
+        return []
+    return [running]
+
+
+def finish_unless_terminal(state: RunState | None, outcome: Event,
+                           incarnation: str) -> list[Event]:
+    """An attempt's outcome, unless the run has ended, or is a later life of its run id:
+    never a second `run.completed`."""
+    if state is None or state.is_hard_terminal or state.incarnation != incarnation:
+        return []
+    return [outcome]
+
+
+def pause_attempt(state: RunState | None, paused: Event, *, attempt: int,
+                  incarnation: str) -> list[Event]:
+    """`paused`, while this attempt holds the open run and nothing stopped it first (a
+    cancel, another pause)."""
+    if (state is None or state.is_hard_terminal or state.attempt != attempt
+            or state.paused is not None or state.cancel_requested_at is not None
+            or state.incarnation != incarnation):
+        return []
+    return [paused]
+
+
+def record_in_life(state: RunState | None, event: Event, incarnation: str) -> list[Event]:
+    """A child's report (a milestone, output), unless the run id is in another life:
+    cleared, perhaps requested again, while the child ran."""
+    return [event] if state is not None and state.incarnation == incarnation else []
+
+
+def record_step(state: RunState | None, step: Event, *, index: int, attempt: int,
+                incarnation: str) -> list[Event]:
+    """A step of the child's work, while this attempt is the run's current one: two
+    attempts that briefly both run a child never mix their histories."""
+    if (state is None or state.is_hard_terminal or state.attempt != attempt
+            or state.incarnation != incarnation or index in state.steps):
+        return []
+    return [step]
+
+
+def pause_milestone_sequence(state: RunState | None, pause_id: str, name: str) -> int | None:
+    """The sequence of the milestone that announces the pause `pause_id`, or None when it
+    is not owed: the run is not paused there, or the milestone is recorded."""
+    if state is None or state.paused is None or state.paused.pause_id != pause_id:
+        return None
+    if any(m.name == name and isinstance(m.data, dict) and m.data.get("pause_id") == pause_id
+           for m in state.milestones):
+        return None
+    return max((m.sequence for m in state.milestones), default=-1) + 1
 
 
 GIVE_UP = "give-up"

@@ -281,7 +281,7 @@ class Deliverer:
         self._remember(key, _AWAITED if state is not None and state.detached is None
                        else state)
 
-    def _remember(self, key: RunKey, state: "RunState | None | object") -> None:
+    def _remember(self, key: RunKey, state: "RunState | object | None") -> None:
         self._states[key] = state
         self._states.move_to_end(key)
         while len(self._states) > CACHE_SIZE:

@@ -86,6 +86,7 @@ class SlotKeeper:
         kept = {}
         for run_id, taken_at in slots.items():
             state = (await self._log.read_run(parent, run_id)).state
-            if state is not None and state.is_open or state is None and now - taken_at < FRESH_SLOT_MS:
+            if ((state is not None and state.is_open)
+                    or (state is None and now - taken_at < FRESH_SLOT_MS)):
                 kept[run_id] = taken_at
         return kept

@@ -30,10 +30,12 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import aclosing
+from typing import Literal
 
 from tether.adapters.jetstream import EventLog
 from tether.config import Settings
 from tether.domain import decide
+from tether.domain.events import InterruptedReason
 from tether.domain.run_state import RunState, evolve
 from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
 
@@ -296,13 +298,15 @@ class Recovery:
         finally:
             await progress.unsubscribe()
 
-    async def _interrupt(self, state: RunState, reason: str, started: float, *,
+    async def _interrupt(self, state: RunState, reason: InterruptedReason, started: float, *,
                          inspect_ms: int | None, child_still_running: bool,
                          silent_ms: int | None = None, cancel: bool = False) -> None:
         await self._record(state, "interrupted", reason, child_still_running, started,
                            inspect_ms=inspect_ms, silent_ms=silent_ms, cancel=cancel)
 
-    async def _record(self, state: RunState, outcome: str, reason: str | None,
+    async def _record(self, state: RunState,
+                      outcome: Literal["finished", "reattached", "interrupted"],
+                      reason: InterruptedReason | None,
                       child_still_running: bool, started: float, *, cancel: bool = False,
                       **timings: int | None) -> None:
         timings_ms = {k: v for k, v in timings.items() if v is not None}

@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Hashable
 from contextlib import suppress
+from typing import cast
 
 import asyncpg
 
@@ -26,7 +27,7 @@ from tether.adapters.jetstream import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.domain import decide
-from tether.domain.events import RunRequested
+from tether.domain.events import InterruptedReason, RunRequested
 from tether.domain.run_state import RunState, evolve
 from tether.leadership import Lease, act_while_leading
 from tether.metrics import (
@@ -52,7 +53,7 @@ LOAD_RUNS = """
 READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
 # of the loop whatever its size; under load, waiting gathers the events of many runs
-# into one (about 15 % of the reconciler's CPU in W1), and no deadline is that tight.
+# into one, and no deadline is that tight.
 FOLLOW_LINGER_S = 0.02
 
 
@@ -240,7 +241,8 @@ class Reconciler:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for waiter in waiters:
                 waiter.cancel()
-            for (key, kind), _ in self._index.pop_due(now_ms()):
+            for due, _ in self._index.pop_due(now_ms()):
+                key, kind = cast("tuple[RunKey, str]", due)  # the keys `_track` sets
                 DEADLINES_DUE.inc(kind=kind)
                 if (key, kind) not in self._in_flight:
                     self._in_flight.add((key, kind))
@@ -283,7 +285,7 @@ class Reconciler:
             self._track(state)  # a signal moved the deadline since
             return
         # The absolute budget wins when both ran out.
-        reason = "budget-exceeded" if over_budget else "no-progress"
+        reason: InterruptedReason = "budget-exceeded" if over_budget else "no-progress"
         stopped = await self._control.cancel(state, decide.GIVE_UP,
                                              self._settings.cancel_grace_ms / 1000)
         cause = decide.timer_cause(now_ms(), self.origin)
@@ -325,6 +327,7 @@ class Reconciler:
             if final is not None:
                 self._track(final)
             return
+        assert state.detached is not None  # only a detached run's delivery is retried
         await self.observability.emit("agent_tool:detached:delivery_failed", state.run_id,
                                       state.parent, reason="not-acknowledged",
                                       status=state.status, attempts=attempts,

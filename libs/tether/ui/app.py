@@ -102,7 +102,9 @@ def create_app(settings: Settings, *, frame_ms: int | None = None) -> Starlette:
     ]
     unavailable = dict.fromkeys(UNAVAILABLE, _unavailable)
     return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={HTTPException: _http_error, **unavailable})
+                     # (Starlette passes each handler the exception type it is registered for.)
+                     exception_handlers={HTTPException: _http_error,  # type: ignore[dict-item]
+                                         **unavailable})
 
 
 UNAVAILABLE = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TetherError,
@@ -355,11 +357,12 @@ async def continue_run(request: Request) -> Response:
         raise HTTPException(400, f"invalid continue request: {_first_error(error)}") from None
     if state.paused is None:
         raise HTTPException(409, f"run {state.run_id} is not waiting for anyone")
+    pause_id = state.paused.pause_id
     ui = _ui(request)
 
     async def resume() -> str:
         await ui.tether.publish_command(
-            "continue", command, f"continue:{state.run_id}:{state.paused.pause_id}")
+            "continue", command, f"continue:{state.run_id}:{pause_id}")
         return f"answered {state.run_id}"
 
     return await _act(resume())

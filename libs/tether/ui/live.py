@@ -55,12 +55,13 @@ class ParentStream:
         self._states = {state.run_id: state for state in snapshot.runs}
         self._nested = {_key(state): state for state in snapshot.nested}
         runs = [self._document(run_id) for run_id in self._states]
-        nested = [run_document(state) for state in self._nested.values()]
+        nested_runs = [run_document(state) for state in self._nested.values()]
         self._sent = {run["run_id"]: run for run in runs}
         self._sent.update({_key(state): document
-                           for state, document in zip(self._nested.values(), nested, strict=True)})
+                           for state, document in zip(self._nested.values(), nested_runs,
+                                                      strict=True)})
         yield {"type": "snapshot", "checkpoint": snapshot.checkpoint, "runs": runs,
-               "nested": nested}
+               "nested": nested_runs}
         subjects = self._tether.subjects
         events = self._tether.feed(subjects.events_stream, subjects.parent_events(self._parent),
                                    source="event", start_seq=snapshot.checkpoint + 1,
@@ -83,14 +84,7 @@ class ParentStream:
                     waits.append(next_nested - now)
                 if changed or nested or (all(caught.values()) and not announced):
                     waits.append(next_frame - now)
-                try:
-                    async with asyncio.timeout(max(min(waits), 0)):
-                        batch = [await self.sink.get()]
-                except TimeoutError:
-                    batch = []
-                while not self.sink.empty():
-                    batch.append(self.sink.get_nowait())
-                for message in batch:
+                for message in await self._arrived(min(waits)):
                     if message is STOP:
                         return
                     if (run_id := self._apply(message)) is not None:
@@ -111,6 +105,18 @@ class ParentStream:
                 elif now >= next_heartbeat:
                     yield {"type": "heartbeat"}
                     next_heartbeat = now + self._heartbeat
+
+    async def _arrived(self, wait_s: float) -> list[Any]:
+        """What the feeds sent: the first message within `wait_s` (none after it), and
+        every other one already there."""
+        try:
+            async with asyncio.timeout(max(wait_s, 0)):
+                batch = [await self.sink.get()]
+        except TimeoutError:
+            batch = []
+        while not self.sink.empty():
+            batch.append(self.sink.get_nowait())
+        return batch
 
     def _apply(self, message: FeedMessage) -> str | None:
         if message.source == "event":

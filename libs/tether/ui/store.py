@@ -58,7 +58,8 @@ class ProjectionStore:
                                                                   readonly=True):
             checkpoint = await conn.fetchval(self._checkpoint, PROJECTION_NAME) or 0
             rows = await conn.fetch(self._tree, parent.agent, parent.name)
-        runs, nested = [], []
+        runs: list[RunState] = []
+        nested: list[RunState] = []
         for row in rows:
             (runs if row["depth"] == 0 else nested).append(
                 RunState.model_validate_json(row["state"]))

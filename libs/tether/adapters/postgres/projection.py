@@ -15,6 +15,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import asyncpg
 from pydantic_core import to_json
@@ -57,7 +58,7 @@ class KnownStates:
             return False
         return True
 
-    def get(self, key: RunKey) -> "RunState | None | object":
+    def get(self, key: RunKey) -> "RunState | object | None":
         return self._states.get(key, _UNKNOWN)
 
     def committed(self, states: dict[RunKey, RunState | None], checkpoint: int) -> None:
@@ -129,8 +130,8 @@ class Statements:
 
     @property
     def analyze_runs(self) -> str:
-        """Statistics of the columns lookups and lists filter on: a third of the time of
-        all columns' (the documents are large)."""
+        """Statistics of the columns lookups and lists filter on, only: the other columns
+        are the large documents, which no query filters on."""
         return self._q("ANALYZE {s}.runs (parent_agent, parent_name, run_id, status, "
                        "parent_tool_call_id, requested_at, max_budget_deadline, "
                        "no_progress_deadline)")
@@ -272,8 +273,8 @@ def _run_scalars(state: RunState, last_seq: int, preview_chars: int) -> dict[str
 
 def _run_documents(state: RunState) -> tuple[str | None, str | None, str, str]:
     """A `runs` row's JSON documents, as JSON text (None: SQL NULL): output, progress,
-    delivery, state. Serialised by pydantic's encoder (several times faster than
-    `json.dumps`)."""
+    delivery, state. Serialised by pydantic's encoder, which writes the models' JSON
+    without building Python dicts first."""
     return (None if state.output is None else to_json(state.output).decode(),
             state.progress.model_dump_json() if state.progress else None,
             state.ledger.model_dump_json(), state.model_dump_json())
@@ -381,7 +382,7 @@ def _known_states(known: KnownStates, keys: list[RunKey],
         if state is _UNKNOWN:
             missing.append(key)
         elif state is not None:
-            before[key] = state
+            before[key] = cast("RunState", state)
     return [] if known.complete else missing
 
 
@@ -428,13 +429,13 @@ class _Rows:
     decisions: str | None
     dead: list[StoredEvent]
     # Rows of runs the table does not hold at all, for COPY (a bulk replay's).
-    new_runs: list[tuple[object, ...]] = field(default_factory=list)
-    new_milestones: list[tuple[object, ...]] = field(default_factory=list)
+    new_runs: list[tuple[Any, ...]] = field(default_factory=list)
+    new_milestones: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def _rows(folded: _Folded, preview_chars: int, *, copy_new: bool = False) -> _Rows:
     """`copy_new`: the rows of runs the table does not hold (not in `folded.before`) are
-    records for COPY, which Postgres takes in about half the time of the upsert; only
+    records for COPY, which Postgres loads without the upsert's conflict checks; only
     for the schema's only writer, since a row someone else inserted meanwhile would
     fail the COPY."""
     changed, before = folded.changed, folded.before
@@ -622,7 +623,7 @@ class PipelinedReplay:
         if self._end_seq is not None:
             quiet_events = min(quiet_events, max(self._end_seq - self._checkpoint, 0))
         quiet_since = self._checkpoint - quiet_events
-        due = []
+        due: list[RunKey] = []
         for key, entry in self._unwritten.items():
             if entry.last_seq > quiet_since and len(self._unwritten) - len(due) <= self._max_unwritten:
                 break

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -301,7 +301,8 @@ async def rebuild(pool: asyncpg.Pool, log: EventLog, schema: str, *, batch_size:
     """
     check_schema_name(schema)
     scratch, retired = f"{schema}_rebuild", f"{schema}_retired"
-    options = {"batch_size": batch_size, "preview_chars": preview_chars, "on_progress": on_progress}
+    options: dict[str, Any] = {"batch_size": batch_size, "preview_chars": preview_chars,
+                               "on_progress": on_progress}
     started = time.monotonic()
     async with pool.acquire() as conn:
         await migrate(conn, schema)

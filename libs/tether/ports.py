@@ -1,0 +1,149 @@
+"""The event log as the services see it: a port, and the values it hands out.
+
+The parent's command handlers, the child-runner's executions, the deliverer and the
+reconciler decide from a run's history and append what they decided through this port.
+Its real adapter is `tether.adapters.jetstream.EventLog` (NATS JetStream); its in-memory
+one is `tether.testing.InMemoryEventLog`, for tests that need no server. Nothing here
+imports a broker client, so a decision's test needs none either.
+
+What every implementation guarantees, and callers rely on:
+
+- each run has its own subject; a message's sequence is its position in the whole
+  events stream, and a run's `last_seq` is the sequence of its subject's last message
+  (0 while it has none);
+- an append that names `expected_last_seq` lands only while the run's last sequence is
+  still that one; otherwise it raises `ConcurrencyConflict`, so two writers deciding
+  from the same history never both succeed;
+- an append carries the event id as its message id: the same event appended again
+  within the stream's duplicate window is stored once, and the append returns the
+  sequence it was first stored at;
+- reads by run return the run's events in order and the state they fold to.
+"""
+
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tether.contract.codec import EventDecodeError
+from tether.contract.subjects import Subjects
+from tether.domain.events import Event, ParentRef
+from tether.domain.run_state import RunState
+
+Decide = Callable[[RunState | None], Sequence[Event]]
+
+
+class ConcurrencyConflict(Exception):
+    """Someone appended to the run since we read it; re-read and decide again."""
+
+    def __init__(self, subject: str, expected_last_seq: int) -> None:
+        super().__init__(f"{subject}: the run moved past sequence {expected_last_seq}")
+        self.subject = subject
+        self.expected_last_seq = expected_last_seq
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One message of the log: its stream sequence, subject, and the decoded event.
+
+    `event` is None when the message could not be decoded; `error` then says why.
+    `pending` is how many messages matching the filter followed it when it was delivered.
+    """
+
+    seq: int
+    subject: str
+    event: Event | None
+    error: EventDecodeError | None
+    raw: bytes
+    pending: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunHistory:
+    events: tuple[Event, ...]
+    last_seq: int  # the subject's last stream sequence; 0 when the run has no events
+    state: RunState | None
+
+
+class Ack(Protocol):
+    """A stream's answer to a publish it stored (or dropped as a duplicate)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def duplicate(self) -> bool | None: ...
+
+
+class EventLog(Protocol):
+    """Append to and read from the run-events stream; publish to the contract's other
+    streams (work items, hooks, chat) with the same acknowledged publish."""
+
+    @property
+    def subjects(self) -> Subjects: ...
+
+    async def append(self, event: Event, *, expected_last_seq: int | None) -> int:
+        """Append one event; its stream sequence. None appends unconditionally."""
+        ...
+
+    async def append_batch(self, events: Sequence[Event], *, expected_last_seq: int) -> int:
+        """Append several events of one run in order, each expecting its predecessor."""
+        ...
+
+    async def append_new(self, event: Event) -> tuple[RunState, int] | None:
+        """A run's first event, appended expecting its subject empty; the state after it
+        and its sequence, or None (nothing appended) when the subject is not empty or
+        the event is already stored."""
+        ...
+
+    async def update(self, parent: ParentRef, run_id: str, decide: Decide, *,
+                     attempts: int = 20) -> tuple[RunState | None, list[Event]]:
+        """Read the run, decide, append; on a conflict re-read and decide again. The
+        state after the appended events, and the events this call appended."""
+        ...
+
+    async def update_at(self, parent: ParentRef, run_id: str, decide: Decide, *,
+                        attempts: int = 20) -> tuple[RunState | None, list[Event], int]:
+        """`update`, and the run's last stream sequence it knows of."""
+        ...
+
+    def remember(self, parent: ParentRef, run_id: str, state: RunState | None,
+                 seq: int) -> None:
+        """A hint: the run's state after the message at `seq`. The next `update` may
+        decide from it; its append expects `seq`, so a wrong hint costs a re-read."""
+        ...
+
+    async def read_run(self, parent: ParentRef, run_id: str, *,
+                       before_seq: int | None = None) -> RunHistory:
+        """Every event of one run (before `before_seq`, if given), in order, folded."""
+        ...
+
+    async def read_subject(self, subject: str, *, start_seq: int = 1,
+                           before_seq: int | None = None) -> list[StoredEvent]:
+        ...
+
+    async def last_seq(self, parent: ParentRef, run_id: str) -> int: ...
+
+    async def last_seq_of(self, subject: str) -> int: ...
+
+    async def stream_last_seq(self) -> int:
+        """The sequence of the events stream's last message, of any run."""
+        ...
+
+    async def run_ids(self, parent: ParentRef) -> list[str]:
+        """The run ids of one parent instance that have events in the log, sorted."""
+        ...
+
+    def follow(self, filter_subject: str, *, start_seq: int = 1,
+               idle_heartbeat: float = 5.0) -> AsyncGenerator[StoredEvent, None]:
+        """Replay from `start_seq`, then go on live, in one ordered sequence."""
+        ...
+
+    def follow_batches(self, filter_subject: str, *, start_seq: int = 1,
+                       max_batch: int = 1000, linger: float = 0.0,
+                       idle_heartbeat: float = 5.0) -> AsyncGenerator[list[StoredEvent], None]:
+        ...
+
+    async def publish(self, subject: str, payload: bytes, *, headers: dict[str, str],
+                      stream: str) -> Ack:
+        """A publish the stream acknowledges; `Nats-Msg-Id` in `headers` deduplicates."""
+        ...

@@ -1,0 +1,168 @@
+"""The parent's command handlers against the in-memory event log: what each command
+appends, publishes and answers. tests/integration/test_parent.py runs them in the
+service against a real server."""
+
+import asyncio
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from tether.child.agent import AgentRegistry, ChildAgent
+from tether.contract.messages import CancelSignal, WorkItem
+from tether.domain import decide
+from tether.domain.events import ParentRef
+from tether.parent.commands import CommandHandlers, UnparseableCommand
+from tether.testing import InMemoryEventLog, RunEvents
+
+PARENT = ParentRef(agent="Assistant", name="user-1")
+
+
+class Query(BaseModel):
+    query: str
+
+
+class Researcher(ChildAgent):
+    input_model = Query
+
+
+async def _always_registered(parent_agent: str, method: str) -> bool:
+    return method == "on_done"
+
+
+def _handlers(log: InMemoryEventLog, *, max_input_bytes: int = 1024) -> CommandHandlers:
+    return CommandHandlers(log, AgentRegistry([Researcher]),
+                           budgets=decide.Budgets(detached_max_budget_ms=60_000,
+                                                  detached_no_progress_budget_ms=10_000),
+                           slots=None, default_cap=None, max_input_bytes=max_input_bytes,
+                           hook_registered=_always_registered)
+
+
+def _run(run_id: str = "r1", **overrides) -> dict:
+    return {"run_id": run_id, "parent": PARENT.model_dump(), "agent_type": "Researcher",
+            "input": {"query": "HTTP/3"}, **overrides}
+
+
+def _types(log: InMemoryEventLog, run_id: str = "r1") -> list[str]:
+    return [m.subject.rsplit(".", 1)[-1] + ":" + json.loads(m.data)["type"]
+            for m in log.messages(log.subjects.events_stream,
+                                  log.subjects.run_events(PARENT, run_id))]
+
+
+def _work(log: InMemoryEventLog) -> list[WorkItem]:
+    return [WorkItem.model_validate_json(m.data)
+            for m in log.messages(log.subjects.work_stream)]
+
+
+@pytest.fixture
+def log() -> InMemoryEventLog:
+    return InMemoryEventLog()
+
+
+async def test_a_new_run_is_requested_and_dispatched_with_its_request(log):
+    outcome = await _handlers(log).run(_run(), seq=7)
+
+    assert (outcome.decision, outcome.status) == ("created", "starting")
+    assert _types(log) == ["r1:run.requested"]
+    [item] = _work(log)
+    assert (item.run_id, item.dispatch, item.requested_seq) == ("r1", 1, 1)
+    assert item.requested is not None and item.requested.data.input == {"query": "HTTP/3"}
+
+
+async def test_a_repeated_request_never_starts_a_second_child_turn(log):
+    handlers = _handlers(log)
+    await handlers.run(_run(), seq=7)
+    again = await handlers.run(_run(), seq=8)
+
+    assert (again.decision, again.status) == ("redispatched", "starting")
+    assert _types(log) == ["r1:run.requested"]
+    # The work item goes out again with the same message id: the stream keeps one.
+    assert len(_work(log)) == 1
+
+
+async def test_two_replicas_requesting_one_run_id_at_once_create_it_once(log):
+    outcomes = await asyncio.gather(_handlers(log).run(_run(), seq=1),
+                                    _handlers(log).run(_run(), seq=2))
+
+    assert sorted(o.decision for o in outcomes) == ["created", "redispatched"]
+    assert _types(log) == ["r1:run.requested"]
+    assert len(_work(log)) == 1
+
+
+@pytest.mark.parametrize(("request_overrides", "code"), [
+    ({"agent_type": "Nobody"}, "unknown-agent-type"),
+    ({"input": {"query": 3}}, "invalid-input"),
+    ({"input": {"query": "x" * 2000}}, "input-too-large"),
+    ({"detached": {"on_finish": "on_missing"}}, "unknown-hook"),
+    ({"agent_type": "no spaces"}, "invalid-request"),
+])
+async def test_a_request_that_cannot_run_is_answered_with_a_rejection(
+        log, request_overrides, code):
+    outcome = await _handlers(log).run(_run(**request_overrides), seq=3)
+
+    assert (outcome.decision, outcome.code) == ("rejected", code)
+    [rejection] = log.messages(log.subjects.events_stream)
+    assert json.loads(rejection.data)["data"]["code"] == code
+    assert _work(log) == []
+
+
+async def test_a_request_with_nobody_to_answer_is_a_dead_letter(log):
+    with pytest.raises(UnparseableCommand):
+        await _handlers(log).run({"run_id": "r1", "agent_type": "Researcher"}, seq=1)
+    with pytest.raises(UnparseableCommand, match="not JSON"):
+        await _handlers(log).run(b"{", seq=2)
+    assert log.messages(log.subjects.events_stream) == []
+
+
+async def test_cancel_records_the_request_once_and_signals_the_runner(log):
+    handlers = _handlers(log)
+    await handlers.run(_run(), seq=1)
+    command = {"run_id": "r1", "parent": PARENT.model_dump()}
+
+    assert await handlers.cancel(command, seq=2) == "starting"
+    assert await handlers.cancel(command, seq=3) == "starting"
+
+    assert _types(log) == ["r1:run.requested", "r1:run.cancel_requested"]
+    [signal] = log.nats.published
+    assert signal.subject == log.subjects.cancel_signal("Researcher")
+    assert CancelSignal.model_validate_json(signal.data).run_id == "r1"
+
+
+async def test_cancel_of_a_finished_run_appends_nothing(log):
+    run = RunEvents("r1", PARENT)
+    await log.append_batch([run.requested(), run.started(), run.running(), run.completed()],
+                           expected_last_seq=0)
+
+    assert await _handlers(log).cancel({"run_id": "r1", "parent": PARENT.model_dump()},
+                                       seq=9) == "completed"
+    assert len(log.messages(log.subjects.events_stream)) == 4
+    assert log.nats.published == []
+
+
+async def test_clear_keeps_only_the_tombstone_of_the_runs_it_matched(log):
+    done, running = RunEvents("done", PARENT), RunEvents("running", PARENT)
+    await log.append_batch([done.requested(), done.started(), done.running(), done.completed()],
+                           expected_last_seq=0)
+    await log.append_batch([running.requested(), running.started(), running.running()],
+                           expected_last_seq=0)
+
+    cleared = await _handlers(log).clear({"parent": PARENT.model_dump(),
+                                          "status": ["completed"]}, seq=5)
+
+    assert cleared == ["done"]
+    assert _types(log, "done") == ["done:run.cleared"]
+    assert (await log.read_run(PARENT, "done")).state is None
+    assert _types(log, "running") == ["running:run.requested", "running:run.started",
+                                      "running:run.running"]
+
+
+async def test_a_cleared_run_id_can_be_requested_again(log):
+    handlers = _handlers(log)
+    await handlers.run(_run(), seq=1)
+    await handlers.clear({"parent": PARENT.model_dump()}, seq=2)
+
+    outcome = await handlers.run(_run(), seq=3)
+
+    assert outcome.decision == "created"
+    assert _types(log)[-1] == "r1:run.requested"
+    assert (await log.read_run(PARENT, "r1")).state.status == "starting"
