@@ -1,42 +1,60 @@
-"""Who may publish and subscribe where: the NATS users of a Tether installation.
+"""Who may do what on the NATS server of a Tether installation: its accounts and users.
 
-Each service gets a user whose permissions are what its role needs; an application gets
-a user that may act only for the parent agents it owns. The rules are generated from the
-contract (`Subjects`), so a changed prefix or a new stream cannot drift from them, and
-rendered as a nats-server `authorization` block (`deploy/nats/auth.conf`):
+Tenants are separated by the broker, not by subject rules alone. Tether's services, their
+streams and an admin live in one account (`TETHER`, with JetStream); each application
+has an account of its own (`APP_<USER>`), and the people who run the CLI and the UI
+another (`OPERATORS`). An account outside Tether's sees only what it imports, and Tether's
+account exports each of them exactly its share:
+
+- services (requests into Tether's account; the reply is mapped back to the requester,
+  so it cannot be sent anywhere else): the commands and queries of the parent agents it
+  owns (`<prefix>.cmd.<kind>.<agent>.*`, `<prefix>.rpc.<kind>.<agent>.*`; the parent
+  refuses a payload that names another parent than its subject), its hook methods'
+  registration (`<prefix>.rpc.serve_hook.<agent>.<method>`), and pulling from and
+  acknowledging those methods' consumers, which the parent makes;
+- streams (messages Tether's account publishes): its parents' events, progress and
+  chat as the streams republish them (`<prefix>.live.<kind>.<agent>.>`);
+- and Tether's account imports from it the answer to whether it still awaits a run
+  (`<prefix>.ctl.awaiter.<agent>.>`).
+
+No JetStream API is exported: a consumer's configuration, a direct get's reply subject
+and a put's headers are in places permissions cannot see. The stored part of a timeline
+comes from the parent's `history` query instead (`tether.client.live`), which the client
+uses by itself when its account has no JetStream. Inside each account a user's own
+permissions repeat its imports, so a request for anything else is refused at once.
+
+The configuration is generated from the contract (`Subjects`), so a changed prefix or a
+new stream cannot drift from it, and rendered as a nats-server `accounts` block
+(`deploy/nats/auth.conf`):
 
     python -m tether.access --application demo:Assistant:on_import_done > deploy/nats/auth.conf
 
 Passwords are not in the file: each user's is `$TETHER_NATS_<USER>_PASSWORD`, which the
 server resolves from its environment (a Kubernetes Secret, compose's environment).
-
-An application may act for its own parents only. That needs the parent in the subject of
-everything it sends: commands on `<prefix>.cmd.<kind>.<parent_agent>.<parent_name>` and
-queries on `<prefix>.rpc.<kind>.<parent_agent>.<parent_name>` (the parent service must
-refuse a payload that names another parent than its subject), timeline consumers created by name so the
-filter is part of the API subject (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`,
-which the server matches against the request), an awaited run's events on its live
-subject (`<prefix>.live.evt.<parent_agent>.<parent_name>.<run_id>`, republished by the
-events stream) with its stored events read through requests that name the run
-(`tether.client.live`), its presence as the awaiter of a run answered on
-`<prefix>.ctl.awaiter.<parent_agent>.<parent_name>.<run_id>`, replies on an inbox of its own
-(`_INBOX_<user>.>`, the client's `inbox_prefix`), and the hook ledger recorded by the
-parent service (`<prefix>.cmd.delivered.<parent_agent>.<parent_name>`) instead of an
-event the application appends itself. It may not publish work, events or hooks.
+`tether.access_jwt` renders the same accounts for operator (JWT) mode.
 """
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import nkeys
 
 from tether.contract.subjects import Subjects
 from tether.domain.ids import check_identifier
 
 SERVICE_ROLES = ("parent", "child-runner", "reconciler", "projector")
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
-QUERY_KINDS = ("inspect", "list", "has_run")
-ADMIN_USER = "operator"
+QUERY_KINDS = ("inspect", "list", "has_run", "history")
+LIVE_KINDS = ("evt", "progress", "chat")
+SERVICE_ACCOUNT = "TETHER"
+OPERATOR_ACCOUNT = "OPERATORS"
+OPERATOR_USER = "operator"
+ADMIN_USER = "admin"
+USERS = (*SERVICE_ROLES, OPERATOR_USER, ADMIN_USER)
 
 
 @dataclass(frozen=True)
@@ -134,7 +152,16 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    f"$JS.API.STREAM.PURGE.{subjects.events_stream}",
                    f"$JS.API.STREAM.PURGE.{subjects.progress_stream}",
                    # /metrics: the hook consumers' backlog.
-                   f"$JS.API.CONSUMER.LIST.{subjects.hooks_stream}"]
+                   f"$JS.API.CONSUMER.LIST.{subjects.hooks_stream}",
+                   # `has_run` with `command_seq`: whose command a duplicate repeated.
+                   f"$JS.API.DIRECT.GET.{subjects.commands_stream}",
+                   # `history`: the feeds an application reads through the parent.
+                   f"$JS.API.DIRECT.GET.{subjects.progress_stream}",
+                   f"$JS.API.DIRECT.GET.{subjects.chat_stream}",
+                   # `serve_hook`: a method's registration and its consumer.
+                   f"$KV.{subjects.registry_bucket}.hook.>",
+                   f"$JS.API.CONSUMER.CREATE.{subjects.hooks_stream}.>",
+                   f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.hooks_stream}.>"]
         return Permissions(tuple(common + publish), (f"{p}.rpc.>", "_INBOX.>"), True)
     if role == "child-runner":
         work = subjects.work_stream
@@ -163,75 +190,161 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     raise ValueError(f"unknown role {role!r}; the roles are {', '.join(SERVICE_ROLES)}")
 
 
-def application_permissions(subjects: Subjects, app: Application) -> Permissions:
+def _hook_consumers(subjects: Subjects, agent: str, methods: tuple[str, ...]) -> list[str]:
+    """Pulling from a hook method's consumer and acknowledging its messages; the parent
+    makes the consumer (`<prefix>.rpc.serve_hook`)."""
+    hooks = subjects.hooks_stream
+    rules: list[str] = []
+    for method in methods:
+        consumer = f"hooks-{agent}-{method}"
+        rules += [f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.{consumer}", f"$JS.ACK.{hooks}.{consumer}.>"]
+    return rules
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What an account outside Tether's may use of it: services (requests, answered or
+    stored in the service account, the reply mapped back to the requester) and streams
+    (messages the service account publishes, delivered into the importing account)."""
+
+    services: tuple[str, ...]
+    streams: tuple[str, ...]
+    # Services of the importing account's own that Tether's account asks (the awaiter).
+    answers: tuple[str, ...]
+
+
+def application_grant(subjects: Subjects, app: Application) -> Grant:
     p = subjects.prefix
-    deliveries = subjects.deliveries_bucket
-    publish: list[str] = ["$JS.FC.>", f"$JS.API.STREAM.INFO.KV_{subjects.registry_bucket}",
-                          f"$JS.API.STREAM.INFO.KV_{deliveries}"]
-    subscribe: list[str] = [f"{app.inbox_prefix}.>"]
-    feeds = ((subjects.events_stream, "evt"), (subjects.progress_stream, "progress"),
-             (subjects.chat_stream, "chat"))
+    services: list[str] = []
+    streams: list[str] = []
+    answers: list[str] = []
     for agent in app.parent_agents:
-        publish += [f"{p}.cmd.{kind}.{agent}.*" for kind in COMMAND_KINDS]
-        publish += [f"{p}.rpc.{kind}.{agent}.*" for kind in QUERY_KINDS]
-        for stream, kind in feeds:
-            # The filter is in the subject, so the server refuses another parent's.
-            publish.append(f"$JS.API.CONSUMER.CREATE.{stream}.*.{p}.{kind}.{agent}.>")
-        publish.append(f"$JS.API.DIRECT.GET.{subjects.events_stream}.{p}.evt.{agent}.>")
-        # An awaited run's events, as the events stream republishes them, and the
-        # reconciler's question whether the run is still awaited (answered to its inbox).
-        subscribe += [f"{p}.live.evt.{agent}.>", f"{p}.ctl.awaiter.{agent}.>"]
-        publish.append(f"$KV.{subjects.registry_bucket}.hook.{agent}.*")
-        # Its hook handlers' own delivery records (adapters/deliveries.py).
-        publish += [f"$KV.{deliveries}.{agent}.>",
-                    f"$JS.API.DIRECT.GET.KV_{deliveries}.$KV.{deliveries}.{agent}.>"]
-        for method in app.hook_methods:
-            consumer = f"hooks-{agent}-{method}"
-            hooks = subjects.hooks_stream
-            publish += [f"$JS.API.CONSUMER.CREATE.{hooks}.{consumer}.{p}.hook.{agent}.{method}",
-                        f"$JS.API.CONSUMER.INFO.{hooks}.{consumer}",
-                        f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.{consumer}",
-                        f"$JS.ACK.{hooks}.{consumer}.>"]
-    for stream, _ in feeds:
-        publish.append(f"$JS.API.CONSUMER.INFO.{stream}.*")
-    return Permissions(tuple(publish), tuple(subscribe), True)
+        services += [f"{p}.cmd.{kind}.{agent}.*" for kind in COMMAND_KINDS]
+        services += [f"{p}.rpc.{kind}.{agent}.*" for kind in QUERY_KINDS]
+        services += [f"{p}.rpc.serve_hook.{agent}.{method}" for method in app.hook_methods]
+        services += _hook_consumers(subjects, agent, app.hook_methods)
+        streams += [f"{p}.live.{kind}.{agent}.>" for kind in LIVE_KINDS]
+        answers.append(f"{p}.ctl.awaiter.{agent}.>")
+    return Grant(tuple(services), tuple(streams), tuple(answers))
+
+
+def operator_grant(subjects: Subjects) -> Grant:
+    """The people who run the CLI and the UI: every parent's commands, queries, timelines
+    and hooks, as an application of every parent agent; nothing that writes a stream
+    directly, reads another connection's inbox or changes a stream."""
+    p = subjects.prefix
+    hooks = subjects.hooks_stream
+    services = [f"{p}.cmd.{kind}.*.*" for kind in COMMAND_KINDS]
+    services += [f"{p}.rpc.{kind}.*.*" for kind in (*QUERY_KINDS, "serve_hook")]
+    services += [f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.*", f"$JS.ACK.{hooks}.>"]
+    streams = [f"{p}.live.{kind}.>" for kind in LIVE_KINDS]
+    return Grant(tuple(services), tuple(streams), (f"{p}.ctl.awaiter.*.>",))
+
+
+def grant_permissions(grant: Grant, user: str) -> Permissions:
+    """The user's own rules inside its account: exactly what the account imports, so a
+    request for anything else is refused (and said so) rather than left unanswered.
+    Inboxes are the account's own; `_INBOX_<user>` is taken as well as `_INBOX`."""
+    return Permissions(("$JS.API.INFO", *grant.services),
+                       ("_INBOX.>", f"_INBOX_{user}.>", *grant.streams, *grant.answers), True)
+
+
+def account_name(user: str) -> str:
+    return "APP_" + user.upper().replace("-", "_")
 
 
 def password_variable(user: str) -> str:
     return "TETHER_NATS_" + user.upper().replace("-", "_") + "_PASSWORD"
 
 
-def authorization(subjects: Subjects, applications: list[Application], *,
-                  passwords: dict[str, str] | None = None) -> dict:
-    """The `authorization` block; passwords are `$VARIABLE` references unless given."""
+def new_nkey() -> tuple[str, str]:
+    """A new user NKey: its seed (the secret, `SU...`) and its public key (`U...`)."""
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    return seed.decode(), nkeys.from_seed(bytearray(seed)).public_key.decode()
+
+
+def accounts(subjects: Subjects, applications: list[Application], *,
+             passwords: dict[str, str] | None = None,
+             nkeys: dict[str, str] | None = None) -> dict:
+    """The `accounts` block: Tether's (the services, the admin, JetStream), the
+    operators', and one per application. A user in `nkeys` signs in with that public
+    NKey; any other with a password, a `$VARIABLE` reference unless `passwords` has it."""
+    nkeys = nkeys or {}
+
     def password(user: str) -> str:
         if passwords is not None:
             return json.dumps(passwords[user])
         return "$" + password_variable(user)
 
-    users = [{"user": role, "password": password(role),
-              "permissions": service_permissions(subjects, role).as_config()}
-             for role in SERVICE_ROLES]
-    users += [{"user": app.user, "password": password(app.user),
-               "permissions": application_permissions(subjects, app).as_config()}
-              for app in applications]
-    users.append({"user": ADMIN_USER, "password": password(ADMIN_USER),
-                  "permissions": {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}})
-    return {"users": users}
+    def user(name: str, permissions: Permissions | dict) -> dict:
+        config = permissions if isinstance(permissions, dict) else permissions.as_config()
+        if name in nkeys:
+            return {"user": name, "nkey": nkeys[name], "permissions": config}
+        return {"user": name, "password": password(name), "permissions": config}
+
+    tenants = [(OPERATOR_ACCOUNT, OPERATOR_USER, operator_grant(subjects))]
+    tenants += [(account_name(app.user), app.user, application_grant(subjects, app))
+                for app in applications]
+    names = [name for name, _, _ in tenants]
+    if len(set(names)) != len(names) or SERVICE_ACCOUNT in names:
+        raise ValueError(f"two applications map to one account name: {names}")
+    service_users = [user(role, service_permissions(subjects, role)) for role in SERVICE_ROLES]
+    service_users.append(user(ADMIN_USER, {"publish": {"allow": [">"]},
+                                           "subscribe": {"allow": [">"]}}))
+    tether: dict = {"jetstream": "enabled", "users": service_users, "exports": [], "imports": []}
+    result = {SERVICE_ACCOUNT: tether}
+    for name, user_name, grant in tenants:
+        tether["exports"] += [{"service": subject, "accounts": [name]}
+                              for subject in grant.services]
+        tether["exports"] += [{"stream": subject, "accounts": [name]}
+                              for subject in grant.streams]
+        tether["imports"] += [{"service": {"account": name, "subject": subject}}
+                              for subject in grant.answers]
+        imports = [{"service": {"account": SERVICE_ACCOUNT, "subject": subject}}
+                   for subject in grant.services]
+        imports += [{"stream": {"account": SERVICE_ACCOUNT, "subject": subject}}
+                    for subject in grant.streams]
+        result[name] = {"users": [user(user_name, grant_permissions(grant, user_name))],
+                        "imports": imports,
+                        "exports": [{"service": subject, "accounts": [SERVICE_ACCOUNT]}
+                                    for subject in grant.answers]}
+    for name, account in result.items():
+        # Pull requests get their messages as several replies.
+        for export in account["exports"]:
+            if export.get("service", "").startswith("$JS.API.CONSUMER.MSG.NEXT."):
+                export["response_type"] = "stream"
+        del name
+    return result
 
 
 def render(subjects: Subjects, applications: list[Application], *,
-           passwords: dict[str, str] | None = None, header: str = "") -> str:
+           passwords: dict[str, str] | None = None, nkeys: dict[str, str] | None = None,
+           header: str = "") -> str:
     """nats-server configuration text (its format reads JSON values; passwords stay bare
     `$VARIABLE` references, which is why this is not plain json.dumps)."""
     lines = [header] if header else []
-    lines.append("authorization {")
-    lines.append("  users = [")
-    for user in authorization(subjects, applications, passwords=passwords)["users"]:
-        lines.append(f"    {{user: {json.dumps(user['user'])}, password: {user['password']},")
-        permissions = json.dumps(user["permissions"], indent=2).replace("\n", "\n      ")
-        lines.append(f"      permissions: {permissions}}}")
-    lines.append("  ]")
+    lines.append("accounts {")
+    for name, account in accounts(subjects, applications, passwords=passwords,
+                                  nkeys=nkeys).items():
+        lines.append(f"  {name}: {{")
+        if "jetstream" in account:
+            lines.append(f"    jetstream: {account['jetstream']}")
+        lines.append("    users: [")
+        for user in account["users"]:
+            if "nkey" in user:  # named in a comment: an NKey user has no name of its own
+                lines.append(f"      # {user['user']}")
+                lines.append(f"      {{nkey: {json.dumps(user['nkey'])},")
+            else:
+                lines.append(f"      {{user: {json.dumps(user['user'])}, "
+                             f"password: {user['password']},")
+            permissions = json.dumps(user["permissions"], indent=2).replace("\n", "\n        ")
+            lines.append(f"        permissions: {permissions}}}")
+        lines.append("    ]")
+        for key in ("imports", "exports"):
+            lines.append(f"    {key}: [")
+            lines += [f"      {json.dumps(entry)}" for entry in account[key]]
+            lines.append("    ]")
+        lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -244,15 +357,45 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="USER:AGENT[,AGENT][:METHOD[,METHOD]]",
                         help="an application user, the parent agents it owns and the hook "
                              "methods it serves (repeatable)")
+    parser.add_argument("--nkey", action="append", default=[], metavar="USER=PUBLIC_KEY",
+                        help="the user signs in with this NKey instead of a password "
+                             "(repeatable)")
+    parser.add_argument("--nkeys-dir", metavar="DIR",
+                        help="every user signs in with an NKey: its seed is DIR/<user>.nk, "
+                             "made when missing (mode 0600; give it to that user only)")
     args = parser.parse_args(argv)
     applications = [Application.parse(text) for text in args.application]
+    users = (*USERS, *(app.user for app in applications))
+    nkeys = dict(text.split("=", 1) for text in args.nkey)
+    if args.nkeys_dir:
+        nkeys.update(nkey_files(Path(args.nkeys_dir), users))
     command = " ".join(["python -m tether.access", f"--prefix {args.prefix}",
-                        *(f"--application {text}" for text in args.application)])
+                        *(f"--application {text}" for text in args.application),
+                        *(f"--nkey {text}" for text in args.nkey),
+                        *([f"--nkeys-dir {args.nkeys_dir}"] if args.nkeys_dir else [])])
     header = (f"# Generated by `{command}`; do not edit (tests/integration/"
               "test_access_control.py checks it).\n# Each password is "
-              "$TETHER_NATS_<USER>_PASSWORD in the server's environment.")
-    sys.stdout.write(render(Subjects(args.prefix), applications, header=header))
+              "$TETHER_NATS_<USER>_PASSWORD in the server's environment; users: "
+              + ", ".join(users) + ".")
+    sys.stdout.write(render(Subjects(args.prefix), applications, nkeys=nkeys, header=header))
     return 0
+
+
+def nkey_files(directory: Path, users: "tuple[str, ...] | list[str]") -> dict[str, str]:
+    """Each user's public NKey, from its seed file `<user>.nk` in `directory` (made, with
+    a new seed, where it is missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    public = {}
+    for user in users:
+        path = directory / f"{user}.nk"
+        if not path.exists():
+            new_seed, _ = new_nkey()
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w") as out:
+                out.write(new_seed + "\n")
+        seed = path.read_bytes().strip()
+        public[user] = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    return public
 
 
 if __name__ == "__main__":

@@ -217,7 +217,8 @@ async def _connect_nats(settings: Settings, name: str):
         async with asyncio.timeout(NATS_CONNECT_TIMEOUT_S):
             return await connect_nats(settings.nats_connect_url, name=name,
                                       startup_timeout_s=None, error_cb=keep,
-                                      fast_path=settings.nats_fast_path)
+                                      fast_path=settings.nats_fast_path,
+                                      **settings.nats_options())
     except TimeoutError:
         why = failures[-1] if failures else f"no answer within {NATS_CONNECT_TIMEOUT_S:g} s"
         raise CommandFailed(nats_unreachable(settings.nats_url, why)) from None

@@ -9,6 +9,7 @@ what it accepts; nothing falls back silently.
 
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,15 @@ class Settings(BaseModel):
     # sit in a ConfigMap and the password in a Secret. `nats_connect_url` combines them.
     nats_user: str | None = None
     nats_password: SecretStr | None = None
+    # Instead of a password: an NKey seed file (`SU...`), or a JWT credentials file
+    # (`.creds`, operator mode); see docs/operations.md.
+    nats_nkey_seed_file: str | None = None
+    nats_creds_file: str | None = None
+    # TLS to NATS (`tls://` URLs): the CA that signed the server's certificate, and this
+    # client's own certificate and key where the server verifies clients.
+    nats_tls_ca_file: str | None = None
+    nats_tls_cert_file: str | None = None
+    nats_tls_key_file: str | None = None
     database_url: str = "postgresql://postgres@127.0.0.1:5432/tether"
     prefix: str = "tether"
     projection_schema: str = Field(default="tether", pattern=r"^[a-z_][a-z0-9_]{0,40}$")
@@ -172,6 +182,21 @@ class Settings(BaseModel):
             userinfo += ":" + quote(password, safe="")
         return ",".join(urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
                         for parts in map(urlsplit, self.nats_url.split(",")))
+
+    def nats_options(self) -> dict[str, Any]:
+        """nats-py connect options for the credentials and TLS settings."""
+        options: dict[str, Any] = {}
+        if self.nats_nkey_seed_file:
+            options["nkeys_seed"] = self.nats_nkey_seed_file
+        if self.nats_creds_file:
+            options["user_credentials"] = self.nats_creds_file
+        if self.nats_tls_ca_file or self.nats_tls_cert_file:
+            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                                 cafile=self.nats_tls_ca_file)
+            if self.nats_tls_cert_file:
+                context.load_cert_chain(self.nats_tls_cert_file, self.nats_tls_key_file)
+            options["tls"] = context
+        return options
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *,

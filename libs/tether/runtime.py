@@ -69,7 +69,8 @@ async def open_nats(settings, name: str, stop: asyncio.Event):
     try:
         return await connect_nats(settings.nats_connect_url, name=name, stop=stop,
                                   fast_path=settings.nats_fast_path,
-                                  startup_timeout_s=settings.startup_timeout_ms / 1000)
+                                  startup_timeout_s=settings.startup_timeout_ms / 1000,
+                                  **settings.nats_options())
     except asyncio.CancelledError:
         if stop.is_set():
             return None

@@ -14,19 +14,20 @@ from authorized_nats import authorized_nats
 from playwright.async_api import expect
 from ui_server import running_ui
 
-from tether.access import SERVICE_ROLES, Application
+from tether.access import USERS, Application
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
+from tether_services import parent as parent_service_module
 
 ALICE = Application("alice", ("AliceBot",))
 BOB = Application("bob", ("BobBot",))
 ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
 BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
-PASSWORDS = {user: f"{user}-secret" for user in (*SERVICE_ROLES, "alice", "bob", "operator")}
+PASSWORDS = {user: f"{user}-secret" for user in (*USERS, "alice", "bob")}
 
 
 @pytest.fixture
@@ -37,9 +38,9 @@ def auth_nats(tmp_path: Path, unique_name: str, devstack):
         yield url
 
 
-def as_user(settings: Settings, url: str, user: str) -> Settings:
+def as_user(settings: Settings, url: str, user: str, **changes) -> Settings:
     return Settings(**{**settings.model_dump(), "nats_url": url, "nats_user": user,
-                       "nats_password": PASSWORDS[user]})
+                       "nats_password": PASSWORDS[user], **changes})
 
 
 @asynccontextmanager
@@ -51,15 +52,20 @@ async def ui_as(settings: Settings):
 
 @pytest.fixture
 async def operator_log(auth_nats, settings, pool):
-    """The streams as the services create them, one run per application, projected."""
+    """The streams as the services create them, one run per application, projected, and
+    the parent service, through which an application reads the log."""
     async with pool.acquire() as conn:
         await migrate(conn, settings.projection_schema)
-    admin = await nats.connect(auth_nats, user="operator", password=PASSWORDS["operator"])
+    admin = await nats.connect(auth_nats, user="admin", password=PASSWORDS["admin"])
     await ensure_streams(admin.jetstream(), settings.subjects, StreamSettings())
     log = EventLog(admin, settings.subjects)
     projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
     stop = asyncio.Event()
     task = asyncio.create_task(projector.run(stop))
+    parent_service = asyncio.create_task(parent_service_module.serve(
+        as_user(settings, auth_nats, "parent", agents=("examples.agents:Researcher",)), stop,
+        {}))
+    await answered(admin, settings.subjects.rpc_for("has_run", ALICE_PARENT))
     seq = 0
     for parent in (ALICE_PARENT, BOB_PARENT):
         run = RunEvents("run-1", parent, id_prefix=parent.agent)
@@ -69,8 +75,20 @@ async def operator_log(auth_nats, settings, pool):
         yield log
     finally:
         stop.set()
-        await asyncio.wait_for(task, 10)
+        await asyncio.wait_for(asyncio.gather(task, parent_service), 10)
         await admin.drain()
+
+
+async def answered(nc, subject: str, within_s: float = 30) -> None:
+    """Once the parent service answers queries."""
+    query = json.dumps({"run_id": "probe", "parent": ALICE_PARENT.model_dump()}).encode()
+    async with asyncio.timeout(within_s):
+        while True:
+            try:
+                await nc.request(subject, query, timeout=1)
+                return
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                await asyncio.sleep(0.05)
 
 
 async def events_until_caught_up(response: httpx.Response) -> list[tuple[str, dict]]:

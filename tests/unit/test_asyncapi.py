@@ -86,7 +86,7 @@ def test_each_stream_and_message_id_rule_is_stated() -> None:
         assert f"Stream `{stream}`" in text
     for rule in ("`run:<parent_agent>/<parent_name>/<run_id>`", "`work:<run_id>:<why>:<dispatch>:<incarnation>`",
                  "`finish:<run_id>:<status>:<incarnation>`", "`detached-ms:",
-                 "`delivered:<method>:", "the event's `event_id`", "`Tether-Error`"):
+                 "`delivered:<parent_agent>.<parent_name>:<method>:", "the event's `event_id`", "`Tether-Error`"):
         assert rule in text
 
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from faststream.nats import NatsBroker
+from faststream.nats.security import NatsCredentials, NatsNKey
+from faststream.security import BaseSecurity
 
 from tether.adapters.jetstream import nats_servers
 from tether.config import Settings
@@ -27,7 +29,18 @@ def control_broker(settings: Settings, name: str, *, middlewares: Sequence[Any] 
                       # (seconds, passed on to nats-py, which takes a float)
                       reconnect_time_wait=0.5,  # type: ignore[arg-type]
                       connect_timeout=5, logger=None,
-                      middlewares=tuple(middlewares))
+                      middlewares=tuple(middlewares), security=_security(settings))
+
+
+def _security(settings: Settings) -> BaseSecurity | None:
+    """The NKey, credentials and TLS of `settings`, as faststream takes them."""
+    options = settings.nats_options()
+    context = options.get("tls")
+    if "user_credentials" in options:
+        return NatsCredentials.from_file(options["user_credentials"], ssl_context=context)
+    if "nkeys_seed" in options:
+        return NatsNKey.from_file(options["nkeys_seed"], ssl_context=context)
+    return BaseSecurity(ssl_context=context) if context is not None else None
 
 
 async def start_control(broker: NatsBroker) -> None:

@@ -111,12 +111,16 @@ def stream_configs(subjects: Subjects, settings: StreamSettings) -> list[js_api.
         config(subjects.events_stream, subjects.all_events,
                republish=js_api.RePublish(src=subjects.all_events,
                                           dest=subjects.all_live_events)),
-        # Ephemeral progress: the latest value per run for late subscribers.
+        # Ephemeral progress: the latest value per run for late subscribers. Progress and
+        # chat are republished too (`<prefix>.live.progress.>`, `<prefix>.live.chat.>`):
+        # what an application in an account of its own follows (tether.access).
         config(subjects.progress_stream, f"{p}.progress.>", max_msgs_per_subject=1,
-               max_age=7 * DAY_S),
+               max_age=7 * DAY_S,
+               republish=js_api.RePublish(src=f"{p}.progress.>", dest=f"{p}.live.progress.>")),
         config(subjects.work_stream, f"{p}.work.>", retention=js_api.RetentionPolicy.WORK_QUEUE),
         config(subjects.hooks_stream, f"{p}.hook.>", max_age=7 * DAY_S),
-        config(subjects.chat_stream, f"{p}.chat.>", max_age=30 * DAY_S),
+        config(subjects.chat_stream, f"{p}.chat.>", max_age=30 * DAY_S,
+               republish=js_api.RePublish(src=f"{p}.chat.>", dest=f"{p}.live.chat.>")),
     ]
 
 
@@ -441,7 +445,7 @@ class EventLog:
         """Where our event landed, if it did; what the read shows is remembered, so the
         decision after a conflict starts from it."""
         stored = await self.read_subject(subject)
-        history = _history(stored)
+        history = run_history(stored)
         self._known.forget(subject)
         self._known.remember(subject, history.state, history.last_seq)
         return next((item.seq for item in stored
@@ -566,7 +570,7 @@ class EventLog:
         returned `last_seq` still covers them so an append after this read is consistent.
         """
         subject = self.subjects.run_events(parent, run_id)
-        history = _history(await self.read_subject(subject, before_seq=before_seq))
+        history = run_history(await self.read_subject(subject, before_seq=before_seq))
         if before_seq is None:
             self._known.remember(subject, history.state, history.last_seq)
         return history
@@ -590,6 +594,31 @@ class EventLog:
             if not batch or not pending:
                 return found
             seq = batch[-1].seq + 1
+
+    async def read_stored(self, stream: str, filter_subject: str, *, start_seq: int = 1,
+                          size: int = DIRECT_BATCH) -> tuple[list[Msg], int]:
+        """Up to `size` stored messages of any stream matching `filter_subject` (wildcards
+        allowed) from `start_seq`, by one batched direct get, as the server sends them
+        (subject and sequence in the `Nats-Subject` and `Nats-Sequence` headers), and how
+        many matching messages follow the last of them."""
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+        found: list[Msg] = []
+        async with self._replies_to(queue.put_nowait) as reply:
+            request = json.dumps({"seq": start_seq, "next_by_subj": filter_subject,
+                                  "batch": size})
+            await self._nc.publish(f"$JS.API.DIRECT.GET.{stream}", request.encode(), reply=reply)
+            async with asyncio.timeout(self._timeout):
+                while True:
+                    msg = await queue.get()
+                    headers = msg.headers or {}
+                    status = headers.get("Status")
+                    if status == "404":
+                        return found, 0
+                    if status == "204":
+                        return found, int(headers.get("Nats-Num-Pending", 0))
+                    if status is not None:
+                        raise APIError(code=int(status), description=headers.get("Description"))
+                    found.append(msg)
 
     async def _direct_batch(self, subject: str, start_seq: int,
                             size: int = DIRECT_BATCH) -> tuple[list[StoredEvent], int]:
@@ -711,7 +740,7 @@ async def until_stopped(items: AsyncIterator[T], stop: asyncio.Event) -> AsyncIt
         stopping.cancel()
 
 
-def _history(stored: Sequence[StoredEvent]) -> RunHistory:
+def run_history(stored: Sequence[StoredEvent]) -> RunHistory:
     """One subject's messages folded: its events, its last sequence, the state."""
     events: list[Event] = []
     state: RunState | None = None

@@ -17,8 +17,7 @@ from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 from pydantic import ValidationError
 
-from tether.client.errors import ServiceUnavailable
-from tether.client.feed import OrderedFeed
+from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import ChatMessage
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
@@ -35,7 +34,7 @@ async def follow_chat(tether: "Tether", parent: ParentRef, *, durable: str | Non
                       new_only: bool = False) -> AsyncIterator[ChatMessage]:
     logger = get_logger(component="chat", parent=f"{parent.agent}/{parent.name}")
     if durable is None:
-        feed = OrderedFeed(tether.nc, tether.subjects.chat_stream, tether.subjects.chat(parent),
+        feed = tether.feed(tether.subjects.chat_stream, tether.subjects.chat(parent),
                            source="chat", deliver_new=new_only)
         async with feed:
             while True:
@@ -51,6 +50,10 @@ async def follow_chat(tether: "Tether", parent: ParentRef, *, durable: str | Non
 
 async def _durable(tether: "Tether", parent: ParentRef, durable: str, new_only: bool,
                    logger) -> AsyncIterator[ChatMessage]:
+    if tether.served:
+        raise NotPermitted(
+            "a durable chat reader needs a consumer of its own, which an application in a "
+            "NATS account of its own may not make (tether.access): read without `durable`")
     name = f"chat-{parent.agent}-{parent.name}-{check_identifier(durable, 'durable name')}"
     name = name.replace(":", "_")
     config = js_api.ConsumerConfig(

@@ -2,7 +2,9 @@
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import nats.errors
@@ -13,17 +15,26 @@ from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.jetstream import EventLog, PublishDenied, connect_nats
+from tether.adapters.jetstream import (
+    EventLog,
+    PublishDenied,
+    RunHistory,
+    connect_nats,
+    run_history,
+    unless_refused,
+)
 from tether.client.chat import follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
+from tether.client.feed import OrderedFeed, ServedFeed
 from tether.client.hooks import HookRegistry
-from tether.client.live import DirectReads, RunReads, ScopedReads
+from tether.client.live import DirectReads, RunReads, ServedReads
 from tether.client.parent import ParentHandle
 from tether.config import Settings
-from tether.contract.messages import ObservabilityEvent
+from tether.contract.messages import HasRunReply, ObservabilityEvent
 from tether.contract.subjects import Subjects
 from tether.diagnose import nats_unreachable, redact
+from tether.domain.commands import HasRunQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
@@ -34,6 +45,8 @@ if TYPE_CHECKING:
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+# The server's answer to a JetStream request from an account without JetStream.
+JS_NOT_ENABLED_FOR_ACCOUNT = 10039
 
 
 class Tether:
@@ -42,22 +55,37 @@ class Tether:
     Safe to share between tasks: every run, timeline and hook handler gets its own
     subscription on the same connection.
 
-    `scoped_reads`: read a run's stored events only through requests whose subject names
-    the run, which is all an application user of `tether.access` may send
-    (`tether.client.live`).
+    `served`: the connection's account has no JetStream of its own, as an application in
+    an account of its own (`tether.access`): stored messages are read through the parent
+    service's `history` query and new ones on the live subjects the streams republish
+    them on, hooks are consumed from consumers the parent makes (`tether.client.live`).
+    `connect` finds out which by asking the server.
     """
 
     def __init__(self, nc: NATS, settings: Settings, *, rpc_timeout: float = DEFAULT_RPC_TIMEOUT_S,
-                 scoped_reads: bool = False) -> None:
+                 served: bool = False) -> None:
         self.nc = nc
         self.settings = settings
         self.subjects: Subjects = settings.subjects
         self.log = EventLog(nc, self.subjects)
         self.js = self.log.jetstream
         self.rpc_timeout = rpc_timeout
-        self.run_reads: RunReads = (ScopedReads(self.log)
-                                    if scoped_reads else DirectReads(self.log))
+        self.served = served
+        self.run_reads: RunReads = ServedReads(self) if served else DirectReads(self.log)
         self._answers: set[asyncio.Task] = set()
+
+    def feed(self, stream: str, filter_subject: str, **options) -> "OrderedFeed | ServedFeed":
+        """Replay-then-live reading of one filter of one of the parent feeds' streams
+        (events, progress, chat); `options` as `OrderedFeed` takes them."""
+        if self.served:
+            return ServedFeed(self, stream, filter_subject, **options)
+        return OrderedFeed(self.nc, stream, filter_subject, **options)
+
+    async def read_run(self, parent: ParentRef, run_id: str) -> RunHistory:
+        """Every stored event of one run, and the state they fold to."""
+        if not self.served:
+            return await self.log.read_run(parent, run_id)
+        return run_history(await self.run_reads.read(self.subjects.run_events(parent, run_id)))
 
     def answer_present(self, msg: Msg) -> None:
         """Answer the reconciler's question whether an awaited run is still awaited."""
@@ -112,9 +140,16 @@ class Tether:
         if len(payload) > self.settings.max_input_bytes or len(payload) > self.nc.max_payload:
             self._check_size(kind, command, payload)
         try:
-            return await self.log.publish(subject, payload,
-                                          headers={"Nats-Msg-Id": msg_id},
-                                          stream=self.subjects.commands_stream)
+            ack = await self.log.publish(subject, payload, headers={"Nats-Msg-Id": msg_id},
+                                         stream=self.subjects.commands_stream)
+            if ack.duplicate and kind == "run" and not await self._duplicate_is_ours(
+                    command, ack.seq, msg_id):
+                # Another parent's command carried this id (the window is the stream's):
+                # the request goes again under an id nobody else can know.
+                ack = await self.log.publish(
+                    subject, payload, headers={"Nats-Msg-Id": f"{msg_id}:{uuid.uuid4().hex}"},
+                    stream=self.subjects.commands_stream)
+            return ack
         except NoStreamResponseError:
             raise ServiceUnavailable(
                 f"no stream takes {subject}: the Tether services create "
@@ -126,6 +161,16 @@ class Tether:
                 f"{command.parent.agent}/{command.parent.name} (the server refused {subject}); "
                 "an application user acts only for the parent agents its configuration "
                 "lists (tether.access)") from None
+
+    async def _duplicate_is_ours(self, command: Any, seq: int, msg_id: str) -> bool:
+        """Whether the command a run request was a duplicate of is this parent's request
+        with the same id, as the parent service reads it from the commands stream."""
+        query = HasRunQuery(run_id=command.run_id, parent=command.parent, command_seq=seq,
+                            command_id=msg_id)
+        try:
+            return (await self.request("has_run", query, HasRunReply)).command_ours is not False
+        except ServiceUnavailable:
+            return True  # the parent will handle the command when it is back: wait for it
 
     def _check_size(self, kind: str, command: Any, payload: bytes) -> None:
         """Refuse, before sending, a run whose input the parent would reject as too large,
@@ -144,13 +189,20 @@ class Tether:
                                 f"{server_limit:,} bytes per message (its max_payload)")
 
     async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
-                      timeout: float | None = None) -> Reply:
-        """Core request/reply with the parent service; raises ServiceUnavailable or RequestFailed."""
-        subject = self.subjects.rpc_for(kind, query.parent)
+                      timeout: float | None = None, subject: str | None = None) -> Reply:
+        """Core request/reply with the parent service, on the query's per-parent subject
+        unless `subject` is given; raises ServiceUnavailable, NotPermitted or RequestFailed."""
+        subject = subject or self.subjects.rpc_for(kind, query.parent)
         timeout = self.rpc_timeout if timeout is None else timeout
         try:
-            message = await self.nc.request(subject, query.model_dump_json().encode(),
-                                            timeout=timeout)
+            message = await unless_refused(
+                self.nc, subject, self.nc.request(subject, query.model_dump_json().encode(),
+                                                  timeout=timeout))
+        except PublishDenied:
+            raise NotPermitted(
+                f"this connection's NATS user may not ask {subject}: an application user "
+                "acts only for the parent agents its configuration lists "
+                "(tether.access)") from None
         except nats.errors.NoRespondersError:
             raise ServiceUnavailable(
                 f"no parent service answers {subject}: is `tether services parent` running "
@@ -207,7 +259,7 @@ class _Connection:
             async with asyncio.timeout(self._connect_timeout):
                 nc = await connect_nats(self._settings.nats_connect_url, name=self._name,
                                         startup_timeout_s=None, error_cb=on_error,
-                                        **self._options)
+                                        **self._settings.nats_options(), **self._options)
         except TimeoutError:
             why = (str(failures[-1]) or type(failures[-1]).__name__ if failures
                    else f"no answer within {self._connect_timeout:g} s")
@@ -217,8 +269,12 @@ class _Connection:
         connected = True
         # The application's tracer provider, or one the OTEL_* variables ask for.
         tracing.configure(self._name)
-        # Its own inbox prefix is how an application connects under access control.
-        self._tether = Tether(nc, self._settings, scoped_reads="inbox_prefix" in self._options)
+        try:
+            served = await _account_without_jetstream(nc)
+        except BaseException:
+            await nc.close()
+            raise
+        self._tether = Tether(nc, self._settings, served=served)
         return self._tether
 
     def __await__(self):
@@ -232,6 +288,19 @@ class _Connection:
             await self._tether.close()
 
 
+async def _account_without_jetstream(nc: NATS) -> bool:
+    """Whether the server says JetStream is not enabled for this connection's account:
+    an application in an account of its own (`tether.access`)."""
+    try:
+        reply = await unless_refused(nc, "$JS.API.INFO", nc.request(
+            "$JS.API.INFO", b"", timeout=DEFAULT_RPC_TIMEOUT_S))
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError, PublishDenied):
+        return False
+    with suppress(ValueError, AttributeError):
+        return json.loads(reply.data).get("error", {}).get("err_code") == JS_NOT_ENABLED_FOR_ACCOUNT
+    return False
+
+
 def connect(nats_url: str | None = None, *, prefix: str | None = None,
             settings: Settings | None = None, name: str = "tether-client",
             inbox_prefix: str | None = None,
@@ -240,8 +309,8 @@ def connect(nats_url: str | None = None, *, prefix: str | None = None,
 
     `settings` (a `tether.config.Settings`) replaces the environment; `nats_url` and
     `prefix` override either. `inbox_prefix` (e.g. `_INBOX_<user>`) is where replies come
-    back under access control, which lets each application read only its own; such a
-    client also reads the log only as an application user may (`Tether(scoped_reads=True)`).
+    back. An application whose NATS account has no JetStream of its own (an account per
+    application, `tether.access`) reads through the parent service (`Tether(served=True)`).
     `connect_timeout`: how long to try the first connection before `ServiceUnavailable`
     names the server it could not reach; once connected, the client reconnects on its own.
     """

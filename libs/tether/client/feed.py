@@ -1,5 +1,8 @@
 """Replay-then-live reading of one stream filter, in stream order.
 
+Two ways to the same messages: `OrderedFeed` for a connection that may use the JetStream
+API, `ServedFeed` for an application in an account of its own (`tether.access`).
+
 The same mechanism as `EventLog.follow_batches` (an ordered push consumer; the stream
 sequence is the deduplication key), with two things the client needs on top: the
 subscription exists when `start()` returns, so a caller can publish a request knowing it
@@ -19,7 +22,7 @@ import time
 import uuid
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -29,6 +32,12 @@ from nats.js.errors import NotFoundError
 
 from tether.adapters.jetstream import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
+from tether.contract.messages import HistoryReply
+from tether.domain.commands import HistoryQuery
+from tether.domain.events import ParentRef
+
+if TYPE_CHECKING:
+    from tether.client.connection import Tether
 
 # Heartbeats missed in a row before the consumer is taken for lost and made anew.
 MISSED_HEARTBEATS = 3
@@ -212,3 +221,140 @@ def _positions(msg: Msg) -> tuple[int, int, int]:
         return int(tokens[5]), int(tokens[6]), int(tokens[8])
     metadata = msg.metadata
     return metadata.sequence.stream, metadata.sequence.consumer, metadata.num_pending
+FEEDS = {"EVENTS": "events", "PROGRESS": "progress", "CHAT": "chat"}
+
+
+class ServedFeed:
+    """`OrderedFeed`'s messages for an application that may not use the JetStream API
+    (an account of its own, `tether.access`): the stored ones through the parent
+    service's `history` query, then the live ones, which the stream republishes on
+    `<prefix>.live.<kind>...` with their sequence and the previous one of their subject.
+
+    The live subscription is made first, so nothing stored after the last page can be
+    missed. Core delivery is at most once: a republished message whose subject's
+    previous sequence was not delivered shows a lost one, which that subject's history
+    fills in, and after `idle_heartbeat` without a message the history is asked again
+    from where it was last complete. Each subject's messages arrive in order and once.
+    """
+
+    def __init__(self, tether: "Tether", stream: str, filter_subject: str, *,
+                 source: str = "", start_seq: int = 1, deliver_new: bool = False,
+                 sink: "asyncio.Queue[FeedMessage] | None" = None,
+                 idle_heartbeat: float = 5.0, name: str | None = None) -> None:
+        del name  # no consumer is made
+        self._tether = tether
+        self._feed = FEEDS[stream.rsplit("_", 1)[-1]]
+        tokens = filter_subject.split(".")
+        self._parent = ParentRef(agent=tokens[2], name=tokens[3])
+        self._run_id = tokens[4] if len(tokens) == 5 and tokens[4] != ">" else None
+        self._filter = filter_subject
+        self._live_subject = tether.subjects.live(filter_subject)
+        self.source = source
+        self._start_seq = max(start_seq, 1)
+        self._deliver_new = deliver_new
+        self.sink: asyncio.Queue[FeedMessage] = sink if sink is not None else asyncio.Queue()
+        self._idle = idle_heartbeat
+        self._incoming: asyncio.Queue[Msg] = asyncio.Queue()
+        self._subscription = None
+        self._task: asyncio.Task | None = None
+        self._floor = self._start_seq - 1  # nothing at or below it is delivered
+        self._delivered: dict[str, int] = {}  # each subject's last delivered sequence
+        self._complete = self._floor  # every message up to here was delivered
+        self.initially_empty = False
+
+    async def start(self) -> Self:
+        self._subscription = await self._tether.nc.subscribe(self._live_subject,
+                                                             cb=self._receive)
+        await self._tether.nc.flush()
+        try:
+            if self._deliver_new:
+                self._floor = self._complete = (await self._ask(1, limit=0)).last_seq
+                self.initially_empty = True
+            else:
+                self.initially_empty = await self._catch_up() == 0
+        except BaseException:
+            await self.stop()
+            raise
+        self._task = asyncio.create_task(self._forward())
+        return self
+
+    async def _receive(self, msg: Msg) -> None:
+        self._incoming.put_nowait(msg)
+
+    async def _ask(self, start_seq: int, limit: int = 500,
+                   run_id: str | None = None) -> HistoryReply:
+        query = HistoryQuery(parent=self._parent, feed=self._feed,
+                             run_id=run_id or self._run_id, start_seq=start_seq, limit=limit)
+        try:
+            return await self._tether.request("history", query, HistoryReply)
+        except NotPermitted:
+            raise NotPermitted(
+                f"this connection's NATS user may not follow {self._filter}: an application "
+                "user follows only the parent agents its configuration lists "
+                "(tether.access)") from None
+
+    def _deliver(self, seq: int, subject: str, data: bytes, pending: int) -> bool:
+        if seq <= self._delivered.get(subject, self._floor):
+            return False
+        self._delivered[subject] = seq
+        self.sink.put_nowait(FeedMessage(self.source, seq, subject, data, pending))
+        return True
+
+    async def _catch_up(self, run_id: str | None = None, start_seq: int | None = None) -> int:
+        """Deliver what is stored from `start_seq` (where the feed was last complete) that
+        was not delivered: the filter's, or one run's; how many messages that was."""
+        seq = self._complete + 1 if start_seq is None else start_seq
+        count = 0
+        while True:
+            reply = await self._ask(seq, run_id=run_id)
+            for stored in reply.messages:
+                count += self._deliver(stored.seq, stored.subject, stored.data.encode(),
+                                       stored.pending)
+            if reply.messages:
+                seq = reply.messages[-1].seq + 1
+                if run_id is None:
+                    self._complete = seq - 1
+            if not reply.messages or not reply.pending:
+                return count
+
+    async def _forward(self) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(self._idle):
+                    msg = await self._incoming.get()
+            except TimeoutError:
+                with suppress(ServiceUnavailable):
+                    await self._catch_up()
+                continue
+            headers = msg.headers or {}
+            try:
+                seq = int(headers["Nats-Sequence"])
+                previous = int(headers.get("Nats-Last-Sequence", 0))
+                subject = headers["Nats-Subject"]
+            except (KeyError, ValueError):
+                continue  # not a republished message
+            last = self._delivered.get(subject, self._floor)
+            if previous > last:  # this subject's previous message was lost on the way
+                with suppress(ServiceUnavailable):
+                    await self._catch_up(run_id=self._run_of(subject), start_seq=last + 1)
+            self._deliver(seq, subject, msg.data, 0)
+
+    def _run_of(self, subject: str) -> str | None:
+        tokens = subject.split(".")
+        return tokens[4] if self._feed != "chat" and len(tokens) == 5 else None
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._subscription is not None:
+            subscription, self._subscription = self._subscription, None
+            with suppress(Exception):
+                await subscription.unsubscribe()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

@@ -23,7 +23,6 @@ still be idempotent: a crash after the function and before the ledger calls it a
 
 import asyncio
 import inspect
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -31,13 +30,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from nats.aio.msg import Msg
-from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords, delivery_key
-from tether.adapters.jetstream import PublishDenied, delivery_of, durable_pull, unless_refused
+from tether.adapters.hook_consumers import (
+    consumer_config,
+    consumer_name,
+    registration,
+    registry_key,
+)
+from tether.adapters.jetstream import PublishDenied, Pull, delivery_of, durable_pull, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -45,11 +49,12 @@ from tether.contract.messages import (
     HookMessage,
     LifecycleResult,
     RunInfo,
+    ServeHookReply,
     names_this_life,
     record_delivery_of_this_life,
     unknown_life_finish_id,
 )
-from tether.domain.commands import DeliveredCommand
+from tether.domain.commands import DeliveredCommand, ServeHookQuery
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
 from tether.resilience import (
@@ -67,19 +72,6 @@ if TYPE_CHECKING:
 
 HookFunction = Callable[[RunInfo, LifecycleResult], Awaitable[object] | object]
 FETCH_WAIT_S = 0.5
-
-
-def registry_key(parent_agent: str, method: str) -> str:
-    """`hook.<parent_agent>.<method>`: NATS KV keys take no ':', identifiers may."""
-    key = f"hook.{parent_agent}.{method}"
-    if ":" in key:
-        raise ValueError(f"hook {parent_agent}.{method}: a hook's parent agent and method "
-                         "names cannot contain ':' (they become a NATS KV key)")
-    return key
-
-
-def consumer_name(parent_agent: str, method: str) -> str:
-    return f"hooks-{parent_agent}-{method}"
 
 
 @dataclass(slots=True)
@@ -151,10 +143,16 @@ class HookRegistry:
         if not self.functions:
             raise ValueError(f"no hooks registered for {self.parent_agent}")
         stop = stop or asyncio.Event()
-        subscriptions = {method: await self._consume(method) for method in self.functions}
-        self._records = await DeliveryRecords.open(self.tether.js,
-                                                   self.tether.subjects.deliveries_bucket)
-        await self._register_methods()
+        if self.tether.served:
+            # In an account of its own: the parent registers each method and makes its
+            # consumer; the ledger alone tells what was delivered.
+            subscriptions = {method: await self._served_consumer(method)
+                             for method in self.functions}
+        else:
+            subscriptions = {method: await self._consume(method) for method in self.functions}
+            self._records = await DeliveryRecords.open(self.tether.js,
+                                                       self.tether.subjects.deliveries_bucket)
+            await self._register_methods()
         self.ready.set()
         self._logger.info("hooks.serving", methods=sorted(self.functions),
                           lease_s=self.lease_s)
@@ -177,7 +175,7 @@ class HookRegistry:
             raise ServiceUnavailable(
                 f"key-value bucket {name} does not exist: start the Tether services (the "
                 "parent service creates it) or check the prefix") from None
-        value = json.dumps({"registered_at": int(time.time() * 1000)}).encode()
+        value = registration()
         for method in self.functions:
             key = registry_key(self.parent_agent, method)
             try:
@@ -189,10 +187,8 @@ class HookRegistry:
     async def _consume(self, method: str):
         subjects = self.tether.subjects
         durable = consumer_name(self.parent_agent, method)
-        config = js_api.ConsumerConfig(
-            name=durable, durable_name=durable, filter_subject=subjects.hook(self.parent_agent, method),
-            ack_policy=js_api.AckPolicy.EXPLICIT, deliver_policy=js_api.DeliverPolicy.ALL,
-            ack_wait=self.lease_s, max_deliver=-1, max_ack_pending=self.concurrency * 4)
+        config = consumer_config(subjects, self.parent_agent, method, lease_s=self.lease_s,
+                                 max_ack_pending=self.concurrency * 4)
         try:
             # Create or update: a changed lease applies to the existing consumer.
             return await unless_refused(
@@ -204,6 +200,20 @@ class HookRegistry:
                 "(they create the streams) or check the prefix") from None
         except PublishDenied:
             raise self._not_permitted(method) from None
+
+    async def _served_consumer(self, method: str) -> Pull:
+        subject = (f"{self.tether.subjects.rpc('serve_hook')}."
+                   f"{self.parent_agent}.{method}")
+        query = ServeHookQuery(parent_agent=self.parent_agent, method=method,
+                               lease_ms=max(int(self.lease_s * 1000), 1),
+                               max_ack_pending=self.concurrency * 4)
+        try:
+            reply = await self.tether.request("serve_hook", query, ServeHookReply,
+                                              subject=subject)
+        except NotPermitted:
+            raise self._not_permitted(method) from None
+        return await Pull(self.tether.nc, self.tether.subjects.hooks_stream,
+                          reply.consumer).start()
 
     def _not_permitted(self, method: str) -> NotPermitted:
         return NotPermitted(
@@ -292,7 +302,7 @@ class HookRegistry:
                                                                         message_id):
                 await self._already_delivered(msg, logger)
                 return
-            state = (await self.tether.log.read_run(run.parent, run.run_id)).state
+            state = (await self.tether.read_run(run.parent, run.run_id)).state
             if (state is not None and state.finish_delivered(result.status, method)
                     and (message_id is None
                          or names_this_life(message_id, state, result.status, method))):
@@ -347,7 +357,8 @@ class HookRegistry:
                                    method=method, message_id=message_id)
         if self.ledger == "parent":
             await self.tether.publish_command("delivered", command,
-                                              msg_id=f"delivered:{method}:{message_id}")
+                                              msg_id=f"delivered:{run.parent.agent}."
+                                                     f"{run.parent.name}:{method}:{message_id}")
             return
         await self.tether.log.update(
             run.parent, run.run_id,

@@ -4,34 +4,36 @@ The events stream republishes every stored event on the run's live subject
 (`Subjects.run_live`), so following a run is a plain subscription: no consumer per request,
 hence no ceiling on how many runs one application awaits at once (nats-server refuses new
 consumers at about 1,000 on a stream). What is stored is read in one of two ways, by what
-the connection's NATS user may do:
+the connection may do:
 
 - `DirectReads`: batched direct gets (`EventLog.read_subject`), one round trip and no
-  consumer. The subject is in the request's payload, which permissions cannot see, so this
-  needs `$JS.API.DIRECT.GET.<stream>`: the services and the operator have it.
-- `ScopedReads`: an application under access control may send only requests whose NATS
-  subject names its own parents' runs. The run's last message is such a request
-  (`$JS.API.DIRECT.GET.<stream>.<subject>`), and a run that has nothing past `start_seq`
-  (every new run) is settled by it alone; otherwise a short-lived consumer, named so its
-  filter is in the create subject, replays the rest and is dropped once it has caught up.
+  consumer: the services, the operator, an installation without users.
+- `ServedReads`: an application in an account of its own (`tether.access`) has no
+  JetStream API; the parent service answers its `history` queries for its own parents.
 """
 
-import asyncio
-import uuid
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from nats.aio.msg import Msg
 
-from tether.adapters.jetstream import EventLog, PublishDenied, StoredEvent, to_stored_event
+from tether.adapters.jetstream import EventLog, StoredEvent, to_stored_event
 from tether.client.awaiting import LiveEvent
-from tether.client.errors import NotPermitted, ServiceUnavailable
-from tether.client.feed import OrderedFeed
+from tether.client.errors import NotPermitted
+from tether.contract.messages import HistoryReply
+from tether.domain.commands import HistoryQuery
+
+if TYPE_CHECKING:
+    from tether.client.connection import Tether
 
 
 class RunReads(Protocol):
     async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
         """The subject's stored messages from `start_seq`, in order, up to its end as of
         the request (later ones may be included)."""
+        ...
+
+    async def last_seq(self, subject: str) -> int:
+        """The stream sequence of the subject's last message; 0 when it has none."""
         ...
 
 
@@ -42,43 +44,36 @@ class DirectReads:
     async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
         return await self._log.read_subject(subject, start_seq=start_seq)
 
+    async def last_seq(self, subject: str) -> int:
+        return await self._log.last_seq_of(subject)
 
-class ScopedReads:
-    def __init__(self, log: EventLog, *, timeout: float = 5.0) -> None:
-        self._log = log
-        self._stream = log.subjects.events_stream
-        self._timeout = timeout
+
+class ServedReads:
+    def __init__(self, tether: "Tether") -> None:
+        self._tether = tether
 
     async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
-        try:
-            last_seq = await self._log.last_seq_of(subject)
-        except PublishDenied:
-            raise NotPermitted(f"this connection's NATS user may not read {subject}: an "
-                               "application user reads only the runs of the parent agents "
-                               "its configuration lists (tether.access)") from None
-        if last_seq < start_seq:
-            return []
-        feed = OrderedFeed(self._log.nats, self._stream, subject, start_seq=start_seq,
-                           name=f"run-{uuid.uuid4().hex}")
-        await feed.start()
-        try:
-            if feed.initially_empty:  # cleared since the first request
-                return []
-            found: list[StoredEvent] = []
-            async with asyncio.timeout(self._timeout):
-                while True:
-                    message = await feed.sink.get()
-                    found.append(to_stored_event(message.seq, message.subject, message.data,
-                                                 message.pending))
-                    if message.seq >= last_seq or message.pending == 0:
-                        return found
-        except TimeoutError:
-            # Part of a history would misplace the mark: the rest would look newer than
-            # the request (client/awaiting.py), so no answer is better than a wrong one.
-            raise ServiceUnavailable(f"{subject}: the stored events did not arrive within "
-                                     f"{self._timeout:g}s") from None
-        finally:
-            await feed.stop()
+        parent, run_id = self._tether.subjects.parse_run_events(subject)
+        found: list[StoredEvent] = []
+        while True:
+            query = HistoryQuery(parent=parent, feed="events", run_id=run_id,
+                                 start_seq=start_seq)
+            try:
+                reply = await self._tether.request("history", query, HistoryReply)
+            except NotPermitted:
+                raise NotPermitted(
+                    f"this connection's NATS user may not read {subject}: an application "
+                    "user reads only the runs of the parent agents its configuration lists "
+                    "(tether.access)") from None
+            found += [to_stored_event(m.seq, m.subject, m.data.encode(), m.pending)
+                      for m in reply.messages]
+            if not reply.messages or not reply.pending:
+                return found
+            start_seq = reply.messages[-1].seq + 1
+
+    async def last_seq(self, subject: str) -> int:
+        stored = await self.read(subject)
+        return stored[-1].seq if stored else 0
 
 
 def live_event(msg: Msg) -> LiveEvent | None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from tether.client.feed import FeedMessage, OrderedFeed
+from tether.client.feed import FeedMessage
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import MilestoneView, ProgressSignal
 from tether.domain.events import Event, Model, ParentRef, RunCleared
@@ -213,10 +213,9 @@ async def follow_timeline(tether: "Tether", parent: ParentRef, *, run_id: str | 
         events_subject = subjects.run_events(parent, run_id)
         progress_subject = subjects.run_progress(parent, run_id)
     sink: asyncio.Queue[FeedMessage] = asyncio.Queue()
-    events = OrderedFeed(tether.nc, subjects.events_stream, events_subject, source="event",
-                         sink=sink)
-    progress = OrderedFeed(tether.nc, subjects.progress_stream, progress_subject,
-                           source="progress", sink=sink)
+    events = tether.feed(subjects.events_stream, events_subject, source="event", sink=sink)
+    progress = tether.feed(subjects.progress_stream, progress_subject, source="progress",
+                           sink=sink)
     folder = TimelineFolder()
     async with events, progress:
         caught = {"event": events.initially_empty, "progress": progress.initially_empty}

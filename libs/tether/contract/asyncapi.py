@@ -31,11 +31,13 @@ from tether.contract.messages import (
     ChildInspectReply,
     ChildInspectRequest,
     HasRunReply,
+    HistoryReply,
     HookMessage,
     InspectReply,
     ListReply,
     ObservabilityEvent,
     ProgressSignal,
+    ServeHookReply,
     WorkItem,
 )
 from tether.contract.subjects import Subjects
@@ -45,10 +47,12 @@ from tether.domain.commands import (
     ContinueCommand,
     DeliveredCommand,
     HasRunQuery,
+    HistoryQuery,
     InspectQuery,
     ListQuery,
     MessageCommand,
     RunCommand,
+    ServeHookQuery,
 )
 from tether.domain.events import Event, ParentRef
 from tether.parent.queries import ParentQueries
@@ -120,11 +124,13 @@ COMMANDS = (
     ("cancel", CancelCommand, "`cancel:<run_id>:<random>`"),
     ("clear", ClearCommand, "`clear:<parent_agent>:<parent_name>:<random>`"),
     ("continue", ContinueCommand, "unique per answer, chosen by the sender"),
-    ("delivered", DeliveredCommand, "`delivered:<method>:<the hook message's id>`"),
+    ("delivered", DeliveredCommand,
+     "`delivered:<parent_agent>.<parent_name>:<method>:<the hook message's id>`"),
     ("message", MessageCommand, "`message:<parent_agent>:<parent_name>:<message_id>`"),
 )
 QUERIES = (("inspect", InspectQuery, InspectReply), ("list", ListQuery, ListReply),
-           ("has_run", HasRunQuery, HasRunReply))
+           ("has_run", HasRunQuery, HasRunReply), ("history", HistoryQuery, HistoryReply),
+           ("serve_hook", ServeHookQuery, ServeHookReply))
 
 
 def contract_broker() -> NatsBroker:
@@ -159,7 +165,8 @@ def contract_broker() -> NatsBroker:
     # --- queries: the client sends, the parent answers (its real handlers) -------------
     ParentQueries(None, None, "tether", None).subscribe(broker, s)
     for kind, request, reply in QUERIES:
-        address = _per_parent(s.rpc(kind))
+        address = (s.rpc(kind) + ".{parent_agent}.{method}" if kind == "serve_hook"
+                   else _per_parent(s.rpc(kind)))
         send(address, request, f"send:{address}",
              "Core request/reply; the short form `" + s.rpc(kind) + "` takes the same "
              "payload. No message id.")
@@ -187,6 +194,15 @@ def contract_broker() -> NatsBroker:
     send(progress, ProgressSignal, f"send:{progress}",
          f"Stream `{s.progress_stream}` (the last message per subject is kept). No message "
          "id.")
+    live_progress = _template(s.live(s.run_progress(_parent_ref(), "RUNID")), run_id="RUNID",
+                              **_PARENT)
+    send(live_progress, ProgressSignal, f"send:{live_progress}",
+         f"Core: `{s.progress_stream}` republishes each stored signal here, with the same "
+         "headers as the live run events.")
+    live_chat = _template(s.live(s.chat(_parent_ref())), **_PARENT)
+    send(live_chat, ChatMessage, f"send:{live_chat}",
+         f"Core: `{s.chat_stream}` republishes each stored chat message here, with the same "
+         "headers as the live run events.")
     work = _template(s.work("AGENTTYPE"), agent_type="AGENTTYPE")
     work_id = ("`work:<run_id>:<why>:<dispatch>:<incarnation>` (`why`: `start`, `reattach`, "
                "`resume`)")

@@ -293,7 +293,37 @@ class ListReply(Model):
 
 
 class HasRunReply(Model):
+    """`command_ours`: the answer to the query's `command_seq`, when it asked."""
+
     has_run: bool = False
+    command_ours: bool | None = None
+    error: str | None = None
+
+
+class StoredMessage(Model):
+    """One stored message of a feed; `pending`: how many matching ones follow it."""
+
+    seq: int
+    subject: str
+    data: str
+    pending: int = 0
+
+
+class HistoryReply(Model):
+    """`<prefix>.rpc.history`: up to `limit` messages; `pending` matching ones follow the
+    last. A query with `limit` 0 gets no messages and the stream's last sequence in
+    `last_seq` (where a reader of new messages only starts)."""
+
+    messages: list[StoredMessage] = Field(default_factory=list)
+    pending: int = 0
+    last_seq: int = 0
+    error: str | None = None
+
+
+class ServeHookReply(Model):
+    """`<prefix>.rpc.serve_hook`: the durable consumer to pull the method's hooks from."""
+
+    consumer: str = ""
     error: str | None = None
 
 

@@ -22,11 +22,13 @@ from tether.contract.messages import (
     ChildInspectReply,
     ChildInspectRequest,
     HasRunReply,
+    HistoryReply,
     HookMessage,
     InspectReply,
     ListReply,
     ObservabilityEvent,
     ProgressSignal,
+    ServeHookReply,
     WorkItem,
 )
 from tether.domain.commands import COMMAND_CLASSES
@@ -36,7 +38,7 @@ SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # Every payload on the wire that is neither a command nor an event.
 MESSAGE_CLASSES = (WorkItem, CancelSignal, CancelReply, ChildInspectRequest, ChildInspectReply,
                    ProgressSignal, HookMessage, ChatMessage, InspectReply, ListReply,
-                   HasRunReply, ObservabilityEvent)
+                   HasRunReply, HistoryReply, ServeHookReply, ObservabilityEvent)
 
 
 def _document(schema: dict[str, Any], schema_id: str) -> dict[str, Any]:

@@ -88,6 +88,14 @@ class Subjects:
     def all_live_events(self) -> str:
         return f"{self.prefix}.live.evt.>"
 
+    def live(self, stored_subject: str) -> str:
+        """Core: where the stream that stores `stored_subject` (an event, progress or chat
+        subject) republishes it: `<prefix>.live.<kind>.<...>`."""
+        prefix, _, rest = stored_subject.partition(".")
+        if prefix != self.prefix or not rest:
+            raise ValueError(f"{stored_subject!r} is not a subject under {self.prefix!r}")
+        return f"{self.prefix}.live.{rest}"
+
     def run_progress(self, parent: ParentRef, run_id: str) -> str:
         return f"{self.prefix}.progress.{parent.agent}.{parent.name}.{check_identifier(run_id, 'run id')}"
 

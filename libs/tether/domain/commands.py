@@ -93,18 +93,51 @@ class ListQuery(Model):
 
 
 class HasRunQuery(Model):
+    """`command_seq` and `command_id`: also whether the command stored at that sequence
+    of the commands stream is this parent's run request with that message id (a request
+    acknowledged as a duplicate of it asks, so another parent's command that carried the
+    same id cannot swallow it)."""
+
     type: Literal["has_run"] = "has_run"
     run_id: Identifier
     parent: ParentRef
+    command_seq: Annotated[int, Field(ge=1)] | None = None
+    command_id: Annotated[str, Field(max_length=300)] | None = None
+
+
+class HistoryQuery(Model):
+    """Stored messages of one of the parent's feeds, for an application that may not read
+    the streams itself (an account of its own, `tether.access`): its events, progress
+    signals or chat, the whole parent's or one run's (`run_id`), from `start_seq`."""
+
+    type: Literal["history"] = "history"
+    parent: ParentRef
+    feed: Literal["events", "progress", "chat"] = "events"
+    run_id: Identifier | None = None
+    start_seq: Annotated[int, Field(ge=1)] = 1
+    limit: Annotated[int, Field(ge=0, le=1000)] = 500
+
+
+class ServeHookQuery(Model):
+    """An application serves `method` of `parent_agent`: the parent registers it and
+    creates (or updates) the method's durable consumer, which the application then pulls
+    from. Asked on `<prefix>.rpc.serve_hook.<parent_agent>.<method>`."""
+
+    type: Literal["serve_hook"] = "serve_hook"
+    parent_agent: Identifier
+    method: Identifier
+    lease_ms: Annotated[int, Field(gt=0, le=3_600_000)]
+    max_ack_pending: Annotated[int, Field(gt=0, le=10_000)]
 
 
 Command = Annotated[
     RunCommand | CancelCommand | ClearCommand | ContinueCommand | DeliveredCommand
-    | MessageCommand | InspectQuery | ListQuery | HasRunQuery,
+    | MessageCommand | InspectQuery | ListQuery | HasRunQuery | HistoryQuery | ServeHookQuery,
     Field(discriminator="type"),
 ]
 COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,
-                   DeliveredCommand, MessageCommand, InspectQuery, ListQuery, HasRunQuery)
+                   DeliveredCommand, MessageCommand, InspectQuery, ListQuery, HasRunQuery,
+                   HistoryQuery, ServeHookQuery)
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 COMMAND_TYPES: frozenset[str] = frozenset(cls.model_fields["type"].default for cls in COMMAND_CLASSES)
 

@@ -1,34 +1,53 @@
-"""The parent's queries: inspect, list and has_run, as faststream request handlers.
+"""The parent's queries: inspect, list, has_run, history and serve_hook, as faststream
+request handlers.
 
 Each query is answered on its short subject `<prefix>.rpc.<kind>` and on the per-parent
 form `<prefix>.rpc.<kind>.<agent>.<name>`, which NATS permissions can grant to the
 application that owns the parent (`tether.access`); every parent replica shares the
 `tether-parent` queue group. A request that is not a valid query gets a reply whose
 `error` starts with "invalid request:"; a query that fails gets the error's type and text.
+
+`history` and `serve_hook` are what an application in a NATS account of its own needs
+instead of the JetStream API (`tether.access`): the stored messages of its parent's
+feeds, and its hook methods registered with their consumers made.
 """
 
 import asyncpg
 from faststream.middlewares import ExceptionMiddleware
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
+from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from tether.adapters.hook_consumers import serve_hook
 from tether.adapters.jetstream import EventLog
 from tether.contract.messages import (
     HasRunReply,
+    HistoryReply,
     InspectReply,
     ListReply,
     RunSnapshot,
+    ServeHookReply,
+    StoredMessage,
     UsageView,
 )
 from tether.contract.subjects import Subjects
-from tether.domain.commands import HasRunQuery, InspectQuery, ListQuery
+from tether.domain.commands import (
+    HasRunQuery,
+    HistoryQuery,
+    InspectQuery,
+    ListQuery,
+    ServeHookQuery,
+)
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState
 
 QUERY_QUEUE = "tether-parent"
 MAX_TREE_DEPTH = 16  # how deep a subtree's usage is summed
-REPLIES = {"inspect": InspectReply, "list": ListReply, "has_run": HasRunReply}
+REPLIES = {"inspect": InspectReply, "list": ListReply, "has_run": HasRunReply,
+           "history": HistoryReply, "serve_hook": ServeHookReply}
+# A history reply stays well under NATS's default max_payload (1 MiB).
+HISTORY_REPLY_BYTES = 256 * 1024
 
 LIST_RUNS = """
     SELECT state::text AS state FROM {schema}.runs
@@ -58,7 +77,10 @@ class ParentQueries:
         for kind, handler, summary in (
                 ("inspect", self.inspect, "A run as the parent sees it, or null"),
                 ("list", self.list_runs, "The parent's runs, newest first, by status"),
-                ("has_run", self.has_run, "Whether the parent has the run")):
+                ("has_run", self.has_run, "Whether the parent has the run"),
+                ("history", self.history, "Stored messages of one of the parent's feeds"),
+                ("serve_hook", self.serve_hook,
+                 "Register a hook method and make its durable consumer")):
             for subject in query_subjects(subjects, kind):
                 broker.subscriber(subject, queue=QUERY_QUEUE, title=f"{subject}:query",
                                   description=summary)(handler)
@@ -93,7 +115,24 @@ class ParentQueries:
         assert self._log is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
         state = (await self._log.read_run(query.parent, query.run_id)).state
-        return HasRunReply(has_run=state is not None)
+        ours = None
+        if query.command_seq is not None:
+            ours = await self._command_is(query.command_seq, query.parent, query.command_id)
+        return HasRunReply(has_run=state is not None, command_ours=ours)
+
+    async def _command_is(self, seq: int, parent: ParentRef, message_id: str | None) -> bool:
+        """Whether the commands stream holds this parent's run request with `message_id`
+        at `seq` (not, say, another parent's command that carried the same id)."""
+        assert self._log is not None
+        subjects = self._log.subjects
+        try:
+            stored = await self._log.jetstream.get_msg(subjects.commands_stream, seq,
+                                                       direct=True)
+        except NotFoundError:
+            return False
+        headers = stored.headers or {}
+        return (stored.subject == subjects.command_for("run", parent)
+                and headers.get("Nats-Msg-Id") == message_id)
 
     async def list_runs(self, query: ListQuery, message: NatsMessage) -> ListReply:
         assert self._pool is not None
@@ -102,6 +141,53 @@ class ParentQueries:
                                       query.status, query.limit)
         return ListReply(runs=[RunSnapshot.of(RunState.model_validate_json(r["state"]))
                                for r in rows])
+
+    async def history(self, query: HistoryQuery, message: NatsMessage) -> HistoryReply:
+        assert self._log is not None
+        _check_subject_parent(message.raw_message.subject, query.parent)
+        subjects = self._log.subjects
+        stream, per_parent, per_run = {
+            "events": (subjects.events_stream, subjects.parent_events, subjects.run_events),
+            "progress": (subjects.progress_stream, subjects.parent_progress,
+                         subjects.run_progress),
+            "chat": (subjects.chat_stream, subjects.chat, None)}[query.feed]
+        if query.run_id is None:
+            filter_subject = per_parent(query.parent)
+        elif per_run is None:
+            raise ValueError("chat is the parent's, not a run's: leave run_id out")
+        else:
+            filter_subject = per_run(query.parent, query.run_id)
+        if query.limit == 0:
+            info = await self._log.jetstream.stream_info(stream)
+            return HistoryReply(last_seq=info.state.last_seq)
+        found, pending = await self._log.read_stored(stream, filter_subject,
+                                                     start_seq=query.start_seq,
+                                                     size=query.limit)
+        messages, size = [], 0
+        for msg in found:
+            headers = msg.headers or {}
+            stored = StoredMessage(seq=int(headers["Nats-Sequence"]),
+                                   subject=headers["Nats-Subject"],
+                                   data=msg.data.decode(errors="replace"),
+                                   pending=int(headers.get("Nats-Num-Pending", 0)))
+            size += len(msg.data) + len(stored.subject) + 64
+            if messages and size > HISTORY_REPLY_BYTES:
+                break
+            messages.append(stored)
+        if messages:
+            pending = messages[-1].pending
+        return HistoryReply(messages=messages, pending=pending)
+
+    async def serve_hook(self, query: ServeHookQuery, message: NatsMessage) -> ServeHookReply:
+        assert self._log is not None
+        tokens = message.raw_message.subject.split(".")
+        if len(tokens) == 5 and [query.parent_agent, query.method] != tokens[3:]:
+            raise ValueError(f"the payload's hook {query.parent_agent}.{query.method} differs "
+                             f"from the subject's {tokens[3]}.{tokens[4]}")
+        consumer = await serve_hook(self._log.jetstream, self._log.subjects, query.parent_agent,
+                                    query.method, lease_s=query.lease_ms / 1000,
+                                    max_ack_pending=query.max_ack_pending)
+        return ServeHookReply(consumer=consumer)
 
     def _failed(self, error: Exception, message: NatsMessage):
         subject = message.raw_message.subject

@@ -71,7 +71,7 @@ def create_app(settings: Settings, *, frame_ms: int | None = None) -> Starlette:
             await tether.close()
             raise
         state = UiState(tether, ProjectionStore(pool, settings.projection_schema),
-                        AccessGate(tether.log),
+                        AccessGate(tether),
                         {"nats": nats_check(tether.nc), "postgres": postgres_check(pool)})
         app.state.ui = state
         app.state.frame_ms = frame_ms
@@ -340,7 +340,8 @@ async def rerequest_run(request: Request) -> Response:
     async def rerequest() -> str:
         # One command per position of the run in the log: a second click on the same
         # interrupted run is a duplicate, a request after a later interruption is new.
-        last_seq = await ui.tether.log.last_seq(parent, state.run_id)
+        last_seq = await ui.tether.run_reads.last_seq(
+            ui.tether.subjects.run_events(parent, state.run_id))
         await ui.tether.publish_command("run", command, run_message_id(state.run_id, last_seq, state.parent))
         return f"re-requested {state.run_id}"
 

@@ -1,23 +1,28 @@
 """Which parents the UI may show: what its NATS user may read, asked of the server.
 
-An application user of `tether.access` may read the events of its own parent agents
-only; the UI asks the server once per parent agent (a last-message request on a subject
-of that agent, which the permissions allow or refuse) and remembers the answer. The
+An application of `tether.access` may read the events of its own parent agents only;
+the UI asks once per parent agent (a read of a run of that agent, which the server's
+permissions allow or refuse) and remembers the answer. The
 operator, or a server without users, may read everything. A parent the UI may not read
 is treated as one that does not exist (404): a drill-in never tells whether it exists.
 """
 
 import asyncio
+from typing import TYPE_CHECKING
 
-from tether.adapters.jetstream import EventLog, PublishDenied
+from tether.adapters.jetstream import PublishDenied
+from tether.client.errors import NotPermitted
 from tether.domain.events import ParentRef
+
+if TYPE_CHECKING:
+    from tether.client.connection import Tether
 
 PROBE_NAME = "ui-access-probe"
 
 
 class AccessGate:
-    def __init__(self, log: EventLog) -> None:
-        self._log = log
+    def __init__(self, tether: "Tether") -> None:
+        self._tether = tether
         self._agents: dict[str, bool] = {}
         self._lock = asyncio.Lock()
 
@@ -28,9 +33,10 @@ class AccessGate:
             if agent not in self._agents:
                 probe = ParentRef(agent=agent, name=PROBE_NAME)
                 try:
-                    await self._log.last_seq_of(self._log.subjects.run_events(probe, PROBE_NAME))
+                    await self._tether.run_reads.last_seq(
+                        self._tether.subjects.run_events(probe, PROBE_NAME))
                     self._agents[agent] = True
-                except PublishDenied:
+                except (PublishDenied, NotPermitted):
                     self._agents[agent] = False
         return self._agents[agent]
 

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tether.client.connection import Tether
-from tether.client.feed import FeedMessage, OrderedFeed
+from tether.client.feed import FeedMessage
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef
@@ -63,12 +63,12 @@ class ParentStream:
         yield {"type": "snapshot", "checkpoint": snapshot.checkpoint, "runs": runs,
                "nested": nested_runs}
         subjects = self._tether.subjects
-        events = OrderedFeed(self._tether.nc, subjects.events_stream,
-                             subjects.parent_events(self._parent), source="event",
-                             start_seq=snapshot.checkpoint + 1, sink=self.sink)
-        progress = OrderedFeed(self._tether.nc, subjects.progress_stream,
-                               subjects.parent_progress(self._parent), source="progress",
-                               sink=self.sink)
+        events = self._tether.feed(subjects.events_stream, subjects.parent_events(self._parent),
+                                   source="event", start_seq=snapshot.checkpoint + 1,
+                                   sink=self.sink)
+        progress = self._tether.feed(subjects.progress_stream,
+                                     subjects.parent_progress(self._parent), source="progress",
+                                     sink=self.sink)
         async with events, progress:
             caught = {"event": events.initially_empty, "progress": progress.initially_empty}
             changed: set[str] = set()

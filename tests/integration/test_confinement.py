@@ -1,0 +1,380 @@
+"""An application that plays the attacker, with its own credentials, beside a second
+tenant, on a nats-server running the accounts `tether.access` generates.
+
+alice owns `AliceBot` (hook `on_done`), bob owns `BobBot` (hook `on_done`); the parent
+service runs as its own user. Every probe is one alice could send with plain nats-py:
+what she may do for her own parents works; everything that reached into bob's state or
+Tether's is refused by the server, or lands nowhere: a reply subject she chooses is
+mapped back into her own account, so acks, answers and pulled messages cannot be
+written into a stream, a key-value bucket, a control subject or bob's live feed.
+"""
+
+import asyncio
+import json
+from contextlib import suppress
+from pathlib import Path
+
+import nats
+import pytest
+from authorized_nats import authorized_nats
+
+from tether.access import USERS, Application
+from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.client import NotPermitted, connect
+from tether.config import Settings
+from tether.contract.messages import DetachedHandle, run_message_id
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents
+from tether_services import parent as parent_service
+
+ALICE = Application("alice", ("AliceBot",), ("on_done",))
+BOB = Application("bob", ("BobBot",), ("on_done",))
+ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
+BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
+PASSWORDS = {user: f"{user}-secret" for user in (*USERS, "alice", "bob")}
+AGENTS = ("examples.agents:Researcher",)
+
+
+class Violations:
+    """Permission errors the server sends a connection, awaited by subject."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._changed = asyncio.Event()
+
+    async def error_cb(self, error: Exception) -> None:
+        self.seen.append(str(error).lower())
+        self._changed.set()
+
+    async def expect(self, action: str, subject: str, timeout: float = 5) -> None:
+        wanted = f'permissions violation for {action} to "{subject}"'.lower()
+        async with asyncio.timeout(timeout):
+            while not any(wanted in seen for seen in self.seen):
+                self._changed.clear()
+                await self._changed.wait()
+
+
+def as_user(settings: Settings, url: str, user: str, **changes) -> Settings:
+    return Settings(**{**settings.model_dump(), "nats_url": url, "nats_user": user,
+                       "nats_password": PASSWORDS[user], **changes})
+
+
+async def answered(nc, subject: str, payload: bytes, within_s: float = 30):
+    async with asyncio.timeout(within_s):
+        while True:
+            try:
+                return await nc.request(subject, payload, timeout=2)
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                await asyncio.sleep(0.05)
+
+
+class Tenants:
+    """The server, the admin's view of Tether's account, and the running parent."""
+
+    def __init__(self, url: str, settings: Settings, admin, log: EventLog) -> None:
+        self.url, self.settings, self.admin, self.log = url, settings, admin, log
+        self.subjects = settings.subjects
+        self.spied: list[str] = []
+
+    async def counts(self) -> dict[str, int]:
+        """Messages in every stream and bucket of the installation, and its consumers."""
+        counts = {}
+        for info in await self.admin.jetstream().streams_info():
+            counts[info.config.name] = info.state.messages
+            counts[f"{info.config.name} consumers"] = info.state.consumer_count
+        return counts
+
+
+@pytest.fixture
+async def tenants(tmp_path: Path, unique_name: str, devstack, settings, database_url):
+    subjects = Settings(prefix=unique_name).subjects
+    with authorized_nats(tmp_path, devstack, subjects, [ALICE, BOB], PASSWORDS) as (url, _log):
+        admin = await nats.connect(url, user="admin", password=PASSWORDS["admin"])
+        await ensure_streams(admin.jetstream(), subjects, StreamSettings())
+        log = EventLog(admin, subjects)
+        for parent_ref in (ALICE_PARENT, BOB_PARENT):
+            run = RunEvents("run-1", parent_ref, id_prefix=parent_ref.agent)
+            await log.append_batch([run.requested(), run.started()], expected_last_seq=0)
+        stop = asyncio.Event()
+        service = asyncio.create_task(parent_service.serve(
+            as_user(settings, url, "parent", agents=AGENTS), stop, {}))
+        query = json.dumps({"run_id": "x", "parent": ALICE_PARENT.model_dump()}).encode()
+        await answered(admin, subjects.rpc_for("has_run", ALICE_PARENT), query)
+        state = Tenants(url, settings, admin, log)
+
+        async def spy(msg) -> None:
+            state.spied.append(msg.subject)
+
+        # Everything published in Tether's account from here on, the services' own included.
+        for pattern in (f"{subjects.prefix}.>", "$KV.>"):
+            await admin.subscribe(pattern, cb=spy)
+        await admin.flush()
+        try:
+            yield state
+        finally:
+            stop.set()
+            await asyncio.wait_for(service, 15)
+            await admin.close()
+
+
+async def connect_alice(url: str, violations: Violations):
+    return await nats.connect(url, user="alice", password=PASSWORDS["alice"],
+                              error_cb=violations.error_cb, max_reconnect_attempts=0)
+
+
+async def test_an_application_acts_for_its_own_parents_through_its_account(tenants):
+    subjects, p = tenants.subjects, tenants.subjects.prefix
+    violations = Violations()
+    alice = await connect_alice(tenants.url, violations)
+    try:
+        # A command for its own parent is stored; the stream's ack comes back to it.
+        ack = await alice.jetstream(timeout=2).publish(
+            subjects.command_for("cancel", ALICE_PARENT),
+            json.dumps({"run_id": "run-1", "parent": ALICE_PARENT.model_dump()}).encode())
+        assert ack.stream == subjects.commands_stream
+        # Its own runs through the parent: inspect, and the stored events of its timeline.
+        reply = await alice.request(subjects.rpc_for("inspect", ALICE_PARENT), json.dumps(
+            {"run_id": "run-1", "parent": ALICE_PARENT.model_dump()}).encode(), timeout=5)
+        assert json.loads(reply.data)["run"]["status"] == "starting"
+        history = await alice.request(subjects.rpc_for("history", ALICE_PARENT), json.dumps(
+            {"parent": ALICE_PARENT.model_dump(), "feed": "events"}).encode(), timeout=5)
+        stored = json.loads(history.data)["messages"]
+        assert {m["subject"] for m in stored} == {subjects.run_events(ALICE_PARENT, "run-1")}
+        # Its live events, as the events stream republishes them. Core delivery is at
+        # most once (a reader fills gaps from the history), and the republish of a first
+        # event to a just-made subscription was seen not to reach it: a later one may.
+        live = await alice.subscribe(f"{p}.live.evt.AliceBot.>")
+        await alice.flush()
+        run_2 = RunEvents("run-2", ALICE_PARENT, id_prefix="run-2")
+        appended = []
+        for event in (run_2.requested(), run_2.started(), run_2.running()):
+            appended.append(await tenants.log.append(event, expected_last_seq=None))
+            with suppress(nats.errors.TimeoutError):
+                republished = await live.next_msg(timeout=2)
+                break
+        else:
+            raise AssertionError("none of alice's run events reached her live subject")
+        assert int(republished.headers["Nats-Sequence"]) in appended
+        # It answers, from its account, whether it still awaits its run.
+        async def present(msg) -> None:
+            await msg.respond(b"")
+
+        await alice.subscribe(subjects.awaiter(ALICE_PARENT, "run-2"), cb=present)
+        await alice.flush()
+        await tenants.admin.request(subjects.awaiter(ALICE_PARENT, "run-2"), b"", timeout=5)
+        # Its hook method: registered and its consumer made by the parent, then pulled.
+        served = await alice.request(f"{p}.rpc.serve_hook.AliceBot.on_done", json.dumps(
+            {"parent_agent": "AliceBot", "method": "on_done", "lease_ms": 30000,
+             "max_ack_pending": 8}).encode(), timeout=5)
+        consumer = json.loads(served.data)["consumer"]
+        assert consumer == "hooks-AliceBot-on_done"
+        await tenants.admin.jetstream().publish(subjects.hook("AliceBot", "on_done"), b"{}")
+        pull = await alice.jetstream(timeout=5).pull_subscribe_bind(consumer,
+                                                                    subjects.hooks_stream)
+        [hook] = await pull.fetch(1, timeout=5)
+        await hook.ack_sync()
+        assert not violations.seen, violations.seen
+    finally:
+        await alice.close()
+
+
+async def test_replies_acks_and_pulls_cannot_be_sent_into_another_tenant(tenants):
+    """Holes 1 to 4: a reply subject of alice's choosing on something she may send."""
+    subjects, p = tenants.subjects, tenants.subjects.prefix
+    registry, slots = subjects.registry_bucket, subjects.slots_bucket
+    victims = [subjects.run_events(BOB_PARENT, "run-1"), subjects.hook("BobBot", "on_done"),
+               subjects.chat(BOB_PARENT), subjects.run_progress(BOB_PARENT, "run-1"),
+               subjects.work("Researcher"), subjects.command("run"),
+               subjects.command_for("run", BOB_PARENT), f"$KV.{registry}.hook.BobBot.on_done",
+               f"$KV.{slots}.BobBot.user-1", f"{p}.ctl.parent_started",
+               subjects.run_live(BOB_PARENT, "run-1"), subjects.awaiter(BOB_PARENT, "run-1")]
+    async with connect(settings=as_user(tenants.settings, tenants.url, "bob")) as bob:
+        bobs_live: asyncio.Queue = asyncio.Queue()
+        for kind in ("evt", "progress", "chat"):
+            await bob.nc.subscribe(f"{p}.live.{kind}.BobBot.>", cb=bobs_live.put)
+        await bob.nc.flush()
+        violations = Violations()
+        alice = await connect_alice(tenants.url, violations)
+        try:
+            served = await alice.request(f"{p}.rpc.serve_hook.AliceBot.on_done", json.dumps(
+                {"parent_agent": "AliceBot", "method": "on_done", "lease_ms": 60000,
+                 "max_ack_pending": 100}).encode(), timeout=5)
+            assert json.loads(served.data)["consumer"]
+            commands = (await tenants.admin.jetstream().stream_info(
+                subjects.commands_stream)).state.messages
+            # A subject alice may listen on (her own live events): there the replies are
+            # seen to arrive, in her account; Tether's copy of the subject gets nothing.
+            own = subjects.run_live(ALICE_PARENT, "run-9")
+            arrived = await alice.subscribe(own)
+            probes = [*victims, own]
+            for n, victim in enumerate(probes):
+                await tenants.admin.jetstream().publish(subjects.hook("AliceBot", "on_done"),
+                                                        b"{}")
+                # The commands stream's ack, the parent's answer, a pulled hook message.
+                await alice.publish(subjects.command_for("cancel", ALICE_PARENT), json.dumps(
+                    {"run_id": f"probe-{n}", "parent": ALICE_PARENT.model_dump()}).encode(),
+                    reply=victim)
+                await alice.publish(subjects.rpc_for("has_run", ALICE_PARENT), json.dumps(
+                    {"run_id": "run-1", "parent": ALICE_PARENT.model_dump()}).encode(),
+                    reply=victim)
+                await alice.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.hooks_stream}."
+                                    "hooks-AliceBot-on_done", b'{"batch": 1}', reply=victim)
+            await alice.flush()
+            # Each probe was taken: a command stored, a query asked, a hook handed out
+            # (each reply went back into alice's account, where she may not even listen).
+            js = tenants.admin.jetstream()
+            async with asyncio.timeout(10):
+                while True:
+                    stored = (await js.stream_info(subjects.commands_stream)).state.messages
+                    asked = tenants.spied.count(subjects.rpc_for("has_run", ALICE_PARENT))
+                    if (stored - commands, asked) == (len(probes),) * 2:
+                        break
+                    await asyncio.sleep(0.02)
+            # The ack names the commands stream, the answer is the parent's, the third is
+            # the hook message (a pull only goes to a reply subject someone listens on).
+            replies = [await arrived.next_msg(timeout=5) for _ in range(3)]
+            kinds = sorted("ack" if b'"stream"' in msg.data
+                           else "hook" if (msg.reply or "").startswith("$JS.ACK.")
+                           else "answer" if b'"has_run"' in msg.data else msg.data.decode()
+                           for msg in replies)
+            assert kinds == ["ack", "answer", "hook"]
+        finally:
+            await alice.close()
+        # Nothing of it reached Tether's account, bob's live feed or a stream.
+        await tenants.admin.flush()
+        assert not [s for s in tenants.spied if s in probes], tenants.spied
+        assert bobs_live.empty()
+        bobs_run = subjects.run_events(BOB_PARENT, "run-1")
+        assert [e.seq for e in await tenants.log.read_subject(bobs_run)] == [3, 4]
+        for stream in (subjects.chat_stream, subjects.progress_stream, subjects.work_stream,
+                       f"KV_{slots}"):
+            assert (await tenants.admin.jetstream().stream_info(stream)).state.messages == 0
+        assert [key async for key in _keys(tenants.admin, registry)] == ["hook.AliceBot.on_done"]
+        assert not violations.seen, violations.seen
+
+
+async def _keys(nc, bucket: str):
+    kv = await nc.jetstream().key_value(bucket)
+    with suppress(Exception):
+        for key in await kv.keys():
+            yield key
+
+
+async def test_the_jetstream_api_and_other_tenants_subjects_are_refused(tenants):
+    """Holes 5, 7, 8, 9 and 11, and the denials that held already."""
+    subjects, p = tenants.subjects, tenants.subjects.prefix
+    events, hooks, registry = (subjects.events_stream, subjects.hooks_stream,
+                               subjects.registry_bucket)
+    async with connect(settings=as_user(tenants.settings, tenants.url, "bob")) as bob:
+        bob_hooks = bob.hooks("BobBot")
+        bob_hooks.register("on_done", lambda run, result: None)
+        async with bob_hooks.running():
+            pass
+    before = await tenants.counts()
+    deliverer = await tenants.admin.jetstream().consumer_info(events, "parent-deliverer")
+    violations = Violations()
+    alice = await connect_alice(tenants.url, violations)
+    try:
+        denied = [
+            # Another tenant's commands and queries, and the forms that name no parent.
+            subjects.command_for("run", BOB_PARENT), subjects.command("run"),
+            subjects.command("cancel"), subjects.rpc_for("inspect", BOB_PARENT),
+            subjects.rpc_for("history", BOB_PARENT), subjects.rpc("inspect"),
+            f"{p}.rpc.serve_hook.BobBot.on_done", f"{p}.rpc.serve_hook.AliceBot.unlisted",
+            # Work, events (its own run's too), hooks, progress, chat, control subjects.
+            subjects.work("Researcher"), subjects.run_events(ALICE_PARENT, "run-1"),
+            subjects.hook("AliceBot", "on_done"), subjects.run_progress(ALICE_PARENT, "run-1"),
+            subjects.chat(ALICE_PARENT), subjects.cancel_signal("Researcher"),
+            f"{p}.ctl.parent_started", subjects.observability("agent_tool:x"),
+            # Key-value writes (5: a rollup on its own key wiped every tenant's).
+            f"$KV.{registry}.hook.AliceBot.on_done", f"$KV.{subjects.slots_bucket}.AliceBot.user-1",
+            # Consumers: create or update (7), info (8), durable ones it cannot delete (11).
+            f"$JS.API.CONSUMER.CREATE.{events}.parent-deliverer.{p}.evt.AliceBot.>",
+            f"$JS.API.CONSUMER.CREATE.{events}.mine.{p}.evt.AliceBot.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.mine",
+            f"$JS.API.CONSUMER.CREATE.{hooks}.hooks-BobBot-on_done.{p}.hook.AliceBot.on_done",
+            f"$JS.API.CONSUMER.INFO.{events}.parent-deliverer",
+            f"$JS.API.CONSUMER.INFO.{hooks}.hooks-BobBot-on_done",
+            f"$JS.API.CONSUMER.DELETE.{hooks}.hooks-AliceBot-on_done",
+            f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.hooks-BobBot-on_done",
+            f"$JS.ACK.{hooks}.hooks-BobBot-on_done.1.1.1.1.0",
+            # Streams (9: the registry's subjects listed every tenant's hooks).
+            f"$JS.API.STREAM.INFO.KV_{registry}", f"$JS.API.STREAM.INFO.{events}",
+            "$JS.API.STREAM.NAMES", f"$JS.API.STREAM.PURGE.{events}",
+            f"$JS.API.STREAM.DELETE.{events}", f"$JS.API.STREAM.UPDATE.{events}",
+            f"$JS.API.DIRECT.GET.{events}", f"$JS.API.DIRECT.GET.{events}.{p}.evt.AliceBot.user-1.run-1",
+            f"$JS.API.STREAM.MSG.GET.{events}",
+        ]
+        for subject in denied:
+            headers = {"Nats-Rollup": "all"} if subject.startswith("$KV.") else None
+            await alice.publish(subject, json.dumps({
+                "deliver_subject": subjects.run_live(BOB_PARENT, "run-1"),
+                "config": {"durable_name": "mine", "filter_subject": f"{p}.evt.AliceBot.>",
+                           "deliver_subject": subjects.run_live(BOB_PARENT, "run-1")},
+                "subjects_filter": ">"}).encode(), reply=alice.new_inbox(), headers=headers)
+            await violations.expect("publish", subject)
+        for subject in ("_INBOX_bob.>", ">", f"{p}.evt.>", f"{p}.live.evt.>",
+                        f"{p}.live.evt.BobBot.>", f"{p}.ctl.awaiter.BobBot.>", "$KV.>",
+                        f"{p}.hook.>"):
+            await alice.subscribe(subject)
+            await violations.expect("subscription", subject)
+    finally:
+        await alice.close()
+    # None of it changed a stream, a bucket or a consumer.
+    assert await tenants.counts() == before
+    after = await tenants.admin.jetstream().consumer_info(events, "parent-deliverer")
+    assert after.config == deliverer.config
+    assert "hook.BobBot.on_done" in [key async for key in _keys(tenants.admin, registry)]
+
+
+async def test_the_client_says_what_an_application_may_not_do(tenants):
+    """Through `tether.connect`, at once rather than at a timeout."""
+    async with connect(settings=as_user(tenants.settings, tenants.url, "alice")) as app:
+        assert app.served
+        bobs = app.parent(BOB_PARENT.agent, BOB_PARENT.name)
+        for detached in (False, {"on_finish": "on_done"}):
+            with pytest.raises(NotPermitted, match="BobBot"):
+                async with asyncio.timeout(2):
+                    await bobs.run_agent_tool("Researcher", {"query": "QUIC"},
+                                              run_id="not-hers", detached=detached)
+        with pytest.raises(NotPermitted, match="BobBot"):
+            async with asyncio.timeout(2):
+                await bobs.cancel("not-hers")
+        with pytest.raises(NotPermitted, match=r"may not follow .*BobBot"):
+            async with asyncio.timeout(2):
+                await anext(bobs.timeline())
+        with pytest.raises(NotPermitted, match="BobBot"):
+            async with asyncio.timeout(2):
+                await bobs.inspect("run-1")
+        for agent, method in (("BobBot", "on_done"), ("AliceBot", "unlisted")):
+            hooks = app.hooks(agent)
+            hooks.register(method, lambda run, result: None)
+            with pytest.raises(NotPermitted, match=f"hook {method} of parent agent {agent}"):
+                async with asyncio.timeout(2), hooks.running():
+                    pass
+        with pytest.raises(NotPermitted, match="durable"):
+            await anext(app.chat(ALICE_PARENT, durable="d"))
+
+
+async def test_a_message_id_of_another_tenants_request_does_not_swallow_it(tenants):
+    """Hole 6: alice sends a command carrying the message id bob's request will have."""
+    subjects = tenants.subjects
+    squatted = run_message_id("wanted", parent=BOB_PARENT)
+    violations = Violations()
+    alice = await connect_alice(tenants.url, violations)
+    try:
+        for msg_id in (squatted, "run:wanted"):
+            ack = await alice.jetstream(timeout=2).publish(
+                subjects.command_for("cancel", ALICE_PARENT),
+                json.dumps({"run_id": "wanted", "parent": ALICE_PARENT.model_dump()}).encode(),
+                headers={"Nats-Msg-Id": msg_id})
+            assert not ack.duplicate
+    finally:
+        await alice.close()
+    async with connect(settings=as_user(tenants.settings, tenants.url, "bob")) as bob:
+        mine = bob.parent(BOB_PARENT.agent, BOB_PARENT.name)
+        async with asyncio.timeout(10):
+            handle = await mine.run_agent_tool("Researcher", {"query": "QUIC"}, run_id="wanted",
+                                               detached=True)
+        assert isinstance(handle, DetachedHandle) and handle.status == "running", handle
+        assert (await mine.inspect("wanted")).status in ("starting", "running")
