@@ -27,7 +27,7 @@ from typing import Protocol
 from tether.contract.codec import EventDecodeError
 from tether.contract.subjects import Subjects
 from tether.domain.events import Event, ParentRef
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, evolve
 
 Decide = Callable[[RunState | None], Sequence[Event]]
 
@@ -62,6 +62,17 @@ class RunHistory:
     events: tuple[Event, ...]
     last_seq: int  # the subject's last stream sequence; 0 when the run has no events
     state: RunState | None
+
+
+def run_history(stored: Sequence[StoredEvent]) -> RunHistory:
+    """One subject's messages folded: its events, its last sequence, the state."""
+    events: list[Event] = []
+    state: RunState | None = None
+    for item in stored:
+        if item.event is not None:
+            events.append(item.event)
+            state = evolve(state, item.event).state
+    return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
 
 
 class Ack(Protocol):

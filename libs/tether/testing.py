@@ -16,7 +16,7 @@ from tether.contract.subjects import Subjects
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
-from tether.ports import ConcurrencyConflict, Decide, RunHistory, StoredEvent
+from tether.ports import ConcurrencyConflict, Decide, RunHistory, StoredEvent, run_history
 
 if TYPE_CHECKING:
     from tether import ports
@@ -358,15 +358,8 @@ class InMemoryEventLog:
 
     async def read_run(self, parent: ParentRef, run_id: str, *,
                        before_seq: int | None = None) -> RunHistory:
-        stored = await self.read_subject(self.subjects.run_events(parent, run_id),
-                                         before_seq=before_seq)
-        events: list[Event] = []
-        state: RunState | None = None
-        for item in stored:
-            if item.event is not None:
-                events.append(item.event)
-                state = evolve(state, item.event).state
-        return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
+        return run_history(await self.read_subject(self.subjects.run_events(parent, run_id),
+                                                    before_seq=before_seq))
 
     async def read_subject(self, subject: str, *, start_seq: int = 1,
                            before_seq: int | None = None) -> list[StoredEvent]:

@@ -45,7 +45,7 @@ from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger  # (it configures structlog lazily, at the first line)
 
 # The port's values, here too for the callers that import them from the adapter.
-from tether.ports import ConcurrencyConflict, RunHistory, StoredEvent
+from tether.ports import ConcurrencyConflict, RunHistory, StoredEvent, run_history
 
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
 STREAM_NAME_IN_USE = 10058  # JSStreamNameExistErr: exists with another configuration
@@ -622,25 +622,11 @@ class EventLog:
 
     async def _direct_batch(self, subject: str, start_seq: int,
                             size: int = DIRECT_BATCH) -> tuple[list[StoredEvent], int]:
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-        async with self._replies_to(queue.put_nowait) as reply:
-            request = json.dumps({"seq": start_seq, "next_by_subj": subject, "batch": size})
-            await self._nc.publish(f"$JS.API.DIRECT.GET.{self.subjects.events_stream}",
-                                   request.encode(), reply=reply)
-            batch: list[StoredEvent] = []
-            async with asyncio.timeout(self._timeout):  # the whole batch's, not each reply's
-                while True:
-                    msg = await queue.get()
-                    headers = msg.headers or {}
-                    status = headers.get("Status")
-                    if status == "404":
-                        return batch, 0
-                    if status == "204":  # end of batch
-                        return batch, int(headers.get("Nats-Num-Pending", 0))
-                    if status is not None:
-                        raise APIError(code=int(status), description=headers.get("Description"))
-                    batch.append(to_stored_event(int(headers["Nats-Sequence"]), subject,
-                                                 msg.data, int(headers.get("Nats-Num-Pending", 0))))
+        found, pending = await self.read_stored(self.subjects.events_stream, subject,
+                                                start_seq=start_seq, size=size)
+        return [to_stored_event(int(msg.headers["Nats-Sequence"]), subject, msg.data,
+                                int(msg.headers.get("Nats-Num-Pending", 0)))
+                for msg in found], pending
 
     async def _routed_replies(self) -> str:
         """One wildcard inbox for every reply this log waits for (direct gets, acks),
@@ -738,17 +724,6 @@ async def until_stopped(items: AsyncIterator[T], stop: asyncio.Event) -> AsyncIt
                 yield receiving.result()
     finally:
         stopping.cancel()
-
-
-def run_history(stored: Sequence[StoredEvent]) -> RunHistory:
-    """One subject's messages folded: its events, its last sequence, the state."""
-    events: list[Event] = []
-    state: RunState | None = None
-    for item in stored:
-        if item.event is not None:
-            events.append(item.event)
-            state = evolve(state, item.event).state
-    return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
 
 
 class Delivery(NamedTuple):
