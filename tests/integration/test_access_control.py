@@ -14,24 +14,18 @@ from pathlib import Path
 
 import nats
 import pytest
-from authorized_nats import authorized_nats
+from authorized_nats import ALICE, ALICE_PARENT, BOB, PASSWORDS, authorized_nats
 from eventually import eventually
 
-from tether.access import USERS, Application
+from tether.access import USERS
 from tether.access import main as render_main
 from tether.adapters.jetstream import remove_streams
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess
-from tether.domain.events import ParentRef
 from tether_services import child_runner, parent, projector, reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
-ALICE = Application("alice", ("AliceBot",), ("on_done",))
-BOB = Application("bob", ("BobBot",), ("on_done",))
-ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
-BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
-PASSWORDS = {user: f"{user}-secret" for user in (*USERS, "alice", "bob")}
 AGENTS = ("examples.agents:Researcher",)
 SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconciler,
             "projector": projector}

@@ -16,22 +16,15 @@ from pathlib import Path
 
 import nats
 import pytest
-from authorized_nats import authorized_nats
+from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, authorized_nats
 
-from tether.access import USERS, Application
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
 from tether.client import NotPermitted, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle, run_message_id
-from tether.domain.events import ParentRef
 from tether.testing import RunEvents
 from tether_services import parent as parent_service
 
-ALICE = Application("alice", ("AliceBot",), ("on_done",))
-BOB = Application("bob", ("BobBot",), ("on_done",))
-ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
-BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
-PASSWORDS = {user: f"{user}-secret" for user in (*USERS, "alice", "bob")}
 AGENTS = ("examples.agents:Researcher",)
 
 

@@ -8,8 +8,16 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from tether.access import Application, render
+from tether.access import USERS, Application, render
 from tether.contract.subjects import Subjects
+from tether.domain.events import ParentRef
+
+# Two tenants, each owning one parent agent with one hook method, and every user's password.
+ALICE = Application("alice", ("AliceBot",), ("on_done",))
+BOB = Application("bob", ("BobBot",), ("on_done",))
+ALICE_PARENT = ParentRef(agent="AliceBot", name="user-1")
+BOB_PARENT = ParentRef(agent="BobBot", name="user-1")
+PASSWORDS = {user: f"{user}-secret" for user in (*USERS, "alice", "bob")}
 
 
 @contextlib.contextmanager
