@@ -11,14 +11,15 @@ from nats.js.errors import ServerError
 
 async def test_a_request_the_server_fails_is_kept_with_its_subject_and_error(nc, nats_url,
                                                                              unique_name):
-    watch = ServerErrorWatch(nats_url).start()
+    watch = ServerErrorWatch(nats_url).start(timeout_s=30)
     try:
+        assert watch.subscribed
         started = time.monotonic()
         # A single server cannot keep three replicas: a 500 of the stream-create API.
         with pytest.raises(ServerError):
             await nc.jetstream().add_stream(js_api.StreamConfig(
                 name=unique_name, subjects=[f"{unique_name}.>"], num_replicas=3))
-        (failure,) = await asyncio.to_thread(watch.wait_since, started, 5)
+        (failure,) = await asyncio.to_thread(watch.wait_since, started, 30)
     finally:
         watch.stop()
     assert failure.subject == f"$JS.API.STREAM.CREATE.{unique_name}"

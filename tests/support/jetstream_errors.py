@@ -41,8 +41,11 @@ class ServerErrorWatch:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jetstream-errors", daemon=True)
         self._stopping: asyncio.Event | None = None
+        self.subscribed = False
 
     def start(self, timeout_s: float = 5.0) -> "ServerErrorWatch":
+        """Starts watching and waits up to `timeout_s` for the subscription to be in place:
+        `subscribed` says whether it is (a watch that could not connect keeps nothing)."""
         self._thread.start()
         self._ready.wait(timeout_s)
         return self
@@ -69,13 +72,14 @@ class ServerErrorWatch:
         self._stopping = asyncio.Event()
         try:
             nc = await nats.connect(self._url, name="tether-tests-api-errors",
-                                    connect_timeout=2, max_reconnect_attempts=-1,
+                                    connect_timeout=10, max_reconnect_attempts=-1,
                                     allow_reconnect=True)
         except Exception:  # noqa: BLE001 -- a diagnostic aid: no server, no watch
             self._ready.set()
             return
         await nc.subscribe(ADVISORY_SUBJECT, cb=self._seen)
         await nc.flush()
+        self.subscribed = True
         self._ready.set()
         await self._stopping.wait()
         await nc.close()
