@@ -7,6 +7,7 @@ follows events or polls a condition with a deadline.
 """
 
 import asyncio
+import contextlib
 import io
 import json
 from collections.abc import AsyncIterator, Callable
@@ -34,7 +35,7 @@ from tether.agents.devtools import render_run, show_run
 from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
-from tether.contract.messages import UsageView
+from tether.contract.messages import ChatMessage, UsageView
 from tether.domain.events import ParentRef
 from tether.log import get_logger
 from tether.parent.service import ParentService
@@ -124,20 +125,56 @@ async def tether(log, settings) -> AsyncIterator[Tether]:
         yield client
 
 
+class Runners:
+    """Child-runners started and stopped by a test; a stopped one gives its work back
+    (SIGTERM's path: its children get `shutdown_grace_s`, then their items go back)."""
+
+    def __init__(self, settings, tether: Tether) -> None:
+        self._settings, self._tether = settings, tether
+        self._running: list[tuple[asyncio.Event, asyncio.Task]] = []
+
+    async def start(self) -> tuple[asyncio.Event, asyncio.Task]:
+        tether = self._tether
+        runner = ChildRunner(tether.nc, self._settings.model_copy(update={"work_ack_wait_ms": 1500}),
+                             AgentRegistry(AGENTS), fetch_timeout_s=0.3, cancel_grace_s=0.2,
+                             shutdown_grace_s=0.5,
+                             parent_client=lambda ref: tether.parent(ref.agent, ref.name))
+        await runner.start()
+        stop = asyncio.Event()
+        handle = (stop, asyncio.create_task(runner.run(stop)))
+        self._running.append(handle)
+        return handle
+
+    async def stop(self, handle: tuple[asyncio.Event, asyncio.Task]) -> None:
+        stop, task = handle
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+        self._running.remove(handle)
+
+    async def stop_all(self) -> None:
+        for handle in list(self._running):
+            await self.stop(handle)
+
+
 @pytest.fixture
-async def services(settings, log, pool, tether):
+async def runners(settings, log, pool, tether) -> AsyncIterator[Runners]:
+    """The parent service, and child-runners the test starts."""
     parent = ParentService(settings, log, pool, AgentRegistry(AGENTS),
                            get_logger(service="parent-test"))
     await parent.start()
-    runner = ChildRunner(tether.nc, settings.model_copy(update={"work_ack_wait_ms": 1500}),
-                         AgentRegistry(AGENTS), fetch_timeout_s=0.3, cancel_grace_s=0.2, shutdown_grace_s=0.5,
-                         parent_client=lambda ref: tether.parent(ref.agent, ref.name))
-    await runner.start()
     stop = asyncio.Event()
-    tasks = [asyncio.create_task(parent.run(stop)), asyncio.create_task(runner.run(stop))]
-    yield parent, runner
+    task = asyncio.create_task(parent.run(stop))
+    started = Runners(settings, tether)
+    yield started
+    await started.stop_all()
     stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+    await asyncio.wait_for(task, timeout=10)
+
+
+@pytest.fixture
+async def services(runners):
+    await runners.start()
+    return runners
 
 
 @pytest.fixture
@@ -522,3 +559,166 @@ async def test_cancelling_a_run_cancels_its_open_descendants_first(services, tet
             cancelled_at[history.state.agent_type] = next(
                 e.seq for e in stored if e.event.type == "run.cancel_requested")
     assert cancelled_at["Clerk"] < cancelled_at["Lead"] < cancelled_at["Chief"]
+
+
+# --- a conversation's own tool waits for approval --------------------------------------
+
+FILED: list[str] = []
+ANSWER_CHUNK_DELAY_MS = {"ms": 0}
+
+
+@tool(needs_approval=True)
+async def file_paper(ctx: ToolContext, input: Paper) -> str:
+    """File a paper (a human approves first)."""
+    FILED.append(input.title)
+    return f"filed {input.title}"
+
+
+def secretary_turn(request) -> Reply:
+    last = request.messages[-1]
+    if last.role == "tool":
+        return Reply(f"Done: {last.content}.", chunk_delay_ms=ANSWER_CHUNK_DELAY_MS["ms"])
+    text = last_user(request)
+    if text.startswith("file "):
+        return Reply("Filing it; that needs your approval.",
+                     [("file_paper", {"title": text.removeprefix("file ")})])
+    return Reply(f"seen: {text}")
+
+
+class Secretary(ModelParent):
+    definition = AgentDefinition(id="secretary", model="tree-model", max_steps=4,
+                                 tools=(file_paper,), prices=PRICES)
+    script = ()
+
+
+AGENTS = (*AGENTS, Secretary)
+
+
+@pytest.fixture(autouse=True)
+def fresh_filings():
+    FILED.clear()
+    ANSWER_CHUNK_DELAY_MS["ms"] = 0
+
+
+async def paused_conversation(conversation) -> Any:
+    """The conversation's run once its owner's timeline shows it waiting for a human."""
+    async with asyncio.timeout(DEADLINE_S):
+        async for view in conversation.owner.timeline():
+            run = view.runs.get(conversation.ref.name)
+            if run is not None and run.waiting_for == "waiting_for_human":
+                return run
+    raise AssertionError("unreachable")
+
+
+def steps_of(state) -> list[dict]:
+    return [state.steps[i] for i in sorted(state.steps)]
+
+
+async def test_an_approval_in_a_conversation_pauses_it_until_continue_answers_it(
+        services, tether, scripted, log):
+    client = scripted(Secretary, [secretary_turn] * 4)
+    conversation = tether.conversation("Secretary", "chat-pause")
+    await conversation.start()
+    await conversation.send("file the lease", message_id="file")
+    run = await paused_conversation(conversation)
+
+    assert run.status == "running" and run.waiting_path == ()
+    snapshot = await conversation.inspect()
+    assert snapshot.waiting_for == "waiting_for_human"
+    assert [(p["tool_call_id"], p["tool_name"], p["input"], p["reason"])
+            for p in snapshot.pending] == [("call_0_0", "file_paper", {"title": "the lease"},
+                                            "approval")]
+    assert [(m.role, m.content) for m in snapshot.messages] == [
+        ("user", "file the lease"), ("assistant", "Filing it; that needs your approval.")]
+    assert FILED == []
+    # A message sent while the conversation waits is answered after the paused call.
+    await conversation.send("meanwhile: hello", message_id="later")
+    await conversation.continue_run(approvals=["call_0_0"])
+
+    reply = await asyncio.wait_for(conversation.reply("user:file"), DEADLINE_S)
+    assert reply.content == "Done: filed the lease."
+    later = await asyncio.wait_for(conversation.reply("user:later"), DEADLINE_S)
+    assert later.content == "seen: meanwhile: hello"
+    assert FILED == ["the lease"]
+    assert len(client.requests) == 3
+    assert tool_messages(client, 1) == {"call_0_0": "filed the lease"}
+    assert last_user(client.requests[2]) == "meanwhile: hello"
+
+    history = await log.read_run(conversation.owner.ref, "chat-pause")
+    types = [e.type for e in history.events]
+    assert (types.count("run.paused"), types.count("run.resumed")) == (1, 1)
+    pause_id = next(e.event_id for e in history.events if e.type == "run.paused")
+    assert [s["resumes"] for s in steps_of(history.state)].count(pause_id) == 1
+    assert history.state.status == "running" and history.state.paused is None
+    after = await conversation.inspect()
+    assert (after.waiting_for, after.pending) == (None, [])
+    # A second continue finds nothing waiting: refused, and the tool does not run again.
+    await conversation.continue_run(approvals=["call_0_0"])
+    async with asyncio.timeout(DEADLINE_S), contextlib.aclosing(
+            log.follow(log.subjects.run_events(conversation.owner.ref, "chat-pause"))) as events:
+        async for stored in events:
+            if stored.event.type == "run.rejected":
+                assert "not waiting for input" in stored.event.data.error
+                break
+    assert FILED == ["the lease"]
+    await conversation.close()
+
+
+async def test_a_paused_conversation_is_continued_once_across_runner_restarts(
+        runners, tether, scripted, log):
+    client = scripted(Secretary, [secretary_turn] * 4)
+    ANSWER_CHUNK_DELAY_MS["ms"] = 400  # the answer streams for over a second
+    first = await runners.start()
+    conversation = tether.conversation("Secretary", "chat-restart")
+    owner = conversation.owner.ref
+    await conversation.start()
+    await conversation.send("file the lease", message_id="file")
+    await paused_conversation(conversation)
+    before = await conversation.inspect()
+
+    # The runner goes away while the conversation waits; a new one finds it as it was.
+    await runners.stop(first)
+    second = await runners.start()
+    assert await conversation.inspect() == before
+    assert before.pending[0]["tool_call_id"] == "call_0_0"
+    assert before.usage.total_tokens > 0 and before.usage.cost > 0
+
+    # Continued: the second runner takes the answers in, and stops as the answer streams.
+    await conversation.continue_run(approvals=["call_0_0"])
+    async with asyncio.timeout(DEADLINE_S), contextlib.aclosing(
+            log.follow(log.subjects.run_events(owner, "chat-restart"))) as events:
+        async for stored in events:
+            event = stored.event
+            if event.type == "run.output" and event.data.text.startswith("\n\nDone"):
+                break  # the answers are recorded, and the model's answer is streaming
+    await runners.stop(second)
+    await runners.start()
+
+    reply = await asyncio.wait_for(conversation.reply("user:file"), DEADLINE_S)
+    assert reply.content == "Done: filed the lease."
+    assert FILED == ["the lease"], "the approved tool ran once"
+    history = await log.read_run(owner, "chat-restart")
+    types = [e.type for e in history.events]
+    assert [e.data.attempt for e in history.events if e.type == "run.running"] == [1, 2, 3]
+    assert (types.count("run.paused"), types.count("run.resumed")) == (1, 1)
+    steps = steps_of(history.state)
+    pause_id = next(e.event_id for e in history.events if e.type == "run.paused")
+    assert [s["resumes"] for s in steps].count(pause_id) == 1, "the answers were taken in once"
+    # The answer's turn was not recorded when the runner stopped: asked again, once.
+    assert [last.role for last in (r.messages[-1] for r in client.requests)] == [
+        "user", "tool", "tool"]
+    stored, _ = await log.read_stored(log.subjects.chat_stream,
+                                      log.subjects.chat(conversation.ref))
+    chat = [ChatMessage.model_validate_json(m.data) for m in stored]
+    assert [(m.id, m.content) for m in chat if from_model(m)] == [
+        (reply.id, "Done: filed the lease.")], "one answer"
+
+    # After the restarts, inspect has the whole conversation and its usage.
+    snapshot = await conversation.inspect()
+    assert [(m.role, m.content) for m in snapshot.messages] == [
+        ("user", "file the lease"), ("assistant", "Filing it; that needs your approval."),
+        ("tool", "filed the lease"), ("assistant", "Done: filed the lease.")]
+    assert snapshot.pending == [] and snapshot.waiting_for is None
+    assert snapshot.usage == UsageView.of_steps(history.state.steps)
+    assert snapshot.usage.total_tokens > before.usage.total_tokens
+    await conversation.close()

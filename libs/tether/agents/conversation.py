@@ -31,9 +31,10 @@ from pydantic import BaseModel, Field
 from tether.adapters.jetstream import subscribe_routed
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
-from tether.agents.records import AgentStepRecord, Decisions, state_after
+from tether.agents.records import AgentStepRecord, Decisions, pause_of, state_after
 from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
+from tether.child.agent import AwaitingInput
 from tether.child.context import RunCancelled, RunContext
 from tether.client.chat import follow_chat
 from tether.contract.messages import (
@@ -44,6 +45,7 @@ from tether.contract.messages import (
     RunInfo,
     reply_message_id,
 )
+from tether.domain.run_state import RunState
 from tether.log import get_logger
 from tether.parent.formatters import DefaultFormatters, default_format
 
@@ -98,17 +100,35 @@ class ModelParent(ModelAgent):
         self._ctx, self._options = ctx, options
         self._journal = _RunJournal(ctx, records)
         self._replayed = False
+        self._resumptions = len(history.resumptions) if history is not None else 0
         taken = {message_id for record in records for message_id in record.inbox}
         watching = (type(self).on_progress is not ModelParent.on_progress)
         async with contextlib.AsyncExitStack() as stack:
             if watching:
                 await stack.enter_async_context(_ProgressWatch(self, ctx))
-            if records and records[-1].status not in ("completed", "stopped"):
-                # Taken over mid-call: finish it after its last recorded step.
-                await self._call(records[-1].call, None)
-            await self._serve_inbox(ctx, taken)
+            if (pause := await self._go_on(history, records)) is not None:
+                return pause
+            return await self._serve_inbox(ctx, taken)
 
-    async def _serve_inbox(self, ctx: RunContext, taken: set[str]) -> None:
+    async def _go_on(self, history: RunState | None,
+                     records: list[AgentStepRecord]) -> AwaitingInput | None:
+        """Finish what the records left open: a call a dead runner left mid-way, or a
+        paused call, with the answers of the `continue` that resumed the conversation."""
+        if not records or records[-1].status in ("completed", "stopped"):
+            return None
+        last = records[-1]
+        if last.status == "running":
+            return await self._call(last.call, None)  # taken over mid-call
+        resumption = history.resumptions[-1] if history and history.resumptions else None
+        if resumption is None or any(r.resumes == resumption.pause_id for r in records):
+            # Paused, and no answers since (a runner died before the pause was in the
+            # log): pause again, with the same event id.
+            return self._pause()
+        # The answers go on as a call of their own, like a continue call of a model agent.
+        return await self._call(last.call + 1, Decisions.of(**resumption.decisions),
+                                resumes=resumption.pause_id)
+
+    async def _serve_inbox(self, ctx: RunContext, taken: set[str]) -> AwaitingInput:
         async with contextlib.aclosing(self._inbox(ctx)) as inbox:
             async for message in inbox:
                 if message.id in taken or message.metadata.get("source") == "model":
@@ -117,14 +137,21 @@ class ModelParent(ModelAgent):
                 call = self._session.records[-1].call + 1 if self._session.records else 0
                 if message.role == "assistant":
                     await self._note(call, message)
-                else:
-                    await self._call(call, Decisions(human_input=message.content),
-                                     inbox=(message.id,))
+                    continue
+                pause = await self._call(call, Decisions(human_input=message.content),
+                                         inbox=(message.id,))
+                if pause is not None:
+                    return pause
+        raise AssertionError("unreachable: the inbox ends only when the run is cancelled")
 
     async def _call(self, call: int, decisions: Decisions | None,
-                    inbox: tuple[str, ...] = ()) -> None:
+                    inbox: tuple[str, ...] = (), resumes: str | None = None
+                    ) -> AwaitingInput | None:
         """One call of the agent loop: the model answers one message (or goes on with a
-        call a dead runner left), and the answer goes on the chat subject."""
+        call a dead runner left, or with the answers to a pause), and the answer goes on
+        the chat subject. A call that pauses (a tool call waiting for approval or for
+        its output) pauses the conversation: the run waits in `run.paused` for a
+        `continue`, and its inbox is read again once the call is answered."""
         definition, ctx, options = type(self).definition, self._ctx, self._options
 
         async def text(chunk: str, replayed: bool) -> None:
@@ -139,7 +166,7 @@ class ModelParent(ModelAgent):
                         max_steps=options.max_steps or definition.max_steps,
                         retry=definition.model_retries, model=options.model,
                         preset=options.preset, context=options.context, parent=ctx.parent,
-                        inbox=inbox)
+                        inbox=inbox, resumes=resumes)
         ports = LoopPorts(client=client_for(type(self)), journal=self._journal, text=text,
                           progress=ctx.report_progress, cancelled=ctx.cancelled,
                           on_status=status)
@@ -149,8 +176,21 @@ class ModelParent(ModelAgent):
             ctx.raise_if_cancelled()
         if outcome.status == "failed":
             raise ModelAgentFailed(outcome.error or "the model call failed")
+        if outcome.status in ("waiting_for_human", "waiting_for_tools"):
+            return self._pause()
         ctx.child_status = "waiting_for_input"
         await self._reply(call)
+        return None
+
+    def _pause(self) -> AwaitingInput:
+        pause = pause_of(self._session.records)
+        assert pause is not None, "a call that waits has pending tool calls"
+        # Keyed by the step and by the answers so far: a run that takes a paused call
+        # over pauses with the same id, and one that pauses again at the same step (its
+        # answers answered nothing) with a new one.
+        return AwaitingInput(reason=pause.reason,
+                             pending=[call.model_dump(mode="json") for call in pause.pending],
+                             key=f"step-{pause.step_index}:{self._resumptions}")
 
     async def _note(self, call: int, message: ChatMessage) -> None:
         """A narrated milestone: an assistant status line, recorded, with no model turn."""
@@ -167,7 +207,7 @@ class ModelParent(ModelAgent):
         answer = next((r.text for r in reversed(records) if r.text), "")
         if not answer:
             return
-        asked = [message_id for r in records for message_id in r.inbox]
+        asked = self._asked(call)
         tether = self._ctx.client.tether
         message = ChatMessage(id=reply_message_id(self._ctx.run_id, call), role="assistant",
                               content=answer, metadata={"source": "model", "kind": "reply",
@@ -176,6 +216,20 @@ class ModelParent(ModelAgent):
                                  message.model_dump_json().encode(),
                                  headers={"Nats-Msg-Id": message.id},
                                  stream=tether.subjects.chat_stream)
+
+    def _asked(self, call: int) -> list[str]:
+        """The messages a call answers: its own, or, for a call that brought the answers
+        to a pause, those of the call that paused."""
+        records = self._session.records
+        while True:
+            in_call = [r for r in records if r.call == call]
+            asked = [message_id for r in in_call for message_id in r.inbox]
+            if asked or not in_call or in_call[0].resumes is None:
+                return asked
+            before = [r for r in records if r.index < in_call[0].index]
+            if not before:
+                return asked
+            call = before[-1].call
 
     async def _inbox(self, ctx: RunContext) -> AsyncIterator[ChatMessage]:
         """The conversation's chat subject from the start, until the run is cancelled."""

@@ -88,6 +88,7 @@ class CallPlan:
     context: Any = None
     parent: ParentRef | None = None
     inbox: tuple[str, ...] = ()  # the conversation messages this call answers
+    resumes: str | None = None  # the pause whose answers this call brings
 
 
 @dataclass
@@ -231,7 +232,7 @@ class AgentLoop:
         await self._store(session, plan, AgentStepRecord(
             index=index, call=plan.call, kind="continuation", status=status,
             tool_results=tuple(results), pending=tuple(remaining),
-            human_input=decisions.human_input, inbox=plan.inbox,
+            human_input=decisions.human_input, inbox=plan.inbox, resumes=plan.resumes,
             state=session.state.snapshot(), started_at=started, ended_at=now_ms()))
 
     # --- one model turn -----------------------------------------------------------------

@@ -71,6 +71,9 @@ class AgentStepRecord(Frozen):
     # status line it added without a model turn (a narrated milestone).
     inbox: tuple[str, ...] = ()
     note: str | None = None
+    # The pause (`run.paused` event id) whose answers this continuation took in, so a
+    # runner that takes the run over knows the answers were applied.
+    resumes: str | None = None
     started_at: int = 0
     ended_at: int = 0
 

@@ -11,10 +11,15 @@ its detached runs and the model's answers (`reply:<run id>:<call>`) all land.
 """
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
-from tether.contract.messages import ChatMessage, DetachedHandle, user_message_id
+from pydantic import Field
+
+from tether.agents.messages import Message
+from tether.agents.records import AgentStepRecord
+from tether.agents.records import conversation as folded_conversation
+from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot, user_message_id
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
@@ -22,12 +27,18 @@ from tether.domain.ids import check_identifier
 if TYPE_CHECKING:
     from tether.client.connection import Tether
     from tether.client.parent import ParentHandle
-    from tether.contract.messages import RunSnapshot
 
 # The owner of every conversation run: `Conversations/<agent type>`.
 CONVERSATIONS = "Conversations"
 # A conversation lives until it is closed: its absolute budget is this long (ten years).
 CONVERSATION_BUDGET_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+class ConversationSnapshot(RunSnapshot):
+    """A conversation's run as inspect shows it, with the messages its model is shown
+    (user messages, its own turns and tool calls, tool results, status lines)."""
+
+    messages: list[Message] = Field(default_factory=list)
 
 
 def conversation_owner(agent_type: str) -> ParentRef:
@@ -88,8 +99,25 @@ class Conversation:
         """Send a message and wait for the model's answer to it."""
         return (await self.reply(await self.send(text, message_id=message_id))).content
 
-    async def inspect(self) -> "RunSnapshot | None":
-        return await self.owner.inspect(self.ref.name)
+    async def inspect(self) -> "ConversationSnapshot | None":
+        """The conversation as it stands: its run's snapshot (status, `waiting_for`, the
+        `pending` tool calls of a paused one, `usage` and `subtree_usage`) and the
+        messages the model is shown, folded from its step records."""
+        snapshot = await self.owner.inspect(self.ref.name)
+        if snapshot is None:
+            return None
+        state = (await self.tether.read_run(self.owner.ref, self.ref.name)).state
+        steps = state.steps if state is not None else {}
+        records = [AgentStepRecord.model_validate(steps[i]) for i in sorted(steps)]
+        return ConversationSnapshot(**dict(snapshot), messages=folded_conversation((), records))
+
+    async def continue_run(self, *, approvals: Iterable[str] = (), rejections: Iterable[str] = (),
+                           tool_outputs: dict[str, Any] | None = None,
+                           human_input: str | None = None) -> None:
+        """Answer the tool calls a paused conversation waits on (`tether.cmd.continue`):
+        its model goes on with the answers, then with the messages sent meanwhile."""
+        await self.owner.continue_run(self.ref.name, approvals=approvals, rejections=rejections,
+                                      tool_outputs=tool_outputs, human_input=human_input)
 
     async def close(self) -> None:
         """End the conversation (its run ends `aborted`; its awaited runs are cancelled)."""

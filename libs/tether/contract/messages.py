@@ -255,6 +255,8 @@ class RunSnapshot(Model):
     attempt: int = 0
     cancel_requested: bool = False
     waiting_for: str | None = None
+    # The tool calls a paused run waits on (`tool_call_id`, `tool_name`, `input`, `reason`).
+    pending: list[dict[str, Any]] = Field(default_factory=list)
     requested_at: int
     started_at: int | None = None
     ended_at: int | None = None
@@ -275,6 +277,7 @@ class RunSnapshot(Model):
             output_text=state.output_text, attempt=state.attempt,
             cancel_requested=state.cancel_requested_at is not None,
             waiting_for=state.paused.reason if state.paused else None,
+            pending=list(state.paused.pending) if state.paused else [],
             requested_at=state.requested_at, started_at=state.started_at,
             ended_at=state.ended_at, usage=UsageView.of_steps(state.steps),
         )
