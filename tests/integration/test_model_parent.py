@@ -311,6 +311,9 @@ class Assistant(ModelParent):
                           detached={"notify": True,
                                     "on_milestones": {"names": ["rows-loaded"],
                                                       "mode": "narrate"}}),
+               agent_tool(Importer, name="ImportHooked",
+                          description="Import rows; a hook of the application hears the end.",
+                          detached={"notify": True, "on_finish": "on_import_done"}),
                agent_tool(Importer, name="ImportReviewed",
                           description="Import rows; the model reviews them.",
                           detached={"notify": True,
@@ -440,6 +443,43 @@ async def test_on_progress_sees_the_live_progress_and_milestones_of_the_conversa
                      timeout=DEADLINE_S, interval=0.02)
     milestones = [m for *_, m in Assistant.progress if m]
     assert milestones == ["rows-loaded", "needs-review", "noisy"], "each once, in order"
+
+
+async def test_an_on_finish_hook_replaces_notify_for_a_detached_agent_tool(
+        services, tether, scripted, log):
+    client = scripted(Assistant, [Reply("", [("ImportHooked", {"rows": 4})]),
+                                  Reply("Import started."), answer])
+    finished: asyncio.Queue = asyncio.Queue()
+    hooks = tether.hooks("Assistant")
+
+    @hooks.on_finish("on_import_done")
+    async def on_import_done(run, result) -> None:
+        await finished.put((run, result))
+
+    conversation = tether.conversation("Assistant", "chat-hook")
+    async with hooks.running():
+        await conversation.start()
+        assert await asyncio.wait_for(conversation.ask("import four rows", message_id="go"),
+                                      DEADLINE_S) == "Import started."
+        run, result = await asyncio.wait_for(finished.get(), DEADLINE_S)
+        assert (run.run_id, run.parent, result.status, result.summary) == (
+            "agent-tool:call_0_0", conversation.ref, "completed", "imported 4 rows")
+
+        async def delivered():
+            state = (await log.read_run(conversation.ref, "agent-tool:call_0_0")).state
+            return state if state.ledger.finish else None
+
+        state = await eventually(delivered, timeout=DEADLINE_S, interval=0.02)
+    assert list(state.ledger.finish) == ["on_import_done:completed"]
+    assert state.ledger.notifications == {}, "no completion message in the conversation"
+    # The model's next turn is for the next message; the outcome never reached it.
+    assert await asyncio.wait_for(conversation.ask("and now?", message_id="next"),
+                                  DEADLINE_S) == "seen: and now?"
+    assert len(client.requests) == 3
+    assert not any("imported" in m.content for m in client.requests[2].messages)
+    kinds = [m.metadata.get("kind") for m in await until_chat(conversation, 4)]
+    assert kinds == ["message", "reply", "message", "reply"]
+    await conversation.close()
 
 
 # --- the tree -------------------------------------------------------------------------
