@@ -11,6 +11,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -22,7 +23,9 @@ from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
 
-AGENTS = "examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher"
+AGENTS = ("examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher,"
+          "ui_tree_agents:Chief,ui_tree_agents:Lead,ui_tree_agents:Clerk")
+SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where ui_tree_agents is
 PARENT = ("Assistant", "user-42")
 
 
@@ -54,7 +57,8 @@ async def ui_url(stack_settings, service_process) -> AsyncIterator[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
     env.update(TETHER_NATS_URL=settings.nats_url, TETHER_DATABASE_URL=settings.database_url,
                TETHER_PREFIX=settings.prefix, TETHER_PROJECTION_SCHEMA=settings.projection_schema,
-               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json")
+               TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")])))
     nc = await connect_nats(settings.nats_url, name="tether-ui-tests")
     await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings())
     processes = [service_process("parent", {**env, "TETHER_AGENTS": AGENTS}),
@@ -164,6 +168,32 @@ async def test_an_approval_from_the_inbox_resumes_a_paused_run(page, ui_url, tet
     await expect(page.locator("#steps tr.step")).to_have_count(4)
     await expect(page.locator("#steps")).to_contain_text("publish [approved]")
     await expect(page.locator("#usage")).to_contain_text("cost $")
+
+
+async def test_a_grandchilds_pause_shows_its_path_on_the_root_and_is_answered_there(
+        page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    await tether.parent(*PARENT).run_agent_tool("Chief", {"input": "lease"}, run_id="tree",
+                                                detached=True)
+    card = run_card(page, "tree")
+    await expect(card).to_have_attribute("data-waiting", "waiting_for_human")
+    hops = card.locator(":scope > .waiting-path .hop")
+    await expect(hops).to_have_text(["Lead agent-tool:call_0_0", "Clerk agent-tool:call_0_0"])
+    assert [await hop.get_attribute("href") for hop in await hops.all()] == [
+        "/runs/Chief/tree/agent-tool%3Acall_0_0",
+        "/runs/Lead/agent-tool%3Acall_0_0/agent-tool%3Acall_0_0"]
+    # The inbox answers the paused grandchild from the root's timeline.
+    item = page.locator('#inbox .item[data-run-id="tree"]')
+    await expect(item.locator(".pending b")).to_have_text("sign")
+    await expect(item).to_contain_text("Clerk agent-tool:call_0_0 below")
+    await item.locator("button.approve").click()
+    await expect(page.locator("#notice")).to_have_text("answered agent-tool:call_0_0")
+    await expect(card).to_have_attribute("data-status", "completed")
+    await expect(card.locator(":scope > .summary")).to_have_text("All done.")
+    await expect(card.locator(":scope > .waiting-path")).to_have_count(0)
+    # The hop's link opens the paused run's own page.
+    await page.goto(f"{ui_url}/runs/Lead/agent-tool%3Acall_0_0/agent-tool%3Acall_0_0")
+    await expect(page.locator("#steps")).to_contain_text("sign [approved]")
 
 
 async def test_the_sequence_slider_shows_an_earlier_state(page, ui_url, tether):

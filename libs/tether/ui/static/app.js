@@ -162,10 +162,11 @@ function parentPage() {
     document.getElementById("inbox-section").hidden = waiting.length === 0;
     const inbox = document.getElementById("inbox");
     const shown = [...inbox.children].map((item) => item.dataset.runId + "|" + item.dataset.sig);
-    const wanted = waiting.map((r) => r.run_id + "|" + JSON.stringify(r.pending));
+    const sigs = waiting.map((r) => JSON.stringify(waitingTarget(r, tree).pending));
+    const wanted = waiting.map((r, i) => r.run_id + "|" + sigs[i]);
     if (shown.join() === wanted.join()) return;  // keep what the user is typing
-    inbox.innerHTML = waiting.map(inboxItem).join("");
-    [...inbox.children].forEach((item, i) => { item.dataset.sig = JSON.stringify(waiting[i].pending); });
+    inbox.innerHTML = waiting.map((r) => inboxItem(r, tree)).join("");
+    [...inbox.children].forEach((item, i) => { item.dataset.sig = sigs[i]; });
   }
   function drawCounts() {
     const counts = Object.fromEntries(STATUSES.map((s) => [s, 0]));
@@ -320,7 +321,7 @@ function runPage() {
     if (button.dataset.act) { button.disabled = true; act(`${base}/${button.dataset.act}`); return; }
     const item = button.closest(".item");
     if (!item) return;
-    const path = `${base}/continue`;
+    const path = `${item.dataset.base}/continue`;  // this run, or the paused one below it
     if (button.classList.contains("approve")) act(path, {approvals: [button.dataset.call]});
     else if (button.classList.contains("reject")) act(path, {rejections: [button.dataset.call]});
     else if (button.classList.contains("give-output")) {

@@ -109,6 +109,7 @@ function runCard(run, tree, options = {}) {
       style="width:${fraction == null ? 0 : (100 * fraction).toFixed(1)}%"></div></div>
     <div class="meta"><span class="phase">${esc(p.phase || "")}</span>
       <span class="message">${esc(p.message || "")}</span>${meta.map((m) => `<span>${m}</span>`).join("")}</div>
+    ${waitingPath(run, tree)}
     ${pins ? `<div class="pins">${pins}</div>` : ""}
     ${run.output_text ? `<pre class="output">${run.output_truncated ? "…" : ""}${esc(run.output_text)}</pre>` : ""}
     ${run.summary ? `<div class="summary">${esc(run.summary)}</div>` : ""}
@@ -118,6 +119,34 @@ function runCard(run, tree, options = {}) {
     ${waterfall(run)}
     ${children.length ? `<div class="children">${children.map((c) => runCard(c, tree, {actions: false})).join("")}</div>` : ""}
   </div>`;
+}
+
+// A run that waits because a run below it does: the runs down to the paused one, each a
+// link to its page (`waiting_path`: {agent, name, run_id} of each, its owner and its id).
+function waitingPath(run, tree) {
+  const path = run.waiting_path || [];
+  if (!path.length) return "";
+  const hops = path.map((hop) => {
+    const known = tree.nested.get(`${hop.agent}/${hop.name}/${hop.run_id}`);
+    const label = `${known ? known.display || known.agent_type : hop.agent + "/" + hop.name} ${hop.run_id}`;
+    return `<a class="hop" href="/runs/${parentPath(hop.agent, hop.name)}/${seg(hop.run_id)}"
+      title="${esc(hop.agent)}/${esc(hop.name)}">${esc(label)}</a>`;
+  });
+  return `<div class="waiting-path" data-depth="${path.length}">waits below: ${hops.join(" → ")}</div>`;
+}
+
+// What an inbox item answers: the run itself, or the paused run at the end of its
+// `waiting_path` (its pending calls, once the page has it among the nested runs).
+function waitingTarget(run, tree) {
+  const path = run.waiting_path || [];
+  if (!path.length) {
+    return {base: `/api/runs/${parentPath(run.parent.agent, run.parent.name)}/${seg(run.run_id)}`,
+            pending: run.pending};
+  }
+  const last = path[path.length - 1];
+  const paused = tree && tree.nested.get(`${last.agent}/${last.name}/${last.run_id}`);
+  return {base: `/api/runs/${parentPath(last.agent, last.name)}/${seg(last.run_id)}`,
+          pending: paused && paused.waiting_for ? paused.pending : [], below: paused};
 }
 
 function byOrder(a, b) {
@@ -149,9 +178,9 @@ class Tree {
 
 // --- a run waiting for a human, as the inbox shows it -----------------------------------
 
-function inboxItem(run) {
-  const base = `/api/runs/${parentPath(run.parent.agent, run.parent.name)}/${seg(run.run_id)}`;
-  const pending = run.pending.map((call) => `<div class="pending" data-call="${esc(call.tool_call_id)}">
+function inboxItem(run, tree) {
+  const {base, pending: calls, below} = waitingTarget(run, tree);
+  const pending = calls.map((call) => `<div class="pending" data-call="${esc(call.tool_call_id)}">
       <b>${esc(call.tool_name)}</b> <code>${esc(JSON.stringify(call.input))}</code>
       <span class="meta">${esc(call.reason)}</span>
       ${call.reason === "approval" ? `<button class="approve primary" data-call="${esc(call.tool_call_id)}">Approve</button>
@@ -161,7 +190,8 @@ function inboxItem(run) {
     </div>`).join("");
   return `<div class="item" data-run-id="${esc(run.run_id)}" data-base="${esc(base)}">
     <div><b>${esc(run.display || run.agent_type)}</b> <span class="id">${esc(run.run_id)}</span>
-      waits: ${esc(run.waiting_for)}</div>
+      waits: ${esc(run.waiting_for)}${below ? ` (${esc(below.display || below.agent_type)}
+      <span class="id">${esc(below.run_id)}</span> below)` : ""}</div>
     ${pending}
     <textarea class="human-input" placeholder="Your answer (human input)"></textarea>
     <button class="continue">Continue</button>
