@@ -482,6 +482,31 @@ async def test_an_on_finish_hook_replaces_notify_for_a_detached_agent_tool(
     await conversation.close()
 
 
+async def test_after_a_takeover_on_progress_is_not_fired_again_and_inspect_has_the_progress(
+        runners, tether, scripted):
+    scripted(Assistant, [Reply("", [("Researcher", {"query": "QUIC"})]), Reply("Researched."),
+                         answer])
+    first = await runners.start()
+    conversation = tether.conversation("Assistant", "chat-progress")
+    await conversation.start()
+    assert await asyncio.wait_for(conversation.ask("research QUIC", message_id="go"),
+                                  DEADLINE_S) == "Researched."
+    seen = ("agent-tool:call_0_0", "Researcher", "reading", None)
+    await eventually(lambda: seen in Assistant.progress, timeout=DEADLINE_S, interval=0.02)
+    before = list(Assistant.progress)
+
+    await runners.stop(first)
+    await runners.start()
+    # The new runner holds the conversation once it has answered the next message.
+    assert await asyncio.wait_for(conversation.ask("and now?", message_id="next"),
+                                  DEADLINE_S) == "seen: and now?"
+    assert Assistant.progress == before, "old signals are not replayed to on_progress"
+    snapshot = await conversation.parent.inspect("agent-tool:call_0_0")
+    assert (snapshot.status, snapshot.progress["phase"], snapshot.progress["fraction"]) == (
+        "completed", "reading", 1.0)
+    await conversation.close()
+
+
 # --- the tree -------------------------------------------------------------------------
 
 PRICES = PriceTable.of({"tree-model": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
