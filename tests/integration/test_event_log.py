@@ -18,6 +18,7 @@ from tether.adapters.jetstream import (
     remove_streams,
     stream_configs,
 )
+from tether.domain import decide
 from tether.domain.events import ParentRef, RunCompleted
 from tether.testing import RunEvents
 
@@ -312,3 +313,22 @@ async def test_the_last_sequence_of_a_run_is_read_by_a_subject_scoped_direct_get
     assert await log.last_seq(run.parent, run.run_id) == first
     second = await log.append(run.started(), expected_last_seq=first)
     assert await log.last_seq_of(log.subjects.run_events(run.parent, run.run_id)) == second
+
+
+async def test_one_timers_decisions_for_same_named_runs_of_two_parents_both_land(
+        log: EventLog):
+    # Run ids repeat between parents (`agent-tool:call_0_0`); a reconciler may give up on
+    # two of them in one millisecond. The log drops a repeated message id stream-wide,
+    # so each decision's ids must name the run's parent.
+    parents = [ParentRef(agent="Lead", name="run-a"), ParentRef(agent="Lead", name="run-b")]
+    for parent in parents:
+        run = RunEvents("agent-tool:call_0_0", parent, id_prefix=f"{parent.name}-ev")
+        await log.append_batch([run.requested(), run.started(), run.running()],
+                               expected_last_seq=0)
+    cause = decide.timer_cause(now=5_000, origin="rec-test")
+    for parent in parents:
+        await log.update(parent, "agent-tool:call_0_0", lambda s: decide.give_up(
+            s, cause, "no-progress", "no progress", child_still_running=False))
+
+    states = [(await log.read_run(parent, "agent-tool:call_0_0")).state for parent in parents]
+    assert [(s.status, s.reason) for s in states] == [("interrupted", "no-progress")] * 2

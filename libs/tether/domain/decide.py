@@ -36,7 +36,7 @@ from tether.domain.events import (
     RunResumed,
     RunResumedData,
 )
-from tether.domain.ids import derived_event_id
+from tether.domain.ids import derived_event_id, parent_scope
 from tether.domain.run_state import RunState
 
 
@@ -55,7 +55,10 @@ class Cause:
     Event ids derive from it, so the same command handled twice (a redelivery, two
     replicas) yields the same ids and the log keeps one copy. Decisions that come from
     no command (a reconciler's timer) carry an `origin` unique to the decider, so that
-    two deciders never mistake each other's event for their own.
+    two deciders never mistake each other's event for their own, and name the run's
+    parent (`parent_scope`): one decider handles the runs of every parent, whose run ids
+    repeat (`agent-tool:call_0_0`), within the same millisecond. A command's sequence
+    names one command about one parent's run, so its ids need no more.
     """
 
     command_seq: int
@@ -66,10 +69,11 @@ class Cause:
     def causation_id(self) -> str:
         return f"cmd:{self.command_seq}" if self.origin is None else f"{self.origin}:{self.command_seq}"
 
-    def event_id(self, run_id: str, kind: str) -> str:
+    def event_id(self, run_id: str, kind: str, parent: ParentRef | None = None) -> str:
         if self.origin is None:
             return derived_event_id(run_id, kind, self.command_seq)
-        return derived_event_id(run_id, kind, self.origin, self.command_seq)
+        scope = () if parent is None else (parent_scope(parent.agent, parent.name),)
+        return derived_event_id(run_id, kind, self.origin, *scope, self.command_seq)
 
 
 def timer_cause(now: int, origin: str) -> Cause:
@@ -77,7 +81,7 @@ def timer_cause(now: int, origin: str) -> Cause:
 
 
 def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict[str, Any]:
-    return {"event_id": cause.event_id(run_id, kind), "run_id": run_id, "parent": parent,
+    return {"event_id": cause.event_id(run_id, kind, parent), "run_id": run_id, "parent": parent,
             "occurred_at": cause.now, "causation_id": cause.causation_id,
             "correlation_id": run_id}
 
@@ -224,7 +228,7 @@ def reattach_decided(state: RunState | None, cause: Cause, *,
     """
     if state is None:
         return []
-    decision_id = cause.event_id(state.run_id, "decision")
+    decision_id = cause.event_id(state.run_id, "decision", state.parent)
     if any(d.decision_id == decision_id for d in state.reattach_decisions):
         return []
     events: list[Event] = [RunReattachDecided(

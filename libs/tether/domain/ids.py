@@ -39,6 +39,12 @@ def derived_event_id(run_id: str, *parts: object) -> str:
     return ":".join([run_id, *(str(part) for part in parts)])
 
 
+def parent_scope(agent: str, name: str) -> str:
+    """A short token for one parent instance, for ids that must not be mistaken for those
+    of another parent's run with the same run id."""
+    return hashlib.blake2b(f"{agent}/{name}".encode(), digest_size=4).hexdigest()
+
+
 def incarnation_of(requested_event_id: str) -> str:
     """A short token for one life of a run id, from the id of the `run.requested` that began
     it. A cleared run id may be requested again at once: every id derived for its new life
