@@ -14,7 +14,7 @@ import itertools
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from starlette.applications import Starlette
@@ -47,7 +47,7 @@ class ChatCompletionsServer:
         port = self._server.servers[0].sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}/v1"
 
-    async def __aenter__(self) -> "ChatCompletionsServer":
+    async def __aenter__(self) -> Self:
         app = Starlette(routes=[Route("/v1/chat/completions", self._complete, methods=["POST"])])
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
                                                      log_level="warning", lifespan="off"))

@@ -15,6 +15,12 @@ loop (model turns and tool calls until the model answers, each step recorded), a
 assistant-role one (a narrated milestone) is added as a status line without a model
 turn. The answer goes back on the chat subject as `reply:<run id>:<call>`.
 
+A call whose tool waits for approval (or for its output) pauses the conversation: the
+run returns `AwaitingInput` and is `run.paused` like any paused run, its inbox unread.
+The `continue` that resumes it brings the answers, which go on as a call of their own
+(its first record names the pause, `resumes`, so they are taken in once); its answer
+is the reply to the message that led to the pause, and the inbox is read again after.
+
 A runner that dies is replaced by another (the work item comes back): the new one
 rebuilds the conversation from the step records, finishes the call that was under way
 after its last recorded step, and reads the inbox again, skipping what the records took
