@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import io
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, ClassVar
 
@@ -36,11 +37,16 @@ from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
 from tether.contract.messages import ChatMessage, UsageView
+from tether.domain import decide
 from tether.domain.events import ParentRef
 from tether.log import get_logger
 from tether.parent.service import ParentService
 
 DEADLINE_S = 10
+
+
+def decide_now() -> int:
+    return int(time.time() * 1000)
 
 
 class Query(BaseModel):
@@ -624,6 +630,30 @@ async def test_cancelling_a_run_cancels_its_open_descendants_first(services, tet
             cancelled_at[history.state.agent_type] = next(
                 e.seq for e in stored if e.event.type == "run.cancel_requested")
     assert cancelled_at["Clerk"] < cancelled_at["Lead"] < cancelled_at["Chief"]
+
+
+async def test_a_run_whose_child_was_aborted_by_its_own_cancel_stops_instead_of_going_on(
+        services, tether, log, scripted):
+    # The cascade's first pass as it lands when the runners have heard nothing yet: the
+    # tree is marked cancelled, then the paused grandchild ends aborted. The Lead sees
+    # its child's abort before any signal of its own cancel reaches its runner.
+    lead = scripted(Lead, list(Lead.script))
+    root = tether.parent("Assistant", "tree-race")
+    chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
+    await waiting_view(root)
+    cause = decide.Cause(command_seq=10**9, now=decide_now(), origin="race-test")
+    lead_ref, lead_run = ParentRef(agent=LEAD_RUN[0], name=LEAD_RUN[1]), LEAD_RUN[2]
+    clerk_ref, clerk_run = ParentRef(agent=CLERK_RUN[0], name=CLERK_RUN[1]), CLERK_RUN[2]
+    for ref, run_id in ((ParentRef(agent="Assistant", name="tree-race"), "tree-run"),
+                        (lead_ref, lead_run)):
+        await log.update(ref, run_id, lambda s: decide.request_cancel(s, cause))
+    await log.update(clerk_ref, clerk_run, lambda s: decide.cancel(s, cause))
+
+    result = await asyncio.wait_for(chief, DEADLINE_S)
+    assert not result.ok and result.status == "aborted", result
+    state = (await log.read_run(lead_ref, lead_run)).state
+    assert (state.status, state.aborted_cause) == ("aborted", "cancel")
+    assert len(lead.requests) == 1, "the Lead's model was not asked to go on without its child"
 
 
 # --- a conversation's own tool waits for approval --------------------------------------

@@ -20,6 +20,10 @@ from tether.domain.ids import check_identifier
 from tether.domain.run_state import evolve
 from tether.log import get_logger
 
+# How long a run whose nested run was aborted by a cancel of this run waits for the runner
+# to stop it (the runner's cancel signal, or its heartbeat) before it stops by itself.
+CANCEL_NOTICE_S = 60.0
+
 if TYPE_CHECKING:
     from tether.child.recorder import RunRecorder
     from tether.domain.run_state import RunState
@@ -232,11 +236,29 @@ class RunContext:
             return await self.client.run_agent_tool(agent_type, input, **options)
         relay = asyncio.create_task(self._relay_waiting(options["run_id"]))
         try:
-            return await self.client.run_agent_tool(agent_type, input, **options)
+            result = await self.client.run_agent_tool(agent_type, input, **options)
         finally:
             relay.cancel()
             with contextlib.suppress(BaseException):
                 await relay
+        if getattr(result, "ok", True) is False and getattr(result, "status", None) == "aborted":
+            await self._stop_if_cancelled()
+        return result
+
+    async def _stop_if_cancelled(self) -> None:
+        """A nested run ended `aborted`: if that is because this run is being cancelled
+        (a cancel marks a whole tree before it stops the deepest runs first), this run
+        stops as well, instead of going on without the run it waited for. It waits for
+        the runner to stop it, so the run ends `aborted` by the cancel."""
+        state = (await self.client.tether.read_run(self.parent, self.run_id)).state
+        if state is None or state.cancel_requested_at is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            # The runner hears of the cancel by its signal or, at the latest, its next
+            # heartbeat; this bound only keeps a lost runner from holding the run.
+            async with asyncio.timeout(CANCEL_NOTICE_S):
+                await self.cancelled.wait()
+        raise RunCancelled(f"run {self.run_id} was cancelled")
 
     async def _relay_waiting(self, run_id: str) -> None:
         """While an awaited nested run (or one below it) waits for a human or for tool

@@ -126,6 +126,15 @@ def reattach_started(state: RunState | None, cause: Cause, why: str) -> list[Eve
                                                            cause=why))]
 
 
+def request_cancel(state: RunState | None, cause: Cause,
+                   reason: str | None = None) -> list[Event]:
+    """The request alone (`cancel`'s first event), for an open run not yet asked."""
+    if state is None or state.is_hard_terminal or state.cancel_requested_at is not None:
+        return []
+    return [RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+                               data=RunCancelRequestedData(reason=reason))]
+
+
 def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> list[Event]:
     """Idempotent; a no-op on a finished run.
 

@@ -210,16 +210,33 @@ class CommandHandlers:
 
     async def cancel(self, payload: Payload, seq: int) -> str | None:
         """Cancel a run, and first its open descendants (the runs it started, and
-        theirs), deepest first, so nothing it delegated outlives it."""
+        theirs), deepest first, so nothing it delegated outlives it.
+
+        Two passes: every run of the tree is marked `run.cancel_requested` (deepest
+        first) before any of them is stopped, so a run whose child ends `aborted` finds
+        its own cancel in the log and stops too, instead of going on without the child
+        (`RunContext.run_agent_tool`).
+        """
         command = self._parse(CancelCommand, "cancel", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
         current = (await self._log.read_run(command.parent, command.run_id)).state
+        tree: list[tuple[ParentRef, str, decide.Cause, str | None]] = []
         if current is not None and current.is_open:
-            await self._cancel_descendants(current, cause, depth=0)
-        state, appended = await self._log.update(command.parent, command.run_id,
-                                                 lambda s: decide.cancel(s, cause))
-        if state is not None and appended:
-            await self._signal_cancel(state)
+            await self._tree_below(current, cause, depth=0, found=tree)
+        tree.append((command.parent, command.run_id, cause, None))
+        requested = []
+        for parent, run_id, mine, reason in tree:
+            _, appended = await self._log.update(
+                parent, run_id, lambda s, mine=mine, reason=reason:
+                decide.request_cancel(s, mine, reason=reason))
+            requested.append(bool(appended))
+        state = None
+        for (parent, run_id, mine, reason), asked in zip(tree, requested, strict=True):
+            state, appended = await self._log.update(
+                parent, run_id, lambda s, mine=mine, reason=reason:
+                decide.cancel(s, mine, reason=reason))
+            if state is not None and (asked or appended):
+                await self._signal_cancel(state)
         return state.status if state is not None else None
 
     async def continue_run(self, payload: Payload, seq: int) -> str:
@@ -292,7 +309,9 @@ class CommandHandlers:
             cleared.append(run_id)
         return cleared
 
-    async def _cancel_descendants(self, state: RunState, cause: decide.Cause, depth: int) -> None:
+    async def _tree_below(self, state: RunState, cause: decide.Cause, depth: int,
+                          found: list[tuple[ParentRef, str, decide.Cause, str | None]]) -> None:
+        """The open runs below `state`, deepest first, each with the cause of its cancel."""
         if depth >= MAX_TREE_DEPTH:
             return
         owner = ParentRef(agent=state.agent_type, name=state.run_id)
@@ -300,15 +319,12 @@ class CommandHandlers:
             child = (await self._log.read_run(owner, run_id)).state
             if child is None or not child.is_open:
                 continue
-            await self._cancel_descendants(child, cause, depth + 1)
+            await self._tree_below(child, cause, depth + 1, found)
             # Run ids repeat between parents (`agent-tool:call_0_0`): the descendant's
             # incarnation keeps its event ids apart from any other run's of this command.
             mine = decide.Cause(command_seq=cause.command_seq, now=cause.now,
                                 origin=f"cascade-{child.incarnation}")
-            after, appended = await self._log.update(
-                owner, run_id, lambda s, mine=mine: decide.cancel(s, mine, reason="its parent run was cancelled"))
-            if after is not None and appended:
-                await self._signal_cancel(after)
+            found.append((owner, run_id, mine, "its parent run was cancelled"))
 
     async def _run_ids(self, parent: ParentRef) -> list[str]:
         return await self._log.run_ids(parent)
