@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from jetstream_errors import ServerErrorWatch
 
 _TESTS = Path(__file__).resolve().parent
@@ -112,3 +113,15 @@ _STARTED = pytest.StashKey[float]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_STARTED] = time.monotonic()
+
+
+@pytest.fixture(autouse=True)
+def structlog_left_unconfigured() -> Iterator[None]:
+    """Each test starts with structlog as a fresh process has it. A test that configures
+    it (`structlog.testing.capture_logs` restores the old settings, but structlog counts
+    as configured from then on) would otherwise send the library's records to structlog's
+    printer instead of `logging`, so later tests' `caplog` would see none of them."""
+    configured = structlog.is_configured()
+    yield
+    if not configured and structlog.is_configured():
+        structlog.reset_defaults()

@@ -34,6 +34,7 @@ from tether.agents import (
 )
 from tether.agents.devtools import render_run, show_run
 from tether.child.agent import AgentRegistry
+from tether.child.execution import Execution
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
 from tether.contract.messages import ChatMessage, UsageView
@@ -816,4 +817,36 @@ async def test_a_paused_conversation_is_continued_once_across_runner_restarts(
     assert snapshot.pending == [] and snapshot.waiting_for is None
     assert snapshot.usage == UsageView.of_steps(history.state.steps)
     assert snapshot.usage.total_tokens > before.usage.total_tokens
+    await conversation.close()
+
+
+async def test_a_conversation_whose_runner_died_before_its_pause_was_logged_pauses_once(
+        runners, tether, scripted, log, monkeypatch):
+    client = scripted(Secretary, [secretary_turn] * 4)
+    dying = asyncio.Event()
+    pause = Execution._pause
+
+    async def die_before_pausing(self, awaiting) -> None:
+        dying.set()
+        await asyncio.Event().wait()  # the runner dies here, its step records written
+
+    monkeypatch.setattr(Execution, "_pause", die_before_pausing)
+    first = await runners.start()
+    conversation = tether.conversation("Secretary", "chat-died")
+    await conversation.start()
+    await conversation.send("file the lease", message_id="file")
+    await asyncio.wait_for(dying.wait(), DEADLINE_S)
+    state = (await log.read_run(conversation.owner.ref, "chat-died")).state
+    assert state.paused is None and steps_of(state)[-1]["status"] == "waiting_for_human"
+
+    monkeypatch.setattr(Execution, "_pause", pause)
+    await runners.stop(first)
+    await runners.start()
+    await paused_conversation(conversation)
+    assert len(client.requests) == 1, "the recorded turn was not asked for again"
+    await conversation.continue_run(approvals=["call_0_0"])
+    reply = await asyncio.wait_for(conversation.reply("user:file"), DEADLINE_S)
+    assert reply.content == "Done: filed the lease." and FILED == ["the lease"]
+    history = await log.read_run(conversation.owner.ref, "chat-died")
+    assert [e.type for e in history.events].count("run.paused") == 1
     await conversation.close()
