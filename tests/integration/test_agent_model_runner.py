@@ -289,6 +289,23 @@ async def test_an_approval_pauses_the_run_and_continue_resumes_it_in_a_runner(
     assert (await inspect(log, run_id)).run.waiting_for is None
 
 
+async def test_a_continue_that_answers_nothing_leaves_the_run_paused_again(
+        log, parent, runner, scripted):
+    scripted(Publisher)
+    run_id, _, events = await start_publisher(log)
+    [pending] = of_type(events, "run.paused")[0].data.pending
+
+    await command(log, "continue", run_id=run_id)  # no answer at all
+    state, events = await until(log, run_id, lambda s, e: len(of_type(e, "run.paused")) == 2)
+    first, second = of_type(events, "run.paused")
+    assert first.event_id != second.event_id and state.paused.pause_id == second.event_id
+    assert second.data.pending == [pending]
+
+    await command(log, "continue", run_id=run_id, approvals=[pending["tool_call_id"]])
+    state, _ = await until(log, run_id, ended)
+    assert state.summary == f"Published: https://notes.example/{run_id}"
+
+
 async def test_tool_outputs_answer_a_run_waiting_for_tools_with_a_fresh_step_limit(
         log, parent, runner, scripted):
     client = scripted(Cashier, [

@@ -171,8 +171,10 @@ class ModelAgent(ChildAgent):
             raise ModelAgentFailed(result.error or "the model call failed")
         if result.pause is not None:
             pending = [call.model_dump(mode="json") for call in result.pause.pending]
+            # By the step and the answers so far: a successor pauses at the same point
+            # with the same id, a continue that answered nothing pauses with a new one.
             return AwaitingInput(reason=result.pause.reason, pending=pending,
-                                 key=f"step-{result.pause.step_index}")
+                                 key=f"step-{result.pause.step_index}:{len(resumptions)}")
         return {"status": result.status, "output": result.output,
                 "stop_reason": result.stop_reason, "model": result.record.model,
                 "max_steps": result.record.max_steps, "steps": len(result.steps),
