@@ -2,8 +2,9 @@
 
 import asyncio
 
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.migrator import migrate
+from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.child.agent import AgentConfigurationError, AgentRegistry
 from tether.config import Settings
 from tether.log import get_logger

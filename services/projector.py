@@ -9,9 +9,10 @@ import time
 import asyncpg
 from nats.js import JetStreamContext
 
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
+from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import (

@@ -3,8 +3,9 @@
 import asyncio
 
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams, key_value
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.migrator import migrate
+from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import RECONCILER_ACTIVE, REGISTRY

@@ -21,7 +21,7 @@ from eventually import eventually
 from pydantic import BaseModel
 
 from examples.model_agents import Publisher, Researcher
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
 from tether.agents import (
     Agent,

@@ -18,7 +18,7 @@ import structlog
 from pydantic import BaseModel
 
 from examples.agents import Extractor, Failing, Researcher, ResearchInput, Sleeper
-from tether.adapters.jetstream import EventLog, RunHistory
+from tether.adapters.event_log import EventLog
 from tether.child import context as context_module
 from tether.child.agent import AgentRegistry, ChildAgent
 from tether.child.context import RunContext, report_progress
@@ -26,6 +26,7 @@ from tether.child.execution import Outcome
 from tether.child.runner import MAX_DELIVER_MARGIN, ChildRunner, consumer_name
 from tether.contract.messages import CancelSignal, ProgressSignal, WorkItem, work_message_id
 from tether.domain.events import Event, ParentRef, RunCancelRequested
+from tether.ports import RunHistory
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-42")

@@ -14,7 +14,7 @@ import pytest
 from eventually import eventually
 
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.client import ServiceUnavailable, Tether, connect
 from tether.client.hooks import consumer_name
 from tether.contract.messages import (

@@ -9,16 +9,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as js_api
 from nats.js.errors import APIError, NoStreamResponseError
 
-from tether.adapters.jetstream import (
-    WRONG_LAST_SEQUENCE,
-    ConcurrencyConflict,
-    EventLog,
-    StreamSettings,
-    ensure_streams,
-    remove_streams,
-    stream_configs,
-)
+from tether.adapters.event_log import WRONG_LAST_SEQUENCE, EventLog
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams, stream_configs
 from tether.domain.events import ParentRef, RunCompleted
+from tether.ports import ConcurrencyConflict
 from tether.testing import RunEvents
 
 
@@ -301,7 +295,7 @@ async def test_an_acked_publish_nobody_answers_times_out_and_forgets_its_waiter(
     with pytest.raises(NatsTimeoutError):
         await log.publish(f"{settings.prefix}.silent", b"{}", headers={}, stream="ANY")
     await silent.unsubscribe()
-    assert log._waiting == {}
+    assert log.requests.waiting == 0
 
 
 async def test_the_last_sequence_of_a_run_is_read_by_a_subject_scoped_direct_get(log: EventLog):

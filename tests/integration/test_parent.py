@@ -10,7 +10,7 @@ from eventually import eventually
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.child.agent import AgentRegistry, ChildAgent
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,

@@ -9,7 +9,8 @@ from contextlib import aclosing
 
 import pytest
 
-from tether.adapters.jetstream import EventLog, StreamSettings, key_value
+from tether.adapters.event_log import EventLog
+from tether.adapters.streams import StreamSettings, key_value
 from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent
 from tether.domain.events import (

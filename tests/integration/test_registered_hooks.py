@@ -1,6 +1,6 @@
 """The parent's cached view of the hook registry."""
 
-from tether.adapters.jetstream import StreamSettings, key_value
+from tether.adapters.streams import StreamSettings, key_value
 from tether.parent.registry import RegisteredHooks
 
 

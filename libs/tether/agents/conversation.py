@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, Field
 
-from tether.adapters.jetstream import subscribe_routed
+from tether.adapters.requests import subscribe_routed
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
 from tether.agents.records import AgentStepRecord, Decisions, state_after

@@ -15,14 +15,9 @@ from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.jetstream import (
-    EventLog,
-    PublishDenied,
-    RunHistory,
-    connect_nats,
-    run_history,
-    unless_refused,
-)
+from tether.adapters.denials import PublishDenied, unless_refused
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
 from tether.client.chat import follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
@@ -38,6 +33,7 @@ from tether.domain.commands import HasRunQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
+from tether.ports import RunHistory, run_history
 
 if TYPE_CHECKING:
     from tether.contract.messages import ChatMessage

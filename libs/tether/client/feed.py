@@ -30,7 +30,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from tether.adapters.jetstream import PublishDenied, unless_refused
+from tether.adapters.denials import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import HistoryReply
 from tether.domain.commands import HistoryQuery

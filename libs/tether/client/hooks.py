@@ -35,13 +35,14 @@ from pydantic import ValidationError
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords, delivery_key
+from tether.adapters.denials import PublishDenied, unless_refused
 from tether.adapters.hook_consumers import (
     consumer_config,
     consumer_name,
     registration,
     registry_key,
 )
-from tether.adapters.jetstream import PublishDenied, Pull, delivery_of, durable_pull, unless_refused
+from tether.adapters.pull import Pull, delivery_of, durable_pull
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from nats.aio.msg import Msg
 
-from tether.adapters.jetstream import EventLog, StoredEvent, to_stored_event
+from tether.adapters.event_log import EventLog, to_stored_event
 from tether.client.awaiting import LiveEvent
 from tether.client.errors import NotPermitted
 from tether.contract.messages import HistoryReply
 from tether.domain.commands import HistoryQuery
+from tether.ports import StoredEvent
 
 if TYPE_CHECKING:
     from tether.client.connection import Tether

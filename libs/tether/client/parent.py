@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.jetstream import subscribe_routed
+from tether.adapters.requests import subscribe_routed
 from tether.client.awaiting import Answer, RunFold, RunWaiter
 from tether.client.live import live_event
 from tether.client.timeline import TimelineView, follow_timeline

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.child.agent import AgentRegistry
 from tether.contract.messages import (
     CancelSignal,

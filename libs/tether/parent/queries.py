@@ -19,8 +19,8 @@ from faststream.nats.annotations import NatsMessage
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from tether.adapters.event_log import EventLog
 from tether.adapters.hook_consumers import serve_hook
-from tether.adapters.jetstream import EventLog
 from tether.contract.messages import (
     HasRunReply,
     HistoryReply,

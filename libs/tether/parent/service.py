@@ -20,7 +20,9 @@ from nats.js import api as js_api
 from tether import tracing
 from tether.adapters.control import control_broker, start_control
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.jetstream import EventLog, StreamSettings, delivery_of, durable_pull, key_value
+from tether.adapters.event_log import EventLog
+from tether.adapters.pull import delivery_of, durable_pull
+from tether.adapters.streams import StreamSettings, key_value
 from tether.child.agent import AgentRegistry
 from tether.config import Settings
 from tether.domain import decide

@@ -23,7 +23,7 @@ from typing import cast
 import asyncpg
 
 from tether.adapters.control import control_broker
-from tether.adapters.jetstream import EventLog, until_stopped
+from tether.adapters.event_log import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.domain import decide
