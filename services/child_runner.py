@@ -3,7 +3,7 @@
 import asyncio
 
 from tether.adapters.streams import StreamSettings, ensure_streams
-from tether.child.agent import AgentConfigurationError, AgentRegistry
+from tether.agent_registry import AgentConfigurationError, AgentRegistry
 from tether.child.runner import ChildRunner, consumer_name
 from tether.client.connection import Tether
 from tether.config import Settings

@@ -5,7 +5,7 @@ import asyncio
 from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.streams import StreamSettings, ensure_streams
-from tether.child.agent import AgentConfigurationError, AgentRegistry
+from tether.agent_registry import AgentConfigurationError, AgentRegistry
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import DELIVERIES_PENDING, DELIVERIES_REDELIVERED, REGISTRY

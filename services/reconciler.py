@@ -7,11 +7,11 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.config import Settings
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import load_formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.log import get_logger
 from tether.metrics import RECONCILER_ACTIVE, REGISTRY
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import load_formatters
-from tether.parent.registry import RegisteredHooks
 from tether.reconciler.service import Reconciler
 from tether.runtime import (
     ReadinessCheck,

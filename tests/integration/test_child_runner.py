@@ -19,8 +19,9 @@ from pydantic import BaseModel
 
 from examples.agents import Extractor, Failing, Researcher, ResearchInput, Sleeper
 from tether.adapters.event_log import EventLog
+from tether.agent_registry import AgentRegistry
 from tether.child import context as context_module
-from tether.child.agent import AgentRegistry, ChildAgent
+from tether.child.agent import ChildAgent
 from tether.child.context import RunContext, report_progress
 from tether.child.execution import Outcome
 from tether.child.runner import MAX_DELIVER_MARGIN, ChildRunner, consumer_name

@@ -25,12 +25,12 @@ from tether.contract.messages import (
     RunInfo,
     finish_message_id,
 )
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import load_formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import DetachedOptions, ParentRef, RunFinishDelivered
 from tether.domain.run_state import RunState
 from tether.log import get_logger
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import load_formatters
-from tether.parent.registry import RegisteredHooks
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Importer", name="acme")

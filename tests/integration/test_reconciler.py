@@ -13,6 +13,9 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, key_value
 from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import DefaultFormatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import (
     ParentRef,
     RunCompleted,
@@ -21,9 +24,6 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import evolve
 from tether.log import get_logger
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import DefaultFormatters
-from tether.parent.registry import RegisteredHooks
 from tether.reconciler.service import Reconciler
 from tether.testing import RunEvents
 

@@ -44,8 +44,8 @@ from tether.contract.messages import (
     RunInfo,
     reply_message_id,
 )
+from tether.delivery.formatters import DefaultFormatters, default_format
 from tether.log import get_logger
-from tether.parent.formatters import DefaultFormatters, default_format
 
 
 class ConversationInput(BaseModel):

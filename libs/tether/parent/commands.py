@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tether.adapters.event_log import EventLog
-from tether.child.agent import AgentRegistry
+from tether.agent_registry import AgentRegistry
 from tether.contract.messages import (
     CancelSignal,
     ChatMessage,

@@ -23,15 +23,15 @@ from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import delivery_of, durable_pull
 from tether.adapters.streams import StreamSettings, key_value
-from tether.child.agent import AgentRegistry
+from tether.agent_registry import AgentRegistry
 from tether.config import Settings
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import ByParentClass, load_formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain import decide
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import ByParentClass, load_formatters
 from tether.parent.queries import ParentQueries
-from tether.parent.registry import RegisteredHooks
 from tether.parent.slots import SlotKeeper
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 

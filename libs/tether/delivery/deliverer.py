@@ -41,6 +41,8 @@ from tether.contract.messages import (
     finish_message_id,
     record_delivery_of_this_life,
 )
+from tether.delivery.formatters import Formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.commands import DeliveredCommand
 from tether.domain.events import (
     TERMINAL_EVENT_STATUS,
@@ -55,8 +57,6 @@ from tether.domain.events import (
     RunRequested,
 )
 from tether.domain.run_state import RunState, evolve
-from tether.parent.formatters import Formatters
-from tether.parent.registry import RegisteredHooks
 from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, settle, supervise
 
