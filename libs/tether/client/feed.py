@@ -22,7 +22,7 @@ import time
 import uuid
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import Any, Self
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -32,12 +32,10 @@ from nats.js.errors import NotFoundError
 
 from tether.adapters.denials import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
+from tether.client.link import Link
 from tether.contract.messages import HistoryReply
 from tether.domain.commands import HistoryQuery
 from tether.domain.events import ParentRef
-
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
 
 # Heartbeats missed in a row before the consumer is taken for lost and made anew.
 MISSED_HEARTBEATS = 3
@@ -237,7 +235,7 @@ class ServedFeed:
     from where it was last complete. Each subject's messages arrive in order and once.
     """
 
-    def __init__(self, tether: "Tether", stream: str, filter_subject: str, *,
+    def __init__(self, tether: Link, stream: str, filter_subject: str, *,
                  source: str = "", start_seq: int = 1, deliver_new: bool = False,
                  sink: "asyncio.Queue[FeedMessage] | None" = None,
                  idle_heartbeat: float = 5.0, name: str | None = None) -> None:
@@ -358,3 +356,13 @@ class ServedFeed:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+
+def open_feed(tether: Link, stream: str, filter_subject: str,
+              **options: Any) -> "OrderedFeed | ServedFeed":
+    """Replay-then-live reading of one filter of one of the parent feeds' streams
+    (events, progress, chat): an ordered consumer, or, for an application in an account
+    without JetStream, `ServedFeed`; `options` as `OrderedFeed` takes them."""
+    if tether.served:
+        return ServedFeed(tether, stream, filter_subject, **options)
+    return OrderedFeed(tether.nc, stream, filter_subject, **options)
