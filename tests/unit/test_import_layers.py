@@ -12,8 +12,6 @@ import tether
 from tether import ports
 from tether.adapters import event_log, jetstream, nats_connection, streams
 
-pytestmark = pytest.mark.unit
-
 ROOT = Path(tether.__file__).parent
 
 
