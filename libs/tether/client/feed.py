@@ -99,7 +99,8 @@ class OrderedFeed:
                 "user follows only the parent agents its configuration lists "
                 "(tether.access)") from None
         self.initially_empty = (self._deliver_new
-                                or (info.num_pending == 0 and info.delivered.consumer_seq == 0))
+                                or (info.num_pending == 0 and (info.delivered is None
+                                                               or info.delivered.consumer_seq == 0)))
         self._watch = asyncio.create_task(self._watch_heartbeats())
         return self
 
@@ -118,6 +119,7 @@ class OrderedFeed:
                 await self._receive(msg)
 
         subscription = await self._nc.subscribe(inbox, cb=receive)
+        start: dict[str, Any]
         if self._last_seq:
             start = {"deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
                      "opt_start_seq": self._last_seq + 1}
@@ -253,7 +255,7 @@ class ServedFeed:
         self.sink: asyncio.Queue[FeedMessage] = sink if sink is not None else asyncio.Queue()
         self._idle = idle_heartbeat
         self._incoming: asyncio.Queue[Msg] = asyncio.Queue()
-        self._subscription = None
+        self._subscription: Subscription | None = None
         self._task: asyncio.Task | None = None
         self._floor = self._start_seq - 1  # nothing at or below it is delivered
         self._delivered: dict[str, int] = {}  # each subject's last delivered sequence

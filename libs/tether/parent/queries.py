@@ -163,7 +163,8 @@ class ParentQueries:
         found, pending = await self._log.read_stored(stream, filter_subject,
                                                      start_seq=query.start_seq,
                                                      size=query.limit)
-        messages, size = [], 0
+        messages: list[StoredMessage] = []
+        size = 0
         for msg in found:
             headers = msg.headers or {}
             stored = StoredMessage(seq=int(headers["Nats-Sequence"]),

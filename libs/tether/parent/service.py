@@ -244,6 +244,6 @@ def _check_subject_parent(subject: str, payload: Payload) -> None:
 def _run_key(msg: Msg, payload: Payload) -> str:
     """Commands of one run are handled in order; clears are ordered per parent."""
     parent = (payload.get("parent") or {}) if isinstance(payload, dict) else None
-    if not isinstance(parent, dict):
+    if not isinstance(payload, dict) or not isinstance(parent, dict):
         return f"unparseable.{delivery_of(msg).stream_seq}"
     return f"{parent.get('agent')}.{parent.get('name')}.{payload.get('run_id', '*')}"
