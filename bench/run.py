@@ -26,7 +26,7 @@ from bench.callgrind import Callgrind
 from bench.profile import Profiler, render
 from bench.stack import REPO, SERVICES, ServiceSet, server_pids, servers
 from bench.workloads import Positions, Probe, rebuild, w1, w2
-from tether.adapters.jetstream import remove_streams
+from tether.adapters.streams import remove_streams
 from tether.cli import event_loop_factory
 from tether.client import connect
 from tether.config import Settings

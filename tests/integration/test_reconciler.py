@@ -12,15 +12,14 @@ import pytest
 import structlog
 from eventually import eventually
 
-from tether.adapters.jetstream import (
-    EventLog,
-    StreamSettings,
-    connect_nats,
-    ensure_streams,
-    key_value,
-)
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import DefaultFormatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import (
     ParentRef,
     RunCompleted,
@@ -29,9 +28,6 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import evolve
 from tether.log import get_logger
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import DefaultFormatters
-from tether.parent.registry import RegisteredHooks
 from tether.reconciler.service import Reconciler
 from tether.testing import RunEvents
 
