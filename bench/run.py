@@ -179,7 +179,8 @@ async def replicated_w1(args: argparse.Namespace, nats_url: str, database_url: s
             db = await asyncpg.connect(database_url)
             try:
                 positions = Positions(tether, db, prefix)
-                probe = Probe(nats_url, prefix, log_dir / ".probe.tmp", False, args.event_loop)
+                probe = Probe(nats_url, prefix, log_dir / ".probe.tmp", args.count_subjects,
+                              args.event_loop)
                 result = await run_w1(args, tether, positions, services, probe, tag=tag,
                                       nats_url=nats_url, database_url=database_url,
                                       timeout=args.timeout or 60 + args.runs / 20)
