@@ -29,7 +29,7 @@ from bench.stack import REPO, SERVICES, ServiceSet, server_pids, servers
 from bench.workloads import HOOK_METHOD, Positions, Probe, rebuild, w1, w2
 from tether.adapters.jetstream import remove_streams
 from tether.cli import event_loop_factory
-from tether.client import connect
+from tether.client import Tether, connect
 from tether.config import Settings
 from tether.log import configure_logging
 from tether.runtime import tune_gc
@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="after W1, run it again with this many parent and child-runner "
                              "processes (one projector and one reconciler), under a prefix of "
                              "its own, and report its CPU per run beside the single-replica "
-                             "W1's (default 1: no second W1)")
+                             "W1's (default 1: no second W1; --profile and --callgrind watch "
+                             "the first W1 only)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="give up on W1 after this many seconds (default 60 + runs/20)")
     parser.add_argument("--profile", action="store_true",
@@ -146,9 +147,9 @@ async def cleanup(nats_url: str, database_url: str, settings: Settings) -> None:
         await conn.close()
 
 
-async def run_w1(args: argparse.Namespace, tether, positions: Positions, services: ServiceSet,
-                 probe: Probe, *, tag: str, nats_url: str, database_url: str, timeout: float,
-                 on_started=None) -> dict:
+async def run_w1(args: argparse.Namespace, tether: Tether, positions: Positions,
+                 services: ServiceSet, probe: Probe, *, tag: str, nats_url: str,
+                 database_url: str, timeout: float, on_started=None) -> dict:
     """W1, then its correctness, checked from the log (bench/correctness.py)."""
     result = await w1(tether, positions, services, probe, runs=args.runs, tag=tag,
                       submit_concurrency=args.submit_concurrency,
