@@ -8,6 +8,7 @@ server with the same code and stops it at the end, so a plain `pytest` works too
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import time
@@ -16,13 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from jetstream_errors import ServerErrorWatch
 
 _TESTS = Path(__file__).resolve().parent
 _TIERS = ("unit", "integration", "e2e", "chaos")
 
 
+@functools.cache
 def _devstack():
     spec = importlib.util.spec_from_file_location(
         "tether_devstack", _TESTS.parent / "scripts" / "devstack.py"
@@ -104,7 +105,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if failures := _api_errors.since(started):
             report.sections.append(("JetStream API errors",
                                     "\n".join(str(failure) for failure in failures)))
+    if report.failed and (warnings := _server_warnings_since(item.stash.get(_LOG_AT, 0))):
+        # The cause behind a generic API error ("error creating store for stream").
+        report.sections.append(("nats-server warnings", "\n".join(warnings)))
     return report
+
+
+def _server_log() -> Path | None:
+    """The tests' nats-server's log, when the tests' devstack started it."""
+    if path := os.environ.get("TETHER_DEV_NATS_LOG"):
+        return Path(path)
+    return next(iter(_devstack().NATS_LOGS.values()), None)
+
+
+def _server_warnings_since(offset: int, limit: int = 40) -> list[str]:
+    path = _server_log()
+    if path is None:
+        return []
+    with contextlib.suppress(OSError), path.open("rb") as log:
+        log.seek(offset)
+        lines = log.read().decode(errors="replace").splitlines()
+        return [line for line in lines if "[WRN]" in line or "[ERR]" in line][-limit:]
+    return []
+
+
+_LOG_AT = pytest.StashKey[int]()
 
 
 _STARTED = pytest.StashKey[float]()
@@ -113,15 +138,6 @@ _STARTED = pytest.StashKey[float]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_STARTED] = time.monotonic()
-
-
-@pytest.fixture(autouse=True)
-def structlog_left_unconfigured() -> Iterator[None]:
-    """Each test starts with structlog as a fresh process has it. A test that configures
-    it (`structlog.testing.capture_logs` restores the old settings, but structlog counts
-    as configured from then on) would otherwise send the library's records to structlog's
-    printer instead of `logging`, so later tests' `caplog` would see none of them."""
-    configured = structlog.is_configured()
-    yield
-    if not configured and structlog.is_configured():
-        structlog.reset_defaults()
+    if (path := _server_log()) is not None:
+        with contextlib.suppress(OSError):
+            item.stash[_LOG_AT] = path.stat().st_size

@@ -14,10 +14,10 @@ from tether.contract.messages import (
     LifecycleResult,
     finish_message_id,
 )
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import DefaultFormatters
 from tether.domain.events import DetachedOptions, ParentRef
 from tether.log import get_logger
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import DefaultFormatters
 from tether.testing import InMemoryEventLog, RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-1")

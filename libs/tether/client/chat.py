@@ -11,31 +11,29 @@ handling a message gets it again (at least once).
 """
 
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 from pydantic import ValidationError
 
 from tether.client.errors import NotPermitted, ServiceUnavailable
+from tether.client.feed import open_feed
+from tether.client.link import Link
 from tether.contract.messages import ChatMessage
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
-
 FETCH_WAIT_S = 1.0
 ACK_WAIT_S = 60.0
 
 
-async def follow_chat(tether: "Tether", parent: ParentRef, *, durable: str | None = None,
+async def follow_chat(tether: Link, parent: ParentRef, *, durable: str | None = None,
                       new_only: bool = False) -> AsyncIterator[ChatMessage]:
     logger = get_logger(component="chat", parent=f"{parent.agent}/{parent.name}")
     if durable is None:
-        feed = tether.feed(tether.subjects.chat_stream, tether.subjects.chat(parent),
-                           source="chat", deliver_new=new_only)
+        feed = open_feed(tether, tether.subjects.chat_stream, tether.subjects.chat(parent),
+                         source="chat", deliver_new=new_only)
         async with feed:
             while True:
                 message = await feed.sink.get()
@@ -48,7 +46,7 @@ async def follow_chat(tether: "Tether", parent: ParentRef, *, durable: str | Non
             yield chat_message
 
 
-async def _durable(tether: "Tether", parent: ParentRef, durable: str, new_only: bool,
+async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,
                    logger) -> AsyncIterator[ChatMessage]:
     if tether.served:
         raise NotPermitted(

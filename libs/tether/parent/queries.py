@@ -19,8 +19,8 @@ from faststream.nats.annotations import NatsMessage
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from tether.adapters.event_log import EventLog
 from tether.adapters.hook_consumers import serve_hook
-from tether.adapters.jetstream import EventLog
 from tether.contract.messages import (
     HasRunReply,
     HistoryReply,
@@ -163,7 +163,8 @@ class ParentQueries:
         found, pending = await self._log.read_stored(stream, filter_subject,
                                                      start_seq=query.start_seq,
                                                      size=query.limit)
-        messages, size = [], 0
+        messages: list[StoredMessage] = []
+        size = 0
         for msg in found:
             headers = msg.headers or {}
             stored = StoredMessage(seq=int(headers["Nats-Sequence"]),

@@ -26,13 +26,8 @@ from nats.js import api as js_api
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.jetstream import (
-    EventLog,
-    StoredEvent,
-    delivery_of,
-    durable_pull,
-    to_stored_event,
-)
+from tether.adapters.event_log import EventLog, to_stored_event
+from tether.adapters.pull import delivery_of, durable_pull
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
@@ -46,6 +41,8 @@ from tether.contract.messages import (
     finish_message_id,
     record_delivery_of_this_life,
 )
+from tether.delivery.formatters import Formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.commands import DeliveredCommand
 from tether.domain.events import (
     TERMINAL_EVENT_STATUS,
@@ -60,8 +57,7 @@ from tether.domain.events import (
     RunRequested,
 )
 from tether.domain.run_state import RunState, evolve
-from tether.parent.formatters import Formatters
-from tether.parent.registry import RegisteredHooks
+from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, settle, supervise
 
 # Bounded, so the parent's memory does not grow with the runs it has seen; a run that
@@ -283,7 +279,7 @@ class Deliverer:
         # we know of it goes to the log's cache: the application's delivery record
         # is usually the next event, and is then decided without a read.
         self._states.pop(key, None)
-        self._log.remember(event.parent, event.run_id, state, stored.seq)
+        self._log.recent_runs.remember_run(event.parent, event.run_id, state, stored.seq)
 
     def _keep(self, key: RunKey, state: RunState | None) -> None:
         """Keep a detached run's state; of an awaited run only that it is one."""
