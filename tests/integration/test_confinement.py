@@ -11,6 +11,7 @@ written into a stream, a key-value bucket, a control subject or bob's live feed.
 
 import asyncio
 import json
+import uuid
 from contextlib import suppress
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, authorized_nats
 
 from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
-from tether.client import NotPermitted, connect
+from tether.client import NotPermitted, RateLimited, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle, run_message_id
 from tether.testing import RunEvents
@@ -79,7 +80,9 @@ class Tenants:
 
 
 @pytest.fixture
-async def tenants(tmp_path: Path, unique_name: str, devstack, settings, database_url):
+async def tenants(request, tmp_path: Path, unique_name: str, devstack, settings, database_url):
+    """`request.param` (with indirect parametrization): more settings of the parent."""
+    parent_settings = getattr(request, "param", {})
     subjects = Settings(prefix=unique_name).subjects
     with authorized_nats(tmp_path, devstack, subjects, [ALICE, BOB], PASSWORDS) as (url, _log):
         admin = await nats.connect(url, user="admin", password=PASSWORDS["admin"])
@@ -90,7 +93,7 @@ async def tenants(tmp_path: Path, unique_name: str, devstack, settings, database
             await log.append_batch([run.requested(), run.started()], expected_last_seq=0)
         stop = asyncio.Event()
         service = asyncio.create_task(parent_service.serve(
-            as_user(settings, url, "parent", agents=AGENTS), stop, {}))
+            as_user(settings, url, "parent", agents=AGENTS, **parent_settings), stop, {}))
         query = json.dumps({"run_id": "x", "parent": ALICE_PARENT.model_dump()}).encode()
         await answered(admin, subjects.rpc_for("has_run", ALICE_PARENT), query)
         state = Tenants(url, settings, admin, log)
@@ -371,3 +374,51 @@ async def test_a_message_id_of_another_tenants_request_does_not_swallow_it(tenan
                                                detached=True)
         assert isinstance(handle, DetachedHandle) and handle.status == "running", handle
         assert (await mine.inspect("wanted")).status in ("starting", "running")
+
+
+@pytest.mark.parametrize("tenants", [{"tenant_query_rate_per_s": 1, "tenant_query_burst": 3}],
+                         indirect=True)
+async def test_a_tenant_that_asks_too_often_is_told_when_to_ask_again(tenants):
+    """`has_run` and `history` read the streams: each account outside Tether's may ask
+    them only so often, whatever it writes in its requests' headers."""
+    subjects = tenants.subjects
+
+    async def ask(nc, parent, kind: str, forged: bool = False) -> dict:
+        query = ({"run_id": "run-1", "parent": parent.model_dump()} if kind == "has_run"
+                 else {"parent": parent.model_dump(), "feed": "events"})
+        headers = ({"Nats-Request-Info": json.dumps({"acc": f"FORGED_{uuid.uuid4().hex}"})}
+                   if forged else None)
+        reply = await nc.request(subjects.rpc_for(kind, parent), json.dumps(query).encode(),
+                                 timeout=5, headers=headers)
+        return json.loads(reply.data)
+
+    violations = Violations()
+    alice = await connect_alice(tenants.url, violations)
+    bob = await nats.connect(tenants.url, user="bob", password=PASSWORDS["bob"])
+    try:
+        replies = await asyncio.gather(*(ask(alice, ALICE_PARENT, kind, forged=index % 2 == 1)
+                                         for index, kind in enumerate(["has_run", "history"] * 5)))
+        refused = [reply for reply in replies if reply.get("error")]
+        assert len(refused) >= len(replies) - 3 - 2, replies  # the burst, and a refill or two
+        for reply in refused:
+            assert reply["error"].startswith("rate limited: at most 1 has_run and history "
+                                             "queries a second (3 at once)"), reply
+            assert 0 < reply["retry_after_ms"] <= 1000
+        # Another tenant's requests, and Tether's own, are not held back by alice's.
+        assert (await ask(bob, BOB_PARENT, "has_run"))["has_run"] is True
+        for _ in range(10):
+            assert (await ask(tenants.admin, ALICE_PARENT, "history"))["messages"]
+        # The client: a query of the application's own raises RateLimited with the wait;
+        # its own reads of a run wait for their turn instead.
+        async with connect(settings=as_user(tenants.settings, tenants.url, "alice")) as app:
+            mine = app.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+            with pytest.raises(RateLimited) as limited:
+                for _ in range(5):
+                    await mine.has_run("run-1")
+            assert 0 < limited.value.retry_after_s <= 1
+            async with asyncio.timeout(10):
+                history = await app.read_run(ALICE_PARENT, "run-1")
+            assert history.state is not None and history.state.status == "starting"
+    finally:
+        await alice.close()
+        await bob.close()

@@ -298,6 +298,8 @@ class HasRunReply(Model):
     has_run: bool = False
     command_ours: bool | None = None
     error: str | None = None
+    # With an `error`: the requester asked too often; it may ask again after this long.
+    retry_after_ms: int | None = None
 
 
 class StoredMessage(Model):
@@ -318,6 +320,8 @@ class HistoryReply(Model):
     pending: int = 0
     last_seq: int = 0
     error: str | None = None
+    # With an `error`: the requester asked too often; it may ask again after this long.
+    retry_after_ms: int | None = None
 
 
 class ServeHookReply(Model):

@@ -9,8 +9,13 @@ application that owns the parent (`tether.access`); every parent replica shares 
 
 `history` and `serve_hook` are what an application in a NATS account of its own needs
 instead of the JetStream API (`tether.access`): the stored messages of its parent's
-feeds, and its hook methods registered with their consumers made.
+feeds, and its hook methods registered with their consumers made. `has_run` and
+`history` read the streams for every request, so a requester from outside Tether's
+account may ask them only so often (`tether.parent.rate_limit`); beyond that the reply's
+`error` starts with "rate limited:" and `retry_after_ms` says when to ask again.
 """
+
+import time
 
 import asyncpg
 from faststream.middlewares import ExceptionMiddleware
@@ -41,6 +46,7 @@ from tether.domain.commands import (
 )
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState
+from tether.parent.rate_limit import RequestRates, requester_of
 
 QUERY_QUEUE = "tether-parent"
 MAX_TREE_DEPTH = 16  # how deep a subtree's usage is summed
@@ -65,8 +71,9 @@ def query_subjects(subjects: Subjects, kind: str) -> tuple[str, str]:
 
 class ParentQueries:
     def __init__(self, log: EventLog | None, pool: asyncpg.Pool | None, projection_schema: str,
-                 logger) -> None:
+                 logger, *, rates: RequestRates | None = None) -> None:
         self._log, self._pool, self._logger = log, pool, logger
+        self._rates = rates
         self._list_sql = LIST_RUNS.format(schema=f'"{projection_schema}"')
 
     def middleware(self) -> ExceptionMiddleware:
@@ -111,9 +118,29 @@ class ParentQueries:
                     await self._descendants_usage(child, depth + 1))
         return total
 
+    def _too_often(self, kind: str, message: NatsMessage) -> tuple[str, int] | None:
+        """The refusal and the milliseconds to wait, when the requester is over its rate."""
+        if self._rates is None:
+            return None
+        requester = requester_of(message.raw_message.headers)
+        if requester is None:
+            return None
+        wait_s = self._rates.take(requester, time.monotonic())
+        if wait_s == 0:
+            return None
+        wait_ms = max(int(wait_s * 1000 + 0.999), 1)
+        self._logger.warning("rpc.rate_limited", kind=kind, requester=requester,
+                             retry_after_ms=wait_ms)
+        return (f"rate limited: at most {self._rates.rate_per_s:g} has_run and history "
+                f"queries a second ({self._rates.burst} at once) per NATS account outside "
+                f"Tether's (TETHER_TENANT_QUERY_RATE_PER_S, TETHER_TENANT_QUERY_BURST); "
+                f"ask again in {wait_ms} ms"), wait_ms
+
     async def has_run(self, query: HasRunQuery, message: NatsMessage) -> HasRunReply:
         assert self._log is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
+        if refusal := self._too_often("has_run", message):
+            return HasRunReply(error=refusal[0], retry_after_ms=refusal[1])
         state = (await self._log.read_run(query.parent, query.run_id)).state
         ours = None
         if query.command_seq is not None:
@@ -145,6 +172,8 @@ class ParentQueries:
     async def history(self, query: HistoryQuery, message: NatsMessage) -> HistoryReply:
         assert self._log is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
+        if refusal := self._too_often("history", message):
+            return HistoryReply(error=refusal[0], retry_after_ms=refusal[1])
         subjects = self._log.subjects
         stream, per_parent, per_run = {
             "events": (subjects.events_stream, subjects.parent_events, subjects.run_events),
