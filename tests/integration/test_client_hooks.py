@@ -16,7 +16,7 @@ from eventually import eventually
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.jetstream import EventLog
 from tether.client import ServiceUnavailable, Tether, connect
-from tether.client.hooks import consumer_name
+from tether.client.hooks import consumer_config, consumer_name
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
@@ -253,6 +253,65 @@ async def test_two_replicas_share_the_consumer_and_each_hook_runs_once(log, teth
     assert sorted(calls) == sorted(state.run_id for state in states)
 
 
+async def forget_every_delivery(tether: Tether, method: str = METHOD) -> None:
+    """What a broker that restarts before writing its consumers' state does: the next
+    handler to bind gets every message again, each as a first delivery."""
+    await tether.js.delete_consumer(tether.subjects.hooks_stream,
+                                    consumer_name(PARENT.agent, method))
+
+
+async def test_a_delivery_the_broker_forgot_is_not_made_again_by_another_replica(log, tether):
+    """The ledger waits for the parent (not running here): only the first replica's
+    record tells the second that the first publication, handed out again as new, was
+    delivered."""
+    first_calls, second_calls = Recorder(), Recorder()
+    state = await finished_run(log, "import-forgotten")
+    first = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    first.on_finish(METHOD)(first_calls)
+    async with first.running():
+        await publish_hook(log, state, first=True)
+        await asyncio.wait_for(first_calls.called.wait(), timeout=10)
+        await settled(tether)
+    await forget_every_delivery(tether)
+    async with connect(settings=tether.settings) as other:
+        second = other.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+        second.on_finish(METHOD)(second_calls)
+        async with second.running():
+            await eventually(lambda: second.stats.skipped == 1, timeout=10, interval=0.01)
+            await settled(other)
+    assert len(first_calls.calls) == 1 and second_calls.calls == []
+
+
+async def test_a_delivery_the_broker_forgot_is_not_made_again_by_the_same_handler(
+        log, tether, monkeypatch):
+    """Its memory of the calls it made answers without a read of the records."""
+    recorder = Recorder()
+    state = await finished_run(log, "import-forgotten-here")
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS)
+    hooks.on_finish(METHOD)(recorder)
+    async with hooks.running():
+        await publish_hook(log, state, first=True)
+        await asyncio.wait_for(recorder.called.wait(), timeout=10)
+        await settled(tether)
+        reads: list[str] = []
+        recorded = DeliveryRecords.recorded
+
+        async def counting(records, parent, method, message_id):
+            reads.append(message_id)
+            return await recorded(records, parent, method, message_id)
+
+        monkeypatch.setattr(DeliveryRecords, "recorded", counting)
+        await forget_every_delivery(tether)
+        # The handler's consumer is gone: bind it again, as after a broker restart.
+        await tether.js.add_consumer(
+            tether.subjects.hooks_stream,
+            consumer_config(tether.subjects, PARENT.agent, METHOD,
+                            lease_s=STEADY_LEASE_MS / 1000, max_ack_pending=32))
+        await eventually(lambda: hooks.stats.skipped == 1, timeout=10, interval=0.01)
+        await settled(tether)
+    assert len(recorder.calls) == 1 and reads == []
+
+
 async def test_the_global_hook_gets_every_detached_run(log, tether):
     seen: list[tuple[str, str]] = []
     hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
@@ -366,6 +425,37 @@ async def test_a_republished_hook_waits_while_its_first_call_runs(log, tether):
         await settled(tether, timeout=20)
     assert calls == ["import-twice"]
     assert hooks.stats.skipped == 1  # the retry, once the first call was recorded
+
+
+async def test_a_republished_hook_waits_while_its_first_copy_is_being_checked(
+        log, tether, monkeypatch):
+    """Two publications of one outcome reaching the handler while the first is still
+    reading the records (a slow broker): the second does not pass the check beside it."""
+    release = asyncio.Event()
+    checking: list[str] = []
+    recorded = DeliveryRecords.recorded
+
+    async def slow(records, parent, method, message_id):
+        checking.append(message_id)
+        await release.wait()
+        return await recorded(records, parent, method, message_id)
+
+    monkeypatch.setattr(DeliveryRecords, "recorded", slow)
+    recorder = Recorder()
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
+    hooks.on_finish(METHOD)(recorder)
+    async with hooks.running():
+        state = await finished_run(log, "import-checked-twice")
+        await publish_hook(log, state)
+        await eventually(lambda: checking, timeout=10, interval=0.01)
+        await publish_hook(log, state, msg_id=finish_message_id(state, "completed", METHOD)
+                           + ":retry1")
+        await eventually(lambda: hooks.stats.deferred != 0 or len(checking) != 1,
+                         timeout=10, interval=0.01)
+        release.set()
+        await ledger_entry(log, "import-checked-twice")
+        await settled(tether, timeout=20)
+    assert len(recorder.calls) == 1 and hooks.stats.skipped == 1
 
 
 async def test_serve_says_when_it_is_registered_and_serving_and_stops_when_told(log, tether):

@@ -3,13 +3,21 @@
 import asyncio
 import gc
 import json
+import logging
 import time
 import weakref
 from contextlib import aclosing
 
 import pytest
+from eventually import eventually
 
-from tether.adapters.jetstream import EventLog, StreamSettings, key_value
+from tether.adapters.jetstream import (
+    EventLog,
+    StreamSettings,
+    connect_nats,
+    ensure_streams,
+    key_value,
+)
 from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent
 from tether.domain.events import (
@@ -369,3 +377,52 @@ async def test_only_runs_whose_awaiter_is_gone_are_recovered(recovering, log, po
         await commands.unsubscribe()
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_retry_the_broker_was_away_for_is_made_once_it_is_back(fast, pool, devstack,
+                                                                       tmp_path, caplog):
+    """A broker of its own, killed between two retries of a finish hook: the retry due
+    while it is away fails (a warning, not a bug's traceback) and is made once it is back."""
+    port = devstack.free_port()
+
+    def start_server():
+        return devstack.start_nats(tmp_path / "store", port, tmp_path / "nats.log", daemon=False)
+
+    server = start_server()
+    settings = fast.model_copy(update={"nats_url": f"nats://127.0.0.1:{port}"})
+    nc = await connect_nats(settings.nats_connect_url, name="reconciler-broker-restart")
+    log = EventLog(nc, settings.subjects)
+    await ensure_streams(log.jetstream, settings.subjects, StreamSettings())
+    published: asyncio.Queue[str] = asyncio.Queue()
+
+    async def seen(msg) -> None:
+        published.put_nowait(msg.headers["Nats-Msg-Id"])
+
+    await nc.subscribe(log.subjects.hook(PARENT.agent, "on_import_done"), cb=seen)
+    caplog.set_level(logging.INFO, logger="tether")
+    _, stop, task = await start(settings, log, pool)
+    try:
+        run, events = detached_run("hook-away", max_budget_ms=60_000, no_progress_budget_ms=0,
+                                   on_finish="on_import_done")
+        await append_all(log, *events, run.make(RunCompleted, summary="imported", at=now_ms()))
+        first = await asyncio.wait_for(published.get(), timeout=10)
+        assert first.endswith(":retry1")
+
+        server.kill()
+        server.wait(timeout=10)
+
+        def failed() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if "reconciler.decision_failed" in r.getMessage()]
+
+        await eventually(failed, timeout=30, interval=0.05)
+        server = start_server()
+        again = await asyncio.wait_for(published.get(), timeout=30)
+        assert again.startswith("finish:hook-away:completed:") and again != first
+        assert {r.levelno for r in failed()} == {logging.WARNING}
+        assert all(r.exc_info is None and "Traceback" not in r.getMessage() for r in failed())
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=30)
+        await nc.close()
+        server.kill()
+        server.wait(timeout=10)

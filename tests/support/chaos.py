@@ -18,6 +18,7 @@ import contextlib
 import importlib.util
 import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -27,7 +28,7 @@ import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -300,6 +301,7 @@ class System:
         self.connections_cut_at: list[float] = []
         self.hooks_done = asyncio.Event()
         self.expected_hooks = 0
+        self.app_lines: list[tuple[str, str]] = []  # (ISO time, the library's log line)
 
     @property
     def settings(self) -> Settings:
@@ -359,10 +361,25 @@ class System:
         self.postgres.close()
 
     def dump_logs(self) -> None:
-        for service in [*self.services, *(s for s, _ in self.retired)]:
+        services = [*self.services, *(s for s, _ in self.retired)]
+        for service in services:
             print(f"--- {service.name} (last 80 log lines) ---")
             for line in service.lines[-80:]:
                 print(json.dumps(line))
+        # Every line about a hook handled more than once, in the services and the
+        # application, in time order: what the ledger, the records and the retries did.
+        repeated = [run_id for run_id, count in self.hook_calls.items() if count > 1]
+        if not repeated:
+            return
+        print(f"--- lines about the repeated hooks {repeated}; broker cut at "
+              f"{self.connections_cut_at} ---")
+        about = [(line.get("timestamp", ""), service.name, json.dumps(line))
+                 for service in services for line in service.lines
+                 if any(run_id in json.dumps(line) for run_id in repeated)]
+        about += [(at, "application", text) for at, text in self.app_lines
+                  if any(run_id in text for run_id in repeated)]
+        for at, who, text in sorted(about):
+            print(at, who, text)
 
     # --- the application -----------------------------------------------------------
 
@@ -372,7 +389,8 @@ class System:
         every run settled (bounded)."""
         started = time.monotonic()
         self.expected_hooks = load.detached
-        async with connect(settings=self.settings, name="chaos-app") as tether:
+        async with _application_lines(self.app_lines), \
+                connect(settings=self.settings, name="chaos-app") as tether:
             hooks = tether.hooks(PARENT.agent)
 
             @hooks.on_finish(HOOK)
@@ -477,6 +495,30 @@ class System:
             terms.sort()
             for (_, end, who), (start, _, other) in itertools.pairwise(terms):
                 assert start >= end, f"{who} and {other} both led {role} at {start}"
+
+
+class _Lines(logging.Handler):
+    def __init__(self, lines: list[tuple[str, str]]) -> None:
+        super().__init__(logging.INFO)
+        self._lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        at = datetime.fromtimestamp(record.created, tz=UTC).isoformat()
+        self._lines.append((at, record.getMessage()))
+
+
+@contextlib.asynccontextmanager
+async def _application_lines(lines: list[tuple[str, str]]):
+    """The library's log lines inside the load's application (its hook handler), kept."""
+    logger = logging.getLogger("tether")
+    handler, level = _Lines(lines), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def _leading(service: ServiceProcess) -> bool:

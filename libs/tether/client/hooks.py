@@ -10,12 +10,14 @@ Delivery: exactly once normally, at least once on a crash. After the function re
 the handler writes its own record of the delivery (a key in the deliveries bucket,
 `adapters/deliveries.py`), then `run.finish_delivered` is appended to the run (the
 ledger), and only then the message is acknowledged. A message whose delivery is already
-recorded (the key, or the ledger) is acknowledged without calling the function, and one
-whose delivery this handler is making right now waits, so a redelivery after a lost ack,
-a republished hook or a crash between the steps does not call it again, even while the
-parent service that writes the ledger is down. The ledger is read for every message that
-could repeat an earlier one: a redelivery, or a publication the parent does not mark as
-its first for the outcome (`Tether-First-Publication`). A function that raises is retried after
+recorded (this handler's memory of the calls it made, the key, or the ledger) is
+acknowledged without calling the function, and one whose delivery this handler is making
+right now waits, so a redelivery after a lost ack, a republished hook, a broker that
+forgot a delivery in a restart, or a crash between the steps does not call it again, even
+while the parent service that writes the ledger is down. The key is read for every
+message; the ledger for every message that could repeat an earlier one: a redelivery, or
+a publication the parent does not mark as its first for the outcome
+(`Tether-First-Publication`). A function that raises is retried after
 the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1); a process that dies
 mid-call leaves the message to be redelivered when the lease runs out. Handlers must
 still be idempotent: a crash after the function and before the ledger calls it again.
@@ -24,6 +26,7 @@ still be idempotent: a crash after the function and before the ledger calls it a
 import asyncio
 import inspect
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -41,7 +44,14 @@ from tether.adapters.hook_consumers import (
     registration,
     registry_key,
 )
-from tether.adapters.jetstream import PublishDenied, Pull, delivery_of, durable_pull, unless_refused
+from tether.adapters.jetstream import (
+    Delivery,
+    PublishDenied,
+    Pull,
+    delivery_of,
+    durable_pull,
+    unless_refused,
+)
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -72,6 +82,27 @@ if TYPE_CHECKING:
 
 HookFunction = Callable[[RunInfo, LifecycleResult], Awaitable[object] | object]
 FETCH_WAIT_S = 0.5
+# How many deliveries a handler remembers having made: a copy of one of them (a broker
+# that forgot the acknowledgement, a republication) is acknowledged without a look at the
+# records.
+CALLED_KEPT = 10_000
+
+
+class _Recent:
+    """A bounded set, oldest out first."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._keys: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._keys
+
+    def add(self, key: str) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self._size:
+            self._keys.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -102,7 +133,8 @@ class HookRegistry:
         self.ready = asyncio.Event()
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
         self._records = DeliveryRecords(None)
-        self._calling: set[str] = set()  # the deliveries whose function is being called
+        self._calling: set[str] = set()  # the deliveries being checked or called
+        self._called = _Recent(CALLED_KEPT)  # the deliveries whose function returned here
 
     def register(self, method: str, function: HookFunction) -> HookFunction:
         check_identifier(method, "hook method")
@@ -286,34 +318,51 @@ class HookRegistry:
         message_id = headers.get("Nats-Msg-Id")
         key = (delivery_key(run.parent, method, message_id) if message_id is not None
                else None)
-        if key is not None and key in self._calling:
-            # Another publication of this outcome is being handled here now (the parent's
-            # and the reconciler's retry, both at once): look again once it is done.
-            self.stats.deferred += 1
-            logger.info("hooks.delivery_in_progress")
-            await settle(msg.nak(delay=min(max(self.lease_s / 4, 0.05), 1.0)),
-                         logger=logger, what="hook.nak")
-            return
-        if delivery.delivered > 1 or headers.get(FIRST_PUBLICATION_HEADER) != "1":
-            # It may repeat a call already made. This handler's own record holds while the parent that writes the ledger is
-            # down; else the run's ledger (a cleared run's went with it, and a later run
-            # with its id keeps its own).
-            if message_id is not None and await self._records.recorded(run.parent, method,
-                                                                        message_id):
-                await self._already_delivered(msg, logger)
-                return
-            state = (await self.tether.read_run(run.parent, run.run_id)).state
-            if (state is not None and state.finish_delivered(result.status, method)
-                    and (message_id is None
-                         or names_this_life(message_id, state, result.status, method))):
-                await self._already_delivered(msg, logger)
-                return
         if key is not None:
+            if key in self._calling:
+                # Another publication of this outcome is being handled here now (the
+                # parent's and the reconciler's retry, both at once): look again once it
+                # is done.
+                self.stats.deferred += 1
+                logger.info("hooks.delivery_in_progress")
+                await settle(msg.nak(delay=min(max(self.lease_s / 4, 0.05), 1.0)),
+                             logger=logger, what="hook.nak")
+                return
+            if key in self._called:
+                await self._already_delivered(msg, logger)
+                return
+            # Claimed before the first look at the records: a copy arriving while this
+            # one is being checked waits for it.
             self._calling.add(key)
         try:
+            if await self._delivered_before(run, result.status, method, message_id, delivery,
+                                            headers):
+                await self._already_delivered(msg, logger)
+                return
             await self._call(method, msg, hook, message_id, logger)
         finally:
             self._calling.discard(key)
+
+    async def _delivered_before(self, run: RunInfo, status: str, method: str,
+                                message_id: str | None, delivery: Delivery,
+                                headers: dict[str, str]) -> bool:
+        """Whether a record says this outcome's hook was delivered.
+
+        The handler's own record is read for every message: a broker that restarts (or a
+        consumer whose leader moves) can forget a delivery it made just before, and hand
+        the message out again as a first delivery, to this handler or to another replica.
+        The run's ledger is read as well for a message that could repeat an earlier one:
+        a redelivery, or a publication the parent does not mark as its first for the
+        outcome (a cleared run's ledger went with it, and a later run with its id keeps
+        its own)."""
+        if message_id is not None and await self._records.recorded(run.parent, method,
+                                                                    message_id):
+            return True
+        if delivery.delivered == 1 and headers.get(FIRST_PUBLICATION_HEADER) == "1":
+            return False
+        state = (await self.tether.read_run(run.parent, run.run_id)).state
+        return (state is not None and state.finish_delivered(status, method)
+                and (message_id is None or names_this_life(message_id, state, status, method)))
 
     async def _call(self, method: str, msg: Msg, hook: HookMessage, message_id: str | None,
                     logger) -> None:
@@ -328,6 +377,8 @@ class HookRegistry:
             await settle(msg.nak(delay=self.lease_s), logger=logger, what="hook.nak")
             return
         self.stats.called += 1
+        if message_id is not None:
+            self._called.add(delivery_key(run.parent, method, message_id))
         # The function ran: from here on, a broker restart must not make it run again.
         # Both records are idempotent; they are retried until they land.
         if message_id is not None:

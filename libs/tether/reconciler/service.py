@@ -41,7 +41,7 @@ from tether.parent.delivery import Deliverer
 from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
-from tether.resilience import TRANSIENT_ERRORS, supervise
+from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervise
 
 RunKey = tuple[str, str, str]
 
@@ -260,8 +260,13 @@ class Reconciler:
                 await self._retry_delivery(key)
             else:
                 await self._budget_due(key)
-        except Exception:
-            self._logger.exception("reconciler.decision_failed", run_id=key[2], kind=kind)
+        except Exception as error:
+            # Decided again in a second; a broker away for that long is not a bug.
+            if is_transient(error):
+                self._logger.warning("reconciler.decision_failed", run_id=key[2], kind=kind,
+                                     error=describe(error), retry_in_s=1)
+            else:
+                self._logger.exception("reconciler.decision_failed", run_id=key[2], kind=kind)
             DECISIONS_FAILED.inc(kind=kind)
             self._index.set((key, kind), now_ms() + 1_000)
             self._rearm()
