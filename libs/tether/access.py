@@ -10,15 +10,17 @@ account exports each of them exactly its share:
   so it cannot be sent anywhere else): the commands and queries of the parent agents it
   owns (`<prefix>.cmd.<kind>.<agent>.*`, `<prefix>.rpc.<kind>.<agent>.*`; the parent
   refuses a payload that names another parent than its subject), its hook methods'
-  registration (`<prefix>.rpc.serve_hook.<agent>.<method>`), and pulling from and
-  acknowledging those methods' consumers, which the parent makes;
+  registration (`<prefix>.rpc.serve_hook.<agent>.<method>`), pulling from and
+  acknowledging those methods' consumers, which the parent makes, and its hook handler's
+  own records of its deliveries (its agents' keys of the deliveries bucket, which refuses
+  rollups: `adapters/tenant_deliveries.py`);
 - streams (messages Tether's account publishes): its parents' events, progress and
   chat as the streams republish them (`<prefix>.live.<kind>.<agent>.>`);
 - and Tether's account imports from it the answer to whether it still awaits a run
   (`<prefix>.ctl.awaiter.<agent>.>`).
 
-No JetStream API is exported: a consumer's configuration, a direct get's reply subject
-and a put's headers are in places permissions cannot see. The stored part of a timeline
+No other JetStream API is exported: a consumer's configuration, a direct get's reply
+subject and a put's headers are in places permissions cannot see. The stored part of a timeline
 comes from the parent's `history` query instead (`tether.client.live`), which the client
 uses by itself when its account has no JetStream. Inside each account a user's own
 permissions repeat its imports, so a request for anything else is refused at once.
@@ -201,6 +203,14 @@ def _hook_consumers(subjects: Subjects, agent: str, methods: tuple[str, ...]) ->
     return rules
 
 
+def _delivery_records(subjects: Subjects, agent: str) -> list[str]:
+    """A hook handler's own records of its deliveries, the keys of its parent agent in
+    the deliveries bucket: put, and read by a direct get that names the key
+    (`adapters/tenant_deliveries.py`)."""
+    bucket = subjects.deliveries_bucket
+    return [f"$KV.{bucket}.{agent}.>", f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{agent}.>"]
+
+
 @dataclass(frozen=True)
 class Grant:
     """What an account outside Tether's may use of it: services (requests, answered or
@@ -223,6 +233,8 @@ def application_grant(subjects: Subjects, app: Application) -> Grant:
         services += [f"{p}.rpc.{kind}.{agent}.*" for kind in QUERY_KINDS]
         services += [f"{p}.rpc.serve_hook.{agent}.{method}" for method in app.hook_methods]
         services += _hook_consumers(subjects, agent, app.hook_methods)
+        if app.hook_methods:
+            services += _delivery_records(subjects, agent)
         streams += [f"{p}.live.{kind}.{agent}.>" for kind in LIVE_KINDS]
         answers.append(f"{p}.ctl.awaiter.{agent}.>")
     return Grant(tuple(services), tuple(streams), tuple(answers))
@@ -236,7 +248,8 @@ def operator_grant(subjects: Subjects) -> Grant:
     hooks = subjects.hooks_stream
     services = [f"{p}.cmd.{kind}.*.*" for kind in COMMAND_KINDS]
     services += [f"{p}.rpc.{kind}.*.*" for kind in (*QUERY_KINDS, "serve_hook")]
-    services += [f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.*", f"$JS.ACK.{hooks}.>"]
+    services += [f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.*", f"$JS.ACK.{hooks}.>",
+                 *_delivery_records(subjects, "*")]
     streams = [f"{p}.live.{kind}.>" for kind in LIVE_KINDS]
     return Grant(tuple(services), tuple(streams), (f"{p}.ctl.awaiter.*.>",))
 

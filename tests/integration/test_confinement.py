@@ -422,3 +422,42 @@ async def test_a_tenant_that_asks_too_often_is_told_when_to_ask_again(tenants):
     finally:
         await alice.close()
         await bob.close()
+
+
+async def test_a_hook_handlers_records_are_its_own_keys_and_reach_no_further(tenants):
+    """The deliveries bucket an application writes its handler's records in: its own
+    agents' keys only, read by a get that names the key, and no rollup."""
+    subjects = tenants.subjects
+    bucket = subjects.deliveries_bucket
+    bobs_key = f"$KV.{bucket}.BobBot.user-1.on_done.finish=run-1=completed"
+    hers = f"$KV.{bucket}.AliceBot.user-1.on_done.finish=run-1=completed"
+    admin_js = tenants.admin.jetstream()
+    await admin_js.publish(bobs_key, b'{"state": "delivered"}')
+    get = f"$JS.API.DIRECT.GET.KV_{bucket}"
+    violations = Violations()
+    alice = await connect_alice(tenants.url, violations)
+    try:
+        # Her own: put, and read back by the key's subject.
+        ack = json.loads((await alice.request(hers, b'{"state": "delivered"}', timeout=5)).data)
+        assert ack["stream"] == f"KV_{bucket}" and "error" not in ack, ack
+        reply = await alice.request(f"{get}.{hers}", b"", timeout=5)
+        assert json.loads(reply.data) == {"state": "delivered"}
+        # A get whose body names bob's key (or a sequence) is refused: the key is the
+        # subject's.
+        for body in ({"last_by_subj": bobs_key}, {"seq": 1}):
+            reply = await alice.request(f"{get}.{hers}", json.dumps(body).encode(), timeout=5)
+            assert reply.headers and reply.headers.get("Status") == "408", (body, reply)
+            assert b"BobBot" not in reply.data
+        # A rollup on her own key would empty the bucket: refused.
+        ack = json.loads((await alice.request(hers, b"{}", timeout=5,
+                                              headers={"Nats-Rollup": "all"})).data)
+        assert "error" in ack, ack
+        for subject in (bobs_key, f"{get}.{bobs_key}", f"{get}.$KV.{bucket}.*.>",
+                        f"{get}.$KV.{bucket}.BobBot.user-1.on_done.>", f"{get}",
+                        f"$JS.API.STREAM.MSG.GET.KV_{bucket}"):
+            await alice.publish(subject, b"", reply=alice.new_inbox())
+            await violations.expect("publish", subject)
+    finally:
+        await alice.close()
+    stored = await admin_js.get_last_msg(f"KV_{bucket}", bobs_key)
+    assert stored.data == b'{"state": "delivered"}'

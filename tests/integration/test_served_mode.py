@@ -130,3 +130,38 @@ async def test_an_awaited_run_of_an_applications_parent_is_heard_as_awaited(
 
 async def _reattached(installation: Installation, run_id: str) -> bool:
     return "run.reattach_started" in await run_types(installation, run_id)
+
+
+async def test_a_hook_handled_once_is_not_handled_again_while_the_parent_is_down(
+        installation):
+    """The handler's own records: a copy of a delivered hook reaching another replica
+    while the parent service (the ledger's writer, and the application's only reader of
+    it) is stopped is acknowledged without a call."""
+    subjects = installation.subjects
+    calls: list[str] = []
+    async with connect(settings=installation.as_user("alice")) as first_app, \
+            connect(settings=installation.as_user("alice")) as second_app:
+        first, second = first_app.hooks("AliceBot"), second_app.hooks("AliceBot")
+        for replica in (first, second):
+            replica.register("on_done", lambda run, result: calls.append(run.run_id))
+        serving_first = first.running()
+        await serving_first.__aenter__()
+        mine = first_app.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+        await mine.run_agent_tool("Researcher", {"query": "QUIC"}, run_id="hooked-1",
+                                  detached={"on_finish": "on_done"})
+        await eventually(lambda: first.stats.called == 1, timeout=30, interval=0.05)
+        async with second.running():
+            # The first replica goes (its record written), the second takes over, then the
+            # parent stops.
+            await serving_first.__aexit__(None, None, None)
+            await installation.stop("parent")
+            async with connect(settings=installation.as_user("admin")) as admin:
+                original = await admin.js.get_last_msg(subjects.hooks_stream,
+                                                       subjects.hook("AliceBot", "on_done"))
+                # The reconciler's retry of the same outcome: another id, not the first
+                # publication.
+                await admin.js.publish(original.subject, original.data, headers={
+                    "Nats-Msg-Id": original.headers["Nats-Msg-Id"] + ":retry1"})
+            await eventually(lambda: second.stats.skipped == 1, timeout=30, interval=0.05)
+    assert calls == ["hooked-1"]
+    assert second.stats.called == 0

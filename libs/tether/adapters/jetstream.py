@@ -31,6 +31,7 @@ from pydantic_core import from_json
 from tether import tracing
 from tether.adapters.nats_fastpath import FastClient
 from tether.adapters.nats_fastpath import supported as fastpath_supported
+from tether.adapters.tenant_deliveries import open_to_tenants
 
 if TYPE_CHECKING:
     from nats.aio.subscription import Subscription
@@ -139,6 +140,8 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects,
     # A delivery's key outlives every republication of its hook (the hooks stream keeps
     # a message 7 days).
     await key_value(js, subjects.deliveries_bucket, settings, ttl_s=30 * DAY_S)
+    # Applications write their own keys in it (adapters/tenant_deliveries.py).
+    await open_to_tenants(js, subjects.deliveries_bucket)
 
 
 async def durable_pull(js: JetStreamContext, nc: NATS, stream: str,

@@ -52,6 +52,7 @@ from tether.adapters.jetstream import (
     durable_pull,
     unless_refused,
 )
+from tether.adapters.tenant_deliveries import TenantDeliveryRecords
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -132,7 +133,7 @@ class HookRegistry:
         self.stats = HookStats()
         self.ready = asyncio.Event()
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
-        self._records = DeliveryRecords(None)
+        self._records: DeliveryRecords | TenantDeliveryRecords = DeliveryRecords(None)
         self._calling: set[str] = set()  # the deliveries being checked or called
         self._called = _Recent(CALLED_KEPT)  # the deliveries whose function returned here
 
@@ -177,9 +178,10 @@ class HookRegistry:
         stop = stop or asyncio.Event()
         if self.tether.served:
             # In an account of its own: the parent registers each method and makes its
-            # consumer; the ledger alone tells what was delivered.
+            # consumer; this handler's records are its own keys of the deliveries bucket.
             subscriptions = {method: await self._served_consumer(method)
                              for method in self.functions}
+            self._records = TenantDeliveryRecords(self.tether.nc, self.tether.subjects)
         else:
             subscriptions = {method: await self._consume(method) for method in self.functions}
             self._records = await DeliveryRecords.open(self.tether.js,

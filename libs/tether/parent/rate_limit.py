@@ -50,6 +50,10 @@ class RequestRates:
             return 0.0
         return (1 - bucket.tokens) / self.rate_per_s
 
+    def remembered(self) -> int:
+        """How many requesters have a bucket now."""
+        return len(self._buckets)
+
     def _sweep(self, now_s: float) -> None:
         self._swept_at = now_s
         for requester, bucket in list(self._buckets.items()):
