@@ -28,7 +28,7 @@ def test_idle_requesters_are_forgotten_full():
     rates.take("a", 0.0)
     rates.take("b", FORGET_AFTER_S + 1)
     assert rates.remembered() == 1
-    assert rates.take("b", FORGET_AFTER_S + 1) == 0  # b's bucket is the one kept
+    assert rates.take("b", FORGET_AFTER_S + 1) > 0  # b's bucket is the one kept, empty
 
 
 def test_bad_limits_are_refused():
