@@ -270,6 +270,11 @@ def password_variable(user: str) -> str:
     return "TETHER_NATS_" + user.upper().replace("-", "_") + "_PASSWORD"
 
 
+def nkey_variable(user: str) -> str:
+    """The server's environment variable holding the user's public NKey (`--nkey-variables`)."""
+    return "TETHER_NATS_" + user.upper().replace("-", "_") + "_NKEY"
+
+
 def new_nkey() -> tuple[str, str]:
     """A new user NKey: its seed (the secret, `SU...`) and its public key (`U...`)."""
     seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
@@ -278,10 +283,11 @@ def new_nkey() -> tuple[str, str]:
 
 def accounts(subjects: Subjects, applications: list[Application], *,
              passwords: dict[str, str] | None = None,
-             nkeys: dict[str, str] | None = None) -> dict:
+             nkeys: dict[str, str] | None = None, nkey_variables: bool = False) -> dict:
     """The `accounts` block: Tether's (the services, the admin, JetStream), the
     operators', and one per application. A user in `nkeys` signs in with that public
-    NKey; any other with a password, a `$VARIABLE` reference unless `passwords` has it."""
+    NKey; any other with a password, a `$VARIABLE` reference unless `passwords` has it,
+    or with `nkey_variables` with the NKey `$TETHER_NATS_<USER>_NKEY` names."""
     nkeys = nkeys or {}
 
     def password(user: str) -> str:
@@ -293,6 +299,8 @@ def accounts(subjects: Subjects, applications: list[Application], *,
         config = permissions if isinstance(permissions, dict) else permissions.as_config()
         if name in nkeys:
             return {"user": name, "nkey": nkeys[name], "permissions": config}
+        if nkey_variables:
+            return {"user": name, "nkey": "$" + nkey_variable(name), "permissions": config}
         return {"user": name, "password": password(name), "permissions": config}
 
     tenants = [(OPERATOR_ACCOUNT, OPERATOR_USER, operator_grant(subjects))]
@@ -332,13 +340,13 @@ def accounts(subjects: Subjects, applications: list[Application], *,
 
 def render(subjects: Subjects, applications: list[Application], *,
            passwords: dict[str, str] | None = None, nkeys: dict[str, str] | None = None,
-           header: str = "") -> str:
-    """nats-server configuration text (its format reads JSON values; passwords stay bare
-    `$VARIABLE` references, which is why this is not plain json.dumps)."""
+           nkey_variables: bool = False, header: str = "") -> str:
+    """nats-server configuration text (its format reads JSON values; passwords and NKeys
+    stay bare `$VARIABLE` references, which is why this is not plain json.dumps)."""
     lines = [header] if header else []
     lines.append("accounts {")
     for name, account in accounts(subjects, applications, passwords=passwords,
-                                  nkeys=nkeys).items():
+                                  nkeys=nkeys, nkey_variables=nkey_variables).items():
         lines.append(f"  {name}: {{")
         if "jetstream" in account:
             lines.append(f"    jetstream: {account['jetstream']}")
@@ -346,7 +354,8 @@ def render(subjects: Subjects, applications: list[Application], *,
         for user in account["users"]:
             if "nkey" in user:  # named in a comment: an NKey user has no name of its own
                 lines.append(f"      # {user['user']}")
-                lines.append(f"      {{nkey: {json.dumps(user['nkey'])},")
+                nkey = user["nkey"]
+                lines.append(f"      {{nkey: {nkey if nkey.startswith('$') else json.dumps(nkey)},")
             else:
                 lines.append(f"      {{user: {json.dumps(user['user'])}, "
                              f"password: {user['password']},")
@@ -373,24 +382,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nkey", action="append", default=[], metavar="USER=PUBLIC_KEY",
                         help="the user signs in with this NKey instead of a password "
                              "(repeatable)")
+    parser.add_argument("--nkey-variables", action="store_true",
+                        help="every user signs in with an NKey whose public key the server "
+                             "reads from $TETHER_NATS_<USER>_NKEY")
     parser.add_argument("--nkeys-dir", metavar="DIR",
                         help="every user signs in with an NKey: its seed is DIR/<user>.nk, "
                              "made when missing (mode 0600; give it to that user only)")
+    parser.add_argument("--public-keys-env", metavar="FILE",
+                        help="with --nkeys-dir: also write TETHER_NATS_<USER>_NKEY=<public key> "
+                             "per user to FILE (the server's environment for "
+                             "--nkey-variables)")
     args = parser.parse_args(argv)
+    if args.public_keys_env and not args.nkeys_dir:
+        parser.error("--public-keys-env needs --nkeys-dir")
     applications = [Application.parse(text) for text in args.application]
     users = (*USERS, *(app.user for app in applications))
     nkeys = dict(text.split("=", 1) for text in args.nkey)
     if args.nkeys_dir:
-        nkeys.update(nkey_files(Path(args.nkeys_dir), users))
+        made = nkey_files(Path(args.nkeys_dir), users)
+        nkeys.update(made)
+        if args.public_keys_env:
+            Path(args.public_keys_env).write_text(
+                "".join(f"{nkey_variable(user)}={key}\n" for user, key in made.items()))
     command = " ".join(["python -m tether.access", f"--prefix {args.prefix}",
                         *(f"--application {text}" for text in args.application),
                         *(f"--nkey {text}" for text in args.nkey),
+                        *(["--nkey-variables"] if args.nkey_variables else []),
                         *([f"--nkeys-dir {args.nkeys_dir}"] if args.nkeys_dir else [])])
+    credential = ("public NKey is $TETHER_NATS_<USER>_NKEY" if args.nkey_variables
+                  else "password is $TETHER_NATS_<USER>_PASSWORD")
     header = (f"# Generated by `{command}`; do not edit (tests/integration/"
-              "test_access_control.py checks it).\n# Each password is "
-              "$TETHER_NATS_<USER>_PASSWORD in the server's environment; users: "
-              + ", ".join(users) + ".")
-    sys.stdout.write(render(Subjects(args.prefix), applications, nkeys=nkeys, header=header))
+              f"test_access_control.py checks it).\n# Each {credential} in the server's "
+              "environment; users: " + ", ".join(users) + ".")
+    sys.stdout.write(render(Subjects(args.prefix), applications, nkeys=nkeys,
+                            nkey_variables=args.nkey_variables, header=header))
     return 0
 
 

@@ -3,59 +3,34 @@ services connect to it with `sslmode=verify-full` against the CA that signed its
 certificate, and refuse one signed by a CA they do not trust."""
 
 import asyncio
-import os
-import pwd
-import shutil
-import signal
-import tempfile
 from pathlib import Path
 
 import asyncpg
 import pytest
 from eventually import eventually
 from test_certs import make_certificates
+from tls_postgres import tls_postgres
 
 from tether.runtime import StartupFailed
 from tether_services import parent, projector
 
 
 @pytest.fixture
-def tls_postgres(devstack):
-    """A Postgres whose certificate the test CA signed; yields its URL without TLS
-    parameters and the certificates."""
-    # Not under pytest's tmp_path: the postgres user must reach it.
-    tmp_path = Path(tempfile.mkdtemp(prefix="tether-pg-tls-"))
-    tmp_path.chmod(0o755)
+def tls_postgres_server(tmp_path: Path, devstack):
+    """A Postgres whose certificate the test CA signed, taking TCP over TLS only; yields
+    its URL without TLS parameters and the certificates."""
     certificates = make_certificates(tmp_path / "tls", name="postgres")
-    (tmp_path / "tls").chmod(0o755)
-    # TCP over TLS only; the local socket (initdb, the server's own checks) as it is.
-    hba = tmp_path / "pg_hba.conf"
-    hba.write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\n")
-    user = devstack.pg_user()
-    if user is not None:
-        owner = pwd.getpwnam(user)
-        for path in (certificates.key, hba):
-            os.chown(path, owner.pw_uid, owner.pw_gid)
-    certificates.key.chmod(0o600)
-    port = devstack.free_port()
-    proc, bindir = devstack.start_postgres(
-        tmp_path / "data", port, tmp_path / "postgres.log", daemon=False,
-        settings=("ssl=on", f"ssl_cert_file={certificates.cert}",
-                  f"ssl_key_file={certificates.key}", f"hba_file={hba}"))
-    try:
-        devstack.create_database(bindir, port, "tether_tls")
-        yield f"postgresql://postgres@127.0.0.1:{port}/tether_tls", certificates
-    finally:
-        devstack.stop_pid(proc.pid, signal.SIGINT, "postgres")
-        shutil.rmtree(tmp_path, ignore_errors=True)
+    hba = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n"
+    with tls_postgres(devstack, certificates.cert, certificates.key, hba) as url:
+        yield url, certificates
 
 
 def verify_full(url: str, ca: Path) -> str:
     return f"{url}?sslmode=verify-full&sslrootcert={ca}"
 
 
-async def test_the_services_connect_with_verify_full_over_tls(tls_postgres, settings):
-    url, certificates = tls_postgres
+async def test_the_services_connect_with_verify_full_over_tls(tls_postgres_server, settings):
+    url, certificates = tls_postgres_server
     secured = settings.model_copy(update={"database_url": verify_full(url, certificates.ca),
                                           "health_port": 0})
     stop = asyncio.Event()
@@ -83,8 +58,8 @@ async def test_the_services_connect_with_verify_full_over_tls(tls_postgres, sett
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_a_server_certificate_of_another_ca_is_refused(tls_postgres, settings, tmp_path):
-    url, _certificates = tls_postgres
+async def test_a_server_certificate_of_another_ca_is_refused(tls_postgres_server, settings, tmp_path):
+    url, _certificates = tls_postgres_server
     stranger = make_certificates(tmp_path / "stranger")
     refused = settings.model_copy(update={"database_url": verify_full(url, stranger.ca),
                                           "health_port": 0, "startup_timeout_ms": 500})
