@@ -50,7 +50,7 @@ from tether.domain.ids import check_identifier
 
 SERVICE_ROLES = ("parent", "child-runner", "reconciler", "projector")
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
-QUERY_KINDS = ("inspect", "list", "has_run", "history")
+QUERY_KINDS = ("inspect", "list", "has_run", "history", "chat_next")
 LIVE_KINDS = ("evt", "progress", "chat")
 SERVICE_ACCOUNT = "TETHER"
 OPERATOR_ACCOUNT = "OPERATORS"
@@ -163,7 +163,12 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    # `serve_hook`: a method's registration and its consumer.
                    f"$KV.{subjects.registry_bucket}.hook.>",
                    f"$JS.API.CONSUMER.CREATE.{subjects.hooks_stream}.>",
-                   f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.hooks_stream}.>"]
+                   f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.hooks_stream}.>",
+                   # `chat_next`: durable chat readers' consumers, pulled for them.
+                   f"$JS.API.CONSUMER.CREATE.{subjects.chat_stream}.>",
+                   f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.chat_stream}.>",
+                   f"$JS.API.CONSUMER.MSG.NEXT.{subjects.chat_stream}.>",
+                   f"$JS.ACK.{subjects.chat_stream}.>"]
         return Permissions(tuple(common + publish), (f"{p}.rpc.>", "_INBOX.>"), True)
     if role == "child-runner":
         work = subjects.work_stream

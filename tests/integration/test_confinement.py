@@ -348,8 +348,9 @@ async def test_the_client_says_what_an_application_may_not_do(tenants):
             with pytest.raises(NotPermitted, match=f"hook {method} of parent agent {agent}"):
                 async with asyncio.timeout(2), hooks.running():
                     pass
-        with pytest.raises(NotPermitted, match="durable"):
-            await anext(app.chat(ALICE_PARENT, durable="d"))
+        with pytest.raises(NotPermitted, match="BobBot/user-1's chat"):
+            async with asyncio.timeout(2):
+                await anext(app.chat(BOB_PARENT, durable="d"))
 
 
 async def test_a_message_id_of_another_tenants_request_does_not_swallow_it(tenants):
@@ -461,3 +462,38 @@ async def test_a_hook_handlers_records_are_its_own_keys_and_reach_no_further(ten
         await alice.close()
     stored = await admin_js.get_last_msg(f"KV_{bucket}", bobs_key)
     assert stored.data == b'{"state": "delivered"}'
+
+
+async def test_a_durable_chat_reader_is_served_by_the_parent(tenants):
+    """`chat(durable=...)` in an account of its own: the parent makes the consumer and
+    pulls for the readers sharing its name; each message goes to one of them, and what a
+    reader asked past is acknowledged."""
+    subjects = tenants.subjects
+    admin_js = tenants.admin.jetstream()
+    for index in (1, 2, 3):
+        await admin_js.publish(subjects.chat(ALICE_PARENT), json.dumps(
+            {"id": f"m-{index}", "role": "assistant", "content": f"message {index}",
+             "metadata": {}}).encode())
+    settings = as_user(tenants.settings, tenants.url, "alice")
+    async with connect(settings=settings) as first, connect(settings=settings) as second:
+        reader = first.chat(ALICE_PARENT, durable="inbox")
+        async with asyncio.timeout(10):
+            assert (await anext(reader)).id == "m-1"
+            assert (await anext(reader)).id == "m-2"  # asking for it acknowledged m-1
+        await reader.aclose()  # m-2 is still its own, unacknowledged, until the ack wait
+        async with asyncio.timeout(10):
+            assert (await anext(second.chat(ALICE_PARENT, durable="inbox"))).id == "m-3"
+    consumer = await admin_js.consumer_info(subjects.chat_stream, "chat-AliceBot-user-1-inbox")
+    assert consumer.config.filter_subject == subjects.chat(ALICE_PARENT)
+    assert (consumer.num_ack_pending, consumer.delivered.stream_seq) == (2, 3)
+    # A token of another consumer (bob's reader, say) is not the parent's to acknowledge.
+    alice = await connect_alice(tenants.url, Violations())
+    try:
+        reply = await alice.request(subjects.rpc_for("chat_next", ALICE_PARENT), json.dumps(
+            {"parent": ALICE_PARENT.model_dump(), "durable": "inbox",
+             "ack": [f"$JS.ACK.{subjects.chat_stream}.chat-BobBot-user-1-inbox.1.1.1.1.0"]}
+        ).encode(), timeout=5)
+        assert json.loads(reply.data)["error"].startswith("invalid request:"), reply.data
+    finally:
+        await alice.close()
+

@@ -324,6 +324,22 @@ class HistoryReply(Model):
     retry_after_ms: int | None = None
 
 
+class ChatDelivery(Model):
+    """One chat message handed to a durable reader; `token` acknowledges it (the next
+    `chat_next` query's `ack`)."""
+
+    seq: int
+    data: str
+    token: str
+
+
+class ChatNextReply(Model):
+    """`<prefix>.rpc.chat_next`: the reader's next message, if there is one now."""
+
+    messages: list[ChatDelivery] = Field(default_factory=list)
+    error: str | None = None
+
+
 class ServeHookReply(Model):
     """`<prefix>.rpc.serve_hook`: the durable consumer to pull the method's hooks from."""
 
