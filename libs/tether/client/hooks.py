@@ -135,7 +135,7 @@ class HookRegistry:
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
         self._records: DeliveryRecords | TenantDeliveryRecords = DeliveryRecords(None)
         self._calling: set[str] = set()  # the deliveries being checked or called
-        self._called = _Recent(CALLED_KEPT)  # the deliveries whose function returned here
+        self._called = _Recent(CALLED_KEPT)  # the deliveries made and recorded here
 
     def register(self, method: str, function: HookFunction) -> HookFunction:
         check_identifier(method, "hook method")
@@ -379,8 +379,6 @@ class HookRegistry:
             await settle(msg.nak(delay=self.lease_s), logger=logger, what="hook.nak")
             return
         self.stats.called += 1
-        if message_id is not None:
-            self._called.add(delivery_key(run.parent, method, message_id))
         # The function ran: from here on, a broker restart must not make it run again.
         # Both records are idempotent; they are retried until they land.
         if message_id is not None:
@@ -392,6 +390,10 @@ class HookRegistry:
         await persistently(lambda: self._record_delivered(hook, method, message_id),
                            what="hooks.ledger", logger=lambda: logger,
                            also=(ServiceUnavailable,))
+        # Remembered once both records are on their way (until then a copy waits on the
+        # claim): a copy acknowledged from memory never leaves the ledger without them.
+        if message_id is not None:
+            self._called.add(delivery_key(run.parent, method, message_id))
         await settle(msg.ack(), logger=logger, what="hook.ack")
         logger.info("hooks.delivered")
 
