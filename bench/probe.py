@@ -21,7 +21,8 @@ import time
 from array import array
 from collections import Counter
 
-from tether.adapters.jetstream import connect_nats, subscribe_routed
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.requests import subscribe_routed
 from tether.cli import event_loop_factory
 from tether.config import Settings
 from tether.runtime import tune_gc

@@ -201,6 +201,9 @@ def table(report: dict) -> str:
         ("ceil: COPY", _n(c.get("copy_rows_per_s"), 0, " rows/s"),
          f"{c.get('messages', '-')} rows of {_n(c.get('mean_bytes'), 0)} B"),
     ]
+    rows.append(("W1 correctness", correctness_summary(w1.get("correctness")),
+                 ("no run lost, per-run order kept, one child turn and one finish hook per "
+                  "run, from the log (bench/correctness.py)")))
     per_run = w1.get("cpu_ms_per_run") or {}
     busy = w1.get("cores_busy") or {}
     kernel = w1.get("cpu_kernel_share") or {}
@@ -233,4 +236,68 @@ def table(report: dict) -> str:
     lines.append("targets: " + "; ".join(
         f"{name} {'MET' if v['met'] else ('n/a' if v['met'] is None else 'missed')}"
         for name, v in t.items()))
+    return "\n".join(lines)
+
+
+def correctness_summary(verdict: dict | None) -> str:
+    if verdict is None:
+        return "-"
+    return "ok" if verdict["ok"] else "FAILED"
+
+
+def correctness_failures(verdict: dict) -> str:
+    """Each violated check with its count and examples, for the failure message."""
+    parts = []
+    for check, count in verdict["violations"].items():
+        if count:
+            parts.append(f"{check} {count} (e.g. " + "; ".join(verdict["examples"][check]) + ")")
+    return ", ".join(parts)
+
+
+def replicas_table(report: dict) -> str:
+    """The replicated W1 beside the single-replica one: throughput, correctness and the
+    CPU per run of each service (its replicas summed, each replica in brackets)."""
+    single, replicated = report["w1"], report["w1_replicated"]
+    replicas = replicated["replicas"]
+    lines = [(f"W1 with {replicas['parent']} parents and {replicas['child-runner']} "
+              "child-runners (a prefix of its own), beside the W1 above:"),
+             f"  {'':<22} {'single':>10} {'replicated':>12}"]
+
+    def row(name: str, one: str, many: str, detail: str = "") -> None:
+        lines.append(f"  {name:<22} {one:>10} {many:>12}  {detail}".rstrip())
+
+    row("runs finished", f"{single['finished']}/{single['runs']}",
+        f"{replicated['finished']}/{replicated['runs']}")
+    row("throughput, runs/s", _n(single["runs_per_s"], 1), _n(replicated["runs_per_s"], 1))
+    verdict = replicated["correctness"]
+    row("correctness", correctness_summary(single.get("correctness")),
+        correctness_summary(verdict),
+        f"{verdict['events']} events of {verdict['runs']} runs, "
+        f"{verdict['conditional_appends']} of them appended expecting a sequence")
+    if not verdict["ok"]:
+        lines.append("    " + correctness_failures(verdict))
+    split = replicated.get("run_commands_per_parent") or {}
+    row("work split", "", "", "run commands handled per parent: "
+        + (" / ".join(str(split[p]) for p in sorted(split)) or "-")
+        + "; runs begun per child-runner: "
+        + " / ".join(str(count) for _, count in sorted(verdict["runners"].items())))
+    one, many = single["cpu_ms_per_run_by_service"], replicated["cpu_ms_per_run_by_service"]
+    per_process = replicated["cpu_ms_per_run"]
+
+    def ours(figures: dict) -> float:
+        return sum(v for k, v in figures.items() if k != "others")
+
+    row("CPU ms per run, ours", _n(ours(one), 2), _n(ours(many), 2),
+        "every process below but the rest of the machine")
+    for name in sorted(many, key=lambda k: (k == "others", -many[k])):
+        processes = sorted(p for p in per_process if p.startswith(f"{name}-"))
+        detail = ("(" + " + ".join(f"{p} {per_process[p]:.2f}" for p in processes) + ")"
+                  if processes else "")
+        if name == "others":
+            detail = "the rest of the machine (other work on it: noise)"
+        row(f"  {name}", _n(one.get(name), 2), _n(many[name], 2), detail)
+    busy_one, busy_many = single.get("cores_busy") or {}, replicated.get("cores_busy") or {}
+    row("cores busy (others)", f"{_n(busy_one.get('all'), 2)} ({_n(busy_one.get('others'), 2)})",
+        f"{_n(busy_many.get('all'), 2)} ({_n(busy_many.get('others'), 2)})",
+        f"of {report['meta']['cpus']}")
     return "\n".join(lines)

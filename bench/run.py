@@ -23,12 +23,13 @@ import nats
 
 from bench import ceilings, chart, report, stages
 from bench.callgrind import Callgrind
+from bench.correctness import verify_w1
 from bench.profile import Profiler, render
 from bench.stack import REPO, SERVICES, ServiceSet, server_pids, servers
-from bench.workloads import Positions, Probe, rebuild, w1, w2
-from tether.adapters.jetstream import remove_streams
+from bench.workloads import HOOK_METHOD, Positions, Probe, rebuild, w1, w2
+from tether.adapters.streams import remove_streams
 from tether.cli import event_loop_factory
-from tether.client import connect
+from tether.client import Tether, connect
 from tether.config import Settings
 from tether.log import configure_logging
 from tether.runtime import tune_gc
@@ -57,6 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the app's finish-hook handler concurrency (default 32)")
     parser.add_argument("--parents", type=int, default=16,
                         help="parent instances the W1 runs are spread over (default 16)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="after W1, run it again with this many parent and child-runner "
+                             "processes (one projector and one reconciler), under a prefix of "
+                             "its own, and report its CPU per run beside the single-replica "
+                             "W1's (default 1: no second W1; --profile and --callgrind watch "
+                             "the first W1 only)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="give up on W1 after this many seconds (default 60 + runs/20)")
     parser.add_argument("--profile", action="store_true",
@@ -140,6 +147,94 @@ async def cleanup(nats_url: str, database_url: str, settings: Settings) -> None:
         await conn.close()
 
 
+async def run_w1(args: argparse.Namespace, tether: Tether, positions: Positions,
+                 services: ServiceSet, probe: Probe, *, tag: str, nats_url: str,
+                 database_url: str, timeout: float, on_started=None) -> dict:
+    """W1, then its correctness, checked from the log (bench/correctness.py)."""
+    result = await w1(tether, positions, services, probe, runs=args.runs, tag=tag,
+                      submit_concurrency=args.submit_concurrency,
+                      hook_concurrency=args.hook_concurrency, parents=args.parents,
+                      timeout=timeout, server_pids=server_pids(nats_url, database_url),
+                      submit_mode=args.submit, max_open=args.max_open, on_started=on_started)
+    result["correctness"] = await verify_w1(tether.log, accepted=result["_accepted"],
+                                            hook_calls=result["_hook_calls"],
+                                            hook_method=HOOK_METHOD)
+    return result
+
+
+async def replicated_w1(args: argparse.Namespace, nats_url: str, database_url: str,
+                        extra: dict[str, str], log_dir: Path) -> dict:
+    """W1 again with `--replicas` parents and child-runners (the projector and the
+    reconciler one each, as in the first W1), under a prefix and schema of its own, so
+    its log holds its runs alone."""
+    tag = uuid.uuid4().hex[:8]
+    prefix = f"bench{tag}"
+    settings = Settings(nats_url=nats_url, database_url=database_url, prefix=prefix,
+                        projection_schema=prefix)
+    env = ServiceSet.environment(nats_url, database_url, prefix, extra)
+    services = ServiceSet(env, log_dir,
+                          replicas={"parent": args.replicas, "child-runner": args.replicas})
+    await services.start()
+    try:
+        async with connect(settings=settings, name="tether-bench") as tether:
+            db = await asyncpg.connect(database_url)
+            try:
+                positions = Positions(tether, db, prefix)
+                probe = Probe(nats_url, prefix, log_dir / ".probe.tmp", args.count_subjects,
+                              args.event_loop)
+                result = await run_w1(args, tether, positions, services, probe, tag=tag,
+                                      nats_url=nats_url, database_url=database_url,
+                                      timeout=args.timeout or 60 + args.runs / 20)
+                result["run_commands_per_parent"] = await services.commands_handled(
+                    "parent", "command.run")
+            finally:
+                await db.close()
+    finally:
+        crashed = services.crashed()
+        exit_codes = await services.stop()
+        if not args.keep:
+            await cleanup(nats_url, database_url, settings)
+    result.update(prefix=prefix, crashed_services=crashed, exit_codes=exit_codes,
+                  logs=str(log_dir))
+    return result
+
+
+async def measure_offline(args: argparse.Namespace, result: dict, env: dict[str, str],
+                          settings: Settings) -> None:
+    """What runs with Tether's services stopped: the rebuild, the ceilings, the peers."""
+    if not args.no_rebuild:
+        result["rebuild"] = await asyncio.to_thread(rebuild, env)
+    if not args.no_ceilings:
+        result["ceilings"] = await ceilings.measure(settings.nats_url, settings.database_url,
+                                                    settings.subjects, result["log_messages"])
+    if args.peers:
+        result["peers"] = {name: await asyncio.to_thread(run_peer, name, args,
+                                                         settings.database_url)
+                           for name in args.peer_names or PEERS}
+
+
+def failures(result: dict) -> list[str]:
+    """Why the bench exits with 1: a W1 run did not finish, a hook ran twice, a request
+    failed, a service crashed, or the log shows a W1 that was not correct."""
+    found = []
+    for name, w in (("W1", result["w1"]), ("replicated W1", result.get("w1_replicated"))):
+        if w is None:
+            continue
+        if w["finished"] != w["runs"]:
+            found.append(f"{name}: {w['finished']} of {w['runs']} runs finished")
+        if w["duplicate_hook_calls"] or w.get("submit_errors"):
+            found.append(f"{name}: {w['duplicate_hook_calls']} duplicate hook calls, "
+                         f"{w.get('submit_errors')} failed requests")
+        if not w["correctness"]["ok"]:
+            found.append(f"{name} IS NOT CORRECT: "
+                         + report.correctness_failures(w["correctness"]))
+    crashed = result["crashed_services"] + (result.get("w1_replicated") or {}).get(
+        "crashed_services", [])
+    if crashed:
+        found.append(f"crashed services: {', '.join(crashed)}")
+    return found
+
+
 async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> dict:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     tag = uuid.uuid4().hex[:8]
@@ -184,13 +279,10 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
                     if callgrind:
                         callgrind.zero(services.pids()[callgrind.service])
                 try:
-                    result["w1"] = await w1(tether, positions, services, probe, runs=args.runs,
-                                            tag=tag, submit_concurrency=args.submit_concurrency,
-                                            hook_concurrency=args.hook_concurrency,
-                                            parents=args.parents, timeout=timeout,
-                                            server_pids=server_pids(nats_url, database_url),
-                                            submit_mode=args.submit, max_open=args.max_open,
-                                            on_started=started)
+                    result["w1"] = await run_w1(args, tether, positions, services, probe,
+                                                tag=tag, nats_url=nats_url,
+                                                database_url=database_url, timeout=timeout,
+                                                on_started=started)
                 finally:
                     if profiler:
                         result["profiles"] = profiler.stop()
@@ -215,14 +307,10 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
     finally:
         result["crashed_services"] = services.crashed()
         result["exit_codes"] = await services.stop()
-    if not args.no_rebuild:
-        result["rebuild"] = await asyncio.to_thread(rebuild, env)
-    if not args.no_ceilings:
-        result["ceilings"] = await ceilings.measure(nats_url, database_url, settings.subjects,
-                                                    result["log_messages"])
-    if args.peers:
-        result["peers"] = {name: await asyncio.to_thread(run_peer, name, args, database_url)
-                           for name in args.peer_names or PEERS}
+    if args.replicas > 1:
+        result["w1_replicated"] = await replicated_w1(args, nats_url, database_url, extra,
+                                                      out_dir / f"{stamp}-replicas-logs")
+    await measure_offline(args, result, env, settings)
     if not args.keep:
         await cleanup(nats_url, database_url, settings)
     result["meta"]["load_avg_after"] = os.getloadavg()
@@ -253,17 +341,18 @@ def main(argv: list[str] | None = None) -> int:
     if "profiles" in result:
         print("\nhot spots (py-spy, share of busy samples):")
         print(render(result["profiles"]))
+    if result.get("w1_replicated"):
+        print("\n" + report.replicas_table(result))
     if result.get("peers"):
         print("\n" + report.peers_table(result))
     print(f"\n{result['files']['json']}" + (f"\n{result['files']['png']}"
                                            if result['files']['png'] else ""))
-    w = result["w1"]
-    for example in w.get("submit_error_examples") or []:
+    for example in result["w1"].get("submit_error_examples") or []:
         print(f"submit error: {example}")
-    complete = (w["finished"] == w["runs"] and w["duplicate_hook_calls"] == 0
-                and not w.get("submit_errors")
-                and not result["crashed_services"])
-    return 0 if complete else 1
+    found = failures(result)
+    for failure in found:
+        print(f"FAILED: {failure}", file=sys.stderr)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":

@@ -148,9 +148,33 @@ async def http_status(port: int, path: str) -> int:
         writer.close()
 
 
+async def metric_total(port: int, name: str, labels: dict[str, str]) -> float:
+    """The sum of a Prometheus metric's samples carrying `labels`, from GET /metrics on
+    127.0.0.1:port; 0 when nothing answers."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 2)
+    except (OSError, TimeoutError):
+        return 0.0
+    try:
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")
+        await writer.drain()
+        body = (await asyncio.wait_for(reader.read(), 5)).split(b"\r\n\r\n", 1)[-1]
+    except (OSError, TimeoutError):
+        return 0.0
+    finally:
+        writer.close()
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    total = 0.0
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith(name + "{") and all(label in line for label in wanted):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @dataclass
 class Service:
-    name: str
+    name: str  # the service, or with replicas `<service>-<n>`
+    service: str  # one of SERVICES
     process: subprocess.Popen
     health_port: int
     log_path: Path
@@ -171,12 +195,18 @@ class Service:
 
 
 class ServiceSet:
-    """`tether services NAME` for each service, log level warning, the bench child loaded."""
+    """`tether services NAME` for each service, log level warning, the bench child loaded.
 
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+    `replicas` runs that many processes of a service (named `<service>-1`, `-2`, ...);
+    they share its durable consumers as replicas in a deployment do.
+    """
+
+    def __init__(self, env: dict[str, str], log_dir: Path,
+                 replicas: dict[str, int] | None = None) -> None:
         self.env = env
         self.entry = "tether.cli"
         self.log_dir = log_dir
+        self.replicas = {name: 1 for name in SERVICES} | (replicas or {})
         self.services: dict[str, Service] = {}
         self.wrappers: dict[str, list[str]] = {}  # a command to run a service under
 
@@ -194,8 +224,11 @@ class ServiceSet:
 
     async def start(self, timeout: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for name in SERVICES:
-            self.services[name] = self._spawn(name)
+        for service in SERVICES:
+            count = self.replicas[service]
+            for n in range(1, count + 1):
+                name = service if count == 1 else f"{service}-{n}"
+                self.services[name] = self._spawn(service, name)
         deadline = time.monotonic() + timeout
         for service in self.services.values():
             while await http_status(service.health_port, "/readyz") != 200:
@@ -205,21 +238,33 @@ class ServiceSet:
                                        f"log {service.log_path}:\n{service.log_tail()}")
                 await asyncio.sleep(0.1)
 
-    def _spawn(self, name: str) -> Service:
+    def _spawn(self, service: str, name: str) -> Service:
         port = free_port()
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             process = subprocess.Popen(
-                [*self.wrappers.get(name, []), sys.executable, "-m", self.entry, "services", name],
+                [*self.wrappers.get(name, []), sys.executable, "-m", self.entry, "services",
+                 service],
                 env={**self.env, "TETHER_HEALTH_PORT": str(port)}, cwd=REPO,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        return Service(name, process, port, log_path)
+        return Service(name, service, process, port, log_path)
 
     def sample(self, label: str) -> dict[str, dict[str, int]]:
         return {name: service.sample(label) for name, service in self.services.items()}
 
     def pids(self) -> dict[str, int]:
         return {name: service.pid for name, service in self.services.items()}
+
+    async def commands_handled(self, service: str, handler: str) -> dict[str, int]:
+        """How many messages each process of `service` handled with `handler` (its
+        `tether_handler_seconds` count), e.g. each parent's `command.run`."""
+        return {name: int(await metric_total(s.health_port, "tether_handler_seconds_count",
+                                             {"service": service, "handler": handler}))
+                for name, s in self.services.items() if s.service == service}
+
+    def service_of(self) -> dict[str, str]:
+        """Each process's service: `parent-2` -> `parent`."""
+        return {name: service.service for name, service in self.services.items()}
 
     def crashed(self) -> list[str]:
         return [n for n, s in self.services.items() if s.process.poll() is not None]

@@ -111,6 +111,7 @@ class W1Recorder:
     finished: dict[str, float] = field(default_factory=dict)
     statuses: Counter = field(default_factory=Counter)
     calls: int = 0
+    calls_by_run: Counter = field(default_factory=Counter)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     progressed: asyncio.Event = field(default_factory=asyncio.Event)  # a run finished
 
@@ -121,6 +122,7 @@ class W1Recorder:
 
     async def hook(self, run, result) -> None:
         self.calls += 1
+        self.calls_by_run[run.run_id] += 1
         if run.run_id in self.finished:
             return  # a second call for one run: counted in `calls`, reported as duplicates
         self.finished[run.run_id] = time.time()
@@ -175,6 +177,16 @@ def _fill_memory_samples(services: ServiceSet, timeline: list[dict], finished: i
             service.samples["end"] = {"VmRSS": timeline[-1]["rss_kib"].get(name, 0)}
 
 
+def _by_service(cpu_used: dict[str, float], service_of: dict[str, str], runs: int) -> dict:
+    """CPU ms per run of each service's processes together (`parent-1` + `parent-2` ->
+    `parent`), and of the other processes as they are."""
+    totals: Counter = Counter()
+    for name, used in cpu_used.items():
+        if not name.startswith(("machine_", "kernel:")):
+            totals[service_of.get(name, name)] += 1000 * used / max(runs, 1)
+    return dict(totals)
+
+
 async def _submit_client(parent: ParentHandle, n: int, run_id: str) -> DetachedHandle:
     """What an application does: `run_agent_tool(..., detached=...)`, which waits for the
     parent to accept the run (on the run's live subject: a subscription per call)."""
@@ -204,6 +216,7 @@ async def w1(tether: Tether, positions: Positions, services: ServiceSet, probe: 
     hooks.register(HOOK_METHOD, recorder.hook)
     instances = [tether.parent(PARENT_AGENT, f"bench-{p}") for p in range(parents)]
     rejected: list[str] = []
+    accepted: list[str] = []
     failed: list[str] = []  # run_agent_tool raised
     requested_at: dict[str, float] = {}
     timeline: list[dict] = []
@@ -240,6 +253,8 @@ async def w1(tether: Tether, positions: Positions, services: ServiceSet, probe: 
                         continue
                     if not isinstance(handle, DetachedHandle) or handle.status != "running":
                         rejected.append(f"{run_id}: {handle}")
+                    else:
+                        accepted.append(run_id)
 
             started = time.time()
             await asyncio.gather(*(submitter() for _ in range(submit_concurrency)))
@@ -295,11 +310,15 @@ async def w1(tether: Tether, positions: Positions, services: ServiceSet, probe: 
         "cpu_ms_per_run": {name: 1000 * used / max(len(recorder.finished), 1)
                            for name, used in cpu_used.items()
                            if not name.startswith(("machine_", "kernel:"))},
+        "cpu_ms_per_run_by_service": _by_service(cpu_used, services.service_of(),
+                                                 len(recorder.finished)),
+        "replicas": {name: count for name, count in services.replicas.items()},
         "cpu_kernel_share": {name: cpu_used[f"kernel:{name}"] / used
                              for name, used in cpu_used.items()
                              if f"kernel:{name}" in cpu_used and used > 0},
         "cores_busy": {"all": cpu_used["machine_busy"] / max(seconds, 1e-9),
                        "others": cpu_used["others"] / max(seconds, 1e-9)},
+        "_accepted": accepted, "_hook_calls": recorder.calls_by_run,
         "_series": {"started": started, "finished": sorted(recorder.finished.values()),
                     "progress": progress, "timeline": timeline},
     }

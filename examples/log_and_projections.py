@@ -15,13 +15,9 @@ import uuid
 
 import asyncpg
 
-from tether.adapters.jetstream import (
-    EventLog,
-    StreamSettings,
-    connect_nats,
-    ensure_streams,
-    remove_streams,
-)
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents

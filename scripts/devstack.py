@@ -249,17 +249,26 @@ def create_database(bindir: str, port: int, name: str) -> None:
 
 @contextlib.contextmanager
 def temporary_nats() -> Iterator[str]:
-    """A JetStream-enabled nats-server on a free port in a temp dir; yields its URL."""
+    """A JetStream-enabled nats-server on a free port in a temp dir; yields its URL (its
+    log is `NATS_LOGS[url]` while it runs)."""
     tmp = Path(tempfile.mkdtemp(prefix="tether-nats-"))
     proc = None
+    url = ""
     try:
         port = free_port()
         proc = start_nats(tmp / "store", port, tmp / "nats.log", daemon=False)
-        yield f"nats://127.0.0.1:{port}"
+        url = f"nats://127.0.0.1:{port}"
+        NATS_LOGS[url] = tmp / "nats.log"
+        yield url
     finally:
+        NATS_LOGS.pop(url, None)
         if proc is not None:
             stop_pid(proc.pid, signal.SIGTERM, "nats-server")
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# The log file of each nats-server `temporary_nats` runs, by URL.
+NATS_LOGS: dict[str, Path] = {}
 
 
 @contextlib.contextmanager
@@ -308,6 +317,8 @@ def cmd_test(cmd: list[str]) -> int:
     with contextlib.ExitStack() as stack:
         if not env.get("TETHER_NATS_URL"):
             env["TETHER_NATS_URL"] = stack.enter_context(temporary_nats())
+            # For the tests' failure reports (tests/conftest.py).
+            env["TETHER_DEV_NATS_LOG"] = str(NATS_LOGS[env["TETHER_NATS_URL"]])
         if not env.get("TETHER_DATABASE_URL"):
             env["TETHER_DATABASE_URL"] = stack.enter_context(temporary_postgres())
         return run_child(cmd, env)

@@ -19,15 +19,11 @@ from pathlib import Path
 import asyncpg
 from playwright.async_api import async_playwright
 
-from tether.adapters.jetstream import (
-    EventLog,
-    StreamSettings,
-    connect_nats,
-    ensure_streams,
-    remove_streams,
-)
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.config import Settings
 from tether.domain import events as ev
 from tether.domain.events import DetachedOptions, ParentRef

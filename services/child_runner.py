@@ -2,14 +2,14 @@
 
 import asyncio
 
-from tether.adapters.jetstream import StreamSettings, ensure_streams
-from tether.child.agent import AgentConfigurationError, AgentRegistry
+from tether.agent_registry import AgentConfigurationError, AgentRegistry
+from tether.bootstrap import Needs, Service, bootstrap
 from tether.child.runner import ChildRunner, consumer_name
 from tether.client.connection import Tether
 from tether.config import Settings
 from tether.log import get_logger
-from tether.metrics import REGISTRY, RUNNER_SLOTS, WORK_PENDING
-from tether.runtime import ReadinessCheck, close_quietly, nats_check, open_nats, while_starting
+from tether.metrics import RUNNER_SLOTS, WORK_PENDING
+from tether.runtime import ReadinessCheck, nats_check
 
 
 def _registry(settings: Settings) -> AgentRegistry:
@@ -28,22 +28,16 @@ def _registry(settings: Settings) -> AgentRegistry:
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     registry = _registry(settings)
-    nc = await open_nats(settings, "tether-child-runner", stop)
-    if nc is None:
-        return
-    remove_collector = None
-    try:
-        js = nc.jetstream()
-        if not await while_starting(settings, stop, "creating the streams", lambda: ensure_streams(
-                js, settings.subjects, StreamSettings.of(settings))):
-            return
+
+    async def run(service: Service) -> None:
+        nc, js = service.nc, service.js
         # A child may itself be a parent: its nested runs go through the same connection,
         # owned by (its agent type, its run id), so they stay off the top parent's timeline.
         client = Tether(nc, settings)
         runner = ChildRunner(nc, settings, registry,
                              shutdown_grace_s=settings.runner_shutdown_grace_ms / 1000,
                              parent_client=lambda ref: client.parent(ref.agent, ref.name))
-        if not await while_starting(settings, stop, "creating the work consumers", runner.start):
+        if not await service.starting("creating the work consumers", runner.start):
             return
 
         async def streams_present() -> tuple[bool, str]:
@@ -58,8 +52,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                 return True, f"consuming work for {agents}"
             return False, "not consuming (starting or stopping)"
 
-        checks.update(nats=nats_check(nc), control=nats_check(runner.control.connection),
-                      streams=streams_present, consuming=consuming)
+        service.ready(control=nats_check(runner.control.connection), streams=streams_present,
+                      consuming=consuming)
         RUNNER_SLOTS.set(settings.runner_concurrency)
 
         async def collect_work_queue() -> None:
@@ -69,9 +63,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                                               consumer_name(agent_type))
                 WORK_PENDING.set(info.num_pending + info.num_ack_pending, agent_type=agent_type)
 
-        remove_collector = REGISTRY.add_collector(collect_work_queue)
+        service.collect(collect_work_queue)
         await runner.run(stop)
-    finally:
-        if remove_collector is not None:
-            remove_collector()
-        await close_quietly(nc.drain())
+
+    await bootstrap(settings, stop, checks, Needs("tether-child-runner"), run)

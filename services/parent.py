@@ -2,22 +2,14 @@
 
 import asyncio
 
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
-from tether.adapters.postgres.migrator import migrate
-from tether.child.agent import AgentConfigurationError, AgentRegistry
+from tether.adapters.event_log import EventLog
+from tether.agent_registry import AgentConfigurationError, AgentRegistry
+from tether.bootstrap import Needs, Service, bootstrap
 from tether.config import Settings
 from tether.log import get_logger
-from tether.metrics import DELIVERIES_PENDING, DELIVERIES_REDELIVERED, REGISTRY
+from tether.metrics import DELIVERIES_PENDING, DELIVERIES_REDELIVERED
 from tether.parent.service import ParentService
-from tether.runtime import (
-    ReadinessCheck,
-    close_quietly,
-    nats_check,
-    open_nats,
-    open_postgres,
-    postgres_check,
-    while_starting,
-)
+from tether.runtime import ReadinessCheck, nats_check
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
@@ -27,26 +19,15 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     except AgentConfigurationError as error:
         logger.error("parent.misconfigured", error=str(error))
         raise SystemExit(2) from None
-    nc = await open_nats(settings, "tether-parent", stop)
-    if nc is None:
-        return
-    pool = None
-    remove_collector = None
-    try:
-        pool = await open_postgres(settings, stop, min_size=1, max_size=4)
-        if pool is None:
-            return
-        if not await while_starting(settings, stop, "creating the streams",
-                                    lambda: _prepare(settings, nc, pool)):
-            return
-        service = ParentService(settings, EventLog(nc, settings.subjects), pool, agents, logger)
-        if not await while_starting(settings, stop, "starting the parent", service.start):
+
+    async def run(service: Service) -> None:
+        parent = ParentService(settings, EventLog(service.nc, settings.subjects),
+                               service.postgres, agents, logger)
+        if not await service.starting("starting the parent", parent.start):
             return
         logger.info("parent.ready", agents=agents.agent_types)
-
-        checks.update(parent_nats=nats_check(nc), parent_queries=nats_check(service.queries.connection),
-                      parent_postgres=postgres_check(pool))
-        js, hooks_stream = nc.jetstream(), settings.subjects.hooks_stream
+        service.ready(parent_queries=nats_check(parent.queries.connection))
+        js, hooks_stream = service.js, settings.subjects.hooks_stream
 
         async def collect_hook_deliveries() -> None:
             # One consumer per (parent agent, hook method), created by the application.
@@ -55,17 +36,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                                         for c in consumers})
             DELIVERIES_REDELIVERED.replace({(c.name,): c.num_redelivered for c in consumers})
 
-        remove_collector = REGISTRY.add_collector(collect_hook_deliveries)
-        await service.run(stop)
-    finally:
-        if remove_collector is not None:
-            remove_collector()
-        if pool is not None:
-            await close_quietly(pool.close())
-        await close_quietly(nc.drain())
+        service.collect(collect_hook_deliveries)
+        await parent.run(stop)
 
-
-async def _prepare(settings: Settings, nc, pool) -> None:
-    await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings.of(settings))
-    async with pool.acquire() as conn:
-        await migrate(conn, settings.projection_schema)
+    await bootstrap(settings, stop, checks,
+                    Needs("tether-parent", pool_size=(1, 4), health_prefix="parent_"), run)

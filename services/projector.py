@@ -9,9 +9,9 @@ import time
 import asyncpg
 from nats.js import JetStreamContext
 
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
-from tether.adapters.postgres.migrator import migrate
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
+from tether.bootstrap import Needs, Service, bootstrap
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import (
@@ -21,18 +21,9 @@ from tether.metrics import (
     PROJECTOR_LAG_EVENTS,
     PROJECTOR_LAG_SECONDS,
     PROJECTOR_POSITION,
-    REGISTRY,
     RUNS,
 )
-from tether.runtime import (
-    ReadinessCheck,
-    close_quietly,
-    nats_check,
-    open_nats,
-    open_postgres,
-    postgres_check,
-    while_starting,
-)
+from tether.runtime import ReadinessCheck
 
 # Readiness fails while the projector is this many events behind the log.
 MAX_READY_LAG = 10_000
@@ -46,25 +37,13 @@ READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="projector")
-    nc = await open_nats(settings, "tether-projector", stop)
-    if nc is None:
-        return
-    pool = None
-    remove_collector = None
-    try:
-        pool = await open_postgres(settings, stop, min_size=2, max_size=4)
-        if pool is None:
-            return
 
-        async def prepare() -> None:
-            await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings.of(settings))
-            async with pool.acquire() as conn:
-                applied = await migrate(conn, settings.projection_schema)
-            logger.info("projector.migrated", schema=settings.projection_schema, applied=applied)
-
-        if not await while_starting(settings, stop, "creating the streams", prepare):
-            return
-        projector = Projector(pool, EventLog(nc, settings.subjects), settings.projection_schema,
+    async def run(service: Service) -> None:
+        pool = service.postgres
+        logger.info("projector.migrated", schema=settings.projection_schema,
+                    applied=service.migrations_applied)
+        projector = Projector(pool, EventLog(service.nc, settings.subjects),
+                              settings.projection_schema,
                               batch_size=settings.projector_batch_size,
                               linger_ms=settings.projector_linger_ms,
                               preview_chars=settings.input_preview_chars, logger=logger,
@@ -77,16 +56,11 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
             lag = projector.stats.lag
             return lag <= MAX_READY_LAG, f"{lag} events behind, at {projector.stats.position}"
 
-        checks.update(nats=nats_check(nc), postgres=postgres_check(pool), projector=caught_up)
-        remove_collector = REGISTRY.add_collector(
-            _collector(settings, nc.jetstream(), pool, projector))
+        service.ready(projector=caught_up)
+        service.collect(_collector(settings, service.js, pool, projector))
         await projector.run(stop)
-    finally:
-        if remove_collector is not None:
-            remove_collector()
-        if pool is not None:
-            await close_quietly(pool.close())
-        await close_quietly(nc.drain())
+
+    await bootstrap(settings, stop, checks, Needs("tether-projector", pool_size=(2, 4)), run)
 
 
 def _collector(settings: Settings, js: JetStreamContext, pool: asyncpg.Pool,

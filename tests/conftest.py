@@ -8,6 +8,7 @@ server with the same code and stops it at the end, so a plain `pytest` works too
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 import time
@@ -22,6 +23,7 @@ _TESTS = Path(__file__).resolve().parent
 _TIERS = ("unit", "integration", "e2e", "chaos")
 
 
+@functools.cache
 def _devstack():
     spec = importlib.util.spec_from_file_location(
         "tether_devstack", _TESTS.parent / "scripts" / "devstack.py"
@@ -103,7 +105,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         if failures := _api_errors.since(started):
             report.sections.append(("JetStream API errors",
                                     "\n".join(str(failure) for failure in failures)))
+    if report.failed and (warnings := _server_warnings_since(item.stash.get(_LOG_AT, 0))):
+        # The cause behind a generic API error ("error creating store for stream").
+        report.sections.append(("nats-server warnings", "\n".join(warnings)))
     return report
+
+
+def _server_log() -> Path | None:
+    """The tests' nats-server's log, when the tests' devstack started it."""
+    if path := os.environ.get("TETHER_DEV_NATS_LOG"):
+        return Path(path)
+    return next(iter(_devstack().NATS_LOGS.values()), None)
+
+
+def _server_warnings_since(offset: int, limit: int = 40) -> list[str]:
+    path = _server_log()
+    if path is None:
+        return []
+    with contextlib.suppress(OSError), path.open("rb") as log:
+        log.seek(offset)
+        lines = log.read().decode(errors="replace").splitlines()
+        return [line for line in lines if "[WRN]" in line or "[ERR]" in line][-limit:]
+    return []
+
+
+_LOG_AT = pytest.StashKey[int]()
 
 
 _STARTED = pytest.StashKey[float]()
@@ -112,3 +138,6 @@ _STARTED = pytest.StashKey[float]()
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_STARTED] = time.monotonic()
+    if (path := _server_log()) is not None:
+        with contextlib.suppress(OSError):
+            item.stash[_LOG_AT] = path.stat().st_size

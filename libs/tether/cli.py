@@ -159,7 +159,7 @@ async def _run_services(settings: Settings, name: str) -> int:
 
 
 async def _projections(settings: Settings, action: str, batch_size: int) -> int:
-    from tether.adapters.jetstream import EventLog
+    from tether.adapters.event_log import EventLog
     from tether.adapters.postgres.migrator import migrate
     from tether.adapters.postgres.projector import rebuild, verify
     from tether.runtime import pause_gc_for_replay
@@ -205,7 +205,7 @@ async def _projections(settings: Settings, action: str, batch_size: int) -> int:
 
 
 async def _connect_nats(settings: Settings, name: str):
-    from tether.adapters.jetstream import connect_nats
+    from tether.adapters.nats_connection import connect_nats
 
     failures: list[BaseException] = []
 

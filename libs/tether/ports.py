@@ -2,7 +2,7 @@
 
 The parent's command handlers, the child-runner's executions, the deliverer and the
 reconciler decide from a run's history and append what they decided through this port.
-Its real adapter is `tether.adapters.jetstream.EventLog` (NATS JetStream); its in-memory
+Its real adapter is `tether.adapters.event_log.EventLog` (NATS JetStream); its in-memory
 one is `tether.testing.InMemoryEventLog`, for tests that need no server. Nothing here
 imports a broker client, so a decision's test needs none either.
 
@@ -28,6 +28,7 @@ from tether.contract.codec import EventDecodeError
 from tether.contract.subjects import Subjects
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
+from tether.recent_runs import RecentRuns
 
 Decide = Callable[[RunState | None], Sequence[Event]]
 
@@ -117,10 +118,12 @@ class EventLog(Protocol):
         """`update`, and the run's last stream sequence it knows of."""
         ...
 
-    def remember(self, parent: ParentRef, run_id: str, state: RunState | None,
-                 seq: int) -> None:
-        """A hint: the run's state after the message at `seq`. The next `update` may
-        decide from it; its append expects `seq`, so a wrong hint costs a re-read."""
+    @property
+    def recent_runs(self) -> RecentRuns:
+        """What this process last read or appended of each run (`tether.recent_runs`):
+        `update` may decide from it; its append expects the sequence remembered, so a
+        wrong hint costs a re-read. A reader that folded a run itself tells it with
+        `recent_runs.remember_run`."""
         ...
 
     async def read_run(self, parent: ParentRef, run_id: str, *,

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from tether import tracing
-from tether.adapters.jetstream import NatsUnreachable, connect_nats
+from tether.adapters.nats_connection import NatsUnreachable, connect_nats
 from tether.diagnose import nats_unreachable, postgres_unreachable
 from tether.log import get_logger
 from tether.metrics import REGISTRY, Registry

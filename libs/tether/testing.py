@@ -17,10 +17,11 @@ from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
 from tether.ports import ConcurrencyConflict, Decide, RunHistory, StoredEvent, run_history
+from tether.recent_runs import RecentRuns
 
 if TYPE_CHECKING:
     from tether import ports
-    from tether.adapters.jetstream import EventLog
+    from tether.adapters.event_log import EventLog
 
 WRONG_LAST_SEQUENCE = 10071  # the error code JetStream answers a wrong expected sequence with
 
@@ -254,7 +255,7 @@ class InMemoryEventLog:
     Every read and publish yields to the event loop once, as a round trip to the server
     would, so concurrent writers interleave between their read and their append.
     Unlike the JetStream log it keeps no state between calls: every `update` reads the
-    run, and `remember` changes nothing. Messages for the other streams (work items,
+    run, and its `recent_runs` (of size 0) remembers nothing. Messages for the other streams (work items,
     hooks, chat) are kept too: `messages(stream)` lists them.
     """
 
@@ -268,6 +269,7 @@ class InMemoryEventLog:
                                              clock=clock) for name in names}
         self.nats = InMemoryNats()
         self.jetstream = InMemoryJetStream(self.streams)
+        self.recent_runs = RecentRuns(self.subjects, size=0)
         self._events = self.streams[self.subjects.events_stream]
         self._stored = asyncio.Event()  # set, and replaced, at each message stored
 
@@ -349,10 +351,6 @@ class InMemoryEventLog:
             except ConcurrencyConflict:
                 continue
         raise ConcurrencyConflict(self.subjects.run_events(parent, run_id), seq)
-
-    def remember(self, parent: ParentRef, run_id: str, state: RunState | None,
-                 seq: int) -> None:
-        """Nothing to remember: every `update` here reads the run."""
 
     # --- reading --------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from chaos import Load, Report, chaos_system, namespaces_available
 from eventually import eventually
 from service_processes import http_status
 
-from tether.adapters.jetstream import connect_nats
+from tether.adapters.nats_connection import connect_nats
 
 long = pytest.mark.long
 # `make test-chaos`: the load the scenarios were first tried with, 300 runs.

@@ -10,13 +10,9 @@ import pytest
 from playwright.async_api import Page, async_playwright, expect
 from service_processes import ServiceProcess
 
-from tether.adapters.jetstream import (
-    EventLog,
-    StreamSettings,
-    connect_nats,
-    ensure_streams,
-    remove_streams,
-)
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.config import Settings
 
 

@@ -18,7 +18,8 @@ import pyte
 import pytest
 
 from tests.e2e.conftest import ServiceProcess
-from tether.adapters.jetstream import connect_nats, remove_streams
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.streams import remove_streams
 from tether.client import connect
 from tether.config import Settings
 

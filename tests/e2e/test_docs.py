@@ -24,7 +24,8 @@ import asyncpg
 import pytest
 
 from tests.e2e.conftest import ServiceProcess
-from tether.adapters.jetstream import connect_nats, remove_streams
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.streams import remove_streams
 from tether.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from contextlib import aclosing
 
 from eventually import eventually
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.contract.messages import WorkItem, work_message_id
 from tether.domain.commands import RunCommand
 from tether.domain.events import ParentRef

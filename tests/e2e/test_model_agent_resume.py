@@ -8,7 +8,7 @@ import asyncio
 import signal
 from contextlib import aclosing
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.agents.clients.scripted import read_calls
 from tether.contract.messages import WorkItem, work_message_id
 from tether.domain.events import ParentRef

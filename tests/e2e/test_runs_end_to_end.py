@@ -12,7 +12,7 @@ import pytest
 from eventually import eventually
 from service_processes import ready
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.client import Tether, TimelineView, connect
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle, RunInfo
 from tether.domain.events import ParentRef

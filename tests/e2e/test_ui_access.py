@@ -15,9 +15,10 @@ from playwright.async_api import expect
 from ui_server import running_ui
 
 from tether.access import USERS, Application
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
+from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents

@@ -16,7 +16,8 @@ import asyncpg
 import pytest
 from playwright.async_api import Page, expect
 
-from tether.adapters.jetstream import StreamSettings, connect_nats, ensure_streams, remove_streams
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.client import Tether, connect
 from tether.config import Settings
 from tether.domain.events import ParentRef

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from playwright.async_api import expect
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.postgres.projector import Projector
 from tether.contract.codec import encode_event

@@ -3,14 +3,10 @@
 import asyncpg
 import pytest
 
-from tether.adapters.jetstream import (
-    EventLog,
-    StreamSettings,
-    connect_nats,
-    ensure_streams,
-    remove_streams,
-)
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.migrator import migrate
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.config import Settings
 
 

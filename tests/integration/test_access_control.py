@@ -19,7 +19,7 @@ from eventually import eventually
 
 from tether.access import USERS, Application, nkey_variable
 from tether.access import main as render_main
-from tether.adapters.jetstream import remove_streams
+from tether.adapters.streams import remove_streams
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess

@@ -13,7 +13,7 @@ from authorized_nats import nats_server
 
 from tether.access import Application
 from tether.access_jwt import covers, generate
-from tether.adapters.jetstream import StreamSettings, ensure_streams
+from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle

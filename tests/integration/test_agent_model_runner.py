@@ -21,8 +21,9 @@ from eventually import eventually
 from pydantic import BaseModel
 
 from examples.model_agents import Publisher, Researcher
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
+from tether.agent_registry import AgentRegistry
 from tether.agents import (
     Agent,
     AgentDefinition,
@@ -36,7 +37,6 @@ from tether.agents import (
 )
 from tether.agents.clients.scripted import read_calls
 from tether.agents.devtools import show_run
-from tether.child.agent import AgentRegistry
 from tether.child.execution import Outcome
 from tether.child.runner import ChildRunner, consumer_name
 from tether.contract.messages import CancelSignal, InspectReply, WorkItem, work_message_id

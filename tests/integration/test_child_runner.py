@@ -18,14 +18,16 @@ import structlog
 from pydantic import BaseModel
 
 from examples.agents import Extractor, Failing, Researcher, ResearchInput, Sleeper
-from tether.adapters.jetstream import EventLog, RunHistory
+from tether.adapters.event_log import EventLog
+from tether.agent_registry import AgentRegistry
 from tether.child import context as context_module
-from tether.child.agent import AgentRegistry, ChildAgent
+from tether.child.agent import ChildAgent
 from tether.child.context import RunContext, report_progress
 from tether.child.execution import Outcome
 from tether.child.runner import MAX_DELIVER_MARGIN, ChildRunner, consumer_name
 from tether.contract.messages import CancelSignal, ProgressSignal, WorkItem, work_message_id
 from tether.domain.events import Event, ParentRef, RunCancelRequested
+from tether.ports import RunHistory
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-42")
@@ -649,12 +651,19 @@ async def test_the_work_consumer_is_durable_shared_and_configured(log, start_run
 
 async def test_report_progress_outside_a_run_is_a_no_op_with_one_warning(monkeypatch):
     monkeypatch.setattr(context_module, "_warned_outside_run", False)
-    with structlog.testing.capture_logs() as logs:
-        await report_progress(fraction=0.5, message="nobody listens")
-        await report_progress(milestone="ignored")
-        summary = await Researcher().run(RunContext.standalone("Researcher"),
-                                         ResearchInput(query="HTTP/3"))
-        await Researcher().report_progress(fraction=1.0)
+    configured = structlog.is_configured()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            await report_progress(fraction=0.5, message="nobody listens")
+            await report_progress(milestone="ignored")
+            summary = await Researcher().run(RunContext.standalone("Researcher"),
+                                             ResearchInput(query="HTTP/3"))
+            await Researcher().report_progress(fraction=1.0)
+    finally:
+        if not configured:
+            # capture_logs leaves structlog configured on its way out: the library's
+            # records would no longer reach `logging` (and the later tests' caplog).
+            structlog.reset_defaults()
     assert summary.startswith("HTTP/3")
     assert [entry["event"] for entry in logs] == ["report_progress.outside_run"]
     with pytest.raises(ValueError, match="from 0 to 1"):

@@ -6,7 +6,7 @@ import pytest
 from eventually import eventually
 from nats.aio.msg import Msg
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.client.feed import OrderedFeed
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents

@@ -14,7 +14,7 @@ import pytest
 from eventually import eventually
 
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.client import ServiceUnavailable, Tether, connect
 from tether.client.hooks import consumer_config, consumer_name
 from tether.contract.messages import (
@@ -25,12 +25,12 @@ from tether.contract.messages import (
     RunInfo,
     finish_message_id,
 )
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import load_formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import DetachedOptions, ParentRef, RunFinishDelivered
 from tether.domain.run_state import RunState
 from tether.log import get_logger
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import load_formatters
-from tether.parent.registry import RegisteredHooks
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Importer", name="acme")

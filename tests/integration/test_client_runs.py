@@ -15,7 +15,8 @@ from typing import Self
 
 import pytest
 
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.adapters.event_log import EventLog
+from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import InputTooLarge, ServiceUnavailable, Tether, connect
 from tether.client import parent as client_parent
 from tether.client.awaiting import RunWaiter

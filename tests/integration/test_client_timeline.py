@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.client import Tether, TimelineView, connect
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef, RunMilestone, RunOutput, RunProgressPersisted

@@ -19,7 +19,8 @@ import nats
 import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, authorized_nats
 
-from tether.adapters.jetstream import EventLog, StreamSettings, ensure_streams
+from tether.adapters.event_log import EventLog
+from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, RateLimited, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle, run_message_id

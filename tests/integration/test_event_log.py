@@ -9,16 +9,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api as js_api
 from nats.js.errors import APIError, NoStreamResponseError
 
-from tether.adapters.jetstream import (
-    WRONG_LAST_SEQUENCE,
-    ConcurrencyConflict,
-    EventLog,
-    StreamSettings,
-    ensure_streams,
-    remove_streams,
-    stream_configs,
-)
+from tether.adapters.event_log import WRONG_LAST_SEQUENCE, EventLog
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams, stream_configs
 from tether.domain.events import ParentRef, RunCompleted
+from tether.ports import ConcurrencyConflict
 from tether.testing import RunEvents
 
 
@@ -125,7 +119,7 @@ async def test_a_run_this_process_just_read_or_wrote_is_decided_on_without_readi
     run = RunEvents("r-known")
     await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
     await mine.update(run.parent, run.run_id, _append_if_missing(run.milestone("one")))
-    await mine.append(run.milestone("two"), expected_last_seq=None)
+    await mine.update(run.parent, run.run_id, _append_if_missing(run.milestone("two")))
     state, appended = await mine.update(run.parent, run.run_id,
                                         lambda s: [run.completed("ok")] if s.milestones else [])
     assert mine.reads == 1, "only the first decision read the run"
@@ -133,6 +127,22 @@ async def test_a_run_this_process_just_read_or_wrote_is_decided_on_without_readi
     assert [m.name for m in state.milestones] == ["one", "two"]
     fresh = await log.read_run(run.parent, run.run_id)
     assert fresh.state == state
+
+
+async def test_an_append_expecting_no_sequence_is_unconditional_and_forgets_the_run(
+        nc, log: EventLog):
+    mine = CountingLog(nc, log.subjects)
+    run = RunEvents("r-unconditional")
+    subject = log.subjects.run_events(run.parent, run.run_id)
+    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
+    assert mine.recent_runs.get(subject) is not None
+    seq = await mine.append(run.milestone("fact"), expected_last_seq=None)
+    stored, _ = await log.read_stored(log.subjects.events_stream, subject, start_seq=seq, size=1)
+    assert "Nats-Expected-Last-Subject-Sequence" not in (stored[0].headers or {})
+    assert mine.recent_runs.get(subject) is None, "the run after it is unknown without a read"
+    state, _ = await mine.update(run.parent, run.run_id, lambda s: [])
+    assert mine.reads == 2
+    assert [m.name for m in state.milestones] == ["fact"]
 
 
 async def known_then_moved(nc, log: EventLog, run_id: str,
@@ -301,7 +311,7 @@ async def test_an_acked_publish_nobody_answers_times_out_and_forgets_its_waiter(
     with pytest.raises(NatsTimeoutError):
         await log.publish(f"{settings.prefix}.silent", b"{}", headers={}, stream="ANY")
     await silent.unsubscribe()
-    assert log._waiting == {}
+    assert log.requests.waiting == 0
 
 
 async def test_the_last_sequence_of_a_run_is_read_by_a_subject_scoped_direct_get(log: EventLog):

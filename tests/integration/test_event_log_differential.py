@@ -7,7 +7,7 @@ from contextlib import aclosing
 
 import pytest
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.domain import events as ev
 from tether.domain.events import ParentRef
 from tether.ports import ConcurrencyConflict

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from tether import ChildAgent, RunContext, agent_tool
 from tether.adapters.postgres.projector import Projector
+from tether.agent_registry import AgentRegistry
 from tether.agents import (
     AgentDefinition,
     ModelAgent,
@@ -31,7 +32,6 @@ from tether.agents import (
     tool,
 )
 from tether.agents.devtools import render_run, show_run
-from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
 from tether.contract.messages import UsageView

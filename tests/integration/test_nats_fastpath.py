@@ -9,8 +9,10 @@ from contextlib import aclosing, suppress
 import pytest
 from nats.aio.client import Client as NATS
 
-from tether.adapters.jetstream import EventLog, connect_nats, subscribe_routed
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
 from tether.adapters.nats_fastpath import FastClient, supported
+from tether.adapters.requests import subscribe_routed
 from tether.testing import RunEvents
 
 pytestmark = pytest.mark.skipif(not supported(), reason="an untested nats-py: no fast path")

@@ -10,8 +10,9 @@ from eventually import eventually
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field
 
-from tether.adapters.jetstream import EventLog
-from tether.child.agent import AgentRegistry, ChildAgent
+from tether.adapters.event_log import EventLog
+from tether.agent_registry import AgentRegistry
+from tether.child.agent import ChildAgent
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     ChatMessage,

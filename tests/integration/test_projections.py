@@ -5,19 +5,15 @@ import json
 
 import pytest
 
-from tether.adapters.jetstream import StoredEvent
 from tether.adapters.postgres import projector as projector_module
 from tether.adapters.postgres.migrator import migrate
-from tether.adapters.postgres.projection import (
-    KnownStates,
-    PipelinedReplay,
-    Statements,
-    apply_batch,
-    ensure_checkpoint,
-    table_digests,
-)
+from tether.adapters.postgres.projection import apply_batch, ensure_checkpoint, table_digests
 from tether.adapters.postgres.projector import Projector, rebuild, verify
+from tether.adapters.postgres.replay import PipelinedReplay
+from tether.adapters.postgres.statements import Statements
 from tether.contract.codec import encode_event
+from tether.ports import StoredEvent
+from tether.recent_runs import RecentlyProjected
 from tether.testing import RunEvents, append_finished_runs
 
 
@@ -105,7 +101,7 @@ async def test_known_states_are_dropped_when_another_writer_moved_the_checkpoint
     batch = [StoredEvent(i + 1, log.subjects.run_events(e.parent, e.run_id), e, None,
                          encode_event(e)) for i, e in enumerate(events)]
     sql = Statements(settings.projection_schema)
-    known = KnownStates()
+    known = RecentlyProjected()
     async with pool.acquire() as conn:
         await apply_batch(conn, sql, batch[:2], known=known)
         await apply_batch(conn, sql, batch[2:3])  # another writer (a swapped-in rebuild)
@@ -276,7 +272,7 @@ async def test_a_replay_stops_when_another_process_writes_its_schema(log, pool, 
     sql = Statements(settings.projection_schema)
     async with pool.acquire() as conn:
         checkpoint = await ensure_checkpoint(conn, sql)
-        replay = PipelinedReplay(conn, sql, KnownStates(empty_at=checkpoint), checkpoint)
+        replay = PipelinedReplay(conn, sql, RecentlyProjected(empty_at=checkpoint), checkpoint)
         await replay.apply(batch[:2])
         assert await replay.written() == 2
         async with pool.acquire() as other:
@@ -306,7 +302,7 @@ async def test_a_bulk_replay_claims_its_tables_only_once_it_wrote_every_run(log,
     async with pool.acquire() as conn:
         await migrate(conn, scratch)
         checkpoint = await ensure_checkpoint(conn, sql)
-        replay = PipelinedReplay(conn, sql, KnownStates(empty_at=checkpoint), checkpoint,
+        replay = PipelinedReplay(conn, sql, RecentlyProjected(empty_at=checkpoint), checkpoint,
                                  bulk=True, quiet_events=2)
         await replay.apply(batch[:4])
         # Quiet for 2 events: r0 and r1 are written; the checkpoint says nothing yet.
@@ -337,7 +333,7 @@ async def test_a_bulk_replay_writes_the_runs_left_as_its_end_nears(log, pool, se
     sql = Statements(f"{settings.projection_schema}_end")
     async with pool.acquire() as conn:
         await migrate(conn, sql.schema)
-        replay = PipelinedReplay(conn, sql, KnownStates(empty_at=0), 0, bulk=True,
+        replay = PipelinedReplay(conn, sql, RecentlyProjected(empty_at=0), 0, bulk=True,
                                  quiet_events=100, end_seq=8)
 
         async def written() -> list[str]:

@@ -7,7 +7,8 @@ import pytest
 from nats.js import api as js_api
 from nats.js.errors import APIError
 
-from tether.adapters.jetstream import Pull, connect_nats, durable_pull
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.pull import Pull, durable_pull
 
 WAIT_S = 30  # a fetch's timeout, far longer than any answer below may take
 

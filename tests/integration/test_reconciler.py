@@ -9,17 +9,17 @@ import weakref
 from contextlib import aclosing
 
 import pytest
+import structlog
 from eventually import eventually
 
-from tether.adapters.jetstream import (
-    EventLog,
-    StreamSettings,
-    connect_nats,
-    ensure_streams,
-    key_value,
-)
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
+from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import DefaultFormatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import (
     ParentRef,
     RunCompleted,
@@ -28,9 +28,6 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import evolve
 from tether.log import get_logger
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import DefaultFormatters
-from tether.parent.registry import RegisteredHooks
 from tether.reconciler.service import Reconciler
 from tether.testing import RunEvents
 
@@ -48,11 +45,11 @@ def fast(settings):
                                        "leadership_check_ms": 100})
 
 
-async def start(fast, log, pool, cls: type[Reconciler] = Reconciler):
+async def start(fast, log, pool, cls: type[Reconciler] = Reconciler, logger=None):
     registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
     deliverer = Deliverer(log, RegisteredHooks(registry), DefaultFormatters(),
                           get_logger(service="test"))
-    reconciler = cls(fast, log, pool, deliverer, get_logger(service="reconciler-test"))
+    reconciler = cls(fast, log, pool, deliverer, logger or get_logger(service="reconciler-test"))
     stop = asyncio.Event()
     task = asyncio.create_task(reconciler.run(stop))
     await asyncio.wait_for(reconciler.active.wait(), timeout=10)
@@ -380,7 +377,7 @@ async def test_only_runs_whose_awaiter_is_gone_are_recovered(recovering, log, po
 
 
 async def test_a_retry_the_broker_was_away_for_is_made_once_it_is_back(fast, pool, devstack,
-                                                                       tmp_path, caplog):
+                                                                       tmp_path):
     """A broker of its own, killed between two retries of a finish hook: the retry due
     while it is away fails (a warning, not a bug's traceback) and is made once it is back."""
     port = devstack.free_port()
@@ -399,8 +396,10 @@ async def test_a_retry_the_broker_was_away_for_is_made_once_it_is_back(fast, poo
         published.put_nowait(msg.headers["Nats-Msg-Id"])
 
     await nc.subscribe(log.subjects.hook(PARENT.agent, "on_import_done"), cb=seen)
-    caplog.set_level(logging.INFO, logger="tether")
-    _, stop, task = await start(settings, log, pool)
+    lines = structlog.testing.LogCapture()  # the reconciler's log lines, whatever is configured
+    logger = structlog.wrap_logger(None, processors=[lines],
+                                   wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    _, stop, task = await start(settings, log, pool, logger=logger)
     try:
         run, events = detached_run("hook-away", max_budget_ms=60_000, no_progress_budget_ms=0,
                                    on_finish="on_import_done")
@@ -411,15 +410,16 @@ async def test_a_retry_the_broker_was_away_for_is_made_once_it_is_back(fast, poo
         server.kill()
         server.wait(timeout=10)
 
-        def failed() -> list[logging.LogRecord]:
-            return [r for r in caplog.records if "reconciler.decision_failed" in r.getMessage()]
+        def failed() -> list[dict]:
+            return [line for line in lines.entries
+                    if line["event"] == "reconciler.decision_failed"]
 
         await eventually(failed, timeout=30, interval=0.05)
         server = start_server()
         again = await asyncio.wait_for(published.get(), timeout=30)
         assert again.startswith("finish:hook-away:completed:") and again != first
-        assert {r.levelno for r in failed()} == {logging.WARNING}
-        assert all(r.exc_info is None and "Traceback" not in r.getMessage() for r in failed())
+        assert {line["log_level"] for line in failed()} == {"warning"}
+        assert all("exc_info" not in line and line["error"] for line in failed())
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=30)

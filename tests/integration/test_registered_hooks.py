@@ -1,7 +1,7 @@
 """The parent's cached view of the hook registry."""
 
-from tether.adapters.jetstream import StreamSettings, key_value
-from tether.parent.registry import RegisteredHooks
+from tether.adapters.streams import StreamSettings, key_value
+from tether.delivery.registered_hooks import RegisteredHooks
 
 
 async def test_a_handler_registered_after_a_refusal_is_seen_at_the_next_request(log):

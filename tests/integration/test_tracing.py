@@ -13,10 +13,10 @@ from pydantic import BaseModel
 from spans import named, one, parent_of, recorded_spans
 
 from tether import tracing
+from tether.agent_registry import AgentRegistry
 from tether.agents import AgentDefinition, ModelAgent, Reply, ScriptedModelClient, TokenUsage
 from tether.agents import tool as as_tool
 from tether.agents.tools import ToolContext
-from tether.child.agent import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import connect
 from tether.log import get_logger

@@ -18,7 +18,7 @@ from eventually import eventually
 from test_certs import make_certificates
 
 from tether.access import USERS, Application, nkey_files, render
-from tether.adapters.jetstream import remove_streams
+from tether.adapters.streams import remove_streams
 from tether.client import NotPermitted, connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from ui_server import running_ui
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
 from tether.client import connect
 from tether.config import Settings

@@ -35,7 +35,8 @@ import asyncpg
 from eventually import eventually
 from service_processes import ServiceProcess, ready
 
-from tether.adapters.jetstream import EventLog, connect_nats
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.projector import verify
 from tether.client import connect
 from tether.config import Settings

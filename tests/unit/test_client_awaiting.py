@@ -1,9 +1,9 @@
 """RunWaiter: when a run request has its answer, from the run's events and the mark; RunFold:
 every message of the run folded once, in order, and a lost live message noticed."""
 
-from tether.adapters.jetstream import StoredEvent
 from tether.client.awaiting import LiveEvent, RunFold, RunWaiter
 from tether.domain import events as ev
+from tether.ports import StoredEvent
 from tether.testing import RunEvents
 
 

@@ -8,7 +8,8 @@ from faststream.nats import TestNatsBroker
 from nats.aio.client import Client as NATS
 
 from tether.adapters.control import control_broker
-from tether.child.agent import AgentRegistry, ChildAgent
+from tether.agent_registry import AgentRegistry
+from tether.child.agent import ChildAgent
 from tether.child.runner import ChildRunner
 from tether.config import Settings
 from tether.contract.messages import ChildInspectReply, HasRunReply, InspectReply, ListReply

@@ -14,10 +14,10 @@ from tether.contract.messages import (
     LifecycleResult,
     finish_message_id,
 )
-from tether.domain.events import DetachedOptions, ParentRef
+from tether.delivery.deliverer import OUTCOMES, Deliverer
+from tether.delivery.formatters import DefaultFormatters
+from tether.domain.events import TERMINAL_EVENT_STATUS, DetachedOptions, ParentRef
 from tether.log import get_logger
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import DefaultFormatters
 from tether.testing import InMemoryEventLog, RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
@@ -138,3 +138,7 @@ async def test_a_notification_for_a_cleared_life_is_not_recorded_in_the_next(log
     await _deliverer(log).deliver_finish(state, DONE)
 
     assert [e["type"] for e in _events(log)][-2:] == ["run.cleared", "run.requested"]
+
+
+def test_the_outcomes_the_deliverer_delivers_are_the_terminal_events():
+    assert {cls.model_fields["type"].default for cls in OUTCOMES} == set(TERMINAL_EVENT_STATUS)

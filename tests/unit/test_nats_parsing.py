@@ -7,8 +7,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
-from tether.adapters.jetstream import delivery_of
 from tether.adapters.nats_fastpath import BadHeaderError, FastClient, supported
+from tether.adapters.pull import delivery_of
 
 fast_path = pytest.mark.skipif(not supported(), reason="an untested nats-py: no fast path")
 

@@ -8,7 +8,8 @@ import json
 import pytest
 from pydantic import BaseModel
 
-from tether.child.agent import AgentRegistry, ChildAgent
+from tether.agent_registry import AgentRegistry
+from tether.child.agent import ChildAgent
 from tether.contract.messages import CancelSignal, WorkItem
 from tether.domain import decide
 from tether.domain.events import ParentRef

@@ -1,11 +1,11 @@
 """Who words a detached run's chat message: the parent's class when it overrides a
 formatter (a model parent), else the deployment's formatters."""
 
+from tether.agent_registry import AgentRegistry
 from tether.agents import AgentDefinition, ModelParent
-from tether.child.agent import AgentRegistry
 from tether.contract.messages import LifecycleResult, MilestoneView, RunInfo
+from tether.delivery.formatters import ByParentClass
 from tether.domain.events import ParentRef
-from tether.parent.formatters import ByParentClass
 
 
 class Deployment:

@@ -1,11 +1,11 @@
 """What the UI's pages show of a run (`tether.ui.views`): pure functions of folded states."""
 
-from tether.adapters.jetstream import StoredEvent
 from tether.contract.codec import encode_event
 from tether.contract.messages import ProgressSignal
 from tether.domain import events as ev
 from tether.domain.events import DetachedOptions, ParentRef
 from tether.domain.run_state import RunState, evolve
+from tether.ports import StoredEvent
 from tether.testing import RunEvents
 from tether.ui.views import (
     OUTPUT_TAIL_CHARS,

@@ -16,7 +16,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from tether.adapters.jetstream import Pull
+from tether.adapters.pull import Pull
 from tether.contract.messages import ChatDelivery
 from tether.contract.subjects import Subjects
 from tether.domain.events import ParentRef

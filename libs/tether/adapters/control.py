@@ -14,7 +14,7 @@ from faststream.nats import NatsBroker
 from faststream.nats.security import NatsCredentials, NatsNKey
 from faststream.security import BaseSecurity
 
-from tether.adapters.jetstream import nats_servers
+from tether.adapters.nats_connection import nats_servers
 from tether.config import Settings
 
 

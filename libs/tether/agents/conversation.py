@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, Field
 
-from tether.adapters.jetstream import subscribe_routed
+from tether.adapters.requests import subscribe_routed
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
 from tether.agents.records import AgentStepRecord, Decisions, state_after
@@ -44,8 +44,8 @@ from tether.contract.messages import (
     RunInfo,
     reply_message_id,
 )
+from tether.delivery.formatters import DefaultFormatters, default_format
 from tether.log import get_logger
-from tether.parent.formatters import DefaultFormatters, default_format
 
 
 class ConversationInput(BaseModel):

@@ -4,8 +4,8 @@ The runner (`tether.child.runner.ChildRunner`) is imported from its module, so t
 which only defines agents does not load the NATS machinery.
 """
 
-from tether.child.agent import AgentRegistry, ChildAgent
+from tether.child.agent import ChildAgent
 from tether.child.context import RunCancelled, RunContext, current_context, report_progress
 
-__all__ = ["AgentRegistry", "ChildAgent", "RunCancelled", "RunContext", "current_context",
+__all__ = ["ChildAgent", "RunCancelled", "RunContext", "current_context",
            "report_progress"]

@@ -29,7 +29,8 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from tether.adapters.jetstream import EventLog, RunHistory, delivery_of
+from tether.adapters.event_log import EventLog
+from tether.adapters.pull import delivery_of
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
 from tether.child.recorder import RunRecorder, now_ms
@@ -55,6 +56,7 @@ from tether.domain.events import (
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
+from tether.ports import RunHistory
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
 MAX_ERROR_CHARS = 500
@@ -264,7 +266,7 @@ class Execution:
                 or requested.parent != self.parent):
             return None
         state = evolve(None, requested).state
-        self._env.log.remember(self.parent, self.run_id, state, seq)
+        self._env.log.recent_runs.remember_run(self.parent, self.run_id, state, seq)
         return RunHistory((requested,), seq, state)
 
     async def _not_to_start(self, state: RunState | None) -> Outcome | None:

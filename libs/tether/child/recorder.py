@@ -22,7 +22,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.child.agent import PAUSE_MILESTONES
 from tether.child.context import RunSuperseded
 from tether.contract.messages import ProgressSignal

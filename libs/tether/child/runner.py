@@ -35,8 +35,9 @@ from pydantic import ValidationError
 
 from tether import tracing
 from tether.adapters.control import control_broker, start_control
-from tether.adapters.jetstream import EventLog, Pull, durable_pull
-from tether.child.agent import AgentRegistry
+from tether.adapters.event_log import EventLog
+from tether.adapters.pull import Pull, durable_pull
+from tether.agent_registry import AgentRegistry
 from tether.child.execution import Execution, Outcome, RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import (

@@ -33,7 +33,7 @@ from tether.domain.events import (
 from tether.domain.run_state import RunState, evolve
 
 if TYPE_CHECKING:
-    from tether.adapters.jetstream import StoredEvent
+    from tether.ports import StoredEvent
 
 Answer = AgentToolSuccess | AgentToolFailure | DetachedHandle
 

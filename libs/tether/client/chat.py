@@ -15,31 +15,29 @@ at-least-once.
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from typing import TYPE_CHECKING
 
 from nats.js.errors import FetchTimeoutError, NotFoundError
 from pydantic import ValidationError
 
 from tether.adapters.chat_consumers import consumer_config, consumer_name
 from tether.client.errors import NotPermitted, ServiceUnavailable
+from tether.client.feed import open_feed
+from tether.client.link import Link
 from tether.contract.messages import ChatMessage, ChatNextReply
 from tether.domain.commands import ChatNextQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
-
 FETCH_WAIT_S = 1.0
 
 
-async def follow_chat(tether: "Tether", parent: ParentRef, *, durable: str | None = None,
+async def follow_chat(tether: Link, parent: ParentRef, *, durable: str | None = None,
                       new_only: bool = False) -> AsyncIterator[ChatMessage]:
     logger = get_logger(component="chat", parent=f"{parent.agent}/{parent.name}")
     if durable is None:
-        feed = tether.feed(tether.subjects.chat_stream, tether.subjects.chat(parent),
-                           source="chat", deliver_new=new_only)
+        feed = open_feed(tether, tether.subjects.chat_stream, tether.subjects.chat(parent),
+                         source="chat", deliver_new=new_only)
         async with feed:
             while True:
                 message = await feed.sink.get()
@@ -52,7 +50,7 @@ async def follow_chat(tether: "Tether", parent: ParentRef, *, durable: str | Non
             yield chat_message
 
 
-async def _durable(tether: "Tether", parent: ParentRef, durable: str, new_only: bool,
+async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,
                    logger) -> AsyncIterator[ChatMessage]:
     check_identifier(durable, "durable name")
     if tether.served:
@@ -87,7 +85,7 @@ async def _durable(tether: "Tether", parent: ParentRef, durable: str, new_only: 
         await subscription.unsubscribe()
 
 
-async def _served_durable(tether: "Tether", parent: ParentRef, durable: str, new_only: bool,
+async def _served_durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,
                           logger) -> AsyncIterator[ChatMessage]:
     """The parent pulls for an application in an account of its own
     (`adapters/chat_consumers.py`): each query acknowledges what the last one handed over

@@ -15,14 +15,9 @@ from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.jetstream import (
-    EventLog,
-    PublishDenied,
-    RunHistory,
-    connect_nats,
-    run_history,
-    unless_refused,
-)
+from tether.adapters.denials import PublishDenied, unless_refused
+from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
 from tether.client.chat import follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import (
@@ -32,18 +27,19 @@ from tether.client.errors import (
     RequestFailed,
     ServiceUnavailable,
 )
-from tether.client.feed import OrderedFeed, ServedFeed
+from tether.client.feed import OrderedFeed, ServedFeed, open_feed
 from tether.client.hooks import HookRegistry
-from tether.client.live import DirectReads, RunReads, ServedReads
-from tether.client.parent import ParentHandle
+from tether.client.link import RunReads
+from tether.client.live import DirectReads, ServedReads
+from tether.client.parent import ParentHandle, parent_handle
 from tether.config import Settings
 from tether.contract.messages import HasRunReply, ObservabilityEvent
 from tether.contract.subjects import Subjects
 from tether.diagnose import nats_unreachable, redact
 from tether.domain.commands import HasRunQuery
 from tether.domain.events import ParentRef
-from tether.domain.ids import check_identifier
 from tether.log import get_logger
+from tether.ports import RunHistory, run_history
 
 if TYPE_CHECKING:
     from tether.contract.messages import ChatMessage
@@ -83,9 +79,7 @@ class Tether:
     def feed(self, stream: str, filter_subject: str, **options) -> "OrderedFeed | ServedFeed":
         """Replay-then-live reading of one filter of one of the parent feeds' streams
         (events, progress, chat); `options` as `OrderedFeed` takes them."""
-        if self.served:
-            return ServedFeed(self, stream, filter_subject, **options)
-        return OrderedFeed(self.nc, stream, filter_subject, **options)
+        return open_feed(self, stream, filter_subject, **options)
 
     async def read_run(self, parent: ParentRef, run_id: str) -> RunHistory:
         """Every stored event of one run, and the state they fold to."""
@@ -103,9 +97,7 @@ class Tether:
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
-        ref = ParentRef(agent=check_identifier(agent, "parent agent"),
-                        name=check_identifier(name, "parent name"))
-        return ParentHandle(self, ref)
+        return parent_handle(self, agent, name)
 
     def conversation(self, agent_type: str, name: str) -> "Conversation":
         """A model parent's conversation `agent_type/name` (`tether.client.conversation`)."""

@@ -12,17 +12,15 @@ its detached runs and the model's answers (`reply:<run id>:<call>`) all land.
 
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from tether.contract.messages import ChatMessage, DetachedHandle, user_message_id
+from tether.client.chat import follow_chat
+from tether.client.link import Link
+from tether.client.parent import ParentHandle, parent_handle
+from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot, user_message_id
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
-
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
-    from tether.client.parent import ParentHandle
-    from tether.contract.messages import RunSnapshot
 
 # The owner of every conversation run: `Conversations/<agent type>`.
 CONVERSATIONS = "Conversations"
@@ -35,11 +33,11 @@ def conversation_owner(agent_type: str) -> ParentRef:
 
 
 class Conversation:
-    def __init__(self, tether: "Tether", agent_type: str, name: str) -> None:
+    def __init__(self, tether: Link, agent_type: str, name: str) -> None:
         self.tether = tether
         self.ref = ParentRef(agent=check_identifier(agent_type, "agent type"),
                              name=check_identifier(name, "conversation name"))
-        self.owner: ParentHandle = tether.parent(CONVERSATIONS, agent_type)
+        self.owner: ParentHandle = parent_handle(tether, CONVERSATIONS, agent_type)
 
     def __repr__(self) -> str:
         return f"Conversation({self.ref.agent}/{self.ref.name})"
@@ -47,7 +45,7 @@ class Conversation:
     @property
     def parent(self) -> "ParentHandle":
         """The conversation as the parent of the runs its model starts (their timeline)."""
-        return self.tether.parent(self.ref.agent, self.ref.name)
+        return parent_handle(self.tether, self.ref.agent, self.ref.name)
 
     async def start(self, context: dict[str, Any] | None = None,
                     **options: Any) -> DetachedHandle:
@@ -74,7 +72,7 @@ class Conversation:
     def messages(self, *, new_only: bool = False,
                  durable: str | None = None) -> AsyncIterator[ChatMessage]:
         """Every message of the conversation, replayed from the start, then live."""
-        return self.tether.chat(self.ref, new_only=new_only, durable=durable)
+        return follow_chat(self.tether, self.ref, new_only=new_only, durable=durable)
 
     async def reply(self, message_id: str) -> ChatMessage:
         """The model's answer to the message with this chat message id."""

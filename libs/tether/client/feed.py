@@ -22,7 +22,7 @@ import time
 import uuid
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import Any, Self
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -30,14 +30,12 @@ from nats.aio.subscription import Subscription
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from tether.adapters.jetstream import PublishDenied, unless_refused
+from tether.adapters.denials import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
+from tether.client.link import Link
 from tether.contract.messages import HistoryReply
 from tether.domain.commands import HistoryQuery
 from tether.domain.events import ParentRef
-
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
 
 # Heartbeats missed in a row before the consumer is taken for lost and made anew.
 MISSED_HEARTBEATS = 3
@@ -101,7 +99,8 @@ class OrderedFeed:
                 "user follows only the parent agents its configuration lists "
                 "(tether.access)") from None
         self.initially_empty = (self._deliver_new
-                                or (info.num_pending == 0 and info.delivered.consumer_seq == 0))
+                                or (info.num_pending == 0 and (info.delivered is None
+                                                               or info.delivered.consumer_seq == 0)))
         self._watch = asyncio.create_task(self._watch_heartbeats())
         return self
 
@@ -120,6 +119,7 @@ class OrderedFeed:
                 await self._receive(msg)
 
         subscription = await self._nc.subscribe(inbox, cb=receive)
+        start: dict[str, Any]
         if self._last_seq:
             start = {"deliver_policy": js_api.DeliverPolicy.BY_START_SEQUENCE,
                      "opt_start_seq": self._last_seq + 1}
@@ -237,7 +237,7 @@ class ServedFeed:
     from where it was last complete. Each subject's messages arrive in order and once.
     """
 
-    def __init__(self, tether: "Tether", stream: str, filter_subject: str, *,
+    def __init__(self, tether: Link, stream: str, filter_subject: str, *,
                  source: str = "", start_seq: int = 1, deliver_new: bool = False,
                  sink: "asyncio.Queue[FeedMessage] | None" = None,
                  idle_heartbeat: float = 5.0, name: str | None = None) -> None:
@@ -255,7 +255,7 @@ class ServedFeed:
         self.sink: asyncio.Queue[FeedMessage] = sink if sink is not None else asyncio.Queue()
         self._idle = idle_heartbeat
         self._incoming: asyncio.Queue[Msg] = asyncio.Queue()
-        self._subscription = None
+        self._subscription: Subscription | None = None
         self._task: asyncio.Task | None = None
         self._floor = self._start_seq - 1  # nothing at or below it is delivered
         self._delivered: dict[str, int] = {}  # each subject's last delivered sequence
@@ -359,3 +359,13 @@ class ServedFeed:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+
+def open_feed(tether: Link, stream: str, filter_subject: str,
+              **options: Any) -> "OrderedFeed | ServedFeed":
+    """Replay-then-live reading of one filter of one of the parent feeds' streams
+    (events, progress, chat): an ordered consumer, or, for an application in an account
+    without JetStream, `ServedFeed`; `options` as `OrderedFeed` takes them."""
+    if tether.served:
+        return ServedFeed(tether, stream, filter_subject, **options)
+    return OrderedFeed(tether.nc, stream, filter_subject, **options)

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
@@ -38,22 +38,17 @@ from pydantic import ValidationError
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords, delivery_key
+from tether.adapters.denials import PublishDenied, unless_refused
 from tether.adapters.hook_consumers import (
     consumer_config,
     consumer_name,
     registration,
     registry_key,
 )
-from tether.adapters.jetstream import (
-    Delivery,
-    PublishDenied,
-    Pull,
-    delivery_of,
-    durable_pull,
-    unless_refused,
-)
+from tether.adapters.pull import Delivery, Pull, delivery_of, durable_pull
 from tether.adapters.tenant_deliveries import TenantDeliveryRecords
 from tether.client.errors import NotPermitted, ServiceUnavailable
+from tether.client.link import Link
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
@@ -77,9 +72,6 @@ from tether.resilience import (
     settle,
     sleep_unless_stopped,
 )
-
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
 
 HookFunction = Callable[[RunInfo, LifecycleResult], Awaitable[object] | object]
 FETCH_WAIT_S = 0.5
@@ -116,7 +108,7 @@ class HookStats:
 
 
 class HookRegistry:
-    def __init__(self, tether: "Tether", parent_agent: str, *, lease_ms: int | None = None,
+    def __init__(self, tether: Link, parent_agent: str, *, lease_ms: int | None = None,
                  concurrency: int = 8, ledger: Literal["parent", "direct"] = "parent") -> None:
         """`ledger`: who records `run.finish_delivered` — the parent service, asked with
         `<prefix>.cmd.delivered.<agent>.<name>` (the default, and the only way under the

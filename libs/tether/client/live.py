@@ -12,29 +12,16 @@ the connection may do:
   JetStream API; the parent service answers its `history` queries for its own parents.
 """
 
-from typing import TYPE_CHECKING, Protocol
 
 from nats.aio.msg import Msg
 
-from tether.adapters.jetstream import EventLog, StoredEvent, to_stored_event
+from tether.adapters.event_log import EventLog, to_stored_event
 from tether.client.awaiting import LiveEvent
 from tether.client.errors import NotPermitted
+from tether.client.link import Link
 from tether.contract.messages import HistoryReply
 from tether.domain.commands import HistoryQuery
-
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
-
-
-class RunReads(Protocol):
-    async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
-        """The subject's stored messages from `start_seq`, in order, up to its end as of
-        the request (later ones may be included)."""
-        ...
-
-    async def last_seq(self, subject: str) -> int:
-        """The stream sequence of the subject's last message; 0 when it has none."""
-        ...
+from tether.ports import StoredEvent
 
 
 class DirectReads:
@@ -49,7 +36,7 @@ class DirectReads:
 
 
 class ServedReads:
-    def __init__(self, tether: "Tether") -> None:
+    def __init__(self, tether: Link) -> None:
         self._tether = tether
 
     async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:

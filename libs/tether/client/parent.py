@@ -5,20 +5,23 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import suppress
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.jetstream import subscribe_routed
+from tether.adapters.requests import subscribe_routed
 from tether.client.awaiting import Answer, RunFold, RunWaiter
+from tether.client.chat import follow_chat
+from tether.client.link import Link
 from tether.client.live import live_event
-from tether.client.timeline import TimelineView, follow_timeline
+from tether.client.timeline import RunView, TimelineView, follow_timeline
 from tether.client.tools import AgentTool, agent_tool
 from tether.contract.messages import (
     AgentToolFailure,
     AgentToolSuccess,
+    ChatMessage,
     DetachedHandle,
     HasRunReply,
     InspectReply,
@@ -39,11 +42,6 @@ from tether.domain.events import DetachedOptions, ParentRef
 from tether.domain.ids import check_identifier
 from tether.resilience import TRANSIENT_ERRORS
 
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
-    from tether.client.timeline import RunView
-    from tether.contract.messages import ChatMessage
-
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
 # Live delivery is at most once; after this long without a live event the awaited run's
 # subject is read again, in case its last event was lost on the way. Each quiet read
@@ -53,8 +51,15 @@ LIVE_IDLE_S = 1.0
 LIVE_IDLE_MAX_S = 30.0
 
 
+def parent_handle(tether: Link, agent: str, name: str) -> "ParentHandle":
+    """The parent agent instance (`agent` class, `name` instance) runs are made for."""
+    ref = ParentRef(agent=check_identifier(agent, "parent agent"),
+                    name=check_identifier(name, "parent name"))
+    return ParentHandle(tether, ref)
+
+
 class ParentHandle:
-    def __init__(self, tether: "Tether", ref: ParentRef) -> None:
+    def __init__(self, tether: Link, ref: ParentRef) -> None:
         self.tether = tether
         self.ref = ref
 
@@ -202,7 +207,7 @@ class ParentHandle:
         the descendant at the end of its `waiting_path` (only that one resumes)."""
         if view.waiting_path:
             last = view.waiting_path[-1]
-            owner = self.tether.parent(last["agent"], last["name"])
+            owner = parent_handle(self.tether, last["agent"], last["name"])
             await owner.continue_run(last["run_id"], **answers)
         else:
             await self.continue_run(view.run_id, **answers)
@@ -263,7 +268,7 @@ class ParentHandle:
 
     def chat(self, *, durable: str | None = None,
              new_only: bool = False) -> AsyncIterator["ChatMessage"]:
-        return self.tether.chat(self.ref, durable=durable, new_only=new_only)
+        return follow_chat(self.tether, self.ref, durable=durable, new_only=new_only)
 
     def agent_tool(self, agent_type: Any, *, description: str | None = None,
                    display_name: str | None = None, input_model: type[BaseModel] | None = None,

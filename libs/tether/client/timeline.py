@@ -17,19 +17,16 @@ start.
 import asyncio
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tether.client.feed import FeedMessage
+from tether.client.feed import FeedMessage, open_feed
+from tether.client.link import Link
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import MilestoneView, ProgressSignal
 from tether.domain.events import Event, Model, ParentRef, RunCleared
 from tether.domain.run_state import RunState, evolve
-
-if TYPE_CHECKING:
-    from tether.client.connection import Tether
-
 
 WAITING_PHASES = ("waiting_for_human", "waiting_for_tools")
 
@@ -204,7 +201,7 @@ def _progress(state: RunState, signal: ProgressSignal | None) -> ProgressView | 
     return ProgressView(**persisted.model_dump(), source="persisted")
 
 
-async def follow_timeline(tether: "Tether", parent: ParentRef, *, run_id: str | None = None,
+async def follow_timeline(tether: Link, parent: ParentRef, *, run_id: str | None = None,
                           live: bool = True) -> AsyncGenerator[TimelineView, None]:
     subjects = tether.subjects
     if run_id is None:
@@ -213,8 +210,8 @@ async def follow_timeline(tether: "Tether", parent: ParentRef, *, run_id: str | 
         events_subject = subjects.run_events(parent, run_id)
         progress_subject = subjects.run_progress(parent, run_id)
     sink: asyncio.Queue[FeedMessage] = asyncio.Queue()
-    events = tether.feed(subjects.events_stream, events_subject, source="event", sink=sink)
-    progress = tether.feed(subjects.progress_stream, progress_subject, source="progress",
+    events = open_feed(tether, subjects.events_stream, events_subject, source="event", sink=sink)
+    progress = open_feed(tether, subjects.progress_stream, progress_subject, source="progress",
                            sink=sink)
     folder = TimelineFolder()
     async with events, progress:

@@ -10,18 +10,16 @@ both ready to go back to the model as the tool result.
 import hashlib
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from tether.agents.tools import Tool
 from tether.child.agent import AnyInput
 from tether.child.context import current_context
-from tether.contract.messages import AgentToolSuccess
+from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
+from tether.domain.events import DetachedOptions
 from tether.domain.ids import check_identifier
-
-if TYPE_CHECKING:
-    from tether.client.parent import ParentHandle
 
 RUN_ID_PREFIX = "agent-tool:"
 _TOOL_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -29,6 +27,18 @@ _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_:-]")
 _MAX_TOOL_NAME = 64  # what OpenAI-style function names allow
 _MAX_RUN_ID = 128
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True}
+
+
+class ToolParent(Protocol):
+    """The parent an agent tool's calls run for (`tether.client.parent.ParentHandle`)."""
+
+    async def run_agent_tool(
+        self, agent_type: str, input: dict[str, Any] | BaseModel | None = None, *,
+        run_id: str | None = None, parent_tool_call_id: str | None = None,
+        display_order: int | None = None, display: str | None = None,
+        detached: bool | dict[str, Any] | DetachedOptions = False,
+        timeout: float | None = None,
+    ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle: ...
 
 
 def tool_run_id(tool_call_id: str) -> str:
@@ -74,7 +84,7 @@ class AgentTool:
         self.display_name = display_name or agent_type
         self.input_model = input_model
         self.detached = detached
-        self.parent: ParentHandle | None = None
+        self.parent: ToolParent | None = None
 
     def __repr__(self) -> str:
         return f"AgentTool({self.name!r}, agent_type={self.agent_type!r})"
@@ -91,7 +101,7 @@ class AgentTool:
                 "function": {"name": self.name, "description": self.description,
                              "parameters": self.input_schema}}
 
-    def bind(self, parent: "ParentHandle") -> "AgentTool":
+    def bind(self, parent: "ToolParent") -> "AgentTool":
         """A copy whose `execute` may leave the parent out."""
         bound = AgentTool(self.agent_type, description=self.description, name=self.name,
                           display_name=self.display_name, input_model=self.input_model,
@@ -99,7 +109,7 @@ class AgentTool:
         bound.parent = parent
         return bound
 
-    async def execute(self, parent: "ParentHandle | None", tool_call_id: str,
+    async def execute(self, parent: "ToolParent | None", tool_call_id: str,
                       input: dict[str, Any] | str | BaseModel | None,
                       display_order: int | None = None) -> str | dict[str, Any]:
         """Run the child for one tool call: its summary, or the failure as a dict.

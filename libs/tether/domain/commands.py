@@ -5,7 +5,7 @@ leave `type` out; `parse_command` fills it in from the subject so the same union
 payloads from any NATS client.
 """
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, overload
 
 from pydantic import Field, TypeAdapter
 
@@ -156,6 +156,14 @@ COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,
                    HistoryQuery, ServeHookQuery, ChatNextQuery)
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 COMMAND_TYPES: frozenset[str] = frozenset(cls.model_fields["type"].default for cls in COMMAND_CLASSES)
+
+
+@overload
+def parse_command(kind: Literal["run"], payload: dict[str, Any]) -> RunCommand: ...
+
+
+@overload
+def parse_command(kind: str, payload: dict[str, Any]) -> Command: ...
 
 
 def parse_command(kind: str, payload: dict[str, Any]) -> Command:

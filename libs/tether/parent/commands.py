@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tether.adapters.jetstream import EventLog
-from tether.child.agent import AgentRegistry
+from tether.adapters.event_log import EventLog
+from tether.agent_registry import AgentRegistry
 from tether.contract.messages import (
     CancelSignal,
     ChatMessage,
@@ -114,8 +114,9 @@ class CommandHandlers:
         if history.state is not None:
             return await self._existing(history.state, cause)
         if problem is not None:
-            code, error = problem
-            await self._reject(command.run_id, command.parent, command.agent_type, code, error, cause)
+            code, reason = problem
+            await self._reject(command.run_id, command.parent, command.agent_type, code, reason,
+                               cause)
             return RunOutcome("rejected", code=code)
         if takes_slot:
             assert cap is not None and self._slots is not None
@@ -147,12 +148,12 @@ class CommandHandlers:
             await self._dispatch(state)
             return RunOutcome("redispatched", status=state.status)
         if state.status == "interrupted":
-            state, appended = await self._log.update(
+            after, appended = await self._log.update(
                 state.parent, state.run_id, lambda s: decide.reattach(s, cause))
-            if appended and state is not None and not state.child_still_running:
+            if appended and after is not None and not after.child_still_running:
                 # Nobody is running the child: hand it to a runner, which resumes the
                 # same turn after what was recorded.
-                await self._publish_work(state, dispatch=state.reattach_attempts, why="reattach")
+                await self._publish_work(after, dispatch=after.reattach_attempts, why="reattach")
             return RunOutcome("reattached", status="interrupted")
         return RunOutcome("existing", status=state.status)
 
@@ -173,9 +174,9 @@ class CommandHandlers:
         options = command.detached_options()
         on_finish = options.on_finish if options is not None else None
         if on_finish and not await self._hook_registered(command.parent.agent, on_finish):
-            error = (f"no hook handler has registered {on_finish!r} for parent agent "
-                     f"{command.parent.agent!r}; register it before starting detached runs")
-            return ("unknown-hook", error)
+            missing = (f"no hook handler has registered {on_finish!r} for parent agent "
+                       f"{command.parent.agent!r}; register it before starting detached runs")
+            return ("unknown-hook", missing)
         return None
 
     async def _dispatch(self, state: RunState, requested: RunRequested | None = None,
@@ -305,8 +306,7 @@ class CommandHandlers:
             # incarnation keeps its event ids apart from any other run's of this command.
             mine = decide.Cause(command_seq=cause.command_seq, now=cause.now,
                                 origin=f"cascade-{child.incarnation}")
-            after, appended = await self._log.update(
-                owner, run_id, lambda s, mine=mine: decide.cancel(s, mine, reason="its parent run was cancelled"))
+            after, appended = await self._log.update(owner, run_id, _cancel_with_parent(mine))
             if after is not None and appended:
                 await self._signal_cancel(after)
 
@@ -325,6 +325,12 @@ class CommandHandlers:
             raise UnparseableCommand(f"invalid {kind} command: {_explain(error)}") from None
         assert isinstance(command, model)
         return command
+
+
+def _cancel_with_parent(cause: decide.Cause) -> Callable[[RunState | None], list[Event]]:
+    def cancel(state: RunState | None) -> list[Event]:
+        return decide.cancel(state, cause, reason="its parent run was cancelled")
+    return cancel
 
 
 def _clear_life(incarnation: str, cause: decide.Cause) -> Callable[[RunState | None], list[Event]]:

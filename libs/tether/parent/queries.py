@@ -26,8 +26,8 @@ from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
 from tether.adapters.chat_consumers import ServedChat
+from tether.adapters.event_log import EventLog
 from tether.adapters.hook_consumers import serve_hook
-from tether.adapters.jetstream import EventLog
 from tether.contract.messages import (
     ChatNextReply,
     HasRunReply,
@@ -199,7 +199,8 @@ class ParentQueries:
         found, pending = await self._log.read_stored(stream, filter_subject,
                                                      start_seq=query.start_seq,
                                                      size=query.limit)
-        messages, size = [], 0
+        messages: list[StoredMessage] = []
+        size = 0
         for msg in found:
             headers = msg.headers or {}
             stored = StoredMessage(seq=int(headers["Nats-Sequence"]),

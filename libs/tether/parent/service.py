@@ -20,17 +20,19 @@ from nats.js import api as js_api
 from tether import tracing
 from tether.adapters.control import control_broker, start_control
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.jetstream import EventLog, StreamSettings, delivery_of, durable_pull, key_value
-from tether.child.agent import AgentRegistry
+from tether.adapters.event_log import EventLog
+from tether.adapters.pull import delivery_of, durable_pull
+from tether.adapters.streams import StreamSettings, key_value
+from tether.agent_registry import AgentRegistry
 from tether.config import Settings
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import ByParentClass, load_formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain import decide
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
-from tether.parent.delivery import Deliverer
-from tether.parent.formatters import ByParentClass, load_formatters
 from tether.parent.queries import ParentQueries
 from tether.parent.rate_limit import RequestRates
-from tether.parent.registry import RegisteredHooks
 from tether.parent.slots import SlotKeeper
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
@@ -245,6 +247,6 @@ def _check_subject_parent(subject: str, payload: Payload) -> None:
 def _run_key(msg: Msg, payload: Payload) -> str:
     """Commands of one run are handled in order; clears are ordered per parent."""
     parent = (payload.get("parent") or {}) if isinstance(payload, dict) else None
-    if not isinstance(parent, dict):
+    if not isinstance(payload, dict) or not isinstance(parent, dict):
         return f"unparseable.{delivery_of(msg).stream_seq}"
     return f"{parent.get('agent')}.{parent.get('name')}.{payload.get('run_id', '*')}"

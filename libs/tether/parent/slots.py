@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.domain.events import ParentRef
 
 # A slot taken this recently is kept even if its run is not in the log yet: the parent

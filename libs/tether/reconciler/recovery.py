@@ -32,7 +32,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import Literal
 
-from tether.adapters.jetstream import EventLog
+from tether.adapters.event_log import EventLog
 from tether.config import Settings
 from tether.domain import decide
 from tether.domain.events import InterruptedReason

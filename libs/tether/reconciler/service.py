@@ -23,9 +23,10 @@ from typing import cast
 import asyncpg
 
 from tether.adapters.control import control_broker
-from tether.adapters.jetstream import EventLog, until_stopped
+from tether.adapters.event_log import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
+from tether.delivery.deliverer import Deliverer
 from tether.domain import decide
 from tether.domain.events import InterruptedReason, RunRequested
 from tether.domain.run_state import RunState, evolve
@@ -37,7 +38,6 @@ from tether.metrics import (
     DELIVERIES_RETRIED,
     HANDLER_SECONDS,
 )
-from tether.parent.delivery import Deliverer
 from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery

@@ -10,7 +10,7 @@ is treated as one that does not exist (404): a drill-in never tells whether it e
 import asyncio
 from typing import TYPE_CHECKING
 
-from tether.adapters.jetstream import PublishDenied
+from tether.adapters.denials import PublishDenied
 from tether.client.errors import NotPermitted
 from tether.domain.events import ParentRef
 

@@ -3,10 +3,10 @@
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tether.adapters.jetstream import StoredEvent
 from tether.client.timeline import run_view
 from tether.contract.messages import ProgressSignal
 from tether.domain.run_state import RunState, evolve
+from tether.ports import StoredEvent
 
 # The tail of a run's streamed output a timeline carries; the run page has all of it.
 OUTPUT_TAIL_CHARS = 2_000

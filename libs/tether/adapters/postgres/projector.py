@@ -14,22 +14,23 @@ from typing import Any, TypeVar
 
 import asyncpg
 
-from tether.adapters.jetstream import EventLog, StoredEvent, until_stopped
+from tether.adapters.event_log import EventLog, until_stopped
 from tether.adapters.postgres.migrator import check_schema_name, migrate
 from tether.adapters.postgres.projection import (
     PROJECTION_NAME,
     BatchResult,
-    KnownStates,
-    PipelinedReplay,
-    Statements,
     apply_batch,
     ensure_checkpoint,
     table_digests,
     table_digests_on,
 )
+from tether.adapters.postgres.replay import PipelinedReplay
+from tether.adapters.postgres.statements import Statements
 from tether.leadership import Lease, act_while_leading
 from tether.log import get_logger
 from tether.metrics import HANDLER_SECONDS, count_projected
+from tether.ports import StoredEvent
+from tether.recent_runs import RecentlyProjected
 from tether.resilience import supervise
 
 T = TypeVar("T")
@@ -80,7 +81,7 @@ class Projector:
         self._before_commit = before_commit
         self._lease_check_s = leadership_check_s
         self.stats = ProjectorStats()
-        self._known = KnownStates()
+        self._known = RecentlyProjected()
         self._statistics = _RunsStatistics()
         self.active = asyncio.Event()
         self._progressed = asyncio.Condition()
@@ -109,7 +110,7 @@ class Projector:
                 return
             progressed()
             # What the last term cached may not have been committed.
-            self._known = KnownStates()
+            self._known = RecentlyProjected()
             self.active.set()
             try:
                 await act_while_leading(term, stop, self._project)
@@ -230,7 +231,7 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
                            f"into it; replay into a fresh schema")
     started, done = time.monotonic(), 0
     # This replay is the schema's only writer; from an empty schema it knows every run.
-    known = KnownStates(REPLAY_KNOWN_RUNS, empty_at=0 if bulk else None)
+    known = RecentlyProjected(REPLAY_KNOWN_RUNS, empty_at=0 if bulk else None)
     batches = log.follow_batches(log.subjects.all_events, start_seq=checkpoint + 1,
                                  max_batch=batch_size)
     replay = PipelinedReplay(conn, sql, known, checkpoint, preview_chars=preview_chars,

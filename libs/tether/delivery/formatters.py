@@ -64,7 +64,7 @@ class ByParentClass:
     def _for(self, run: RunInfo, method: str) -> Any:
         cls = self._agents.get(run.parent.agent) if self._agents else None
         found = getattr(cls, method, None) if cls is not None else None
-        if not callable(found) or getattr(found, "default_format", False):
+        if cls is None or not callable(found) or getattr(found, "default_format", False):
             return getattr(self._fallback, method)
         if cls.agent_type not in self._instances:
             self._instances[cls.agent_type] = cls()

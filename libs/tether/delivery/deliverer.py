@@ -20,19 +20,15 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from typing import cast
 
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.jetstream import (
-    EventLog,
-    StoredEvent,
-    delivery_of,
-    durable_pull,
-    to_stored_event,
-)
+from tether.adapters.event_log import EventLog, to_stored_event
+from tether.adapters.pull import delivery_of, durable_pull
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
@@ -46,9 +42,12 @@ from tether.contract.messages import (
     finish_message_id,
     record_delivery_of_this_life,
 )
+from tether.delivery.formatters import Formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.commands import DeliveredCommand
 from tether.domain.events import (
     TERMINAL_EVENT_STATUS,
+    Event,
     NotifyOptions,
     RunAborted,
     RunCompleted,
@@ -60,8 +59,7 @@ from tether.domain.events import (
     RunRequested,
 )
 from tether.domain.run_state import RunState, evolve
-from tether.parent.formatters import Formatters
-from tether.parent.registry import RegisteredHooks
+from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, settle, supervise
 
 # Bounded, so the parent's memory does not grow with the runs it has seen; a run that
@@ -70,6 +68,7 @@ CACHE_SIZE = 2_000
 
 RunKey = tuple[str, str, str]
 Owed = Callable[[], Awaitable[None]]  # what an event still owes, to be awaited
+OUTCOMES = (RunCompleted, RunFailed, RunAborted, RunInterrupted)  # TERMINAL_EVENT_STATUS's
 _MISSING = object()  # not in the cache
 _AWAITED = object()  # an awaited run: the deliverer owes it nothing
 
@@ -241,7 +240,7 @@ class Deliverer:
             elif event.type not in TERMINAL_EVENT_STATUS and not isinstance(event, RunMilestone):
                 return None  # owes nothing; an outcome or milestone reads the run when it comes
             return lambda: self._read_and_deliver(key, stored, first_delivery)
-        evolved = evolve(cached, event)
+        evolved = evolve(cast("RunState | None", cached), event)
         self._keep(key, evolved.state)
         return self._owed(key, stored, evolved.state, evolved.applied, first_delivery)
 
@@ -249,7 +248,7 @@ class Deliverer:
                                 first_delivery: bool) -> None:
         # The run as it was just before this event, so that this event (and the ones
         # after it) are judged by the same fold as on the warm path.
-        event = stored.event
+        event = _event(stored)
         before = (await self._log.read_run(event.parent, event.run_id,
                                            before_seq=stored.seq)).state
         evolved = evolve(before, event)
@@ -260,10 +259,10 @@ class Deliverer:
 
     def _owed(self, key: RunKey, stored: StoredEvent, state: RunState | None, applied: bool,
               first_delivery: bool) -> "Owed | None":
-        event = stored.event
+        event = _event(stored)
         if state is None or state.detached is None or not applied:
             return None
-        if event.type in TERMINAL_EVENT_STATUS:
+        if isinstance(event, OUTCOMES):
             return lambda: self._deliver_outcome(key, stored, state, first_delivery)
         if isinstance(event, RunMilestone) and self._milestone_owed(state, event):
             return lambda: self._milestone(state, event)
@@ -271,7 +270,8 @@ class Deliverer:
 
     async def _deliver_outcome(self, key: RunKey, stored: StoredEvent, state: RunState,
                                first_delivery: bool) -> None:
-        event = stored.event
+        event = _event(stored)
+        assert isinstance(event, OUTCOMES)  # `_owed` sends only outcomes here
         if not (isinstance(event, RunAborted) and event.data.cause == "give-up"):
             # (the give-up already delivered its interrupted hook)
             # No hook for this outcome was published before this one, or one was so
@@ -283,7 +283,7 @@ class Deliverer:
         # we know of it goes to the log's cache: the application's delivery record
         # is usually the next event, and is then decided without a read.
         self._states.pop(key, None)
-        self._log.remember(event.parent, event.run_id, state, stored.seq)
+        self._log.recent_runs.remember_run(event.parent, event.run_id, state, stored.seq)
 
     def _keep(self, key: RunKey, state: RunState | None) -> None:
         """Keep a detached run's state; of an awaited run only that it is one."""
@@ -307,6 +307,8 @@ class Deliverer:
         of the delivery (`DeliveryRecords`).
         """
         options = state.detached
+        if options is None:
+            return 0  # an awaited run: its outcome went to the awaiting client
         info = RunInfo.of(state)
         first = first and not retry
         published = 0
@@ -358,11 +360,12 @@ class Deliverer:
     @staticmethod
     def _milestone_owed(state: RunState, event: RunMilestone) -> bool:
         name = event.data.name
-        return (name in state.detached.milestone_names()
+        return (state.detached is not None and name in state.detached.milestone_names()
                 and f"milestone:{name}" not in state.ledger.notifications)
 
     async def _milestone(self, state: RunState, event: RunMilestone) -> None:
         options = state.detached
+        assert options is not None  # `_milestone_owed` said it asked for milestones
         name = event.data.name
         mode = options.milestone_mode()
         milestone = MilestoneView(sequence=event.data.sequence, name=name, data=event.data.data,
@@ -432,8 +435,14 @@ def _source(state: RunState) -> str:
     return notify.source if isinstance(notify, NotifyOptions) else "agent-tool"
 
 
+def _event(stored: StoredEvent) -> Event:
+    """The event of a stored message the deliverer judges (one that decoded)."""
+    assert stored.event is not None
+    return stored.event
+
+
 def _key(stored: StoredEvent) -> RunKey:
-    event = stored.event
+    event = _event(stored)
     return (event.parent.agent, event.parent.name, event.run_id)
 
 

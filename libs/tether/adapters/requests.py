@@ -1,0 +1,115 @@
+"""Request/reply over one wildcard inbox, each reply routed by a token to its waiter.
+
+The event log's acked publishes and direct gets are all requests: one subscription
+serves every one of them, each reply is handed to a plain function, and a refused
+publish fails its waiter at once (`tether.adapters.denials`) instead of at its timeout.
+"""
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from tether.adapters import denials
+from tether.adapters.denials import PublishDenied
+from tether.adapters.nats_fastpath import FastClient
+
+
+class RoutedRequests:
+    """Requests of one owner (an event log) on one connection, answered on its inbox."""
+
+    def __init__(self, nc: NATS, timeout: float) -> None:
+        self._nc, self._timeout = nc, timeout
+        self._replies: str | None = None
+        self._waiting: dict[str, Callable[[Msg], object]] = {}
+        self._asking: dict[str, tuple[str, asyncio.Future[Msg]]] = {}  # token: subject, answer
+        self._tokens = itertools.count(1)
+        denials.on_denied(nc, self._publish_denied)
+
+    @property
+    def waiting(self) -> int:
+        """How many replies are still waited for."""
+        return len(self._waiting)
+
+    async def ask(self, subject: str, payload: bytes, headers: dict[str, str] | None) -> Msg:
+        """One request and its one reply; `nats.errors.TimeoutError` when none came in
+        time, `PublishDenied` when the server refused the request. (Inline rather than
+        through `replies_to`: every acked publish comes here.)"""
+        replies = self._replies or await self._routed_replies()
+        token = str(next(self._tokens))
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Msg] = loop.create_future()
+        self._waiting[token] = partial(_answer, answer)
+        self._asking[token] = (subject, answer)
+        expiry = loop.call_later(self._timeout, _expire, answer)
+        try:
+            await self._nc.publish(subject, payload, reply=f"{replies}.{token}", headers=headers)
+            return await answer
+        finally:
+            expiry.cancel()
+            del self._waiting[token], self._asking[token]
+
+    @asynccontextmanager
+    async def replies_to(self, waiter: Callable[[Msg], object]) -> AsyncIterator[str]:
+        """A reply subject on the routed inbox whose messages go to `waiter` until exit
+        (a request answered by several messages)."""
+        replies = await self._routed_replies()
+        token = str(next(self._tokens))
+        self._waiting[token] = waiter
+        try:
+            yield f"{replies}.{token}"
+        finally:
+            del self._waiting[token]
+
+    async def _routed_replies(self) -> str:
+        """One wildcard inbox for every reply waited for, routed by a token to its waiter."""
+        if self._replies is None:
+            prefix = self._nc.new_inbox()
+
+            def route(msg: Msg) -> None:
+                waiter = self._waiting.get(msg.subject.rsplit(".", 1)[-1])
+                if waiter is not None:
+                    waiter(msg)
+
+            await subscribe_routed(self._nc, f"{prefix}.*", route)
+            self._replies = prefix
+        return self._replies
+
+    def _publish_denied(self, subject: str) -> None:
+        """The server refused a publish to `subject`: what waits for its reply fails now,
+        with the reason, instead of at its timeout. (nats-py lowercases the server's
+        error, so subjects that differ only in case are told apart no further.)"""
+        for asked, answer in list(self._asking.values()):
+            if asked.lower() == subject and not answer.done():
+                answer.set_exception(PublishDenied(subject))
+
+
+def _answer(answer: "asyncio.Future[Msg]", msg: Msg) -> None:
+    if not answer.done():
+        answer.set_result(msg)
+
+
+def _expire(answer: "asyncio.Future[Msg]") -> None:
+    if not answer.done():
+        answer.set_exception(NatsTimeoutError())
+
+
+async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None]) -> "Subscription":
+    """Subscribe `route`, a plain function called with each message as it is read.
+
+    On the services' fast client (`nats_fastpath`) the message skips the subscription's
+    queue, its task and a coroutine per message; on nats-py's own client it is an
+    ordinary callback subscription."""
+    if isinstance(nc, FastClient):
+        return await nc.subscribe_routed(subject, route)
+
+    async def callback(msg: Msg) -> None:
+        route(msg)
+
+    return await nc.subscribe(subject, cb=callback)

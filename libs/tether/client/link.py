@@ -1,0 +1,71 @@
+"""What the client's features (runs, timelines, hooks, chat, conversations) need of the
+connection they run on.
+
+`tether.client.connection.Tether` implements `Link`; each feature takes a `Link`, so no
+feature imports the connection module, and the connection imports every feature without
+a cycle.
+"""
+
+from typing import Any, Protocol, TypeVar
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from pydantic import BaseModel
+
+from tether.adapters.event_log import EventLog
+from tether.config import Settings
+from tether.contract.subjects import Subjects
+from tether.domain.events import ParentRef
+from tether.ports import RunHistory, StoredEvent
+
+Reply = TypeVar("Reply", bound=BaseModel)
+
+
+class RunReads(Protocol):
+    """A run's stored messages: straight from the stream, or, for an application in an
+    account without JetStream, through the parent service (`tether.client.live`)."""
+
+    async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
+        """The subject's stored messages from `start_seq`, in order, up to its end as of
+        the request (later ones may be included)."""
+        ...
+
+    async def last_seq(self, subject: str) -> int:
+        """The stream sequence of the subject's last message; 0 when it has none."""
+        ...
+
+
+class Link(Protocol):
+    """One connection to one Tether installation, as its features use it."""
+
+    nc: NATS
+    settings: Settings
+    subjects: Subjects
+    log: EventLog
+    js: JetStreamContext
+    # The account has no JetStream of its own: stored messages are read through the
+    # parent service (`tether.client.live`).
+    served: bool
+    run_reads: RunReads
+
+    async def read_run(self, parent: ParentRef, run_id: str) -> RunHistory:
+        """Every stored event of one run, and the state they fold to."""
+        ...
+
+    def answer_present(self, msg: Msg) -> None:
+        """Answer the reconciler's question whether an awaited run is still awaited."""
+        ...
+
+    async def publish_command(self, kind: str, command: Any, msg_id: str) -> js_api.PubAck:
+        """A command on its per-parent subject of the commands stream."""
+        ...
+
+    async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
+                      timeout: float | None = None, subject: str | None = None,
+                      wait_when_limited: bool = False) -> Reply:
+        """Core request/reply with the parent service; raises `ServiceUnavailable`,
+        `NotPermitted`, `RateLimited` (unless `wait_when_limited`: then it asks again when
+        the parent says it may) or `RequestFailed`."""
+        ...

@@ -1,0 +1,152 @@
+"""The layers of libs/tether hold: read off the source, every import counted (at module
+level, under TYPE_CHECKING and inside functions alike)."""
+
+import ast
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import tether
+from tether import ports
+from tether.adapters import event_log, jetstream, nats_connection, streams
+
+ROOT = Path(tether.__file__).parent
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # the importing module
+    imported: str  # the module it imports
+    line: int
+    in_function: bool
+
+
+def module_name(path: Path) -> str:
+    parts = ["tether", *path.relative_to(ROOT).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports_of(path: Path, modules: set[str]) -> list[Import]:
+    importer = module_name(path)
+    package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                found.extend(Import(importer, alias.name, child.lineno, in_function)
+                             for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in child.names:
+                    # `from tether.adapters import denials` imports the module itself.
+                    target = f"{base}.{alias.name}"
+                    found.append(Import(importer, target if target in modules else base,
+                                        child.lineno, in_function))
+            visit(child, nested)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return found
+
+
+@pytest.fixture(scope="module")
+def imports() -> list[Import]:
+    paths = sorted(ROOT.rglob("*.py"))
+    modules = {module_name(path) for path in paths}
+    return [found for path in paths for found in _imports_of(path, modules)]
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _violations(imports: list[Import], importer: str, forbidden: str) -> list[str]:
+    return [f"{i.importer}:{i.line} imports {i.imported}" for i in imports
+            if _within(i.importer, importer) and _within(i.imported, forbidden)]
+
+
+@pytest.mark.parametrize(("importer", "forbidden"), [
+    ("tether.parent", "tether.child"),  # the agent registry is tether.agent_registry
+    ("tether.reconciler", "tether.parent"),  # delivery is tether.delivery
+    ("tether.delivery", "tether.parent"),
+    ("tether.delivery", "tether.reconciler"),
+    ("tether.adapters", "tether.parent"),
+    ("tether.adapters", "tether.child"),
+    ("tether.adapters", "tether.client"),
+    ("tether.adapters", "tether.reconciler"),
+    ("tether.ports", "tether.adapters"),
+    ("tether.recent_runs", "tether.adapters"),
+])
+def test_a_layer_does_not_import_another(imports, importer, forbidden):
+    assert _violations(imports, importer, forbidden) == []
+
+
+def test_the_domain_imports_only_itself_pydantic_and_the_standard_library(imports):
+    allowed_tether = ("tether.domain",)
+    wrong = [f"{i.importer}:{i.line} imports {i.imported}" for i in imports
+             if _within(i.importer, "tether.domain")
+             and not (any(_within(i.imported, p) for p in allowed_tether)
+                      or _within(i.imported, "pydantic")
+                      or (i.imported.split(".")[0] in sys.stdlib_module_names
+                          and i.imported.split(".")[0] != "asyncio"))]
+    assert wrong == []
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph`, as the modules along it; None when it has none."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for successor in sorted(graph.get(node, ())):
+            if state.get(successor) == 1:
+                return [*path[path.index(successor):], successor]
+            if successor not in state and (found := visit(successor)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_client_has_no_import_cycle_not_even_for_type_checking(imports):
+    graph: dict[str, set[str]] = {}
+    for i in imports:
+        if _within(i.importer, "tether.client") and _within(i.imported, "tether.client") \
+                and i.importer != "tether.client" and i.imported != "tether.client":
+            graph.setdefault(i.importer, set()).add(i.imported)
+    assert _cycle(graph) is None
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+def test_the_client_imports_nothing_inside_its_functions(imports):
+    assert [f"{i.importer}:{i.line} imports {i.imported}" for i in imports
+            if _within(i.importer, "tether.client") and i.in_function] == []
+
+
+def test_tethers_own_code_does_not_import_the_jetstream_re_exports(imports):
+    assert _violations(imports, "tether", "tether.adapters.jetstream") == []
+
+
+def test_the_jetstream_module_re_exports_what_applications_import_from_it():
+    assert jetstream.EventLog is event_log.EventLog
+    assert jetstream.connect_nats is nats_connection.connect_nats
+    assert jetstream.ensure_streams is streams.ensure_streams
+    assert jetstream.StoredEvent is ports.StoredEvent
+    assert set(jetstream.__all__) <= set(dir(jetstream))
