@@ -37,8 +37,8 @@ from tether.agents import (
 )
 from tether.agents.clients.scripted import read_calls
 from tether.agents.devtools import show_run
-from tether.child.execution import Outcome
 from tether.child.runner import ChildRunner, consumer_name
+from tether.child.work import Outcome
 from tether.contract.messages import CancelSignal, InspectReply, WorkItem, work_message_id
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef

@@ -23,8 +23,8 @@ from tether.agent_registry import AgentRegistry
 from tether.child import context as context_module
 from tether.child.agent import ChildAgent
 from tether.child.context import RunContext, report_progress
-from tether.child.execution import Outcome
 from tether.child.runner import MAX_DELIVER_MARGIN, ChildRunner, consumer_name
+from tether.child.work import Outcome
 from tether.contract.messages import CancelSignal, ProgressSignal, WorkItem, work_message_id
 from tether.domain.events import Event, ParentRef, RunCancelRequested
 from tether.ports import RunHistory

@@ -8,7 +8,8 @@ import pytest
 from pydantic import BaseModel
 
 from tether.child.agent import AwaitingInput, ChildAgent
-from tether.child.execution import Execution, RunnerEnvironment
+from tether.child.execution import Execution
+from tether.child.work import RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import WorkItem
 from tether.domain import decide

@@ -29,19 +29,24 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from tether.adapters.event_log import EventLog
 from tether.adapters.pull import delivery_of
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
 from tether.child.recorder import RunRecorder, now_ms
-from tether.config import Settings
+from tether.child.work import (
+    MAX_ERROR_CHARS,
+    Outcome,
+    OutcomeKind,
+    RunnerEnvironment,
+    explain_validation,
+    safe_error,
+)
 from tether.contract.codec import encode_event
 from tether.contract.messages import WorkItem
 from tether.domain import decide
-from tether.domain.decide import GIVE_UP
+from tether.domain.decide import GIVE_UP, attempts_since_resume
 from tether.domain.events import (
     Event,
-    ParentRef,
     RunAborted,
     RunAbortedData,
     RunCompleted,
@@ -59,69 +64,12 @@ from tether.log import get_logger
 from tether.ports import RunHistory
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
-MAX_ERROR_CHARS = 500
-
-OutcomeKind = Literal["completed", "failed", "aborted", "skipped", "released", "superseded",
-                      "paused"]
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What became of one work item; the runner logs one line per outcome."""
-
-    run_id: str
-    parent: ParentRef
-    agent_type: str
-    kind: OutcomeKind
-    attempt: int
-    detail: str | None = None
-    duration_ms: int = 0
-    # The child's exception, for the runner's log line (with its traceback); never stored.
-    exception: BaseException | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerEnvironment:
-    """What every execution of one runner shares."""
-
-    log: EventLog
-    settings: Settings
-    runner_id: str
-    cancel_grace_s: float
-    parent_client: Callable[[ParentRef], Any] | None = None
-
 
 @dataclass(frozen=True, slots=True)
 class _Result:
     summary: str
     output: Any
     pause: AwaitingInput | None = None
-
-
-def safe_error(error: BaseException) -> str:
-    """What a caller may see of a child's exception: its type and message, never a traceback."""
-    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
-
-
-def explain_validation(error: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in problem['loc']) or 'input'}: {problem['msg']}"
-                     for problem in error.errors())
-
-
-def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
-    """Attempts made since the run last resumed from a pause (or since it began).
-
-    `max_attempts` bounds runners dying on the same stretch of work; a run that pauses
-    and resumes many times is not failing, and each resume starts the count again.
-    """
-    count = 0
-    for event in events:
-        if event.type == "run.resumed":
-            count = 0
-        elif event.type == "run.running":
-            count += 1
-    return count
 
 
 class Execution:

@@ -38,7 +38,8 @@ from tether.adapters.control import control_broker, start_control
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import Pull, durable_pull
 from tether.agent_registry import AgentRegistry
-from tether.child.execution import Execution, Outcome, RunnerEnvironment
+from tether.child.execution import Execution
+from tether.child.work import Outcome, RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import (
     CancelReply,

@@ -316,3 +316,18 @@ INTERRUPTED_ERRORS = {
     "recovery-deadline": "recovery ran out of time before this child could be inspected",
     "budget-exceeded": "the run used up its absolute budget",
 }
+
+
+def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
+    """Attempts made since the run last resumed from a pause (or since it began).
+
+    `max_attempts` bounds runners dying on the same stretch of work; a run that pauses
+    and resumes many times is not failing, and each resume starts the count again.
+    """
+    count = 0
+    for event in events:
+        if event.type == "run.resumed":
+            count = 0
+        elif event.type == "run.running":
+            count += 1
+    return count

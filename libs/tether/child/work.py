@@ -1,0 +1,54 @@
+"""What the executions of one runner share, and what each ends with: the runner's
+environment, the outcome of a work item, and what a caller may see of a child's error."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from tether.adapters.event_log import EventLog
+from tether.config import Settings
+from tether.domain.events import ParentRef
+
+MAX_ERROR_CHARS = 500
+
+OutcomeKind = Literal["completed", "failed", "aborted", "skipped", "released", "superseded",
+                      "paused"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of one work item; the runner logs one line per outcome."""
+
+    run_id: str
+    parent: ParentRef
+    agent_type: str
+    kind: OutcomeKind
+    attempt: int
+    detail: str | None = None
+    duration_ms: int = 0
+    # The child's exception, for the runner's log line (with its traceback); never stored.
+    exception: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerEnvironment:
+    """What every execution of one runner shares."""
+
+    log: EventLog
+    settings: Settings
+    runner_id: str
+    cancel_grace_s: float
+    parent_client: Callable[[ParentRef], Any] | None = None
+
+
+def safe_error(error: BaseException) -> str:
+    """What a caller may see of a child's exception: its type and message, never a traceback."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 1] + "…"
+
+
+def explain_validation(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in problem['loc']) or 'input'}: {problem['msg']}"
+                     for problem in error.errors())
