@@ -34,6 +34,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 tether \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin tether
+# The openssl command: `python -m tether.dev_secrets` (compose's `secrets` service) makes
+# the development certificates with it.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openssl \
+    && rm -rf /var/lib/apt/lists/*
 # Bind mounts keep the wheels out of the image layers; the deps layer is reused until
 # the dependency list changes.
 RUN --mount=type=bind,from=build,source=/wheels/deps,target=/wheels/deps \

@@ -6,7 +6,7 @@ PYTEST_ARGS ?= -q -p no:cacheprovider
 # `make test` leaves the long chaos scenarios to `make test-chaos`.
 TEST_MARKERS ?= not long
 
-.PHONY: venv test test-plain-nats test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo
+.PHONY: venv test test-plain-nats test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo dev-secrets
 
 venv: $(VENV)/.installed
 
@@ -60,6 +60,13 @@ env:
 schemas: venv
 	$(PY) -m tether.contract.schemas --write
 	$(PY) -m tether.contract.asyncapi --write
+
+# The Kubernetes dev overlay's secrets (deploy/k8s/overlays/dev/secrets/, not in git): a
+# CA, NATS's and Postgres's certificates, every NATS user's NKey. Kept once made; compose
+# makes its own (its `secrets` service).
+dev-secrets: venv
+	$(PY) -m tether.dev_secrets --out deploy/k8s/overlays/dev/secrets \
+		--application demo:Assistant:on_import_done
 
 # Ruff, and mypy over libs/tether ([tool.mypy] in pyproject.toml: strict on the domain
 # and the contract).

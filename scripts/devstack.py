@@ -208,9 +208,10 @@ def run_quiet(cmd: list[str], *, user: str | None = None, cwd: Path | None = Non
         raise DevstackError(f"{' '.join(cmd)} failed:\n{res.stdout}{res.stderr}")
 
 
-def start_postgres(data_dir: Path, port: int, log_path: Path, *,
-                   daemon: bool) -> tuple[subprocess.Popen, str]:
-    """initdb (if needed) and start a server on 127.0.0.1:port. Returns (proc, bindir)."""
+def start_postgres(data_dir: Path, port: int, log_path: Path, *, daemon: bool,
+                   settings: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """initdb (if needed) and start a server on 127.0.0.1:port, with more `settings`
+    (`name=value`). Returns (proc, bindir)."""
     bindir, user = find_pg_bindir(), pg_user()
     data_dir.mkdir(parents=True, exist_ok=True)
     if user:
@@ -221,7 +222,8 @@ def start_postgres(data_dir: Path, port: int, log_path: Path, *,
                    "-E", "UTF8", "--locale=C", "--no-sync"], user=user, cwd=data_dir.parent)
     sockets = str(data_dir) if len(str(data_dir)) < 90 else ""  # unix socket path limit
     cmd = [f"{bindir}/postgres", "-D", str(data_dir), "-p", str(port), "-k", sockets,
-           "-c", "listen_addresses=127.0.0.1", *(x for kv in PG_TUNING for x in ("-c", kv))]
+           "-c", "listen_addresses=127.0.0.1",
+           *(x for kv in (*PG_TUNING, *settings) for x in ("-c", kv))]
     proc = spawn(cmd, log_path, user=user, cwd=data_dir.parent,
                  parent_death_signal=None if daemon else signal.SIGQUIT)
     deadline = time.monotonic() + START_TIMEOUT

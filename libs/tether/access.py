@@ -10,15 +10,17 @@ account exports each of them exactly its share:
   so it cannot be sent anywhere else): the commands and queries of the parent agents it
   owns (`<prefix>.cmd.<kind>.<agent>.*`, `<prefix>.rpc.<kind>.<agent>.*`; the parent
   refuses a payload that names another parent than its subject), its hook methods'
-  registration (`<prefix>.rpc.serve_hook.<agent>.<method>`), and pulling from and
-  acknowledging those methods' consumers, which the parent makes;
+  registration (`<prefix>.rpc.serve_hook.<agent>.<method>`), pulling from and
+  acknowledging those methods' consumers, which the parent makes, and its hook handler's
+  own records of its deliveries (its agents' keys of the deliveries bucket, which refuses
+  rollups: `adapters/tenant_deliveries.py`);
 - streams (messages Tether's account publishes): its parents' events, progress and
   chat as the streams republish them (`<prefix>.live.<kind>.<agent>.>`);
 - and Tether's account imports from it the answer to whether it still awaits a run
   (`<prefix>.ctl.awaiter.<agent>.>`).
 
-No JetStream API is exported: a consumer's configuration, a direct get's reply subject
-and a put's headers are in places permissions cannot see. The stored part of a timeline
+No other JetStream API is exported: a consumer's configuration, a direct get's reply
+subject and a put's headers are in places permissions cannot see. The stored part of a timeline
 comes from the parent's `history` query instead (`tether.client.live`), which the client
 uses by itself when its account has no JetStream. Inside each account a user's own
 permissions repeat its imports, so a request for anything else is refused at once.
@@ -48,7 +50,7 @@ from tether.domain.ids import check_identifier
 
 SERVICE_ROLES = ("parent", "child-runner", "reconciler", "projector")
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
-QUERY_KINDS = ("inspect", "list", "has_run", "history")
+QUERY_KINDS = ("inspect", "list", "has_run", "history", "chat_next")
 LIVE_KINDS = ("evt", "progress", "chat")
 SERVICE_ACCOUNT = "TETHER"
 OPERATOR_ACCOUNT = "OPERATORS"
@@ -161,7 +163,12 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    # `serve_hook`: a method's registration and its consumer.
                    f"$KV.{subjects.registry_bucket}.hook.>",
                    f"$JS.API.CONSUMER.CREATE.{subjects.hooks_stream}.>",
-                   f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.hooks_stream}.>"]
+                   f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.hooks_stream}.>",
+                   # `chat_next`: durable chat readers' consumers, pulled for them.
+                   f"$JS.API.CONSUMER.CREATE.{subjects.chat_stream}.>",
+                   f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.chat_stream}.>",
+                   f"$JS.API.CONSUMER.MSG.NEXT.{subjects.chat_stream}.>",
+                   f"$JS.ACK.{subjects.chat_stream}.>"]
         return Permissions(tuple(common + publish), (f"{p}.rpc.>", "_INBOX.>"), True)
     if role == "child-runner":
         work = subjects.work_stream
@@ -201,6 +208,14 @@ def _hook_consumers(subjects: Subjects, agent: str, methods: tuple[str, ...]) ->
     return rules
 
 
+def _delivery_records(subjects: Subjects, agent: str) -> list[str]:
+    """A hook handler's own records of its deliveries, the keys of its parent agent in
+    the deliveries bucket: put, and read by a direct get that names the key
+    (`adapters/tenant_deliveries.py`)."""
+    bucket = subjects.deliveries_bucket
+    return [f"$KV.{bucket}.{agent}.>", f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{agent}.>"]
+
+
 @dataclass(frozen=True)
 class Grant:
     """What an account outside Tether's may use of it: services (requests, answered or
@@ -223,6 +238,8 @@ def application_grant(subjects: Subjects, app: Application) -> Grant:
         services += [f"{p}.rpc.{kind}.{agent}.*" for kind in QUERY_KINDS]
         services += [f"{p}.rpc.serve_hook.{agent}.{method}" for method in app.hook_methods]
         services += _hook_consumers(subjects, agent, app.hook_methods)
+        if app.hook_methods:
+            services += _delivery_records(subjects, agent)
         streams += [f"{p}.live.{kind}.{agent}.>" for kind in LIVE_KINDS]
         answers.append(f"{p}.ctl.awaiter.{agent}.>")
     return Grant(tuple(services), tuple(streams), tuple(answers))
@@ -236,7 +253,8 @@ def operator_grant(subjects: Subjects) -> Grant:
     hooks = subjects.hooks_stream
     services = [f"{p}.cmd.{kind}.*.*" for kind in COMMAND_KINDS]
     services += [f"{p}.rpc.{kind}.*.*" for kind in (*QUERY_KINDS, "serve_hook")]
-    services += [f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.*", f"$JS.ACK.{hooks}.>"]
+    services += [f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.*", f"$JS.ACK.{hooks}.>",
+                 *_delivery_records(subjects, "*")]
     streams = [f"{p}.live.{kind}.>" for kind in LIVE_KINDS]
     return Grant(tuple(services), tuple(streams), (f"{p}.ctl.awaiter.*.>",))
 
@@ -257,6 +275,11 @@ def password_variable(user: str) -> str:
     return "TETHER_NATS_" + user.upper().replace("-", "_") + "_PASSWORD"
 
 
+def nkey_variable(user: str) -> str:
+    """The server's environment variable holding the user's public NKey (`--nkey-variables`)."""
+    return "TETHER_NATS_" + user.upper().replace("-", "_") + "_NKEY"
+
+
 def new_nkey() -> tuple[str, str]:
     """A new user NKey: its seed (the secret, `SU...`) and its public key (`U...`)."""
     seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
@@ -265,10 +288,11 @@ def new_nkey() -> tuple[str, str]:
 
 def accounts(subjects: Subjects, applications: list[Application], *,
              passwords: dict[str, str] | None = None,
-             nkeys: dict[str, str] | None = None) -> dict:
+             nkeys: dict[str, str] | None = None, nkey_variables: bool = False) -> dict:
     """The `accounts` block: Tether's (the services, the admin, JetStream), the
     operators', and one per application. A user in `nkeys` signs in with that public
-    NKey; any other with a password, a `$VARIABLE` reference unless `passwords` has it."""
+    NKey; any other with a password, a `$VARIABLE` reference unless `passwords` has it,
+    or with `nkey_variables` with the NKey `$TETHER_NATS_<USER>_NKEY` names."""
     nkeys = nkeys or {}
 
     def password(user: str) -> str:
@@ -280,6 +304,8 @@ def accounts(subjects: Subjects, applications: list[Application], *,
         config = permissions if isinstance(permissions, dict) else permissions.as_config()
         if name in nkeys:
             return {"user": name, "nkey": nkeys[name], "permissions": config}
+        if nkey_variables:
+            return {"user": name, "nkey": "$" + nkey_variable(name), "permissions": config}
         return {"user": name, "password": password(name), "permissions": config}
 
     tenants = [(OPERATOR_ACCOUNT, OPERATOR_USER, operator_grant(subjects))]
@@ -319,13 +345,13 @@ def accounts(subjects: Subjects, applications: list[Application], *,
 
 def render(subjects: Subjects, applications: list[Application], *,
            passwords: dict[str, str] | None = None, nkeys: dict[str, str] | None = None,
-           header: str = "") -> str:
-    """nats-server configuration text (its format reads JSON values; passwords stay bare
-    `$VARIABLE` references, which is why this is not plain json.dumps)."""
+           nkey_variables: bool = False, header: str = "") -> str:
+    """nats-server configuration text (its format reads JSON values; passwords and NKeys
+    stay bare `$VARIABLE` references, which is why this is not plain json.dumps)."""
     lines = [header] if header else []
     lines.append("accounts {")
     for name, account in accounts(subjects, applications, passwords=passwords,
-                                  nkeys=nkeys).items():
+                                  nkeys=nkeys, nkey_variables=nkey_variables).items():
         lines.append(f"  {name}: {{")
         if "jetstream" in account:
             lines.append(f"    jetstream: {account['jetstream']}")
@@ -333,7 +359,8 @@ def render(subjects: Subjects, applications: list[Application], *,
         for user in account["users"]:
             if "nkey" in user:  # named in a comment: an NKey user has no name of its own
                 lines.append(f"      # {user['user']}")
-                lines.append(f"      {{nkey: {json.dumps(user['nkey'])},")
+                nkey = user["nkey"]
+                lines.append(f"      {{nkey: {nkey if nkey.startswith('$') else json.dumps(nkey)},")
             else:
                 lines.append(f"      {{user: {json.dumps(user['user'])}, "
                              f"password: {user['password']},")
@@ -360,24 +387,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nkey", action="append", default=[], metavar="USER=PUBLIC_KEY",
                         help="the user signs in with this NKey instead of a password "
                              "(repeatable)")
+    parser.add_argument("--nkey-variables", action="store_true",
+                        help="every user signs in with an NKey whose public key the server "
+                             "reads from $TETHER_NATS_<USER>_NKEY")
     parser.add_argument("--nkeys-dir", metavar="DIR",
                         help="every user signs in with an NKey: its seed is DIR/<user>.nk, "
                              "made when missing (mode 0600; give it to that user only)")
+    parser.add_argument("--public-keys-env", metavar="FILE",
+                        help="with --nkeys-dir: also write TETHER_NATS_<USER>_NKEY=<public key> "
+                             "per user to FILE (the server's environment for "
+                             "--nkey-variables)")
     args = parser.parse_args(argv)
+    if args.public_keys_env and not args.nkeys_dir:
+        parser.error("--public-keys-env needs --nkeys-dir")
     applications = [Application.parse(text) for text in args.application]
     users = (*USERS, *(app.user for app in applications))
     nkeys = dict(text.split("=", 1) for text in args.nkey)
     if args.nkeys_dir:
-        nkeys.update(nkey_files(Path(args.nkeys_dir), users))
+        made = nkey_files(Path(args.nkeys_dir), users)
+        nkeys.update(made)
+        if args.public_keys_env:
+            Path(args.public_keys_env).write_text(
+                "".join(f"{nkey_variable(user)}={key}\n" for user, key in made.items()))
     command = " ".join(["python -m tether.access", f"--prefix {args.prefix}",
                         *(f"--application {text}" for text in args.application),
                         *(f"--nkey {text}" for text in args.nkey),
+                        *(["--nkey-variables"] if args.nkey_variables else []),
                         *([f"--nkeys-dir {args.nkeys_dir}"] if args.nkeys_dir else [])])
+    credential = ("public NKey is $TETHER_NATS_<USER>_NKEY" if args.nkey_variables
+                  else "password is $TETHER_NATS_<USER>_PASSWORD")
     header = (f"# Generated by `{command}`; do not edit (tests/integration/"
-              "test_access_control.py checks it).\n# Each password is "
-              "$TETHER_NATS_<USER>_PASSWORD in the server's environment; users: "
-              + ", ".join(users) + ".")
-    sys.stdout.write(render(Subjects(args.prefix), applications, nkeys=nkeys, header=header))
+              f"test_access_control.py checks it).\n# Each {credential} in the server's "
+              "environment; users: " + ", ".join(users) + ".")
+    sys.stdout.write(render(Subjects(args.prefix), applications, nkeys=nkeys,
+                            nkey_variables=args.nkey_variables, header=header))
     return 0
 
 

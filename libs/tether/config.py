@@ -70,6 +70,11 @@ class Settings(BaseModel):
     # quarter of a detached run's no-progress budget.
     progress_persist_ms: int = Field(default=1_000, ge=0)
     hook_lease_ms: int = Field(default=60_000, ge=100)
+    # The parent's `has_run` and `history` queries, per requester outside Tether's NATS
+    # account (an application's or the operators' account), per parent replica: this
+    # many a second, and this many at once.
+    tenant_query_rate_per_s: float = Field(default=50.0, gt=0)
+    tenant_query_burst: int = Field(default=200, ge=1)
     runner_concurrency: int = Field(default=16, ge=1)
     work_ack_wait_ms: int = Field(default=30_000, ge=500)
     max_attempts: int = Field(default=5, ge=1)

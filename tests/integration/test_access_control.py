@@ -17,12 +17,13 @@ import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, PASSWORDS, authorized_nats
 from eventually import eventually
 
-from tether.access import USERS
+from tether.access import USERS, Application, nkey_variable
 from tether.access import main as render_main
 from tether.adapters.streams import remove_streams
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess
+from tether.dev_secrets import generate
 from tether_services import child_runner, parent, projector, reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,11 +141,18 @@ def test_the_shipped_nats_configuration_is_current_and_valid(tmp_path, capsys, d
     assert render_main(command[3:]) == 0
     assert capsys.readouterr().out == shipped, "regenerate it with the command in its header"
 
-    environment = {f"TETHER_NATS_{user.upper().replace('-', '_')}_PASSWORD": "x"
-                   for user in (*USERS, "demo")}
-    # The server's own check of the file compose and the dev overlay run, users included.
+    # The server's own check of the file compose runs, users included, with the secrets
+    # compose's `secrets` service makes where it mounts them.
+    secrets = tmp_path / "secrets"
+    generate(secrets, [Application.parse("demo:Assistant:on_import_done")])
+    text = (ROOT / "deploy" / "nats" / "nats.conf").read_text()
+    (tmp_path / "nats.conf").write_text(text.replace("/secrets/", f"{secrets}/"))
+    (tmp_path / "auth.conf").write_text(shipped)
+    environment = dict(line.split("=", 1) for line in
+                       (secrets / "nats-public-keys.env").read_text().splitlines())
+    assert set(environment) == {nkey_variable(user) for user in (*USERS, "demo")}
     result = subprocess.run([devstack.find_nats_server(), "-t", "-c",
-                             str(ROOT / "deploy" / "nats" / "nats.conf")],
+                             str(tmp_path / "nats.conf")],
                             env=environment, capture_output=True, text=True, timeout=30,
                             check=False)
     assert result.returncode == 0, result.stdout + result.stderr

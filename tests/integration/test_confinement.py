@@ -11,6 +11,7 @@ written into a stream, a key-value bucket, a control subject or bob's live feed.
 
 import asyncio
 import json
+import uuid
 from contextlib import suppress
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, aut
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams
-from tether.client import NotPermitted, connect
+from tether.client import NotPermitted, RateLimited, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle, run_message_id
 from tether.testing import RunEvents
@@ -80,7 +81,9 @@ class Tenants:
 
 
 @pytest.fixture
-async def tenants(tmp_path: Path, unique_name: str, devstack, settings, database_url):
+async def tenants(request, tmp_path: Path, unique_name: str, devstack, settings, database_url):
+    """`request.param` (with indirect parametrization): more settings of the parent."""
+    parent_settings = getattr(request, "param", {})
     subjects = Settings(prefix=unique_name).subjects
     with authorized_nats(tmp_path, devstack, subjects, [ALICE, BOB], PASSWORDS) as (url, _log):
         admin = await nats.connect(url, user="admin", password=PASSWORDS["admin"])
@@ -91,7 +94,7 @@ async def tenants(tmp_path: Path, unique_name: str, devstack, settings, database
             await log.append_batch([run.requested(), run.started()], expected_last_seq=0)
         stop = asyncio.Event()
         service = asyncio.create_task(parent_service.serve(
-            as_user(settings, url, "parent", agents=AGENTS), stop, {}))
+            as_user(settings, url, "parent", agents=AGENTS, **parent_settings), stop, {}))
         query = json.dumps({"run_id": "x", "parent": ALICE_PARENT.model_dump()}).encode()
         await answered(admin, subjects.rpc_for("has_run", ALICE_PARENT), query)
         state = Tenants(url, settings, admin, log)
@@ -346,8 +349,9 @@ async def test_the_client_says_what_an_application_may_not_do(tenants):
             with pytest.raises(NotPermitted, match=f"hook {method} of parent agent {agent}"):
                 async with asyncio.timeout(2), hooks.running():
                     pass
-        with pytest.raises(NotPermitted, match="durable"):
-            await anext(app.chat(ALICE_PARENT, durable="d"))
+        with pytest.raises(NotPermitted, match="BobBot/user-1's chat"):
+            async with asyncio.timeout(2):
+                await anext(app.chat(BOB_PARENT, durable="d"))
 
 
 async def test_a_message_id_of_another_tenants_request_does_not_swallow_it(tenants):
@@ -372,3 +376,125 @@ async def test_a_message_id_of_another_tenants_request_does_not_swallow_it(tenan
                                                detached=True)
         assert isinstance(handle, DetachedHandle) and handle.status == "running", handle
         assert (await mine.inspect("wanted")).status in ("starting", "running")
+
+
+@pytest.mark.parametrize("tenants", [{"tenant_query_rate_per_s": 1, "tenant_query_burst": 3}],
+                         indirect=True)
+async def test_a_tenant_that_asks_too_often_is_told_when_to_ask_again(tenants):
+    """`has_run` and `history` read the streams: each account outside Tether's may ask
+    them only so often, whatever it writes in its requests' headers."""
+    subjects = tenants.subjects
+
+    async def ask(nc, parent, kind: str, forged: bool = False) -> dict:
+        query = ({"run_id": "run-1", "parent": parent.model_dump()} if kind == "has_run"
+                 else {"parent": parent.model_dump(), "feed": "events"})
+        headers = ({"Nats-Request-Info": json.dumps({"acc": f"FORGED_{uuid.uuid4().hex}"})}
+                   if forged else None)
+        reply = await nc.request(subjects.rpc_for(kind, parent), json.dumps(query).encode(),
+                                 timeout=5, headers=headers)
+        return json.loads(reply.data)
+
+    violations = Violations()
+    alice = await connect_alice(tenants.url, violations)
+    bob = await nats.connect(tenants.url, user="bob", password=PASSWORDS["bob"])
+    try:
+        replies = await asyncio.gather(*(ask(alice, ALICE_PARENT, kind, forged=index % 2 == 1)
+                                         for index, kind in enumerate(["has_run", "history"] * 5)))
+        refused = [reply for reply in replies if reply.get("error")]
+        assert len(refused) >= len(replies) - 3 - 2, replies  # the burst, and a refill or two
+        for reply in refused:
+            assert reply["error"].startswith("rate limited: at most 1 has_run and history "
+                                             "queries a second (3 at once)"), reply
+            assert 0 < reply["retry_after_ms"] <= 1000
+        # Another tenant's requests, and Tether's own, are not held back by alice's.
+        assert (await ask(bob, BOB_PARENT, "has_run"))["has_run"] is True
+        for _ in range(10):
+            assert (await ask(tenants.admin, ALICE_PARENT, "history"))["messages"]
+        # The client: a query of the application's own raises RateLimited with the wait;
+        # its own reads of a run wait for their turn instead.
+        async with connect(settings=as_user(tenants.settings, tenants.url, "alice")) as app:
+            mine = app.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+            with pytest.raises(RateLimited) as limited:
+                for _ in range(5):
+                    await mine.has_run("run-1")
+            assert 0 < limited.value.retry_after_s <= 1
+            async with asyncio.timeout(10):
+                history = await app.read_run(ALICE_PARENT, "run-1")
+            assert history.state is not None and history.state.status == "starting"
+    finally:
+        await alice.close()
+        await bob.close()
+
+
+async def test_a_hook_handlers_records_are_its_own_keys_and_reach_no_further(tenants):
+    """The deliveries bucket an application writes its handler's records in: its own
+    agents' keys only, read by a get that names the key, and no rollup."""
+    subjects = tenants.subjects
+    bucket = subjects.deliveries_bucket
+    bobs_key = f"$KV.{bucket}.BobBot.user-1.on_done.finish=run-1=completed"
+    hers = f"$KV.{bucket}.AliceBot.user-1.on_done.finish=run-1=completed"
+    admin_js = tenants.admin.jetstream()
+    await admin_js.publish(bobs_key, b'{"state": "delivered"}')
+    get = f"$JS.API.DIRECT.GET.KV_{bucket}"
+    violations = Violations()
+    alice = await connect_alice(tenants.url, violations)
+    try:
+        # Her own: put, and read back by the key's subject.
+        ack = json.loads((await alice.request(hers, b'{"state": "delivered"}', timeout=5)).data)
+        assert ack["stream"] == f"KV_{bucket}" and "error" not in ack, ack
+        reply = await alice.request(f"{get}.{hers}", b"", timeout=5)
+        assert json.loads(reply.data) == {"state": "delivered"}
+        # A get whose body names bob's key (or a sequence) is refused: the key is the
+        # subject's.
+        for body in ({"last_by_subj": bobs_key}, {"seq": 1}):
+            reply = await alice.request(f"{get}.{hers}", json.dumps(body).encode(), timeout=5)
+            assert reply.headers and reply.headers.get("Status") == "408", (body, reply)
+            assert b"BobBot" not in reply.data
+        # A rollup on her own key would empty the bucket: refused.
+        ack = json.loads((await alice.request(hers, b"{}", timeout=5,
+                                              headers={"Nats-Rollup": "all"})).data)
+        assert "error" in ack, ack
+        for subject in (bobs_key, f"{get}.{bobs_key}", f"{get}.$KV.{bucket}.*.>",
+                        f"{get}.$KV.{bucket}.BobBot.user-1.on_done.>", f"{get}",
+                        f"$JS.API.STREAM.MSG.GET.KV_{bucket}"):
+            await alice.publish(subject, b"", reply=alice.new_inbox())
+            await violations.expect("publish", subject)
+    finally:
+        await alice.close()
+    stored = await admin_js.get_last_msg(f"KV_{bucket}", bobs_key)
+    assert stored.data == b'{"state": "delivered"}'
+
+
+async def test_a_durable_chat_reader_is_served_by_the_parent(tenants):
+    """`chat(durable=...)` in an account of its own: the parent makes the consumer and
+    pulls for the readers sharing its name; each message goes to one of them, and what a
+    reader asked past is acknowledged."""
+    subjects = tenants.subjects
+    admin_js = tenants.admin.jetstream()
+    for index in (1, 2, 3):
+        await admin_js.publish(subjects.chat(ALICE_PARENT), json.dumps(
+            {"id": f"m-{index}", "role": "assistant", "content": f"message {index}",
+             "metadata": {}}).encode())
+    settings = as_user(tenants.settings, tenants.url, "alice")
+    async with connect(settings=settings) as first, connect(settings=settings) as second:
+        reader = first.chat(ALICE_PARENT, durable="inbox")
+        async with asyncio.timeout(10):
+            assert (await anext(reader)).id == "m-1"
+            assert (await anext(reader)).id == "m-2"  # asking for it acknowledged m-1
+        await reader.aclose()  # m-2 is still its own, unacknowledged, until the ack wait
+        async with asyncio.timeout(10):
+            assert (await anext(second.chat(ALICE_PARENT, durable="inbox"))).id == "m-3"
+    consumer = await admin_js.consumer_info(subjects.chat_stream, "chat-AliceBot-user-1-inbox")
+    assert consumer.config.filter_subject == subjects.chat(ALICE_PARENT)
+    assert (consumer.num_ack_pending, consumer.delivered.stream_seq) == (2, 3)
+    # A token of another consumer (bob's reader, say) is not the parent's to acknowledge.
+    alice = await connect_alice(tenants.url, Violations())
+    try:
+        reply = await alice.request(subjects.rpc_for("chat_next", ALICE_PARENT), json.dumps(
+            {"parent": ALICE_PARENT.model_dump(), "durable": "inbox",
+             "ack": [f"$JS.ACK.{subjects.chat_stream}.chat-BobBot-user-1-inbox.1.1.1.1.0"]}
+        ).encode(), timeout=5)
+        assert json.loads(reply.data)["error"].startswith("invalid request:"), reply.data
+    finally:
+        await alice.close()
+

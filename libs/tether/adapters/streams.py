@@ -9,6 +9,7 @@ from nats.js import api as js_api
 from nats.js.errors import APIError, NotFoundError
 from nats.js.kv import KeyValue
 
+from tether.adapters.tenant_deliveries import open_to_tenants
 from tether.contract.subjects import Subjects
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects,
     # A delivery's key outlives every republication of its hook (the hooks stream keeps
     # a message 7 days).
     await key_value(js, subjects.deliveries_bucket, settings, ttl_s=30 * DAY_S)
+    # Applications write their own keys in it (adapters/tenant_deliveries.py).
+    await open_to_tenants(js, subjects.deliveries_bucket)
 
 
 async def remove_streams(js: JetStreamContext, subjects: Subjects) -> None:

@@ -12,6 +12,7 @@ from tether.client.connection import Tether, connect
 from tether.client.errors import (
     InputTooLarge,
     NotPermitted,
+    RateLimited,
     RequestFailed,
     ServiceUnavailable,
     TetherError,
@@ -28,6 +29,7 @@ __all__ = [
     "NotPermitted",
     "ParentHandle",
     "ProgressView",
+    "RateLimited",
     "RequestFailed",
     "RunView",
     "RunWaiter",

@@ -7,25 +7,29 @@ the message id (`detached-finish:<run_id>:<status>:<incarnation>`,
 incarnation) is the key to inject each one into the conversation once. With `durable`, the readers that share
 that name share one durable consumer: each message goes to one of them, and is
 acknowledged when the reader asks for the next one, so a reader that crashes while
-handling a message gets it again (at least once).
+handling a message gets it again (at least once). An application in a NATS account of
+its own has the parent pull for it (`chat_next`), with the same sharing and the same
+at-least-once.
 """
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import suppress
 
-from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 from pydantic import ValidationError
 
+from tether.adapters.chat_consumers import consumer_config, consumer_name
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.feed import open_feed
 from tether.client.link import Link
-from tether.contract.messages import ChatMessage
+from tether.contract.messages import ChatMessage, ChatNextReply
+from tether.domain.commands import ChatNextQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
 FETCH_WAIT_S = 1.0
-ACK_WAIT_S = 60.0
 
 
 async def follow_chat(tether: Link, parent: ParentRef, *, durable: str | None = None,
@@ -48,16 +52,13 @@ async def follow_chat(tether: Link, parent: ParentRef, *, durable: str | None = 
 
 async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,
                    logger) -> AsyncIterator[ChatMessage]:
+    check_identifier(durable, "durable name")
     if tether.served:
-        raise NotPermitted(
-            "a durable chat reader needs a consumer of its own, which an application in a "
-            "NATS account of its own may not make (tether.access): read without `durable`")
-    name = f"chat-{parent.agent}-{parent.name}-{check_identifier(durable, 'durable name')}"
-    name = name.replace(":", "_")
-    config = js_api.ConsumerConfig(
-        name=name, durable_name=name, filter_subject=tether.subjects.chat(parent),
-        ack_policy=js_api.AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1,
-        deliver_policy=js_api.DeliverPolicy.NEW if new_only else js_api.DeliverPolicy.ALL)
+        async for chat_message in _served_durable(tether, parent, durable, new_only, logger):
+            yield chat_message
+        return
+    name = consumer_name(parent, durable)
+    config = consumer_config(tether.subjects, parent, durable, new_only)
     stream = tether.subjects.chat_stream
     try:
         await tether.js.add_consumer(stream, config)
@@ -82,3 +83,47 @@ async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool
                 await msg.ack()
     finally:
         await subscription.unsubscribe()
+
+
+async def _served_durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,
+                          logger) -> AsyncIterator[ChatMessage]:
+    """The parent pulls for an application in an account of its own
+    (`adapters/chat_consumers.py`): each query acknowledges what the last one handed over
+    and asks for the next message. With nothing there, the next query waits for the
+    parent's live chat (or `FETCH_WAIT_S`)."""
+    woken = asyncio.Event()
+
+    async def wake(_msg) -> None:
+        woken.set()
+
+    live = await tether.nc.subscribe(tether.subjects.live(tether.subjects.chat(parent)),
+                                     cb=wake)
+    ack: list[str] = []
+    try:
+        while True:
+            query = ChatNextQuery(parent=parent, durable=durable, new_only=new_only, ack=ack)
+            woken.clear()
+            try:
+                reply = await tether.request("chat_next", query, ChatNextReply)
+            except NotPermitted:
+                raise NotPermitted(
+                    f"this connection's NATS user may not read {parent.agent}/{parent.name}'s "
+                    "chat: an application user reads only the parent agents its configuration "
+                    "lists (tether.access)") from None
+            ack = []
+            if not reply.messages:
+                with suppress(TimeoutError):
+                    async with asyncio.timeout(FETCH_WAIT_S):
+                        await woken.wait()
+                continue
+            for delivery in reply.messages:
+                try:
+                    chat_message = ChatMessage.model_validate_json(delivery.data)
+                except ValidationError:
+                    logger.warning("chat.malformed", stream_seq=delivery.seq)
+                else:
+                    yield chat_message
+                ack.append(delivery.token)
+    finally:
+        with suppress(Exception):  # the connection may already be closing
+            await live.unsubscribe()

@@ -20,7 +20,13 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.client.chat import follow_chat
 from tether.client.conversation import Conversation
-from tether.client.errors import InputTooLarge, NotPermitted, RequestFailed, ServiceUnavailable
+from tether.client.errors import (
+    InputTooLarge,
+    NotPermitted,
+    RateLimited,
+    RequestFailed,
+    ServiceUnavailable,
+)
 from tether.client.feed import OrderedFeed, ServedFeed, open_feed
 from tether.client.hooks import HookRegistry
 from tether.client.link import RunReads
@@ -160,7 +166,8 @@ class Tether:
         query = HasRunQuery(run_id=command.run_id, parent=command.parent, command_seq=seq,
                             command_id=msg_id)
         try:
-            return (await self.request("has_run", query, HasRunReply)).command_ours is not False
+            return (await self.request("has_run", query, HasRunReply,
+                                       wait_when_limited=True)).command_ours is not False
         except ServiceUnavailable:
             return True  # the parent will handle the command when it is back: wait for it
 
@@ -181,9 +188,24 @@ class Tether:
                                 f"{server_limit:,} bytes per message (its max_payload)")
 
     async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
-                      timeout: float | None = None, subject: str | None = None) -> Reply:
+                      timeout: float | None = None, subject: str | None = None,
+                      wait_when_limited: bool = False) -> Reply:
         """Core request/reply with the parent service, on the query's per-parent subject
-        unless `subject` is given; raises ServiceUnavailable, NotPermitted or RequestFailed."""
+        unless `subject` is given; raises ServiceUnavailable, NotPermitted, RateLimited or
+        RequestFailed. `wait_when_limited`: a query refused for asking too often is asked
+        again when the parent says it may be (the client's own reads while it awaits or
+        follows a run)."""
+        while True:
+            try:
+                return await self._request_once(kind, query, reply_model, timeout=timeout,
+                                                subject=subject)
+            except RateLimited as limited:
+                if not wait_when_limited:
+                    raise
+                await asyncio.sleep(limited.retry_after_s)
+
+    async def _request_once(self, kind: str, query: Any, reply_model: type[Reply], *,
+                            timeout: float | None, subject: str | None) -> Reply:
         subject = subject or self.subjects.rpc_for(kind, query.parent)
         timeout = self.rpc_timeout if timeout is None else timeout
         try:
@@ -207,6 +229,8 @@ class Tether:
         except ValidationError as error:
             raise RequestFailed(f"unexpected reply on {subject}: {error}") from None
         if refusal := getattr(reply, "error", None):
+            if (retry_after_ms := getattr(reply, "retry_after_ms", None)) is not None:
+                raise RateLimited(f"{subject}: {refusal}", retry_after_ms / 1000)
             raise RequestFailed(f"{subject}: {refusal}")
         return reply
 

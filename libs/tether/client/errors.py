@@ -13,6 +13,15 @@ class RequestFailed(TetherError):
     """A service answered a request with an error."""
 
 
+class RateLimited(RequestFailed):
+    """The parent refused a query this connection's account asked too often; it may ask
+    again after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class NotPermitted(TetherError):
     """The NATS server refused this connection's user: an application user may act only
     for the parent agents `tether.access` grants it."""

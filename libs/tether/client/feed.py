@@ -286,7 +286,8 @@ class ServedFeed:
         query = HistoryQuery(parent=self._parent, feed=self._feed,
                              run_id=run_id or self._run_id, start_seq=start_seq, limit=limit)
         try:
-            return await self._tether.request("history", query, HistoryReply)
+            return await self._tether.request("history", query, HistoryReply,
+                                              wait_when_limited=True)
         except NotPermitted:
             raise NotPermitted(
                 f"this connection's NATS user may not follow {self._filter}: an application "

@@ -46,6 +46,7 @@ from tether.adapters.hook_consumers import (
     registry_key,
 )
 from tether.adapters.pull import Delivery, Pull, delivery_of, durable_pull
+from tether.adapters.tenant_deliveries import TenantDeliveryRecords
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.link import Link
 from tether.contract.messages import (
@@ -124,7 +125,7 @@ class HookRegistry:
         self.stats = HookStats()
         self.ready = asyncio.Event()
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
-        self._records = DeliveryRecords(None)
+        self._records: DeliveryRecords | TenantDeliveryRecords = DeliveryRecords(None)
         self._calling: set[str] = set()  # the deliveries being checked or called
         self._called = _Recent(CALLED_KEPT)  # the deliveries made and recorded here
 
@@ -169,9 +170,10 @@ class HookRegistry:
         stop = stop or asyncio.Event()
         if self.tether.served:
             # In an account of its own: the parent registers each method and makes its
-            # consumer; the ledger alone tells what was delivered.
+            # consumer; this handler's records are its own keys of the deliveries bucket.
             subscriptions = {method: await self._served_consumer(method)
                              for method in self.functions}
+            self._records = TenantDeliveryRecords(self.tether.nc, self.tether.subjects)
         else:
             subscriptions = {method: await self._consume(method) for method in self.functions}
             self._records = await DeliveryRecords.open(self.tether.js,

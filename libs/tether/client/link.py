@@ -63,7 +63,9 @@ class Link(Protocol):
         ...
 
     async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
-                      timeout: float | None = None, subject: str | None = None) -> Reply:
+                      timeout: float | None = None, subject: str | None = None,
+                      wait_when_limited: bool = False) -> Reply:
         """Core request/reply with the parent service; raises `ServiceUnavailable`,
-        `NotPermitted` or `RequestFailed`."""
+        `NotPermitted`, `RateLimited` (unless `wait_when_limited`: then it asks again when
+        the parent says it may) or `RequestFailed`."""
         ...

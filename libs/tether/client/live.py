@@ -46,7 +46,8 @@ class ServedReads:
             query = HistoryQuery(parent=parent, feed="events", run_id=run_id,
                                  start_seq=start_seq)
             try:
-                reply = await self._tether.request("history", query, HistoryReply)
+                reply = await self._tether.request("history", query, HistoryReply,
+                                                   wait_when_limited=True)
             except NotPermitted:
                 raise NotPermitted(
                     f"this connection's NATS user may not read {subject}: an application "

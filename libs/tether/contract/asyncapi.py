@@ -28,6 +28,7 @@ from tether.contract.messages import (
     CancelReply,
     CancelSignal,
     ChatMessage,
+    ChatNextReply,
     ChildInspectReply,
     ChildInspectRequest,
     HasRunReply,
@@ -43,6 +44,7 @@ from tether.contract.messages import (
 from tether.contract.subjects import Subjects
 from tether.domain.commands import (
     CancelCommand,
+    ChatNextQuery,
     ClearCommand,
     ContinueCommand,
     DeliveredCommand,
@@ -130,7 +132,8 @@ COMMANDS = (
 )
 QUERIES = (("inspect", InspectQuery, InspectReply), ("list", ListQuery, ListReply),
            ("has_run", HasRunQuery, HasRunReply), ("history", HistoryQuery, HistoryReply),
-           ("serve_hook", ServeHookQuery, ServeHookReply))
+           ("serve_hook", ServeHookQuery, ServeHookReply),
+           ("chat_next", ChatNextQuery, ChatNextReply))
 
 
 def contract_broker() -> NatsBroker:

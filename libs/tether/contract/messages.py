@@ -301,6 +301,8 @@ class HasRunReply(Model):
     has_run: bool = False
     command_ours: bool | None = None
     error: str | None = None
+    # With an `error`: the requester asked too often; it may ask again after this long.
+    retry_after_ms: int | None = None
 
 
 class StoredMessage(Model):
@@ -320,6 +322,24 @@ class HistoryReply(Model):
     messages: list[StoredMessage] = Field(default_factory=list)
     pending: int = 0
     last_seq: int = 0
+    error: str | None = None
+    # With an `error`: the requester asked too often; it may ask again after this long.
+    retry_after_ms: int | None = None
+
+
+class ChatDelivery(Model):
+    """One chat message handed to a durable reader; `token` acknowledges it (the next
+    `chat_next` query's `ack`)."""
+
+    seq: int
+    data: str
+    token: str
+
+
+class ChatNextReply(Model):
+    """`<prefix>.rpc.chat_next`: the reader's next message, if there is one now."""
+
+    messages: list[ChatDelivery] = Field(default_factory=list)
     error: str | None = None
 
 

@@ -19,6 +19,7 @@ from tether.contract.messages import (
     CancelReply,
     CancelSignal,
     ChatMessage,
+    ChatNextReply,
     ChildInspectReply,
     ChildInspectRequest,
     HasRunReply,
@@ -38,7 +39,8 @@ SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # Every payload on the wire that is neither a command nor an event.
 MESSAGE_CLASSES = (WorkItem, CancelSignal, CancelReply, ChildInspectRequest, ChildInspectReply,
                    ProgressSignal, HookMessage, ChatMessage, InspectReply, ListReply,
-                   HasRunReply, HistoryReply, ServeHookReply, ObservabilityEvent)
+                   HasRunReply, HistoryReply, ServeHookReply, ChatNextReply,
+                   ObservabilityEvent)
 
 
 def _document(schema: dict[str, Any], schema_id: str) -> dict[str, Any]:

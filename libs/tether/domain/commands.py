@@ -130,14 +130,30 @@ class ServeHookQuery(Model):
     max_ack_pending: Annotated[int, Field(gt=0, le=10_000)]
 
 
+class ChatNextQuery(Model):
+    """A durable chat reader's next message, for an application that may not pull from
+    a consumer itself (an account of its own): the parent acknowledges the messages
+    `ack` names (the tokens of earlier replies), makes the reader's consumer (`durable`,
+    shared by every reader of that name) if it is new, and hands over what is there now.
+    Asked on `<prefix>.rpc.chat_next.<agent>.<name>`."""
+
+    type: Literal["chat_next"] = "chat_next"
+    parent: ParentRef
+    durable: Identifier
+    new_only: bool = False
+    ack: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=100)] = Field(
+        default_factory=list)
+
+
 Command = Annotated[
     RunCommand | CancelCommand | ClearCommand | ContinueCommand | DeliveredCommand
-    | MessageCommand | InspectQuery | ListQuery | HasRunQuery | HistoryQuery | ServeHookQuery,
+    | MessageCommand | InspectQuery | ListQuery | HasRunQuery | HistoryQuery | ServeHookQuery
+    | ChatNextQuery,
     Field(discriminator="type"),
 ]
 COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,
                    DeliveredCommand, MessageCommand, InspectQuery, ListQuery, HasRunQuery,
-                   HistoryQuery, ServeHookQuery)
+                   HistoryQuery, ServeHookQuery, ChatNextQuery)
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 COMMAND_TYPES: frozenset[str] = frozenset(cls.model_fields["type"].default for cls in COMMAND_CLASSES)
 

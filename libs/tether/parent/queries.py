@@ -1,5 +1,5 @@
-"""The parent's queries: inspect, list, has_run, history and serve_hook, as faststream
-request handlers.
+"""The parent's queries: inspect, list, has_run, history, serve_hook and chat_next, as
+faststream request handlers.
 
 Each query is answered on its short subject `<prefix>.rpc.<kind>` and on the per-parent
 form `<prefix>.rpc.<kind>.<agent>.<name>`, which NATS permissions can grant to the
@@ -7,10 +7,16 @@ application that owns the parent (`tether.access`); every parent replica shares 
 `tether-parent` queue group. A request that is not a valid query gets a reply whose
 `error` starts with "invalid request:"; a query that fails gets the error's type and text.
 
-`history` and `serve_hook` are what an application in a NATS account of its own needs
-instead of the JetStream API (`tether.access`): the stored messages of its parent's
-feeds, and its hook methods registered with their consumers made.
+`history`, `serve_hook` and `chat_next` are what an application in a NATS account of its
+own needs instead of the JetStream API (`tether.access`): the stored messages of its
+parent's feeds, its hook methods registered with their consumers made, and its durable
+chat readers' messages (`adapters/chat_consumers.py`). `has_run` and
+`history` read the streams for every request, so a requester from outside Tether's
+account may ask them only so often (`tether.parent.rate_limit`); beyond that the reply's
+`error` starts with "rate limited:" and `retry_after_ms` says when to ask again.
 """
+
+import time
 
 import asyncpg
 from faststream.middlewares import ExceptionMiddleware
@@ -19,9 +25,11 @@ from faststream.nats.annotations import NatsMessage
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
+from tether.adapters.chat_consumers import ServedChat
 from tether.adapters.event_log import EventLog
 from tether.adapters.hook_consumers import serve_hook
 from tether.contract.messages import (
+    ChatNextReply,
     HasRunReply,
     HistoryReply,
     InspectReply,
@@ -33,6 +41,7 @@ from tether.contract.messages import (
 )
 from tether.contract.subjects import Subjects
 from tether.domain.commands import (
+    ChatNextQuery,
     HasRunQuery,
     HistoryQuery,
     InspectQuery,
@@ -41,11 +50,12 @@ from tether.domain.commands import (
 )
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState
+from tether.parent.rate_limit import RequestRates, requester_of
 
 QUERY_QUEUE = "tether-parent"
 MAX_TREE_DEPTH = 16  # how deep a subtree's usage is summed
 REPLIES = {"inspect": InspectReply, "list": ListReply, "has_run": HasRunReply,
-           "history": HistoryReply, "serve_hook": ServeHookReply}
+           "history": HistoryReply, "serve_hook": ServeHookReply, "chat_next": ChatNextReply}
 # A history reply stays well under NATS's default max_payload (1 MiB).
 HISTORY_REPLY_BYTES = 256 * 1024
 
@@ -65,8 +75,10 @@ def query_subjects(subjects: Subjects, kind: str) -> tuple[str, str]:
 
 class ParentQueries:
     def __init__(self, log: EventLog | None, pool: asyncpg.Pool | None, projection_schema: str,
-                 logger) -> None:
+                 logger, *, rates: RequestRates | None = None) -> None:
         self._log, self._pool, self._logger = log, pool, logger
+        self._rates = rates
+        self._chat: ServedChat | None = None
         self._list_sql = LIST_RUNS.format(schema=f'"{projection_schema}"')
 
     def middleware(self) -> ExceptionMiddleware:
@@ -80,7 +92,9 @@ class ParentQueries:
                 ("has_run", self.has_run, "Whether the parent has the run"),
                 ("history", self.history, "Stored messages of one of the parent's feeds"),
                 ("serve_hook", self.serve_hook,
-                 "Register a hook method and make its durable consumer")):
+                 "Register a hook method and make its durable consumer"),
+                ("chat_next", self.chat_next,
+                 "A durable chat reader's next message, pulled by the parent")):
             for subject in query_subjects(subjects, kind):
                 broker.subscriber(subject, queue=QUERY_QUEUE, title=f"{subject}:query",
                                   description=summary)(handler)
@@ -111,9 +125,29 @@ class ParentQueries:
                     await self._descendants_usage(child, depth + 1))
         return total
 
+    def _too_often(self, kind: str, message: NatsMessage) -> tuple[str, int] | None:
+        """The refusal and the milliseconds to wait, when the requester is over its rate."""
+        if self._rates is None:
+            return None
+        requester = requester_of(message.raw_message.headers)
+        if requester is None:
+            return None
+        wait_s = self._rates.take(requester, time.monotonic())
+        if wait_s == 0:
+            return None
+        wait_ms = max(int(wait_s * 1000 + 0.999), 1)
+        self._logger.warning("rpc.rate_limited", kind=kind, requester=requester,
+                             retry_after_ms=wait_ms)
+        return (f"rate limited: at most {self._rates.rate_per_s:g} has_run and history "
+                f"queries a second ({self._rates.burst} at once) per NATS account outside "
+                f"Tether's (TETHER_TENANT_QUERY_RATE_PER_S, TETHER_TENANT_QUERY_BURST); "
+                f"ask again in {wait_ms} ms"), wait_ms
+
     async def has_run(self, query: HasRunQuery, message: NatsMessage) -> HasRunReply:
         assert self._log is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
+        if refusal := self._too_often("has_run", message):
+            return HasRunReply(error=refusal[0], retry_after_ms=refusal[1])
         state = (await self._log.read_run(query.parent, query.run_id)).state
         ours = None
         if query.command_seq is not None:
@@ -145,6 +179,8 @@ class ParentQueries:
     async def history(self, query: HistoryQuery, message: NatsMessage) -> HistoryReply:
         assert self._log is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
+        if refusal := self._too_often("history", message):
+            return HistoryReply(error=refusal[0], retry_after_ms=refusal[1])
         subjects = self._log.subjects
         stream, per_parent, per_run = {
             "events": (subjects.events_stream, subjects.parent_events, subjects.run_events),
@@ -189,6 +225,14 @@ class ParentQueries:
                                     query.method, lease_s=query.lease_ms / 1000,
                                     max_ack_pending=query.max_ack_pending)
         return ServeHookReply(consumer=consumer)
+
+    async def chat_next(self, query: ChatNextQuery, message: NatsMessage) -> ChatNextReply:
+        assert self._log is not None
+        _check_subject_parent(message.raw_message.subject, query.parent)
+        if self._chat is None:
+            self._chat = ServedChat(self._log.nats, self._log.jetstream, self._log.subjects)
+        return ChatNextReply(messages=await self._chat.next(query.parent, query.durable,
+                                                            query.new_only, query.ack))
 
     def _failed(self, error: Exception, message: NatsMessage):
         subject = message.raw_message.subject

@@ -32,6 +32,7 @@ from tether.domain import decide
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
 from tether.parent.queries import ParentQueries
+from tether.parent.rate_limit import RequestRates
 from tether.parent.slots import SlotKeeper
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
@@ -79,7 +80,9 @@ class ParentService:
                                     delivery_lease_ms=self._settings.delivery_lease_ms,
                                     records=records)
         queries = ParentQueries(self._log, self._pool, self._settings.projection_schema,
-                                self._logger)
+                                self._logger, rates=RequestRates(
+                                    self._settings.tenant_query_rate_per_s,
+                                    self._settings.tenant_query_burst))
         self._queries = control_broker(self._settings, "tether-parent-queries",
                                        middlewares=[queries.middleware()])
         queries.subscribe(self._queries, self._subjects)

@@ -1,0 +1,80 @@
+"""The deliveries bucket (`adapters/deliveries.py`) as an application in a NATS account of
+its own writes and reads it.
+
+Such an application has no JetStream API (`tether.access`), yet its hook handler must
+keep its own record of each delivery, so that a hook is not handled twice while the
+parent service that writes the ledger is down. Its account imports exactly two things of
+the bucket, both scoped by its parent agent: a put on its own keys
+(`$KV.<bucket>.<agent>.>`, a plain publish the stream acknowledges) and a direct get of
+the last value of one of them (`$JS.API.DIRECT.GET.KV_<bucket>.$KV.<bucket>.<agent>.>`,
+which takes no body, so the key is the one in the subject).
+
+A publish's headers are where no permission can see them, and the one header that
+reaches past the key it is sent to is a rollup (`Nats-Rollup: all` empties the whole
+bucket): the services keep the bucket refusing rollups (`open_to_tenants`). A put with
+a message id of another tenant's choosing changes nothing either: the records are put
+without one.
+"""
+
+import json
+import time
+
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError
+
+from tether.adapters.deliveries import delivery_key
+from tether.contract.subjects import Subjects
+from tether.domain.events import ParentRef
+
+REQUEST_TIMEOUT_S = 5.0
+
+
+async def open_to_tenants(js: JetStreamContext, bucket: str) -> None:
+    """Make the bucket's stream answer direct gets and refuse `Nats-Rollup` headers (a
+    key-value bucket is made without the one and with the other, for purges, which no
+    one makes of this one)."""
+    info = await js.stream_info(f"KV_{bucket}")
+    if info.config.allow_rollup_hdrs or not info.config.allow_direct:
+        info.config.allow_rollup_hdrs = False
+        info.config.allow_direct = True
+        await js.update_stream(info.config)
+
+
+class TenantDeliveryRecords:
+    """`DeliveryRecords` over the two subjects an application's account imports."""
+
+    def __init__(self, nc: NATS, subjects: Subjects) -> None:
+        self._nc = nc
+        self._bucket = subjects.deliveries_bucket
+
+    def _subject(self, parent: ParentRef, method: str, message_id: str) -> str:
+        return f"$KV.{self._bucket}.{delivery_key(parent, method, message_id)}"
+
+    async def recorded(self, parent: ParentRef, method: str, message_id: str) -> bool:
+        """Whether the delivery is marked delivered."""
+        get = f"$JS.API.DIRECT.GET.KV_{self._bucket}.{self._subject(parent, method, message_id)}"
+        try:
+            reply = await self._nc.request(get, b"", timeout=REQUEST_TIMEOUT_S)
+        except NoRespondersError:
+            return False  # services without the bucket: the ledger alone tells
+        headers = reply.headers or {}
+        status = headers.get("Status")
+        if status == "404":
+            return False
+        if status is not None:
+            raise APIError(code=int(status), description=headers.get("Description", ""))
+        if headers.get("KV-Operation") in ("DEL", "PURGE"):
+            return False
+        return json.loads(reply.data or b"{}").get("state") == "delivered"
+
+    async def record(self, parent: ParentRef, method: str, message_id: str,
+                     status: str) -> None:
+        value = json.dumps({"state": "delivered", "status": status, "message_id": message_id,
+                            "at": int(time.time() * 1000)}).encode()
+        reply = await self._nc.request(self._subject(parent, method, message_id), value,
+                                       timeout=REQUEST_TIMEOUT_S)
+        ack = json.loads(reply.data or b"{}")
+        if "error" in ack:
+            APIError.from_error(ack["error"])  # raises the error's own type

@@ -1,0 +1,167 @@
+"""Served mode against the real services: applications in accounts of their own
+(`tether.access`) and the operators' account, on a nats-server with the generated
+accounts, with the four services running as their own users."""
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+from authorized_nats import ALICE, ALICE_PARENT, BOB, PASSWORDS, authorized_nats, nats_server
+from eventually import eventually
+
+from tether.access_jwt import generate
+from tether.client import connect
+from tether.config import Settings
+from tether.contract.messages import AgentToolSuccess, run_message_id
+from tether.domain.commands import RunCommand
+from tether_services import child_runner, parent, projector, reconciler
+
+AGENTS = ("examples.agents:Sleeper", "examples.agents:Researcher")
+SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconciler,
+            "projector": projector}
+
+
+class Installation:
+    """The server, the running services (each stoppable on its own), and a Settings
+    maker per user."""
+
+    def __init__(self, url: str, settings: Settings, creds: dict[str, Path] | None) -> None:
+        self.url, self.settings, self.creds = url, settings, creds
+        self.subjects = settings.subjects
+        self.stops: dict[str, asyncio.Event] = {}
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    def as_user(self, user: str, **changes) -> Settings:
+        signs_in = ({"nats_creds_file": str(self.creds[user])} if self.creds is not None
+                    else {"nats_user": user, "nats_password": PASSWORDS[user]})
+        return Settings(**{**self.settings.model_dump(), "nats_url": self.url, **signs_in,
+                           **changes})
+
+    async def start(self, role: str, **changes) -> None:
+        checks: dict = {}
+        self.stops[role] = asyncio.Event()
+        self.tasks[role] = asyncio.create_task(SERVICES[role].serve(
+            self.as_user(role, agents=AGENTS, **changes), self.stops[role], checks))
+        await eventually(lambda: bool(checks), timeout=60, interval=0.05)
+        await eventually(lambda: _passing(checks), timeout=60, interval=0.05)
+
+    async def stop(self, role: str) -> None:
+        self.stops[role].set()
+        await asyncio.wait_for(self.tasks.pop(role), 30)
+
+    async def stop_all(self) -> None:
+        for role in list(self.tasks):
+            await self.stop(role)
+
+
+async def _passing(checks: dict) -> bool:
+    for check in checks.values():
+        try:
+            if not (await check())[0]:
+                return False
+        except Exception:  # noqa: BLE001 - not ready yet
+            return False
+    return True
+
+
+# Awaiters are asked every 50 ms: a run whose awaiter is not heard is recovered at once.
+# Children still running at the end are handed back at once.
+FAST = {"awaiter_check_interval_ms": 50, "recovery_inspect_timeout_ms": 300,
+        "recovery_deadline_ms": 750, "runner_shutdown_grace_ms": 0}
+
+
+@contextlib.contextmanager
+def server(mode: str, directory: Path, devstack, subjects):
+    """The generated accounts as a configuration file, or in operator (JWT) mode."""
+    if mode == "config":
+        with authorized_nats(directory, devstack, subjects, [ALICE, BOB], PASSWORDS) as (
+                url, _log):
+            yield url, None
+        return
+    creds = generate(subjects, [ALICE, BOB], directory / "jwt")
+    with nats_server(directory, devstack, "include ./jwt/resolver.conf\n") as (url, _log):
+        yield url, creds
+
+
+@pytest.fixture(params=["config", "jwt"])
+async def installation(request, tmp_path: Path, unique_name: str, devstack, settings,
+                       database_url):
+    subjects = Settings(prefix=unique_name).subjects
+    with server(request.param, tmp_path, devstack, subjects) as (url, creds):
+        state = Installation(url, settings.model_copy(update=FAST), creds)
+        try:
+            for role in SERVICES:
+                await state.start(role)
+            yield state
+        finally:
+            await state.stop_all()
+
+
+async def run_types(installation: Installation, run_id: str) -> list[str]:
+    async with connect(settings=installation.as_user("operator")) as tether:
+        history = await tether.read_run(ALICE_PARENT, run_id)
+    return [event.type for event in history.events]
+
+
+async def unawaited_run(installation: Installation, run_id: str, seconds: float) -> None:
+    """A run request alice sends and nobody awaits: the reconciler recovers it."""
+    async with connect(settings=installation.as_user("alice")) as tether:
+        command = RunCommand(run_id=run_id, parent=ALICE_PARENT, agent_type="Sleeper",
+                             input={"seconds": seconds})
+        await tether.publish_command("run", command, run_message_id(run_id, 0, ALICE_PARENT))
+
+
+@pytest.mark.parametrize("user", ["operator", "alice"])
+async def test_an_awaited_run_of_an_applications_parent_is_heard_as_awaited(
+        installation, user):
+    # The reconciler checks awaiters now: a run nobody awaits is recovered.
+    await unawaited_run(installation, "unheard-1", seconds=30)
+    await eventually(lambda: _reattached(installation, "unheard-1"), timeout=30, interval=0.1)
+    async with connect(settings=installation.as_user(user)) as tether:
+        assert tether.served
+        mine = tether.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+        outcome = await asyncio.wait_for(
+            mine.run_agent_tool("Sleeper", {"seconds": 1.5}, run_id="heard-1"), 30)
+        assert isinstance(outcome, AgentToolSuccess), outcome
+    # Thirty checks while it ran: none may have found its awaiter gone.
+    assert "run.reattach_started" not in await run_types(installation, "heard-1")
+
+
+async def _reattached(installation: Installation, run_id: str) -> bool:
+    return "run.reattach_started" in await run_types(installation, run_id)
+
+
+async def test_a_hook_handled_once_is_not_handled_again_while_the_parent_is_down(
+        installation):
+    """The handler's own records: a copy of a delivered hook reaching another replica
+    while the parent service (the ledger's writer, and the application's only reader of
+    it) is stopped is acknowledged without a call."""
+    subjects = installation.subjects
+    calls: list[str] = []
+    async with connect(settings=installation.as_user("alice")) as first_app, \
+            connect(settings=installation.as_user("alice")) as second_app:
+        first, second = first_app.hooks("AliceBot"), second_app.hooks("AliceBot")
+        for replica in (first, second):
+            replica.register("on_done", lambda run, result: calls.append(run.run_id))
+        serving_first = first.running()
+        await serving_first.__aenter__()
+        mine = first_app.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+        await mine.run_agent_tool("Researcher", {"query": "QUIC"}, run_id="hooked-1",
+                                  detached={"on_finish": "on_done"})
+        await eventually(lambda: first.stats.called == 1, timeout=30, interval=0.05)
+        async with second.running():
+            # The first replica goes (its record written), the second takes over, then the
+            # parent stops.
+            await serving_first.__aexit__(None, None, None)
+            await installation.stop("parent")
+            async with connect(settings=installation.as_user("admin")) as admin:
+                original = await admin.js.get_last_msg(subjects.hooks_stream,
+                                                       subjects.hook("AliceBot", "on_done"))
+                # The reconciler's retry of the same outcome: another id, not the first
+                # publication.
+                await admin.js.publish(original.subject, original.data, headers={
+                    "Nats-Msg-Id": original.headers["Nats-Msg-Id"] + ":retry1"})
+            await eventually(lambda: second.stats.skipped == 1, timeout=30, interval=0.05)
+    assert calls == ["hooked-1"]
+    assert second.stats.called == 0

@@ -1,0 +1,148 @@
+"""The shipped compose stack, without Docker: NATS with compose's `deploy/nats/nats.conf`
+and `auth.conf`, Postgres with compose's TLS settings and `deploy/postgres/pg_hba.conf`,
+the secrets `python -m tether.dev_secrets` makes (as compose's `secrets` service does),
+and the four services with compose's own settings, where `/secrets` is the generated
+directory and the hosts are local. Everything goes over TLS, every NATS user signs in
+with its NKey, and the demo application runs a child through its own account."""
+
+import asyncio
+import contextlib
+import re
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import nats
+import pytest
+import yaml
+from eventually import eventually
+from tls_postgres import tls_postgres
+
+from tether.access import Application
+from tether.client import connect
+from tether.config import Settings
+from tether.contract.messages import AgentToolSuccess
+from tether.dev_secrets import generate
+from tether_services import child_runner, parent, projector, reconciler
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconciler,
+            "projector": projector}
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def compose_applications() -> list[Application]:
+    command = COMPOSE["services"]["secrets"]["command"]
+    return [Application.parse(command[i + 1]) for i, word in enumerate(command)
+            if word == "--application"]
+
+
+def _defaults(value: str) -> str:
+    """Compose's `${VARIABLE:-default}`, as compose reads it with the variable unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+@contextlib.contextmanager
+def shipped_nats(directory: Path, secrets: Path, devstack):
+    """nats-server with compose's configuration, its paths moved under `directory`."""
+    port, monitor = devstack.free_port(), devstack.free_port()
+    text = (ROOT / "deploy" / "nats" / "nats.conf").read_text()
+    assert "listen: 0.0.0.0:4222" in text and "http: 127.0.0.1:8222" in text
+    text = (text.replace("listen: 0.0.0.0:4222", f"listen: 127.0.0.1:{port}")
+            .replace("http: 127.0.0.1:8222", f"http: 127.0.0.1:{monitor}")
+            .replace("/secrets/", f"{secrets}/").replace("/data", str(directory / "data")))
+    (directory / "nats.conf").write_text(text)
+    (directory / "auth.conf").write_text((ROOT / "deploy" / "nats" / "auth.conf").read_text())
+    environment = dict(line.split("=", 1) for line in
+                       (secrets / "nats-public-keys.env").read_text().splitlines())
+    log_path = directory / "nats.log"
+    with log_path.open("wb") as out:
+        server = subprocess.Popen([devstack.find_nats_server(), "-c", str(directory / "nats.conf")],
+                                  stdout=out, stderr=subprocess.STDOUT, env=environment)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            with contextlib.suppress(OSError), urllib.request.urlopen(
+                    f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=1):
+                break
+            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.02)
+        yield port, log_path
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, devstack):
+    secrets = tmp_path / "secrets"
+    generate(secrets, compose_applications())
+    hba = (ROOT / "deploy" / "postgres" / "pg_hba.conf").read_text()
+    with shipped_nats(tmp_path, secrets, devstack) as (nats_port, log), tls_postgres(
+            devstack, secrets / "postgres-tls" / "tls.crt", secrets / "postgres-tls" / "tls.key",
+            hba, database="tether", role="tether", password="tether") as database_url:
+        pg_port = database_url.rsplit(":", 1)[1].split("/")[0]
+
+        def settings_of(service: str, **changes) -> Settings:
+            """Compose's environment of `service`, pointed at the local servers."""
+            environment = {key: _defaults(str(value)).replace("/secrets/", f"{secrets}/")
+                           for key, value in COMPOSE["services"][service]["environment"].items()}
+            environment["TETHER_NATS_URL"] = environment["TETHER_NATS_URL"].replace(
+                "nats:4222", f"127.0.0.1:{nats_port}")
+            environment["TETHER_DATABASE_URL"] = environment["TETHER_DATABASE_URL"].replace(
+                "@postgres:5432", f"@127.0.0.1:{pg_port}")
+            known = {f"TETHER_{name.upper()}" for name in Settings.model_fields}
+            values = {key[len("TETHER_"):].lower(): value for key, value in environment.items()
+                      if key in known}
+            # The prefix auth.conf is made for: this server is the test's own.
+            return Settings(**{**values, "health_port": 0,
+                               "agents": ("examples.agents:Researcher",), **changes})
+
+        yield settings_of, secrets, log
+
+
+async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
+    settings_of, secrets, server_log = stack
+    for service in SERVICES:
+        settings = settings_of(service)
+        assert settings.nats_url.startswith("tls://") and settings.nats_password is None
+        assert settings.nats_nkey_seed_file == str(secrets / "nkeys" / f"{service}.nk")
+        assert "sslmode=verify-full" in settings.database_url
+    stop = asyncio.Event()
+    checks: list[dict] = [{} for _ in SERVICES]
+    tasks = [asyncio.create_task(module.serve(settings_of(role), stop, role_checks))
+             for (role, module), role_checks in zip(SERVICES.items(), checks, strict=True)]
+    try:
+        for service_checks in checks:
+            await eventually(lambda c=service_checks: _ready(c), timeout=60, interval=0.05)
+        # The demo application, with its own seed, in its own account.
+        demo = settings_of("parent").model_copy(update={
+            "nats_nkey_seed_file": str(secrets / "nkeys" / "demo.nk")})
+        async with asyncio.timeout(30), connect(settings=demo) as app:
+            assert app.served and app.nc.connected_url.scheme == "tls"
+            outcome = await app.parent("Assistant", "user-1").run_agent_tool(
+                "Researcher", {"query": "QUIC"})
+            assert isinstance(outcome, AgentToolSuccess), outcome
+        # Nothing signs in without TLS, nor without a key the server knows.
+        url = demo.nats_url.replace("tls://", "nats://")
+        with pytest.raises((nats.errors.Error, OSError, asyncio.TimeoutError)):
+            await nats.connect(url, allow_reconnect=False, connect_timeout=2,
+                               nkeys_seed=demo.nats_nkey_seed_file)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
+    assert not violations, violations
+
+
+async def _ready(checks: dict) -> bool:
+    if not checks:
+        return False
+    for check in checks.values():
+        try:
+            if not (await check())[0]:
+                return False
+        except Exception:  # noqa: BLE001 - not ready yet
+            return False
+    return True
