@@ -6,6 +6,7 @@ step is also recorded in the run's log.
 """
 
 import asyncio
+import functools
 import json
 import uuid
 import warnings
@@ -204,7 +205,7 @@ class AgentStream:
 
         while True:
             async with self._changed:
-                await self._changed.wait_for(lambda seen=position: more(seen))
+                await self._changed.wait_for(functools.partial(more, position))
             while position < len(self.events):
                 position += 1
                 yield self.events[position - 1]

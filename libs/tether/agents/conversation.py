@@ -29,7 +29,7 @@ in, so a message gets one call and a recorded model turn or child run is never r
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, Field
@@ -76,7 +76,7 @@ class ModelParent(ModelAgent):
     """
 
     base_class: ClassVar[bool] = True
-    input_model = ConversationInput
+    input_model: ClassVar[type[BaseModel]] = ConversationInput
     _formats: ClassVar[DefaultFormatters] = DefaultFormatters()
 
     @default_format
@@ -237,7 +237,7 @@ class ModelParent(ModelAgent):
                 return asked
             call = before[-1].call
 
-    async def _inbox(self, ctx: RunContext) -> AsyncIterator[ChatMessage]:
+    async def _inbox(self, ctx: RunContext) -> AsyncGenerator[ChatMessage, None]:
         """The conversation's chat subject from the start, until the run is cancelled."""
         messages = follow_chat(ctx.client.tether, ctx.as_parent())
         cancelled = asyncio.ensure_future(ctx.cancelled.wait())

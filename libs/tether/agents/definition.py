@@ -9,7 +9,7 @@ the run's state.
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar, Union
 
 from tether.agents.messages import Message, Sampling
 from tether.agents.records import Decisions, PendingToolCall
@@ -33,7 +33,7 @@ class DynamicContext:
     parent: ParentRef | None = None
 
 
-Dynamic = T | Callable[[DynamicContext], "T | Awaitable[T]"]
+Dynamic: TypeAlias = Union[T, Callable[[DynamicContext], Union[T, Awaitable[T]]]]  # noqa: UP007 - a generic alias
 
 
 async def resolve(value: "Dynamic[T]", ctx: DynamicContext) -> T:

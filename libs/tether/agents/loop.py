@@ -38,7 +38,9 @@ from tether.agents.records import (
     AgentStepRecord,
     Decisions,
     ModelTurn,
+    PendingToolCall,
     RunStatus,
+    ToolResult,
     conversation,
     open_pending,
     pause_of,
@@ -66,7 +68,7 @@ class TextSink(Protocol):
     """Receives the answer's text as it streams; `replayed` marks text of recorded steps
     re-emitted when a run is resumed (a sink that already has it skips it)."""
 
-    async def __call__(self, text: str, replayed: bool) -> None: ...
+    async def __call__(self, text: str, replayed: bool, /) -> None: ...
 
 
 class MemoryJournal:
@@ -245,7 +247,8 @@ class AgentLoop:
                                  context=plan.context, state=session.state.snapshot(),
                                  step=sum(1 for r in records if r.kind == "model_turn"),
                                  messages=messages, parent=plan.parent)
-        self._model = plan.model or await resolve(definition.model, dynamic)
+        self._model = (plan.model if plan.model
+                       else await resolve(definition.model, dynamic))
         request = ModelRequest(
             agent_id=definition.id, model=self._model,
             instructions=await resolve(definition.instructions, dynamic),
@@ -260,7 +263,8 @@ class AgentLoop:
             "finish_reason": turn.finish_reason, "request_id": turn.request_id,
             "usage": turn.usage.model_dump(), "tool_calls": len(turn.message.tool_calls)})
 
-        results, pending = [], []
+        results: list[ToolResult] = []
+        pending: list[PendingToolCall] = []
         if turn.message.tool_calls:
             results, pending = await self._tools(session, plan, index).run_calls(
                 turn.message.tool_calls, index)

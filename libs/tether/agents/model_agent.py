@@ -102,7 +102,7 @@ def step_message(record: AgentStepRecord) -> str:
 
 class ModelAgent(ChildAgent):
     definition: ClassVar[AgentDefinition]
-    input_model = ModelAgentInput
+    input_model: ClassVar[type[BaseModel]] = ModelAgentInput
     model_client: ClassVar[ModelClient | None] = None
     script: ClassVar[Sequence[Entry | Sequence[Entry]] | None] = None
 

@@ -119,7 +119,8 @@ class Decisions(Frozen):
         """Accept ids, dicts or models; `tool_outputs` also as a {tool_call_id: output} map
         (the shape of `tether.cmd.continue`)."""
 
-        def as_model(value: Any, model: type[Frozen]) -> Any:
+        def as_model(value: Any,
+                     model: type[ToolDecision | ToolRejection | ToolOutput]) -> Any:
             if isinstance(value, str):
                 return model(tool_call_id=value)
             return model.model_validate(value)

@@ -13,7 +13,7 @@ at-least-once.
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import suppress
 
 from nats.js.errors import FetchTimeoutError, NotFoundError
@@ -33,7 +33,7 @@ FETCH_WAIT_S = 1.0
 
 
 async def follow_chat(tether: Link, parent: ParentRef, *, durable: str | None = None,
-                      new_only: bool = False) -> AsyncIterator[ChatMessage]:
+                      new_only: bool = False) -> AsyncGenerator[ChatMessage, None]:
     logger = get_logger(component="chat", parent=f"{parent.agent}/{parent.name}")
     if durable is None:
         feed = open_feed(tether, tether.subjects.chat_stream, tether.subjects.chat(parent),
