@@ -9,13 +9,13 @@ through the client (what it may not do: tests/integration/test_confinement.py).
 import asyncio
 import re
 import subprocess
-from contextlib import suppress
 from pathlib import Path
 
 import nats
 import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, PASSWORDS, authorized_nats
 from eventually import eventually
+from in_process_services import all_ready
 
 from tether.access import USERS, Application, nkey_variable
 from tether.access import main as render_main
@@ -43,19 +43,6 @@ def auth_nats(tmp_path: Path, unique_name: str, devstack):
 def as_user(settings: Settings, url: str, user: str, **changes) -> Settings:
     return Settings(**{**settings.model_dump(), "nats_url": url, "nats_user": user,
                        "nats_password": PASSWORDS[user], **changes})
-
-
-async def all_ready(checks: list[dict]) -> bool:
-    """Every service registered its readiness checks and each one passes."""
-    if not all(checks):
-        return False
-    for service_checks in checks:
-        for check in service_checks.values():
-            with suppress(Exception):
-                if (await check())[0]:
-                    continue
-            return False
-    return True
 
 
 async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, settings,

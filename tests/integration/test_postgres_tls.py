@@ -8,6 +8,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 from eventually import eventually
+from in_process_services import all_ready
 from test_certs import make_certificates
 from tls_postgres import tls_postgres
 
@@ -39,7 +40,7 @@ async def test_the_services_connect_with_verify_full_over_tls(tls_postgres_serve
              for module, service_checks in zip((projector, parent), checks, strict=True)]
     try:
         for service_checks in checks:
-            await eventually(lambda c=service_checks: _ready(c), timeout=60, interval=0.05)
+            await eventually(lambda c=service_checks: all_ready([c]), timeout=60, interval=0.05)
         connection = await asyncpg.connect(verify_full(url, certificates.ca))
         try:
             assert await connection.fetchval(
@@ -69,17 +70,5 @@ async def test_a_server_certificate_of_another_ca_is_refused(tls_postgres_server
     # And the client library's own check, without the services' retries.
     with pytest.raises(OSError, match="certificate verify failed"):
         await asyncpg.connect(verify_full(url, stranger.ca))
-
-
-async def _ready(checks: dict) -> bool:
-    if not checks:
-        return False
-    for check in checks.values():
-        try:
-            if not (await check())[0]:
-                return False
-        except Exception:  # noqa: BLE001 - not ready yet
-            return False
-    return True
 
 

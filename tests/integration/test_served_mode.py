@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, PASSWORDS, authorized_nats, nats_server
 from eventually import eventually
+from in_process_services import all_ready
 
 from tether.access_jwt import generate
 from tether.client import connect
@@ -44,7 +45,7 @@ class Installation:
         self.tasks[role] = asyncio.create_task(SERVICES[role].serve(
             self.as_user(role, agents=AGENTS, **changes), self.stops[role], checks))
         await eventually(lambda: bool(checks), timeout=60, interval=0.05)
-        await eventually(lambda: _passing(checks), timeout=60, interval=0.05)
+        await eventually(lambda: all_ready([checks]), timeout=60, interval=0.05)
 
     async def stop(self, role: str) -> None:
         self.stops[role].set()
@@ -53,16 +54,6 @@ class Installation:
     async def stop_all(self) -> None:
         for role in list(self.tasks):
             await self.stop(role)
-
-
-async def _passing(checks: dict) -> bool:
-    for check in checks.values():
-        try:
-            if not (await check())[0]:
-                return False
-        except Exception:  # noqa: BLE001 - not ready yet
-            return False
-    return True
 
 
 # Awaiters are asked every 50 ms: a run whose awaiter is not heard is recovered at once.

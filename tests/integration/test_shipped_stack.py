@@ -17,6 +17,7 @@ import nats
 import pytest
 import yaml
 from eventually import eventually
+from in_process_services import all_ready
 from tls_postgres import tls_postgres
 
 from tether.access import Application
@@ -115,7 +116,7 @@ async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
              for (role, module), role_checks in zip(SERVICES.items(), checks, strict=True)]
     try:
         for service_checks in checks:
-            await eventually(lambda c=service_checks: _ready(c), timeout=60, interval=0.05)
+            await eventually(lambda c=service_checks: all_ready([c]), timeout=60, interval=0.05)
         # The demo application, with its own seed, in its own account.
         demo = settings_of("parent").model_copy(update={
             "nats_nkey_seed_file": str(secrets / "nkeys" / "demo.nk")})
@@ -134,15 +135,3 @@ async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
         await asyncio.gather(*tasks, return_exceptions=True)
     violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
     assert not violations, violations
-
-
-async def _ready(checks: dict) -> bool:
-    if not checks:
-        return False
-    for check in checks.values():
-        try:
-            if not (await check())[0]:
-                return False
-        except Exception:  # noqa: BLE001 - not ready yet
-            return False
-    return True

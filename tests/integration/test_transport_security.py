@@ -15,6 +15,7 @@ import nats
 import pytest
 from authorized_nats import nats_server
 from eventually import eventually
+from in_process_services import all_ready
 from test_certs import make_certificates
 
 from tether.access import USERS, Application, nkey_files, render
@@ -70,7 +71,7 @@ async def test_the_services_run_over_tls_with_nkey_users_and_stay_confined(
     try:
         await eventually(lambda: all(checks), timeout=60, interval=0.05)
         for service_checks in checks:
-            await eventually(lambda c=service_checks: _passing(c), timeout=60, interval=0.05)
+            await eventually(lambda c=service_checks: all_ready([c]), timeout=60, interval=0.05)
         alice = as_user(settings, url, certificates, seeds, "alice")
         async with asyncio.timeout(30), connect(settings=alice) as app:
             assert app.served
@@ -109,16 +110,6 @@ async def test_the_services_run_over_tls_with_nkey_users_and_stay_confined(
         await asyncio.gather(*tasks, return_exceptions=True)
     violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
     assert all("BobBot" in line for line in violations), violations
-
-
-async def _passing(service_checks: dict) -> bool:
-    for check in service_checks.values():
-        try:
-            if not (await check())[0]:
-                return False
-        except Exception:  # noqa: BLE001 - not ready yet
-            return False
-    return True
 
 
 async def test_plain_connections_and_unknown_keys_are_refused(secured):
