@@ -79,6 +79,22 @@ def count_reads(tether: Tether, monkeypatch) -> list[str]:
     return reads
 
 
+def record_reads(monkeypatch, answer_after: asyncio.Event | None = None) -> list[str]:
+    """The message ids whose delivery record the handlers read; with `answer_after`, each
+    read is answered only once that event is set (a slow broker)."""
+    reads: list[str] = []
+    recorded = DeliveryRecords.recorded
+
+    async def reading(records, parent, method, message_id):
+        reads.append(message_id)
+        if answer_after is not None:
+            await answer_after.wait()
+        return await recorded(records, parent, method, message_id)
+
+    monkeypatch.setattr(DeliveryRecords, "recorded", reading)
+    return reads
+
+
 async def ledger_entry(log: EventLog, run_id: str, timeout: float = 10) -> RunFinishDelivered:
     """Wait for the run's `run.finish_delivered` event as it is appended."""
     async with asyncio.timeout(timeout):
@@ -293,14 +309,7 @@ async def test_a_delivery_the_broker_forgot_is_not_made_again_by_the_same_handle
         await publish_hook(log, state, first=True)
         await asyncio.wait_for(recorder.called.wait(), timeout=10)
         await settled(tether)
-        reads: list[str] = []
-        recorded = DeliveryRecords.recorded
-
-        async def counting(records, parent, method, message_id):
-            reads.append(message_id)
-            return await recorded(records, parent, method, message_id)
-
-        monkeypatch.setattr(DeliveryRecords, "recorded", counting)
+        reads = record_reads(monkeypatch)
         await forget_every_delivery(tether)
         # The handler's consumer is gone: bind it again, as after a broker restart.
         await tether.js.add_consumer(
@@ -432,15 +441,7 @@ async def test_a_republished_hook_waits_while_its_first_copy_is_being_checked(
     """Two publications of one outcome reaching the handler while the first is still
     reading the records (a slow broker): the second does not pass the check beside it."""
     release = asyncio.Event()
-    checking: list[str] = []
-    recorded = DeliveryRecords.recorded
-
-    async def slow(records, parent, method, message_id):
-        checking.append(message_id)
-        await release.wait()
-        return await recorded(records, parent, method, message_id)
-
-    monkeypatch.setattr(DeliveryRecords, "recorded", slow)
+    checking = record_reads(monkeypatch, answer_after=release)
     recorder = Recorder()
     hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, ledger="direct")
     hooks.on_finish(METHOD)(recorder)
