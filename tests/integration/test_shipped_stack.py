@@ -8,14 +8,12 @@ with its NKey, and the demo application runs a child through its own account."""
 import asyncio
 import contextlib
 import re
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import nats
 import pytest
 import yaml
+from authorized_nats import running_nats_server
 from eventually import eventually
 from in_process_services import all_ready
 from tls_postgres import tls_postgres
@@ -57,22 +55,9 @@ def shipped_nats(directory: Path, secrets: Path, devstack):
     (directory / "auth.conf").write_text((ROOT / "deploy" / "nats" / "auth.conf").read_text())
     environment = dict(line.split("=", 1) for line in
                        (secrets / "nats-public-keys.env").read_text().splitlines())
-    log_path = directory / "nats.log"
-    with log_path.open("wb") as out:
-        server = subprocess.Popen([devstack.find_nats_server(), "-c", str(directory / "nats.conf")],
-                                  stdout=out, stderr=subprocess.STDOUT, env=environment)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(OSError), urllib.request.urlopen(
-                    f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=1):
-                break
-            assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.02)
+    with running_nats_server(devstack, directory / "nats.conf", monitor,
+                             env=environment) as log_path:
         yield port, log_path
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 @pytest.fixture

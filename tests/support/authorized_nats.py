@@ -30,10 +30,19 @@ def nats_server(directory: Path, devstack, body: str, *, listen: str = "",
     config.write_text(f"listen: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor}\n"
                       f"jetstream {{ store_dir: {json.dumps(str(directory / 'js'))} }}\n"
                       + listen + body)
-    log_path = directory / "nats.log"
+    with running_nats_server(devstack, config, monitor) as log_path:
+        yield f"{scheme}://127.0.0.1:{port}", log_path
+
+
+@contextlib.contextmanager
+def running_nats_server(devstack, config: Path, monitor: int,
+                        env: dict[str, str] | None = None) -> Iterator[Path]:
+    """nats-server -c `config` (logging beside it), once its monitoring port on `monitor`
+    says JetStream is up; yields the log's path, and stops it on exit."""
+    log_path = config.parent / "nats.log"
     with log_path.open("wb") as out:
         server = subprocess.Popen([devstack.find_nats_server(), "-c", str(config)],
-                                  stdout=out, stderr=subprocess.STDOUT)
+                                  stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -42,7 +51,7 @@ def nats_server(directory: Path, devstack, body: str, *, listen: str = "",
                 break
             assert server.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.02)
-        yield f"{scheme}://127.0.0.1:{port}", log_path
+        yield log_path
     finally:
         server.terminate()
         server.wait(timeout=10)
