@@ -25,6 +25,7 @@ import importlib.util
 import json
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -54,9 +55,31 @@ def log(msg: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing listens on, below the kernel's ephemeral range: a port the kernel
+    handed out (bind to 0) may be given again, between our close and the server's bind,
+    as the source port of some outgoing connection (a cluster route dialling out)."""
+    low, _ = _ephemeral_range()
+    for _ in range(200):
+        port = random.randrange(max(low - 12000, 1024), low)
+        if port in _HANDED_OUT:  # handed to a server that may not have bound it yet
+            continue
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind(("127.0.0.1", port))
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket() as s:  # the range below is full: let the kernel choose
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
 
 
 def require_free_port(port: int, env_var: str) -> None:

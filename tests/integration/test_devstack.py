@@ -58,3 +58,12 @@ def test_make_env_prints_lines_a_shell_can_eval(devstack, capsys) -> None:
     assert capsys.readouterr().out == (
         "export TETHER_NATS_URL=nats://127.0.0.1:14222\n"
         "export TETHER_DATABASE_URL=postgresql://postgres@127.0.0.1:15432/tether\n")
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_never_handed_out_twice(devstack):
+    """An outgoing connection's source port (from the ephemeral range) cannot take a port
+    reserved for a server that has not bound it yet."""
+    low, _ = devstack._ephemeral_range()
+    ports = [devstack.free_port() for _ in range(300)]
+    assert all(port < low for port in ports)
+    assert len(set(ports)) == len(ports)
