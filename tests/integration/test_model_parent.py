@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import pytest
 from eventually import eventually
 from pydantic import BaseModel, Field
+from ui_tree_agents import Paper, sign  # the tree the UI test's services load too
 
 from tether import ChildAgent, RunContext, agent_tool
 from tether.adapters.postgres.projector import Projector
@@ -517,16 +518,6 @@ async def test_after_a_takeover_on_progress_is_not_fired_again_and_inspect_has_t
 # --- the tree -------------------------------------------------------------------------
 
 PRICES = PriceTable.of({"tree-model": ModelPrice(input_per_million=1.0, output_per_million=2.0)})
-
-
-class Paper(BaseModel):
-    title: str
-
-
-@tool(needs_approval=True)
-async def sign(ctx: ToolContext, input: Paper) -> str:
-    """Sign a paper (a human approves first)."""
-    return f"signed {input.title}"
 
 
 class Clerk(ModelAgent):
