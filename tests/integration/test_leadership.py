@@ -2,6 +2,7 @@
 holder acting only after the old one stopped."""
 
 import asyncio
+import contextlib
 import time
 
 import asyncpg
@@ -44,26 +45,38 @@ async def test_a_standby_leads_only_after_the_holder_lost_its_session(pool, uniq
                 await stop.wait()
 
     holding = asyncio.create_task(lead("first", first, until_lost=True))
-    await eventually(lambda: led, timeout=5, interval=0.01)
-    waiting = asyncio.create_task(lead("second", second, until_lost=False))
-    await asyncio.sleep(first.grace_s)  # the standby keeps asking for the lock meanwhile
-    assert [name for name, _ in led] == ["first acquired"]
+    waiting: asyncio.Task | None = None
+    try:
+        await eventually(lambda: led, timeout=5, interval=0.01)
+        waiting = asyncio.create_task(lead("second", second, until_lost=False))
+        await asyncio.sleep(first.grace_s)  # the standby keeps asking for the lock meanwhile
+        assert [name for name, _ in led] == ["first acquired"]
 
-    [pid] = [row["pid"] for row in await pool.fetch(HOLDER_PID, unique_name)]
-    killed_at = time.monotonic()
-    await pool.execute("SELECT pg_terminate_backend($1)", pid)
-    async with asyncio.timeout(10):
-        await holding
-        await eventually(lambda: len(led) >= 3, timeout=10, interval=0.01)
-    names = [name for name, _ in led]
-    assert names == ["first acquired", "first lost", "second acquired"]
-    lost_at, acquired_at = led[1][1], led[2][1]
-    # The holder stops within a check (and its time limit) of losing its session...
-    assert lost_at - killed_at < 2 * CHECK_S + 0.5
-    # ...and the new holder acts a grace later than it could take the lock.
-    assert acquired_at - killed_at >= second.grace_s
-    stop.set()
-    await waiting
+        async with asyncio.timeout(10):
+            [pid] = [row["pid"] for row in await pool.fetch(HOLDER_PID, unique_name)]
+            killed_at = time.monotonic()
+            await pool.execute("SELECT pg_terminate_backend($1)", pid)
+        async with asyncio.timeout(10):
+            await holding
+            await eventually(lambda: len(led) >= 3, timeout=10, interval=0.01)
+        names = [name for name, _ in led]
+        assert names == ["first acquired", "first lost", "second acquired"]
+        lost_at, acquired_at = led[1][1], led[2][1]
+        # The holder stops within a check (and its time limit) of losing its session...
+        assert lost_at - killed_at < 2 * CHECK_S + 0.5
+        # ...and the new holder acts a grace later than it could take the lock.
+        assert acquired_at - killed_at >= second.grace_s
+        stop.set()
+        await asyncio.wait_for(waiting, 10)
+    finally:
+        # Whatever failed, no lease is left holding a connection of the pool (its
+        # teardown would wait for it forever).
+        stop.set()
+        for task in (holding, waiting):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(task, 10)
 
 
 async def test_work_is_cancelled_when_the_term_is_lost(pool, unique_name):
