@@ -315,6 +315,46 @@ async def test_an_acked_publish_nobody_answers_times_out_and_forgets_its_waiter(
     assert log.requests.waiting == 0
 
 
+async def test_each_request_times_out_at_its_own_deadline_and_an_answered_one_never(nc, settings):
+    timeout = 0.2
+    log = EventLog(nc, settings.subjects, timeout=timeout)
+    subject = f"{settings.prefix}.sometimes"
+    received: asyncio.Queue = asyncio.Queue()
+
+    async def take(msg) -> None:
+        await received.put(msg)
+
+    held = await nc.subscribe(subject, cb=take)
+    loop = asyncio.get_running_loop()
+
+    async def ask(name: str) -> tuple[str, float, float]:
+        started = loop.time()
+        try:
+            reply = await log.requests.ask(subject, name.encode(), None)
+            outcome = reply.data.decode()
+        except NatsTimeoutError:
+            outcome = "timed out"
+        return outcome, started, loop.time()
+
+    first = asyncio.ensure_future(ask("first"))  # nobody answers it
+    assert (await received.get()).data == b"first"
+    await asyncio.sleep(timeout / 2)
+    second = asyncio.ensure_future(ask("second"))  # answered after the first timed out
+    third = asyncio.ensure_future(ask("third"))  # nobody answers it
+    to_answer = await received.get()
+    assert to_answer.data == b"second"
+    assert (await received.get()).data == b"third"
+
+    outcome, started, ended = await first
+    assert outcome == "timed out" and ended - started >= timeout
+    await nc.publish(to_answer.reply, b"answered")
+    assert (await second)[0] == "answered"
+    outcome, started, ended = await third
+    assert outcome == "timed out" and ended - started >= timeout
+    await held.unsubscribe()
+    assert log.requests.waiting == 0
+
+
 async def test_the_last_sequence_of_a_run_is_read_by_a_subject_scoped_direct_get(log: EventLog):
     run = RunEvents("r-last")
     assert await log.last_seq(run.parent, run.run_id) == 0

@@ -3,6 +3,8 @@
 The event log's acked publishes and direct gets are all requests: one subscription
 serves every one of them, each reply is handed to a plain function, and a refused
 publish fails its waiter at once (`tether.adapters.denials`) instead of at its timeout.
+Every request waits the same time, so they fall due in the order they were made: one
+timer, set for the oldest, expires them all.
 """
 
 import asyncio
@@ -10,6 +12,7 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -21,6 +24,12 @@ from tether.adapters.denials import PublishDenied
 from tether.adapters.nats_fastpath import FastClient
 
 
+class _Asked(NamedTuple):
+    subject: str
+    answer: "asyncio.Future[Msg]"
+    deadline: float  # the loop's time
+
+
 class RoutedRequests:
     """Requests of one owner (an event log) on one connection, answered on its inbox."""
 
@@ -28,7 +37,9 @@ class RoutedRequests:
         self._nc, self._timeout = nc, timeout
         self._replies: str | None = None
         self._waiting: dict[str, Callable[[Msg], object]] = {}
-        self._asking: dict[str, tuple[str, asyncio.Future[Msg]]] = {}  # token: subject, answer
+        # By token, oldest first, which is also the order their deadlines fall in.
+        self._asking: dict[str, _Asked] = {}
+        self._expiry: asyncio.TimerHandle | None = None  # set for the oldest deadline
         self._tokens = itertools.count(1)
         denials.on_denied(nc, self._publish_denied)
 
@@ -45,15 +56,28 @@ class RoutedRequests:
         token = str(next(self._tokens))
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[Msg] = loop.create_future()
+        deadline = loop.time() + self._timeout
         self._waiting[token] = partial(_answer, answer)
-        self._asking[token] = (subject, answer)
-        expiry = loop.call_later(self._timeout, _expire, answer)
+        self._asking[token] = _Asked(subject, answer, deadline)
+        if self._expiry is None:
+            self._expiry = loop.call_at(deadline, self._expire_overdue)
         try:
             await self._nc.publish(subject, payload, reply=f"{replies}.{token}", headers=headers)
             return await answer
         finally:
-            expiry.cancel()
             del self._waiting[token], self._asking[token]
+
+    def _expire_overdue(self) -> None:
+        """Fail every request past its deadline, and set the timer for the next one."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for asked in self._asking.values():
+            if asked.deadline > now:
+                self._expiry = loop.call_at(asked.deadline, self._expire_overdue)
+                return
+            if not asked.answer.done():
+                asked.answer.set_exception(NatsTimeoutError())
 
     @asynccontextmanager
     async def replies_to(self, waiter: Callable[[Msg], object]) -> AsyncIterator[str]:
@@ -85,19 +109,14 @@ class RoutedRequests:
         """The server refused a publish to `subject`: what waits for its reply fails now,
         with the reason, instead of at its timeout. (nats-py lowercases the server's
         error, so subjects that differ only in case are told apart no further.)"""
-        for asked, answer in list(self._asking.values()):
-            if asked.lower() == subject and not answer.done():
-                answer.set_exception(PublishDenied(subject))
+        for asked in list(self._asking.values()):
+            if asked.subject.lower() == subject and not asked.answer.done():
+                asked.answer.set_exception(PublishDenied(subject))
 
 
 def _answer(answer: "asyncio.Future[Msg]", msg: Msg) -> None:
     if not answer.done():
         answer.set_result(msg)
-
-
-def _expire(answer: "asyncio.Future[Msg]") -> None:
-    if not answer.done():
-        answer.set_exception(NatsTimeoutError())
 
 
 async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None]) -> "Subscription":

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -114,12 +115,16 @@ class RunContext:
 
     def __init__(self, *, run_id: str, parent: ParentRef, agent_type: str, attempt: int,
                  recorder: "RunRecorder | None", client: Any = None,
+                 client_factory: Callable[[ParentRef], Any] | None = None,
                  history: "RunState | None" = None) -> None:
+        """`client_factory`: makes `client` (given `as_parent()`) when a child first asks
+        for it; most children never do."""
         self.run_id = run_id
         self.parent = parent
         self.agent_type = agent_type
         self.attempt = attempt
-        self.client = client
+        self._client = client
+        self._client_factory = client_factory
         self.cancelled = asyncio.Event()
         # The run as it stood when this attempt began (recorded steps, pauses and their
         # answers), so a child that records its steps can resume after the last one.
@@ -194,6 +199,16 @@ class RunContext:
         those steps declares them, so its next milestone of the same name is recorded."""
         if self._recorder is not None:
             self._recorder.replay_milestones(names)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None and self._client_factory is not None:
+            self._client = self._client_factory(self.as_parent())
+        return self._client
+
+    @client.setter
+    def client(self, client: Any) -> None:
+        self._client = client
 
     @property
     def reported_milestones(self) -> tuple[str, ...]:

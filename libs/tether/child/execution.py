@@ -236,9 +236,8 @@ class Execution:
         env = self._env
         recorder = self._recorder = self._new_recorder(state)
         ctx = RunContext(run_id=self.run_id, parent=self.parent, agent_type=state.agent_type,
-                         attempt=self.attempt, recorder=recorder, history=state)
-        if env.parent_client is not None:
-            ctx.client = env.parent_client(ctx.as_parent())
+                         attempt=self.attempt, recorder=recorder, history=state,
+                         client_factory=env.parent_client)
         self._ctx = ctx
         # Stopped while we prepared: do not start a child only to stop it.
         if self._stop_reason == "shutdown":

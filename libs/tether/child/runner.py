@@ -98,6 +98,9 @@ class _Slots:
 
     async def take(self, msg: Msg, keepalive_s: float) -> None:
         """One slot for `msg`, keeping the item ours while it waits for one."""
+        if not self._semaphore.locked():  # a free slot: taken at once, no timeout to set
+            await self._semaphore.acquire()
+            return
         while True:
             try:
                 await asyncio.wait_for(self._semaphore.acquire(), timeout=keepalive_s)

@@ -7,6 +7,7 @@ whitespace is refused before it reaches one.
 
 import hashlib
 import re
+from functools import lru_cache
 from typing import Annotated
 
 from pydantic import StringConstraints
@@ -22,12 +23,17 @@ class InvalidIdentifier(ValueError):
 
 
 def check_identifier(value: object, what: str = "identifier") -> str:
-    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
+    if not isinstance(value, str) or not _is_identifier(value):
         raise InvalidIdentifier(
             f"invalid {what} {value!r}: it must match {IDENTIFIER_PATTERN} "
             "(a letter or digit, then at most 127 letters, digits, '_', ':' or '-')"
         )
     return value
+
+
+@lru_cache(maxsize=8192)  # the ids of the runs in flight, checked at every subject made
+def _is_identifier(value: str) -> bool:
+    return _IDENTIFIER.fullmatch(value) is not None
 
 
 EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,299}$"
@@ -45,6 +51,7 @@ def parent_scope(agent: str, name: str) -> str:
     return hashlib.blake2b(f"{agent}/{name}".encode(), digest_size=4).hexdigest()
 
 
+@lru_cache(maxsize=4096)  # each process folds a run's request several times
 def incarnation_of(requested_event_id: str) -> str:
     """A short token for one life of a run id, from the id of the `run.requested` that began
     it. A cleared run id may be requested again at once: every id derived for its new life
