@@ -149,7 +149,8 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    *_kv_read(subjects.slots_bucket), *_kv_read(subjects.registry_bucket),
                    *_kv_read(subjects.deliveries_bucket),
                    *_pull(subjects.commands_stream, "parent-commands"),
-                   *_pull(subjects.events_stream, "parent-deliverer"),
+                   # The former deliveries consumer, removed at start-up.
+                   f"$JS.API.CONSUMER.DELETE.{subjects.events_stream}.parent-deliverer",
                    # `clear` purges a run's events and progress.
                    f"$JS.API.STREAM.PURGE.{subjects.events_stream}",
                    f"$JS.API.STREAM.PURGE.{subjects.progress_stream}",
@@ -173,8 +174,9 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     if role == "child-runner":
         work = subjects.work_stream
         publish = [f"{p}.evt.>", f"{p}.progress.>",
-                   # A model parent answers in its conversation.
-                   f"{p}.chat.>",
+                   # The hooks and chat notifications of the outcomes and milestones it
+                   # records; a model parent also answers in its conversation.
+                   f"{p}.hook.>", f"{p}.chat.>", *_kv_read(subjects.registry_bucket),
                    # A child that delegates (nested agent tools) is a parent of its own runs.
                    f"{p}.cmd.>",
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{work}.>", f"$JS.API.CONSUMER.CREATE.{work}.>",

@@ -8,8 +8,8 @@ the runs seen:
   last read or appended to. A hint, never the truth: an append decided from it expects
   its sequence, so a run someone else moved meanwhile is refused (a conflict) and read
   again. The log's `update` decides from it (`EventLog.recent_runs`); a reader of the
-  log that folded a run itself (the deliverer, a child's execution) tells it what it
-  saw with `remember_run`.
+  log that folded a run itself (a child's execution, from its work item) tells it what
+  it saw with `remember_run`.
 - `RecentlyProjected`, the projector's: the projected states of the runs it last wrote,
   as committed at a checkpoint, so a batch need not load them back from the table.
   Trusted only while the table's checkpoint is that one.

@@ -25,8 +25,17 @@ from tether.child.agent import ChildAgent
 from tether.child.context import RunContext, report_progress
 from tether.child.runner import MAX_DELIVER_MARGIN, ChildRunner, consumer_name
 from tether.child.work import Outcome
-from tether.contract.messages import CancelSignal, ProgressSignal, WorkItem, work_message_id
-from tether.domain.events import Event, ParentRef, RunCancelRequested
+from tether.contract.messages import (
+    FIRST_PUBLICATION_HEADER,
+    CancelSignal,
+    ChatMessage,
+    HookMessage,
+    ProgressSignal,
+    WorkItem,
+    finish_message_id,
+    work_message_id,
+)
+from tether.domain.events import DetachedOptions, Event, ParentRef, RunCancelRequested
 from tether.ports import RunHistory
 from tether.testing import RunEvents
 
@@ -179,6 +188,75 @@ async def test_invalid_input_fails_the_run_with_the_validation_error(log, start_
     assert history.state.error == ("invalid input for Researcher: query: String should have at "
                                    "least 3 characters")
     assert len(of_type(history, "run.running")) == 1
+
+
+# --- deliveries ----------------------------------------------------------------------
+
+
+async def next_messages(log: EventLog, subject: str, count: int, timeout: float = 10) -> list:
+    subscription = await log.jetstream.subscribe(subject, ordered_consumer=True)
+    try:
+        return [await subscription.next_msg(timeout=timeout) for _ in range(count)]
+    finally:
+        await subscription.unsubscribe()
+
+
+async def detached_dispatch(log: EventLog, options: DetachedOptions,
+                            recorded: Callable[[RunEvents], list[Event]] | None = None
+                            ) -> RunEvents:
+    """`dispatch` of a detached Researcher run whose parent registered `on_done`."""
+    registry = await log.jetstream.key_value(log.subjects.registry_bucket)
+    await registry.put(f"hook.{PARENT.agent}.on_done", b"{}")
+    run = RunEvents(f"r-{uuid.uuid4().hex[:8]}", PARENT)
+    requested = run.requested("Researcher", input={"query": "HTTP/3"}, detached=options)
+    seq = await log.append_batch([requested, *(recorded(run) if recorded else [])],
+                                 expected_last_seq=0)
+    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Researcher",
+                    **({} if recorded else {"attempt": 0, "requested": requested,
+                                            "requested_seq": seq}))
+    await publish_item(log, item)
+    return run
+
+
+async def test_the_runner_delivers_the_hook_and_milestone_notice_of_what_it_records(
+        log, start_runner):
+    await start_runner(Researcher)
+    options = DetachedOptions(on_finish="on_done", on_milestones=["sources-gathered"])
+    run = await detached_dispatch(log, options)
+    [message] = await next_messages(log, log.subjects.hook(PARENT.agent, "on_done"), 1)
+    history = await log.read_run(PARENT, run.run_id)
+    hook = HookMessage.model_validate_json(message.data)
+    assert (hook.run.run_id, hook.result.status) == (run.run_id, "completed")
+    assert hook.result.summary == history.state.summary
+    assert message.headers["Nats-Msg-Id"] == finish_message_id(history.state, "completed",
+                                                                "on_done")
+    # Published right after the outcome it owes: the handler need not read the ledger.
+    assert message.headers[FIRST_PUBLICATION_HEADER] == "1"
+    [chat] = await next_messages(log, log.subjects.chat(PARENT), 1)
+    notice = ChatMessage.model_validate_json(chat.data)
+    assert (notice.metadata["kind"], notice.metadata["milestone"]) == (
+        "milestone", "sources-gathered")
+    # The notice is in the ledger, recorded before the run's outcome.
+    types = [e.type for e in history.events]
+    assert types.index("run.notified") < types.index("run.completed")
+    assert set(history.state.ledger.notifications) == {"milestone:sources-gathered"}
+
+
+async def test_a_work_item_of_a_run_that_ended_delivers_what_the_run_still_owes(
+        log, start_runner):
+    """A runner that died between its outcome's append and the hook: the item comes back,
+    finds the run ended, and delivers the hook and the milestone notice it lacks."""
+    await start_runner(Researcher)
+    options = DetachedOptions(on_finish="on_done", on_milestones=["drafted"])
+    run = await detached_dispatch(log, options, recorded=lambda run: [
+        run.running(), run.milestone("drafted"), run.completed("done before")])
+    [message] = await next_messages(log, log.subjects.hook(PARENT.agent, "on_done"), 1)
+    hook = HookMessage.model_validate_json(message.data)
+    assert (hook.run.run_id, hook.result.summary) == (run.run_id, "done before")
+    assert FIRST_PUBLICATION_HEADER not in message.headers, "maybe not its first"
+    [chat] = await next_messages(log, log.subjects.chat(PARENT), 1)
+    assert ChatMessage.model_validate_json(chat.data).metadata["milestone"] == "drafted"
+    await event_of(log, run, lambda e: e.type == "run.notified")
 
 
 # --- progress ------------------------------------------------------------------------

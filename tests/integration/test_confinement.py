@@ -268,7 +268,8 @@ async def test_the_jetstream_api_and_other_tenants_subjects_are_refused(tenants)
         async with bob_hooks.running():
             pass
     before = await tenants.counts()
-    deliverer = await tenants.admin.jetstream().consumer_info(events, "parent-deliverer")
+    commands = subjects.commands_stream
+    parents = await tenants.admin.jetstream().consumer_info(commands, "parent-commands")
     violations = Violations()
     alice = await connect_alice(tenants.url, violations)
     try:
@@ -286,11 +287,11 @@ async def test_the_jetstream_api_and_other_tenants_subjects_are_refused(tenants)
             # Key-value writes (5: a rollup on its own key wiped every tenant's).
             f"$KV.{registry}.hook.AliceBot.on_done", f"$KV.{subjects.slots_bucket}.AliceBot.user-1",
             # Consumers: create or update (7), info (8), durable ones it cannot delete (11).
-            f"$JS.API.CONSUMER.CREATE.{events}.parent-deliverer.{p}.evt.AliceBot.>",
+            f"$JS.API.CONSUMER.CREATE.{commands}.parent-commands.{p}.cmd.run.AliceBot.>",
             f"$JS.API.CONSUMER.CREATE.{events}.mine.{p}.evt.AliceBot.>",
             f"$JS.API.CONSUMER.DURABLE.CREATE.{events}.mine",
             f"$JS.API.CONSUMER.CREATE.{hooks}.hooks-BobBot-on_done.{p}.hook.AliceBot.on_done",
-            f"$JS.API.CONSUMER.INFO.{events}.parent-deliverer",
+            f"$JS.API.CONSUMER.INFO.{commands}.parent-commands",
             f"$JS.API.CONSUMER.INFO.{hooks}.hooks-BobBot-on_done",
             f"$JS.API.CONSUMER.DELETE.{hooks}.hooks-AliceBot-on_done",
             f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.hooks-BobBot-on_done",
@@ -319,8 +320,8 @@ async def test_the_jetstream_api_and_other_tenants_subjects_are_refused(tenants)
         await alice.close()
     # None of it changed a stream, a bucket or a consumer.
     assert await tenants.counts() == before
-    after = await tenants.admin.jetstream().consumer_info(events, "parent-deliverer")
-    assert after.config == deliverer.config
+    after = await tenants.admin.jetstream().consumer_info(commands, "parent-commands")
+    assert after.config == parents.config
     assert "hook.BobBot.on_done" in [key async for key in _keys(tenants.admin, registry)]
 
 

@@ -15,7 +15,6 @@ from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
-    ChatMessage,
     HookMessage,
     InspectReply,
     WorkItem,
@@ -264,6 +263,24 @@ async def test_a_child_acting_as_parent_has_its_own_cap(parent, log):
     assert rejections == ["maxConcurrentAgentTools (1) exceeded"]
 
 
+async def test_a_cancelled_detached_runs_hook_comes_from_the_cancel(parent, log, dispatches):
+    registry = await log.jetstream.key_value(log.subjects.registry_bucket)
+    await registry.put("hook.Assistant.on_done", b"{}")
+    await send(log, "run", run_request("c-hook", detached={"on_finish": "on_done"}))
+    await dispatches("c-hook")
+    for _ in range(2):  # the second: this command again, as after a parent that died
+        await send(log, "cancel", {"run_id": "c-hook", "parent": PARENT.model_dump()})
+    state, _ = await until(log, "c-hook", lambda s, e: s.status == "aborted")
+    [message] = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 1)
+    hook = HookMessage.model_validate_json(message.data)
+    assert (hook.run.run_id, hook.result.status) == ("c-hook", "aborted")
+    assert message.headers["Nats-Msg-Id"] == f"finish:c-hook:aborted:{state.incarnation}"
+    assert message.headers[FIRST_PUBLICATION_HEADER] == "1"
+    await eventually(lambda: parent.handled >= 3)
+    info = await log.jetstream.stream_info(log.subjects.hooks_stream)
+    assert info.state.messages == 1, "the repeat was dropped by the stream"
+
+
 async def test_cancel_in_each_state(parent, log, dispatches):
     # awaited and open: cancellation is requested; the runner ends it when the child stops
     await send(log, "run", run_request("c-awaited"))
@@ -378,56 +395,6 @@ async def next_messages(log: EventLog, subject: str, count: int, timeout: float 
         await subscription.unsubscribe()
 
 
-async def deliverer_idle(log: EventLog) -> None:
-    """Until the deliverer has acknowledged every event (it acks after handling one)."""
-    while True:
-        info = await log.jetstream.consumer_info(log.subjects.events_stream, "parent-deliverer")
-        if info.num_pending == 0 and info.num_ack_pending == 0:
-            return
-        await asyncio.sleep(0.02)
-
-
-async def test_a_detached_finish_publishes_its_hook_once_per_status(parent, log, dispatches):
-    registry = await log.jetstream.key_value(log.subjects.registry_bucket)
-    await registry.put("hook.Assistant.on_done", b"{}")
-    await send(log, "run", run_request("h1", detached={"on_finish": "on_done", "notify": True}))
-    await dispatches("h1")
-    history = await log.read_run(PARENT, "h1")
-    run = RunEvents("h1", PARENT, id_prefix="runner", start_ms=history.state.requested_at + 1)
-    for event in (run.running(), run.interrupted("no-progress"), run.completed("late but done")):
-        await log.append(event, expected_last_seq=None)
-
-    messages = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 2)
-    hooks = [HookMessage.model_validate_json(m.data) for m in messages]
-    assert [h.result.status for h in hooks] == ["interrupted", "completed"]
-    assert hooks[1].result.summary == "late but done" and hooks[1].run.run_id == "h1"
-    life = history.state.incarnation
-    assert [m.headers["Nats-Msg-Id"] for m in messages] == [f"finish:h1:interrupted:{life}",
-                                                            f"finish:h1:completed:{life}"]
-    # Fresh outcomes on their first delivery: the handler need not read the ledger.
-    assert [m.headers.get(FIRST_PUBLICATION_HEADER) for m in messages] == ["1", "1"]
-    info = await log.jetstream.stream_info(log.subjects.chat_stream)
-    assert info.state.messages == 0, "on_finish takes precedence over notify"
-
-
-async def test_a_hook_for_an_outcome_older_than_half_the_duplicate_window_is_not_marked_first(
-        parent, log, settings, dispatches):
-    # Its hook may have been published long ago and acknowledged since: a repeat the
-    # stream would not drop, so the handler must look at the ledger.
-    registry = await log.jetstream.key_value(log.subjects.registry_bucket)
-    await registry.put("hook.Assistant.on_done", b"{}")
-    await send(log, "run", run_request("h-old", detached={"on_finish": "on_done"}))
-    await dispatches("h-old")
-    history = await log.read_run(PARENT, "h-old")
-    late = history.state.requested_at - settings.duplicate_window_ms // 2
-    run = RunEvents("h-old", PARENT, id_prefix="runner", start_ms=late)
-    for event in (run.running(), run.completed("done long ago")):
-        await log.append(event, expected_last_seq=None)
-    [message] = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 1)
-    assert message.headers["Nats-Msg-Id"] == f"finish:h-old:completed:{history.state.incarnation}"
-    assert FIRST_PUBLICATION_HEADER not in message.headers
-
-
 async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its_hook(
         parent, log, dispatches):
     registry = await log.jetstream.key_value(log.subjects.registry_bucket)
@@ -443,15 +410,17 @@ async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its
     # The new life's item carries its request, as a new run id's does: no read to start it.
     assert (item.requested, item.requested_seq) == (history.events[-1], history.last_seq)
     run = RunEvents("again", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
-    for event in (run.running(), run.milestone("half"), run.completed("second life")):
+    for event in (run.running(), run.milestone("half")):
         await log.append(event, expected_last_seq=None)
+    completed = run.completed("second life")
+    state, _ = await log.update(PARENT, "again", lambda s: [completed])
+    await parent.deliverer.deliver_outcome(state, completed)  # as its runner does
 
     [message] = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 1)
     hook = HookMessage.model_validate_json(message.data)
     assert (hook.run.run_id, hook.result.status, hook.result.summary) == (
         "again", "completed", "second life")
-    await deliverer_idle(log)
-    assert parent.deliverer.tracked_runs == 0, "a finished, delivered run is not kept"
+    assert message.headers["Nats-Msg-Id"] == f"finish:again:completed:{state.incarnation}"
 
 
 async def test_a_delivery_of_a_cleared_lifes_hook_is_not_recorded_on_the_run_ids_next(
@@ -469,87 +438,37 @@ async def test_a_delivery_of_a_cleared_lifes_hook_is_not_recorded_on_the_run_ids
                 "method": "on_done",
                 "message_id": finish_message_id(life, "completed", "on_done")}
 
-    # The first life's hook handler reports late, after the run id was requested again.
+    # The first life's hook handler reports late, after the run id was requested again:
+    # the report is appended as it came (no read of the run), and the fold leaves the new
+    # life's ledger alone.
     handlers = parent._handlers
-    assert await handlers.record_delivery(delivered(fold(first_life))) == "a cleared earlier run's"
-    assert not state.finish_delivered("completed", "on_done")
-    assert await handlers.record_delivery(delivered(state)) == "recorded"
+    assert await handlers.record_delivery(delivered(fold(first_life))) == "appended"
+    assert not (await log.read_run(PARENT, "lives")).state.finish_delivered("completed",
+                                                                            "on_done")
+    assert await handlers.record_delivery(delivered(state)) == "appended"
+    assert await handlers.record_delivery(delivered(state)) == "appended"  # a repeat
     history = await log.read_run(PARENT, "lives")
-    [entry] = [e for e in history.events if e.type == "run.finish_delivered"]
-    assert entry.data.message_id == finish_message_id(state, "completed", "on_done")
-    assert entry.event_id == state.event_id("finish_delivered", "on_done", "completed")
+    assert history.state.finish_delivered("completed", "on_done")
+    entries = [e for e in history.events if e.type == "run.finish_delivered"]
+    assert [e.event_id for e in entries] == [
+        fold(first_life).event_id("finish_delivered", "on_done", "completed"),
+        state.event_id("finish_delivered", "on_done", "completed")], "the repeat was dropped"
+    assert entries[1].data.message_id == finish_message_id(state, "completed", "on_done")
 
 
-async def test_notify_and_milestones_reach_the_chat_once_each_across_a_restart(
-        settings, log, pool, dispatches):
-    options = {"notify": {"source": "research-bg"}, "on_milestones": ["drafted"]}
-    chat = log.subjects.chat(PARENT)
-
-    async def chat_count() -> int:
-        return (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages
-
-    async def serve_while(waiting) -> object:
-        """A parent service that lives until `waiting` is done, then stops (a restart)."""
-        service = ParentService(settings, log, pool, AgentRegistry([Researcher]),
-                                get_logger(service="parent-test"))
-        await service.start()
-        stop = asyncio.Event()
-        task = asyncio.create_task(service.run(stop))
-        try:
-            return await asyncio.wait_for(waiting, timeout=10)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, timeout=10)
-
-    await send(log, "run", run_request("n1", detached=options))
-    await serve_while(dispatches("n1"))
-    state, _ = await until(log, "n1", lambda s, e: s is not None)
-    run = RunEvents("n1", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
-    for event in (run.running(), run.milestone("drafted"), run.milestone("other")):
+async def test_a_delivery_report_without_a_life_is_decided_from_the_run(parent, log):
+    run = RunEvents("unnamed", PARENT)
+    for event in (run.requested(), run.running(), run.completed("done")):
         await log.append(event, expected_last_seq=None)
-    await serve_while(until(log, "n1", lambda s, e: "milestone:drafted" in s.ledger.notifications))
-    await log.append(run.completed("all done"), expected_last_seq=None)
-    await serve_while(until(log, "n1", lambda s, e: "finish:completed" in s.ledger.notifications))
-    # A restarted service whose deliverer consumed everything sent nothing more.
-    await serve_while(deliverer_idle(log))
-
-    messages = [ChatMessage.model_validate_json(m.data)
-                for m in await next_messages(log, chat, 2)]
-    assert [(m.role, m.metadata["kind"]) for m in messages] == [("assistant", "milestone"),
-                                                               ("user", "finish")]
-    assert messages[1].metadata["source"] == "research-bg"
-    assert "all done" in messages[1].content
-    assert (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages == 2
-    ledger = (await log.read_run(PARENT, "n1")).state.ledger.notifications
-    assert set(ledger) == {"milestone:drafted", "finish:completed"}
-
-
-async def test_overridden_formatters_set_the_text_and_an_empty_one_suppresses_it(
-        settings, log, pool, dispatches):
-    configured = settings.model_copy(update={"formatters": "examples.formatters:Terse"})
-    service = ParentService(configured, log, pool, AgentRegistry([Researcher]),
-                            get_logger(service="parent-test"))
-    await service.start()
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    try:
-        await send(log, "run", run_request("f1", detached={"notify": True,
-                                                           "on_milestones": ["drafted"]}))
-        await dispatches("f1")
-        state, _ = await until(log, "f1", lambda s, e: s is not None)
-        run = RunEvents("f1", PARENT, id_prefix="runner", start_ms=state.requested_at + 1)
-        for event in (run.running(), run.milestone("drafted"), run.completed("the answer")):
-            await log.append(event, expected_last_seq=None)
-        state, _ = await until(log, "f1", lambda s, e: "finish:completed" in s.ledger.notifications)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
-    # The milestone's text was empty: recorded as handled, nothing put on the chat.
-    assert "milestone:drafted" in state.ledger.notifications
-    [message] = [ChatMessage.model_validate_json(m.data)
-                 for m in await next_messages(log, log.subjects.chat(PARENT), 1)]
-    assert message.content == "[Researcher] done: the answer"
-    assert (await log.jetstream.stream_info(log.subjects.chat_stream)).state.messages == 1
+    state = (await log.read_run(PARENT, "unnamed")).state
+    report = {"run_id": "unnamed", "parent": PARENT.model_dump(), "status": "completed",
+              "method": "on_done", "message_id": "finish:unnamed:completed"}  # names no life
+    handlers = parent._handlers
+    assert await handlers.record_delivery(report) == "recorded"
+    assert await handlers.record_delivery(report) == "already recorded"
+    history = await log.read_run(PARENT, "unnamed")
+    [entry] = [e for e in history.events if e.type == "run.finish_delivered"]
+    assert entry.event_id == state.event_id("finish_delivered", "on_done", "completed")
 
 
 async def test_a_per_parent_query_subject_answers_only_for_its_own_parent(parent, log,

@@ -48,7 +48,9 @@ def fast(settings):
 async def start(fast, log, pool, cls: type[Reconciler] = Reconciler, logger=None):
     registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
     deliverer = Deliverer(log, RegisteredHooks(registry), DefaultFormatters(),
-                          get_logger(service="test"))
+                          get_logger(service="test"),
+                          duplicate_window_ms=fast.duplicate_window_ms,
+                          delivery_lease_ms=fast.delivery_lease_ms)
     reconciler = cls(fast, log, pool, deliverer, logger or get_logger(service="reconciler-test"))
     stop = asyncio.Event()
     task = asyncio.create_task(reconciler.run(stop))
@@ -174,6 +176,21 @@ async def test_two_reconcilers_deciding_at_once_give_up_once(fast, log, pool, re
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_give_up_publishes_its_interruptions_hook_at_once(reconciler, log):
+    hooks = await log.jetstream.subscribe(log.subjects.hook(PARENT.agent, "on_import_done"),
+                                          ordered_consumer=True)
+    _, events = detached_run("gu-hook", max_budget_ms=300, no_progress_budget_ms=0,
+                             on_finish="on_import_done")
+    await append_all(log, *events)
+    message = await hooks.next_msg(timeout=5)
+    state = (await log.read_run(PARENT, "gu-hook")).state
+    # The give-up's own publication, not a retry after the lease.
+    assert message.headers["Nats-Msg-Id"] == f"finish:gu-hook:interrupted:{state.incarnation}"
+    result = HookMessage.model_validate_json(message.data).result
+    assert (result.status, result.reason) == ("interrupted", "budget-exceeded")
+    await hooks.unsubscribe()
 
 
 async def test_an_unacknowledged_finish_hook_is_published_again_after_its_lease(reconciler, log):

@@ -12,17 +12,20 @@ from tether.contract.messages import (
     GLOBAL_FINISH_HOOK,
     WorkItem,
     chat_finish_id,
+    delivery_entry_of_report,
     finish_message_id,
     names_this_life,
     run_message_id,
     work_message_id,
 )
 from tether.contract.subjects import Subjects
+from tether.domain import decide
 from tether.domain.commands import (
     COMMAND_CLASSES,
     CancelCommand,
     ClearCommand,
     ContinueCommand,
+    DeliveredCommand,
     HasRunQuery,
     InspectQuery,
     ListQuery,
@@ -31,7 +34,7 @@ from tether.domain.commands import (
 )
 from tether.domain.events import DetachedOptions, ParentRef
 from tether.domain.ids import IDENTIFIER_PATTERN, InvalidIdentifier, check_identifier
-from tether.domain.run_state import fold
+from tether.domain.run_state import evolve, fold
 from tether.testing import RunEvents
 
 REPO = Path(__file__).resolve().parents[2]
@@ -325,6 +328,42 @@ def test_a_hooks_message_id_names_its_own_life_only() -> None:
     assert not names_this_life(own, first, "error", "on_done"), "another outcome's"
     assert not names_this_life(own, first, "completed", GLOBAL_FINISH_HOOK), "another hook's"
     assert not names_this_life("finish:r10:completed", first, "completed", "on_done")
+
+
+def _report(state, method: str, message_id: str) -> DeliveredCommand:
+    return DeliveredCommand(run_id=state.run_id, parent=state.parent, status="completed",
+                            method=method, message_id=message_id)
+
+
+@pytest.mark.parametrize("method", ["on_done", GLOBAL_FINISH_HOOK])
+def test_a_delivery_report_makes_the_ledger_entry_the_run_would(method: str) -> None:
+    state = _life("r1", "first")
+    own = finish_message_id(state, "completed", method)
+    for message_id in (own, f"{own}:retry3"):
+        report = _report(state, method, message_id)
+        [decided] = decide.record_delivery(state, report, 1234)
+        assert delivery_entry_of_report(report, 1234) == decided
+        assert decided.event_id == state.event_id("finish_delivered", method, "completed")
+    # An id that names no life (an earlier version's hook) is for a read of the run.
+    # Nor is one of another run's or another outcome's hook.
+    for message_id in ("finish:r1:completed", "finish:r1:completed:retry1",
+                       "finish:r10:completed:abc", finish_message_id(state, "error", method)):
+        assert delivery_entry_of_report(_report(state, method, message_id), 1) is None
+
+
+def test_the_fold_takes_a_ledger_entry_of_its_own_life_only() -> None:
+    first, second = _life("r1", "first"), _life("r1", "second")
+    late = delivery_entry_of_report(
+        _report(first, "on_done", finish_message_id(first, "completed", "on_done")), 5)
+    ignored = evolve(second, late)
+    assert not ignored.applied and not ignored.state.finish_delivered("completed", "on_done")
+    assert "earlier life" in ignored.note
+    assert evolve(first, late).state.finish_delivered("completed", "on_done")
+    # Entries whose ids name no life (written before runs had one) count for any.
+    older = late.model_copy(update={"event_id": "r1:finish_delivered:on_done:completed"})
+    unknown = late.model_copy(update={"event_id": "r1::finish_delivered:on_done:completed"})
+    for entry in (older, unknown):
+        assert evolve(second, entry).state.finish_delivered("completed", "on_done")
 
 
 def test_a_run_request_after_a_rejection_or_a_clear_names_it() -> None:

@@ -1,6 +1,6 @@
 """The deliverer's finish deliveries against the in-memory event log: what it publishes
-for a detached run's outcome and what it records in the run's ledger. The consumer that
-feeds it is tested against a real server in tests/integration/test_parent.py."""
+for a detached run's outcome and what it records in the run's ledger. Its writers' calls
+against a real server: tests/integration/test_deliveries.py."""
 
 import json
 

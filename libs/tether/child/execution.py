@@ -20,10 +20,10 @@ gives it back:
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
@@ -63,6 +63,9 @@ from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
 from tether.ports import RunHistory
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle
+
+if TYPE_CHECKING:
+    from tether.delivery.deliverer import Deliverer
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,8 @@ class Execution:
         except ValidationError as error:
             return await self._fail(f"invalid input for {self.item.agent_type}: "
                                     f"{explain_validation(error)}"[:MAX_ERROR_CHARS])
+        if state.milestones:  # a predecessor's milestones: their notifications may be owed
+            await self._deliver_owed(state)
         return await self._run_child(state, payload)
 
     def _history_from_item(self) -> RunHistory | None:
@@ -222,6 +227,7 @@ class Execution:
         if state is None:
             return await self._ack("skipped", "no such run (never requested, or cleared)")
         if state.is_hard_terminal:
+            await self._deliver(state)
             return await self._ack("skipped", f"the run already ended {state.status}")
         if state.agent_type != self.item.agent_type:
             return await self._ack("skipped", f"the run is for {state.agent_type}, "
@@ -271,7 +277,7 @@ class Execution:
         return RunRecorder(self._env.log, state, attempt=self.attempt,
                            coalesce_ms=self._env.settings.progress_coalesce_ms,
                            persist_ms=self._env.settings.progress_persist_ms,
-                           causation_id=self._causation_id)
+                           causation_id=self._causation_id, deliverer=self._env.deliverer)
 
     async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:
         bind_context(ctx)
@@ -317,8 +323,7 @@ class Execution:
         if size > limit:
             return await self._fail(f"the child's result is {size} bytes; the largest event "
                                     f"NATS accepts is {limit} bytes")
-        _, appended = await self._update(self._finish(completed))
-        if not appended:
+        if not await self._end(completed):
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
 
@@ -418,7 +423,7 @@ class Execution:
             event_id=self._event_id("aborted"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
-        await self._update(self._finish(aborted))
+        await self._end(aborted)
         return await self._ack("aborted", error)
 
     async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
@@ -426,12 +431,47 @@ class Execution:
             event_id=self._event_id("failed"), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunFailedData(error=error))
-        await self._update(self._finish(failed))
+        await self._end(failed)
         await self._settle_item(self._msg.ack(), "ack")
         return self._outcome("failed", error, exception)
 
     def _event_id(self, *parts: object) -> str:
         return derived_event_id(self.run_id, self._incarnation, *parts)
+
+    async def _end(self, outcome: Event) -> bool:
+        """Append the run's outcome and deliver its hooks; False when the run had ended
+        already (what that end still owes is delivered: its writer may have died first)."""
+        state, appended = await self._update(self._finish(outcome))
+        await self._deliver(state, appended)
+        return bool(appended)
+
+    async def _deliver(self, state: RunState | None, appended: Sequence[Event] = ()) -> None:
+        """The hooks of the outcome just appended, or what the ended run still owes."""
+        if appended:
+            async def outcomes(deliverer: "Deliverer", state: RunState) -> None:
+                for event in appended:
+                    await deliverer.deliver_outcome(state, event)
+
+            await self._delivering(state, outcomes)
+        elif state is not None and not state.is_open:
+            await self._deliver_owed(state)
+
+    async def _deliver_owed(self, state: RunState) -> None:
+        await self._delivering(state, lambda deliverer, state: deliverer.deliver_owed(state))
+
+    async def _delivering(self, state: RunState | None, deliver) -> None:
+        """`deliver(deliverer, state)` for a detached run of this life, retried across a
+        broker restart, before the item is acknowledged."""
+        deliverer = self._env.deliverer
+        if (deliverer is None or state is None or state.detached is None
+                or state.incarnation != self._incarnation):
+            return
+
+        interval = self._env.settings.work_ack_wait_ms / 1000 / 3
+        await persistently(lambda: deliver(deliverer, state), what="run.deliver",
+                           logger=lambda: get_logger(run_id=self.run_id),
+                           give_up=self._released,
+                           while_retrying=lambda: self._keep_item(interval))
 
     def _finish(self, outcome: Event) -> Callable[[RunState | None], list[Event]]:
         incarnation = self._incarnation

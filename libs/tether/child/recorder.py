@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.adapters.event_log import EventLog
 from tether.child.agent import PAUSE_MILESTONES
@@ -42,6 +42,9 @@ from tether.domain.run_state import PauseInfo, RunState
 from tether.log import get_logger
 from tether.resilience import persistently
 
+if TYPE_CHECKING:
+    from tether.delivery.deliverer import Deliverer
+
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -58,8 +61,11 @@ class _Progress:
 
 class RunRecorder:
     def __init__(self, log: EventLog, state: RunState, *, attempt: int, coalesce_ms: int,
-                 persist_ms: int = 0, causation_id: str | None = None) -> None:
+                 persist_ms: int = 0, causation_id: str | None = None,
+                 deliverer: "Deliverer | None" = None) -> None:
+        """`deliverer`: puts out the chat notification of a milestone the run asked for."""
         self._log = log
+        self._deliverer = deliverer
         self.run_id, self.parent = state.run_id, state.parent
         self._incarnation, self._event_id = state.incarnation, state.event_id  # this life's
         self._attempt = attempt
@@ -109,12 +115,14 @@ class RunRecorder:
         """The run's whole output text: what was recorded before plus this attempt's."""
         return self._recorded_text + "".join(self._new_text)
 
-    async def _append(self, event: Event) -> None:
+    async def _append(self, event: Event) -> RunState | None:
         """Append unless the run id is in another life: cleared, perhaps requested again,
         while this child ran (its milestones would then be the new run's). The fold keys
-        each of these events (sequence, index, time), so a repeat changes nothing."""
-        await self._update(
+        each of these events (sequence, index, time), so a repeat changes nothing.
+        Returns the run after it."""
+        state, _ = await self._update(
             lambda state: decide.record_in_life(state, event, self._incarnation))
+        return state
 
     async def _update(self, decision: Callable[[RunState | None], Sequence[Event]]
                       ) -> tuple[RunState | None, list[Event]]:
@@ -143,7 +151,7 @@ class RunRecorder:
             sequence = self._next_sequence
             async with self._send_lock:
                 at = self._next_at()
-                await self._append(RunMilestone(
+                state = await self._append(RunMilestone(
                     event_id=self._event_id("ms", sequence), run_id=self.run_id,
                     parent=self.parent, occurred_at=at, correlation_id=self.run_id,
                     causation_id=self._causation_id,
@@ -156,7 +164,20 @@ class RunRecorder:
                 # by `milestone`, so a progress bar and an onProgress hook need one feed.
                 await self._publish_signal(_Progress(fraction, message, phase, data, True), at,
                                            milestone=name)
+            await self._notify(state, name)
             return True
+
+    async def _notify(self, state: RunState | None, name: str) -> None:
+        """The chat message of a milestone the run asked for one of (`on_milestones`),
+        right after it was recorded. (A runner that dies first leaves it to the run's
+        next attempt, which delivers what the ledger lacks before it starts the child.)"""
+        deliverer = self._deliverer
+        if (deliverer is None or state is None or state.incarnation != self._incarnation
+                or not deliverer.owes_notification(state, name)):
+            return
+        milestone = next(m for m in state.milestones if m.name == name)
+        await persistently(lambda: deliverer.notify_milestone(state, milestone),
+                           what="child.notify", logger=self._logger)
 
     def replay_milestones(self, names: "list[str] | tuple[str, ...]") -> None:
         """Count milestones a resumed child will not report again (their steps were
@@ -186,10 +207,11 @@ class RunRecorder:
                 data=RunMilestoneData(sequence=sequence, name=name, data=data, message=message,
                                       phase=pause.reason))]
 
-        _, appended = await self._update(milestone_if_owed)
+        state, appended = await self._update(milestone_if_owed)
         if appended:
             await self._publish_signal(_Progress(None, message, pause.reason, data, True),
                                        appended[0].occurred_at, milestone=name)
+            await self._notify(state, name)
         return bool(appended)
 
     # --- steps --------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
+from dataclasses import replace
 from typing import Any
 
 from faststream.middlewares import ExceptionMiddleware
@@ -37,6 +38,7 @@ from tether import tracing
 from tether.adapters.control import control_broker, start_control
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import Pull, durable_pull
+from tether.adapters.streams import StreamSettings, key_value
 from tether.agent_registry import AgentRegistry
 from tether.child.execution import Execution
 from tether.child.work import Outcome, RunnerEnvironment
@@ -49,6 +51,9 @@ from tether.contract.messages import (
     ChildRecord,
     WorkItem,
 )
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import ByParentClass, load_formatters
+from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import ParentRef
 from tether.log import get_logger
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS, RUNNER_SLOTS_IN_USE, WORK_ITEMS
@@ -165,6 +170,14 @@ class ChildRunner:
 
     async def start(self) -> None:
         """Create (or bring up to date) the consumers and listen for cancel signals."""
+        settings = self._settings
+        registry = await key_value(self._js, settings.subjects.registry_bucket,
+                                   StreamSettings.of(settings))
+        formatters = ByParentClass(self._registry, load_formatters(settings.formatters))
+        self._env = replace(self._env, deliverer=Deliverer(
+            self._env.log, RegisteredHooks(registry), formatters, self._logger,
+            duplicate_window_ms=settings.duplicate_window_ms,
+            delivery_lease_ms=settings.delivery_lease_ms))
         stream = self._settings.subjects.work_stream
         for agent_type in self._registry.agent_types:
             # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.

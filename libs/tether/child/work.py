@@ -3,13 +3,16 @@ environment, the outcome of a work item, and what a caller may see of a child's 
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
 from tether.adapters.event_log import EventLog
 from tether.config import Settings
 from tether.domain.events import ParentRef
+
+if TYPE_CHECKING:
+    from tether.delivery.deliverer import Deliverer
 
 MAX_ERROR_CHARS = 500
 
@@ -41,6 +44,8 @@ class RunnerEnvironment:
     runner_id: str
     cancel_grace_s: float
     parent_client: Callable[[ParentRef], Any] | None = None
+    # Delivers the hooks and notifications of what its executions record (`start()`).
+    deliverer: "Deliverer | None" = None
 
 
 def safe_error(error: BaseException) -> str:

@@ -184,8 +184,8 @@ def contract_broker() -> NatsBroker:
          "event's `event_id` (`<run_id>:<incarnation>:<kind>...`), so a retried append is "
          "one event." + TRACE)
     receive(s.all_events, Event, f"receive:{s.all_events}",
-            f"Stream `{s.events_stream}`: the projector, the parent's deliverer "
-            "(`parent-deliverer`) and the reconciler follow every event.")
+            f"Stream `{s.events_stream}`: the projector and the reconciler follow "
+            "every event.")
     live = _run_subject(s.run_live)
     send(live, Event, f"send:{live}",
          f"Core: `{s.events_stream}` republishes each stored event here, in stream order, "

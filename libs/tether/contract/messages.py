@@ -399,6 +399,20 @@ def names_this_life(message_id: str, state: RunState, status: str, method: str) 
                for life in (_life(state.incarnation), ""))
 
 
+def delivery_entry_of_report(command: DeliveredCommand, now: int) -> Event | None:
+    """The ledger entry of a delivery report, from the report alone: the hook's message
+    id names the run's life (`finish_message_id`), and so does the entry's id, so it
+    needs no read of the run. None when the id names no life (a hook published by an
+    earlier version, or one that came without an id)."""
+    head = _finish_id(command.run_id, command.status, command.method) + ":"
+    if not command.message_id.startswith(head):
+        return None
+    life = command.message_id[len(head):].partition(":")[0]
+    if not life or life.startswith("retry"):
+        return None
+    return decide.delivery_entry(command, life, now)
+
+
 def record_delivery_of_this_life(state: RunState | None, command: DeliveredCommand,
                                  now: int) -> list[Event]:
     """`decide.record_delivery`, unless the hook reported on was an earlier life's of the

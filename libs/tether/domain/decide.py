@@ -173,12 +173,19 @@ def record_delivery(state: RunState | None, command: DeliveredCommand,
     so either path records a delivery once."""
     if state is None or state.finish_delivered(command.status, command.method):
         return []
-    return [RunFinishDelivered(
-        event_id=state.event_id("finish_delivered", command.method, command.status),
-        run_id=state.run_id, parent=state.parent, occurred_at=now,
-        correlation_id=state.run_id, causation_id=command.message_id,
+    return [delivery_entry(command, state.incarnation, now)]
+
+
+def delivery_entry(command: DeliveredCommand, life: str, now: int) -> RunFinishDelivered:
+    """The ledger entry of a delivery in the run's life `life` (`RunState.incarnation`):
+    its id names that life, so the fold can tell an earlier life's entry from this one's."""
+    return RunFinishDelivered(
+        event_id=derived_event_id(command.run_id, life, "finish_delivered", command.method,
+                                  command.status),
+        run_id=command.run_id, parent=command.parent, occurred_at=now,
+        correlation_id=command.run_id, causation_id=command.message_id,
         data=RunFinishDeliveredData(status=command.status, method=command.method,
-                                    message_id=command.message_id))]
+                                    message_id=command.message_id))
 
 
 def clear(state: RunState | None, cause: Cause) -> list[Event]:

@@ -415,6 +415,9 @@ def _interrupted(state: RunState, event: RunInterrupted) -> Evolved:
 
 
 def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
+    if _of_another_life(state, event):
+        return _ignored(state, "a delivery of an earlier life's hook: the run id was cleared "
+                               "and requested again since")
     key = finish_key(event.data.status, event.data.method)
     if key in state.ledger.finish:
         return _ignored(state, f"duplicate: finish {key} was already delivered")
@@ -422,6 +425,15 @@ def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
         update={"finish": {**state.ledger.finish, key: event.occurred_at}}
     )
     return _applied(state, ledger=ledger)
+
+
+def _of_another_life(state: RunState, event: RunFinishDelivered) -> bool:
+    """Whether a ledger entry's id names a life of the run id other than this one
+    (`RunState.event_id`: `<run_id>:<life>:finish_delivered:...`). An entry's id written
+    before runs had lives (`<run_id>:finish_delivered:...`), or by a state that did not
+    know its life (an empty one), names none."""
+    life, _, rest = event.event_id.removeprefix(f"{state.run_id}:").partition(":")
+    return rest.startswith("finish_delivered:") and life not in ("", state.incarnation)
 
 
 def _notified(state: RunState, event: RunNotified) -> Evolved:

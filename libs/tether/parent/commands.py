@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -21,6 +21,7 @@ from tether.contract.messages import (
     CancelSignal,
     ChatMessage,
     WorkItem,
+    delivery_entry_of_report,
     names_this_life,
     record_delivery_of_this_life,
     user_message_id,
@@ -38,8 +39,11 @@ from tether.domain.commands import (
 )
 from tether.domain.events import Event, ParentRef, RunRequested
 from tether.domain.ids import InvalidIdentifier, check_identifier
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, fold
 from tether.parent.slots import SlotKeeper
+
+if TYPE_CHECKING:
+    from tether.delivery.deliverer import Deliverer
 
 # A command's JSON object, or its bytes when the service could not make one of them (the
 # handler then says why).
@@ -66,7 +70,9 @@ class RunOutcome:
 class CommandHandlers:
     def __init__(self, log: EventLog, agents: AgentRegistry, *, budgets: decide.Budgets,
                  slots: SlotKeeper | None, default_cap: int | None, max_input_bytes: int,
-                 hook_registered) -> None:
+                 hook_registered, deliverer: "Deliverer | None" = None) -> None:
+        """`deliverer`: delivers the hooks of the outcomes these handlers append (a
+        cancel's); None where nothing is to be delivered (tests of the decisions)."""
         self._log = log
         self._js = log.jetstream
         self._subjects = log.subjects
@@ -76,6 +82,7 @@ class CommandHandlers:
         self._default_cap = default_cap
         self._max_input_bytes = max_input_bytes
         self._hook_registered = hook_registered
+        self._deliverer = deliverer
 
     def cap_for(self, parent: ParentRef) -> int | None:
         """The parent's cap: its own class attribute when it is a child agent, else the service's."""
@@ -235,7 +242,19 @@ class CommandHandlers:
             state, appended = await self._log.update(parent, run_id, _cancel(mine, reason))
             if state is not None and (asked or appended):
                 await self._signal_cancel(state)
+            await self._deliver(state, appended)
         return state.status if state is not None else None
+
+    async def _deliver(self, state: RunState | None, appended: list[Event]) -> None:
+        """The hook of an outcome just appended; when nothing was (this command again,
+        after a parent that appended it died before delivering), what the run still owes."""
+        if self._deliverer is None or state is None or state.detached is None:
+            return
+        if appended:
+            for event in appended:
+                await self._deliverer.deliver_outcome(state, event)
+        elif not state.is_open:
+            await self._deliverer.deliver_owed(state)
 
     async def continue_run(self, payload: Payload, seq: int) -> str:
         """Answers to a paused run resume it in whichever runner picks the work up."""
@@ -271,6 +290,12 @@ class CommandHandlers:
 
     async def record_delivery(self, payload: Payload) -> str:
         command = self._parse(DeliveredCommand, "delivered", payload)
+        if (entry := delivery_entry_of_report(command, _now_ms())) is not None:
+            # The entry names the run's life, so it is appended as a fact, without
+            # reading the run: the log drops a repeat inside its duplicate window, and the
+            # fold ignores a later repeat and an earlier life's entry.
+            await self._log.append(entry, expected_last_seq=None)
+            return "appended"
         state, appended = await self._log.update(
             command.parent, command.run_id,
             lambda s: record_delivery_of_this_life(s, command, _now_ms()))
@@ -291,10 +316,13 @@ class CommandHandlers:
                 continue
             if state.is_open:
                 await self._signal_cancel(state)
-            after, _, last_seq = await self._log.update_at(
+            after, appended, last_seq = await self._log.update_at(
                 command.parent, run_id, _clear_life(state.incarnation, cause))
             if after is not None:
                 continue  # cleared and requested again meanwhile: the new run is not ours
+            # An open run is aborted before it is cleared: that outcome's hook is owed.
+            if aborted := appended[:-1]:
+                await self._deliver(fold(aborted, state), aborted)
             # Keep only the tombstone (ours or another clear's, the last event now), so a
             # rebuild does not bring the run back: everything before it, not "all but the
             # last", since the run id may be requested again at once.

@@ -1,4 +1,5 @@
-"""The parent service: consumes commands, answers inspect/list/has-run, delivers hooks.
+"""The parent service: consumes commands, answers inspect/list/has-run, delivers the hooks
+of the outcomes it appends (a cancel's).
 
 Commands are pulled from a durable consumer shared by every parent replica, a batch at a
 time; commands for the same run are handled in order, different runs concurrently. A
@@ -16,6 +17,7 @@ import asyncpg
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import api as js_api
+from nats.js.errors import NotFoundError
 
 from tether import tracing
 from tether.adapters.control import control_broker, start_control
@@ -64,6 +66,13 @@ class ParentService:
         self._hooks = RegisteredHooks(
             await key_value(self._js, self._subjects.registry_bucket, stream_settings))
         slots = await key_value(self._js, self._subjects.slots_bucket, stream_settings)
+        records = await DeliveryRecords.open(self._js, self._subjects.deliveries_bucket)
+        self._deliverer = Deliverer(self._log, self._hooks,
+                                    ByParentClass(self._agents, load_formatters(self._settings.formatters)), self._logger,
+                                    duplicate_window_ms=self._settings.duplicate_window_ms,
+                                    delivery_lease_ms=self._settings.delivery_lease_ms,
+                                    records=records)
+        await _remove_former_deliveries_consumer(self._js, self._subjects.events_stream)
         self._handlers = CommandHandlers(
             self._log, self._agents,
             budgets=decide.Budgets(self._settings.detached_max_budget_ms,
@@ -72,13 +81,8 @@ class ParentService:
             default_cap=self._settings.max_concurrent_agent_tools,
             max_input_bytes=self._settings.max_input_bytes,
             hook_registered=self._hook_registered,
+            deliverer=self._deliverer,
         )
-        records = await DeliveryRecords.open(self._js, self._subjects.deliveries_bucket)
-        self._deliverer = Deliverer(self._log, self._hooks,
-                                    ByParentClass(self._agents, load_formatters(self._settings.formatters)), self._logger,
-                                    duplicate_window_ms=self._settings.duplicate_window_ms,
-                                    delivery_lease_ms=self._settings.delivery_lease_ms,
-                                    records=records)
         queries = ParentQueries(self._log, self._pool, self._settings.projection_schema,
                                 self._logger, rates=RequestRates(
                                     self._settings.tenant_query_rate_per_s,
@@ -94,9 +98,8 @@ class ParentService:
         return self._queries
 
     async def run(self, stop: asyncio.Event) -> None:
-        assert self._deliverer is not None
         try:
-            await asyncio.gather(self._consume_commands(stop), self._deliverer.run(stop))
+            await self._consume_commands(stop)
         finally:
             with suppress(*TRANSIENT_ERRORS):
                 await self._queries.stop()
@@ -216,6 +219,17 @@ class ParentService:
 
     async def _hook_registered(self, parent_agent: str, method: str) -> bool:
         return await self._hooks.has(parent_agent, method, recheck_absent=True)
+
+
+FORMER_DELIVERIES_CONSUMER = "parent-deliverer"
+
+
+async def _remove_former_deliveries_consumer(js, events_stream: str) -> None:
+    """Parents once followed the whole log with a durable consumer of this name to deliver
+    hooks; the writers of outcomes deliver them now, and a consumer nobody reads would
+    keep every event after it pending on the server."""
+    with suppress(NotFoundError):
+        await js.delete_consumer(events_stream, FORMER_DELIVERIES_CONSUMER)
 
 
 def _payload(data: bytes) -> Payload:

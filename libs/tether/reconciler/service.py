@@ -6,6 +6,9 @@ ends, and an active one that loses its lease or a dependency stands by again. On
 runs it must watch from the projection, with the checkpoint they are consistent with,
 then follows the log from there, so its view is the projection plus the tail of the log.
 
+A give-up's hook goes out right after its interruption is appended; a hook or
+notification not acknowledged within its lease is published again.
+
 Deadlines (absolute budget, no-progress budget, delivery retries) live in a
 `DeadlineIndex`; the timer sleeps until the earliest one, so a deadline fires when it
 falls due and a tick costs in proportion to the due runs. Every decision re-reads the
@@ -303,6 +306,8 @@ class Reconciler:
         # Two deciders may each append part of a decision (one the cancel request, the
         # other the interruption); the one whose interruption landed owns the give-up.
         if any(event.type == "run.interrupted" for event in appended):
+            for event in appended:  # the interruption's hook (the timer retries it if lost)
+                await self._deliverer.deliver_outcome(final, event)
             self.decisions += 1
             DEADLINES_FIRED.inc(kind="budget" if over_budget else "no-progress")
             await self.observability.emit("agent_tool:detached:give_up", state.run_id,
