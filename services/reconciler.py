@@ -29,10 +29,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     async def run(service: Service) -> None:
         log = EventLog(service.nc, settings.subjects)
         records = await DeliveryRecords.open(service.js, settings.subjects.deliveries_bucket)
-        deliverer = Deliverer(log, RegisteredHooks(buckets[-1]),
-                              load_formatters(settings.formatters), logger, records=records,
-                              duplicate_window_ms=settings.duplicate_window_ms,
-                              delivery_lease_ms=settings.delivery_lease_ms)
+        deliverer = Deliverer.of(settings, log, RegisteredHooks(buckets[-1]),
+                                 load_formatters(settings.formatters), logger, records)
         reconciler = Reconciler(settings, log, service.postgres, deliverer, logger)
 
         async def role() -> tuple[bool, str]:

@@ -30,10 +30,8 @@ def fresh(run_id: str, start_ms: int | None = None) -> RunEvents:
 async def deliverer(log: EventLog, settings) -> Deliverer:
     registry = await log.jetstream.key_value(log.subjects.registry_bucket)
     await registry.put(f"hook.{PARENT.agent}.on_done", b"{}")
-    return Deliverer(log, RegisteredHooks(registry), DefaultFormatters(),
-                     get_logger(service="deliveries-test"),
-                     duplicate_window_ms=settings.duplicate_window_ms,
-                     delivery_lease_ms=settings.delivery_lease_ms)
+    return Deliverer.of(settings, log, RegisteredHooks(registry), DefaultFormatters(),
+                        get_logger(service="deliveries-test"))
 
 
 async def written(log: EventLog, deliverer: Deliverer, event: Event) -> RunState | None:

@@ -47,10 +47,8 @@ def fast(settings):
 
 async def start(fast, log, pool, cls: type[Reconciler] = Reconciler, logger=None):
     registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
-    deliverer = Deliverer(log, RegisteredHooks(registry), DefaultFormatters(),
-                          get_logger(service="test"),
-                          duplicate_window_ms=fast.duplicate_window_ms,
-                          delivery_lease_ms=fast.delivery_lease_ms)
+    deliverer = Deliverer.of(fast, log, RegisteredHooks(registry), DefaultFormatters(),
+                             get_logger(service="test"))
     reconciler = cls(fast, log, pool, deliverer, logger or get_logger(service="reconciler-test"))
     stop = asyncio.Event()
     task = asyncio.create_task(reconciler.run(stop))

@@ -174,10 +174,8 @@ class ChildRunner:
         registry = await key_value(self._js, settings.subjects.registry_bucket,
                                    StreamSettings.of(settings))
         formatters = ByParentClass(self._registry, load_formatters(settings.formatters))
-        self._env = replace(self._env, deliverer=Deliverer(
-            self._env.log, RegisteredHooks(registry), formatters, self._logger,
-            duplicate_window_ms=settings.duplicate_window_ms,
-            delivery_lease_ms=settings.delivery_lease_ms))
+        self._env = replace(self._env, deliverer=Deliverer.of(
+            settings, self._env.log, RegisteredHooks(registry), formatters, self._logger))
         stream = self._settings.subjects.work_stream
         for agent_type in self._registry.agent_types:
             # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.

@@ -14,6 +14,7 @@ reconciler republishes a finish hook not acknowledged within its lease.
 """
 
 import time
+from typing import TYPE_CHECKING
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords
@@ -45,6 +46,9 @@ from tether.domain.events import (
     RunNotifiedData,
 )
 from tether.domain.run_state import Milestone, RunState
+
+if TYPE_CHECKING:
+    from tether.config import Settings
 
 OUTCOMES = (RunCompleted, RunFailed, RunAborted, RunInterrupted)  # TERMINAL_EVENT_STATUS's
 OWING_STATUSES = ("completed", "error", "aborted", "interrupted")
@@ -79,6 +83,15 @@ class Deliverer:
                                     delivery_lease_ms or duplicate_window_ms) // 2
         self._records = records or DeliveryRecords(None)
         self.delivered = 0
+
+    @classmethod
+    def of(cls, settings: "Settings", log: EventLog, hooks: RegisteredHooks,
+           formatters: Formatters, logger, records: DeliveryRecords | None = None
+           ) -> "Deliverer":
+        """One with the installation's duplicate window and delivery lease."""
+        return cls(log, hooks, formatters, logger, records=records,
+                   duplicate_window_ms=settings.duplicate_window_ms,
+                   delivery_lease_ms=settings.delivery_lease_ms)
 
     async def deliver_outcome(self, state: RunState | None, event: Event) -> int:
         """What the outcome `event`, just appended by the caller, owes; `state` is the run

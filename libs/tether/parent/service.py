@@ -67,11 +67,9 @@ class ParentService:
             await key_value(self._js, self._subjects.registry_bucket, stream_settings))
         slots = await key_value(self._js, self._subjects.slots_bucket, stream_settings)
         records = await DeliveryRecords.open(self._js, self._subjects.deliveries_bucket)
-        self._deliverer = Deliverer(self._log, self._hooks,
-                                    ByParentClass(self._agents, load_formatters(self._settings.formatters)), self._logger,
-                                    duplicate_window_ms=self._settings.duplicate_window_ms,
-                                    delivery_lease_ms=self._settings.delivery_lease_ms,
-                                    records=records)
+        formatters = ByParentClass(self._agents, load_formatters(self._settings.formatters))
+        self._deliverer = Deliverer.of(self._settings, self._log, self._hooks, formatters,
+                                       self._logger, records)
         await _remove_former_deliveries_consumer(self._js, self._subjects.events_stream)
         self._handlers = CommandHandlers(
             self._log, self._agents,
