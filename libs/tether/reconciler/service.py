@@ -306,13 +306,14 @@ class Reconciler:
         # Two deciders may each append part of a decision (one the cancel request, the
         # other the interruption); the one whose interruption landed owns the give-up.
         if any(event.type == "run.interrupted" for event in appended):
-            for event in appended:  # the interruption's hook (the timer retries it if lost)
-                await self._deliverer.deliver_outcome(final, event)
+            # Counted as soon as it is in the log, before the delivery's round trips.
             self.decisions += 1
             DEADLINES_FIRED.inc(kind="budget" if over_budget else "no-progress")
             await self.observability.emit("agent_tool:detached:give_up", state.run_id,
                                           state.parent, reason=reason,
                                           child_still_running=not stopped)
+            # The interruption's hook or notification (the timer retries it if lost).
+            await self._deliverer.deliver_after(final, appended)
 
     async def _retry_delivery(self, key: RunKey) -> None:
         """A finish hook or notification not confirmed within its lease is published again."""
