@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import structlog
 from pydantic import BaseModel
+from stream_messages import next_messages
 
 from examples.agents import Extractor, Failing, Researcher, ResearchInput, Sleeper
 from tether.adapters.event_log import EventLog
@@ -191,14 +192,6 @@ async def test_invalid_input_fails_the_run_with_the_validation_error(log, start_
 
 
 # --- deliveries ----------------------------------------------------------------------
-
-
-async def next_messages(log: EventLog, subject: str, count: int, timeout: float = 10) -> list:
-    subscription = await log.jetstream.subscribe(subject, ordered_consumer=True)
-    try:
-        return [await subscription.next_msg(timeout=timeout) for _ in range(count)]
-    finally:
-        await subscription.unsubscribe()
 
 
 async def detached_dispatch(log: EventLog, options: DetachedOptions,

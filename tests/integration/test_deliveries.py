@@ -6,6 +6,7 @@ tests/integration/test_child_runner.py."""
 import time
 
 import pytest
+from stream_messages import next_messages
 
 from tether.adapters.event_log import EventLog
 from tether.contract.messages import FIRST_PUBLICATION_HEADER, ChatMessage, HookMessage
@@ -43,14 +44,6 @@ async def written(log: EventLog, deliverer: Deliverer, event: Event) -> RunState
             await deliverer.notify_milestone(state, milestone)
         await deliverer.deliver_outcome(state, new)
     return (await log.read_run(event.parent, event.run_id)).state
-
-
-async def next_messages(log: EventLog, subject: str, count: int, timeout: float = 10) -> list:
-    subscription = await log.jetstream.subscribe(subject, ordered_consumer=True)
-    try:
-        return [await subscription.next_msg(timeout=timeout) for _ in range(count)]
-    finally:
-        await subscription.unsubscribe()
 
 
 async def chat_count(log: EventLog) -> int:

@@ -9,6 +9,7 @@ import pytest
 from eventually import eventually
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field
+from stream_messages import next_messages
 
 from tether.adapters.event_log import EventLog
 from tether.agent_registry import AgentRegistry
@@ -385,14 +386,6 @@ async def test_inspect_answers_only_the_owning_parent(parent, log, dispatches):
     bad = InspectReply.model_validate_json((await log.nats.request(ask, b'{"run_id": 1}',
                                                                    timeout=5)).data)
     assert bad.error and "invalid request" in bad.error
-
-
-async def next_messages(log: EventLog, subject: str, count: int, timeout: float = 10) -> list:
-    subscription = await log.jetstream.subscribe(subject, ordered_consumer=True)
-    try:
-        return [await subscription.next_msg(timeout=timeout) for _ in range(count)]
-    finally:
-        await subscription.unsubscribe()
 
 
 async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its_hook(

@@ -20,7 +20,7 @@ gives it back:
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -446,29 +446,23 @@ class Execution:
         return bool(appended)
 
     async def _deliver(self, state: RunState | None, appended: Sequence[Event] = ()) -> None:
-        """The hooks of the outcome just appended, or what the ended run still owes."""
-        if appended:
-            async def outcomes(deliverer: "Deliverer", state: RunState) -> None:
-                for event in appended:
-                    await deliverer.deliver_outcome(state, event)
-
-            await self._delivering(state, outcomes)
-        elif state is not None and not state.is_open:
-            await self._deliver_owed(state)
+        """The hooks of the outcome just appended, or what the ended run still owes
+        (`Deliverer.deliver_after`), for a run of this life; retried across a broker
+        restart, before the item is acknowledged."""
+        await self._delivering(state, lambda deliverer: deliverer.deliver_after(state, appended))
 
     async def _deliver_owed(self, state: RunState) -> None:
-        await self._delivering(state, lambda deliverer, state: deliverer.deliver_owed(state))
+        await self._delivering(state, lambda deliverer: deliverer.deliver_owed(state))
 
-    async def _delivering(self, state: RunState | None, deliver) -> None:
-        """`deliver(deliverer, state)` for a detached run of this life, retried across a
-        broker restart, before the item is acknowledged."""
+    async def _delivering(self, state: RunState | None,
+                          deliver: "Callable[[Deliverer], Awaitable[int]]") -> None:
         deliverer = self._env.deliverer
         if (deliverer is None or state is None or state.detached is None
                 or state.incarnation != self._incarnation):
             return
 
         interval = self._env.settings.work_ack_wait_ms / 1000 / 3
-        await persistently(lambda: deliver(deliverer, state), what="run.deliver",
+        await persistently(lambda: deliver(deliverer), what="run.deliver",
                            logger=lambda: get_logger(run_id=self.run_id),
                            give_up=self._released,
                            while_retrying=lambda: self._keep_item(interval))

@@ -14,6 +14,7 @@ reconciler republishes a finish hook not acknowledged within its lease.
 """
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tether import tracing
@@ -103,6 +104,19 @@ class Deliverer:
             return 0  # (a give-up's interruption already delivered its hook)
         first = _now_ms() - event.occurred_at < self._first_within_ms
         return await self.deliver_finish(state, result_of(event), first=first)
+
+    async def deliver_after(self, state: RunState | None, appended: Sequence[Event]) -> int:
+        """What the events the caller just appended owe (`state`: the run after them);
+        when it appended nothing to a run that has ended (a command or work item handled
+        again, after a writer that died before delivering), what the run still owes."""
+        if appended:
+            published = 0
+            for event in appended:
+                published += await self.deliver_outcome(state, event)
+            return published
+        if state is not None and not state.is_open:
+            return await self.deliver_owed(state)
+        return 0
 
     async def deliver_owed(self, state: RunState | None) -> int:
         """Whatever the run's ledger says it still owes: its outcome's hooks or

@@ -248,13 +248,8 @@ class CommandHandlers:
     async def _deliver(self, state: RunState | None, appended: list[Event]) -> None:
         """The hook of an outcome just appended; when nothing was (this command again,
         after a parent that appended it died before delivering), what the run still owes."""
-        if self._deliverer is None or state is None or state.detached is None:
-            return
-        if appended:
-            for event in appended:
-                await self._deliverer.deliver_outcome(state, event)
-        elif not state.is_open:
-            await self._deliverer.deliver_owed(state)
+        if self._deliverer is not None:
+            await self._deliverer.deliver_after(state, appended)
 
     async def continue_run(self, payload: Payload, seq: int) -> str:
         """Answers to a paused run resume it in whichever runner picks the work up."""
