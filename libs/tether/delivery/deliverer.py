@@ -36,6 +36,7 @@ from tether.contract.messages import (
 from tether.delivery.formatters import Formatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.commands import DeliveredCommand
+from tether.domain.decide import GIVE_UP
 from tether.domain.events import (
     Event,
     NotifyOptions,
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from tether.config import Settings
 
 OUTCOMES = (RunCompleted, RunFailed, RunAborted, RunInterrupted)  # TERMINAL_EVENT_STATUS's
-OWING_STATUSES = ("completed", "error", "aborted", "interrupted")
 
 
 def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> LifecycleResult:
@@ -100,7 +100,7 @@ class Deliverer:
         before (the handler then need not read the ledger), unless the append took so
         long that a retry of the reconciler's may have."""
         if (state is None or state.detached is None or not isinstance(event, OUTCOMES)
-                or (isinstance(event, RunAborted) and event.data.cause == "give-up")):
+                or (isinstance(event, RunAborted) and event.data.cause == GIVE_UP)):
             return 0  # (a give-up's interruption already delivered its hook)
         first = _now_ms() - event.occurred_at < self._first_within_ms
         return await self.deliver_finish(state, result_of(event), first=first)
@@ -132,8 +132,8 @@ class Deliverer:
                 notified.add(milestone.name)
                 await self.notify_milestone(state, milestone)
                 published += 1
-        if state.status in OWING_STATUSES and not (
-                state.status == "aborted" and state.aborted_cause == "give-up"):
+        if not state.is_open and not (state.status == "aborted"
+                                      and state.aborted_cause == GIVE_UP):
             published += await self.deliver_finish(state, LifecycleResult.of(state))
         return published
 
