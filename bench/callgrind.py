@@ -8,13 +8,23 @@ fall into batches still depends on timing).
 
 The service runs under `valgrind --tool=callgrind` (about 50 times slower, so every time
 figure of such a run is meaningless); its counters are zeroed when W1 starts and dumped
-when it ends (`callgrind_control`), and the dump's total is divided by the finished runs.
-The dump itself, for `callgrind_annotate`, is kept beside the results.
+once W1 has ended and the service has gone quiet (`callgrind_control`), and the dump's
+total is divided by the finished runs. Slowed down that much, a follower of the log (the
+reconciler) is still working through W1's events when the last run finishes: the dump
+waits until the service has used less than `QUIET_SHARE` of a core for `QUIET_S`, so its
+count covers all of W1's work. The dump itself, for `callgrind_annotate`, is kept beside
+the results.
 """
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
+
+QUIET_S = 2.0  # a window of this length with less than QUIET_SHARE of a core: quiet
+QUIET_SHARE = 0.15
+QUIET_TIMEOUT_S = 300.0
 
 
 class Callgrind:
@@ -25,6 +35,7 @@ class Callgrind:
         self.service = service
         self.out_file = out_file
         self.pid: int | None = None
+        self.quiet_after_s = 0.0  # how long after W1 the service went quiet
 
     def command_prefix(self) -> list[str]:
         return ["valgrind", "--tool=callgrind", "--collect-atstart=yes",
@@ -36,7 +47,8 @@ class Callgrind:
         self._control("-z")
 
     def dump(self) -> int:
-        """W1 ended: the instructions executed since `zero`."""
+        """W1 ended: the instructions executed since `zero`, once the service is quiet."""
+        self.quiet_after_s = wait_quiet(self.pid)
         before = set(self.out_file.parent.glob(self.out_file.name + ".*"))
         self._control("-d")
         dumps = sorted(set(self.out_file.parent.glob(self.out_file.name + ".*")) - before)
@@ -57,3 +69,24 @@ def instructions(dump: Path) -> int:
         if line.startswith(("summary:", "totals:")):
             return int(line.split()[1])
     raise RuntimeError(f"no instruction total in {dump}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system time of a process so far (`/proc/<pid>/stat`)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(pid: int | None, *, window_s: float = QUIET_S, share: float = QUIET_SHARE,
+               timeout_s: float = QUIET_TIMEOUT_S) -> float:
+    """Block until the process used less than `share` of a core over `window_s`; the
+    seconds that took."""
+    if pid is None:
+        return 0.0
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        before = cpu_seconds(pid)
+        time.sleep(window_s)
+        if cpu_seconds(pid) - before < share * window_s:
+            break
+    return time.monotonic() - started - window_s

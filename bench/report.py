@@ -222,7 +222,8 @@ def table(report: dict) -> str:
                       f"{_n(work.get('pg_tup_inserted'), 1)}/{_n(work.get('pg_tup_updated'), 1)}")))
     if cg := report.get("callgrind"):
         rows.append((f"instr {cg['service']}", f"{cg['per_run'] / 1e6:.2f} M/run",
-                     (f"callgrind: {cg['instructions']:,} instructions over {cg['runs']} W1 runs "
+                     (f"callgrind: {cg['instructions']:,} instructions over {cg['runs']} W1 runs, "
+                      f"dumped once the service was quiet ({_n(cg.get('quiet_after_s'), 1)} s after W1) "
                       "(this run's times and throughput are not comparable: the service ran "
                       f"under valgrind); {cg['dump']}")))
     for name, m in (report.get("memory") or {}).items():

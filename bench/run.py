@@ -291,6 +291,7 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
                     runs = result["w1"]["finished"]
                     result["callgrind"] = {"service": callgrind.service, "instructions": total,
                                            "runs": runs, "per_run": total / max(runs, 1),
+                                           "quiet_after_s": round(callgrind.quiet_after_s, 1),
                                            "dump": str(callgrind.out_file) + ".*"}
                 await asyncio.sleep(1.0)  # W2 on an idle system
                 if args.w2_runs:
