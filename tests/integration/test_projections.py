@@ -387,3 +387,62 @@ async def test_a_standby_projector_waits_for_the_active_one(log, pool, settings)
     await asyncio.wait_for(task_second, timeout=10)
     status = await pool.fetchval(f'SELECT status FROM "{schema}".runs')
     assert status == "completed"
+
+
+def _states_of_every_shape() -> list:
+    """Runs whose rows exercise each column: documents absent and present, a detached run
+    with its ledger, steps, output chunks, unicode, numbers, an interrupted child."""
+    from tether.domain.events import DetachedOptions
+    from tether.domain.run_state import fold
+
+    plain = RunEvents("shape-plain")
+    detached = RunEvents("shape-detached")
+    rich = RunEvents("shape-rich")
+    interrupted = RunEvents("shape-interrupted")
+    histories = [
+        [plain.requested(input={})],
+        [detached.requested(input={"q": "žluťoučký kůň", "n": 1.5e-7},
+                            detached=DetachedOptions(on_finish="done"), display="Research",
+                            display_order=3, parent_tool_call_id="call-1",
+                            max_budget_ms=60_000, no_progress_budget_ms=5_000),
+         detached.running(), detached.progress(0.25, "a quarter"),
+         detached.milestone("m", {"nested": [1, None, "x"]}), detached.output("out "),
+         detached.output("put"), detached.completed("summary", {"k": [1, 2]})],
+        [rich.requested(input={"big": "x" * 900}), rich.running(), rich.milestone("a"),
+         rich.completed("plain text", "a string output")],
+        [interrupted.requested(detached=DetachedOptions()), interrupted.running(),
+         interrupted.interrupted()],
+    ]
+    return [fold(events) for events in histories]
+
+
+async def test_a_row_upserted_from_its_state_document_equals_the_one_copied(pool, settings):
+    """The live projector's upsert reads the columns off the state document in SQL; a bulk
+    replay copies the columns Python computed (`run_record`). Both must write one row."""
+    from tether.adapters.postgres.projection import Folded, BatchResult, rows_of, write_rows
+
+    states = _states_of_every_shape()
+    keys = [(s.parent.agent, s.parent.name, s.run_id) for s in states]
+    folded = Folded(BatchResult(checkpoint=len(states)), {}, dict(zip(keys, states)),
+                    {key: seq for seq, key in enumerate(keys, 1)}, set(), [])
+    digests = {}
+    for way, copy_new in (("upserted", False), ("copied", True)):
+        schema = f"{settings.projection_schema}_{way}"
+        sql = Statements(schema)
+        async with pool.acquire() as conn:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await migrate(conn, schema)
+            await ensure_checkpoint(conn, sql)
+            async with conn.transaction():
+                await write_rows(conn, sql, rows_of(folded, 40, copy_new=copy_new))
+            digests[way] = await table_digests(conn, sql)
+            rows = await conn.fetch(f'SELECT * FROM "{schema}".runs ORDER BY run_id')
+            await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        digests[way]["rows"] = [dict(row) for row in rows]
+    assert digests["upserted"]["runs"][0] == len(states)
+    assert digests["upserted"] == digests["copied"]
+    by_id = {row["run_id"]: row for row in digests["upserted"]["rows"]}
+    assert by_id["shape-plain"]["output"] is None and by_id["shape-plain"]["progress"] is None
+    assert by_id["shape-detached"]["detached"] is True
+    assert by_id["shape-detached"]["output_chunks"] == 2
+    assert by_id["shape-rich"]["input_preview"].endswith("…")

@@ -92,12 +92,11 @@ def _run_documents(state: RunState) -> tuple[str | None, str | None, str, str]:
 
 
 def run_row(state: RunState, last_seq: int, preview_chars: int) -> str:
-    """One `runs` row as a JSON object (the batch's rows go to Postgres as one array);
-    the documents spliced in as they are."""
-    scalars = to_json(_run_scalars(state, last_seq, preview_chars)).decode()
-    output, progress, delivery, document = _run_documents(state)
-    return (f'{scalars[:-1]}, "output": {output or "null"}, "progress": {progress or "null"}, '
-            f'"delivery": {delivery}, "state": {document}}}')
+    """One `runs` row as `upsert_runs` takes it (the batch's rows go to Postgres as one
+    JSON array): the state document, spliced in as serialised, its stream sequence and
+    its input preview; Postgres reads the other columns off the document."""
+    preview = to_json(input_preview(state, preview_chars)).decode()
+    return f'{{"last_seq": {last_seq}, "input_preview": {preview}, "state": {state.model_dump_json()}}}'
 
 
 def run_record(state: RunState, last_seq: int, preview_chars: int) -> tuple[object, ...]:

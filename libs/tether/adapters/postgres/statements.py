@@ -78,11 +78,17 @@ class Statements:
 
     @property
     def upsert_runs(self) -> str:
+        """Each row is sent as its state document, its stream sequence and its input
+        preview; every other column is read off the document here
+        (`RUN_COLUMNS_FROM_STATE`), so the projector serialises a run once per write."""
         columns = ", ".join(RUN_COLUMNS)
+        values = ", ".join(RUN_COLUMNS_FROM_STATE.get(c, f"x.{c}") for c in RUN_COLUMNS)
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in RUN_COLUMNS[3:])
         return self._q(f"""
             INSERT INTO {{s}}.runs ({columns})
-            SELECT * FROM jsonb_to_recordset($1::jsonb) AS x({RUN_COLUMN_TYPES})
+            SELECT {values}
+            FROM jsonb_to_recordset($1::jsonb) AS x(input_preview text, last_seq bigint,
+                                                    state jsonb)
             ON CONFLICT (parent_agent, parent_name, run_id) DO UPDATE SET {updates}
         """)
 
@@ -154,4 +160,28 @@ RUN_COLUMN_DEFINITIONS: tuple[tuple[str, str], ...] = (
     ("last_seq", "bigint"), ("state", "jsonb"),
 )
 RUN_COLUMNS = tuple(name for name, _ in RUN_COLUMN_DEFINITIONS)
-RUN_COLUMN_TYPES = ", ".join(f"{name} {kind}" for name, kind in RUN_COLUMN_DEFINITIONS)
+
+
+def _field(name: str, kind: str) -> str:
+    """A `runs` column read off the state document `x.state` (a JSON null: SQL NULL)."""
+    if kind == "jsonb":
+        return f"nullif(x.state->'{name}', 'null'::jsonb)"
+    if kind == "text":
+        return f"x.state->>'{name}'"
+    return f"(x.state->>'{name}')::{kind}"
+
+
+# What `upsert_runs` reads off a run's state document, by column: the same values as
+# `projection.run_record` computes in Python for COPY (a test holds the two equal).
+RUN_COLUMNS_FROM_STATE: dict[str, str] = {
+    **{name: _field(name, kind) for name, kind in RUN_COLUMN_DEFINITIONS
+       if name not in ("input_preview", "last_seq", "state")},
+    "parent_agent": "x.state->'parent'->>'agent'",
+    "parent_name": "x.state->'parent'->>'name'",
+    "detached": "jsonb_typeof(x.state->'detached') = 'object'",
+    "milestone_count": "jsonb_array_length(x.state->'milestones')",
+    "output_chunks": "(SELECT count(*) FROM jsonb_object_keys(x.state->'output_parts'))",
+    "step_count": "(SELECT count(*) FROM jsonb_object_keys(x.state->'steps'))",
+    "delivery": "x.state->'ledger'",
+    "state": "x.state",
+}
