@@ -151,8 +151,9 @@ async def test_a_researcher_completes_with_summary_output_milestone_and_progress
     assert (milestone.data.sequence, milestone.data.name, milestone.data.data) == (
         0, "sources-gathered", {"sources": 2})
     assert milestone.event_id == state.event_id("ms", 0) == f"{run.run_id}:{state.incarnation}:ms:0"
-    # 0.1 goes at once, 0.5 waits in its window until the milestone flushes it, 1.0 is final.
-    assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.1, 0.5, 1.0]
+    # 0.1 goes at once, 0.5 waits in its window until the milestone, a later value,
+    # supersedes it; 1.0 is final.
+    assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.1, 1.0]
     assert history.events[-1].type == "run.completed"
     assert history.events[-1].event_id == state.event_id("completed")
     assert (await last_progress_signal(log, run)).fraction == 1.0
@@ -323,6 +324,38 @@ async def test_the_end_supersedes_a_value_waiting_for_its_window(log, start_runn
     assert [(s.fraction, s.message) for s in signals] == [(0.3, "at 0.3"), (1.0, "at 1.0")]
     assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.3, 1.0]
     assert history.state.progress.fraction == 1.0
+
+
+class MilestoneAtOnce(ChildAgent):
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        # 0.6 is still waiting for its window when the milestone, a later value, comes.
+        for fraction in (0.3, 0.6):
+            await ctx.report_progress(fraction=fraction, message=f"at {fraction}")
+        await ctx.report_progress(milestone="half", fraction=0.7, message="half-way")
+        await ctx.report_progress(fraction=1.0, message="at 1.0")
+        return "done"
+
+
+async def test_a_milestone_supersedes_a_value_waiting_for_its_window(log, start_runner, nc):
+    await start_runner(MilestoneAtOnce, settings={"progress_persist_ms": 0})
+    signals: list[ProgressSignal] = []
+    ended = asyncio.Event()
+
+    async def on_signal(msg) -> None:
+        signals.append(signal := ProgressSignal.model_validate_json(msg.data))
+        if signal.fraction == 1.0:
+            ended.set()
+
+    subscription = await nc.subscribe(f"{log.subjects.prefix}.progress.>", cb=on_signal)
+    await nc.flush()
+    run = await dispatch(log, "MilestoneAtOnce", {})
+    history = await finished(log, run)
+    await asyncio.wait_for(ended.wait(), timeout=5)
+    await subscription.unsubscribe()
+    assert [(s.fraction, s.message, s.milestone) for s in signals] == [
+        (0.3, "at 0.3", None), (0.7, "half-way", "half"), (1.0, "at 1.0", None)]
+    assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.3, 1.0]
+    assert [m.name for m in history.state.milestones] == ["half"]
 
 
 async def test_a_pending_signal_is_flushed_before_the_outcome(log, start_runner):

@@ -146,8 +146,10 @@ class RunRecorder:
             self.reported_milestones.append(name)
             if self._names_this_attempt[name] <= self._recorded_names[name]:
                 return False
-            # Sent in order: an older ephemeral signal must not land after the milestone.
-            await self.flush()
+            # The milestone is the run's latest progress: an ephemeral value still waiting
+            # for its window is superseded (as by the end), and one being sent lands
+            # before it (the send lock, taken below).
+            self._drop_pending()
             sequence = self._next_sequence
             async with self._send_lock:
                 at = self._next_at()
@@ -283,7 +285,7 @@ class RunRecorder:
 
         `fraction >= 1` is sent at once, and a value still waiting for its window is
         dropped: the end supersedes it (latest value wins, and a `fraction >= 1` frame is
-        always sent).
+        always sent). A milestone, always sent too, supersedes it the same way.
 
         Snapshots reach the log at most once per persist window (`persist` ones at once):
         the latest one when its window ends, or before the run's outcome or pause. One
@@ -292,9 +294,7 @@ class RunRecorder:
         """
         update = _Progress(fraction, message, phase, data, persist)
         if fraction is not None and fraction >= 1:
-            timer, self._timer, self._pending = self._timer, None, None
-            if timer is not None:
-                timer.cancel()
+            self._drop_pending()
             await self._send(update)  # after any send already under way (the send lock)
             return
         elapsed = time.monotonic() - self._last_send
@@ -305,6 +305,11 @@ class RunRecorder:
         if self._timer is None:
             delay = max(0.0, self._window_s - elapsed)
             self._timer = asyncio.get_running_loop().call_later(delay, self._send_when_due)
+
+    def _drop_pending(self) -> None:
+        timer, self._timer, self._pending = self._timer, None, None
+        if timer is not None:
+            timer.cancel()
 
     def _send_when_due(self) -> None:
         # From here on the send belongs to its task; `flush` waits for it (the send lock)
