@@ -166,7 +166,7 @@ async def metric_total(port: int, name: str, labels: dict[str, str]) -> float:
     wanted = [f'{key}="{value}"' for key, value in labels.items()]
     total = 0.0
     for line in body.decode(errors="replace").splitlines():
-        if line.startswith(name + "{") and all(label in line for label in wanted):
+        if line.startswith((name + "{", name + " ")) and all(label in line for label in wanted):
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -192,6 +192,9 @@ class Service:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return "(no log)"
+
+
+LEASED_ROLES = ("projector", "reconciler")  # one active instance each, under a lease
 
 
 class ServiceSet:
@@ -237,6 +240,19 @@ class ServiceSet:
                     raise RuntimeError(f"service {service.name} did not become ready; "
                                        f"log {service.log_path}:\n{service.log_tail()}")
                 await asyncio.sleep(0.1)
+        # A standby is ready too; W1 starts once each leased role has its leader, which
+        # takes the lease's grace after the lock (so a slowed-down follower, under
+        # --callgrind, is not still standing by while W1's events go past it).
+        for role in LEASED_ROLES:
+            while await self._leaders(role) < 1:
+                if time.monotonic() > deadline:
+                    await self.stop()
+                    raise RuntimeError(f"no {role} became active within {timeout} s")
+                await asyncio.sleep(0.1)
+
+    async def _leaders(self, role: str) -> float:
+        return sum([await metric_total(s.health_port, f"tether_{role}_active", {})
+                    for s in self.services.values() if s.service == role])
 
     def _spawn(self, service: str, name: str) -> Service:
         port = free_port()
