@@ -42,6 +42,7 @@ from tether.domain.run_state import (
     Milestone,
     ProgressSnapshot,
     RunState,
+    _made,
     _updated,
     evolve,
     fold,
@@ -257,6 +258,32 @@ def test_an_applied_event_copies_the_state_as_model_copy_would() -> None:
     assert state.status == "running" and fast.__dict__ is not state.__dict__
     with pytest.raises(ValueError, match="frozen"):
         fast.status = "failed"  # type: ignore[misc]
+
+
+def test_a_state_whose_changes_add_no_field_keeps_the_set_of_fields_it_was_given() -> None:
+    state = state_after(requested(), started(), running(1))
+    changes = {"status": "completed", "events_applied": 4}
+    twice = _updated(_updated(state, changes), changes)
+
+    assert twice.__pydantic_fields_set__ == state.model_copy(update=changes).__pydantic_fields_set__
+    assert twice.__pydantic_fields_set__ >= {"status", "events_applied"}
+
+
+@pytest.mark.parametrize("cls, values", [
+    (Milestone, {"sequence": 2, "name": "m", "data": {"k": [1, None]}, "at": 5}),
+    (ProgressSnapshot, {"fraction": 0.5, "message": "half", "phase": None, "milestone": "m",
+                        "data": None, "at": 7}),
+    (DeliveryLedger, {"finish": {"done:completed": 9}, "notifications": {}}),
+])
+def test_a_part_the_fold_makes_from_validated_values_equals_the_validated_one(cls, values) -> None:
+    assert set(values) == set(cls.model_fields), "every field is given"
+    fast, reference = _made(cls, **values), cls(**values)
+
+    assert fast == reference and type(fast) is cls
+    assert fast.__pydantic_fields_set__ == reference.__pydantic_fields_set__
+    assert fast.model_dump_json() == reference.model_dump_json()
+    with pytest.raises(ValueError, match="frozen"):
+        fast.at = 1  # type: ignore[attr-defined]
 
 
 # --- dispatch and running -------------------------------------------------------------------

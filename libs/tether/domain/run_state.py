@@ -13,7 +13,7 @@ not applied. The fold reads no clock: times are copied from `occurred_at`.
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field
 
@@ -198,6 +198,7 @@ def _applied(state: RunState | None, **changes: Any) -> Evolved:
 
 
 _set_attribute = object.__setattr__
+M = TypeVar("M", bound=Model)
 
 
 def _updated(state: RunState, changes: dict[str, Any]) -> RunState:
@@ -208,10 +209,24 @@ def _updated(state: RunState, changes: dict[str, Any]) -> RunState:
     `model_copy`)."""
     updated = RunState.__new__(RunState)
     _set_attribute(updated, "__dict__", {**state.__dict__, **changes})
-    _set_attribute(updated, "__pydantic_fields_set__", state.__pydantic_fields_set__ | changes.keys())
+    fields_set = state.__pydantic_fields_set__
+    if not changes.keys() <= fields_set:  # (a frozen model's set is never changed in place)
+        fields_set = fields_set | changes.keys()
+    _set_attribute(updated, "__pydantic_fields_set__", fields_set)
     _set_attribute(updated, "__pydantic_extra__", None)
     _set_attribute(updated, "__pydantic_private__", None)
     return updated
+
+
+def _made(cls: type[M], **values: Any) -> M:
+    """`cls(**values)` for values the fold takes from an event already validated, given
+    for every field of `cls`, without validating them again (a test holds the two equal)."""
+    made = cls.__new__(cls)
+    _set_attribute(made, "__dict__", values)
+    _set_attribute(made, "__pydantic_fields_set__", set(values))
+    _set_attribute(made, "__pydantic_extra__", None)
+    _set_attribute(made, "__pydantic_private__", None)
+    return made
 
 
 def _ignored(state: RunState | None, note: str) -> Evolved:
@@ -304,11 +319,14 @@ def _milestone(state: RunState, event: RunMilestone) -> Evolved:
         return _ignored(state, f"duplicate: milestone {data.sequence} already recorded")
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run takes no more milestones")
-    milestone = Milestone(sequence=data.sequence, name=data.name, data=data.data,
-                          at=event.occurred_at)
-    milestones = tuple(sorted((*state.milestones, milestone), key=lambda m: m.sequence))
-    snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message, phase=data.phase,
-                                milestone=data.name, data=data.data, at=event.occurred_at)
+    milestone = _made(Milestone, sequence=data.sequence, name=data.name, data=data.data,
+                      at=event.occurred_at)
+    milestones = (*state.milestones, milestone)
+    if len(milestones) > 1 and milestones[-2].sequence > data.sequence:  # one arrived late
+        milestones = tuple(sorted(milestones, key=lambda m: m.sequence))
+    snapshot = _made(ProgressSnapshot, fraction=data.fraction, message=data.message,
+                     phase=data.phase, milestone=data.name, data=data.data,
+                     at=event.occurred_at)
     return _applied(state, milestones=milestones, progress=_newer(state.progress, snapshot),
                     **_with_signal(state, event.occurred_at))
 
@@ -321,8 +339,8 @@ def _newer(current: ProgressSnapshot | None, candidate: ProgressSnapshot) -> Pro
 
 def _progress_persisted(state: RunState, event: RunProgressPersisted) -> Evolved:
     data = event.data
-    snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message, phase=data.phase,
-                                data=data.data, at=event.occurred_at)
+    snapshot = _made(ProgressSnapshot, fraction=data.fraction, message=data.message,
+                     phase=data.phase, milestone=None, data=data.data, at=event.occurred_at)
     if state.progress is not None and snapshot.at <= state.progress.at:
         # Progress is "latest value wins"; an older or same-instant snapshot is a duplicate
         # or stale, and applying it again must change nothing.
@@ -421,9 +439,8 @@ def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
     key = finish_key(event.data.status, event.data.method)
     if key in state.ledger.finish:
         return _ignored(state, f"duplicate: finish {key} was already delivered")
-    ledger = state.ledger.model_copy(
-        update={"finish": {**state.ledger.finish, key: event.occurred_at}}
-    )
+    ledger = _made(DeliveryLedger, finish={**state.ledger.finish, key: event.occurred_at},
+                   notifications=state.ledger.notifications)
     return _applied(state, ledger=ledger)
 
 
@@ -440,9 +457,8 @@ def _notified(state: RunState, event: RunNotified) -> Evolved:
     key = f"{event.data.kind}:{event.data.key}"
     if key in state.ledger.notifications:
         return _ignored(state, f"duplicate: notification {key} was already sent")
-    ledger = state.ledger.model_copy(
-        update={"notifications": {**state.ledger.notifications, key: event.occurred_at}}
-    )
+    ledger = _made(DeliveryLedger, finish=state.ledger.finish,
+                   notifications={**state.ledger.notifications, key: event.occurred_at})
     return _applied(state, ledger=ledger)
 
 
