@@ -7,11 +7,21 @@ import pytest
 
 from tether.adapters.postgres import projector as projector_module
 from tether.adapters.postgres.migrator import migrate
-from tether.adapters.postgres.projection import apply_batch, ensure_checkpoint, table_digests
+from tether.adapters.postgres.projection import (
+    BatchResult,
+    Folded,
+    apply_batch,
+    ensure_checkpoint,
+    rows_of,
+    table_digests,
+    write_rows,
+)
 from tether.adapters.postgres.projector import Projector, rebuild, verify
 from tether.adapters.postgres.replay import PipelinedReplay
 from tether.adapters.postgres.statements import Statements
 from tether.contract.codec import encode_event
+from tether.domain.events import DetachedOptions
+from tether.domain.run_state import fold
 from tether.ports import StoredEvent
 from tether.recent_runs import RecentlyProjected
 from tether.testing import RunEvents, append_finished_runs
@@ -392,9 +402,6 @@ async def test_a_standby_projector_waits_for_the_active_one(log, pool, settings)
 def _states_of_every_shape() -> list:
     """Runs whose rows exercise each column: documents absent and present, a detached run
     with its ledger, steps, output chunks, unicode, numbers, an interrupted child."""
-    from tether.domain.events import DetachedOptions
-    from tether.domain.run_state import fold
-
     plain = RunEvents("shape-plain")
     detached = RunEvents("shape-detached")
     rich = RunEvents("shape-rich")
@@ -419,11 +426,9 @@ def _states_of_every_shape() -> list:
 async def test_a_row_upserted_from_its_state_document_equals_the_one_copied(pool, settings):
     """The live projector's upsert reads the columns off the state document in SQL; a bulk
     replay copies the columns Python computed (`run_record`). Both must write one row."""
-    from tether.adapters.postgres.projection import Folded, BatchResult, rows_of, write_rows
-
     states = _states_of_every_shape()
     keys = [(s.parent.agent, s.parent.name, s.run_id) for s in states]
-    folded = Folded(BatchResult(checkpoint=len(states)), {}, dict(zip(keys, states)),
+    folded = Folded(BatchResult(checkpoint=len(states)), {}, dict(zip(keys, states, strict=True)),
                     {key: seq for seq, key in enumerate(keys, 1)}, set(), [])
     digests = {}
     for way, copy_new in (("upserted", False), ("copied", True)):
