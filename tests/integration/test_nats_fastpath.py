@@ -9,6 +9,7 @@ from contextlib import aclosing, suppress
 import pytest
 from nats.aio.client import Client as NATS
 
+from tether.adapters import event_log as event_log_module
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.nats_fastpath import FastClient, supported
@@ -139,3 +140,101 @@ async def test_a_follower_gets_what_it_gets_on_nats_py_without_parsing_event_hea
         await asyncio.wait_for(heard.wait(), 10)  # an idle heartbeat, parsed
     assert [(s.seq, s.raw) for s in replayed] == [(seq, raw) for seq, _, raw, *_ in ours]
     assert parsed and all(b"Nats-Msg-Id" not in raw for raw in parsed), parsed
+
+
+async def follow_all(log: EventLog, filter_subject: str, count: int, *, pause_s: float = 0.0,
+                     max_batch: int = 1000, idle_heartbeat: float = 5.0,
+                     during=None) -> list[tuple[int, str]]:
+    """(seq, event id) of the first `count` events a follower gets, taking its batches
+    `pause_s` apart; `during(n)` runs after each batch (n: events so far)."""
+    got: list[tuple[int, str]] = []
+    async with aclosing(log.follow_batches(filter_subject, max_batch=max_batch,
+                                           idle_heartbeat=idle_heartbeat)) as batches:
+        while len(got) < count:
+            batch = await asyncio.wait_for(anext(batches), 20)
+            got += [(s.seq, s.event.event_id) for s in batch]
+            if during is not None:
+                await during(len(got))
+            await asyncio.sleep(pause_s)
+    return got
+
+
+async def append_runs(log: EventLog, runs: int) -> list[str]:
+    events = [RunEvents(f"r-{n}").requested() for n in range(runs)]
+    for start in range(0, runs, 100):
+        await asyncio.gather(*(log.append(e, expected_last_seq=None)
+                               for e in events[start:start + 100]))
+    return [e.event_id for e in events]
+
+
+async def test_a_followed_consumer_gets_the_events_nats_py_gets_in_order(clients, log):
+    fast, plain = clients
+    ids = await append_runs(log, 300)
+    ours = await follow_all(EventLog(fast, log.subjects), log.subjects.all_events, 300)
+    theirs = await follow_all(EventLog(plain, log.subjects), log.subjects.all_events, 300)
+    assert ours == theirs
+    assert [seq for seq, _ in ours] == sorted({seq for seq, _ in ours})
+    assert sorted(event_id for _, event_id in ours) == sorted(ids)
+
+
+async def test_a_full_follower_answers_flow_control_only_once_it_took_some(
+        clients, log, monkeypatch):
+    """A follower behind by its whole buffer holds the server's flow-control request
+    (which the server waits for before it sends past its window) and answers it once it
+    has taken events: every event still arrives once, in order."""
+    fast, _ = clients
+    monkeypatch.setattr(event_log_module, "FOLLOW_BUFFER", 40)
+    held, released = [], []
+    hold, release = event_log_module._Arrivals.hold_flow_control, event_log_module._Arrivals.release
+
+    def recording_hold(self, reply: str) -> bool:
+        kept = hold(self, reply)
+        held.append(kept)
+        return kept
+
+    async def recording_release(self, nc) -> None:
+        pending = self._held
+        await release(self, nc)
+        if pending is not None and self._held is None:
+            released.append(pending)
+
+    monkeypatch.setattr(event_log_module._Arrivals, "hold_flow_control", recording_hold)
+    monkeypatch.setattr(event_log_module._Arrivals, "release", recording_release)
+    ids = await append_runs(log, 3000)
+    got = await follow_all(EventLog(fast, log.subjects), log.subjects.all_events, 3000,
+                           max_batch=20, pause_s=0.002)
+    assert sorted(event_id for _, event_id in got) == sorted(ids)
+    assert [seq for seq, _ in got] == sorted({seq for seq, _ in got})
+    assert True in held, "the follower was full when the server asked"
+    assert released, "and answered once it had taken some"
+
+
+async def test_a_followed_consumer_resumes_after_its_last_event_when_the_consumer_is_lost(
+        clients, log):
+    """The server forgets the consumer (deleted here; a restarted server without it):
+    the missing heartbeats make nats-py's ordered consumer start a new one after the
+    last event delivered, and the follower goes on with no event lost or repeated."""
+    fast, _ = clients
+    follower = EventLog(fast, log.subjects)
+    first = await append_runs(log, 50)
+    later: list[str] = []
+
+    async def lose_the_consumer_once(count: int) -> None:
+        if count >= 50 and not later:
+            info = await log.jetstream.streams_info()
+            [stream] = [s for s in info if s.config.name == log.subjects.events_stream]
+            for consumer in await log.jetstream.consumers_info(stream.config.name):
+                await log.jetstream.delete_consumer(stream.config.name, consumer.name)
+            later.extend(await append_runs_named(log, 50, "late"))
+
+    got = await follow_all(follower, log.subjects.all_events, 100, idle_heartbeat=0.2,
+                           during=lose_the_consumer_once)
+    assert [event_id for _, event_id in got[:50]] and later
+    assert sorted(event_id for _, event_id in got) == sorted(first + later)
+    assert [seq for seq, _ in got] == sorted({seq for seq, _ in got})
+
+
+async def append_runs_named(log: EventLog, runs: int, prefix: str) -> list[str]:
+    events = [RunEvents(f"{prefix}-{n}").requested() for n in range(runs)]
+    await asyncio.gather(*(log.append(e, expected_last_seq=None) for e in events))
+    return [e.event_id for e in events]

@@ -9,6 +9,7 @@ the loser gets `ConcurrencyConflict`, re-reads and decides again.
 
 import asyncio
 import json
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import TypeVar
@@ -34,7 +35,7 @@ from tether.recent_runs import RECENT_RUNS, Recent, RecentRuns
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
 T = TypeVar("T")
 DIRECT_BATCH = 500
-FOLLOW_BUFFER = 20_000  # messages a follower holds before the server waits for it
+FOLLOW_BUFFER = 20_000  # events a follower holds before the server waits for it
 
 
 class EventLog:
@@ -333,42 +334,34 @@ class EventLog:
         delivered sequence after a gap, so no message is skipped; the stream sequence is
         the deduplication key, never a counter that restarts.
         """
-        # Bounded, so a replay of a long log is never all in memory: once the buffer is
-        # full the subscription stops answering the server's flow control and the
-        # server stops sending. Large, because nats-py re-checks a held-back answer only
-        # every 250 ms; with thousands of messages still buffered that pause is hidden.
-        queue: asyncio.Queue[Msg] = asyncio.Queue(maxsize=max(FOLLOW_BUFFER, 2 * max_batch))
-
-        async def enqueue(msg: Msg) -> None:
-            await queue.put(msg)
-
+        arrivals = _Arrivals(max(FOLLOW_BUFFER, 2 * max_batch))
         config = js_api.ConsumerConfig(
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=max(start_seq, 1),
         )
         subscription = await self._js.subscribe(
-            filter_subject, stream=self.subjects.events_stream, cb=enqueue,
+            filter_subject, stream=self.subjects.events_stream, cb=arrivals.enqueue,
             ordered_consumer=True, config=config, idle_heartbeat=idle_heartbeat,
         )
         if isinstance(self._nc, FastClient):
             # An event's stored headers (its message id, the expected sequence) say
-            # nothing a follower needs: they are not parsed (5 % of a replay's instructions).
+            # nothing a follower needs: they are not parsed; and its deliveries go
+            # straight to `arrivals`, past nats-py's message objects, queue and task.
             self._nc.skip_headers(subscription)
+            self._nc.route_follow(subscription, arrivals)
         last_seq = start_seq - 1
         try:
             while True:
-                messages = [await queue.get()]
-                if linger and queue.qsize() + 1 < max_batch:
+                await arrivals.arrived.wait()
+                if linger and len(arrivals) + 1 < max_batch:
                     await asyncio.sleep(linger)
-                while len(messages) < max_batch and not queue.empty():
-                    messages.append(queue.get_nowait())
                 batch = []
-                for msg in messages:
-                    seq, _, pending = delivery_of(msg)
+                for seq, subject, data, pending in arrivals.take(max_batch):
                     if seq <= last_seq:
                         continue
                     last_seq = seq
-                    batch.append(to_stored_event(seq, msg.subject, msg.data, pending))
+                    batch.append(to_stored_event(seq, subject, data, pending))
+                await arrivals.release(self._nc)
                 if batch:
                     yield batch
         finally:
@@ -377,6 +370,58 @@ class EventLog:
     async def stream_last_seq(self) -> int:
         info = await self._js.stream_info(self.subjects.events_stream)
         return int(info.state.last_seq)
+
+
+class _Arrivals:
+    """A follower's deliveries not taken yet, in stream order: (seq, subject, data,
+    pending). Bounded, so a replay of a long log is never all in memory: once `capacity`
+    wait, the server's flow-control request is answered only after the follower took
+    some (the server sends no more meanwhile; on nats-py's own client, its callback
+    waits instead)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.arrived = asyncio.Event()
+        self._items: deque[tuple[int, str, bytes, int]] = deque()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._held: str | None = None  # a flow-control request to answer once there is room
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def deliver(self, seq: int, subject: str, data: bytes, pending: int) -> None:
+        self._items.append((seq, subject, data, pending))
+        self.arrived.set()
+        if len(self._items) >= self.capacity:
+            self._room.clear()
+
+    def hold_flow_control(self, reply: str) -> bool:
+        if len(self._items) < self.capacity:
+            return False
+        self._held = reply
+        return True
+
+    async def enqueue(self, msg: Msg) -> None:
+        """nats-py's callback: a delivery that took its path (waits while full)."""
+        await self._room.wait()
+        seq, _, pending = delivery_of(msg)
+        self.deliver(seq, msg.subject, msg.data, pending)
+
+    def take(self, most: int) -> list[tuple[int, str, bytes, int]]:
+        items = self._items
+        taken = [items.popleft() for _ in range(min(most, len(items)))]
+        if not items:
+            self.arrived.clear()
+        if len(items) < self.capacity:
+            self._room.set()
+        return taken
+
+    async def release(self, nc: NATS) -> None:
+        """Answer a flow-control request held while full, now that there is room."""
+        if self._held is not None and len(self._items) < self.capacity:
+            reply, self._held = self._held, None
+            await nc.publish(reply)
 
 
 async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event) -> AsyncIterator[T]:
