@@ -110,7 +110,8 @@ class FastClient(NATS):
             return
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)
-        parsed = await self._process_headers(headers)
+        # (Most routed replies, a stream's acks, have no headers to parse.)
+        parsed = await self._process_headers(headers) if headers else None
         msg = self._build_message(sid, subject, reply, data, parsed)
         if msg is not None:
             route(msg)

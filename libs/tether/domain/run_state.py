@@ -12,8 +12,7 @@ not applied. The fold reads no clock: times are copied from `occurred_at`.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 from pydantic import Field
 
@@ -26,7 +25,6 @@ from tether.domain.events import (
     ParentRef,
     RunAborted,
     RunCancelRequested,
-    RunCleared,
     RunCompleted,
     RunFailed,
     RunFinishDelivered,
@@ -38,7 +36,6 @@ from tether.domain.events import (
     RunProgressPersisted,
     RunReattachDecided,
     RunReattachStarted,
-    RunRejected,
     RunRequested,
     RunResumed,
     RunRunning,
@@ -177,9 +174,9 @@ def finish_key(status: str, method: str | None) -> str:
     return f"{method or '*'}:{status}"
 
 
-@dataclass(frozen=True, slots=True)
-class Evolved:
-    """The result of one fold step.
+class Evolved(NamedTuple):
+    """The result of one fold step (a tuple: made once per event folded, in every
+    process).
 
     `applied` is False when the event changed nothing; `note` then says why, unless the
     event is one that never changes a run (a rejection).
@@ -510,19 +507,21 @@ def evolve(state: RunState | None, event: Event) -> Evolved:
     """Apply one event to a run's state (None: no run yet, or cleared)."""
     if state is not None and _another_run(state, event):
         return _ignored(state, f"event {event.event_id} belongs to another run")
-    if isinstance(event, RunRequested):
-        return _requested(state, event)
-    if isinstance(event, RunRejected):
+    # By the event's type tag (an isinstance of a pydantic model runs Python code).
+    kind = event.type
+    if kind == "run.requested":
+        return _requested(state, cast("RunRequested", event))
+    if kind == "run.rejected":
         # A rejection creates no run and does not block a later request with the same id;
         # it is recorded in the log for the requester, and is no anomaly.
         return Evolved(state, False, None)
-    if isinstance(event, RunCleared):
+    if kind == "run.cleared":
         if state is None:
             return _ignored(None, "duplicate: no run to clear")
         return Evolved(None, True)
     if state is None:
-        return _ignored(None, f"{event.type} before run.requested")
-    return _TRANSITIONS[event.type](state, event)
+        return _ignored(None, f"{kind} before run.requested")
+    return _TRANSITIONS[kind](state, event)
 
 
 def fold(events: "list[Event] | tuple[Event, ...]", state: RunState | None = None) -> RunState | None:
