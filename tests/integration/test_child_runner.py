@@ -304,8 +304,10 @@ class EndsAtOnce(ChildAgent):
         return "done"
 
 
-async def test_the_end_supersedes_a_value_waiting_for_its_window(log, start_runner, nc):
-    await start_runner(EndsAtOnce, settings={"progress_persist_ms": 0})
+async def signals_of_a_run(log: EventLog, nc, agent_type: str
+                           ) -> tuple[list[ProgressSignal], RunHistory]:
+    """Every progress signal a subscriber gets from one run up to its final one
+    (`fraction == 1`), and the run's history once it finished."""
     signals: list[ProgressSignal] = []
     ended = asyncio.Event()
 
@@ -316,10 +318,16 @@ async def test_the_end_supersedes_a_value_waiting_for_its_window(log, start_runn
 
     subscription = await nc.subscribe(f"{log.subjects.prefix}.progress.>", cb=on_signal)
     await nc.flush()
-    run = await dispatch(log, "EndsAtOnce", {})
+    run = await dispatch(log, agent_type, {})
     history = await finished(log, run)
     await asyncio.wait_for(ended.wait(), timeout=5)
     await subscription.unsubscribe()
+    return signals, history
+
+
+async def test_the_end_supersedes_a_value_waiting_for_its_window(log, start_runner, nc):
+    await start_runner(EndsAtOnce, settings={"progress_persist_ms": 0})
+    signals, history = await signals_of_a_run(log, nc, "EndsAtOnce")
     # The latest value wins: 0.3 went at once, 0.6 was superseded before its window ended.
     assert [(s.fraction, s.message) for s in signals] == [(0.3, "at 0.3"), (1.0, "at 1.0")]
     assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.3, 1.0]
@@ -338,20 +346,7 @@ class MilestoneAtOnce(ChildAgent):
 
 async def test_a_milestone_supersedes_a_value_waiting_for_its_window(log, start_runner, nc):
     await start_runner(MilestoneAtOnce, settings={"progress_persist_ms": 0})
-    signals: list[ProgressSignal] = []
-    ended = asyncio.Event()
-
-    async def on_signal(msg) -> None:
-        signals.append(signal := ProgressSignal.model_validate_json(msg.data))
-        if signal.fraction == 1.0:
-            ended.set()
-
-    subscription = await nc.subscribe(f"{log.subjects.prefix}.progress.>", cb=on_signal)
-    await nc.flush()
-    run = await dispatch(log, "MilestoneAtOnce", {})
-    history = await finished(log, run)
-    await asyncio.wait_for(ended.wait(), timeout=5)
-    await subscription.unsubscribe()
+    signals, history = await signals_of_a_run(log, nc, "MilestoneAtOnce")
     assert [(s.fraction, s.message, s.milestone) for s in signals] == [
         (0.3, "at 0.3", None), (0.7, "half-way", "half"), (1.0, "at 1.0", None)]
     assert [e.data.fraction for e in of_type(history, "run.progress_persisted")] == [0.3, 1.0]
