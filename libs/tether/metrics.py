@@ -12,6 +12,7 @@ polled in the background.
 """
 
 import asyncio
+import collections
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import suppress
@@ -310,6 +311,9 @@ HANDLER_SECONDS = Histogram("tether_handler_seconds",
 
 
 def count_projected(batch) -> None:
-    """Count a projected batch by event type (`StoredEvent`s; undecodable ones too)."""
-    for stored in batch:
-        EVENTS_PROJECTED.inc(type=stored.event.type if stored.event is not None else "undecodable")
+    """Count a projected batch by event type (`StoredEvent`s; undecodable ones too): one
+    increment per type, not per event."""
+    types = collections.Counter(stored.event.type if stored.event is not None else "undecodable"
+                                for stored in batch)
+    for kind, events in types.items():
+        EVENTS_PROJECTED.inc(events, type=kind)

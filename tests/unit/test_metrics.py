@@ -5,8 +5,18 @@ import math
 
 import pytest
 
-from tether.metrics import REGISTRY, Counter, Gauge, Histogram, Registry
+from tether.metrics import (
+    EVENTS_PROJECTED,
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    Registry,
+    count_projected,
+)
+from tether.ports import StoredEvent
 from tether.runtime import HealthServer
+from tether.testing import RunEvents
 
 
 @pytest.fixture
@@ -135,3 +145,16 @@ async def test_metrics_are_served_as_openmetrics_when_the_scrape_asks(registry):
         assert 't_requests_total{kind="a"} 1.0\n' in body and body.endswith("# EOF\n")
     finally:
         await server.stop()
+
+
+def test_a_projected_batch_is_counted_by_event_type_undecodable_ones_too():
+    run = RunEvents("r-counted")
+    events = [run.requested(), run.running(), run.milestone("a"), run.milestone("b")]
+    batch = [StoredEvent(seq, "t.evt.a.b.r", event, None, b"", 0)
+             for seq, event in enumerate(events, 1)]
+    batch.append(StoredEvent(5, "t.evt.a.b.r", None, None, b"not json", 0))
+    before = {kind: EVENTS_PROJECTED.value(type=kind)
+              for kind in ("run.requested", "run.running", "run.milestone", "undecodable")}
+    count_projected(batch)
+    assert {kind: EVENTS_PROJECTED.value(type=kind) - n for kind, n in before.items()} == {
+        "run.requested": 1, "run.running": 1, "run.milestone": 2, "undecodable": 1}
