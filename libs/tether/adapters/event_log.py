@@ -376,8 +376,8 @@ class _Arrivals:
     """A follower's deliveries not taken yet, in stream order: (seq, subject, data,
     pending). Bounded, so a replay of a long log is never all in memory: once `capacity`
     wait, the server's flow-control request is answered only after the follower took
-    some (the server sends no more meanwhile; on nats-py's own client, its callback
-    waits instead)."""
+    some (the server sends no more than its flow-control window meanwhile; on nats-py's
+    own client, its callback waits instead)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity

@@ -104,7 +104,7 @@ class FastClient(NATS):
                                                          headers):
                 return
             if (headers and len(headers) > _STATUS_AT and headers[_STATUS_AT] != _SPACE
-                    and self._subs.get(sid) in self.headers_unread):
+                    and sub in self.headers_unread):
                 headers = b""
             await super()._process_msg(sid, subject, reply, data, headers or b"")
             return
