@@ -1,13 +1,15 @@
-"""The shortcuts taken past nats-py give nats-py's answers: the header parse and the
-publish command of the services' fast client (`nats_fastpath`), and the delivery position
-read off a delivery's reply subject."""
+"""The shortcuts taken past nats-py give nats-py's answers: the protocol parse, the header
+parse and the publish command of the services' fast client (`nats_fastpath`), and the
+delivery position read off a delivery's reply subject."""
 
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.errors import ProtocolError
 from nats.js import api
+from nats.protocol.parser import Parser
 
-from tether.adapters.nats_fastpath import BadHeaderError, FastClient, supported
+from tether.adapters.nats_fastpath import BadHeaderError, FastClient, FastParser, supported
 from tether.adapters.pull import delivery_of
 
 fast_path = pytest.mark.skipif(not supported(), reason="an untested nats-py: no fast path")
@@ -83,3 +85,109 @@ async def test_a_header_name_nats_py_refuses_is_refused(name: str) -> None:
     for client in (FastClient(), Client()):
         with pytest.raises(BadHeaderError):
             await sent_by(client, {"Nats-Msg-Id": "1", name: "x"})
+
+
+class Recorder:
+    """What a parser asks of the client, in order; `take` hands nothing on, so every
+    message reaches `_process_msg`."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def take(self, *message) -> bool:
+        return False
+
+    async def _process_msg(self, sid, subject, reply, data, headers) -> None:
+        self.calls.append(("msg", sid, bytes(subject), bytes(reply), bytes(data),
+                           None if headers is None else bytes(headers)))
+
+    async def _process_err(self, error: str) -> None:
+        self.calls.append(("err", error))
+
+    async def _process_ping(self) -> None:
+        self.calls.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.calls.append(("pong",))
+
+    async def _process_info(self, info: dict) -> None:
+        self.calls.append(("info", info))
+
+
+def hmsg(subject: bytes, sid: int, reply: bytes | None, headers: bytes, payload: bytes) -> bytes:
+    fields = b" ".join(x for x in (subject, str(sid).encode(), reply) if x)
+    return b"HMSG %s %d %d\r\n%s%s\r\n" % (fields, len(headers), len(headers) + len(payload),
+                                          headers, payload)
+
+
+def msg(subject: bytes, sid: int, reply: bytes | None, payload: bytes) -> bytes:
+    fields = b" ".join(x for x in (subject, str(sid).encode(), reply) if x)
+    return b"MSG %s %d\r\n%s\r\n" % (fields, len(payload), payload)
+
+
+EVENT_HEADERS = b"NATS/1.0\r\nNats-Msg-Id: r1:abc:ms:0\r\n\r\n"
+PROTOCOL = b"".join([
+    b'INFO {"server_id":"x","max_payload":1048576}\r\n',
+    msg(b"_INBOX.a.1", 3, None, b'{"stream":"TETHER_EVENTS","seq":7}'),
+    hmsg(b"tether.evt.a.b.r1", 7, b"$JS.ACK.TETHER_EVENTS.c.1.7.7.1700000000000000000.0",
+         EVENT_HEADERS, b'{"type":"run.milestone"}'),
+    b"PING\r\n",
+    msg(b"tether.cmd.run", 12, b"_INBOX.reply.9", b"x" * 100_000),  # longer than a read
+    b"+OK\r\n",
+    hmsg(b"_INBOX.b.2", 4, None, b"NATS/1.0 100 Idle Heartbeat\r\n\r\n", b""),
+    msg(b"empty", 5, None, b""),
+    b"PONG\r\n",
+    hmsg(b"tether.evt.a.b.r2", 7, b"$JS.ACK.TETHER_EVENTS.c.1.8.8.1700000000000000000.0",
+         b"NATS/1.0\r\nBin: \xff\r\n\r\n", b"\r\n\x00payload with CRLF\r\n"),
+    b"-ERR 'Stale Connection'\r\n",
+])
+
+
+async def parsed(parser_class, chunks: list[bytes]) -> list[tuple]:
+    client = Recorder()
+    parser = parser_class(client)
+    for chunk in chunks:
+        await parser.parse(chunk)
+    return client.calls
+
+
+def split_every(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+@fast_path
+@pytest.mark.parametrize("size", [1, 2, 7, 64, 4096, 32768, len(PROTOCOL)])
+async def test_the_fast_parser_makes_the_calls_nats_pys_makes(size: int) -> None:
+    chunks = split_every(PROTOCOL, size)
+    expected = await parsed(Parser, chunks)
+    assert [call[0] for call in expected] == [
+        "info", "msg", "msg", "ping", "msg", "msg", "msg", "pong", "msg", "err"]
+    assert await parsed(FastParser, chunks) == expected
+
+
+@fast_path
+@pytest.mark.parametrize("garbage", [b"BOGUS line\r\n", b"MSG subject 1 notanumber\r\nx\r\n",
+                                     b"HMSG subject 1 2\r\n"])
+async def test_the_fast_parser_refuses_what_is_not_the_protocol(garbage: bytes) -> None:
+    parser = FastParser(Recorder())
+    await parser.parse(msg(b"ok", 1, None, b"fine"))
+    with pytest.raises(ProtocolError):
+        await parser.parse(garbage)
+
+
+@fast_path
+async def test_what_was_read_before_a_reset_is_not_parsed_after_it() -> None:
+    """A reconnect resets the parser while it waits on the client: the rest of the old
+    connection's bytes are dropped, and the new connection's parse from a clean start."""
+    class Resetting(Recorder):
+        async def _process_ping(self) -> None:
+            await super()._process_ping()
+            parser.reset()
+
+    client = Resetting()
+    parser = FastParser(client)
+    await parser.parse(msg(b"before", 1, None, b"a") + b"PING\r\n" + msg(b"stale", 1, None, b"b")
+                       + b"MSG partial 1 10\r\n")
+    await parser.parse(msg(b"after", 2, None, b"c"))
+    assert [call[:3] for call in client.calls] == [("msg", 1, b"before"), ("ping",),
+                                                   ("msg", 2, b"after")]

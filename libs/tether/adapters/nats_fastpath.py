@@ -5,6 +5,8 @@ it, by the services and the CLI; an application's `tether.connect()` gets nats-p
 client. Each override gives nats-py's observable behaviour (tests/unit/test_nats_parsing.py
 and tests/integration/test_nats_fastpath.py hold each against nats-py's own), for less CPU:
 
+- the server's protocol read without regular expressions, each message's bytes copied
+  once (`FastParser`), and a routed or followed message handed on without a coroutine;
 - received headers parsed in one pass (`_parse_header_lines`);
 - a publish's header block built in one join (`_send_publish`);
 - routed subscriptions (`subscribe_routed`): a message goes from the read loop straight
@@ -24,6 +26,7 @@ releases it was tested with (`TESTED`); on any other, `supported()` is False and
 services use nats-py's own client.
 """
 
+import json
 import weakref
 from collections.abc import Callable
 from importlib.metadata import version
@@ -32,6 +35,8 @@ from typing import Any, Protocol
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import ProtocolError
+from nats.protocol.parser import ERR_RE, INFO_RE, OK_RE, PING_RE, PONG_RE, Parser
 
 try:  # names of nats-py's header checks: in the releases of `TESTED`
     from nats.aio.client import _HEADER_KEY_RE, _HEADER_VALUE_NEWLINES
@@ -72,6 +77,7 @@ class FastClient(NATS):
 
     def __init__(self) -> None:
         super().__init__()
+        self._ps = FastParser(self)
         self.routes: dict[int, Callable[[Msg], None]] = {}
         self.headers_unread: weakref.WeakSet[Subscription] = weakref.WeakSet()
         self.follows: weakref.WeakKeyDictionary[Subscription, FollowSink] = (
@@ -116,12 +122,54 @@ class FastClient(NATS):
         if msg is not None:
             route(msg)
 
+    def take(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+             headers: bytes | None) -> bool:
+        """Hand on a routed message without headers (a stream's ack) or a followed
+        consumer's next event, as `_process_msg` would, without a coroutine; False: one
+        for `_process_msg`."""
+        route = self.routes.get(sid)
+        if route is not None:
+            if headers:
+                return False
+            self.stats["in_msgs"] += 1
+            self.stats["in_bytes"] += len(data)
+            route(self._build_message(sid, subject, reply, data, None))
+            return True
+        sub = self._subs.get(sid)
+        sink = self.follows.get(sub) if sub is not None else None
+        return sink is not None and self._next_followed(sub, sink, subject, reply, data, headers)
+
+    def _next_followed(self, sub: Any, sink: FollowSink, subject: bytes, reply: bytes,
+                       data: bytes, headers: bytes | None) -> bool:
+        """A followed consumer's data message in consumer order, delivered to `sink`;
+        False for any other (a status, a gap, a reply in another form)."""
+        if headers and len(headers) > _STATUS_AT and headers[_STATUS_AT] == _SPACE:
+            return False
+        tokens = reply.split(b".")
+        if len(tokens) != _ACK_TOKENS or tokens[0] != b"$JS":
+            return False
+        jsi = sub._jsi  # noqa: SLF001 - nats-py's ordered-consumer state
+        consumer_seq = int(tokens[_CONSUMER_SEQ])
+        if consumer_seq != jsi._dseq:  # noqa: SLF001
+            return False
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        jsi._active = True  # noqa: SLF001
+        seq = int(tokens[_STREAM_SEQ])
+        jsi._dseq, jsi._sseq = consumer_seq + 1, seq  # noqa: SLF001
+        sub._received += 1  # noqa: SLF001 - what nats-py's flow control counts as delivered
+        jsi.track_sequences(reply.decode())  # the last delivery, for the heartbeats' check
+        sink.deliver(seq, subject.decode(), data, int(tokens[_PENDING]))
+        return True
+
     async def _followed(self, sub: Any, sink: FollowSink, subject: bytes, reply: bytes,
                         data: bytes, headers: bytes | None) -> bool:
         """A followed consumer's message, handled as nats-py's `_process_msg` handles an
         ordered consumer's; False: one for nats-py's path (a heartbeat, or a reply in
         another form, after which the rest of the consumer's messages take it too, in
         order)."""
+        if self._next_followed(sub, sink, subject, reply, data, headers):
+            return True
         jsi = sub._jsi  # noqa: SLF001 - nats-py's ordered-consumer state
         if headers and len(headers) > _STATUS_AT and headers[_STATUS_AT] == _SPACE:
             if not (reply and headers.startswith(_FLOW_CONTROL)):
@@ -136,18 +184,11 @@ class FastClient(NATS):
         if len(tokens) != _ACK_TOKENS or tokens[0] != b"$JS":
             del self.follows[sub]
             return False
+        # A gap: resume after the last delivered.
         self.stats["in_msgs"] += 1
         self.stats["in_bytes"] += len(data)
         jsi._active = True  # noqa: SLF001
-        consumer_seq = int(tokens[_CONSUMER_SEQ])
-        if consumer_seq != jsi._dseq:  # noqa: SLF001 - a gap: resume after the last delivered
-            await jsi.reset_ordered_consumer(jsi._sseq + 1)  # noqa: SLF001
-            return True
-        seq = int(tokens[_STREAM_SEQ])
-        jsi._dseq, jsi._sseq = consumer_seq + 1, seq  # noqa: SLF001
-        sub._received += 1  # noqa: SLF001 - what nats-py's flow control counts as delivered
-        jsi.track_sequences(reply.decode())  # the last delivery, for the heartbeats' check
-        sink.deliver(seq, subject.decode(), data, int(tokens[_PENDING]))
+        await jsi.reset_ordered_consumer(jsi._sseq + 1)  # noqa: SLF001
         return True
 
     def _remove_sub(self, sid: int, max_msgs: int = 0) -> None:
@@ -199,3 +240,101 @@ class FastClient(NATS):
                 continue
             headers[key] = value.strip()
         return headers
+
+
+_CRLF = b"\r\n"
+_MSG, _HMSG, _H = b"MSG ", b"HMSG ", ord("H")
+
+
+class FastParser(Parser):
+    """nats-py's protocol parser, with the same calls on the client for the same bytes,
+    without its regular expressions: a message's control line is split on whitespace and
+    its header block and payload are each sliced out of the received bytes once.
+
+    A message that `FastClient.take` hands on needs no coroutine; any other goes to
+    `_process_msg`. A message longer than what has arrived waits until its last byte
+    has: the reads in between are kept, and joined once.
+    """
+
+    def reset(self) -> None:
+        super().reset()
+        self._unparsed = b""
+        self._waiting: list[bytes] = []  # reads kept for a message not yet whole
+        self._waiting_size = 0
+        self._needed = 0  # the bytes `_unparsed` must hold before parsing goes on
+        self._resets = getattr(self, "_resets", 0) + 1
+
+    async def parse(self, data: bytes = b"") -> None:
+        buf = self._gathered(data)
+        if buf is None:
+            return
+        pos, end, resets, client = 0, len(buf), self._resets, self.nc
+        while pos < end:
+            eol = buf.find(_CRLF, pos)
+            if eol < 0:
+                break  # the rest of a control line is still to come
+            if not (buf.startswith(_MSG, pos) or buf.startswith(_HMSG, pos)):
+                line, pos = buf[pos:eol + 2], eol + 2
+                await self._control(line)
+            else:
+                sid, subject, reply, header_size, size = _message_line(buf, pos, eol)
+                start = eol + 2
+                stop = start + size
+                if stop + 2 > end:
+                    self._needed = stop + 2 - pos
+                    break
+                headers = buf[start:start + header_size] if header_size else None
+                payload = buf[start + header_size:stop]
+                pos = stop + 2
+                if client.take(sid, subject, reply, payload, headers):
+                    continue
+                await client._process_msg(sid, subject, reply, payload, headers)  # noqa: SLF001
+            if self._resets != resets:
+                return  # the connection was reset meanwhile: what was read is void
+        self._unparsed = buf[pos:]
+
+    def _gathered(self, data: bytes) -> bytes | None:
+        """The bytes to parse now: what is left unparsed and `data`; None while the
+        message begun is not whole yet (the reads are kept until it is)."""
+        if self._waiting or len(self._unparsed) + len(data) < self._needed:
+            self._waiting.append(data)
+            self._waiting_size += len(data)
+            if len(self._unparsed) + self._waiting_size < self._needed:
+                return None
+            data = b"".join(self._waiting)
+            self._waiting.clear()
+            self._waiting_size = 0
+        self._needed = 0
+        return self._unparsed + data if self._unparsed else bytes(data)
+
+    async def _control(self, line: bytes) -> None:
+        """A control line other than a message's, as nats-py handles it."""
+        client = self.nc
+        if OK_RE.match(line):
+            return
+        if (error := ERR_RE.match(line)) is not None:
+            await client._process_err(error.groups()[0].decode().lower())  # noqa: SLF001
+        elif PING_RE.match(line):
+            await client._process_ping()  # noqa: SLF001
+        elif PONG_RE.match(line):
+            await client._process_pong()  # noqa: SLF001
+        elif (info := INFO_RE.match(line)) is not None:
+            await client._process_info(json.loads(info.groups()[0].decode()))  # noqa: SLF001
+        else:
+            raise ProtocolError("nats: unknown protocol")
+
+
+def _message_line(buf: bytes, pos: int, eol: int) -> tuple[int, bytes, bytes, int, int]:
+    """`MSG <subject> <sid> [reply] <size>` or `HMSG <subject> <sid> [reply] <header size>
+    <size>`, at `pos`: (sid, subject, reply, header size, size)."""
+    headed = buf[pos] == _H
+    args = buf[pos + (len(_HMSG) if headed else len(_MSG)):eol].split()
+    if not headed:
+        args.insert(-1, b"0")
+    if len(args) == 4:
+        args.insert(2, b"")
+    try:
+        subject, sid, reply, header_size, size = args
+        return int(sid), subject, reply, int(header_size), int(size)
+    except ValueError:
+        raise ProtocolError("nats: malformed MSG") from None
