@@ -269,6 +269,36 @@ def test_a_state_whose_changes_add_no_field_keeps_the_set_of_fields_it_was_given
     assert twice.__pydantic_fields_set__ >= {"status", "events_applied"}
 
 
+@pytest.mark.parametrize("event", [
+    requested(),
+    detached_request(),
+    requested(detached={"on_finish": "done", "notify": True}, max_budget_ms=5 * MINUTE),
+    make(RunRequested, {"agent_type": "Bare", "input": {}}),
+], ids=["awaited", "detached", "budgeted", "bare"])
+def test_a_new_run_equals_the_validated_state_of_its_request(event: RunRequested) -> None:
+    data = event.data
+    given = {
+        "run_id": event.run_id, "parent": event.parent, "agent_type": data.agent_type,
+        "status": "starting", "input": data.input,
+        "parent_tool_call_id": data.parent_tool_call_id, "display_order": data.display_order,
+        "display": data.display, "detached": data.detached, "requested_at": event.occurred_at,
+        "incarnation": incarnation_of(event.event_id),
+        "max_budget_deadline": (None if data.max_budget_ms is None
+                                else event.occurred_at + data.max_budget_ms),
+        "no_progress_budget_ms": data.no_progress_budget_ms,
+    }
+    reference = RunState(**given)
+    fast = evolve(None, event).state
+
+    assert fast == reference and type(fast) is RunState
+    assert fast.__pydantic_fields_set__ == reference.__pydantic_fields_set__ == set(given)
+    assert fast.model_dump_json() == reference.model_dump_json()
+    assert fast.ledger.__pydantic_fields_set__ == reference.ledger.__pydantic_fields_set__
+    assert fast.output_parts is not evolve(None, event).state.output_parts  # each its own
+    with pytest.raises(ValueError, match="frozen"):
+        fast.status = "running"  # type: ignore[misc]
+
+
 @pytest.mark.parametrize("cls, values", [
     (Milestone, {"sequence": 2, "name": "m", "data": {"k": [1, None]}, "at": 5}),
     (ProgressSnapshot, {"fraction": 0.5, "message": "half", "phase": None, "milestone": "m",

@@ -218,9 +218,13 @@ def _updated(state: RunState, changes: dict[str, Any]) -> RunState:
 def _made(cls: type[M], **values: Any) -> M:
     """`cls(**values)` for values the fold takes from an event already validated, given
     for every field of `cls`, without validating them again (a test holds the two equal)."""
+    return _built(cls, values, set(values))
+
+
+def _built(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
     made = cls.__new__(cls)
     _set_attribute(made, "__dict__", values)
-    _set_attribute(made, "__pydantic_fields_set__", set(values))
+    _set_attribute(made, "__pydantic_fields_set__", fields_set)
     _set_attribute(made, "__pydantic_extra__", None)
     _set_attribute(made, "__pydantic_private__", None)
     return made
@@ -253,28 +257,41 @@ def _with_signal(state: RunState, at: int) -> dict[str, Any]:
 def _requested(state: RunState | None, event: RunRequested) -> Evolved:
     if state is not None:
         return _ignored(state, "duplicate: the run already exists")
+    return Evolved(_new_run(event), True)
+
+
+# A run as `run.requested` makes it: every field in order, with its default until given.
+_NEW_RUN: dict[str, Any] = {name: field.default for name, field in RunState.model_fields.items()}
+_NEW_RUN_FIELDS = frozenset({
+    "run_id", "parent", "agent_type", "status", "input", "parent_tool_call_id",
+    "display_order", "display", "detached", "requested_at", "incarnation",
+    "max_budget_deadline", "no_progress_budget_ms"})
+
+
+def _new_run(event: RunRequested) -> RunState:
+    """`RunState(...)` of the fields `_NEW_RUN_FIELDS`, from an event already validated,
+    without validating them again: the first fold step of every run, in every process
+    (a test holds the two equal)."""
     data = event.data
-    deadline = None
+    values = _NEW_RUN.copy()
+    values["run_id"] = event.run_id
+    values["parent"] = event.parent
+    values["agent_type"] = data.agent_type
+    values["status"] = "starting"
+    values["input"] = data.input
+    values["parent_tool_call_id"] = data.parent_tool_call_id
+    values["display_order"] = data.display_order
+    values["display"] = data.display
+    values["detached"] = data.detached
+    values["requested_at"] = event.occurred_at
+    values["incarnation"] = incarnation_of(event.event_id)
     if data.max_budget_ms is not None:
-        deadline = event.occurred_at + data.max_budget_ms
-    return Evolved(
-        RunState(
-            run_id=event.run_id,
-            parent=event.parent,
-            agent_type=data.agent_type,
-            status="starting",
-            input=data.input,
-            parent_tool_call_id=data.parent_tool_call_id,
-            display_order=data.display_order,
-            display=data.display,
-            detached=data.detached,
-            requested_at=event.occurred_at,
-            incarnation=incarnation_of(event.event_id),
-            max_budget_deadline=deadline,
-            no_progress_budget_ms=data.no_progress_budget_ms,
-        ),
-        True,
-    )
+        values["max_budget_deadline"] = event.occurred_at + data.max_budget_ms
+    values["no_progress_budget_ms"] = data.no_progress_budget_ms
+    values["output_parts"] = {}
+    values["steps"] = {}
+    values["ledger"] = _built(DeliveryLedger, {"finish": {}, "notifications": {}}, set())
+    return _built(RunState, values, set(_NEW_RUN_FIELDS))
 
 
 def _started(state: RunState, event: RunStarted) -> Evolved:
