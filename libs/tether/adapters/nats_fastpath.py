@@ -215,7 +215,10 @@ class FastClient(NATS):
                 if key == name and type(name) is str and len(_VALID_HEADER_NAMES) < 256:
                     _VALID_HEADER_NAMES.add(name)
                 name = key
-            lines.append(f"{name}: {value.strip().translate(_HEADER_VALUE_NEWLINES)}")
+            value = value.strip()
+            if "\r" in value or "\n" in value:  # (a translation looks up every character)
+                value = value.translate(_HEADER_VALUE_NEWLINES)
+            lines.append(f"{name}: {value}")
         lines.append("\r\n")
         block = "\r\n".join(lines).encode()
         size = len(block)
