@@ -1,5 +1,6 @@
 """The wire contract: identifiers, command parsing, subject names and the JSON Schemas."""
 
+import datetime
 import math
 from pathlib import Path
 from typing import Any
@@ -7,14 +8,17 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tether.child.context import check_progress
 from tether.contract import schemas
 from tether.contract.messages import (
     GLOBAL_FINISH_HOOK,
+    ProgressSignal,
     WorkItem,
     chat_finish_id,
     delivery_entry_of_report,
     finish_message_id,
     names_this_life,
+    progress_signal_json,
     run_message_id,
     work_message_id,
 )
@@ -374,3 +378,26 @@ def test_a_run_request_after_a_rejection_or_a_clear_names_it() -> None:
     assert run_message_id("agent-tool:call_0_0", parent=parent) == \
         "run:Lead/agent-tool:call_0_0/agent-tool:call_0_0"
     assert run_message_id("r1", 42, parent) == "run:Lead/agent-tool:call_0_0/r1:42"
+
+
+@pytest.mark.parametrize("values", [
+    {"fraction": 0.25, "message": "reading", "phase": "working", "milestone": None,
+     "data": {"t": 1733140000.1234, "i": 1}},
+    {"fraction": 1, "message": None, "phase": None, "milestone": "done", "data": None},
+    {"fraction": 0, "message": "ünïcødé ✓ \"quoted\"\n", "phase": "", "milestone": None,
+     "data": [1, 2.5, None, True, "x", {"nested": {"deep": [()]}}]},
+    {"fraction": None, "message": None, "phase": None, "milestone": "half-way",
+     "data": {"when": datetime.datetime(2026, 12, 2, 15, 0, tzinfo=datetime.UTC),
+              "big": 2 ** 70, "tiny": 1e-300, "tuple": (1, "a")}},
+    {"fraction": 1e-9, "message": "m" * 2000, "phase": "p", "milestone": None, "data": "text"},
+], ids=["typical", "int-fraction", "unicode-and-nesting", "non-json-natives", "edges"])
+def test_a_progress_signal_is_sent_as_the_model_would_serialise_it(values: dict[str, Any]) -> None:
+    check_progress(values["fraction"], values["milestone"], values["data"], values["message"],
+                   values["phase"])  # what the runner checked when the child reported it
+    parent = ParentRef(**PARENT)
+    sent = progress_signal_json("r1", parent, at=1_733_140_000_000, **values)
+
+    model = ProgressSignal(run_id="r1", parent=parent, at=1_733_140_000_000, **values)
+    assert sent == model.model_dump_json().encode()
+    assert ProgressSignal.model_validate_json(sent) == ProgressSignal.model_validate_json(
+        model.model_dump_json())

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tether.adapters.event_log import EventLog
 from tether.child.agent import PAUSE_MILESTONES
 from tether.child.context import RunSuperseded
-from tether.contract.messages import ProgressSignal
+from tether.contract.messages import progress_signal_json
 from tether.domain import decide
 from tether.domain.events import (
     Event,
@@ -411,12 +411,12 @@ class RunRecorder:
                                    error=f"{type(error).__name__}: {error}")
 
     async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
-        signal = ProgressSignal(run_id=self.run_id, parent=self.parent, fraction=update.fraction,
-                                message=update.message, phase=update.phase, milestone=milestone,
-                                data=update.data, at=at)
+        signal = progress_signal_json(self.run_id, self.parent, fraction=update.fraction,
+                                      message=update.message, phase=update.phase,
+                                      milestone=milestone, data=update.data, at=at)
         # A plain publish: the progress stream keeps it for late subscribers, and no ack
         # is awaited for a signal the next one supersedes (the log has the snapshot).
-        await self._log.nats.publish(self._progress_subject, signal.model_dump_json().encode())
+        await self._log.nats.publish(self._progress_subject, signal)
 
     def _next_at(self) -> int:
         self._last_at = max(now_ms(), self._last_at + 1)

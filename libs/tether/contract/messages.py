@@ -7,6 +7,7 @@ model names it and its deduplication id.
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
+from pydantic_core import to_json
 
 from tether.domain import decide
 from tether.domain.commands import DeliveredCommand
@@ -77,6 +78,19 @@ class ProgressSignal(Model):
     milestone: str | None = None
     data: Any = None
     at: int
+
+
+def progress_signal_json(run_id: str, parent: ParentRef, *, fraction: float | None,
+                         message: str | None, phase: str | None, milestone: str | None,
+                         data: Any, at: int) -> bytes:
+    """`ProgressSignal(...).model_dump_json()` as bytes, for the values of a signal the
+    runner checked when the child reported it (`tether.child.context.check_progress`),
+    without building the model: one signal per report, where the model would cost
+    more than the rest of its way to the wire (a test holds the two equal)."""
+    return to_json({"run_id": run_id, "parent": {"agent": parent.agent, "name": parent.name},
+                    "fraction": None if fraction is None else float(fraction),
+                    "message": message, "phase": phase, "milestone": milestone, "data": data,
+                    "at": at})
 
 
 class RunInfo(Model):
