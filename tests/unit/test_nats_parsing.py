@@ -191,3 +191,44 @@ async def test_what_was_read_before_a_reset_is_not_parsed_after_it() -> None:
     await parser.parse(msg(b"after", 2, None, b"c"))
     assert [call[:3] for call in client.calls] == [("msg", 1, b"before"), ("ping",),
                                                    ("msg", 2, b"after")]
+
+
+async def published_by(client: Client, subject: str, reply: str, payload: bytes,
+                       headers: dict[str, str] | None) -> list[bytes] | type[Exception]:
+    """What `publish` sends on a client that buffers for a reconnection, or what it raises."""
+    sent: list[bytes] = []
+
+    async def capture(command: bytes, priority: bool = False) -> None:
+        sent.append(bytes(command))
+
+    client._send_command = capture
+    client._flush_queue = None
+    client._max_pending_size = 1024
+    client._max_payload = 512
+    try:
+        await client.publish(subject, payload, reply=reply, headers=headers)
+    except Exception as error:  # noqa: BLE001 - the error is what is compared
+        return type(error)
+    return sent
+
+
+@fast_path
+@pytest.mark.parametrize("subject, reply, payload", [
+    ("tether.evt.a.b.r1", "", b"{}"),
+    ("tether.evt.a.b.r1", "_INBOX.x.7", b"{}"),
+    ("", "", b"{}"),
+    ("bad subject", "", b"{}"),
+    ("tab\tbed", "", b"{}"),
+    ("line\rbreak", "", b"{}"),
+    ("line\nbreak", "", b"{}"),
+    ("tether.evt", "bad reply", b"{}"),
+    ("tether.evt", "reply\r\nPUB x 1", b"{}"),
+    ("non\u00a0breaking.ünïcode", "", b"{}"),  # only ASCII whitespace is refused
+    ("tether.evt", "", b"x" * 513),  # over the server's max payload
+    ("tether.evt", "", b"x" * 1025),  # over what is kept for a reconnection
+])
+@pytest.mark.parametrize("headers", [None, {"Nats-Msg-Id": "m1"}])
+async def test_a_publish_is_refused_or_sent_as_nats_py_refuses_or_sends_it(
+        subject: str, reply: str, payload: bytes, headers) -> None:
+    ours = await published_by(FastClient(), subject, reply, payload, headers)
+    assert ours == await published_by(Client(), subject, reply, payload, headers)
