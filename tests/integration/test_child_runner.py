@@ -182,6 +182,34 @@ async def test_a_child_that_raises_fails_with_a_safe_message(log, start_runner):
     assert "Traceback" not in error
 
 
+class OversizedInput(BaseModel):
+    size: int
+
+
+class Oversized(ChildAgent):
+    description = "Returns an output of the size it is asked for"
+    input_model = OversizedInput
+
+    async def run(self, ctx: RunContext, input: OversizedInput) -> dict[str, str]:
+        return {"blob": "x" * input.size}
+
+
+async def test_a_result_larger_than_the_server_takes_fails_the_run_and_says_so(
+        log, nc, start_runner):
+    await start_runner(Oversized)
+    limit = nc.max_payload
+    run = await dispatch(log, "Oversized", {"size": limit})
+    state = (await finished(log, run)).state
+
+    assert state.status == "error"
+    size = int(state.error.removeprefix("the child's result is ").split(" ")[0])
+    assert size > limit
+    assert state.error == (f"the child's result is {size} bytes; the largest event NATS "
+                           f"accepts is {limit} bytes")
+    fitting = await dispatch(log, "Oversized", {"size": 1000})
+    assert (await finished(log, fitting)).state.status == "completed"
+
+
 async def test_invalid_input_fails_the_run_with_the_validation_error(log, start_runner):
     await start_runner(Researcher)
     run = await dispatch(log, "Researcher", {"query": "ab"})
