@@ -232,3 +232,37 @@ async def test_a_publish_is_refused_or_sent_as_nats_py_refuses_or_sends_it(
         subject: str, reply: str, payload: bytes, headers) -> None:
     ours = await published_by(FastClient(), subject, reply, payload, headers)
     assert ours == await published_by(Client(), subject, reply, payload, headers)
+
+
+class FailingOnce(Recorder):
+    """A client whose handler fails on the first message to `fail_on`."""
+
+    def __init__(self, fail_on: bytes) -> None:
+        super().__init__()
+        self.fail_on = fail_on
+
+    async def _process_msg(self, sid, subject, reply, data, headers) -> None:
+        await super()._process_msg(sid, subject, reply, data, headers)
+        if bytes(subject) == self.fail_on:
+            self.fail_on = b""
+            raise RuntimeError("the handler failed")
+
+
+@fast_path
+@pytest.mark.parametrize("size", [1, 64, len(PROTOCOL)])
+async def test_after_a_handler_fails_parsing_goes_on_as_nats_pys_does(size: int) -> None:
+    """The message handed on counts as read, as in nats-py's parser: what follows it is
+    parsed next, nothing twice."""
+    async def calls(parser_class) -> list[tuple]:
+        client = FailingOnce(b"tether.evt.a.b.r1")
+        parser = parser_class(client)
+        failures = 0
+        for chunk in split_every(PROTOCOL, size):
+            try:
+                await parser.parse(chunk)
+            except RuntimeError:
+                failures += 1
+        assert failures == 1
+        return client.calls
+
+    assert await calls(FastParser) == await calls(Parser)

@@ -296,29 +296,34 @@ class FastParser(Parser):
         if buf is None:
             return
         pos, end, resets, client = 0, len(buf), self._resets, self.nc
-        while pos < end:
-            eol = buf.find(_CRLF, pos)
-            if eol < 0:
-                break  # the rest of a control line is still to come
-            if not (buf.startswith(_MSG, pos) or buf.startswith(_HMSG, pos)):
-                line, pos = buf[pos:eol + 2], eol + 2
-                await self._control(line)
-            else:
-                sid, subject, reply, header_size, size = _message_line(buf, pos, eol)
-                start = eol + 2
-                stop = start + size
-                if stop + 2 > end:
-                    self._needed = stop + 2 - pos
-                    break
-                headers = buf[start:start + header_size] if header_size else None
-                payload = buf[start + header_size:stop]
-                pos = stop + 2
-                if client.take(sid, subject, reply, payload, headers):
-                    continue
-                await client._process_msg(sid, subject, reply, payload, headers)  # noqa: SLF001
-            if self._resets != resets:
-                return  # the connection was reset meanwhile: what was read is void
-        self._unparsed = buf[pos:]
+        try:
+            while pos < end:
+                eol = buf.find(_CRLF, pos)
+                if eol < 0:
+                    break  # the rest of a control line is still to come
+                if not (buf.startswith(_MSG, pos) or buf.startswith(_HMSG, pos)):
+                    line, pos = buf[pos:eol + 2], eol + 2
+                    await self._control(line)
+                else:
+                    sid, subject, reply, header_size, size = _message_line(buf, pos, eol)
+                    start = eol + 2
+                    stop = start + size
+                    if stop + 2 > end:
+                        self._needed = stop + 2 - pos
+                        break
+                    headers = buf[start:start + header_size] if header_size else None
+                    payload = buf[start + header_size:stop]
+                    pos = stop + 2  # handed on below: consumed, as nats-py's parser has it
+                    if client.take(sid, subject, reply, payload, headers):
+                        continue
+                    await client._process_msg(sid, subject, reply, payload, headers)  # noqa: SLF001
+                if self._resets != resets:
+                    return
+        finally:
+            # What is left is kept, however parsing ended (an error included), unless the
+            # connection was reset meanwhile: what it read is void then.
+            if self._resets == resets:
+                self._unparsed = buf[pos:]
 
     def _gathered(self, data: bytes) -> bytes | None:
         """The bytes to parse now: what is left unparsed and `data`; None while the
