@@ -260,38 +260,29 @@ def _requested(state: RunState | None, event: RunRequested) -> Evolved:
     return Evolved(_new_run(event), True)
 
 
-# A run as `run.requested` makes it: every field in order, with its default until given.
-_NEW_RUN: dict[str, Any] = {name: field.default for name, field in RunState.model_fields.items()}
-_NEW_RUN_FIELDS = frozenset({
-    "run_id", "parent", "agent_type", "status", "input", "parent_tool_call_id",
-    "display_order", "display", "detached", "requested_at", "incarnation",
-    "max_budget_deadline", "no_progress_budget_ms"})
+# A run's fields in order, each at its default (the required ones until given).
+_DEFAULTS: dict[str, Any] = {name: field.default for name, field in RunState.model_fields.items()}
 
 
 def _new_run(event: RunRequested) -> RunState:
-    """`RunState(...)` of the fields `_NEW_RUN_FIELDS`, from an event already validated,
-    without validating them again: the first fold step of every run, in every process
-    (a test holds the two equal)."""
+    """`RunState(**given)` from an event already validated, without validating its values
+    again: the first fold step of every run, in every process (a test holds the two
+    equal)."""
     data = event.data
-    values = _NEW_RUN.copy()
-    values["run_id"] = event.run_id
-    values["parent"] = event.parent
-    values["agent_type"] = data.agent_type
-    values["status"] = "starting"
-    values["input"] = data.input
-    values["parent_tool_call_id"] = data.parent_tool_call_id
-    values["display_order"] = data.display_order
-    values["display"] = data.display
-    values["detached"] = data.detached
-    values["requested_at"] = event.occurred_at
-    values["incarnation"] = incarnation_of(event.event_id)
-    if data.max_budget_ms is not None:
-        values["max_budget_deadline"] = event.occurred_at + data.max_budget_ms
-    values["no_progress_budget_ms"] = data.no_progress_budget_ms
-    values["output_parts"] = {}
-    values["steps"] = {}
+    given = {
+        "run_id": event.run_id, "parent": event.parent, "agent_type": data.agent_type,
+        "status": "starting", "input": data.input,
+        "parent_tool_call_id": data.parent_tool_call_id, "display_order": data.display_order,
+        "display": data.display, "detached": data.detached, "requested_at": event.occurred_at,
+        "incarnation": incarnation_of(event.event_id),
+        "max_budget_deadline": (None if data.max_budget_ms is None
+                                else event.occurred_at + data.max_budget_ms),
+        "no_progress_budget_ms": data.no_progress_budget_ms,
+    }
+    values = _DEFAULTS | given
+    values["output_parts"], values["steps"] = {}, {}
     values["ledger"] = _built(DeliveryLedger, {"finish": {}, "notifications": {}}, set())
-    return _built(RunState, values, set(_NEW_RUN_FIELDS))
+    return _built(RunState, values, set(given))
 
 
 def _started(state: RunState, event: RunStarted) -> Evolved:
