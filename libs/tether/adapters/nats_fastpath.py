@@ -116,13 +116,9 @@ class FastClient(NATS):
                 headers = b""
             await super()._process_msg(sid, subject, reply, data, headers or b"")
             return
-        self.stats["in_msgs"] += 1
-        self.stats["in_bytes"] += len(data)
-        # (Most routed replies, a stream's acks, have no headers to parse.)
+        # (A routed reply without headers, a stream's ack, is handed on by `take`.)
         parsed = await self._process_headers(headers) if headers else None
-        msg = self._build_message(sid, subject, reply, data, parsed)
-        if msg is not None:
-            route(msg)
+        self._route(route, sid, subject, reply, data, parsed)
 
     def take(self, sid: int, subject: bytes, reply: bytes, data: bytes,
              headers: bytes | None) -> bool:
@@ -133,13 +129,19 @@ class FastClient(NATS):
         if route is not None:
             if headers:
                 return False
-            self.stats["in_msgs"] += 1
-            self.stats["in_bytes"] += len(data)
-            route(self._build_message(sid, subject, reply, data, None))
+            self._route(route, sid, subject, reply, data, None)
             return True
         sub = self._subs.get(sid)
         sink = self.follows.get(sub) if sub is not None else None
         return sink is not None and self._next_followed(sub, sink, subject, reply, data, headers)
+
+    def _route(self, route: Callable[[Msg], None], sid: int, subject: bytes, reply: bytes,
+               data: bytes, headers: dict[str, str] | None) -> None:
+        self.stats["in_msgs"] += 1
+        self.stats["in_bytes"] += len(data)
+        msg = self._build_message(sid, subject, reply, data, headers)
+        if msg is not None:
+            route(msg)
 
     def _next_followed(self, sub: Any, sink: FollowSink, subject: bytes, reply: bytes,
                        data: bytes, headers: bytes | None) -> bool:
