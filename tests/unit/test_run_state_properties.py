@@ -37,7 +37,7 @@ from tether.domain.events import (
     RunStarted,
     RunStepRecorded,
 )
-from tether.domain.run_state import RunState, evolve, fold
+from tether.domain.run_state import RunState, evolve, fold, state_from_json, state_json
 
 RUN_ID = "r1"
 PARENT = ParentRef(agent="Assistant", name="user-42")
@@ -180,7 +180,7 @@ def states_after_each(events: list[Any]) -> list[RunState | None]:
 
 
 def through_json(state: RunState | None) -> RunState | None:
-    return None if state is None else RunState.model_validate_json(state.model_dump_json())
+    return None if state is None else state_from_json(state_json(state))
 
 
 @PROPERTY

@@ -14,13 +14,14 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import asyncpg
+import msgspec
 
 from tether.adapters.postgres.migrator import check_schema_name
 from tether.agents.records import AgentStepRecord, usage_of
 from tether.config import Settings
 from tether.contract.messages import UsageView
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, state_from_json, state_json
 
 SELECT_RUN_STATE = """
     SELECT state::text FROM "{schema}".runs
@@ -76,12 +77,12 @@ async def load_tree(settings: Settings, parent: ParentRef,
                                    parent.name, run_id)
         if text is None:
             return None, []
-        state = RunState.model_validate_json(text)
+        state = state_from_json(text)
         rows = await conn.fetch(SELECT_DESCENDANTS.format(schema=schema), state.agent_type,
                                 state.run_id)
     finally:
         await conn.close()
-    return state, [RunState.model_validate_json(row[0]) for row in rows]
+    return state, [state_from_json(row[0]) for row in rows]
 
 
 async def show_run(settings: Settings, parent: ParentRef, run_id: str, *, as_json: bool = False,
@@ -92,7 +93,7 @@ async def show_run(settings: Settings, parent: ParentRef, run_id: str, *, as_jso
         print(f"tether: no run {run_id!r} of {parent.agent}/{parent.name} in the projections "
               f"(schema {settings.projection_schema})", file=sys.stderr)
         return 1
-    print(state.model_dump_json(indent=2) if as_json else render_run(state, below), file=out)
+    print(msgspec.json.format(state_json(state), indent=2).decode() if as_json else render_run(state, below), file=out)
     return 0
 
 

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
 from pydantic import ValidationError
 
 from tether.client.feed import FeedMessage, open_feed
@@ -198,7 +199,7 @@ def _progress(state: RunState, signal: ProgressSignal | None) -> ProgressView | 
                             source="signal")
     if persisted is None:
         return None
-    return ProgressView(**persisted.model_dump(), source="persisted")
+    return ProgressView(**msgspec.structs.asdict(persisted), source="persisted")
 
 
 async def follow_timeline(tether: Link, parent: ParentRef, *, run_id: str | None = None,

@@ -21,7 +21,7 @@ from tether.domain.events import (
     RunStatus,
 )
 from tether.domain.ids import Identifier
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, as_builtins
 
 GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
 
@@ -285,7 +285,7 @@ class RunSnapshot(Model):
             parent_tool_call_id=state.parent_tool_call_id, display_order=state.display_order,
             display=state.display, summary=state.summary, output=state.output,
             error=state.error, reason=state.reason, child_still_running=state.child_still_running,
-            progress=state.progress.model_dump(mode="json") if state.progress else None,
+            progress=as_builtins(state.progress) if state.progress else None,
             milestones=[MilestoneView(sequence=m.sequence, name=m.name, data=m.data, at=m.at)
                         for m in state.milestones],
             output_text=state.output_text, attempt=state.attempt,

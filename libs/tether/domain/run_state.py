@@ -12,16 +12,16 @@ not applied. The fold reads no clock: times are copied from `occurred_at`.
 """
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, cast
 
-from pydantic import Field
+import msgspec
+from pydantic import BaseModel
 
 from tether.domain.events import (
     HARD_TERMINAL,
     DetachedOptions,
     Event,
     InterruptedReason,
-    Model,
     ParentRef,
     RunAborted,
     RunCancelRequested,
@@ -46,7 +46,17 @@ from tether.domain.events import (
 from tether.domain.ids import derived_event_id, incarnation_of
 
 
-class ProgressSnapshot(Model):
+class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A run's state and its parts: immutable records the fold builds from events that
+    were validated when they were made or read, so building one validates nothing again;
+    a stored state is validated when it is read back (`state_from_json`).
+
+    Not pydantic models: the fold makes a new state for every event it applies, in every
+    process, and a struct is built, copied (`msgspec.structs.replace`) and read at a
+    fraction of a model's cost."""
+
+
+class ProgressSnapshot(Record, frozen=True, kw_only=True):
     fraction: float | None = None
     message: str | None = None
     phase: str | None = None
@@ -55,14 +65,14 @@ class ProgressSnapshot(Model):
     at: int
 
 
-class Milestone(Model):
+class Milestone(Record, frozen=True, kw_only=True):
     sequence: int
     name: str
     data: Any = None
     at: int
 
 
-class ReattachDecision(Model):
+class ReattachDecision(Record, frozen=True, kw_only=True):
     decision_id: str
     outcome: str
     reason: InterruptedReason | None = None
@@ -71,14 +81,14 @@ class ReattachDecision(Model):
     at: int
 
 
-class PauseInfo(Model):
+class PauseInfo(Record, frozen=True, kw_only=True):
     pause_id: str  # the event id of the run.paused; a run.resumed names the pause it ends
     reason: str
     pending: list[dict[str, Any]]
     at: int
 
 
-class Resumption(Model):
+class Resumption(Record, frozen=True, kw_only=True):
     """A human's or a tool's answer to a pause, as `tether.cmd.continue` delivered it."""
 
     pause_id: str
@@ -86,7 +96,7 @@ class Resumption(Model):
     at: int
 
 
-class DeliveryLedger(Model):
+class DeliveryLedger(Record, frozen=True, kw_only=True):
     """What has been delivered for a run, keyed so a second delivery is recognisable.
 
     `finish` maps `<method>:<status>` (method `*` for the parent's global finish hook) to
@@ -95,11 +105,11 @@ class DeliveryLedger(Model):
     `milestone:<name>` to the time its chat message was put on the chat stream.
     """
 
-    finish: dict[str, int] = Field(default_factory=dict)
-    notifications: dict[str, int] = Field(default_factory=dict)
+    finish: dict[str, int] = msgspec.field(default_factory=dict)
+    notifications: dict[str, int] = msgspec.field(default_factory=dict)
 
 
-class RunState(Model):
+class RunState(Record, frozen=True, kw_only=True):
     run_id: str
     parent: ParentRef
     agent_type: str
@@ -130,14 +140,14 @@ class RunState(Model):
     last_signal_at: int | None = None
     milestones: tuple[Milestone, ...] = ()
     # Keyed by index: a chunk or step is stored once whatever order it arrives in.
-    output_parts: dict[int, str] = Field(default_factory=dict)
-    steps: dict[int, dict[str, Any]] = Field(default_factory=dict)
+    output_parts: dict[int, str] = msgspec.field(default_factory=dict)
+    steps: dict[int, dict[str, Any]] = msgspec.field(default_factory=dict)
     paused: PauseInfo | None = None
     resumptions: tuple[Resumption, ...] = ()
     max_budget_deadline: int | None = None
     no_progress_budget_ms: int = 0
     no_progress_deadline: int | None = None
-    ledger: DeliveryLedger = Field(default_factory=DeliveryLedger)
+    ledger: DeliveryLedger = msgspec.field(default_factory=DeliveryLedger)
     reattach_attempts: int = 0
     reattach_decisions: tuple[ReattachDecision, ...] = ()
     # Ids of the applied events that carry no key of their own (pause, interrupt),
@@ -174,6 +184,50 @@ def finish_key(status: str, method: str | None) -> str:
     return f"{method or '*'}:{status}"
 
 
+# --- a state as JSON (the projection's `state` document) ---------------------------------
+# Every field, in the order declared, None included: the stored documents' shape. The
+# parts of its request a state holds (`parent`, `detached`) are the events' own models,
+# written and validated by them.
+
+
+def _to_json_value(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise NotImplementedError(f"a run's state holds no {type(value).__name__}")
+
+
+def _from_json_value(cls: type, value: Any) -> Any:
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return cls.model_validate(value)
+    raise NotImplementedError(f"a run's state holds no {cls.__name__}")
+
+
+_STATE_ENCODER = msgspec.json.Encoder(enc_hook=_to_json_value)
+_STATE_DECODER = msgspec.json.Decoder(RunState, dec_hook=_from_json_value)
+
+
+class StateDecodeError(ValueError):
+    """A stored state document that is not a run's state."""
+
+
+def state_json(value: Record) -> bytes:
+    """A state, or a part of one, as JSON."""
+    return _STATE_ENCODER.encode(value)
+
+
+def state_from_json(raw: bytes | str) -> RunState:
+    """A state from its JSON document, validated; `StateDecodeError` says what is wrong."""
+    try:
+        return _STATE_DECODER.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as error:
+        raise StateDecodeError(f"not a run's state: {error}") from None
+
+
+def as_builtins(value: "Record | tuple[Record, ...]") -> Any:
+    """A state, or a part of one, as JSON-ready dicts and lists."""
+    return msgspec.to_builtins(value, enc_hook=_to_json_value)
+
+
 class Evolved(NamedTuple):
     """The result of one fold step (a tuple: made once per event folded, in every
     process).
@@ -187,47 +241,13 @@ class Evolved(NamedTuple):
     note: str | None = None
 
 
+_replace = msgspec.structs.replace
+
+
 def _applied(state: RunState | None, **changes: Any) -> Evolved:
     if state is None:
         return Evolved(None, True)
-    changes["events_applied"] = state.events_applied + 1
-    return Evolved(_updated(state, changes), True)
-
-
-_set_attribute = object.__setattr__
-M = TypeVar("M", bound=Model)
-
-
-def _updated(state: RunState, changes: dict[str, Any]) -> RunState:
-    """`state.model_copy(update=changes)` without its generic copies: this runs once per
-    event folded, in every process, where the generic copy would be a large part of
-    the fold's cost.
-    RunState has neither private attributes nor extra fields (a test holds this equal to
-    `model_copy`)."""
-    updated = RunState.__new__(RunState)
-    _set_attribute(updated, "__dict__", {**state.__dict__, **changes})
-    fields_set = state.__pydantic_fields_set__
-    if not changes.keys() <= fields_set:  # (a frozen model's set is never changed in place)
-        fields_set = fields_set | changes.keys()
-    _set_attribute(updated, "__pydantic_fields_set__", fields_set)
-    _set_attribute(updated, "__pydantic_extra__", None)
-    _set_attribute(updated, "__pydantic_private__", None)
-    return updated
-
-
-def _made(cls: type[M], **values: Any) -> M:
-    """`cls(**values)` for values the fold takes from an event already validated, given
-    for every field of `cls`, without validating them again (a test holds the two equal)."""
-    return _built(cls, values, set(values))
-
-
-def _built(cls: type[M], values: dict[str, Any], fields_set: set[str]) -> M:
-    made = cls.__new__(cls)
-    _set_attribute(made, "__dict__", values)
-    _set_attribute(made, "__pydantic_fields_set__", fields_set)
-    _set_attribute(made, "__pydantic_extra__", None)
-    _set_attribute(made, "__pydantic_private__", None)
-    return made
+    return Evolved(_replace(state, events_applied=state.events_applied + 1, **changes), True)
 
 
 def _ignored(state: RunState | None, note: str) -> Evolved:
@@ -260,29 +280,16 @@ def _requested(state: RunState | None, event: RunRequested) -> Evolved:
     return Evolved(_new_run(event), True)
 
 
-# A run's fields in order, each at its default (the required ones until given).
-_DEFAULTS: dict[str, Any] = {name: field.default for name, field in RunState.model_fields.items()}
-
-
 def _new_run(event: RunRequested) -> RunState:
-    """`RunState(**given)` from an event already validated, without validating its values
-    again: the first fold step of every run, in every process (a test holds the two
-    equal)."""
     data = event.data
-    given = {
-        "run_id": event.run_id, "parent": event.parent, "agent_type": data.agent_type,
-        "status": "starting", "input": data.input,
-        "parent_tool_call_id": data.parent_tool_call_id, "display_order": data.display_order,
-        "display": data.display, "detached": data.detached, "requested_at": event.occurred_at,
-        "incarnation": incarnation_of(event.event_id),
-        "max_budget_deadline": (None if data.max_budget_ms is None
-                                else event.occurred_at + data.max_budget_ms),
-        "no_progress_budget_ms": data.no_progress_budget_ms,
-    }
-    values = _DEFAULTS | given
-    values["output_parts"], values["steps"] = {}, {}
-    values["ledger"] = _built(DeliveryLedger, {"finish": {}, "notifications": {}}, set())
-    return _built(RunState, values, set(given))
+    return RunState(
+        run_id=event.run_id, parent=event.parent, agent_type=data.agent_type,
+        status="starting", input=data.input, parent_tool_call_id=data.parent_tool_call_id,
+        display_order=data.display_order, display=data.display, detached=data.detached,
+        requested_at=event.occurred_at, incarnation=incarnation_of(event.event_id),
+        max_budget_deadline=(None if data.max_budget_ms is None
+                             else event.occurred_at + data.max_budget_ms),
+        no_progress_budget_ms=data.no_progress_budget_ms)
 
 
 def _started(state: RunState, event: RunStarted) -> Evolved:
@@ -324,12 +331,12 @@ def _milestone(state: RunState, event: RunMilestone) -> Evolved:
         return _ignored(state, f"duplicate: milestone {data.sequence} already recorded")
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run takes no more milestones")
-    milestone = _made(Milestone, sequence=data.sequence, name=data.name, data=data.data,
+    milestone = Milestone(sequence=data.sequence, name=data.name, data=data.data,
                       at=event.occurred_at)
     milestones = (*state.milestones, milestone)
     if len(milestones) > 1 and milestones[-2].sequence > data.sequence:  # one arrived late
         milestones = tuple(sorted(milestones, key=lambda m: m.sequence))
-    snapshot = _made(ProgressSnapshot, fraction=data.fraction, message=data.message,
+    snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message,
                      phase=data.phase, milestone=data.name, data=data.data,
                      at=event.occurred_at)
     return _applied(state, milestones=milestones, progress=_newer(state.progress, snapshot),
@@ -344,7 +351,7 @@ def _newer(current: ProgressSnapshot | None, candidate: ProgressSnapshot) -> Pro
 
 def _progress_persisted(state: RunState, event: RunProgressPersisted) -> Evolved:
     data = event.data
-    snapshot = _made(ProgressSnapshot, fraction=data.fraction, message=data.message,
+    snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message,
                      phase=data.phase, milestone=None, data=data.data, at=event.occurred_at)
     if state.progress is not None and snapshot.at <= state.progress.at:
         # Progress is "latest value wins"; an older or same-instant snapshot is a duplicate
@@ -444,7 +451,7 @@ def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
     key = finish_key(event.data.status, event.data.method)
     if key in state.ledger.finish:
         return _ignored(state, f"duplicate: finish {key} was already delivered")
-    ledger = _made(DeliveryLedger, finish={**state.ledger.finish, key: event.occurred_at},
+    ledger = DeliveryLedger(finish={**state.ledger.finish, key: event.occurred_at},
                    notifications=state.ledger.notifications)
     return _applied(state, ledger=ledger)
 
@@ -462,7 +469,7 @@ def _notified(state: RunState, event: RunNotified) -> Evolved:
     key = f"{event.data.kind}:{event.data.key}"
     if key in state.ledger.notifications:
         return _ignored(state, f"duplicate: notification {key} was already sent")
-    ledger = _made(DeliveryLedger, finish=state.ledger.finish,
+    ledger = DeliveryLedger(finish=state.ledger.finish,
                    notifications={**state.ledger.notifications, key: event.occurred_at})
     return _applied(state, ledger=ledger)
 

@@ -49,7 +49,7 @@ from tether.domain.commands import (
     ServeHookQuery,
 )
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, state_from_json
 from tether.parent.rate_limit import RequestRates, requester_of
 
 QUERY_QUEUE = "tether-parent"
@@ -173,7 +173,7 @@ class ParentQueries:
         _check_subject_parent(message.raw_message.subject, query.parent)
         rows = await self._pool.fetch(self._list_sql, query.parent.agent, query.parent.name,
                                       query.status, query.limit)
-        return ListReply(runs=[RunSnapshot.of(RunState.model_validate_json(r["state"]))
+        return ListReply(runs=[RunSnapshot.of(state_from_json(r["state"]))
                                for r in rows])
 
     async def history(self, query: HistoryQuery, message: NatsMessage) -> HistoryReply:

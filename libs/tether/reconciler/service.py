@@ -32,7 +32,7 @@ from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
 from tether.domain import decide
 from tether.domain.events import InterruptedReason, RunRequested
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState, evolve, state_from_json
 from tether.leadership import Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,
@@ -150,7 +150,7 @@ class Reconciler:
             except asyncpg.UndefinedTableError:
                 return 0  # no projection yet: the log from the start is the view
         for row in rows:
-            self._track(RunState.model_validate_json(row["state"]))
+            self._track(state_from_json(row["state"]))
         self._logger.info("reconciler.loaded", runs=len(self._states), checkpoint=checkpoint)
         return checkpoint
 

@@ -28,7 +28,7 @@ from tether.contract.messages import run_message_id
 from tether.domain.commands import ContinueCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, as_builtins
 from tether.log import get_logger
 from tether.runtime import ReadinessCheck, nats_check, postgres_check
 from tether.ui.gate import AccessGate
@@ -281,8 +281,8 @@ async def run_json(request: Request) -> Response:
         "input": state.input,
         "steps": [record.model_dump(mode="json") for record in records],
         "usage": usage,
-        "resumptions": [r.model_dump(mode="json") for r in state.resumptions],
-        "reattach_decisions": [d.model_dump(mode="json") for d in state.reattach_decisions],
+        "resumptions": as_builtins(state.resumptions),
+        "reattach_decisions": as_builtins(state.reattach_decisions),
         "events": event_documents(events),
     })
 

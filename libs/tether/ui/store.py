@@ -7,7 +7,7 @@ import asyncpg
 from tether.adapters.postgres.migrator import check_schema_name
 from tether.adapters.postgres.projector import PROJECTION_NAME
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, state_from_json
 
 # Nested runs are owned by `<agent type>/<run id>` of the run that started them; a tree
 # deeper than this is cut (its runs stay reachable from their own parent's page).
@@ -62,7 +62,7 @@ class ProjectionStore:
         nested: list[RunState] = []
         for row in rows:
             (runs if row["depth"] == 0 else nested).append(
-                RunState.model_validate_json(row["state"]))
+                state_from_json(row["state"]))
         return Snapshot(checkpoint, runs, nested)
 
     async def children(self, owners: list[tuple[str, str]]) -> list[RunState]:
@@ -71,8 +71,8 @@ class ProjectionStore:
             return []
         rows = await self._pool.fetch(self._children, [a for a, _ in owners],
                                       [n for _, n in owners])
-        return [RunState.model_validate_json(row[0]) for row in rows]
+        return [state_from_json(row[0]) for row in rows]
 
     async def run(self, parent: ParentRef, run_id: str) -> RunState | None:
         text = await self._pool.fetchval(self._run, parent.agent, parent.name, run_id)
-        return None if text is None else RunState.model_validate_json(text)
+        return None if text is None else state_from_json(text)

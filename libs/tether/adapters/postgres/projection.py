@@ -24,7 +24,7 @@ from tether.adapters.postgres.statements import (
     RUN_COLUMNS,
     Statements,
 )
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState, evolve, state_from_json, state_json
 from tether.ports import StoredEvent
 from tether.recent_runs import UNKNOWN, RecentlyProjected, RunKey
 
@@ -87,8 +87,8 @@ def _run_documents(state: RunState) -> tuple[str | None, str | None, str, str]:
     delivery, state. Serialised by pydantic's encoder, which writes the models' JSON
     without building Python dicts first."""
     return (None if state.output is None else to_json(state.output).decode(),
-            state.progress.model_dump_json() if state.progress else None,
-            state.ledger.model_dump_json(), state.model_dump_json())
+            state_json(state.progress).decode() if state.progress else None,
+            state_json(state.ledger).decode(), state_json(state).decode())
 
 
 def run_row(state: RunState, last_seq: int, preview_chars: int) -> str:
@@ -96,7 +96,7 @@ def run_row(state: RunState, last_seq: int, preview_chars: int) -> str:
     JSON array): the state document, spliced in as serialised, its stream sequence and
     its input preview; Postgres reads the other columns off the document."""
     preview = to_json(input_preview(state, preview_chars)).decode()
-    return f'{{"last_seq": {last_seq}, "input_preview": {preview}, "state": {state.model_dump_json()}}}'
+    return f'{{"last_seq": {last_seq}, "input_preview": {preview}, "state": {state_json(state).decode()}}}'
 
 
 def run_record(state: RunState, last_seq: int, preview_chars: int) -> tuple[object, ...]:
@@ -335,7 +335,7 @@ async def load_states(conn: asyncpg.Connection, sql: Statements,
     if not keys:
         return {}
     rows = await conn.fetch(sql.load_states, *keys_arrays(keys))
-    return {(r["parent_agent"], r["parent_name"], r["run_id"]): RunState.model_validate_json(r["state"])
+    return {(r["parent_agent"], r["parent_name"], r["run_id"]): state_from_json(r["state"])
             for r in rows}
 
 
