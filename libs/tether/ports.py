@@ -42,6 +42,16 @@ class ConcurrencyConflict(Exception):
         self.expected_last_seq = expected_last_seq
 
 
+class EventTooLarge(ValueError):
+    """An event larger than the broker takes in one message (its `max_payload`): no retry
+    can append it, so it is refused before it is sent."""
+
+    def __init__(self, event_type: str, size: int, limit: int) -> None:
+        super().__init__(f"a {event_type} event of {size} bytes is larger than the "
+                         f"{limit} bytes NATS accepts in one message")
+        self.event_type, self.size, self.limit = event_type, size, limit
+
+
 @dataclass(frozen=True, slots=True)
 class StoredEvent:
     """One message of the log: its stream sequence, subject, and the decoded event.

@@ -210,6 +210,36 @@ async def test_a_result_larger_than_the_server_takes_fails_the_run_and_says_so(
     assert (await finished(log, fitting)).state.status == "completed"
 
 
+class OversizedMilestone(ChildAgent):
+    description = "Reports a milestone whose data is of the size it is asked for"
+    input_model = OversizedInput
+
+    async def run(self, ctx: RunContext, input: OversizedInput) -> str:
+        await ctx.report_progress(milestone="drafted", data={"blob": "x" * input.size})
+        return "reported"
+
+
+async def test_a_milestone_larger_than_the_server_takes_fails_the_child_and_says_so(
+        log, nc, start_runner):
+    """No retry can append it: the child's report raises at once, not a broker error the
+    runner would retry for ever."""
+    await start_runner(OversizedMilestone)
+    limit = nc.max_payload
+    run = await dispatch(log, "OversizedMilestone", {"size": limit})
+    history = await finished(log, run)
+
+    assert history.state.status == "error"
+    assert history.state.milestones == ()
+    prefix = "EventTooLarge: a run.milestone event of "
+    assert history.state.error.startswith(prefix)
+    size = int(history.state.error.removeprefix(prefix).split(" ")[0])
+    assert size > limit
+    assert history.state.error == (f"{prefix}{size} bytes is larger than the {limit} bytes "
+                                   f"NATS accepts in one message")
+    fitting = await dispatch(log, "OversizedMilestone", {"size": 1000})
+    assert [m.name for m in (await finished(log, fitting)).state.milestones] == ["drafted"]
+
+
 async def test_invalid_input_fails_the_run_with_the_validation_error(log, start_runner):
     await start_runner(Researcher)
     run = await dispatch(log, "Researcher", {"query": "ab"})

@@ -29,7 +29,7 @@ from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
-from tether.ports import ConcurrencyConflict, RunHistory, StoredEvent, run_history
+from tether.ports import ConcurrencyConflict, EventTooLarge, RunHistory, StoredEvent, run_history
 from tether.recent_runs import RECENT_RUNS, Recent, RecentRuns
 
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
@@ -97,12 +97,17 @@ class EventLog:
 
     async def _publish(self, subject: str, event: Event,
                        expected_last_seq: int | None) -> js_api.PubAck | None:
-        """The stream's ack; None when the subject's last sequence is not the expected."""
+        """The stream's ack; None when the subject's last sequence is not the expected.
+        An event larger than the server takes raises `EventTooLarge`, not the client's
+        `MaxPayloadError`: that one is a NATS error, which callers retry as transient."""
+        payload = encode_event(event)
+        if len(payload) > self._nc.max_payload:
+            raise EventTooLarge(event.type, len(payload), self._nc.max_payload)
         headers = {"Nats-Msg-Id": event.event_id}
         if expected_last_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
         try:
-            return await self.publish(subject, encode_event(event), headers=headers,
+            return await self.publish(subject, payload, headers=headers,
                                       stream=self.subjects.events_stream)
         except APIError as error:
             if error.err_code != WRONG_LAST_SEQUENCE:

@@ -41,7 +41,6 @@ from tether.child.work import (
     explain_validation,
     safe_error,
 )
-from tether.contract.codec import encode_event
 from tether.contract.messages import WorkItem
 from tether.domain import decide
 from tether.domain.decide import GIVE_UP, attempts_since_resume
@@ -61,7 +60,7 @@ from tether.domain.events import (
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
-from tether.ports import RunHistory
+from tether.ports import EventTooLarge, RunHistory
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
 if TYPE_CHECKING:
@@ -319,11 +318,12 @@ class Execution:
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunCompletedData(summary=result.summary, output=result.output))
-        size, limit = len(encode_event(completed)), self._env.log.nats.max_payload
-        if size > limit:
-            return await self._fail(f"the child's result is {size} bytes; the largest event "
-                                    f"NATS accepts is {limit} bytes")
-        if not await self._end(completed):
+        try:
+            ended = await self._end(completed)
+        except EventTooLarge as too_large:
+            return await self._fail(f"the child's result is {too_large.size} bytes; the "
+                                    f"largest event NATS accepts is {too_large.limit} bytes")
+        if not ended:
             return await self._ack("skipped", "the child finished but the run had already ended")
         return await self._ack("completed")
 
