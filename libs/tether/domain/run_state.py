@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, cast
 
 import msgspec
 from pydantic import BaseModel
+from pydantic_core import to_json
 
 from tether.domain.events import (
     HARD_TERMINAL,
@@ -190,7 +191,13 @@ def finish_key(status: str, method: str | None) -> str:
 # written and validated by them.
 
 
-def _to_json_value(value: Any) -> Any:
+def _to_json(value: Any) -> msgspec.Raw:
+    if isinstance(value, BaseModel):
+        return msgspec.Raw(to_json(value))  # spliced in as pydantic writes it
+    raise NotImplementedError(f"a run's state holds no {type(value).__name__}")
+
+
+def _to_builtins(value: Any) -> Any:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     raise NotImplementedError(f"a run's state holds no {type(value).__name__}")
@@ -202,7 +209,7 @@ def _from_json_value(cls: type, value: Any) -> Any:
     raise NotImplementedError(f"a run's state holds no {cls.__name__}")
 
 
-_STATE_ENCODER = msgspec.json.Encoder(enc_hook=_to_json_value)
+_STATE_ENCODER = msgspec.json.Encoder(enc_hook=_to_json)
 _STATE_DECODER = msgspec.json.Decoder(RunState, dec_hook=_from_json_value)
 
 
@@ -225,7 +232,7 @@ def state_from_json(raw: bytes | str) -> RunState:
 
 def as_builtins(value: "Record | tuple[Record, ...]") -> Any:
     """A state, or a part of one, as JSON-ready dicts and lists."""
-    return msgspec.to_builtins(value, enc_hook=_to_json_value)
+    return msgspec.to_builtins(value, enc_hook=_to_builtins)
 
 
 class Evolved(NamedTuple):
