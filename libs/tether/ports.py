@@ -104,7 +104,8 @@ class EventLog(Protocol):
     def subjects(self) -> Subjects: ...
 
     async def append(self, event: Event, *, expected_last_seq: int | None) -> int:
-        """Append one event; its stream sequence. None appends unconditionally."""
+        """Append one event; its stream sequence. None appends unconditionally. Every
+        append refuses an event larger than the broker takes (`EventTooLarge`)."""
         ...
 
     async def append_batch(self, events: Sequence[Event], *, expected_last_seq: int) -> int:

@@ -16,7 +16,14 @@ from tether.contract.subjects import Subjects
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
-from tether.ports import ConcurrencyConflict, Decide, RunHistory, StoredEvent, run_history
+from tether.ports import (
+    ConcurrencyConflict,
+    Decide,
+    EventTooLarge,
+    RunHistory,
+    StoredEvent,
+    run_history,
+)
 from tether.recent_runs import RecentRuns
 
 if TYPE_CHECKING:
@@ -290,12 +297,15 @@ class InMemoryEventLog:
 
     async def _store_event(self, event: Event, expected_last_seq: int | None) -> PubAck | None:
         """The stream's ack; None when the run's last sequence is not the expected one."""
+        payload = encode_event(event)
+        if len(payload) > self.nats.max_payload:
+            raise EventTooLarge(event.type, len(payload), self.nats.max_payload)
         headers = {"Nats-Msg-Id": event.event_id}
         if expected_last_seq is not None:
             headers["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_seq)
         try:
             return await self.publish(self.subjects.run_events(event.parent, event.run_id),
-                                      encode_event(event), headers=headers,
+                                      payload, headers=headers,
                                       stream=self._events.name)
         except APIError as error:
             if error.err_code != WRONG_LAST_SEQUENCE:

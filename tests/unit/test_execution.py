@@ -167,6 +167,31 @@ async def test_a_child_that_raises_fails_the_run_with_its_error_only(log):
     assert msg.settled == ["ack"]
 
 
+class Verbose(ChildAgent):
+    agent_type = "Researcher"
+
+    async def run(self, ctx, input):
+        return {"text": "x" * 2_000}
+
+
+async def test_a_result_larger_than_the_log_takes_fails_the_run_and_says_how_large(log):
+    log.nats.max_payload = 1_000
+    run = RunEvents("r1", PARENT)
+    item = await _requested(log, run)
+    msg = WorkMessage(item)
+
+    outcome = await Execution(_env(log), Verbose, msg, item).run()
+
+    assert outcome.kind == "failed"
+    assert _types(log) == ["run.requested", "run.running", "run.failed"]
+    state = (await log.read_run(PARENT, "r1")).state
+    size = int(state.error.removeprefix("the child's result is ").split(" ")[0])
+    assert size > 2_000
+    assert state.error == (f"the child's result is {size} bytes; the largest event NATS "
+                           f"accepts is 1000 bytes")
+    assert msg.settled == ["ack"]
+
+
 async def test_a_run_whose_runners_kept_dying_fails_after_max_attempts(log):
     run = RunEvents("r1", PARENT)
     item = await _requested(log, run)
