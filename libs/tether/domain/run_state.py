@@ -203,14 +203,14 @@ def _to_builtins(value: Any) -> Any:
     raise NotImplementedError(f"a run's state holds no {type(value).__name__}")
 
 
-def _from_json_value(cls: type, value: Any) -> Any:
+def _from_json(cls: type, value: Any) -> Any:
     if isinstance(cls, type) and issubclass(cls, BaseModel):
         return cls.model_validate(value)
     raise NotImplementedError(f"a run's state holds no {cls.__name__}")
 
 
 _STATE_ENCODER = msgspec.json.Encoder(enc_hook=_to_json)
-_STATE_DECODER = msgspec.json.Decoder(RunState, dec_hook=_from_json_value)
+_STATE_DECODER = msgspec.json.Decoder(RunState, dec_hook=_from_json)
 
 
 class StateDecodeError(ValueError):
