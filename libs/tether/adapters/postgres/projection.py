@@ -84,7 +84,7 @@ def _run_scalars(state: RunState, last_seq: int, preview_chars: int) -> dict[str
 
 def _run_documents(state: RunState) -> tuple[str | None, str | None, str, str]:
     """A `runs` row's JSON documents, as JSON text (None: SQL NULL): output, progress,
-    delivery, state. Serialised by pydantic's encoder, which writes the models' JSON
+    delivery, state. Each written straight to JSON (`state_json`, pydantic's `to_json`),
     without building Python dicts first."""
     return (None if state.output is None else to_json(state.output).decode(),
             state_json(state.progress).decode() if state.progress else None,
