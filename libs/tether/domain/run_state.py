@@ -339,13 +339,13 @@ def _milestone(state: RunState, event: RunMilestone) -> Evolved:
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run takes no more milestones")
     milestone = Milestone(sequence=data.sequence, name=data.name, data=data.data,
-                      at=event.occurred_at)
+                          at=event.occurred_at)
     milestones = (*state.milestones, milestone)
     if len(milestones) > 1 and milestones[-2].sequence > data.sequence:  # one arrived late
         milestones = tuple(sorted(milestones, key=lambda m: m.sequence))
     snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message,
-                     phase=data.phase, milestone=data.name, data=data.data,
-                     at=event.occurred_at)
+                                phase=data.phase, milestone=data.name, data=data.data,
+                                at=event.occurred_at)
     return _applied(state, milestones=milestones, progress=_newer(state.progress, snapshot),
                     **_with_signal(state, event.occurred_at))
 
@@ -359,7 +359,8 @@ def _newer(current: ProgressSnapshot | None, candidate: ProgressSnapshot) -> Pro
 def _progress_persisted(state: RunState, event: RunProgressPersisted) -> Evolved:
     data = event.data
     snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message,
-                     phase=data.phase, milestone=None, data=data.data, at=event.occurred_at)
+                                phase=data.phase, milestone=None, data=data.data,
+                                at=event.occurred_at)
     if state.progress is not None and snapshot.at <= state.progress.at:
         # Progress is "latest value wins"; an older or same-instant snapshot is a duplicate
         # or stale, and applying it again must change nothing.
@@ -459,7 +460,7 @@ def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
     if key in state.ledger.finish:
         return _ignored(state, f"duplicate: finish {key} was already delivered")
     ledger = DeliveryLedger(finish={**state.ledger.finish, key: event.occurred_at},
-                   notifications=state.ledger.notifications)
+                            notifications=state.ledger.notifications)
     return _applied(state, ledger=ledger)
 
 
@@ -477,7 +478,7 @@ def _notified(state: RunState, event: RunNotified) -> Evolved:
     if key in state.ledger.notifications:
         return _ignored(state, f"duplicate: notification {key} was already sent")
     ledger = DeliveryLedger(finish=state.ledger.finish,
-                   notifications={**state.ledger.notifications, key: event.occurred_at})
+                            notifications={**state.ledger.notifications, key: event.occurred_at})
     return _applied(state, ledger=ledger)
 
 
