@@ -48,8 +48,7 @@ class RunEvents:
 
     def make(self, cls: type[Event], at: int | None = None, event_id: str | None = None,
              **data: Any) -> Event:
-        data_cls = cls.model_fields["data"].annotation
-        assert data_cls is not None
+        data_cls: Any = ev.data_class(cls)
         return cls(
             event_id=event_id or f"{self._id_prefix}-{next(self._ids)}",
             run_id=self.run_id,

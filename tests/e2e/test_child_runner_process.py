@@ -5,7 +5,7 @@ import signal
 from contextlib import aclosing
 
 from tether.adapters.event_log import EventLog
-from tether.contract.messages import WorkItem, work_message_id
+from tether.contract.messages import WorkItem, work_item_json, work_message_id
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
 
@@ -18,7 +18,7 @@ async def dispatch(log: EventLog, agent_type: str, input: dict) -> RunEvents:
     await log.append_batch([run.requested(agent_type, input=input), run.started()],
                            expected_last_seq=0)
     item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type=agent_type)
-    await log.jetstream.publish(log.subjects.work(agent_type), item.model_dump_json().encode(),
+    await log.jetstream.publish(log.subjects.work(agent_type), work_item_json(item),
                                 headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
                                 stream=log.subjects.work_stream)
     return run

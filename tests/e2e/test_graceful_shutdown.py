@@ -14,7 +14,7 @@ from contextlib import aclosing
 from eventually import eventually
 
 from tether.adapters.event_log import EventLog
-from tether.contract.messages import WorkItem, work_message_id
+from tether.contract.messages import WorkItem, read_work_item, work_item_json, work_message_id
 from tether.domain.commands import RunCommand
 from tether.domain.events import ParentRef
 from tether.domain.run_state import evolve
@@ -87,7 +87,7 @@ async def test_a_child_runner_hands_its_running_work_back_and_another_resumes_it
         await log.append_batch([run.requested("Sleeper", input={"seconds": 60}), run.started()],
                                expected_last_seq=0)
         item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper")
-        await log.jetstream.publish(log.subjects.work("Sleeper"), item.model_dump_json().encode(),
+        await log.jetstream.publish(log.subjects.work("Sleeper"), work_item_json(item),
                                     headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
                                     stream=log.subjects.work_stream)
     await watch_runs(log, lambda s: sum(r.status == "running" for r in s.values()) == 3)
@@ -117,7 +117,7 @@ async def test_a_parent_finishes_the_batch_in_hand_and_loses_no_command(log, poo
     all_dispatched = asyncio.Event()
 
     async def on_item(msg) -> None:
-        dispatched.add(WorkItem.model_validate_json(msg.data).run_id)
+        dispatched.add(read_work_item(msg.data).run_id)
         if dispatched >= set(run_ids):
             all_dispatched.set()
 

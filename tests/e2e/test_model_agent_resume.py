@@ -10,7 +10,7 @@ from contextlib import aclosing
 
 from tether.adapters.event_log import EventLog
 from tether.agents.clients.scripted import read_calls
-from tether.contract.messages import WorkItem, work_message_id
+from tether.contract.messages import WorkItem, work_item_json, work_message_id
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
 
@@ -23,7 +23,7 @@ async def dispatch(log: EventLog, run_id: str) -> None:
     await log.append_batch([run.requested("Researcher", input={"input": "HTTP/3?"}),
                             run.started()], expected_last_seq=0)
     item = WorkItem(run_id=run_id, parent=PARENT, agent_type="Researcher")
-    await log.jetstream.publish(log.subjects.work("Researcher"), item.model_dump_json().encode(),
+    await log.jetstream.publish(log.subjects.work("Researcher"), work_item_json(item),
                                 headers={"Nats-Msg-Id": work_message_id(run_id, 1)},
                                 stream=log.subjects.work_stream)
 

@@ -7,6 +7,7 @@ import json
 import signal
 from contextlib import aclosing
 
+import msgspec
 from eventually import eventually
 
 from tether.client.connection import connect
@@ -25,7 +26,7 @@ FAST_RECOVERY = {"TETHER_REATTACH_NO_PROGRESS_TIMEOUT_MS": "1500",
 
 
 async def send_run(log, run_id: str, agent_type: str, input: dict, **extra) -> None:
-    command = {"run_id": run_id, "parent": PARENT.model_dump(), "agent_type": agent_type,
+    command = {"run_id": run_id, "parent": msgspec.to_builtins(PARENT), "agent_type": agent_type,
                "input": input, **extra}
     await log.jetstream.publish(log.subjects.command("run"), json.dumps(command).encode(),
                                 headers={"Nats-Msg-Id": f"run:{run_id}"})

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+import msgspec
 import nats
 import pytest
 from authorized_nats import authorized_nats
@@ -82,7 +83,7 @@ async def operator_log(auth_nats, settings, pool):
 
 async def answered(nc, subject: str, within_s: float = 30) -> None:
     """Once the parent service answers queries."""
-    query = json.dumps({"run_id": "probe", "parent": ALICE_PARENT.model_dump()}).encode()
+    query = json.dumps({"run_id": "probe", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode()
     async with asyncio.timeout(within_s):
         while True:
             try:

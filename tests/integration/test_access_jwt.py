@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import msgspec
 import nats
 import pytest
 from authorized_nats import nats_server
@@ -67,7 +68,7 @@ async def test_operator_mode_confines_an_application_as_the_configuration_file_d
     try:
         async with connect(settings=as_user(settings, url, creds, "alice")) as app:
             assert app.served
-            query = json.dumps({"run_id": "x", "parent": ALICE_PARENT.model_dump()}).encode()
+            query = json.dumps({"run_id": "x", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode()
             async with asyncio.timeout(30):
                 while True:
                     try:
@@ -85,7 +86,7 @@ async def test_operator_mode_confines_an_application_as_the_configuration_file_d
             victim = subjects.run_events(ParentRef(agent="BobBot", name="user-1"), "run-1")
             await app.nc.publish(subjects.rpc_for("has_run", ALICE_PARENT), query, reply=victim)
             await app.nc.publish(subjects.command_for("cancel", ALICE_PARENT), json.dumps(
-                {"run_id": "x", "parent": ALICE_PARENT.model_dump()}).encode(), reply=victim)
+                {"run_id": "x", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode(), reply=victim)
             await app.nc.flush()
         await admin.flush()
         assert victim not in spied

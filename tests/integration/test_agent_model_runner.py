@@ -16,6 +16,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
+import msgspec
 import pytest
 from eventually import eventually
 from pydantic import BaseModel
@@ -39,7 +40,13 @@ from tether.agents.clients.scripted import read_calls
 from tether.agents.devtools import show_run
 from tether.child.runner import ChildRunner, consumer_name
 from tether.child.work import Outcome
-from tether.contract.messages import CancelSignal, InspectReply, WorkItem, work_message_id
+from tether.contract.messages import (
+    CancelSignal,
+    InspectReply,
+    WorkItem,
+    work_item_json,
+    work_message_id,
+)
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState, evolve
@@ -112,7 +119,7 @@ async def parent(settings, log, pool):
 
 
 async def command(log: EventLog, kind: str, **payload: Any) -> None:
-    body = {"parent": PARENT.model_dump(), **payload}
+    body = {"parent": msgspec.to_builtins(PARENT), **payload}
     await log.jetstream.publish(log.subjects.command(kind), json.dumps(body).encode())
 
 
@@ -145,7 +152,7 @@ async def dispatch(log: EventLog, agent_type: str, input: dict[str, Any],
     await log.append_batch([run.requested(agent_type, input=input), run.started(),
                             *recorded(run)], expected_last_seq=0)
     item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type=agent_type)
-    await log.jetstream.publish(log.subjects.work(agent_type), item.model_dump_json().encode(),
+    await log.jetstream.publish(log.subjects.work(agent_type), work_item_json(item),
                                 headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
                                 stream=log.subjects.work_stream)
     return run.run_id
@@ -239,7 +246,7 @@ async def test_a_resumed_run_repeats_no_recorded_model_call_tool_or_milestone(
 
 async def inspect(log: EventLog, run_id: str) -> InspectReply:
     reply = await log.nats.request(log.subjects.rpc("inspect"), json.dumps(
-        {"run_id": run_id, "parent": PARENT.model_dump()}).encode(), timeout=5)
+        {"run_id": run_id, "parent": msgspec.to_builtins(PARENT)}).encode(), timeout=5)
     return InspectReply.model_validate_json(reply.data)
 
 

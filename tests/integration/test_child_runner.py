@@ -34,6 +34,7 @@ from tether.contract.messages import (
     ProgressSignal,
     WorkItem,
     finish_message_id,
+    work_item_json,
     work_message_id,
 )
 from tether.domain.events import DetachedOptions, Event, ParentRef, RunCancelRequested
@@ -98,7 +99,7 @@ async def dispatch(log: EventLog, agent_type: str, input: dict[str, Any],
 
 async def publish_item(log: EventLog, item: WorkItem, msg_id: str | None = None) -> None:
     await log.jetstream.publish(
-        log.subjects.work(item.agent_type), item.model_dump_json().encode(),
+        log.subjects.work(item.agent_type), work_item_json(item),
         headers={"Nats-Msg-Id": msg_id or work_message_id(item.run_id, 1)},
         stream=log.subjects.work_stream)
 
@@ -464,7 +465,7 @@ async def test_a_quiet_child_s_last_signal_reaches_the_log_within_the_window(
                                           max_budget_ms=60_000, no_progress_budget_ms=400),
                             run.started()], expected_last_seq=0)
     item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Holding")
-    await log.jetstream.publish(log.subjects.work("Holding"), item.model_dump_json().encode(),
+    await log.jetstream.publish(log.subjects.work("Holding"), work_item_json(item),
                                 stream=log.subjects.work_stream)
     second = await event_of(log, run, lambda e: e.type == "run.progress_persisted")
     assert second.data.message == "second", "the latest signal of the first window"
@@ -719,7 +720,7 @@ async def test_a_finished_or_cleared_run_is_skipped(log, start_runner):
     assert len((await log.read_run(PARENT, done.run_id)).events) == 3
 
     missing = WorkItem(run_id="r-never-requested", parent=PARENT, agent_type="Sleeper")
-    await log.jetstream.publish(log.subjects.work("Sleeper"), missing.model_dump_json().encode())
+    await log.jetstream.publish(log.subjects.work("Sleeper"), work_item_json(missing))
     outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
     assert (outcome.run_id, outcome.kind) == ("r-never-requested", "skipped")
 

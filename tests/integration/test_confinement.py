@@ -15,6 +15,7 @@ import uuid
 from contextlib import suppress
 from pathlib import Path
 
+import msgspec
 import nats
 import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, authorized_nats
@@ -95,7 +96,7 @@ async def tenants(request, tmp_path: Path, unique_name: str, devstack, settings,
         stop = asyncio.Event()
         service = asyncio.create_task(parent_service.serve(
             as_user(settings, url, "parent", agents=AGENTS, **parent_settings), stop, {}))
-        query = json.dumps({"run_id": "x", "parent": ALICE_PARENT.model_dump()}).encode()
+        query = json.dumps({"run_id": "x", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode()
         await answered(admin, subjects.rpc_for("has_run", ALICE_PARENT), query)
         state = Tenants(url, settings, admin, log)
 
@@ -127,14 +128,14 @@ async def test_an_application_acts_for_its_own_parents_through_its_account(tenan
         # A command for its own parent is stored; the stream's ack comes back to it.
         ack = await alice.jetstream(timeout=2).publish(
             subjects.command_for("cancel", ALICE_PARENT),
-            json.dumps({"run_id": "run-1", "parent": ALICE_PARENT.model_dump()}).encode())
+            json.dumps({"run_id": "run-1", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode())
         assert ack.stream == subjects.commands_stream
         # Its own runs through the parent: inspect, and the stored events of its timeline.
         reply = await alice.request(subjects.rpc_for("inspect", ALICE_PARENT), json.dumps(
-            {"run_id": "run-1", "parent": ALICE_PARENT.model_dump()}).encode(), timeout=5)
+            {"run_id": "run-1", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode(), timeout=5)
         assert json.loads(reply.data)["run"]["status"] == "starting"
         history = await alice.request(subjects.rpc_for("history", ALICE_PARENT), json.dumps(
-            {"parent": ALICE_PARENT.model_dump(), "feed": "events"}).encode(), timeout=5)
+            {"parent": msgspec.to_builtins(ALICE_PARENT), "feed": "events"}).encode(), timeout=5)
         stored = json.loads(history.data)["messages"]
         assert {m["subject"] for m in stored} == {subjects.run_events(ALICE_PARENT, "run-1")}
         # Its live events, as the events stream republishes them. Core delivery is at
@@ -209,10 +210,10 @@ async def test_replies_acks_and_pulls_cannot_be_sent_into_another_tenant(tenants
                                                         b"{}")
                 # The commands stream's ack, the parent's answer, a pulled hook message.
                 await alice.publish(subjects.command_for("cancel", ALICE_PARENT), json.dumps(
-                    {"run_id": f"probe-{n}", "parent": ALICE_PARENT.model_dump()}).encode(),
+                    {"run_id": f"probe-{n}", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode(),
                     reply=victim)
                 await alice.publish(subjects.rpc_for("has_run", ALICE_PARENT), json.dumps(
-                    {"run_id": "run-1", "parent": ALICE_PARENT.model_dump()}).encode(),
+                    {"run_id": "run-1", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode(),
                     reply=victim)
                 await alice.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.hooks_stream}."
                                     "hooks-AliceBot-on_done", b'{"batch": 1}', reply=victim)
@@ -365,7 +366,7 @@ async def test_a_message_id_of_another_tenants_request_does_not_swallow_it(tenan
         for msg_id in (squatted, "run:wanted"):
             ack = await alice.jetstream(timeout=2).publish(
                 subjects.command_for("cancel", ALICE_PARENT),
-                json.dumps({"run_id": "wanted", "parent": ALICE_PARENT.model_dump()}).encode(),
+                json.dumps({"run_id": "wanted", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode(),
                 headers={"Nats-Msg-Id": msg_id})
             assert not ack.duplicate
     finally:
@@ -387,8 +388,8 @@ async def test_a_tenant_that_asks_too_often_is_told_when_to_ask_again(tenants):
     subjects = tenants.subjects
 
     async def ask(nc, parent, kind: str, forged: bool = False) -> dict:
-        query = ({"run_id": "run-1", "parent": parent.model_dump()} if kind == "has_run"
-                 else {"parent": parent.model_dump(), "feed": "events"})
+        query = ({"run_id": "run-1", "parent": msgspec.to_builtins(parent)} if kind == "has_run"
+                 else {"parent": msgspec.to_builtins(parent), "feed": "events"})
         headers = ({"Nats-Request-Info": json.dumps({"acc": f"FORGED_{uuid.uuid4().hex}"})}
                    if forged else None)
         reply = await nc.request(subjects.rpc_for(kind, parent), json.dumps(query).encode(),
@@ -492,7 +493,7 @@ async def test_a_durable_chat_reader_is_served_by_the_parent(tenants):
     alice = await connect_alice(tenants.url, Violations())
     try:
         reply = await alice.request(subjects.rpc_for("chat_next", ALICE_PARENT), json.dumps(
-            {"parent": ALICE_PARENT.model_dump(), "durable": "inbox",
+            {"parent": msgspec.to_builtins(ALICE_PARENT), "durable": "inbox",
              "ack": [f"$JS.ACK.{subjects.chat_stream}.chat-BobBot-user-1-inbox.1.1.1.1.0"]}
         ).encode(), timeout=5)
         assert json.loads(reply.data)["error"].startswith("invalid request:"), reply.data

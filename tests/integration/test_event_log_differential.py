@@ -5,6 +5,7 @@ duplicates, histories and follows. The unit tests that use the fake rely on this
 import asyncio
 from contextlib import aclosing
 
+import msgspec
 import pytest
 
 from tether.adapters.event_log import EventLog
@@ -128,8 +129,8 @@ async def test_a_retried_append_after_the_run_moved_tells_its_own_event_apart(
         await target.append(started, expected_last_seq=requested)
         await target.append(run.running(), expected_last_seq=requested + 1)
         try:
-            return await target.append(started if same_event else ev.RunStarted.model_validate(
-                {**started.model_dump(), "event_id": "another"}), expected_last_seq=requested)
+            return await target.append(started if same_event else msgspec.structs.replace(
+                started, event_id="another"), expected_last_seq=requested)
         except ConcurrencyConflict as conflict:
             return ("conflict", conflict.expected_last_seq)
 

@@ -5,6 +5,7 @@ import json
 import uuid
 from contextlib import aclosing
 
+import msgspec
 import pytest
 from eventually import eventually
 from nats.js.errors import NotFoundError
@@ -20,6 +21,7 @@ from tether.contract.messages import (
     InspectReply,
     WorkItem,
     finish_message_id,
+    read_work_item,
 )
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, evolve, fold
@@ -62,7 +64,7 @@ async def send(log: EventLog, kind: str, payload: dict, *, msg_id: str | None = 
 
 
 def run_request(run_id: str, agent_type: str = "Researcher", **extra) -> dict:
-    return {"run_id": run_id, "parent": PARENT.model_dump(), "agent_type": agent_type,
+    return {"run_id": run_id, "parent": msgspec.to_builtins(PARENT), "agent_type": agent_type,
             "input": extra.pop("input", {"query": "HTTP/3"}), **extra}
 
 
@@ -94,7 +96,7 @@ async def dispatches(log):
     arrived = asyncio.Event()
 
     async def on_item(msg) -> None:
-        seen.append(WorkItem.model_validate_json(msg.data))
+        seen.append(read_work_item(msg.data))
         arrived.set()
 
     subscription = await log.nats.subscribe(f"{log.subjects.prefix}.work.>", cb=on_item)
@@ -128,7 +130,7 @@ async def work_items(log: EventLog, agent_type: str) -> list[WorkItem]:
         except NotFoundError:
             continue
         if message.subject == subject:
-            found.append(WorkItem.model_validate_json(message.data))
+            found.append(read_work_item(message.data))
     return found
 
 
@@ -181,7 +183,7 @@ async def test_an_invalid_request_is_rejected_and_leaves_no_run(parent, log, req
 
 
 async def test_a_request_without_a_valid_run_id_is_dead_lettered(parent, log):
-    await send(log, "run", {"run_id": "has space", "parent": PARENT.model_dump(),
+    await send(log, "run", {"run_id": "has space", "parent": msgspec.to_builtins(PARENT),
                             "agent_type": "Researcher"})
     await log.jetstream.publish(log.subjects.command("run"), b"{not json")
     await log.jetstream.publish(log.subjects.command("run"), b"[" * 100_000)
@@ -256,7 +258,7 @@ async def test_the_cap_is_never_exceeded_under_concurrent_requests(parent, log):
 async def test_a_child_acting_as_parent_has_its_own_cap(parent, log):
     nested = ParentRef(agent="Helper", name="helper-run-1")
     for run_id in ("n1", "n2"):
-        await send(log, "run", {**run_request(run_id), "parent": nested.model_dump()})
+        await send(log, "run", {**run_request(run_id), "parent": msgspec.to_builtins(nested)})
     outcomes = [await until(log, run_id, lambda s, e: e, parent=nested) for run_id in ("n1", "n2")]
     admitted = [state for state, _ in outcomes if state is not None]
     rejections = [events[-1].data.error for state, events in outcomes if state is None]
@@ -270,7 +272,7 @@ async def test_a_cancelled_detached_runs_hook_comes_from_the_cancel(parent, log,
     await send(log, "run", run_request("c-hook", detached={"on_finish": "on_done"}))
     await dispatches("c-hook")
     for _ in range(2):  # the second: this command again, as after a parent that died
-        await send(log, "cancel", {"run_id": "c-hook", "parent": PARENT.model_dump()})
+        await send(log, "cancel", {"run_id": "c-hook", "parent": msgspec.to_builtins(PARENT)})
     state, _ = await until(log, "c-hook", lambda s, e: s.status == "aborted")
     [message] = await next_messages(log, log.subjects.hook("Assistant", "on_done"), 1)
     hook = HookMessage.model_validate_json(message.data)
@@ -286,21 +288,21 @@ async def test_cancel_in_each_state(parent, log, dispatches):
     # awaited and open: cancellation is requested; the runner ends it when the child stops
     await send(log, "run", run_request("c-awaited"))
     await dispatches("c-awaited")
-    await send(log, "cancel", {"run_id": "c-awaited", "parent": PARENT.model_dump()})
+    await send(log, "cancel", {"run_id": "c-awaited", "parent": msgspec.to_builtins(PARENT)})
     state, _ = await until(log, "c-awaited", lambda s, e: s.cancel_requested_at)
     assert state.status == "starting"
 
     # detached: aborted at once
     await send(log, "run", run_request("c-detached", detached=True))
     await dispatches("c-detached")
-    await send(log, "cancel", {"run_id": "c-detached", "parent": PARENT.model_dump()})
+    await send(log, "cancel", {"run_id": "c-detached", "parent": msgspec.to_builtins(PARENT)})
     state, _ = await until(log, "c-detached", lambda s, e: s.status == "aborted")
     assert state.aborted_cause == "cancel"
 
     # finished: a no-op, and cancelling twice is too
     for _ in range(2):
-        await send(log, "cancel", {"run_id": "c-detached", "parent": PARENT.model_dump()})
-    await send(log, "cancel", {"run_id": "never-existed", "parent": PARENT.model_dump()})
+        await send(log, "cancel", {"run_id": "c-detached", "parent": msgspec.to_builtins(PARENT)})
+    await send(log, "cancel", {"run_id": "never-existed", "parent": msgspec.to_builtins(PARENT)})
     await send(log, "run", run_request("c-marker"))
     await until(log, "c-marker", lambda s, e: s is not None)
     history = await log.read_run(PARENT, "c-detached")
@@ -360,7 +362,7 @@ async def test_clear_cancels_open_runs_purges_the_log_and_has_run_is_false(paren
     await send(log, "run", run_request("still-open"))
     await dispatches("still-open")
 
-    await send(log, "clear", {"parent": PARENT.model_dump(), "status": ["completed", "starting"]})
+    await send(log, "clear", {"parent": msgspec.to_builtins(PARENT), "status": ["completed", "starting"]})
     _, events = await until(log, "still-open", lambda s, e: e[-1].type == "run.cleared")
     assert "run.aborted" in types(events)
     for run_id in ("old-done", "still-open"):
@@ -368,7 +370,7 @@ async def test_clear_cancels_open_runs_purges_the_log_and_has_run_is_false(paren
         assert history.state is None
         assert types(history.events) == ["run.cleared"], "only the tombstone is left"
         reply = await log.nats.request(log.subjects.rpc("has_run"), json.dumps(
-            {"run_id": run_id, "parent": PARENT.model_dump()}).encode(), timeout=5)
+            {"run_id": run_id, "parent": msgspec.to_builtins(PARENT)}).encode(), timeout=5)
         assert json.loads(reply.data)["has_run"] is False
 
 
@@ -377,7 +379,7 @@ async def test_inspect_answers_only_the_owning_parent(parent, log, dispatches):
     await dispatches("mine")
     ask = log.subjects.rpc("inspect")
     reply = InspectReply.model_validate_json((await log.nats.request(ask, json.dumps(
-        {"run_id": "mine", "parent": PARENT.model_dump()}).encode(), timeout=5)).data)
+        {"run_id": "mine", "parent": msgspec.to_builtins(PARENT)}).encode(), timeout=5)).data)
     assert reply.run is not None and reply.run.status == "starting"
     stranger = {"agent": "Assistant", "name": "user-2"}
     reply = InspectReply.model_validate_json((await log.nats.request(ask, json.dumps(
@@ -394,7 +396,7 @@ async def test_a_run_cleared_while_awaited_and_requested_again_detached_gets_its
     await registry.put("hook.Assistant.on_done", b"{}")
     await send(log, "run", run_request("again"))
     await dispatches("again")
-    await send(log, "clear", {"parent": PARENT.model_dump()})
+    await send(log, "clear", {"parent": msgspec.to_builtins(PARENT)})
     await until(log, "again", lambda s, e: e[-1].type == "run.cleared")
     await send(log, "run", run_request("again", detached={"on_finish": "on_done"}))
     _, item = await dispatches("again", count=2)
@@ -427,7 +429,7 @@ async def test_a_delivery_of_a_cleared_lifes_hook_is_not_recorded_on_the_run_ids
     state = (await log.read_run(PARENT, "lives")).state
 
     def delivered(life: RunState) -> dict:
-        return {"run_id": "lives", "parent": PARENT.model_dump(), "status": "completed",
+        return {"run_id": "lives", "parent": msgspec.to_builtins(PARENT), "status": "completed",
                 "method": "on_done",
                 "message_id": finish_message_id(life, "completed", "on_done")}
 
@@ -454,7 +456,7 @@ async def test_a_delivery_report_without_a_life_is_decided_from_the_run(parent, 
     for event in (run.requested(), run.running(), run.completed("done")):
         await log.append(event, expected_last_seq=None)
     state = (await log.read_run(PARENT, "unnamed")).state
-    report = {"run_id": "unnamed", "parent": PARENT.model_dump(), "status": "completed",
+    report = {"run_id": "unnamed", "parent": msgspec.to_builtins(PARENT), "status": "completed",
               "method": "on_done", "message_id": "finish:unnamed:completed"}  # names no life
     handlers = parent._handlers
     assert await handlers.record_delivery(report) == "recorded"
@@ -468,7 +470,7 @@ async def test_a_per_parent_query_subject_answers_only_for_its_own_parent(parent
                                                                           dispatches):
     await send(log, "run", run_request("scoped"))
     await dispatches("scoped")
-    body = json.dumps({"run_id": "scoped", "parent": PARENT.model_dump()}).encode()
+    body = json.dumps({"run_id": "scoped", "parent": msgspec.to_builtins(PARENT)}).encode()
     own = await log.nats.request(log.subjects.rpc_for("inspect", PARENT), body, timeout=5)
     assert InspectReply.model_validate_json(own.data).run.run_id == "scoped"
     other = ParentRef(agent="Intruder", name=PARENT.name)

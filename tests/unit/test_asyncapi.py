@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from tether.contract import asyncapi, schemas
+from tether.domain.records import Record, pydantic_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,4 +96,5 @@ def test_every_message_model_has_a_json_schema() -> None:
     for cls in schemas.MESSAGE_CLASSES:
         document = generated[f"messages/{cls.__name__}.json"]
         assert document["$id"] == f"messages/{cls.__name__}.json"
-        assert set(document["properties"]) == set(cls.model_fields)
+        model = pydantic_model(cls) if issubclass(cls, Record) else cls
+        assert set(document["properties"]) == set(model.model_fields)

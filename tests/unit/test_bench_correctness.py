@@ -5,6 +5,7 @@ import dataclasses
 import itertools
 from typing import Any
 
+import msgspec
 import pytest
 
 from bench.correctness import CHECKS, LoggedEvent, check_w1
@@ -28,9 +29,8 @@ _ids = itertools.count()
 
 
 def make(event_cls: type[EventEnvelope], run_id: str, data: dict[str, Any]) -> Any:
-    return event_cls.model_validate({"event_id": f"e{next(_ids)}", "run_id": run_id,
-                                     "parent": PARENT, "occurred_at": T0 + next(_ids),
-                                     "data": data})
+    return msgspec.convert({"event_id": f"e{next(_ids)}", "run_id": run_id, "parent": PARENT,
+                            "occurred_at": T0 + next(_ids), "data": data}, event_cls)
 
 
 def w1_run(run_id: str, runner: str = "runner-a") -> list[Any]:
@@ -176,7 +176,7 @@ def test_an_event_before_its_run_breaks_the_fold_order_and_is_refused():
 
 def test_an_event_appended_twice_is_refused_by_the_fold():
     runs = good_runs()
-    again = runs["w1-0"][2].model_copy(update={"event_id": "again"})
+    again = msgspec.structs.replace(runs["w1-0"][2], event_id="again")
     runs["w1-0"].insert(4, again)
 
     result = verdict(logged(runs, unconditional=frozenset({"again"})))
@@ -224,7 +224,7 @@ def test_a_hook_function_that_ran_twice_is_not_once():
 
 def test_a_hook_delivered_twice_in_the_ledger_is_not_once():
     runs = good_runs()
-    runs["w1-2"].append(runs["w1-2"][-1].model_copy(update={"event_id": "twice"}))
+    runs["w1-2"].append(msgspec.structs.replace(runs["w1-2"][-1], event_id="twice"))
 
     result = verdict(logged(runs, unconditional=frozenset({"twice"})))
 

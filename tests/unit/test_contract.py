@@ -5,11 +5,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from tether.child.context import check_progress
+from tether.child.context import RunContext, check_progress
 from tether.contract import schemas
+from tether.contract.codec import decode_event, encode_event
 from tether.contract.messages import (
     GLOBAL_FINISH_HOOK,
     ProgressSignal,
@@ -19,7 +21,9 @@ from tether.contract.messages import (
     finish_message_id,
     names_this_life,
     progress_signal_json,
+    read_work_item,
     run_message_id,
+    work_item_json,
     work_message_id,
 )
 from tether.contract.subjects import Subjects
@@ -36,7 +40,7 @@ from tether.domain.commands import (
     RunCommand,
     parse_command,
 )
-from tether.domain.events import DetachedOptions, ParentRef
+from tether.domain.events import DetachedOptions, ParentRef, RunMilestone
 from tether.domain.ids import IDENTIFIER_PATTERN, InvalidIdentifier, check_identifier
 from tether.domain.run_state import evolve, fold
 from tether.testing import RunEvents
@@ -88,14 +92,14 @@ def test_run_command_refuses_an_invalid_run_id(value: str) -> None:
 
 @pytest.mark.parametrize("name", ["user.42", "user 42", "*", ">", "-u"])
 def test_a_parent_name_that_would_add_a_subject_token_is_refused(name: str) -> None:
-    with pytest.raises(ValidationError, match="name"):
+    with pytest.raises(InvalidIdentifier, match="parent name"):
         ParentRef(agent="Assistant", name=name)
     with pytest.raises(ValidationError, match=r"parent.name"):
         parse_command("cancel", {"run_id": "r1", "parent": {"agent": "Assistant", "name": name}})
 
 
 def test_a_hook_method_name_is_an_identifier() -> None:
-    with pytest.raises(ValidationError, match="on_finish"):
+    with pytest.raises(InvalidIdentifier, match="on_finish"):
         DetachedOptions(on_finish="on.done")
 
 
@@ -152,7 +156,7 @@ def test_infinite_no_progress_budget_is_stored_as_zero() -> None:
 
 @pytest.mark.parametrize("budget", [float("-inf"), -1, float("nan")])
 def test_a_negative_or_undefined_no_progress_budget_is_refused(budget: float) -> None:
-    with pytest.raises(ValidationError, match="no_progress_budget_ms"):
+    with pytest.raises(msgspec.ValidationError, match="no_progress_budget_ms"):
         DetachedOptions(no_progress_budget_ms=budget)
 
 
@@ -235,7 +239,7 @@ def test_parse_run_events_refuses_other_subjects(subject: str) -> None:
 
 
 def test_parse_run_events_refuses_an_invalid_parent_token() -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(InvalidIdentifier, match="parent name"):
         Subjects().parse_run_events("tether.evt.A.*.r1")
 
 
@@ -293,14 +297,25 @@ def test_schemas_cover_every_event_and_command() -> None:
 
 
 def test_a_work_item_ignores_fields_a_later_parent_adds_but_checks_its_own() -> None:
-    item = WorkItem.model_validate_json(
+    item = read_work_item(
         '{"run_id": "r1", "parent": {"agent": "A", "name": "n"}, "agent_type": "Researcher",'
         ' "attempt": 0, "priority": "high"}')
     assert (item.run_id, item.attempt) == ("r1", 0) and not hasattr(item, "priority")
-    with pytest.raises(ValidationError, match="attempt"):
-        WorkItem.model_validate_json(
+    with pytest.raises(msgspec.ValidationError, match="attempt"):
+        read_work_item(
             '{"run_id": "r1", "parent": {"agent": "A", "name": "n"},'
             ' "agent_type": "Researcher", "attempt": -1}')
+    with pytest.raises(msgspec.ValidationError, match="agent_type"):
+        read_work_item(
+            '{"run_id": "r1", "parent": {"agent": "A", "name": "n"}, "agent_type": "a.b"}')
+
+
+def test_a_work_item_is_written_as_it_is_read() -> None:
+    run = RunEvents("r1", ParentRef(agent="Assistant", name="u1"))
+    item = WorkItem(run_id="r1", parent=run.parent, agent_type="Researcher", attempt=0,
+                    requested=run.requested(), requested_seq=4)
+
+    assert read_work_item(work_item_json(item)) == item
 
 
 def _life(run_id: str, request_id: str):
@@ -364,8 +379,8 @@ def test_the_fold_takes_a_ledger_entry_of_its_own_life_only() -> None:
     assert "earlier life" in ignored.note
     assert evolve(first, late).state.finish_delivered("completed", "on_done")
     # Entries whose ids name no life (written before runs had one) count for any.
-    older = late.model_copy(update={"event_id": "r1:finish_delivered:on_done:completed"})
-    unknown = late.model_copy(update={"event_id": "r1::finish_delivered:on_done:completed"})
+    older = msgspec.structs.replace(late, event_id="r1:finish_delivered:on_done:completed")
+    unknown = msgspec.structs.replace(late, event_id="r1::finish_delivered:on_done:completed")
     for entry in (older, unknown):
         assert evolve(second, entry).state.finish_delivered("completed", "on_done")
 
@@ -401,3 +416,35 @@ def test_a_progress_signal_is_sent_as_the_model_would_serialise_it(values: dict[
     assert sent == model.model_dump_json().encode()
     assert ProgressSignal.model_validate_json(sent) == ProgressSignal.model_validate_json(
         model.model_dump_json())
+
+
+class Source(BaseModel):
+    url: str
+    seen: datetime.datetime
+
+
+def test_a_milestone_carries_the_childs_data_as_json_ready_values() -> None:
+    seen = datetime.datetime(2026, 12, 2, 15, 0, tzinfo=datetime.UTC)
+    fraction, data = check_progress(1, "half-way", {
+        "source": Source(url="https://example.org", seen=seen), "pair": (1, "a"),
+        "big": 2 ** 70})
+
+    assert fraction == 1.0 and isinstance(fraction, float)
+    assert data == {"source": {"url": "https://example.org", "seen": "2026-12-02T15:00:00Z"},
+                    "pair": [1, "a"], "big": 2 ** 70}
+    run = RunEvents("r1", ParentRef(**PARENT))
+    event = run.make(RunMilestone, sequence=0, name="half-way", fraction=fraction, data=data)
+    assert decode_event(encode_event(event)) == event
+
+
+@pytest.mark.parametrize(("step", "error", "match"), [
+    (["not", "a", "dict"], TypeError, "a step is a dict, not list"),
+    ({"handle": object()}, ValueError, "a step must be JSON-serialisable"),
+])
+async def test_a_step_that_cannot_be_recorded_is_refused_where_the_child_records_it(
+        step: Any, error: type[Exception], match: str) -> None:
+    ctx = RunContext(run_id="r1", parent=ParentRef(**PARENT), agent_type="Researcher",
+                     attempt=1, recorder=None)
+
+    with pytest.raises(error, match=match):
+        await ctx.record_step(0, step)

@@ -3,6 +3,7 @@ memory (`TestNatsBroker`); tests/integration covers them against a real server."
 
 import json
 
+import msgspec
 import pytest
 from faststream.nats import TestNatsBroker
 from nats.aio.client import Client as NATS
@@ -65,7 +66,7 @@ async def queries(log):
 
 
 def query(run_id: str = "r1", parent: ParentRef = PARENT) -> bytes:
-    return json.dumps({"run_id": run_id, "parent": parent.model_dump()}).encode()
+    return json.dumps({"run_id": run_id, "parent": msgspec.to_builtins(parent)}).encode()
 
 
 async def test_inspect_answers_the_run_on_either_subject_form(queries):
@@ -107,7 +108,7 @@ async def test_a_per_parent_subject_must_name_the_payloads_parent(queries, log):
 
 
 async def test_a_failing_query_answers_with_the_error_in_its_own_reply_shape(queries):
-    body = json.dumps({"parent": PARENT.model_dump()}).encode()
+    body = json.dumps({"parent": msgspec.to_builtins(PARENT)}).encode()
     answer = await queries.request(body, SUBJECTS.rpc_for("list", PARENT))
     assert json.loads(answer.body) == {"runs": [], "error": "ConnectionError: the projection "
                                                             "database is away"}
@@ -127,12 +128,12 @@ async def runner():
 
 
 async def test_every_runner_answers_a_child_inspect_and_only_a_holder_has_a_record(runner):
-    body = json.dumps({"run_id": "r1", "parent": PARENT.model_dump()}).encode()
+    body = json.dumps({"run_id": "r1", "parent": msgspec.to_builtins(PARENT)}).encode()
     answer = await runner.request(body, SUBJECTS.inspect_child("Researcher"))
     assert ChildInspectReply.model_validate_json(answer.body) == ChildInspectReply(record=None)
 
 
 async def test_a_cancel_for_a_run_the_runner_does_not_hold_is_not_answered(runner):
-    signal = json.dumps({"run_id": "r1", "parent": PARENT.model_dump()}).encode()
+    signal = json.dumps({"run_id": "r1", "parent": msgspec.to_builtins(PARENT)}).encode()
     answer = await runner.request(signal, SUBJECTS.cancel_signal("Researcher"))
     assert answer.body == b""  # `no_reply`: TestNatsBroker hands back an empty response

@@ -141,4 +141,4 @@ async def test_a_notification_for_a_cleared_life_is_not_recorded_in_the_next(log
 
 
 def test_the_outcomes_the_deliverer_delivers_are_the_terminal_events():
-    assert {cls.model_fields["type"].default for cls in OUTCOMES} == set(TERMINAL_EVENT_STATUS)
+    assert {cls.type for cls in OUTCOMES} == set(TERMINAL_EVENT_STATUS)

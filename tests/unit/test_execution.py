@@ -11,7 +11,7 @@ from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.execution import Execution
 from tether.child.work import RunnerEnvironment
 from tether.config import Settings
-from tether.contract.messages import WorkItem
+from tether.contract.messages import WorkItem, work_item_json
 from tether.domain import decide
 from tether.domain.events import ParentRef
 from tether.testing import InMemoryEventLog, RunEvents
@@ -24,7 +24,7 @@ class WorkMessage:
 
     def __init__(self, item: WorkItem, *, stream_seq: int = 1, delivered: int = 1) -> None:
         self.subject = f"tether.work.{item.agent_type}"
-        self.data = item.model_dump_json().encode()
+        self.data = work_item_json(item)
         self.reply = f"$JS.ACK.TETHER_WORK.runners.{delivered}.{stream_seq}.{stream_seq}.0.0"
         self.settled: list[str] = []
 

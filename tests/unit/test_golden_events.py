@@ -8,25 +8,32 @@ import copy
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
-from tether.contract.codec import EventDecodeError, decode_event, encode_event
+from tether.contract.codec import EventDecodeError, InvalidEvent, decode_event, encode_event
 from tether.domain.events import (
     CURRENT_VERSIONS,
     EVENT_CLASSES,
     DetachedOptions,
+    ParentRef,
     RunInterrupted,
+    RunMilestone,
+    RunMilestoneData,
     RunRequested,
+    data_class,
 )
+from tether.domain.ids import Identifier, InvalidIdentifier
+from tether.domain.records import Record
 from tether.domain.upcasting import registered_upcasters, upcast
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"
 NAME = re.compile(
     r"^(?P<type>run\.[a-z_]+)\.v(?P<version>[1-9][0-9]*)(?:\.(?P<variant>[a-z0-9-]+))?\.json$"
 )
-CLASS_OF = {cls.model_fields["type"].default: cls for cls in EVENT_CLASSES}
+CLASS_OF = {cls.type: cls for cls in EVENT_CLASSES}
 
 GOLDEN_FILES = sorted(GOLDEN.glob("*.json"))
 
@@ -90,10 +97,10 @@ def test_current_golden_file_is_exactly_what_the_codec_writes(path: Path) -> Non
 @pytest.mark.parametrize("path", CURRENT_GOLDEN_FILES, ids=lambda p: p.name)
 def test_current_golden_file_fills_every_data_field(path: Path) -> None:
     event_type, _ = type_and_version(path)
-    data_model = CLASS_OF[event_type].model_fields["data"].annotation
+    data_model = data_class(CLASS_OF[event_type])
     data = json.loads(path.read_text())["data"]
 
-    assert set(data) == set(data_model.model_fields)
+    assert set(data) == set(data_model.__struct_fields__)
     assert [field for field, value in data.items() if value is None] == []
 
 
@@ -237,12 +244,19 @@ def test_a_message_that_is_not_a_json_object_is_malformed(raw: bytes | str) -> N
     assert error.value.kind == "malformed"
 
 
-@pytest.mark.parametrize(("field", "change"), [
+INVALID_MILESTONES = [
     ("run_id", {"run_id": "run 7"}),
+    ("run_id", {"run_id": "run-7\n"}),
     ("sequence", {"data": {**load("run.milestone.v1.json")["data"], "sequence": -1}}),
+    ("fraction", {"data": {**load("run.milestone.v1.json")["data"], "fraction": 1.5}}),
     ("data", {"data": None}),
     ("unexpected", {"data": {**load("run.milestone.v1.json")["data"], "unexpected": 1}}),
-], ids=["bad-run-id", "negative-sequence", "no-data", "extra-field"])
+]
+INVALID_IDS = ["bad-run-id", "trailing-newline", "negative-sequence", "fraction-above-one",
+               "no-data", "extra-field"]
+
+
+@pytest.mark.parametrize(("field", "change"), INVALID_MILESTONES, ids=INVALID_IDS)
 def test_a_payload_that_fails_the_model_is_invalid(field: str, change: dict[str, Any]) -> None:
     payload = {**load("run.milestone.v1.json"), **change}
 
@@ -250,6 +264,117 @@ def test_a_payload_that_fails_the_model_is_invalid(field: str, change: dict[str,
         decode_event(json.dumps(payload))
 
     assert error.value.kind == "invalid"
+
+
+@pytest.mark.parametrize(("field", "change"), INVALID_MILESTONES[2:], ids=INVALID_IDS[2:])
+def test_an_event_that_breaks_its_constraints_is_not_encoded(field: str,
+                                                             change: dict[str, Any]) -> None:
+    payload = {**load("run.milestone.v1.json"), **change}
+    # Built from Python, as the services build events: its values are checked when it is
+    # written, its identifiers already as it is built (below).
+    data = payload["data"]
+    if isinstance(data, dict) and "unexpected" not in data:
+        data = RunMilestoneData(**data)
+    event = RunMilestone(event_id=payload["event_id"], run_id=payload["run_id"],
+                         parent=ParentRef(**payload["parent"]),
+                         occurred_at=payload["occurred_at"], data=data)
+
+    with pytest.raises(InvalidEvent, match=field) as error:
+        encode_event(event)
+
+    assert error.value.event_type == "run.milestone"
+
+
+def _identifier_fields() -> list[tuple[str, tuple[str, ...]]]:
+    """(golden file, path of a field the contract types as an identifier) for every such
+    field of every current event, found from the records' annotations."""
+    found = []
+
+    def walk(cls: type, path: tuple[str, ...], value: Any, name: str) -> None:
+        hints = get_type_hints(cls, include_extras=True)
+        for field_name in cls.__struct_fields__:
+            hint = hints[field_name]
+            here = (*path, field_name)
+            held = value.get(field_name)
+            if ((Identifier in (hint, *get_args(hint)) and isinstance(held, str))
+                    or (list[Identifier] in (hint, *get_args(hint)) and isinstance(held, list))):
+                found.append((name, here))
+            for inner in (hint, *get_args(hint)):
+                if isinstance(inner, type) and issubclass(inner, Record) and isinstance(held, dict):
+                    walk(inner, here, held, name)
+
+    for path in CURRENT_GOLDEN_FILES:
+        payload = json.loads(path.read_text())
+        walk(CLASS_OF[payload["type"]], (), payload, path.name)
+    return found
+
+
+IDENTIFIER_FIELDS = _identifier_fields()
+
+
+def test_the_golden_events_hold_every_kind_of_identifier_field() -> None:
+    fields = {path[-1] for _, path in IDENTIFIER_FIELDS}
+
+    assert {"run_id", "agent", "name", "agent_type", "on_finish", "names", "method"} <= fields
+
+
+def test_milestone_names_given_as_a_list_are_identifiers() -> None:
+    payload = load("run.requested.v2.json")
+    payload["data"]["detached"]["on_milestones"] = ["sources-gathered", "has space"]
+
+    with pytest.raises(EventDecodeError, match="milestone name") as error:
+        decode_event(json.dumps(payload))
+
+    assert error.value.kind == "invalid"
+
+
+@pytest.mark.parametrize(("name", "path"), IDENTIFIER_FIELDS,
+                         ids=[f"{n}:{'.'.join(p)}" for n, p in IDENTIFIER_FIELDS])
+@pytest.mark.parametrize("bad", ["has space", "a.b", "run-7\n", "*"])
+def test_an_identifier_field_refuses_what_is_no_identifier(name: str, path: tuple[str, ...],
+                                                          bad: str) -> None:
+    payload = load(name)
+    holder = payload
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = [bad] if isinstance(holder[path[-1]], list) else bad
+
+    with pytest.raises(EventDecodeError, match="invalid") as error:
+        decode_event(json.dumps(payload))
+
+    assert error.value.kind == "invalid"
+
+
+def test_identifiers_are_checked_as_an_event_is_built() -> None:
+    with pytest.raises(InvalidIdentifier, match="run_id"):
+        RunMilestone(event_id="e1", run_id="run 7", parent=ParentRef(agent="A", name="u"),
+                     occurred_at=1, data=RunMilestoneData(sequence=0, name="m"))
+    with pytest.raises(InvalidIdentifier, match="milestone name"):
+        RunMilestoneData(sequence=0, name="sources gathered")
+    with pytest.raises(InvalidIdentifier, match="parent name"):
+        ParentRef(agent="A", name="u.1")
+
+
+# --- the pydantic mirrors: how messages that hold events check them, and the schemas ----
+
+
+@pytest.mark.parametrize("path", CURRENT_GOLDEN_FILES, ids=lambda p: p.name)
+def test_the_pydantic_mirror_reads_a_golden_event_as_the_codec_does(path: Path) -> None:
+    event_type, _ = type_and_version(path)
+    mirror = TypeAdapter(CLASS_OF[event_type])
+
+    assert mirror.validate_json(path.read_bytes()) == decode_event(path.read_bytes())
+    assert json.loads(mirror.dump_json(decode_event(path.read_bytes()))) == json.loads(
+        path.read_bytes())
+
+
+@pytest.mark.parametrize(("field", "change"), INVALID_MILESTONES, ids=INVALID_IDS)
+def test_the_pydantic_mirror_refuses_what_the_codec_refuses(field: str,
+                                                           change: dict[str, Any]) -> None:
+    payload = {**load("run.milestone.v1.json"), **change}
+
+    with pytest.raises(ValidationError, match=field):
+        TypeAdapter(RunMilestone).validate_json(json.dumps(payload))
 
 
 def test_an_old_shape_that_fails_the_model_after_upcasting_is_invalid() -> None:

@@ -5,12 +5,13 @@ service against a real server."""
 import asyncio
 import json
 
+import msgspec
 import pytest
 from pydantic import BaseModel
 
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
-from tether.contract.messages import CancelSignal, WorkItem
+from tether.contract.messages import CancelSignal, WorkItem, read_work_item
 from tether.domain import decide
 from tether.domain.events import ParentRef
 from tether.parent.commands import CommandHandlers, UnparseableCommand
@@ -40,7 +41,7 @@ def _handlers(log: InMemoryEventLog, *, max_input_bytes: int = 1024) -> CommandH
 
 
 def _run(run_id: str = "r1", **overrides) -> dict:
-    return {"run_id": run_id, "parent": PARENT.model_dump(), "agent_type": "Researcher",
+    return {"run_id": run_id, "parent": msgspec.to_builtins(PARENT), "agent_type": "Researcher",
             "input": {"query": "HTTP/3"}, **overrides}
 
 
@@ -51,7 +52,7 @@ def _types(log: InMemoryEventLog, run_id: str = "r1") -> list[str]:
 
 
 def _work(log: InMemoryEventLog) -> list[WorkItem]:
-    return [WorkItem.model_validate_json(m.data)
+    return [read_work_item(m.data)
             for m in log.messages(log.subjects.work_stream)]
 
 
@@ -118,7 +119,7 @@ async def test_a_request_with_nobody_to_answer_is_a_dead_letter(log):
 async def test_cancel_records_the_request_once_and_signals_the_runner(log):
     handlers = _handlers(log)
     await handlers.run(_run(), seq=1)
-    command = {"run_id": "r1", "parent": PARENT.model_dump()}
+    command = {"run_id": "r1", "parent": msgspec.to_builtins(PARENT)}
 
     assert await handlers.cancel(command, seq=2) == "starting"
     assert await handlers.cancel(command, seq=3) == "starting"
@@ -134,7 +135,7 @@ async def test_cancel_of_a_finished_run_appends_nothing(log):
     await log.append_batch([run.requested(), run.started(), run.running(), run.completed()],
                            expected_last_seq=0)
 
-    assert await _handlers(log).cancel({"run_id": "r1", "parent": PARENT.model_dump()},
+    assert await _handlers(log).cancel({"run_id": "r1", "parent": msgspec.to_builtins(PARENT)},
                                        seq=9) == "completed"
     assert len(log.messages(log.subjects.events_stream)) == 4
     assert log.nats.published == []
@@ -147,7 +148,7 @@ async def test_clear_keeps_only_the_tombstone_of_the_runs_it_matched(log):
     await log.append_batch([running.requested(), running.started(), running.running()],
                            expected_last_seq=0)
 
-    cleared = await _handlers(log).clear({"parent": PARENT.model_dump(),
+    cleared = await _handlers(log).clear({"parent": msgspec.to_builtins(PARENT),
                                           "status": ["completed"]}, seq=5)
 
     assert cleared == ["done"]
@@ -160,7 +161,7 @@ async def test_clear_keeps_only_the_tombstone_of_the_runs_it_matched(log):
 async def test_a_cleared_run_id_can_be_requested_again(log):
     handlers = _handlers(log)
     await handlers.run(_run(), seq=1)
-    await handlers.clear({"parent": PARENT.model_dump()}, seq=2)
+    await handlers.clear({"parent": msgspec.to_builtins(PARENT)}, seq=2)
 
     outcome = await handlers.run(_run(), seq=3)
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from tether.domain import decide
@@ -68,13 +69,13 @@ _event_ids = itertools.count()
 def make(event_cls: type[EventEnvelope], data: dict[str, Any] | None = None, *, at: int = T0,
          event_id: str | None = None, run_id: str = RUN_ID,
          parent: ParentRef = PARENT) -> Any:
-    return event_cls.model_validate({
+    return msgspec.convert({
         "event_id": event_id or f"e{next(_event_ids)}",
         "run_id": run_id,
         "parent": parent,
         "occurred_at": at,
         "data": data or {},
-    })
+    }, event_cls)
 
 
 def requested(at: int = T0, *, detached: dict[str, Any] | None = None,

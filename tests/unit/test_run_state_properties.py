@@ -8,6 +8,7 @@ duplicates; and a hard terminal status is final.
 import itertools
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -156,10 +157,10 @@ def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
             data[key] = max(FIRST_KEY[key], expected + offset)
             used.add(data[key])
         clock += elapsed
-        events.append(event_cls.model_validate({
+        events.append(msgspec.convert({
             "event_id": f"e{position}", "run_id": RUN_ID, "parent": PARENT,
             "occurred_at": clock, "data": data,
-        }))
+        }, event_cls))
     return events
 
 

@@ -85,8 +85,11 @@ def _warn_outside_run() -> None:
 
 
 def check_progress(fraction: float | None, milestone: str | None, data: Any,
-                   message: str | None = None, phase: str | None = None) -> None:
-    """Refuse a bad signal where the child made it, not later in the runner."""
+                   message: str | None = None,
+                   phase: str | None = None) -> tuple[float | None, Any]:
+    """Refuse a bad signal where the child made it, not later in the runner. Returns the
+    fraction as a float and the data as JSON-ready values (a model as its dict, a
+    datetime as its ISO text), the forms the events and signals carry."""
     for name, text in (("message", message), ("phase", phase)):
         if text is not None and not isinstance(text, str):
             raise TypeError(f"progress {name} must be a str, not {type(text).__name__}")
@@ -98,9 +101,10 @@ def check_progress(fraction: float | None, milestone: str | None, data: Any,
         check_identifier(milestone, "milestone name")
     if data is not None:
         try:
-            to_jsonable_python(data)
+            data = to_jsonable_python(data)
         except PydanticSerializationError as error:
             raise ValueError(f"progress data must be JSON-serialisable: {error}") from None
+    return (None if fraction is None else float(fraction)), data
 
 
 class RunContext:
@@ -164,7 +168,7 @@ class RunContext:
         `data` is kept only with `persist=True`. A milestone is always recorded, in
         order, with the run's next sequence; on a resumed run it is not recorded twice.
         """
-        check_progress(fraction, milestone, data, message, phase)
+        fraction, data = check_progress(fraction, milestone, data, message, phase)
         if self._recorder is None:
             _warn_outside_run()
             return
@@ -191,6 +195,12 @@ class RunContext:
         Only the attempt that holds the run records; an attempt that lost it gets
         `RunSuperseded`. Standalone, this does nothing.
         """
+        if not isinstance(step, dict):
+            raise TypeError(f"a step is a dict, not {type(step).__name__}")
+        try:
+            step = to_jsonable_python(step)
+        except PydanticSerializationError as error:
+            raise ValueError(f"a step must be JSON-serialisable: {error}") from None
         if self._recorder is not None:
             await self._recorder.step(index, step)
 

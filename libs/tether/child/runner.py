@@ -25,6 +25,7 @@ from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
+import msgspec
 from faststream.middlewares import ExceptionMiddleware
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
@@ -50,6 +51,7 @@ from tether.contract.messages import (
     ChildInspectRequest,
     ChildRecord,
     WorkItem,
+    read_work_item,
 )
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import ByParentClass, load_formatters
@@ -278,8 +280,8 @@ class ChildRunner:
         RUNNER_SLOTS_IN_USE.inc()
         try:
             try:
-                item = WorkItem.model_validate_json(msg.data)
-            except ValidationError as error:
+                item = read_work_item(msg.data)
+            except msgspec.DecodeError as error:
                 # Redelivering it would fail the same way.
                 await settle(msg.term(), logger=self._logger, what="work_item.term")
                 DEAD_LETTERED.inc(kind="work_item")

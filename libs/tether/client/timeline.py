@@ -26,7 +26,8 @@ from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import MilestoneView, ProgressSignal
-from tether.domain.events import Event, Model, ParentRef, RunCleared
+from tether.domain.commands import Model
+from tether.domain.events import Event, ParentRef, RunCleared
 from tether.domain.run_state import RunState, evolve
 
 WAITING_PHASES = ("waiting_for_human", "waiting_for_tools")

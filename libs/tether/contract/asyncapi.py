@@ -56,7 +56,8 @@ from tether.domain.commands import (
     RunCommand,
     ServeHookQuery,
 )
-from tether.domain.events import Event, ParentRef
+from tether.domain.events import EVENT_MODEL, ParentRef
+from tether.domain.records import pydantic_model
 from tether.parent.queries import ParentQueries
 
 VERSION = "0.1.0"
@@ -179,15 +180,15 @@ def contract_broker() -> NatsBroker:
 
     # --- the log (TETHER_EVENTS) and its live copy -------------------------------------
     events = _run_subject(s.run_events)
-    send(events, Event, f"send:{events}",
+    send(events, EVENT_MODEL, f"send:{events}",
          f"Stream `{s.events_stream}`: the run's events, the truth. `Nats-Msg-Id`: the "
          "event's `event_id` (`<run_id>:<incarnation>:<kind>...`), so a retried append is "
          "one event." + TRACE)
-    receive(s.all_events, Event, f"receive:{s.all_events}",
+    receive(s.all_events, EVENT_MODEL, f"receive:{s.all_events}",
             f"Stream `{s.events_stream}`: the projector and the reconciler follow "
             "every event.")
     live = _run_subject(s.run_live)
-    send(live, Event, f"send:{live}",
+    send(live, EVENT_MODEL, f"send:{live}",
          f"Core: `{s.events_stream}` republishes each stored event here, in stream order, "
          "with `Nats-Sequence` and `Nats-Last-Sequence` (the run's previous sequence) "
          "headers.")
@@ -209,9 +210,9 @@ def contract_broker() -> NatsBroker:
     work = _template(s.work("AGENTTYPE"), agent_type="AGENTTYPE")
     work_id = ("`work:<run_id>:<why>:<dispatch>:<incarnation>` (`why`: `start`, `reattach`, "
                "`resume`)")
-    send(work, WorkItem, f"send:{work}",
+    send(work, pydantic_model(WorkItem), f"send:{work}",
          f"Stream `{s.work_stream}` (work queue). `Nats-Msg-Id`: {work_id}." + TRACE)
-    receive(work, WorkItem, f"receive:{work}",
+    receive(work, pydantic_model(WorkItem), f"receive:{work}",
             f"Stream `{s.work_stream}`: the durable pull consumer `runner-<agent_type>` "
             f"shared by every runner of the type. `Nats-Msg-Id`: {work_id}.")
     hook = _template(s.hook("PARENTAGENT", "METHOD"), parent_agent="PARENTAGENT",

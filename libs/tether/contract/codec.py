@@ -3,9 +3,9 @@
 import json
 from typing import Any
 
-from pydantic import ValidationError
+import msgspec
 
-from tether.domain.events import EVENT_ADAPTER, Event
+from tether.domain.events import Event
 from tether.domain.upcasting import EventShapeError, UnknownEventType, upcast
 
 
@@ -13,7 +13,7 @@ class EventDecodeError(ValueError):
     """A stored message that is not a current or upcastable event.
 
     `kind` is one of `malformed` (not JSON / not an object), `unknown-type`,
-    `unknown-version` and `invalid` (fails the model).
+    `unknown-version` and `invalid` (fails the event's shape or constraints).
     """
 
     def __init__(self, kind: str, message: str) -> None:
@@ -21,18 +21,39 @@ class EventDecodeError(ValueError):
         self.kind = kind
 
 
+class InvalidEvent(ValueError):
+    """An event built with a value its shape does not allow (a name that is not an
+    identifier, a negative sequence, ...): refused before it is written."""
+
+    def __init__(self, event: Event, problem: str) -> None:
+        super().__init__(f"{event.type} {event.event_id!r} is not a valid event: {problem}")
+        self.event_type = event.type
+        self.problem = problem
+
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
+
+
 def encode_event(event: Event) -> bytes:
-    return event.model_dump_json().encode()
+    """The event's JSON, checked by reading it back: building an event checks nothing,
+    so this is where one that breaks its constraints is refused (`InvalidEvent`)."""
+    raw = _ENCODER.encode(event)
+    try:
+        _DECODER.decode(raw)
+    except msgspec.ValidationError as error:
+        raise InvalidEvent(event, str(error)) from None
+    return raw
 
 
 def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
     if not isinstance(raw, dict):
-        # The common case, an event in its current shape, parsed and validated in one
+        # The common case, an event in its current shape, parsed and checked in one
         # pass; anything else (an old version, a malformed message) takes the path below,
         # which upcasts or says exactly what is wrong.
         try:
-            return EVENT_ADAPTER.validate_json(raw)
-        except ValidationError:
+            return _DECODER.decode(raw)
+        except msgspec.DecodeError:  # its ValidationError too
             pass
     if isinstance(raw, dict):
         payload = raw
@@ -41,6 +62,8 @@ def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
             payload = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EventDecodeError("malformed", f"not JSON: {error}") from None
+        except RecursionError:
+            raise EventDecodeError("malformed", "not JSON this service can read: nested too deeply") from None
     if not isinstance(payload, dict):
         raise EventDecodeError("malformed", f"an event is a JSON object, not {type(payload).__name__}")
     try:
@@ -49,10 +72,7 @@ def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
         kind = "unknown-type" if isinstance(error, UnknownEventType) else "unknown-version"
         raise EventDecodeError(kind, str(error)) from None
     try:
-        return EVENT_ADAPTER.validate_python(current)
-    except ValidationError as error:
-        raise EventDecodeError("invalid", _first_lines(str(error))) from None
-
-
-def _first_lines(text: str, limit: int = 12) -> str:
-    return "\n".join(text.splitlines()[:limit])
+        event: Event = msgspec.convert(current, Event)
+    except msgspec.ValidationError as error:
+        raise EventDecodeError("invalid", str(error)) from None
+    return event

@@ -6,27 +6,30 @@ model names it and its deduplication id.
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+import msgspec
+from pydantic import Field
 from pydantic_core import to_json
 
 from tether.domain import decide
-from tether.domain.commands import DeliveredCommand
+from tether.domain.commands import DeliveredCommand, Model
 from tether.domain.events import (
+    Count,
     DetachedOptions,
     Event,
     InterruptedReason,
-    Model,
+    NonNegative,
     ParentRef,
     RunRequested,
     RunStatus,
 )
-from tether.domain.ids import Identifier
+from tether.domain.ids import Identifier, known_identifier
+from tether.domain.records import Record
 from tether.domain.run_state import RunState, as_builtins
 
 GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
 
 
-class WorkItem(Model):
+class WorkItem(Record, frozen=True, kw_only=True, forbid_unknown_fields=False):
     """`<prefix>.work.<agent_type>`, `Nats-Msg-Id: work:<run_id>:<why>:<dispatch>:<incarnation>`.
 
     It names the run; the runner reads everything else (input, budgets, what was already
@@ -36,23 +39,39 @@ class WorkItem(Model):
     since is read after all.
     """
 
-    # Fields a later parent adds are ignored rather than refused, so that runners can be
-    # upgraded after parents. (Runners from before `attempt` refuse items that carry it:
-    # upgrade them before the parents once.)
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
+    # A record, as the event it carries: written (`work_item_json`) and read
+    # (`read_work_item`) once per run each. Fields a later parent adds are ignored rather
+    # than refused, so that runners can be upgraded after parents. (Runners from before
+    # `attempt` refuse items that carry it: upgrade them before the parents once.)
     run_id: Identifier
     parent: ParentRef
     agent_type: Identifier
-    dispatch: int = Field(default=1, ge=1)
+    dispatch: Count = 1
     # The attempts the run had made when the item was published. On its first delivery,
     # a run that has made more was started by another item for the same dispatch (a
     # repeated request publishes a starting run's item again): this one is skipped. A
     # redelivery takes the run over, since the runner that held it is gone. None: an
     # item from an older parent, not checked.
-    attempt: int | None = Field(default=None, ge=0)
+    attempt: NonNegative | None = None
     requested: RunRequested | None = None
-    requested_seq: int | None = Field(default=None, ge=1)
+    requested_seq: Count | None = None
+
+    def __post_init__(self) -> None:
+        known_identifier(self.run_id, "run_id")
+        known_identifier(self.agent_type, "agent_type")
+
+
+_WORK_ITEM = msgspec.json.Decoder(WorkItem)
+
+
+def work_item_json(item: WorkItem) -> bytes:
+    return msgspec.json.encode(item)
+
+
+def read_work_item(raw: bytes | str) -> WorkItem:
+    """A work item from its JSON; raises `msgspec.DecodeError` (its `ValidationError` for
+    one that is not a work item) saying what is wrong and where."""
+    return _WORK_ITEM.decode(raw)
 
 
 class CancelSignal(Model):

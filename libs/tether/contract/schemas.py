@@ -33,7 +33,8 @@ from tether.contract.messages import (
     WorkItem,
 )
 from tether.domain.commands import COMMAND_CLASSES
-from tether.domain.events import EVENT_CLASSES, Event
+from tether.domain.events import EVENT_CLASSES, EVENT_MODEL, schema_version_of
+from tether.domain.records import Record, pydantic_model
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # Every payload on the wire that is neither a command nor an event.
@@ -51,17 +52,17 @@ def generate() -> dict[str, dict[str, Any]]:
     """Relative file path -> schema document."""
     documents: dict[str, dict[str, Any]] = {}
     for cls in EVENT_CLASSES:
-        event_type = cls.model_fields["type"].default
-        version = cls.model_fields["schema_version"].default
-        path = f"events/{event_type}.v{version}.json"
-        documents[path] = _document(cls.model_json_schema(), path)
-    documents["events/event.json"] = _document(TypeAdapter(Event).json_schema(), "events/event.json")
+        path = f"events/{cls.type}.v{schema_version_of(cls)}.json"
+        documents[path] = _document(pydantic_model(cls).model_json_schema(), path)
+    documents["events/event.json"] = _document(TypeAdapter(EVENT_MODEL).json_schema(),
+                                               "events/event.json")
     for command in COMMAND_CLASSES:
         path = f"commands/{command.model_fields['type'].default}.json"
         documents[path] = _document(command.model_json_schema(), path)
     for message in MESSAGE_CLASSES:
         path = f"messages/{message.__name__}.json"
-        documents[path] = _document(message.model_json_schema(), path)
+        model: Any = pydantic_model(message) if issubclass(message, Record) else message
+        documents[path] = _document(model.model_json_schema(), path)
     documents["asyncapi.json"] = asyncapi.generate()
     return documents
 

@@ -15,7 +15,7 @@ reconciler republishes a finish hook not acknowledged within its lease.
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords
@@ -258,7 +258,8 @@ class Deliverer:
                                 stream=self._log.subjects.chat_stream)
         self.delivered += 1
 
-    async def _record_notified(self, state: RunState, kind: str, key: str, mode: str,
+    async def _record_notified(self, state: RunState, kind: Literal["finish", "milestone"],
+                               key: str, mode: Literal["notify", "narrate", "react"],
                                message_id: str) -> None:
         def decide(current: RunState | None) -> list:
             if (current is None or current.incarnation != state.incarnation

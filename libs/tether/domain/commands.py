@@ -7,10 +7,26 @@ payloads from any NATS client.
 
 from typing import Annotated, Any, Literal, overload
 
-from pydantic import Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
 
-from tether.domain.events import DetachedOptions, EpochMs, Model, ParentRef, RunStatus
+from tether.domain.events import DetachedOptions, EpochMs, ParentRef, RunStatus
 from tether.domain.ids import Identifier
+
+
+class Model(BaseModel):
+    """A command, a query or another message a client or a service writes: checked as
+    it is made and as it is read."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _detached_kind(value: Any) -> str:
+    return "bool" if isinstance(value, bool) else "DetachedOptions"
+
+
+# `detached` is a flag or options; an error names the form it was read as.
+Detached = Annotated[Annotated[bool, Tag("bool")] | Annotated[DetachedOptions, Tag("DetachedOptions")],
+                     Discriminator(_detached_kind)]
 
 
 class RunCommand(Model):
@@ -22,7 +38,7 @@ class RunCommand(Model):
     parent_tool_call_id: str | None = Field(default=None, max_length=256)
     display_order: int | None = None
     display: str | None = Field(default=None, max_length=256)
-    detached: bool | DetachedOptions = False
+    detached: Detached = False
 
     def detached_options(self) -> DetachedOptions | None:
         if self.detached is False:

@@ -1,16 +1,25 @@
 """Every fact about a run, as past-tense events in one envelope.
 
-Each event is a frozen model whose `type` is a literal, so `Event` is one discriminated
-union. `schema_version` is the version of the current shape; older shapes found in the
-log are brought forward by the upcasters in `tether.domain.upcasting`, never rewritten.
+Each event is a frozen record (`tether.domain.records.Record`) tagged by its `type`, so
+`Event` is one tagged union: in JSON the `type` comes first. `schema_version` is the
+version of the current shape; older shapes found in the log are brought forward by the
+upcasters in `tether.domain.upcasting`, never rewritten.
+
+Building an event checks its identifiers (run id, parent, names), which end up in
+subjects and keys; `tether.contract.codec.encode_event` checks the rest as it writes the
+event, so an event that breaks its constraints never reaches the log.
 """
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+import msgspec
+from msgspec import Meta, field
+from pydantic import Field, GetCoreSchemaHandler
+from pydantic_core import CoreSchema, core_schema
 
-from tether.domain.ids import EventId, Identifier
+from tether.domain.ids import EventId, Identifier, known_identifier
+from tether.domain.records import CheckedRecord, Record, pydantic_model
 
 RunStatus = Literal["starting", "running", "completed", "error", "aborted", "interrupted"]
 HARD_TERMINAL: frozenset[str] = frozenset({"completed", "error", "aborted"})
@@ -26,31 +35,44 @@ InterruptedReason = Literal[
     "budget-exceeded",
 ]
 
-EpochMs = Annotated[int, Field(ge=0, description="milliseconds since the Unix epoch")]
-Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+# Each constrained type carries msgspec's constraint (records) and pydantic's (the models
+# that hold records, and commands).
+EpochMs = Annotated[int, Field(ge=0, description="milliseconds since the Unix epoch"),
+                    Meta(ge=0, description="milliseconds since the Unix epoch")]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0), Meta(ge=0.0, le=1.0)]
+Positive = Annotated[int, Field(gt=0), Meta(gt=0)]
+NonNegative = Annotated[int, Field(ge=0), Meta(ge=0)]
+Count = Annotated[int, Field(ge=1), Meta(ge=1)]
+ShortText = Annotated[str, Field(max_length=256), Meta(max_length=256)]
 
 
-class Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ParentRef(Model):
+class ParentRef(Record, frozen=True, kw_only=True):
     """The parent agent instance that owns a run: its class (`agent`) and instance name."""
 
     agent: Identifier
     name: Identifier
 
+    def __post_init__(self) -> None:
+        known_identifier(self.agent, "parent agent")
+        known_identifier(self.name, "parent name")
 
-class NotifyOptions(Model):
-    source: str = Field(default="agent-tool", min_length=1, max_length=128)
+
+class NotifyOptions(CheckedRecord, frozen=True, kw_only=True):
+    source: Annotated[str, Field(min_length=1, max_length=128),
+                      Meta(min_length=1, max_length=128)] = "agent-tool"
 
 
-class MilestoneNotifyOptions(Model):
+class MilestoneNotifyOptions(CheckedRecord, frozen=True, kw_only=True):
     names: list[Identifier]
     mode: Literal["narrate", "react"] = "narrate"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in self.names:
+            known_identifier(name, "milestone name")
 
-class DetachedOptions(Model):
+
+class DetachedOptions(CheckedRecord, frozen=True, kw_only=True):
     """What the parent wants when a detached run finishes or passes a milestone.
 
     `no_progress_budget_ms` of 0 or infinity disables the no-progress budget; infinity is
@@ -60,15 +82,23 @@ class DetachedOptions(Model):
     on_finish: Identifier | None = None
     notify: bool | NotifyOptions = False
     on_milestones: list[Identifier] | MilestoneNotifyOptions | None = None
-    max_budget_ms: Annotated[int, Field(gt=0)] | None = None
-    no_progress_budget_ms: Annotated[int, Field(ge=0)] | None = None
+    max_budget_ms: Positive | None = None
+    no_progress_budget_ms: NonNegative | None = None
 
-    @field_validator("no_progress_budget_ms", mode="before")
+    def __post_init__(self) -> None:
+        if _is_infinity(self.no_progress_budget_ms):
+            msgspec.structs.force_setattr(self, "no_progress_budget_ms", 0)
+        super().__post_init__()
+        if self.on_finish is not None:
+            known_identifier(self.on_finish, "on_finish")
+        if isinstance(self.on_milestones, list):
+            for name in self.on_milestones:
+                known_identifier(name, "milestone name")
+
     @classmethod
-    def _infinity_disables(cls, value: Any) -> Any:
-        if isinstance(value, float) and math.isinf(value) and value > 0:
-            return 0
-        return value
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_before_validator_function(
+            _finite_budget, super().__get_pydantic_core_schema__(source, handler))
 
     def milestone_names(self) -> list[str]:
         if self.on_milestones is None:
@@ -83,265 +113,268 @@ class DetachedOptions(Model):
         return "narrate"
 
 
+def _is_infinity(value: Any) -> bool:
+    return isinstance(value, float) and math.isinf(value) and value > 0
+
+
+def _finite_budget(value: Any) -> Any:
+    if isinstance(value, dict) and _is_infinity(value.get("no_progress_budget_ms")):
+        return {**value, "no_progress_budget_ms": 0}
+    return value
+
+
 # --- event data -------------------------------------------------------------------------
 
 
-class RunRequestedData(Model):
+class RunRequestedData(Record, frozen=True, kw_only=True):
     agent_type: Identifier
     input: dict[str, Any]
-    parent_tool_call_id: str | None = Field(default=None, max_length=256)
+    parent_tool_call_id: ShortText | None = None
     display_order: int | None = None
-    display: str | None = Field(default=None, max_length=256)
+    display: ShortText | None = None
     detached: DetachedOptions | None = None
     # Budgets resolved by the parent from the request and its defaults, so the fold never
     # needs configuration: None means "no absolute budget" (awaited runs), 0 "disabled".
-    max_budget_ms: Annotated[int, Field(gt=0)] | None = None
-    no_progress_budget_ms: Annotated[int, Field(ge=0)] = 0
+    max_budget_ms: Positive | None = None
+    no_progress_budget_ms: NonNegative = 0
+
+    def __post_init__(self) -> None:
+        known_identifier(self.agent_type, "agent_type")
 
 
-class RunRejectedData(Model):
+class RunRejectedData(Record, frozen=True, kw_only=True):
     agent_type: str | None = None
     code: str
     error: str
 
 
-class RunStartedData(Model):
+class RunStartedData(Record, frozen=True, kw_only=True):
     """The run was handed to the child-runners' work queue. Parents no longer write it
     (a run's dispatch is its `run.requested`); logs written before still hold it."""
 
     work_subject: str
 
 
-class RunRunningData(Model):
+class RunRunningData(Record, frozen=True, kw_only=True):
     """A child-runner began (or, after a redelivery, resumed) the child's turn."""
 
-    attempt: Annotated[int, Field(ge=1)]
+    attempt: Count
     runner_id: str
 
 
-class RunOutputData(Model):
-    index: Annotated[int, Field(ge=0)]
+class RunOutputData(Record, frozen=True, kw_only=True):
+    index: NonNegative
     text: str
 
 
-class RunMilestoneData(Model):
-    sequence: Annotated[int, Field(ge=0)]
+class RunMilestoneData(Record, frozen=True, kw_only=True):
+    sequence: NonNegative
     name: Identifier
     data: Any = None
     fraction: Fraction | None = None
     message: str | None = None
     phase: str | None = None
 
+    def __post_init__(self) -> None:
+        known_identifier(self.name, "milestone name")
 
-class RunProgressPersistedData(Model):
+
+class RunProgressPersistedData(Record, frozen=True, kw_only=True):
     fraction: Fraction | None = None
     message: str | None = None
     phase: str | None = None
     data: Any = None
 
 
-class RunStepRecordedData(Model):
-    index: Annotated[int, Field(ge=0)]
+class RunStepRecordedData(Record, frozen=True, kw_only=True):
+    index: NonNegative
     step: dict[str, Any]
 
 
-class RunPausedData(Model):
+class RunPausedData(Record, frozen=True, kw_only=True):
     reason: Literal["waiting_for_human", "waiting_for_tools"]
-    pending: list[dict[str, Any]] = Field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)
 
 
-class RunResumedData(Model):
+class RunResumedData(Record, frozen=True, kw_only=True):
     pause_id: str  # the event id of the run.paused this resume ends
-    decisions: dict[str, Any] = Field(default_factory=dict)
+    decisions: dict[str, Any] = field(default_factory=dict)
 
 
-class RunCancelRequestedData(Model):
+class RunCancelRequestedData(Record, frozen=True, kw_only=True):
     reason: str | None = None
 
 
-class RunCompletedData(Model):
+class RunCompletedData(Record, frozen=True, kw_only=True):
     summary: str = ""
     output: Any = None
 
 
-class RunFailedData(Model):
+class RunFailedData(Record, frozen=True, kw_only=True):
     error: str
 
 
-class RunAbortedData(Model):
+class RunAbortedData(Record, frozen=True, kw_only=True):
     error: str = "aborted"
     # "give-up": the reconciler cancelled the child after a budget ran out; the give-up
     # hook already fired, so this abort must not fire a second one.
     cause: Literal["cancel", "give-up", "child"] = "cancel"
 
 
-class RunInterruptedData(Model):
+class RunInterruptedData(Record, frozen=True, kw_only=True):
     reason: InterruptedReason
     error: str
     child_still_running: bool = False
 
 
-class RunFinishDeliveredData(Model):
+class RunFinishDeliveredData(Record, frozen=True, kw_only=True):
     status: RunStatus
     method: Identifier | None = None  # None: the parent's global finish hook
     message_id: str
 
+    def __post_init__(self) -> None:
+        if self.method is not None:
+            known_identifier(self.method, "method")
 
-class RunNotifiedData(Model):
+
+class RunNotifiedData(Record, frozen=True, kw_only=True):
     kind: Literal["finish", "milestone"]
     key: str  # the status for "finish", the milestone name for "milestone"
     mode: Literal["notify", "narrate", "react"]
     message_id: str
 
 
-class RunReattachStartedData(Model):
-    attempt: Annotated[int, Field(ge=1)]
+class RunReattachStartedData(Record, frozen=True, kw_only=True):
+    attempt: Count
     cause: str = "parent-restart"
 
 
-class RunReattachDecidedData(Model):
+class RunReattachDecidedData(Record, frozen=True, kw_only=True):
     decision_id: str
     outcome: Literal["finished", "reattached", "interrupted"]
     reason: InterruptedReason | None = None
     child_still_running: bool = False
-    timings: dict[str, int] = Field(default_factory=dict)
+    timings: dict[str, int] = field(default_factory=dict)
 
 
-class RunClearedData(Model):
+class RunClearedData(Record, frozen=True, kw_only=True):
     reason: str | None = None
 
 
 # --- the envelope ------------------------------------------------------------------------
 
 
-class EventEnvelope(Model):
+class EventEnvelope(Record, frozen=True, kw_only=True, tag_field="type"):
+    type: ClassVar[str]  # the tag, set on each event class below
     event_id: EventId
-    type: str
     schema_version: int
     run_id: Identifier
     parent: ParentRef
     occurred_at: EpochMs
     correlation_id: str | None = None
     causation_id: str | None = None
-    data: Model
+    data: Record
+
+    def __post_init__(self) -> None:
+        known_identifier(self.run_id, "run_id")
 
 
-class RunRequested(EventEnvelope):
-    type: Literal["run.requested"] = "run.requested"
+class RunRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.requested"):
     schema_version: Literal[2] = 2
     data: RunRequestedData
 
 
-class RunRejected(EventEnvelope):
-    type: Literal["run.rejected"] = "run.rejected"
+class RunRejected(EventEnvelope, frozen=True, kw_only=True, tag="run.rejected"):
     schema_version: Literal[1] = 1
     data: RunRejectedData
 
 
-class RunStarted(EventEnvelope):
-    type: Literal["run.started"] = "run.started"
+class RunStarted(EventEnvelope, frozen=True, kw_only=True, tag="run.started"):
     schema_version: Literal[1] = 1
     data: RunStartedData
 
 
-class RunRunning(EventEnvelope):
-    type: Literal["run.running"] = "run.running"
+class RunRunning(EventEnvelope, frozen=True, kw_only=True, tag="run.running"):
     schema_version: Literal[1] = 1
     data: RunRunningData
 
 
-class RunOutput(EventEnvelope):
-    type: Literal["run.output"] = "run.output"
+class RunOutput(EventEnvelope, frozen=True, kw_only=True, tag="run.output"):
     schema_version: Literal[1] = 1
     data: RunOutputData
 
 
-class RunMilestone(EventEnvelope):
-    type: Literal["run.milestone"] = "run.milestone"
+class RunMilestone(EventEnvelope, frozen=True, kw_only=True, tag="run.milestone"):
     schema_version: Literal[1] = 1
     data: RunMilestoneData
 
 
-class RunProgressPersisted(EventEnvelope):
-    type: Literal["run.progress_persisted"] = "run.progress_persisted"
+class RunProgressPersisted(EventEnvelope, frozen=True, kw_only=True, tag="run.progress_persisted"):
     schema_version: Literal[1] = 1
     data: RunProgressPersistedData
 
 
-class RunStepRecorded(EventEnvelope):
-    type: Literal["run.step_recorded"] = "run.step_recorded"
+class RunStepRecorded(EventEnvelope, frozen=True, kw_only=True, tag="run.step_recorded"):
     schema_version: Literal[1] = 1
     data: RunStepRecordedData
 
 
-class RunPaused(EventEnvelope):
-    type: Literal["run.paused"] = "run.paused"
+class RunPaused(EventEnvelope, frozen=True, kw_only=True, tag="run.paused"):
     schema_version: Literal[1] = 1
     data: RunPausedData
 
 
-class RunResumed(EventEnvelope):
-    type: Literal["run.resumed"] = "run.resumed"
+class RunResumed(EventEnvelope, frozen=True, kw_only=True, tag="run.resumed"):
     schema_version: Literal[1] = 1
     data: RunResumedData
 
 
-class RunCancelRequested(EventEnvelope):
-    type: Literal["run.cancel_requested"] = "run.cancel_requested"
+class RunCancelRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.cancel_requested"):
     schema_version: Literal[1] = 1
     data: RunCancelRequestedData
 
 
-class RunCompleted(EventEnvelope):
-    type: Literal["run.completed"] = "run.completed"
+class RunCompleted(EventEnvelope, frozen=True, kw_only=True, tag="run.completed"):
     schema_version: Literal[1] = 1
     data: RunCompletedData
 
 
-class RunFailed(EventEnvelope):
-    type: Literal["run.failed"] = "run.failed"
+class RunFailed(EventEnvelope, frozen=True, kw_only=True, tag="run.failed"):
     schema_version: Literal[1] = 1
     data: RunFailedData
 
 
-class RunAborted(EventEnvelope):
-    type: Literal["run.aborted"] = "run.aborted"
+class RunAborted(EventEnvelope, frozen=True, kw_only=True, tag="run.aborted"):
     schema_version: Literal[1] = 1
     data: RunAbortedData
 
 
-class RunInterrupted(EventEnvelope):
-    type: Literal["run.interrupted"] = "run.interrupted"
+class RunInterrupted(EventEnvelope, frozen=True, kw_only=True, tag="run.interrupted"):
     schema_version: Literal[2] = 2
     data: RunInterruptedData
 
 
-class RunFinishDelivered(EventEnvelope):
-    type: Literal["run.finish_delivered"] = "run.finish_delivered"
+class RunFinishDelivered(EventEnvelope, frozen=True, kw_only=True, tag="run.finish_delivered"):
     schema_version: Literal[1] = 1
     data: RunFinishDeliveredData
 
 
-class RunNotified(EventEnvelope):
-    type: Literal["run.notified"] = "run.notified"
+class RunNotified(EventEnvelope, frozen=True, kw_only=True, tag="run.notified"):
     schema_version: Literal[1] = 1
     data: RunNotifiedData
 
 
-class RunReattachStarted(EventEnvelope):
-    type: Literal["run.reattach_started"] = "run.reattach_started"
+class RunReattachStarted(EventEnvelope, frozen=True, kw_only=True, tag="run.reattach_started"):
     schema_version: Literal[1] = 1
     data: RunReattachStartedData
 
 
-class RunReattachDecided(EventEnvelope):
-    type: Literal["run.reattach_decided"] = "run.reattach_decided"
+class RunReattachDecided(EventEnvelope, frozen=True, kw_only=True, tag="run.reattach_decided"):
     schema_version: Literal[1] = 1
     data: RunReattachDecidedData
 
 
-class RunCleared(EventEnvelope):
-    type: Literal["run.cleared"] = "run.cleared"
+class RunCleared(EventEnvelope, frozen=True, kw_only=True, tag="run.cleared"):
     schema_version: Literal[1] = 1
     data: RunClearedData
 
@@ -369,17 +402,36 @@ EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
     RunCleared,
 )
 
-Event = Annotated[
-    RunRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunCancelRequested | RunCompleted | RunFailed | RunAborted | RunInterrupted | RunFinishDelivered | RunNotified | RunReattachStarted | RunReattachDecided | RunCleared,
-    Field(discriminator="type"),
-]
+for _cls in EVENT_CLASSES:
+    _cls.type = str(_cls.__struct_config__.tag)
 
-EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+Event = (RunRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
+         | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunCancelRequested
+         | RunCompleted | RunFailed | RunAborted | RunInterrupted | RunFinishDelivered
+         | RunNotified | RunReattachStarted | RunReattachDecided | RunCleared)
 
-CURRENT_VERSIONS: dict[str, int] = {
-    cls.model_fields["type"].default: cls.model_fields["schema_version"].default
-    for cls in EVENT_CLASSES
-}
+# The events as one discriminated union of their pydantic mirrors: their JSON Schema.
+EVENT_MODEL: Any = Annotated[Union[tuple(pydantic_model(cls) for cls in EVENT_CLASSES)],  # noqa: UP007
+                             Field(discriminator="type")]
+
+
+def _field(cls: type[EventEnvelope], name: str) -> msgspec.structs.FieldInfo:
+    return next(info for info in msgspec.structs.fields(cls) if info.name == name)
+
+
+def data_class(cls: type[EventEnvelope]) -> type[Record]:
+    """The class of an event class's `data`."""
+    data: type[Record] = _field(cls, "data").type
+    return data
+
+
+def schema_version_of(cls: type[EventEnvelope]) -> int:
+    """The `schema_version` of an event class's current shape."""
+    version: int = _field(cls, "schema_version").default
+    return version
+
+
+CURRENT_VERSIONS: dict[str, int] = {cls.type: schema_version_of(cls) for cls in EVENT_CLASSES}
 
 TERMINAL_EVENT_STATUS: dict[str, RunStatus] = {
     "run.completed": "completed",

@@ -10,11 +10,25 @@ import re
 from functools import lru_cache
 from typing import Annotated
 
+import msgspec
 from pydantic import StringConstraints
 
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,127}$"
 _IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
 
+
+def _whole(pattern: str) -> str:
+    r"""`pattern` for msgspec, which matches with Python's `re.search`: there `$` also
+    matches before a last newline, so `(?!\n)` refuses one. JSON Schema's (ECMAScript)
+    `$` is already the end, where the lookahead changes nothing."""
+    return pattern + r"(?!\n)"
+
+
+# Pydantic models (commands, messages) check it by its pattern; the records that hold one
+# (events and their parts) check theirs as they are made or decoded, with
+# `known_identifier`, which remembers the identifiers it passed: a run's id and parent
+# come back in every one of its events, and a pattern search each would cost more than
+# decoding the rest of the event.
 Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
 
 
@@ -36,8 +50,23 @@ def _is_identifier(value: str) -> bool:
     return _IDENTIFIER.fullmatch(value) is not None
 
 
+_KNOWN: set[str] = set()
+_KNOWN_LIMIT = 16_384
+
+
+def known_identifier(value: object, what: str) -> None:
+    """`check_identifier` for a record's field: a set lookup for an identifier seen before."""
+    if type(value) is str and value in _KNOWN:
+        return
+    check_identifier(value, what)
+    if len(_KNOWN) >= _KNOWN_LIMIT:
+        _KNOWN.clear()
+    _KNOWN.add(value)  # type: ignore[arg-type]  # check_identifier passed: a str
+
+
 EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,299}$"
-EventId = Annotated[str, StringConstraints(pattern=EVENT_ID_PATTERN)]
+EventId = Annotated[str, StringConstraints(pattern=EVENT_ID_PATTERN),
+                    msgspec.Meta(pattern=_whole(EVENT_ID_PATTERN))]
 
 
 def derived_event_id(run_id: str, *parts: object) -> str:

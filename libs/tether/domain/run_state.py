@@ -15,8 +15,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import msgspec
-from pydantic import BaseModel
-from pydantic_core import to_json
 
 from tether.domain.events import (
     HARD_TERMINAL,
@@ -45,16 +43,7 @@ from tether.domain.events import (
     RunStepRecorded,
 )
 from tether.domain.ids import derived_event_id, incarnation_of
-
-
-class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """A run's state and its parts: immutable records the fold builds from events that
-    were validated when they were made or read, so building one validates nothing again;
-    a stored state is validated when it is read back (`state_from_json`).
-
-    Not pydantic models: the fold makes a new state for every event it applies, in every
-    process, and a struct is built, copied (`msgspec.structs.replace`) and read at a
-    fraction of a model's cost."""
+from tether.domain.records import Record
 
 
 class ProgressSnapshot(Record, frozen=True, kw_only=True):
@@ -186,31 +175,10 @@ def finish_key(status: str, method: str | None) -> str:
 
 
 # --- a state as JSON (the projection's `state` document) ---------------------------------
-# Every field, in the order declared, None included: the stored documents' shape. The
-# parts of its request a state holds (`parent`, `detached`) are the events' own models,
-# written and validated by them.
+# Every field, in the order declared, None included: the stored documents' shape.
 
-
-def _to_json(value: Any) -> msgspec.Raw:
-    if isinstance(value, BaseModel):
-        return msgspec.Raw(to_json(value))  # spliced in as pydantic writes it
-    raise NotImplementedError(f"a run's state holds no {type(value).__name__}")
-
-
-def _to_builtins(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    raise NotImplementedError(f"a run's state holds no {type(value).__name__}")
-
-
-def _from_json(cls: type, value: Any) -> Any:
-    if isinstance(cls, type) and issubclass(cls, BaseModel):
-        return cls.model_validate(value)
-    raise NotImplementedError(f"a run's state holds no {cls.__name__}")
-
-
-_STATE_ENCODER = msgspec.json.Encoder(enc_hook=_to_json)
-_STATE_DECODER = msgspec.json.Decoder(RunState, dec_hook=_from_json)
+_STATE_ENCODER = msgspec.json.Encoder()
+_STATE_DECODER = msgspec.json.Decoder(RunState)
 
 
 class StateDecodeError(ValueError):
@@ -232,7 +200,7 @@ def state_from_json(raw: bytes | str) -> RunState:
 
 def as_builtins(value: "Record | tuple[Record, ...]") -> Any:
     """A state, or a part of one, as JSON-ready dicts and lists."""
-    return msgspec.to_builtins(value, enc_hook=_to_builtins)
+    return msgspec.to_builtins(value)
 
 
 class Evolved(NamedTuple):
@@ -520,7 +488,6 @@ _TRANSITIONS: dict[str, Callable[[RunState, Any], Evolved]] = {
 
 
 def _another_run(state: RunState, event: Event) -> bool:
-    # Field by field: a model's `==` costs several times as much, once per event folded.
     mine, theirs = state.parent, event.parent
     return (state.run_id != event.run_id or mine.agent != theirs.agent
             or mine.name != theirs.name)
@@ -530,7 +497,7 @@ def evolve(state: RunState | None, event: Event) -> Evolved:
     """Apply one event to a run's state (None: no run yet, or cleared)."""
     if state is not None and _another_run(state, event):
         return _ignored(state, f"event {event.event_id} belongs to another run")
-    # By the event's type tag (an isinstance of a pydantic model runs Python code).
+    # By the event's type tag, one string comparison each.
     kind = event.type
     if kind == "run.requested":
         return _requested(state, cast("RunRequested", event))

@@ -25,6 +25,7 @@ from tether.contract.messages import (
     names_this_life,
     record_delivery_of_this_life,
     user_message_id,
+    work_item_json,
     work_message_id,
 )
 from tether.domain import decide
@@ -38,7 +39,7 @@ from tether.domain.commands import (
     parse_command,
 )
 from tether.domain.events import Event, ParentRef, RunRequested
-from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.domain.ids import check_identifier
 from tether.domain.run_state import RunState, fold
 from tether.parent.slots import SlotKeeper
 
@@ -202,7 +203,7 @@ class CommandHandlers:
                         dispatch=dispatch, attempt=state.attempt, requested=requested,
                         requested_seq=requested_seq)
         message_id = work_message_id(state.run_id, dispatch, why, state.incarnation)
-        await self._log.publish(self._subjects.work(state.agent_type), item.model_dump_json().encode(),
+        await self._log.publish(self._subjects.work(state.agent_type), work_item_json(item),
                                 headers={"Nats-Msg-Id": message_id},
                                 stream=self._subjects.work_stream)
 
@@ -404,8 +405,8 @@ def _answerable(raw: dict[str, Any]) -> tuple[str | None, ParentRef | None]:
     """The run id and parent of a request that failed validation, when both are valid."""
     try:
         run_id = check_identifier(raw.get("run_id"), "run id")
-        parent = ParentRef.model_validate(raw.get("parent"))
-    except (InvalidIdentifier, ValidationError):
+        parent = ParentRef.check(raw.get("parent"))
+    except ValueError:  # an InvalidIdentifier or msgspec's ValidationError
         return None, None
     return run_id, parent
 

@@ -331,7 +331,7 @@ async def rerequest_run(request: Request) -> Response:
         raise HTTPException(409, f"run {state.run_id} is {state.status}: only an interrupted "
                                  "run is re-requested")
     ui = _ui(request)
-    detached = (state.detached.model_dump(mode="json") if state.detached is not None else False)
+    detached = as_builtins(state.detached) if state.detached is not None else False
     command = build_run_command(parent, state.agent_type, state.input, run_id=state.run_id,
                                 parent_tool_call_id=state.parent_tool_call_id,
                                 display_order=state.display_order, display=state.display,

@@ -5,7 +5,7 @@ from typing import Any
 
 from tether.client.timeline import run_view
 from tether.contract.messages import ProgressSignal
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState, as_builtins, evolve
 from tether.ports import StoredEvent
 
 # The tail of a run's streamed output a timeline carries; the run page has all of it.
@@ -61,7 +61,7 @@ def event_documents(events: Sequence[StoredEvent]) -> list[dict[str, Any]]:
         event = stored.event
         documents.append({"seq": stored.seq, "type": event.type,
                           "occurred_at": event.occurred_at,
-                          "data": event.data.model_dump(mode="json")})
+                          "data": as_builtins(event.data)})
     return documents
 
 
