@@ -14,11 +14,15 @@ from tether.contract import schemas
 from tether.contract.codec import decode_event, encode_event
 from tether.contract.messages import (
     GLOBAL_FINISH_HOOK,
+    HookMessage,
+    LifecycleResult,
     ProgressSignal,
+    RunInfo,
     WorkItem,
     chat_finish_id,
     delivery_entry_of_report,
     finish_message_id,
+    hook_message_json,
     names_this_life,
     progress_signal_json,
     read_work_item,
@@ -28,6 +32,7 @@ from tether.contract.messages import (
 )
 from tether.contract.subjects import Subjects
 from tether.domain import decide
+from tether.domain import events as ev
 from tether.domain.commands import (
     COMMAND_CLASSES,
     CancelCommand,
@@ -40,7 +45,13 @@ from tether.domain.commands import (
     RunCommand,
     parse_command,
 )
-from tether.domain.events import DetachedOptions, ParentRef, RunMilestone
+from tether.domain.events import (
+    DetachedOptions,
+    MilestoneNotifyOptions,
+    NotifyOptions,
+    ParentRef,
+    RunMilestone,
+)
 from tether.domain.ids import IDENTIFIER_PATTERN, InvalidIdentifier, check_identifier
 from tether.domain.run_state import evolve, fold
 from tether.testing import RunEvents
@@ -448,3 +459,39 @@ async def test_a_step_that_cannot_be_recorded_is_refused_where_the_child_records
 
     with pytest.raises(error, match=match):
         await ctx.record_step(0, step)
+
+
+def _hooked_states() -> list[Any]:
+    """Detached runs' states at each kind of outcome, with every option and field set."""
+    options = DetachedOptions(on_finish="on_done", notify=NotifyOptions(source="tool ✓"),
+                              on_milestones=MilestoneNotifyOptions(names=["half"], mode="react"),
+                              max_budget_ms=60_000, no_progress_budget_ms=float("inf"))
+    states = []
+    for ending in ("completed", "failed", "interrupted", "aborted"):
+        run = RunEvents(f"r-{ending}", ParentRef(**PARENT))
+        requested = run.requested(detached=options, parent_tool_call_id="call_1",
+                                  display_order=2, display="Research \"quoted\"")
+        if ending == "completed":
+            outcome = run.completed("done", output={"n": [1, 2.5, None]})
+        elif ending == "failed":
+            outcome = run.failed("boom")
+        elif ending == "interrupted":
+            outcome = run.interrupted("no-progress", child_still_running=False)
+        else:
+            outcome = run.make(ev.RunAborted, error="cancelled: by hand", cause="cancel")
+        states.append(fold([requested, run.running(), outcome]))
+    run = RunEvents("r-plain", ParentRef(**PARENT))
+    states.append(fold([run.requested(detached=DetachedOptions()), run.running(),
+                        run.completed("")]))
+    return states
+
+
+@pytest.mark.parametrize("state", _hooked_states(), ids=lambda s: s.run_id)
+def test_a_hook_message_is_sent_as_the_model_would_serialise_it(state: Any) -> None:
+    result = LifecycleResult.of(state)
+
+    sent = hook_message_json("on_done", state, result)
+
+    model = HookMessage(method="on_done", run=RunInfo.of(state), result=result)
+    assert sent == model.model_dump_json().encode()
+    assert HookMessage.model_validate_json(sent) == model

@@ -24,13 +24,13 @@ from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
     ChatMessage,
-    HookMessage,
     LifecycleResult,
     MilestoneView,
     RunInfo,
     chat_finish_id,
     chat_milestone_id,
     finish_message_id,
+    hook_message_json,
     record_delivery_of_this_life,
 )
 from tether.delivery.formatters import Formatters
@@ -150,7 +150,6 @@ class Deliverer:
         options = state.detached
         if options is None:
             return 0  # an awaited run: its outcome went to the awaiting client
-        info = RunInfo.of(state)
         first = first and not retry
         published = 0
         methods = []
@@ -162,7 +161,7 @@ class Deliverer:
         for method in methods:
             if retry and await self._recorded_by_handler(state, result.status, method):
                 continue
-            await self._publish_hook(state, method, info, result, retry, first)
+            await self._publish_hook(state, method, result, retry, first)
             published += 1
         # An explicit on_finish takes precedence over notify.
         if options.on_finish or not options.notify:
@@ -170,7 +169,7 @@ class Deliverer:
         ledger_key = f"finish:{result.status}"
         if ledger_key in state.ledger.notifications:
             return published
-        text = self._formatters.format_detached_completion(info, result)
+        text = self._formatters.format_detached_completion(RunInfo.of(state), result)
         if text:
             message = ChatMessage(id=chat_finish_id(state, result.status), role="user",
                                   content=text, metadata={
@@ -225,10 +224,8 @@ class Deliverer:
                 "sequence": milestone.sequence, "mode": mode}))
         await self._record_notified(state, "milestone", name, mode, message_id)
 
-    async def _publish_hook(self, state: RunState, method: str, info: RunInfo,
-                            result: LifecycleResult, retry: int = 0,
-                            first: bool = False) -> None:
-        message = HookMessage(method=method, run=info, result=result)
+    async def _publish_hook(self, state: RunState, method: str, result: LifecycleResult,
+                            retry: int = 0, first: bool = False) -> None:
         message_id = finish_message_id(state, result.status, method)
         if retry:
             message_id = f"{message_id}:retry{retry}"
@@ -236,7 +233,7 @@ class Deliverer:
         if first:
             headers[FIRST_PUBLICATION_HEADER] = "1"
         subject = self._log.subjects.hook(state.parent.agent, method)
-        payload = message.model_dump_json().encode()
+        payload = hook_message_json(method, state, result)
         if not tracing.ENABLED:
             await self._log.publish(subject, payload, headers=headers,
                                     stream=self._log.subjects.hooks_stream)
