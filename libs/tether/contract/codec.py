@@ -22,8 +22,8 @@ class EventDecodeError(ValueError):
 
 
 class InvalidEvent(ValueError):
-    """An event built with a value its shape does not allow (a name that is not an
-    identifier, a negative sequence, ...): refused before it is written."""
+    """An event built with a value its shape does not allow (a negative sequence, a
+    fraction above 1, a field of the wrong type, ...): refused before it is written."""
 
     def __init__(self, event: Event, problem: str) -> None:
         super().__init__(f"{event.type} {event.event_id!r} is not a valid event: {problem}")
@@ -36,8 +36,9 @@ _DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 
 
 def encode_event(event: Event) -> bytes:
-    """The event's JSON, checked by reading it back: building an event checks nothing,
-    so this is where one that breaks its constraints is refused (`InvalidEvent`)."""
+    """The event's JSON, checked by reading it back: building an event checks only its
+    identifiers, so this is where one that breaks its other constraints is refused
+    (`InvalidEvent`)."""
     raw = _ENCODER.encode(event)
     try:
         _DECODER.decode(raw)

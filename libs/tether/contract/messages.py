@@ -22,7 +22,7 @@ from tether.domain.events import (
     RunRequested,
     RunStatus,
 )
-from tether.domain.ids import Identifier, known_identifier
+from tether.domain.ids import Identifier, check_identifier
 from tether.domain.records import Record
 from tether.domain.run_state import RunState, as_builtins
 
@@ -57,8 +57,8 @@ class WorkItem(Record, frozen=True, kw_only=True, forbid_unknown_fields=False):
     requested_seq: Count | None = None
 
     def __post_init__(self) -> None:
-        known_identifier(self.run_id, "run_id")
-        known_identifier(self.agent_type, "agent_type")
+        check_identifier(self.run_id, "run_id")
+        check_identifier(self.agent_type, "agent_type")
 
 
 _WORK_ITEM = msgspec.json.Decoder(WorkItem)

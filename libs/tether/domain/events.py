@@ -18,7 +18,7 @@ from msgspec import Meta, field
 from pydantic import Field, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema
 
-from tether.domain.ids import EventId, Identifier, known_identifier
+from tether.domain.ids import EventId, Identifier, check_identifier
 from tether.domain.records import CheckedRecord, Record, pydantic_model
 
 RunStatus = Literal["starting", "running", "completed", "error", "aborted", "interrupted"]
@@ -53,8 +53,8 @@ class ParentRef(Record, frozen=True, kw_only=True):
     name: Identifier
 
     def __post_init__(self) -> None:
-        known_identifier(self.agent, "parent agent")
-        known_identifier(self.name, "parent name")
+        check_identifier(self.agent, "parent agent")
+        check_identifier(self.name, "parent name")
 
 
 class NotifyOptions(CheckedRecord, frozen=True, kw_only=True):
@@ -69,7 +69,7 @@ class MilestoneNotifyOptions(CheckedRecord, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in self.names:
-            known_identifier(name, "milestone name")
+            check_identifier(name, "milestone name")
 
 
 class DetachedOptions(CheckedRecord, frozen=True, kw_only=True):
@@ -90,10 +90,10 @@ class DetachedOptions(CheckedRecord, frozen=True, kw_only=True):
             msgspec.structs.force_setattr(self, "no_progress_budget_ms", 0)
         super().__post_init__()
         if self.on_finish is not None:
-            known_identifier(self.on_finish, "on_finish")
+            check_identifier(self.on_finish, "on_finish")
         if isinstance(self.on_milestones, list):
             for name in self.on_milestones:
-                known_identifier(name, "milestone name")
+                check_identifier(name, "milestone name")
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
@@ -139,7 +139,7 @@ class RunRequestedData(Record, frozen=True, kw_only=True):
     no_progress_budget_ms: NonNegative = 0
 
     def __post_init__(self) -> None:
-        known_identifier(self.agent_type, "agent_type")
+        check_identifier(self.agent_type, "agent_type")
 
 
 class RunRejectedData(Record, frozen=True, kw_only=True):
@@ -176,7 +176,7 @@ class RunMilestoneData(Record, frozen=True, kw_only=True):
     phase: str | None = None
 
     def __post_init__(self) -> None:
-        known_identifier(self.name, "milestone name")
+        check_identifier(self.name, "milestone name")
 
 
 class RunProgressPersistedData(Record, frozen=True, kw_only=True):
@@ -234,7 +234,7 @@ class RunFinishDeliveredData(Record, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         if self.method is not None:
-            known_identifier(self.method, "method")
+            check_identifier(self.method, "method")
 
 
 class RunNotifiedData(Record, frozen=True, kw_only=True):
@@ -276,7 +276,7 @@ class EventEnvelope(Record, frozen=True, kw_only=True, tag_field="type"):
     data: Record
 
     def __post_init__(self) -> None:
-        known_identifier(self.run_id, "run_id")
+        check_identifier(self.run_id, "run_id")
 
 
 class RunRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.requested"):

@@ -25,10 +25,8 @@ def _whole(pattern: str) -> str:
 
 
 # Pydantic models (commands, messages) check it by its pattern; the records that hold one
-# (events and their parts) check theirs as they are made or decoded, with
-# `known_identifier`, which remembers the identifiers it passed: a run's id and parent
-# come back in every one of its events, and a pattern search each would cost more than
-# decoding the rest of the event.
+# (events and their parts) check theirs with `check_identifier` as they are made or
+# decoded.
 Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
 
 
@@ -36,32 +34,25 @@ class InvalidIdentifier(ValueError):
     """An identifier that would be unsafe in a subject or a key."""
 
 
+# Identifiers that passed, so that each is searched for once: a run's id and parent come
+# back in every event of the run and every subject made for it, and a pattern search each
+# time would cost more than decoding the rest of the event.
+_PASSED: set[str] = set()
+_PASSED_LIMIT = 16_384
+
+
 def check_identifier(value: object, what: str = "identifier") -> str:
-    if not isinstance(value, str) or not _is_identifier(value):
+    if type(value) is str and value in _PASSED:
+        return value
+    if not isinstance(value, str) or _IDENTIFIER.fullmatch(value) is None:
         raise InvalidIdentifier(
             f"invalid {what} {value!r}: it must match {IDENTIFIER_PATTERN} "
             "(a letter or digit, then at most 127 letters, digits, '_', ':' or '-')"
         )
+    if len(_PASSED) >= _PASSED_LIMIT:
+        _PASSED.clear()
+    _PASSED.add(value)
     return value
-
-
-@lru_cache(maxsize=8192)  # the ids of the runs in flight, checked at every subject made
-def _is_identifier(value: str) -> bool:
-    return _IDENTIFIER.fullmatch(value) is not None
-
-
-_KNOWN: set[str] = set()
-_KNOWN_LIMIT = 16_384
-
-
-def known_identifier(value: object, what: str) -> None:
-    """`check_identifier` for a record's field: a set lookup for an identifier seen before."""
-    if type(value) is str and value in _KNOWN:
-        return
-    check_identifier(value, what)
-    if len(_KNOWN) >= _KNOWN_LIMIT:
-        _KNOWN.clear()
-    _KNOWN.add(value)  # type: ignore[arg-type]  # check_identifier passed: a str
 
 
 EVENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:.-]{0,299}$"

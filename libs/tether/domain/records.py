@@ -3,15 +3,17 @@
 A record is a frozen `msgspec.Struct`. Every process builds, writes and reads several
 per run, and a struct is built, copied (`msgspec.structs.replace`), encoded and decoded
 in C, at a fraction of a pydantic model's cost. Building one from Python checks only its
-identifiers (`tether.domain.ids.known_identifier`, in its `__post_init__`); a record is
+identifiers (`tether.domain.ids.check_identifier`, in its `__post_init__`); a record is
 checked when it is decoded, and an event also when it is encoded
 (`tether.contract.codec.encode_event`). Records that users build by hand check all
 their fields as they are made (`CheckedRecord`).
 
-A record can be a field of a pydantic model (a command, a work item, a hook message).
-There pydantic checks it as a model with the record's fields and constraints (each
-constrained type carries both libraries' annotations), with pydantic's errors and JSON
-Schema, and writes it as msgspec does; a record given as one is taken as it is.
+A record can be a field of a pydantic model (a command, a hook message). There msgspec
+reads it; what msgspec refuses goes through the record's pydantic mirror
+(`pydantic_model`: the same fields and constraints, each constrained type carrying both
+libraries' annotations), for pydantic's errors and lax conversions. The mirror is also
+the source of the record's JSON Schema. A record given as one is taken as it is, and
+written as msgspec writes it.
 """
 
 from functools import cache
