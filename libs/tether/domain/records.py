@@ -27,14 +27,6 @@ from pydantic_core import CoreSchema, core_schema
 
 class Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     @classmethod
-    def check(cls, value: Any) -> Self:
-        """`value` (a record of this class, or its JSON-like builtins) as a checked record;
-        raises `msgspec.ValidationError` (a `ValueError`) saying what is wrong and where."""
-        if isinstance(value, cls):
-            value = msgspec.to_builtins(value)
-        return msgspec.convert(value, cls)
-
-    @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         mirrored = core_schema.no_info_after_validator_function(
             cls.from_mirror, handler.generate_schema(pydantic_model(cls)))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from pydantic import ValidationError
 
 from tether.adapters.event_log import EventLog
@@ -405,7 +406,7 @@ def _answerable(raw: dict[str, Any]) -> tuple[str | None, ParentRef | None]:
     """The run id and parent of a request that failed validation, when both are valid."""
     try:
         run_id = check_identifier(raw.get("run_id"), "run id")
-        parent = ParentRef.check(raw.get("parent"))
+        parent = msgspec.convert(raw.get("parent"), ParentRef)
     except ValueError:  # an InvalidIdentifier or msgspec's ValidationError
         return None, None
     return run_id, parent
