@@ -16,6 +16,7 @@ from eventually import eventually
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
 from tether.client import ServiceUnavailable, Tether, connect
+from tether.client import hooks as hooks_module
 from tether.client.hooks import consumer_config, consumer_name
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -28,6 +29,7 @@ from tether.contract.messages import (
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import load_formatters
 from tether.delivery.registered_hooks import RegisteredHooks
+from tether.domain.commands import DeliveredCommand
 from tether.domain.events import DetachedOptions, ParentRef, RunFinishDelivered
 from tether.domain.run_state import RunState
 from tether.log import get_logger
@@ -406,6 +408,60 @@ async def test_a_repeat_is_recognised_while_the_parent_is_down(log, tether, sett
         assert after.finish_delivered("completed", METHOD)
         await settled(tether)
     assert len(recorder.calls) == 1
+
+
+async def test_reports_of_hooks_finished_together_share_one_delivered_command(
+        log, tether, monkeypatch):
+    """With the parent's ledger (no parent service here, so the commands stay in the
+    stream): the reports of hooks whose functions return together go out in one command,
+    each once, and a report alone goes out in the plain form with its own id."""
+    monkeypatch.setattr(hooks_module, "REPORT_LINGER_S", 1.0)  # one batch, however slow
+    other = ParentRef(agent=PARENT.agent, name="globex")
+    together = 5
+    release = asyncio.Event()
+    called: list[str] = []
+
+    async def held(run: RunInfo, result: LifecycleResult) -> None:
+        called.append(run.run_id)
+        if len(called) == together:
+            release.set()
+        await release.wait()
+
+    hooks = tether.hooks(PARENT.agent, lease_ms=STEADY_LEASE_MS, concurrency=8)
+    hooks.on_finish(METHOD)(held)
+    async with hooks.running():
+        states = [await finished_run(log, f"batch-{i}") for i in range(together - 1)]
+        run = RunEvents("batch-other", other)
+        for event in (run.requested("ImportAgent", detached=DetachedOptions(on_finish=METHOD)),
+                      run.started(), run.running(), run.completed("imported")):
+            await log.append(event, expected_last_seq=None)
+        states.append((await log.read_run(other, "batch-other")).state)
+        for state in states:
+            await publish_hook(log, state)
+        await settled(tether)
+        alone = await finished_run(log, "batch-alone")
+        await publish_hook(log, alone)
+        await settled(tether)
+
+    stored, _ = await log.read_stored(log.subjects.commands_stream,
+                                      f"{log.subjects.prefix}.cmd.delivered.>")
+    batch, single = (DeliveredCommand.model_validate_json(msg.data) for msg in stored)
+    assert [msg.headers["Nats-Subject"] for msg in stored] == [
+        log.subjects.command_for("delivered", batch.parent),
+        log.subjects.command_for("delivered", PARENT)]
+    expected = {(s.run_id, s.parent.name, finish_message_id(s, "completed", METHOD))
+                for s in states}
+    assert {(r.run_id, r.parent.name, r.message_id) for r in batch.reports()} == expected
+    assert len(batch.more) == together - 1
+    assert stored[0].headers["Nats-Msg-Id"].startswith(
+        f"delivered:{batch.parent.agent}.{batch.parent.name}:batch:")
+    alone_id = finish_message_id(alone, "completed", METHOD)
+    assert (single.run_id, single.message_id, single.more) == ("batch-alone", alone_id, [])
+    assert b'"more"' not in stored[1].data
+    assert stored[1].headers["Nats-Msg-Id"] == \
+        f"delivered:{PARENT.agent}.{PARENT.name}:{METHOD}:{alone_id}"
+    assert sorted(called) == sorted([s.run_id for s in states] + ["batch-alone"])
+    assert hooks.stats.called == together + 1
 
 
 async def test_a_republished_hook_waits_while_its_first_call_runs(log, tether):

@@ -466,6 +466,52 @@ async def test_a_delivery_report_without_a_life_is_decided_from_the_run(parent, 
     assert entry.event_id == state.event_id("finish_delivered", "on_done", "completed")
 
 
+async def test_a_delivered_command_reporting_several_deliveries_records_each(parent, log):
+    """A hook handler's reports of one parent agent, several parents' runs, in one command
+    on the first one's subject; a report of another agent sends the whole command to the
+    dead letters, and nothing of it is recorded."""
+    other_name = ParentRef(agent=PARENT.agent, name="user-2")
+    states = []
+    for run_id, parent_ref in (("b-1", PARENT), ("b-2", PARENT), ("b-3", other_name)):
+        run = RunEvents(run_id, parent_ref)
+        for event in (run.requested(), run.running(), run.completed(f"done {run_id}")):
+            await log.append(event, expected_last_seq=None)
+        states.append((await log.read_run(parent_ref, run_id)).state)
+
+    def report(state: RunState) -> dict:
+        return {"run_id": state.run_id, "parent": msgspec.to_builtins(state.parent),
+                "status": "completed", "method": "on_done",
+                "message_id": finish_message_id(state, "completed", "on_done")}
+
+    own = f"{log.subjects.command('delivered')}.{PARENT.agent}.{PARENT.name}"
+    stranger = ParentRef(agent="Stranger", name="user-1")
+    await send_on(log, own, {**report(states[0]), "more": [
+        report(states[1]), {**report(states[2]), "parent": msgspec.to_builtins(stranger)}]})
+    subscription = await log.jetstream.subscribe(log.subjects.command_dead_letters,
+                                                 ordered_consumer=True)
+    refused = await subscription.next_msg(timeout=10)
+    await subscription.unsubscribe()
+    assert "every report names a parent of agent 'Assistant', not 'Stranger'" in \
+        refused.headers["Tether-Error"]
+    for state in states:
+        after = (await log.read_run(state.parent, state.run_id)).state
+        assert not after.finish_delivered("completed", "on_done")
+
+    await send_on(log, own, {**report(states[0]), "more": [report(s) for s in states[1:]]})
+    for state in states:
+        await until(log, state.run_id, lambda s, e: s.finish_delivered("completed", "on_done"),
+                    parent=state.parent)
+        [entry] = [e for e in (await log.read_run(state.parent, state.run_id)).events
+                   if e.type == "run.finish_delivered"]
+        assert entry.event_id == state.event_id("finish_delivered", "on_done", "completed")
+        assert entry.data.message_id == finish_message_id(state, "completed", "on_done")
+
+    # Recorded again, the reports change nothing, and the handler says what became of each.
+    handlers = parent._handlers
+    again = {**report(states[0]), "more": [report(s) for s in states[1:]]}
+    assert await handlers.record_delivery(again) == "appended x3"
+
+
 async def test_a_per_parent_query_subject_answers_only_for_its_own_parent(parent, log,
                                                                           dispatches):
     await send(log, "run", run_request("scoped"))

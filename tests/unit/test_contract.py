@@ -1,6 +1,7 @@
 """The wire contract: identifiers, command parsing, subject names and the JSON Schemas."""
 
 import datetime
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,9 @@ from tether.domain.commands import (
     CancelCommand,
     ClearCommand,
     ContinueCommand,
+    MAX_DELIVERY_REPORTS,
     DeliveredCommand,
+    DeliveryReport,
     HasRunQuery,
     InspectQuery,
     ListQuery,
@@ -379,6 +382,46 @@ def test_a_delivery_report_makes_the_ledger_entry_the_run_would(method: str) -> 
     for message_id in ("finish:r1:completed", "finish:r1:completed:retry1",
                        "finish:r10:completed:abc", finish_message_id(state, "error", method)):
         assert delivery_entry_of_report(_report(state, method, message_id), 1) is None
+
+
+def test_a_delivered_command_reports_more_deliveries_of_its_parent_agent() -> None:
+    first, second = _life("r1", "first"), _life("r2", "second")
+    other_name = ParentRef(agent=first.parent.agent, name="user-7")
+    reports = [DeliveryReport(run_id=s.run_id, parent=parent, status="completed",
+                              method="on_done",
+                              message_id=finish_message_id(s, "completed", "on_done"))
+               for s, parent in ((first, first.parent), (second, other_name))]
+    alone = DeliveredCommand.of(reports[:1])
+    # One report is the plain command, byte for byte: a parent that predates `more` reads it.
+    assert alone.model_dump_json() == json.dumps(
+        {"type": "delivered", **msgspec.to_builtins(dict(reports[0]))}, separators=(",", ":"))
+    assert alone.reports() == [alone]
+    both = DeliveredCommand.of(reports)
+    written = json.loads(both.model_dump_json())
+    assert written["run_id"] == "r1" and [m["run_id"] for m in written["more"]] == ["r2"]
+    read = parse_command("delivered", written)
+    assert read == both
+    assert [(r.run_id, r.parent, r.more) for r in read.reports()] == [
+        ("r1", first.parent, []), ("r2", other_name, [])]
+    assert all(isinstance(r, DeliveredCommand) for r in read.reports())
+    # Each is the report it would be alone: the same ledger entry.
+    assert [delivery_entry_of_report(r, 5) for r in read.reports()] == [
+        delivery_entry_of_report(DeliveredCommand.of([report]), 5) for report in reports]
+
+
+def test_a_delivered_command_refuses_reports_past_its_parent_agent() -> None:
+    report = {"run_id": "r2", "parent": {"agent": "Stranger", "name": "user-42"},
+              "status": "completed", "method": "on_done", "message_id": "finish:r2:completed:x"}
+    own = {"run_id": "r1", "parent": PARENT, "status": "completed", "method": "on_done",
+           "message_id": "finish:r1:completed:x"}
+    with pytest.raises(ValidationError, match="every report names a parent of agent "
+                                              "'Assistant', not 'Stranger'"):
+        parse_command("delivered", {**own, "more": [report]})
+    with pytest.raises(ValidationError, match="more.0.more"):  # one level: no `more` in more
+        parse_command("delivered", {**own, "more": [{**own, "more": []}]})
+    with pytest.raises(ValidationError, match="at most 255 items"):
+        parse_command("delivered", {**own, "more": [own] * MAX_DELIVERY_REPORTS})
+    assert len(parse_command("delivered", {**own, "more": [own] * 255}).reports()) == 256
 
 
 def test_the_fold_takes_a_ledger_entry_of_its_own_life_only() -> None:

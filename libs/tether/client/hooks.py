@@ -9,7 +9,9 @@ and consumes each method's subject with a durable pull consumer shared by its re
 Delivery: exactly once normally, at least once on a crash. After the function returns,
 the handler writes its own record of the delivery (a key in the deliveries bucket,
 `adapters/deliveries.py`), then `run.finish_delivered` is appended to the run (the
-ledger), and only then the message is acknowledged. A message whose delivery is already
+ledger: the parent service appends it on the handler's `delivered` command, which
+reports together the deliveries finished within a few milliseconds of each other), and
+only then the message is acknowledged. A message whose delivery is already
 recorded (this handler's memory of the calls it made, the key, or the ledger) is
 acknowledged without calling the function, and one whose delivery this handler is making
 right now waits, so a redelivery after a lost ack, a republished hook, a broker that
@@ -26,6 +28,7 @@ still be idempotent: a crash after the function and before the ledger calls it a
 import asyncio
 import inspect
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
@@ -60,7 +63,7 @@ from tether.contract.messages import (
     record_delivery_of_this_life,
     unknown_life_finish_id,
 )
-from tether.domain.commands import DeliveredCommand, ServeHookQuery
+from tether.domain.commands import DeliveredCommand, DeliveryReport, ServeHookQuery
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
 from tether.resilience import (
@@ -75,6 +78,10 @@ from tether.resilience import (
 
 HookFunction = Callable[[RunInfo, LifecycleResult], Awaitable[object] | object]
 FETCH_WAIT_S = 0.5
+# A delivery report waits this long for others to share its `delivered` command. Only the
+# hook message's acknowledgement waits for the report, never a call of a function.
+REPORT_LINGER_S = 0.005
+REPORTS_PER_COMMAND = 64  # at most MAX_DELIVERY_REPORTS
 # How many deliveries a handler remembers having made: a copy of one of them (a broker
 # that forgot the acknowledgement, a republication) is acknowledged without a look at the
 # records.
@@ -96,6 +103,64 @@ class _Recent:
         self._keys.move_to_end(key)
         while len(self._keys) > self._size:
             self._keys.popitem(last=False)
+
+
+class _Reports:
+    """Delivery reports on their way to the parent service, sent together.
+
+    The first report waiting starts a batch; `REPORT_LINGER_S` later, the batch goes out
+    as one `delivered` command (those after the first in its `more`), published until the
+    commands stream has it, and every report in it is then sent. A batch of one is the
+    plain command, with the id it always had. One parent agent's reports: the subject
+    names the first one's parent, and admits every parent of its agent."""
+
+    def __init__(self, tether: Link, logger) -> None:
+        self._tether = tether
+        self._logger = logger
+        self._waiting: list[tuple[DeliveryReport, asyncio.Future[None]]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    async def send(self, report: DeliveryReport) -> None:
+        """Return once the report is in the commands stream; raise what publishing it
+        raised that is not transient (`NotPermitted`, say)."""
+        sent = asyncio.get_running_loop().create_future()
+        self._waiting.append((report, sent))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.create_task(self._send_waiting())
+        await sent
+
+    async def _send_waiting(self) -> None:
+        await asyncio.sleep(REPORT_LINGER_S)
+        while self._waiting:
+            batch = self._waiting[:REPORTS_PER_COMMAND]
+            del self._waiting[:REPORTS_PER_COMMAND]
+            outcome: BaseException | None = None
+            try:
+                await self._publish([report for report, _ in batch])
+            except BaseException as error:  # noqa: BLE001 - each waiting report raises it
+                outcome = error
+            for _, sent in batch:
+                if sent.done():
+                    continue  # its hook's handling was cancelled
+                if outcome is None:
+                    sent.set_result(None)
+                else:
+                    sent.set_exception(outcome)
+            if isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+
+    async def _publish(self, reports: list[DeliveryReport]) -> None:
+        command = DeliveredCommand.of(reports)
+        parent = f"{command.parent.agent}.{command.parent.name}"
+        if len(reports) == 1:
+            msg_id = f"delivered:{parent}:{command.method}:{command.message_id}"
+        else:  # one id for every attempt at this batch, and no other's
+            msg_id = f"delivered:{parent}:batch:{uuid.uuid4().hex}"
+        # (A stream without responders is a cluster electing its leader, here: the
+        # commands stream existed when this handler started.)
+        await persistently(lambda: self._tether.publish_command("delivered", command, msg_id),
+                           what="hooks.ledger", logger=lambda: self._logger,
+                           also=(ServiceUnavailable,))
 
 
 @dataclass(slots=True)
@@ -128,6 +193,7 @@ class HookRegistry:
         self._records: DeliveryRecords | TenantDeliveryRecords = DeliveryRecords(None)
         self._calling: set[str] = set()  # the deliveries being checked or called
         self._called = _Recent(CALLED_KEPT)  # the deliveries made and recorded here
+        self._reports = _Reports(tether, self._logger)
 
     def register(self, method: str, function: HookFunction) -> HookFunction:
         check_identifier(method, "hook method")
@@ -377,11 +443,7 @@ class HookRegistry:
             await persistently(lambda: self._records.record(run.parent, method, message_id,
                                                             result.status),
                                what="hooks.record", logger=lambda: logger)
-        # (A stream without responders is a cluster electing its leader, here: the
-        # commands stream existed when this handler started.)
-        await persistently(lambda: self._record_delivered(hook, method, message_id),
-                           what="hooks.ledger", logger=lambda: logger,
-                           also=(ServiceUnavailable,))
+        await self._record_delivered(hook, method, message_id, logger)
         # Remembered once both records are on their way (until then a copy waits on the
         # claim): a copy acknowledged from memory never leaves the ledger without them.
         if message_id is not None:
@@ -395,18 +457,22 @@ class HookRegistry:
         await settle(msg.ack(), logger=logger, what="hook.ack")
 
     async def _record_delivered(self, hook: HookMessage, method: str,
-                                message_id: str | None) -> None:
+                                message_id: str | None, logger) -> None:
+        """The ledger entry, appended or (the parent's ledger) reported, retried until it
+        lands."""
         run, status = hook.run, hook.result.status
         # The hook's own id names the run's life: the next life's delivery is another
-        # command, and is never recorded on this one (nor this one's on the next).
+        # report, and is never recorded on this one (nor this one's on the next).
         message_id = message_id or unknown_life_finish_id(run.run_id, status, method)
-        command = DeliveredCommand(run_id=run.run_id, parent=run.parent, status=status,
-                                   method=method, message_id=message_id)
+        report = DeliveryReport(run_id=run.run_id, parent=run.parent, status=status,
+                                method=method, message_id=message_id)
         if self.ledger == "parent":
-            await self.tether.publish_command("delivered", command,
-                                              msg_id=f"delivered:{run.parent.agent}."
-                                                     f"{run.parent.name}:{method}:{message_id}")
+            await self._reports.send(report)
             return
-        await self.tether.log.update(
-            run.parent, run.run_id,
-            lambda state: record_delivery_of_this_life(state, command, int(time.time() * 1000)))
+        command = DeliveredCommand.of([report])
+        await persistently(
+            lambda: self.tether.log.update(
+                run.parent, run.run_id,
+                lambda state: record_delivery_of_this_life(state, command,
+                                                           int(time.time() * 1000))),
+            what="hooks.ledger", logger=lambda: logger)

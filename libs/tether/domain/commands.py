@@ -7,7 +7,17 @@ payloads from any NATS client.
 
 from typing import Annotated, Any, Literal, overload
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    TypeAdapter,
+    model_serializer,
+    model_validator,
+)
 
 from tether.domain.events import DetachedOptions, EpochMs, ParentRef, RunStatus
 from tether.domain.ids import Identifier
@@ -83,9 +93,29 @@ class MessageCommand(Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+# How many deliveries one `delivered` command reports at most: its own and `more`'s.
+MAX_DELIVERY_REPORTS = 256
+
+
+class DeliveryReport(Model):
+    """One delivered finish hook: the run, its outcome's status, the hook's method and the
+    id of the hook message the handler acknowledged."""
+
+    run_id: Identifier
+    parent: ParentRef
+    status: RunStatus
+    method: Identifier
+    message_id: str = Field(max_length=300)
+
+
 class DeliveredCommand(Model):
     """A hook handler's acknowledgement: the parent records `run.finish_delivered`, so an
-    application never needs to append to the log itself."""
+    application never needs to append to the log itself.
+
+    `more` reports further deliveries in the same command, each recorded as if it came
+    alone: a handler sends together the reports of the hooks it handled meanwhile. They
+    may name other parents of the command's parent agent (the subject's permission admits
+    that agent's application), and the field is written only when it has any."""
 
     type: Literal["delivered"] = "delivered"
     run_id: Identifier
@@ -93,6 +123,36 @@ class DeliveredCommand(Model):
     status: RunStatus
     method: Identifier
     message_id: str = Field(max_length=300)
+    more: Annotated[list[DeliveryReport], Field(max_length=MAX_DELIVERY_REPORTS - 1)] = Field(
+        default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_parent_agent(self) -> "DeliveredCommand":
+        for report in self.more:
+            if report.parent.agent != self.parent.agent:
+                raise ValueError(f"every report names a parent of agent {self.parent.agent!r}, "
+                                 f"not {report.parent.agent!r}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_more(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        written = write(self)
+        if not self.more:
+            written.pop("more", None)
+        return written
+
+    @classmethod
+    def of(cls, reports: "list[DeliveryReport]") -> "DeliveredCommand":
+        """One command reporting every delivery of `reports` (one parent agent's)."""
+        first, *more = reports
+        return cls(**dict(first), more=more)
+
+    def reports(self) -> "list[DeliveredCommand]":
+        """Every delivery the command reports, each as a command of its own."""
+        if not self.more:
+            return [self]
+        return [self.model_copy(update={"more": []}),
+                *(DeliveredCommand(**dict(report)) for report in self.more)]
 
 
 class InspectQuery(Model):

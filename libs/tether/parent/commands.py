@@ -7,8 +7,10 @@ child turn. Answers go back as events on the run's subject; a command that canno
 parsed at all is kept as a dead letter.
 """
 
+import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -286,7 +288,17 @@ class CommandHandlers:
         return "duplicate" if ack.duplicate else "posted"
 
     async def record_delivery(self, payload: Payload) -> str:
+        """Record each delivery the command reports; what became of them, as one word
+        ("appended") or, for several, each word and how many had it ("appended x3")."""
         command = self._parse(DeliveredCommand, "delivered", payload)
+        reports = command.reports()
+        if len(reports) == 1:
+            return await self._record_delivery(command)
+        # Each report is a fact of its own run, so they land side by side.
+        results = Counter(await asyncio.gather(*map(self._record_delivery, reports)))
+        return ", ".join(f"{result} x{count}" for result, count in sorted(results.items()))
+
+    async def _record_delivery(self, command: DeliveredCommand) -> str:
         if (entry := delivery_entry_of_report(command, _now_ms())) is not None:
             # The entry names the run's life, so it is appended as a fact, without
             # reading the run: the log drops a repeat inside its duplicate window, and the
