@@ -36,10 +36,10 @@ from tether.domain import decide
 from tether.domain import events as ev
 from tether.domain.commands import (
     COMMAND_CLASSES,
+    MAX_DELIVERY_REPORTS,
     CancelCommand,
     ClearCommand,
     ContinueCommand,
-    MAX_DELIVERY_REPORTS,
     DeliveredCommand,
     DeliveryReport,
     HasRunQuery,
@@ -417,7 +417,7 @@ def test_a_delivered_command_refuses_reports_past_its_parent_agent() -> None:
     with pytest.raises(ValidationError, match="every report names a parent of agent "
                                               "'Assistant', not 'Stranger'"):
         parse_command("delivered", {**own, "more": [report]})
-    with pytest.raises(ValidationError, match="more.0.more"):  # one level: no `more` in more
+    with pytest.raises(ValidationError, match=r"more\.0\.more"):  # one level: no `more` in more
         parse_command("delivered", {**own, "more": [{**own, "more": []}]})
     with pytest.raises(ValidationError, match="at most 255 items"):
         parse_command("delivered", {**own, "more": [own] * MAX_DELIVERY_REPORTS})

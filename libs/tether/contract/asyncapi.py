@@ -128,8 +128,8 @@ COMMANDS = (
     ("clear", ClearCommand, "`clear:<parent_agent>:<parent_name>:<random>`"),
     ("continue", ContinueCommand, "unique per answer, chosen by the sender"),
     ("delivered", DeliveredCommand,
-     "`delivered:<parent_agent>.<parent_name>:<method>:<the hook message's id>`; with "
-     "`more`, `delivered:<parent_agent>.<parent_name>:batch:<random>`"),
+     ("`delivered:<parent_agent>.<parent_name>:<method>:<the hook message's id>`; with "
+      "`more`, `delivered:<parent_agent>.<parent_name>:batch:<random>`")),
     ("message", MessageCommand, "`message:<parent_agent>:<parent_name>:<message_id>`"),
 )
 QUERIES = (("inspect", InspectQuery, InspectReply), ("list", ListQuery, ListReply),
