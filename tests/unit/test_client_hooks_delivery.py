@@ -4,9 +4,13 @@
 import asyncio
 from types import SimpleNamespace
 
+import pytest
 from eventually import eventually
 
-from tether.client.hooks import HookRegistry
+from tether.client.errors import NotPermitted
+from tether.client.hooks import HookRegistry, _Reports
+from tether.domain.commands import DeliveredCommand, DeliveryReport
+from tether.domain.events import ParentRef
 
 METHOD = "on_done"
 
@@ -60,3 +64,54 @@ async def test_a_fetch_returning_more_than_asked_waits_for_room_instead_of_faili
     assert handled == total
     assert all(batch >= 1 for batch in subscription.batches)
     assert peak == concurrency + 3  # nothing more was fetched while over the limit
+
+
+class Commands:
+    """The one call the reports make of the connection: a publish that blocks until
+    released, or raises `error`."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.published: list[tuple[DeliveredCommand, str]] = []
+        self.error = error
+        self.release = asyncio.Event()
+
+    async def publish_command(self, kind: str, command: DeliveredCommand, msg_id: str) -> None:
+        assert kind == "delivered"
+        self.published.append((command, msg_id))
+        await self.release.wait()
+        if self.error is not None:
+            raise self.error
+
+
+def _report(run_id: str) -> DeliveryReport:
+    return DeliveryReport(run_id=run_id, parent=ParentRef(agent="Importer", name="acme"),
+                          status="completed", method=METHOD,
+                          message_id=f"finish:{run_id}:completed:life")
+
+
+async def test_reports_waiting_together_raise_what_their_command_raised() -> None:
+    commands = Commands(error=NotPermitted("may not send delivered commands"))
+    reports = _Reports(commands, logger=None)
+    sends = [asyncio.create_task(reports.send(_report(f"r{n}"))) for n in range(3)]
+    await eventually(lambda: len(commands.published) == 1)
+    commands.release.set()
+    for send in sends:
+        with pytest.raises(NotPermitted, match="may not send"):
+            await send
+    [(command, msg_id)] = commands.published
+    assert [r.run_id for r in command.reports()] == ["r0", "r1", "r2"]
+    assert msg_id.startswith("delivered:Importer.acme:batch:")
+
+
+async def test_reports_waiting_when_their_sender_is_cancelled_are_cancelled_too() -> None:
+    commands = Commands()
+    reports = _Reports(commands, logger=None)
+    sends = [asyncio.create_task(reports.send(_report(f"r{n}"))) for n in range(2)]
+    await eventually(lambda: len(commands.published) == 1)
+    later = asyncio.create_task(reports.send(_report("r-later")))  # waits for the next batch
+    await eventually(lambda: len(reports._waiting) == 1)
+    reports._sender.cancel()
+    for send in (*sends, later):
+        with pytest.raises(asyncio.CancelledError):
+            await send
+    assert not reports._waiting and len(commands.published) == 1
