@@ -149,7 +149,7 @@ class _Reports:
                     sent.cancel()
                 else:
                     sent.set_exception(outcome)
-            if cancelled:
+            if isinstance(outcome, asyncio.CancelledError):
                 for _, sent in self._waiting:
                     sent.cancel()
                 self._waiting.clear()

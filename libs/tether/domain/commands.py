@@ -136,7 +136,7 @@ class DeliveredCommand(Model):
 
     @model_serializer(mode="wrap")
     def _without_empty_more(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        written = write(self)
+        written: dict[str, Any] = write(self)
         if not self.more:
             written.pop("more", None)
         return written
