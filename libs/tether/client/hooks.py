@@ -139,21 +139,20 @@ class _Reports:
                 await self._publish([report for report, _ in batch])
             except BaseException as error:  # noqa: BLE001 - each waiting report raises it
                 outcome = error
-            cancelled = isinstance(outcome, asyncio.CancelledError)
+            if isinstance(outcome, asyncio.CancelledError):
+                # The loop is closing: so is every hook waiting here, in this batch or the
+                # next (a future already done stays as it is).
+                for _, sent in (*batch, *self._waiting):
+                    sent.cancel()
+                self._waiting.clear()
+                raise outcome
             for _, sent in batch:
                 if sent.done():
                     continue  # its hook's handling was cancelled
                 if outcome is None:
                     sent.set_result(None)
-                elif cancelled:  # the loop is closing: so is every hook waiting here
-                    sent.cancel()
                 else:
                     sent.set_exception(outcome)
-            if isinstance(outcome, asyncio.CancelledError):
-                for _, sent in self._waiting:
-                    sent.cancel()
-                self._waiting.clear()
-                raise outcome
 
     async def _publish(self, reports: list[DeliveryReport]) -> None:
         command = DeliveredCommand.of(reports)

@@ -148,11 +148,12 @@ class DeliveredCommand(Model):
         return cls(**dict(first), more=more)
 
     def reports(self) -> "list[DeliveredCommand]":
-        """Every delivery the command reports, each as a command of its own."""
+        """Every delivery the command reports, each as a command of its own (its fields
+        were checked as the command was read: they are not checked again)."""
         if not self.more:
             return [self]
         return [self.model_copy(update={"more": []}),
-                *(DeliveredCommand(**dict(report)) for report in self.more)]
+                *(DeliveredCommand.model_construct(**dict(report)) for report in self.more)]
 
 
 class InspectQuery(Model):
