@@ -145,6 +145,8 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     if role == "parent":
         publish = [f"{p}.evt.>", f"{p}.work.>", f"{p}.hook.>", f"{p}.chat.>",
                    subjects.command_dead_letters, f"{p}.ctl.cancel.>",
+                   # The notice that a run request found its run already there.
+                   subjects.all_live_events,
                    f"$KV.{subjects.slots_bucket}.>",
                    *_kv_read(subjects.slots_bucket), *_kv_read(subjects.registry_bucket),
                    *_kv_read(subjects.deliveries_bucket),

@@ -15,8 +15,11 @@ from stream_messages import next_messages
 from tether.adapters.event_log import EventLog
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
+from tether.client import connect
+from tether.client import parent as client_parent
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
+    RUN_SEQUENCE_HEADER,
     HookMessage,
     InspectReply,
     WorkItem,
@@ -338,6 +341,41 @@ async def test_repeated_request_of_a_finished_run_changes_nothing(parent, log):
     await until(log, "marker-1", lambda s, e: s is not None)
     history = await log.read_run(PARENT, "done-1")
     assert history.state.summary == "stored" and len(history.events) == 4
+
+
+async def test_a_request_that_finds_its_run_there_tells_the_requester_where_it_stood(
+        parent, log):
+    run = RunEvents("done-2", PARENT)
+    for event in (run.requested(), run.started(), run.running(), run.completed("stored")):
+        await log.append(event, expected_last_seq=None)
+    stood_at = (await log.read_run(PARENT, "done-2")).last_seq
+    notices = await log.nats.subscribe(log.subjects.run_live(PARENT, "done-2"))
+    await send(log, "run", run_request("done-2"))
+    notice = await notices.next_msg(timeout=10)
+    assert notice.data == b"" and "Nats-Sequence" not in (notice.headers or {})
+    assert notice.headers[RUN_SEQUENCE_HEADER] == str(stood_at)
+    assert (await log.read_run(PARENT, "done-2")).last_seq == stood_at, "nothing appended"
+    await notices.unsubscribe()
+
+
+async def test_a_client_requesting_a_finished_run_again_is_answered_by_the_notice(
+        parent, log, settings, monkeypatch):
+    # Only the parent's notice can answer: the client's read after a quiet second is
+    # pushed out of the test's reach.
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 60.0)
+    run = RunEvents("done-3", PARENT)
+    for event in (run.requested("Researcher"), run.started(), run.running(),
+                  run.completed("stored")):
+        await log.append(event, expected_last_seq=None)
+    async with connect(settings=settings) as client:
+        me = client.parent(PARENT.agent, PARENT.name)
+        again = await me.run_agent_tool("Researcher", {"query": "again"}, run_id="done-3",
+                                        timeout=10)
+        handle = await me.run_agent_tool("Researcher", {"query": "again"}, run_id="done-3",
+                                         detached=True, timeout=10)
+    assert again.ok and again.summary == "stored"
+    assert handle.status == "running" and handle.run_id == "done-3"
+    assert len((await log.read_run(PARENT, "done-3")).events) == 4
 
 
 async def test_repeated_request_of_an_interrupted_run_reattaches(parent, log):

@@ -1,11 +1,15 @@
 """When a run request has its answer, decided from the run's events alone.
 
 The client subscribes to the run's live subject (where the events stream republishes each
-event once stored), reads the run's stored events, the last of which is the *mark*,
-publishes the request, and feeds every event to a `RunWaiter` once, in stream order
-(`RunFold`). Anything at or below the mark happened before this request: a stored outcome
-there is the answer (a repeated run id never starts a second child turn), but a rejection
-or an interruption there answered someone else's earlier request. Nothing is decided
+event once stored), publishes the request, and feeds every event to a `RunWaiter` once, in
+stream order (`RunFold`). The *mark* is where the run's subject ended before the request:
+0 for a new run id, whose first event arrives live with nothing before it; otherwise the
+previous sequence of the first live event, the sequence in the parent's notice that the
+run was already there, or the end of a read made before the request is published again
+(client/parent.py, `_Request`). Anything at or below the mark happened before this
+request: a stored outcome there is the answer (a repeated run id never starts a second
+child turn), but a rejection or an interruption there answered someone else's earlier
+request. Nothing is decided
 before the replay has reached the mark, so a run that was cleared and is requested again
 is never answered from its previous life.
 

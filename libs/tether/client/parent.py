@@ -12,13 +12,14 @@ from pydantic import BaseModel, ValidationError
 
 from tether import tracing
 from tether.adapters.requests import subscribe_routed
-from tether.client.awaiting import Answer, RunFold, RunWaiter
+from tether.client.awaiting import Answer, LiveEvent, RunFold, RunWaiter
 from tether.client.chat import follow_chat
 from tether.client.link import Link
 from tether.client.live import live_event
 from tether.client.timeline import RunView, TimelineView, follow_timeline
 from tether.client.tools import AgentTool, agent_tool
 from tether.contract.messages import (
+    RUN_SEQUENCE_HEADER,
     AgentToolFailure,
     AgentToolSuccess,
     ChatMessage,
@@ -107,10 +108,12 @@ class ParentHandle:
         """Publish the request and fold the run's events until they answer it.
 
         The live subscription comes first: the server handles one connection's messages in
-        order, so the history read after it sees every event the subscription misses.
+        order, so every event stored after the request was published reaches it (or, when
+        core delivery loses one, the next one's previous sequence reveals the gap). Most
+        run ids are new, so the request goes out before the run is read: what arrives
+        first says where the run stood before the request (`_Request`), and only a run that
+        already has events is read.
         """
-        subject = self.tether.subjects.run_events(self.ref, command.run_id)
-        reads = self.tether.run_reads
         live: asyncio.Queue[Msg] = asyncio.Queue()
         subscription = await subscribe_routed(
             self.tether.nc, self.tether.subjects.run_live(self.ref, command.run_id), live.put_nowait)
@@ -119,20 +122,11 @@ class ParentHandle:
         awaiter = None if detached else await subscribe_routed(
             self.tether.nc, self.tether.subjects.awaiter(self.ref, command.run_id),
             self.tether.answer_present)
-        requested = False
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         try:
-            history = await reads.read(subject)
-            waiter = RunWaiter(command.run_id, command.agent_type,
-                               mark=history[-1].seq if history else 0, detached=detached)
-            run = RunFold(waiter)
-            run.fold_read(history)
-            requested = True  # from here on the request may have reached the stream
-            vacated_at = waiter.mark if waiter.state is None else 0
-            ack = await self.tether.publish_command(
-                "run", command, run_message_id(command.run_id, vacated_at, command.parent))
-            answer = waiter.on_published(bool(ack.duplicate))
+            request = _Request(self, command, detached)
+            answer = await request.publish()
             idle = LIVE_IDLE_S
             while answer is None:
                 remaining = None if deadline is None else max(deadline - loop.time(), 0)
@@ -148,25 +142,16 @@ class ParentHandle:
                         raise TimeoutError(
                             f"run {command.run_id} gave no answer within {timeout:g}s; it goes "
                             "on: inspect it, or await it again with the same run_id") from None
-                    # A lost last event has nothing after it to reveal the gap: look.
-                    answer = await _read_on(run, reads, subject)
-                    if answer is _UNREAD:
-                        answer = None
+                    answer = await request.on_quiet()
                     idle = min(idle * 2, LIVE_IDLE_MAX_S)
                     continue
                 idle = LIVE_IDLE_S
-                event = live_event(message)
-                if event is None or run.missed_before(event):
-                    answer = await _read_on(run, reads, subject)
-                    if answer is _UNREAD:
-                        answer = None
-                        continue  # the next look reads past this event too
-                if answer is None and event is not None:
-                    answer = run.fold(event.seq, event.event)
+                answer = await request.on_message(message)
             return answer
         except asyncio.CancelledError:
-            if requested and not detached:
-                # The caller gave up on an awaited run: the run must not outlive it.
+            if not detached:
+                # The caller gave up on an awaited run (whose request may have reached the
+                # stream by now): the run must not outlive it.
                 await asyncio.shield(self._cancel_quietly(command.run_id))
             raise
         finally:
@@ -317,6 +302,97 @@ def _first_error(error: ValidationError) -> str:
     where = ".".join(str(part) for part in problem["loc"])
     return f"{where}: {problem['msg']}" if where else problem["msg"]
 
+
+
+class _Request:
+    """One run request, published, and the fold of the run's messages that answers it.
+
+    Most run ids are new, so the request goes out before the run is read; until the
+    first message on the run's live subject after it says where the run's subject ended
+    before the request (its *mark*, client/awaiting.py), there is no fold:
+
+    - a live event with no event before it (previous sequence 0, the usual case): the
+      mark is 0, and nothing is read;
+    - a live event with events before it: the mark is its previous sequence;
+    - the parent's notice that the request found the run already there (it may append
+      nothing), with the sequence it found the run at: the mark is that sequence;
+
+    and in the last two the run is read up to now. A request the stream dropped as a
+    repeat of one in its duplicate window, a live message that places nothing, or a
+    second without a message: the run is read, its end is the mark, and the request goes
+    out again after the read, as a repeat (dropped) or, for a vacated run id, as the new
+    request it then is.
+    """
+
+    def __init__(self, handle: ParentHandle, command: RunCommand, detached: bool) -> None:
+        self._tether = handle.tether
+        self._command = command
+        self._detached = detached
+        self._subject = handle.tether.subjects.run_events(handle.ref, command.run_id)
+        self._run: RunFold | None = None
+
+    async def publish(self) -> Answer | None:
+        command = self._command
+        ack = await self._tether.publish_command(
+            "run", command, run_message_id(command.run_id, 0, command.parent))
+        if ack.duplicate:
+            return await self._read_then_publish()
+        return None
+
+    async def on_message(self, message: Msg) -> Answer | None:
+        event = live_event(message)
+        run = self._run
+        if run is None:
+            run = self._run = await self._placed(message, event)
+            return run.waiter.answer if run is not None else await self._read_then_publish()
+        answer = None
+        if event is None or run.missed_before(event):
+            answer = await _read_on(run, self._tether.run_reads, self._subject)
+            if answer is _UNREAD:
+                return None  # the next look reads past this event too
+        if answer is None and event is not None:
+            answer = run.fold(event.seq, event.event)
+        return answer
+
+    async def on_quiet(self) -> Answer | None:
+        """No message for a while: a notice lost, an earlier parent that sends none, a
+        busy parent, or a lost last event, which has nothing after it to reveal the gap."""
+        if self._run is None:
+            return await self._read_then_publish()
+        answer = await _read_on(self._run, self._tether.run_reads, self._subject)
+        return None if answer is _UNREAD else answer
+
+    async def _placed(self, message: Msg, event: LiveEvent | None) -> RunFold | None:
+        if event is not None and event.previous_seq == 0:
+            run = self._fold(mark=0)
+            run.fold(event.seq, event.event)
+            return run
+        if event is not None:
+            mark = event.previous_seq
+        else:
+            try:
+                mark = int((message.headers or {})[RUN_SEQUENCE_HEADER])
+            except (KeyError, ValueError):
+                return None
+        run = self._fold(mark)
+        run.fold_read(await self._tether.run_reads.read(self._subject))
+        run.waiter.on_published(False)
+        return run
+
+    async def _read_then_publish(self) -> Answer | None:
+        history = await self._tether.run_reads.read(self._subject)
+        run = self._run = self._fold(mark=history[-1].seq if history else 0)
+        run.fold_read(history)
+        waiter = run.waiter
+        vacated_at = waiter.mark if waiter.state is None else 0
+        command = self._command
+        ack = await self._tether.publish_command(
+            "run", command, run_message_id(command.run_id, vacated_at, command.parent))
+        return waiter.on_published(bool(ack.duplicate))
+
+    def _fold(self, mark: int) -> RunFold:
+        return RunFold(RunWaiter(self._command.run_id, self._command.agent_type, mark=mark,
+                                 detached=self._detached))
 
 
 _UNREAD: Any = object()

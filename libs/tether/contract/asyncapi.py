@@ -192,7 +192,9 @@ def contract_broker() -> NatsBroker:
     send(live, EVENT_MODEL, f"send:{live}",
          f"Core: `{s.events_stream}` republishes each stored event here, in stream order, "
          "with `Nats-Sequence` and `Nats-Last-Sequence` (the run's previous sequence) "
-         "headers.")
+         "headers. The parent also sends an empty message here, with only a "
+         "`Tether-Run-Sequence` header, when a run request finds its run already there: "
+         "the run's last sequence when the request found it.")
 
     # --- progress, work, hooks, chat --------------------------------------------------
     progress = _run_subject(s.run_progress)

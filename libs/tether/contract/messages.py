@@ -409,6 +409,13 @@ def _life(incarnation: str) -> str:
     return f":{incarnation}" if incarnation else ""
 
 
+# On the parent's notice that a run request found its run already there: an empty core
+# message on the run's live subject (`<prefix>.live.evt.<agent>.<name>.<run_id>`), whose
+# header gives the run's last stream sequence when the request found it. Unlike a
+# republished event, it has no `Nats-Sequence`.
+RUN_SEQUENCE_HEADER = "Tether-Run-Sequence"
+
+
 def run_message_id(run_id: str, vacated_at: int = 0, parent: ParentRef | None = None) -> str:
     """A run request's id: `run:<parent_agent>/<parent_name>/<run_id>` (`run:<run_id>`
     without a parent), with `:<seq>` after it when the run id has events but no run (the

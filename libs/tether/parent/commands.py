@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from tether.adapters.event_log import EventLog
 from tether.agent_registry import AgentRegistry
 from tether.contract.messages import (
+    RUN_SEQUENCE_HEADER,
     CancelSignal,
     ChatMessage,
     WorkItem,
@@ -123,7 +124,7 @@ class CommandHandlers:
 
         history = await self._log.read_run(command.parent, command.run_id)
         if history.state is not None:
-            return await self._existing(history.state, cause)
+            return await self._existing(history.state, history.last_seq, cause)
         if problem is not None:
             code, reason = problem
             await self._reject(command.run_id, command.parent, command.agent_type, code, reason,
@@ -145,12 +146,27 @@ class CommandHandlers:
             command.parent, command.run_id, lambda s: [requested] if s is None else [])
         assert state is not None  # ours, or another replica's created between read and append
         if not appended:
-            return await self._existing(state, cause)
+            return await self._existing(state, requested_seq, cause)
         await self._dispatch(state, requested, requested_seq)
         return RunOutcome("created", status="starting")
 
-    async def _existing(self, state: RunState, cause: decide.Cause) -> RunOutcome:
-        """A repeated run id never starts a second child turn."""
+    async def _existing(self, state: RunState, seq: int, cause: decide.Cause) -> RunOutcome:
+        """A repeated run id never starts a second child turn. The requester is told the
+        run exists (`_tell_existing`), since what this appends may be nothing."""
+        outcome = await self._answer_existing(state, cause)
+        await self._tell_existing(state, seq)
+        return outcome
+
+    async def _tell_existing(self, state: RunState, seq: int) -> None:
+        """An empty message on the run's live subject, `Tether-Run-Sequence: <seq>`: the
+        run's last stream sequence when this request found it. A client that published
+        the request without reading the run first reads it now, and takes `seq` as the
+        run's end before its request (client/awaiting.py). Core NATS, at most once: a
+        client that misses it reads the run after a second without an answer."""
+        await self._log.nats.publish(self._subjects.run_live(state.parent, state.run_id), b"",
+                                     headers={RUN_SEQUENCE_HEADER: str(seq)})
+
+    async def _answer_existing(self, state: RunState, cause: decide.Cause) -> RunOutcome:
         if state.status == "starting":
             # Its work item may never have gone out (the parent that appended the request
             # died first), so it goes out again: within the work stream's duplicate window
