@@ -9,9 +9,8 @@ run was already there, or the end of a read made before the request is published
 (client/parent.py, `_Request`). Anything at or below the mark happened before this
 request: a stored outcome there is the answer (a repeated run id never starts a second
 child turn), but a rejection or an interruption there answered someone else's earlier
-request. Nothing is decided
-before the replay has reached the mark, so a run that was cleared and is requested again
-is never answered from its previous life.
+request. Nothing is decided before the replay has reached the mark, so a run that was
+cleared and is requested again is never answered from its previous life.
 
 If the server dropped the request as a repeat of one still in its duplicate window, no
 parent will act on it: an open run is awaited, a run that does not exist yet is awaited
