@@ -403,6 +403,43 @@ async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading, monke
     assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, [0.05, 0.1] + [0.2] * 10, strict=False)), gaps
 
 
+async def test_a_request_its_parent_is_slow_to_handle_is_not_published_again(
+        log, reading, monkeypatch):
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
+    reads = RecordedReads(reading.run_reads)
+    monkeypatch.setattr(reading, "run_reads", reads)
+    quiet_twice = asyncio.Event()
+    read = reads.read
+
+    async def read_and_tell(subject: str, start_seq: int = 1):
+        stored = await read(subject, start_seq)
+        if len(reads.starts) >= 2:
+            quiet_twice.set()
+        return stored
+
+    monkeypatch.setattr(reads, "read", read_and_tell)
+    published: list[str] = []
+    publish_command = reading.publish_command
+
+    async def recorded_publish(kind: str, command, msg_id: str):
+        published.append(kind)
+        return await publish_command(kind, command, msg_id)
+
+    monkeypatch.setattr(reading, "publish_command", recorded_publish)
+    folded = record_folds(monkeypatch)
+    me = reading.parent(PARENT.agent, PARENT.name)
+    waiting = asyncio.create_task(me.run_agent_tool("Researcher", {}, run_id="slow-parent",
+                                                    timeout=10))
+    # No parent yet: the run is read when nothing comes, and stays empty.
+    await asyncio.wait_for(quiet_twice.wait(), 5)
+    async with ScriptedParent(log, completes) as parent:
+        result = await waiting
+    assert result.ok and result.summary == "done"
+    assert published == ["run"], "the stored request is the parent's to handle: not sent again"
+    assert len(parent.commands) == 1
+    assert set(reads.starts[:2]) == {1} and folded == [1, 2, 3, 4]
+
+
 async def test_streams_made_before_the_live_subject_get_it_on_start_up(log, nc, settings):
     js, subjects = nc.jetstream(), settings.subjects
     config = (await js.stream_info(subjects.events_stream)).config

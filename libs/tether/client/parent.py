@@ -41,6 +41,7 @@ from tether.domain.commands import (
 )
 from tether.domain.events import DetachedOptions, ParentRef
 from tether.domain.ids import check_identifier
+from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
@@ -355,10 +356,22 @@ class _Request:
         return answer
 
     async def on_quiet(self) -> Answer | None:
-        """No message for a while: a notice lost, an earlier parent that sends none, a
-        busy parent, or a lost last event, which has nothing after it to reveal the gap."""
+        """No message for a while: a busy parent, a notice lost, an earlier parent that
+        sends none, or a lost last event, which has nothing after it to reveal the gap.
+
+        Unplaced, the run is read: with no events, the request (stored as new) is still
+        the parent's to handle, and the run had nothing before it, so the mark is 0 and
+        the wait goes on, without publishing again (a busy parent is not asked more). A
+        read that fails on a broker that is away is made again at the next look."""
         if self._run is None:
-            return await self._read_then_publish()
+            try:
+                history = await self._tether.run_reads.read(self._subject)
+            except TRANSIENT_ERRORS:
+                return None
+            if history:
+                return await self._read_then_publish(history)
+            self._run = self._fold(mark=0)
+            return self._run.waiter.on_published(False)
         answer = await _read_on(self._run, self._tether.run_reads, self._subject)
         return None if answer is _UNREAD else answer
 
@@ -379,8 +392,10 @@ class _Request:
         run.waiter.on_published(False)
         return run
 
-    async def _read_then_publish(self) -> Answer | None:
-        history = await self._tether.run_reads.read(self._subject)
+    async def _read_then_publish(self, history: list[StoredEvent] | None = None
+                                 ) -> Answer | None:
+        if history is None:
+            history = await self._tether.run_reads.read(self._subject)
         run = self._run = self._fold(mark=history[-1].seq if history else 0)
         run.fold_read(history)
         waiter = run.waiter

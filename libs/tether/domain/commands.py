@@ -152,8 +152,11 @@ class DeliveredCommand(Model):
         were checked as the command was read: they are not checked again)."""
         if not self.more:
             return [self]
+        # `more` is given: left out, model_construct would call its default factory through
+        # pydantic's signature inspection, which costs more than the rest of a report.
         return [self.model_copy(update={"more": []}),
-                *(DeliveredCommand.model_construct(**dict(report)) for report in self.more)]
+                *(DeliveredCommand.model_construct(**dict(report), more=[])
+                  for report in self.more)]
 
 
 class InspectQuery(Model):
