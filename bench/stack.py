@@ -48,6 +48,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reserve_port() -> socket.socket:
+    """A socket bound to a free port of 127.0.0.1 and not listening. While it is open the
+    kernel offers that port to no other bind, and a server that sets SO_REUSEADDR (as
+    asyncio's `start_server`, the services' health server, does) still listens on it.
+    A port only looked up (`free_port`) may be offered again before its server binds it:
+    two services started together could then share one, and the one that lost the bind
+    would go unnoticed while the other answered its readiness checks."""
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    return holder
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (the RSS high-water mark) of a process, in KiB; {} once it is gone."""
     values = {}
@@ -179,6 +192,12 @@ class Service:
     health_port: int
     log_path: Path
     samples: dict[str, dict[str, int]] = field(default_factory=dict)
+    port_reserved: socket.socket | None = None  # held until the service listens on it
+
+    def release_port(self) -> None:
+        if self.port_reserved is not None:
+            self.port_reserved.close()
+            self.port_reserved = None
 
     @property
     def pid(self) -> int:
@@ -240,6 +259,7 @@ class ServiceSet:
                     raise RuntimeError(f"service {service.name} did not become ready; "
                                        f"log {service.log_path}:\n{service.log_tail()}")
                 await asyncio.sleep(0.1)
+            service.release_port()  # it answered there: it listens on its port
         # A standby is ready too; W1 starts once each leased role has its leader, which
         # takes the lease's grace after the lock (so a slowed-down follower, under
         # --callgrind, is not still standing by while W1's events go past it).
@@ -255,7 +275,8 @@ class ServiceSet:
                     for s in self.services.values() if s.service == role])
 
     def _spawn(self, service: str, name: str) -> Service:
-        port = free_port()
+        reserved = reserve_port()
+        port = reserved.getsockname()[1]
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             process = subprocess.Popen(
@@ -263,7 +284,7 @@ class ServiceSet:
                  service],
                 env={**self.env, "TETHER_HEALTH_PORT": str(port)}, cwd=REPO,
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        return Service(name, service, process, port, log_path)
+        return Service(name, service, process, port, log_path, port_reserved=reserved)
 
     def sample(self, label: str) -> dict[str, dict[str, int]]:
         return {name: service.sample(label) for name, service in self.services.items()}
@@ -287,6 +308,7 @@ class ServiceSet:
 
     async def stop(self, grace: float = 20.0) -> dict[str, int | None]:
         for service in self.services.values():
+            service.release_port()
             if service.process.poll() is None:
                 service.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
