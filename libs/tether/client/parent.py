@@ -318,11 +318,12 @@ class _Request:
     - the parent's notice that the request found the run already there (it may append
       nothing), with the sequence it found the run at: the mark is that sequence;
 
-    and in the last two the run is read up to now. A request the stream dropped as a
-    repeat of one in its duplicate window, a live message that places nothing, or a
-    second without a message: the run is read, its end is the mark, and the request goes
-    out again after the read, as a repeat (dropped) or, for a vacated run id, as the new
-    request it then is.
+    and in the last two the run is read up to now. A second without a message: the run
+    is read, and a run without events places the request (stored as new, still the
+    parent's to handle) at mark 0. A request the stream dropped as a repeat of one in its
+    duplicate window, a live message that places nothing, or a quiet run with events:
+    the run is read, its end is the mark, and the request goes out again after the read,
+    as a repeat (dropped) or, for a vacated run id, as the new request it then is.
     """
 
     def __init__(self, handle: ParentHandle, command: RunCommand, detached: bool) -> None:
