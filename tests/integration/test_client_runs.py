@@ -8,14 +8,17 @@ are exercised over the real wire without the parent service.
 import asyncio
 import itertools
 import json
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Self
 
 import pytest
+from eventually import eventually
 
 from tether.adapters.event_log import EventLog
+from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import InputTooLarge, ServiceUnavailable, Tether, connect
 from tether.client import parent as client_parent
@@ -403,7 +406,7 @@ async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading, monke
     assert all(gap >= wait - 0.005 for gap, wait in zip(gaps, [0.05, 0.1] + [0.2] * 10, strict=False)), gaps
 
 
-async def test_a_request_its_parent_is_slow_to_handle_is_not_published_again(
+async def test_a_request_its_parent_is_slow_to_handle_costs_the_parent_no_query(
         log, reading, monkeypatch):
     monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
     reads = RecordedReads(reading.run_reads)
@@ -421,23 +424,82 @@ async def test_a_request_its_parent_is_slow_to_handle_is_not_published_again(
     published: list[str] = []
     publish_command = reading.publish_command
 
-    async def recorded_publish(kind: str, command, msg_id: str):
-        published.append(kind)
-        return await publish_command(kind, command, msg_id)
+    async def recorded_publish(kind: str, command, msg_id: str, **options):
+        published.append(msg_id)
+        return await publish_command(kind, command, msg_id, **options)
 
     monkeypatch.setattr(reading, "publish_command", recorded_publish)
+    queries: list[bytes] = []
+
+    async def query_seen(msg) -> None:
+        queries.append(msg.data)
+
+    asked = await log.nats.subscribe(reading.subjects.rpc_for("has_run", PARENT),
+                                     cb=query_seen)
     folded = record_folds(monkeypatch)
     me = reading.parent(PARENT.agent, PARENT.name)
     waiting = asyncio.create_task(me.run_agent_tool("Researcher", {}, run_id="slow-parent",
                                                     timeout=10))
-    # No parent yet: the run is read when nothing comes, and stays empty.
+    # No parent yet: each quiet second reads the run, finds nothing and repeats the request.
     await asyncio.wait_for(quiet_twice.wait(), 5)
     async with ScriptedParent(log, completes) as parent:
         result = await waiting
+    await asyncio.wait_for(log.nats.flush(), 5)
+    await asked.unsubscribe()
     assert result.ok and result.summary == "done"
-    assert published == ["run"], "the stored request is the parent's to handle: not sent again"
-    assert len(parent.commands) == 1
-    assert set(reads.starts[:2]) == {1} and folded == [1, 2, 3, 4]
+    assert len(published) >= 2 and len(set(published)) == 1, "repeats under the request's id"
+    assert queries == [], "a repeat of its own stored request is not the parent's question"
+    assert len(parent.commands) == 1, "the stream dropped the repeats"
+    assert set(reads.starts) == {1} and folded == [1, 2, 3, 4]
+
+
+async def test_a_request_the_broker_lost_is_sent_again_and_answered(devstack, settings,
+                                                                    tmp_path, monkeypatch):
+    """A broker of its own loses its store while a request waits for its parent (killed,
+    its disk gone, started again empty): the quiet looks that fail while it is away do
+    not end the wait, and the next one finds no run and publishes the request again."""
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_MAX_S", 0.2)
+    port, store = devstack.free_port(), tmp_path / "store"
+
+    def start():
+        return devstack.start_nats(store, port, tmp_path / "nats.log", daemon=False)
+
+    server = start()
+    own = settings.model_copy(update={"nats_url": f"nats://127.0.0.1:{port}"})
+    back = asyncio.Event()
+
+    async def reconnected() -> None:
+        back.set()
+
+    nc = await connect_nats(own.nats_connect_url, name="scripted-parent",
+                            reconnected_cb=reconnected)
+    log = EventLog(nc, own.subjects)
+    await ensure_streams(log.jetstream, own.subjects, StreamSettings())
+    try:
+        async with connect(settings=own) as client:
+            reads = RecordedReads(client.run_reads)
+            monkeypatch.setattr(client, "run_reads", reads)
+            waiting = asyncio.create_task(client.parent(PARENT.agent, PARENT.name).run_agent_tool(
+                "Researcher", {}, run_id="lost", timeout=60))
+            await eventually(lambda: len(reads.starts) >= 1, timeout=10)
+            server.kill()
+            server.wait(timeout=10)
+            shutil.rmtree(store)
+            failed_looks = len(reads.starts)
+            await eventually(lambda: len(reads.starts) >= failed_looks + 2, timeout=10)
+            assert not waiting.done(), "a look that failed while the broker was away ends nothing"
+            server = start()
+            await asyncio.wait_for(back.wait(), 10)
+            await ensure_streams(log.jetstream, own.subjects, StreamSettings())
+            async with ScriptedParent(log, completes) as parent:
+                result = await asyncio.wait_for(waiting, 30)
+        assert result.ok and result.summary == "done"
+        assert len(parent.commands) == 1, "the request, published again into the empty stream"
+    finally:
+        await nc.close()
+        server.kill()
+        server.wait(timeout=10)
 
 
 async def test_streams_made_before_the_live_subject_get_it_on_start_up(log, nc, settings):

@@ -131,7 +131,8 @@ class Tether:
         finally:
             await subscription.unsubscribe()
 
-    async def publish_command(self, kind: str, command: Any, msg_id: str) -> js_api.PubAck:
+    async def publish_command(self, kind: str, command: Any, msg_id: str, *,
+                              stored_at: int | None = None) -> js_api.PubAck:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
         payload = command.model_dump_json().encode()
@@ -140,8 +141,10 @@ class Tether:
         try:
             ack = await self.log.publish(subject, payload, headers={"Nats-Msg-Id": msg_id},
                                          stream=self.subjects.commands_stream)
-            if ack.duplicate and kind == "run" and not await self._duplicate_is_ours(
-                    command, ack.seq, msg_id):
+            # A duplicate names the sequence of the message it repeats: ours when that is
+            # where this request was stored before, else the parent is asked whose it is.
+            if ack.duplicate and kind == "run" and ack.seq != stored_at and not await (
+                    self._duplicate_is_ours(command, ack.seq, msg_id)):
                 # Another parent's command carried this id (the window is the stream's):
                 # the request goes again under an id nobody else can know.
                 ack = await self.log.publish(

@@ -58,8 +58,11 @@ class Link(Protocol):
         """Answer the reconciler's question whether an awaited run is still awaited."""
         ...
 
-    async def publish_command(self, kind: str, command: Any, msg_id: str) -> js_api.PubAck:
-        """A command on its per-parent subject of the commands stream."""
+    async def publish_command(self, kind: str, command: Any, msg_id: str, *,
+                              stored_at: int | None = None) -> js_api.PubAck:
+        """A command on its per-parent subject of the commands stream. `stored_at`: the
+        sequence an earlier publish of this same run request was stored at; a duplicate
+        of that one is known to be ours."""
         ...
 
     async def request(self, kind: str, query: Any, reply_model: type[Reply], *,

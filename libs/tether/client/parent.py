@@ -14,6 +14,7 @@ from tether import tracing
 from tether.adapters.requests import subscribe_routed
 from tether.client.awaiting import Answer, LiveEvent, RunFold, RunWaiter
 from tether.client.chat import follow_chat
+from tether.client.errors import ServiceUnavailable
 from tether.client.link import Link
 from tether.client.live import live_event
 from tether.client.timeline import RunView, TimelineView, follow_timeline
@@ -319,11 +320,13 @@ class _Request:
       nothing), with the sequence it found the run at: the mark is that sequence;
 
     and in the last two the run is read up to now. A second without a message: the run
-    is read, and a run without events places the request (stored as new, still the
-    parent's to handle) at mark 0. A request the stream dropped as a repeat of one in its
-    duplicate window, a live message that places nothing, or a quiet run with events:
-    the run is read, its end is the mark, and the request goes out again after the read,
-    as a repeat (dropped) or, for a vacated run id, as the new request it then is.
+    is read, and while it has no events the request (stored as new, still the parent's
+    to handle) goes out again under its id, a repeat the stream drops unless the broker
+    lost the request (`on_quiet`). A request the stream dropped as a repeat of one in
+    its duplicate window, a live message that places nothing, or a quiet run with
+    events: the run is read, its end is the mark, and the request goes out again after
+    the read, as a repeat (dropped) or, for a vacated run id, as the new request it
+    then is.
     """
 
     def __init__(self, handle: ParentHandle, command: RunCommand, detached: bool) -> None:
@@ -332,6 +335,7 @@ class _Request:
         self._detached = detached
         self._subject = handle.tether.subjects.run_events(handle.ref, command.run_id)
         self._run: RunFold | None = None
+        self._stored_at: int | None = None  # where the stream stored the request as new
 
     async def publish(self) -> Answer | None:
         command = self._command
@@ -339,6 +343,7 @@ class _Request:
             "run", command, run_message_id(command.run_id, 0, command.parent))
         if ack.duplicate:
             return await self._read_then_publish()
+        self._stored_at = ack.seq
         return None
 
     async def on_message(self, message: Msg) -> Answer | None:
@@ -360,10 +365,12 @@ class _Request:
         """No message for a while: a busy parent, a notice lost, an earlier parent that
         sends none, or a lost last event, which has nothing after it to reveal the gap.
 
-        Unplaced, the run is read: with no events, the request (stored as new) is still
-        the parent's to handle, and the run had nothing before it, so the mark is 0 and
-        the wait goes on, without publishing again (a busy parent is not asked more). A
-        read that fails on a broker that is away is made again at the next look."""
+        Unplaced, the run is read. With no events, the request is still the parent's to
+        handle; it goes out again under its id, in case the broker lost it (a crash just
+        after its acknowledgement), and the stream drops the repeat while it holds the
+        request. The repeat's duplicate names the sequence the request was stored at, so
+        the parent is not asked whose it is: a busy parent is not given more to do. A
+        look that fails on a broker that is away is made again at the next one."""
         if self._run is None:
             try:
                 history = await self._tether.run_reads.read(self._subject)
@@ -371,8 +378,16 @@ class _Request:
                 return None
             if history:
                 return await self._read_then_publish(history)
-            self._run = self._fold(mark=0)
-            return self._run.waiter.on_published(False)
+            command = self._command
+            try:
+                ack = await self._tether.publish_command(
+                    "run", command, run_message_id(command.run_id, 0, command.parent),
+                    stored_at=self._stored_at)
+            except _QUIET_LOOK_ERRORS:
+                return None  # a broker restarting, its streams not back yet
+            if not ack.duplicate:
+                self._stored_at = ack.seq  # it was lost, or its window had passed
+            return None
         answer = await _read_on(self._run, self._tether.run_reads, self._subject)
         return None if answer is _UNREAD else answer
 
@@ -412,6 +427,9 @@ class _Request:
 
 
 _UNREAD: Any = object()
+# What a repeat of a request may meet on a broker that is away or restarting (its streams
+# not back yet): the next quiet look publishes it again.
+_QUIET_LOOK_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, ServiceUnavailable)
 
 
 async def _read_on(run: RunFold, reads, subject: str) -> Answer | None:
