@@ -453,6 +453,31 @@ async def test_a_request_its_parent_is_slow_to_handle_costs_the_parent_no_query(
     assert set(reads.starts) == {1} and folded == [1, 2, 3, 4]
 
 
+async def test_a_request_whose_first_live_event_was_lost_is_read_without_a_query(
+        log, reading, monkeypatch):
+    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
+    lose_live(reading, monkeypatch, "run.requested")
+    queries: list[bytes] = []
+
+    async def query_seen(msg) -> None:
+        queries.append(msg.data)
+
+    asked = await log.nats.subscribe(reading.subjects.rpc_for("has_run", PARENT),
+                                     cb=query_seen)
+
+    def requested_only(run: RunEvents, command: RunCommand) -> list[Event]:
+        return [run.requested(command.agent_type, input=command.input)]
+
+    async with ScriptedParent(log, requested_only) as parent:
+        handle = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+            "Researcher", {}, run_id="first-lost", detached=True, timeout=10)
+    await asyncio.wait_for(log.nats.flush(), 5)
+    await asked.unsubscribe()
+    assert handle.status == "running", "read when nothing came, and published again"
+    assert queries == [], "the repeat named the request's own sequence"
+    assert len(parent.commands) == 1
+
+
 async def test_a_request_the_broker_lost_is_sent_again_and_answered(devstack, settings,
                                                                     tmp_path, monkeypatch):
     """A broker of its own loses its store while a request waits for its parent (killed,

@@ -418,7 +418,8 @@ class _Request:
         vacated_at = waiter.mark if waiter.state is None else 0
         command = self._command
         ack = await self._tether.publish_command(
-            "run", command, run_message_id(command.run_id, vacated_at, command.parent))
+            "run", command, run_message_id(command.run_id, vacated_at, command.parent),
+            stored_at=self._stored_at if vacated_at == 0 else None)
         return waiter.on_published(bool(ack.duplicate))
 
     def _fold(self, mark: int) -> RunFold:
