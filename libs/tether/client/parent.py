@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.js.api import PubAck
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
@@ -338,9 +339,7 @@ class _Request:
         self._stored_at: int | None = None  # where the stream stored the request as new
 
     async def publish(self) -> Answer | None:
-        command = self._command
-        ack = await self._tether.publish_command(
-            "run", command, run_message_id(command.run_id, 0, command.parent))
+        ack = await self._send()
         if ack.duplicate:
             return await self._read_then_publish()
         self._stored_at = ack.seq
@@ -378,11 +377,8 @@ class _Request:
                 return None
             if history:
                 return await self._read_then_publish(history)
-            command = self._command
             try:
-                ack = await self._tether.publish_command(
-                    "run", command, run_message_id(command.run_id, 0, command.parent),
-                    stored_at=self._stored_at)
+                ack = await self._send()
             except _QUIET_LOOK_ERRORS:
                 return None  # a broker restarting, its streams not back yet
             if not ack.duplicate:
@@ -415,12 +411,17 @@ class _Request:
         run = self._run = self._fold(mark=history[-1].seq if history else 0)
         run.fold_read(history)
         waiter = run.waiter
-        vacated_at = waiter.mark if waiter.state is None else 0
+        ack = await self._send(vacated_at=waiter.mark if waiter.state is None else 0)
+        return waiter.on_published(bool(ack.duplicate))
+
+    async def _send(self, vacated_at: int = 0) -> PubAck:
+        """The request, under the id of the run's life it asks for (`vacated_at`: the
+        sequence of the rejection or clear that vacated the run id, 0 for none). A repeat
+        of the id this request was stored under is known as ours by that sequence."""
         command = self._command
-        ack = await self._tether.publish_command(
+        return await self._tether.publish_command(
             "run", command, run_message_id(command.run_id, vacated_at, command.parent),
             stored_at=self._stored_at if vacated_at == 0 else None)
-        return waiter.on_published(bool(ack.duplicate))
 
     def _fold(self, mark: int) -> RunFold:
         return RunFold(RunWaiter(self._command.run_id, self._command.agent_type, mark=mark,
