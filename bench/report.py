@@ -2,6 +2,7 @@
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from bench.peers.sweep import complete
@@ -69,7 +70,13 @@ def ratios(report: dict) -> dict:
                                            ceil.get("ordered_replay_per_s")),
         "rebuild_vs_copy": ratio(rebuild.get("events_per_s"), ceil.get("copy_rows_per_s")),
         **peer_ratios(w1["runs_per_s"], report.get("peers") or {}),
+        **alternated_ratio(report.get("alternated")),
     }
+
+
+def alternated_ratio(paired: dict | None) -> dict:
+    """`w1_vs_<peer>_alternated`: the median ratio of the alternated pairs, if any ran."""
+    return {} if not paired else {f"w1_vs_{paired['peer']}_alternated": paired["median_ratio"]}
 
 
 def peer_ratios(runs_per_s: float, peers: dict) -> dict:
@@ -82,6 +89,27 @@ def peer_ratios(runs_per_s: float, peers: dict) -> dict:
         result[f"w1_vs_{name}_{reference}"] = ratio(
             runs_per_s, (peer.get("reference") or {}).get("runs_per_s"))
     return result
+
+
+# What an alternated pair keeps of Tether's W1: enough for its ratio and its verdict.
+PAIR_W1_KEYS = ("runs", "finished", "runs_per_s", "cpu_ms_per_run", "correctness",
+                "duplicate_hook_calls", "submit_errors", "crashed_services", "prefix")
+
+
+def alternated(peer: str, pairs: list[dict]) -> dict:
+    """Pairs of neighbouring runs, Tether's W1 and the peer's best configuration: each
+    pair's ratio, and the median of the ratios of the pairs whose two runs both finished
+    every run (`median_ratio`, None when no pair did)."""
+    rows = []
+    for pair in pairs:
+        ours, theirs = pair["tether"], pair[peer]
+        finished = ours["finished"] == ours["runs"] and complete(theirs)
+        rows.append({"tether": {key: ours.get(key) for key in PAIR_W1_KEYS}, peer: theirs,
+                     "ratio": ratio(ours["runs_per_s"], theirs["runs_per_s"])
+                     if finished else None})
+    ratios = [row["ratio"] for row in rows if row["ratio"] is not None]
+    return {"peer": peer, "pairs": rows,
+            "median_ratio": statistics.median(ratios) if ratios else None}
 
 
 def _peer_figure(point: dict) -> str:
@@ -121,6 +149,17 @@ def peers_table(report: dict) -> str:
             f"{peer['runs_per_s']:.1f} runs/s over {peer['runs']} runs); "
             f"{_x(r.get(f'w1_vs_{name}_{ref_name}'))} of the {ref_name} configuration "
             f"({reference.get('label', '-')}, {_n(reference.get('runs_per_s'), 1)} runs/s)")
+        paired = report.get("alternated") or {}
+        if paired.get("peer") == name:
+            lines.append(f"  alternated, each pair one run after the other: "
+                         f"{_x(paired['median_ratio'])} (the median of the pairs)")
+            for n, pair in enumerate(paired["pairs"], 1):
+                ours, theirs = pair["tether"], pair[name]
+                figure = (f"{_n(theirs['runs_per_s'], 1)} runs/s" if complete(theirs) else
+                          f"incomplete {theirs.get('finished', 0)}/{theirs.get('runs')}")
+                lines.append(f"    pair {n}: Tether {_n(ours['runs_per_s'], 1)} runs/s "
+                             f"({ours['finished']}/{ours['runs']}), {title} {figure}: "
+                             f"{_x(pair['ratio'])}")
     return "\n".join(lines)
 
 
@@ -152,6 +191,8 @@ def strip_series(value):
     """The report without the raw series (kept in the chart, not the JSON)."""
     if isinstance(value, dict):
         return {k: strip_series(v) for k, v in value.items() if not k.startswith("_")}
+    if isinstance(value, list):
+        return [strip_series(v) for v in value]
     return value
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import asyncpg
@@ -24,6 +25,7 @@ import nats
 from bench import ceilings, chart, report, stages
 from bench.callgrind import Callgrind
 from bench.correctness import verify_w1
+from bench.peers.sweep import complete, run_point
 from bench.profile import Profiler, render
 from bench.stack import REPO, SERVICES, ServiceSet, server_pids, servers
 from bench.workloads import HOOK_METHOD, Positions, Probe, rebuild, w1, w2
@@ -87,6 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer-grid", choices=["default", "quick"], default="default",
                         help="the peers' configurations: default, or quick (two DBOS "
                              "configurations, one Celery; for tests)")
+    parser.add_argument("--peer-pairs", type=int, default=2,
+                        help="with --peers, after the sweeps: Tether's W1 and DBOS's best "
+                             "configuration run one after the other this many times, each "
+                             "with --runs, and the median of the pairs' ratios reported "
+                             "(default 2; 0: none)")
     parser.add_argument("--redis-url", default=os.environ.get("TETHER_BENCH_REDIS_URL"),
                         help="the Redis of the Celery peer (default: $TETHER_BENCH_REDIS_URL, "
                              "else a throwaway redis-server on a free port)")
@@ -162,18 +169,17 @@ async def run_w1(args: argparse.Namespace, tether: Tether, positions: Positions,
     return result
 
 
-async def replicated_w1(args: argparse.Namespace, nats_url: str, database_url: str,
-                        extra: dict[str, str], log_dir: Path) -> dict:
-    """W1 again with `--replicas` parents and child-runners (the projector and the
-    reconciler one each, as in the first W1), under a prefix and schema of its own, so
-    its log holds its runs alone."""
+async def fresh_w1(args: argparse.Namespace, nats_url: str, database_url: str,
+                   extra: dict[str, str], log_dir: Path,
+                   replicas: dict[str, int] | None = None) -> dict:
+    """W1 on services started for it, under a prefix and schema of its own, so its log
+    holds its runs alone. With `replicas`, also the run commands each parent handled."""
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench{tag}"
     settings = Settings(nats_url=nats_url, database_url=database_url, prefix=prefix,
                         projection_schema=prefix)
     env = ServiceSet.environment(nats_url, database_url, prefix, extra)
-    services = ServiceSet(env, log_dir,
-                          replicas={"parent": args.replicas, "child-runner": args.replicas})
+    services = ServiceSet(env, log_dir, replicas=replicas)
     await services.start()
     try:
         async with connect(settings=settings, name="tether-bench") as tether:
@@ -185,8 +191,9 @@ async def replicated_w1(args: argparse.Namespace, nats_url: str, database_url: s
                 result = await run_w1(args, tether, positions, services, probe, tag=tag,
                                       nats_url=nats_url, database_url=database_url,
                                       timeout=args.timeout or 60 + args.runs / 20)
-                result["run_commands_per_parent"] = await services.commands_handled(
-                    "parent", "command.run")
+                if replicas:
+                    result["run_commands_per_parent"] = await services.commands_handled(
+                        "parent", "command.run")
             finally:
                 await db.close()
     finally:
@@ -197,6 +204,38 @@ async def replicated_w1(args: argparse.Namespace, nats_url: str, database_url: s
     result.update(prefix=prefix, crashed_services=crashed, exit_codes=exit_codes,
                   logs=str(log_dir))
     return result
+
+
+async def replicated_w1(args: argparse.Namespace, nats_url: str, database_url: str,
+                        extra: dict[str, str], log_dir: Path) -> dict:
+    """W1 again with `--replicas` parents and child-runners (the projector and the
+    reconciler one each, as in the first W1)."""
+    return await fresh_w1(args, nats_url, database_url, extra, log_dir,
+                          replicas={"parent": args.replicas, "child-runner": args.replicas})
+
+
+async def alternated(args: argparse.Namespace, nats_url: str, database_url: str,
+                     extra: dict[str, str], log_dir: Path, peer: str, best: dict,
+                     run_peer: Callable[[dict, int], dict] | None = None) -> dict:
+    """Tether's W1 and the peer's best configuration run one after the other,
+    `--peer-pairs` times, each with the bench's runs (`run_peer(config, runs)`, by
+    default `bench/peers/<peer>_w1.py` as its own process).
+
+    The machine's speed drifts by a third within minutes, and the first W1 ran minutes
+    before the peer's sweep: a ratio of two runs far apart measures the drift as much
+    as the systems. Each pair's two runs are neighbours, so the drift moves both."""
+    if run_peer is None:
+        def run_peer(config: dict, runs: int) -> dict:
+            return run_point(f"bench.peers.{peer}_w1", config, runs,
+                             ["--database-url", database_url])
+    pairs = []
+    for n in range(1, args.peer_pairs + 1):
+        ours = await fresh_w1(args, nats_url, database_url, extra, log_dir / f"pair-{n}")
+        theirs = await asyncio.to_thread(run_peer, best["config"], args.runs)
+        pairs.append({"tether": ours, peer: theirs})
+        print(f"{peer} pair {n}: Tether {ours['runs_per_s']:.1f} runs/s, {theirs['label']} "
+              f"{theirs.get('runs_per_s', 0):.1f} runs/s", file=sys.stderr, flush=True)
+    return report.alternated(peer, pairs)
 
 
 async def measure_offline(args: argparse.Namespace, result: dict, env: dict[str, str],
@@ -217,7 +256,10 @@ def failures(result: dict) -> list[str]:
     """Why the bench exits with 1: a W1 run did not finish, a hook ran twice, a request
     failed, a service crashed, or the log shows a W1 that was not correct."""
     found = []
-    for name, w in (("W1", result["w1"]), ("replicated W1", result.get("w1_replicated"))):
+    pairs = (result.get("alternated") or {}).get("pairs") or []
+    checked = [("W1", result["w1"]), ("replicated W1", result.get("w1_replicated")),
+               *((f"alternated W1 {n}", pair["tether"]) for n, pair in enumerate(pairs, 1))]
+    for name, w in checked:
         if w is None:
             continue
         if w["finished"] != w["runs"]:
@@ -228,8 +270,8 @@ def failures(result: dict) -> list[str]:
         if not w["correctness"]["ok"]:
             found.append(f"{name} IS NOT CORRECT: "
                          + report.correctness_failures(w["correctness"]))
-    crashed = result["crashed_services"] + (result.get("w1_replicated") or {}).get(
-        "crashed_services", [])
+    crashed = result["crashed_services"] + [
+        name for _, w in checked[1:] if w is not None for name in w["crashed_services"]]
     if crashed:
         found.append(f"crashed services: {', '.join(crashed)}")
     return found
@@ -312,6 +354,11 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
         result["w1_replicated"] = await replicated_w1(args, nats_url, database_url, extra,
                                                       out_dir / f"{stamp}-replicas-logs")
     await measure_offline(args, result, env, settings)
+    best_dbos = ((result.get("peers") or {}).get("dbos") or {}).get("best")
+    if args.peer_pairs and best_dbos is not None and complete(best_dbos):
+        result["alternated"] = await alternated(args, nats_url, database_url, extra,
+                                                out_dir / f"{stamp}-pairs-logs", "dbos",
+                                                best_dbos)
     if not args.keep:
         await cleanup(nats_url, database_url, settings)
     result["meta"]["load_avg_after"] = os.getloadavg()

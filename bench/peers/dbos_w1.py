@@ -348,8 +348,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(config: dict, runs: int) -> dict:
         return sweep.run_point("bench.peers.dbos_w1", config, runs,
-                               ["--database-url", args.database_url],
-                               timeout=120 + runs / 2)
+                               ["--database-url", args.database_url])
 
     result = sweep.sweep("dbos", grid(args.grid), DIRECT, args.runs, args.sweep_runs, run,
                          log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -57,14 +57,17 @@ def machine_busy_seconds() -> float:
 
 
 def run_point(module: str, config: dict, runs: int, args: Sequence[str],
-              timeout: float) -> dict:
+              timeout: float | None = None) -> dict:
     """`python -m <module> point --config JSON --runs N ...` as its own process; its JSON.
+    It is given `timeout` seconds (default: two minutes and half a second per run).
 
     With `cpu`: over the point's whole process (start-up included), the cores the machine
     had busy and those the peer's own processes used (the driver and its workers, not
     Postgres or Redis): on a shared machine, the difference is mostly other work."""
     command = [sys.executable, "-m", module, "point", "--config", json.dumps(config),
                "--runs", str(runs), *args]
+    if timeout is None:
+        timeout = 120 + runs / 2
     began, busy = time.monotonic(), machine_busy_seconds()
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:

@@ -1,7 +1,8 @@
 """A peer's sweep: the best complete configuration is the one Tether is compared with."""
 
 from bench.peers import sweep
-from bench.report import peer_ratios, peers_table
+from bench.report import alternated, peer_ratios, peers_table, ratios, strip_series
+from bench.run import failures
 
 DIRECT = {"mode": "direct", "workflow": "async", "hook": True}
 QUEUE_2X16 = {"mode": "queue", "workflow": "sync", "processes": 2, "concurrency": 16,
@@ -93,3 +94,68 @@ def test_the_reference_wins_when_it_is_faster_over_the_bench_runs():
                          run=peer, log=lambda _: None)
     assert (result["label"], result["runs_per_s"]) == ("direct async", 20.0)
     assert result["best"] == result["reference"]
+
+
+def tether_w1(runs_per_s: float, runs: int = 2000, finished: int | None = None) -> dict:
+    return {"runs": runs, "finished": runs if finished is None else finished,
+            "runs_per_s": runs_per_s, "cpu_ms_per_run": {"parent": 0.3},
+            "correctness": {"ok": True}, "duplicate_hook_calls": 0, "submit_errors": 0,
+            "crashed_services": [], "prefix": "benchx", "_accepted": ["r1"],
+            "stages": {"big": "series"}}
+
+
+def swept_dbos() -> dict:
+    return sweep.sweep("dbos", [QUEUE_2X16], DIRECT, runs=400, sweep_runs=400,
+                       run=Peer({("queue sync 2x16 poll 0.1s", 400): (38.0, None)}),
+                       log=lambda _: None)
+
+
+def test_alternated_pairs_give_the_median_of_their_ratios():
+    pairs = [{"tether": tether_w1(640.0), "dbos": measured(QUEUE_2X16, 2000, 40.0)},
+             {"tether": tether_w1(480.0), "dbos": measured(QUEUE_2X16, 2000, 30.0)},
+             {"tether": tether_w1(700.0), "dbos": measured(QUEUE_2X16, 2000, 35.0)}]
+    paired = alternated("dbos", pairs)
+    assert [pair["ratio"] for pair in paired["pairs"]] == [16.0, 16.0, 20.0]
+    assert paired["median_ratio"] == 16.0
+    # A pair keeps Tether's verdict and figures, not W1's series.
+    assert set(paired["pairs"][0]["tether"]) == {
+        "runs", "finished", "runs_per_s", "cpu_ms_per_run", "correctness",
+        "duplicate_hook_calls", "submit_errors", "crashed_services", "prefix"}
+
+    report = {"w1": {"runs_per_s": 600.0, "events_appended_per_s": 3600.0,
+                     "events_projected_per_s": 3600.0}, "peers": {}, "alternated": paired}
+    assert ratios(report)["w1_vs_dbos_alternated"] == 16.0
+    text = peers_table({"peers": {"dbos": swept_dbos()}, "ratios": {"w1_vs_dbos": 16.5},
+                        "alternated": paired})
+    assert "alternated, each pair one run after the other: 16.00x" in text
+    assert "pair 3: Tether 700.0 runs/s (2000/2000), DBOS 35.0 runs/s: 20.00x" in text
+
+
+def test_a_pair_with_an_unfinished_run_has_no_ratio():
+    pairs = [{"tether": tether_w1(640.0, finished=1999), "dbos": measured(QUEUE_2X16, 2000, 40.0)},
+             {"tether": tether_w1(480.0), "dbos": measured(QUEUE_2X16, 2000, 30.0, 1990)},
+             {"tether": tether_w1(510.0), "dbos": measured(QUEUE_2X16, 2000, 30.0)}]
+    paired = alternated("dbos", pairs)
+    assert [pair["ratio"] for pair in paired["pairs"]] == [None, None, 17.0]
+    assert paired["median_ratio"] == 17.0
+    assert alternated("dbos", pairs[:2])["median_ratio"] is None
+    text = peers_table({"peers": {"dbos": swept_dbos()}, "ratios": {}, "alternated": paired})
+    assert "pair 1: Tether 640.0 runs/s (1999/2000), DBOS 40.0 runs/s: -" in text
+    assert "pair 2: Tether 480.0 runs/s (2000/2000), DBOS incomplete 1990/2000: -" in text
+
+
+def test_an_alternated_w1_that_is_not_whole_fails_the_bench():
+    broken = tether_w1(640.0, finished=1999) | {"crashed_services": ["parent"],
+                                                 "duplicate_hook_calls": 1}
+    paired = alternated("dbos", [{"tether": tether_w1(600.0), "dbos": measured(QUEUE_2X16, 2000, 40.0)},
+                                 {"tether": broken, "dbos": measured(QUEUE_2X16, 2000, 40.0)}])
+    found = failures({"w1": tether_w1(600.0), "crashed_services": [], "alternated": paired})
+    assert found == ["alternated W1 2: 1999 of 2000 runs finished",
+                     "alternated W1 2: 1 duplicate hook calls, 0 failed requests",
+                     "crashed services: parent"]
+    assert failures({"w1": tether_w1(600.0), "crashed_services": []}) == []
+
+
+def test_the_json_leaves_out_series_inside_lists():
+    assert strip_series({"pairs": [{"_accepted": [1], "runs": 2}], "_x": 1}) == {
+        "pairs": [{"runs": 2}]}
