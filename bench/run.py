@@ -89,11 +89,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--peer-grid", choices=["default", "quick"], default="default",
                         help="the peers' configurations: default, or quick (two DBOS "
                              "configurations, one Celery; for tests)")
-    parser.add_argument("--peer-pairs", type=int, default=2,
+    parser.add_argument("--peer-pairs", type=int, default=3,
                         help="with --peers, after the sweeps: Tether's W1 and DBOS's best "
                              "configuration run one after the other this many times, each "
                              "with --runs, and the median of the pairs' ratios reported "
-                             "(default 2; 0: none)")
+                             "(default 3; 0: none)")
     parser.add_argument("--redis-url", default=os.environ.get("TETHER_BENCH_REDIS_URL"),
                         help="the Redis of the Celery peer (default: $TETHER_BENCH_REDIS_URL, "
                              "else a throwaway redis-server on a free port)")
