@@ -4,6 +4,7 @@ without freezing it. The figures are printed (`-s` shows them); the budgets only
 page that has become several times slower."""
 
 import asyncio
+import io
 import itertools
 from contextlib import asynccontextmanager
 
@@ -23,6 +24,7 @@ RUNS, EVENTS_PER_RUN = 200, 100
 BURST = 1_000
 FIRST_PAINT_BUDGET_MS = 3_000  # the goal is 1 s; this only catches a collapse
 FROZEN_MS = 1_000  # an animation frame this late is a page the user sees frozen
+STOP_BUDGET_S = 20  # the projector and the UI, stopped with a page still streaming
 # The page's own counters: each live update it receives, and the longest gap between two
 # animation frames (a frozen page has long ones).
 COUNTERS = """
@@ -75,15 +77,29 @@ async def running(settings, pool, log):
                           leadership_check_s=0.1)
     stop = asyncio.Event()
     started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    tasks = [asyncio.create_task(projector.run(stop)),
+    tasks = [asyncio.create_task(projector.run(stop), name="projector"),
              asyncio.create_task(serve_ui(settings, stop, {}, host="127.0.0.1", port=0,
-                                          started=started))]
+                                          started=started), name="ui")]
     try:
         port = await asyncio.wait_for(asyncio.shield(started), 20)
         yield projector, f"http://127.0.0.1:{port}"
     finally:
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 20)
+        done, stuck = await asyncio.wait(tasks, timeout=STOP_BUDGET_S)
+        # Where a service that did not stop is waiting, for the report.
+        where = {task.get_name(): stack_of(task) for task in stuck}
+        for task in stuck:
+            task.cancel()
+        await asyncio.gather(*stuck, return_exceptions=True)
+        assert not where, f"not stopped within {STOP_BUDGET_S} s: {where}"
+        for task in done:
+            task.result()
+
+
+def stack_of(task: asyncio.Task) -> str:
+    out = io.StringIO()
+    task.print_stack(file=out)
+    return out.getvalue()
 
 
 async def test_a_big_timeline_paints_at_once_and_a_burst_arrives_coalesced(
