@@ -45,7 +45,8 @@ async def _pause(ctx: RunContext, seconds: float) -> None:
     if seconds <= 0:
         return
     try:
-        await asyncio.wait_for(ctx.cancelled.wait(), timeout=seconds)
+        async with asyncio.timeout(seconds):
+            await ctx.cancelled.wait()
     except TimeoutError:
         return
     ctx.raise_if_cancelled()
@@ -138,7 +139,8 @@ class Sleeper(ChildAgent):
             deadline = time.monotonic() + step_s
             while (left := deadline - time.monotonic()) > 0:
                 try:
-                    await asyncio.wait_for(ctx.cancelled.wait(), timeout=min(left, self.tick_s))
+                    async with asyncio.timeout(min(left, self.tick_s)):
+                        await ctx.cancelled.wait()
                 except TimeoutError:
                     continue
                 ctx.raise_if_cancelled()

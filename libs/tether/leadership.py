@@ -76,8 +76,8 @@ class Lease:
                     await checking
                 if not term.lost.is_set():
                     with suppress(*TRANSIENT_ERRORS):
-                        await asyncio.wait_for(conn.fetchval(UNLOCK, self.key),
-                                               self.check_interval_s)
+                        async with asyncio.timeout(self.check_interval_s):
+                            await conn.fetchval(UNLOCK, self.key)
         finally:
             with suppress(*TRANSIENT_ERRORS):
                 await self._pool.release(conn, timeout=self.check_interval_s)
@@ -99,7 +99,11 @@ class Lease:
         while True:
             await asyncio.sleep(self.check_interval_s)
             try:
-                await asyncio.wait_for(conn.fetchval("SELECT 1"), self.check_interval_s)
+                # (`asyncio.timeout`, not `wait_for`: on Python 3.11, `wait_for` returns a
+                # query's answer that arrives with the lease's end and loses the
+                # cancellation, and this loop would confirm forever.)
+                async with asyncio.timeout(self.check_interval_s):
+                    await conn.fetchval("SELECT 1")
             except Exception as error:  # noqa: BLE001 - any failure: the lease is unconfirmed
                 term.lose(describe(error))
                 self._logger.warning("leadership.lost", lease=self.key, error=term.reason)

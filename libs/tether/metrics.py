@@ -224,7 +224,8 @@ class Registry:
         for collector in list(self._collectors):
             name = getattr(collector, "__qualname__", repr(collector))
             try:
-                await asyncio.wait_for(collector(), timeout=COLLECT_TIMEOUT_S)
+                async with asyncio.timeout(COLLECT_TIMEOUT_S):
+                    await collector()
             except Exception as error:  # noqa: BLE001 - see the docstring
                 COLLECTOR_FAILURES.inc(collector=name)
                 if name not in self._failing:

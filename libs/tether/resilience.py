@@ -64,7 +64,8 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
     if stop.is_set():
         return True
     try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
+        async with asyncio.timeout(seconds):
+            await stop.wait()
     except TimeoutError:
         return False
     return True

@@ -119,11 +119,17 @@ async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
             return None
 
 
+async def _read_line(reader: asyncio.StreamReader) -> bytes:
+    async with asyncio.timeout(5.0):
+        return await reader.readline()
+
+
 async def close_quietly(closing) -> None:
     """Close a connection or pool on the way out, whatever state its server is in."""
     ignored: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, RuntimeError)
     try:
-        await asyncio.wait_for(closing, timeout=5.0)
+        async with asyncio.timeout(5.0):
+            await closing
     except ignored:
         pass
 
@@ -171,7 +177,8 @@ class HealthServer:
         ready = True
         for name, check in self._checks.items():
             try:
-                ok, detail = await asyncio.wait_for(check(), timeout=2.0)
+                async with asyncio.timeout(2.0):
+                    ok, detail = await check()
             except Exception as error:  # noqa: BLE001 - a failing check is an answer, not a crash
                 ok, detail = False, f"{type(error).__name__}: {error}"
             ready &= ok
@@ -180,10 +187,9 @@ class HealthServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            request = await _read_line(reader)
             accept = None
-            while (line := await asyncio.wait_for(reader.readline(), timeout=5.0)) not in (
-                    b"\r\n", b"\n", b""):
+            while (line := await _read_line(reader)) not in (b"\r\n", b"\n", b""):
                 name, _, value = line.decode("latin-1").partition(":")
                 if name.strip().lower() == "accept":
                     accept = value.strip()

@@ -3,6 +3,7 @@ holder acting only after the old one stopped."""
 
 import asyncio
 import contextlib
+import random
 import time
 
 import asyncpg
@@ -115,3 +116,31 @@ async def test_a_graceful_stop_lets_the_work_finish_and_releases_the_lock(pool, 
         await asyncio.wait_for(acting, 5)
     assert finished.is_set()
     assert await pool.fetch(HOLDER_PID, unique_name) == []
+
+
+async def test_a_lease_ends_when_its_stop_meets_a_confirmation_answer(pool, unique_name):
+    """A lease confirmed every millisecond, stopped at random moments: some stops land as
+    a confirmation's answer arrives, and the lease must still end (a confirmation that
+    kept the cancellation's answer and lost the cancellation would confirm forever)."""
+    lease = Lease(pool, unique_name, get_logger(test="leadership"), check_interval_s=0.001)
+    moments = random.Random(7)
+    hung = 0
+    for _ in range(200):
+        stop = asyncio.Event()
+
+        async def hold(stop: asyncio.Event = stop) -> None:
+            async with lease.held(stop):
+                pass
+
+        holding = asyncio.create_task(hold())
+        await asyncio.sleep(moments.uniform(0.0005, 0.005))  # confirmations under way
+        stop.set()
+        done, _ = await asyncio.wait({holding}, timeout=2)
+        if not done:
+            hung += 1
+            holding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await holding
+        else:
+            holding.result()
+    assert hung == 0, f"{hung} of 200 leases did not end once stopped"

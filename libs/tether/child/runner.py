@@ -110,7 +110,8 @@ class _Slots:
             return
         while True:
             try:
-                await asyncio.wait_for(self._semaphore.acquire(), timeout=keepalive_s)
+                async with asyncio.timeout(keepalive_s):
+                    await self._semaphore.acquire()
                 return
             except TimeoutError:
                 await msg.in_progress()

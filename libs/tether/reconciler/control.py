@@ -68,7 +68,8 @@ class ChildControl:
             deadline = started + timeout_s
             while (remaining := deadline - time.monotonic()) > 0:
                 try:
-                    data = await asyncio.wait_for(replies.get(), timeout=remaining)
+                    async with asyncio.timeout(remaining):
+                        data = await replies.get()
                 except TimeoutError:
                     break
                 if data is None:

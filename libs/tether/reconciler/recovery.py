@@ -38,6 +38,7 @@ from tether.domain import decide
 from tether.domain.events import InterruptedReason
 from tether.domain.run_state import RunState, evolve
 from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
+from tether.resilience import sleep_unless_stopped
 
 RunKey = tuple[str, str, str]
 # Awaiter checks in flight at once: a check is one core request, answered at once by the
@@ -80,10 +81,7 @@ class Recovery:
                     gone = []
                 if gone:
                     self._start_pass(gone)
-                try:
-                    await asyncio.wait_for(stop.wait(), timeout=interval_s)
-                except TimeoutError:
-                    pass
+                await sleep_unless_stopped(stop, interval_s)
         finally:
             for task in [*self._passes, *self._watching.values()]:
                 task.cancel()

@@ -217,7 +217,8 @@ async def readyz(request: Request) -> Response:
     ready = True
     for name, check in _ui(request).checks.items():
         try:
-            ok, detail = await asyncio.wait_for(check(), timeout=2.0)
+            async with asyncio.timeout(2.0):
+                ok, detail = await check()
         except Exception as error:  # noqa: BLE001 - a failing check is an answer, not a crash
             ok, detail = False, f"{type(error).__name__}: {error}"
         ready = ready and ok
