@@ -121,7 +121,7 @@ async def test_a_graceful_stop_lets_the_work_finish_and_releases_the_lock(pool, 
 async def test_a_lease_ends_when_its_stop_meets_a_confirmation_answer(pool, unique_name):
     """A lease confirmed every millisecond, stopped at random moments: some stops land as
     a confirmation's answer arrives, and the lease must still end (a confirmation that
-    kept the cancellation's answer and lost the cancellation would confirm forever)."""
+    took the query's answer and lost the cancellation would confirm forever)."""
     lease = Lease(pool, unique_name, get_logger(test="leadership"), check_interval_s=0.001)
     moments = random.Random(7)
     hung = 0
