@@ -760,7 +760,9 @@ async def test_a_run_out_of_attempts_fails_with_a_clear_error(log, start_runner)
 
 async def test_a_stopping_runner_gives_its_run_back_and_another_resumes_it(log, start_runner):
     first = await start_runner(Sleeper, shutdown_grace_s=0.05)
-    run = await dispatch(log, "Sleeper", {"seconds": 0.6, "milestones": 3})
+    # Long enough that the first runner is still running it after the second one has
+    # started and the first has stopped fetching (a busy machine took over 0.4 s).
+    run = await dispatch(log, "Sleeper", {"seconds": 1.8, "milestones": 3})
     await event_of(log, run, lambda e: e.type == "run.milestone")
     second = await start_runner(Sleeper)
     await first.stopped()
