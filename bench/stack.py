@@ -42,19 +42,13 @@ def servers() -> Iterator[tuple[str, str]]:
         yield nats_url, database_url
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def reserve_port() -> socket.socket:
     """A socket bound to a free port of 127.0.0.1 and not listening. While it is open the
     kernel offers that port to no other bind, and a server that sets SO_REUSEADDR (as
     asyncio's `start_server`, the services' health server, does) still listens on it.
-    A port only looked up (`free_port`) may be offered again before its server binds it:
-    two services started together could then share one, and the one that lost the bind
-    would go unnoticed while the other answered its readiness checks."""
+    A port only looked up (bound to 0, then closed) may be offered again before its server
+    binds it: two services started together could then share one, and the one that lost
+    the bind would go unnoticed while the other answered its readiness checks."""
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     holder.bind(("127.0.0.1", 0))

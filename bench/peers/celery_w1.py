@@ -48,7 +48,7 @@ from celery.result import AsyncResult, ResultSet
 from celery.signals import worker_ready
 
 from bench.peers import sweep
-from bench.stack import REPO, free_port
+from bench.stack import REPO, devstack
 
 PROGRESS_SIGNALS = 5
 MILESTONES = ("half-way", "finished-work")
@@ -262,7 +262,7 @@ def redis_server(url: str | None) -> Iterator[str]:
     if not os.path.exists(binary):
         raise RuntimeError(f"no Redis: pass --redis-url or ${REDIS_ENV}, or install "
                            "redis-server (Debian `redis-server`)")
-    port = free_port()
+    port = devstack().free_port()  # below the ephemeral range: not handed out meanwhile
     with tempfile.TemporaryDirectory(prefix="tether-bench-redis-") as data:
         process = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
