@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import json
 import os
+import signal
 import socket
 import struct
 import sys
@@ -109,7 +110,26 @@ class PseudoTerminal:
 
 def terminal_env(env: dict) -> dict:
     env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES", "NO_COLOR")}
-    return {**env, "TERM": "xterm-256color"}
+    # PYTHONFAULTHANDLER: a SIGABRT prints every thread's stack (`exit_after_interrupt`).
+    return {**env, "TERM": "xterm-256color", "PYTHONFAULTHANDLER": "1"}
+
+
+async def exit_after_interrupt(process: asyncio.subprocess.Process, within: float = 10) -> int:
+    """Ctrl-C, then the exit code. Its standard error is read meanwhile (a full pipe would
+    stop it); one still running `within` seconds later is aborted, its threads' stacks on
+    standard error, and the test fails with what it wrote there."""
+    errors = asyncio.create_task(process.stderr.read())
+    process.send_signal(signal.SIGINT)
+    try:
+        async with asyncio.timeout(within):
+            return await process.wait()
+    except TimeoutError:
+        process.send_signal(signal.SIGABRT)
+        await process.wait()
+        pytest.fail(f"still running {within:g} s after SIGINT; its standard error:\n"
+                    + (await errors).decode(errors="replace"))
+    finally:
+        await errors
 
 
 async def run_on_terminal(env: dict, columns: int, *args: str, stream: str = "stderr"):
@@ -170,8 +190,7 @@ async def test_watch_redraws_in_place_at_sixty_columns_until_interrupted(stack, 
     terminal, process = await run_on_terminal(service_env, 60, "watch", "Assistant/watched",
                                               stream="stdout")
     await terminal.until(lambda lines: sum("completed" in line for line in lines) == 3)
-    process.send_signal(2)
-    code = await asyncio.wait_for(process.wait(), timeout=10)
+    code = await exit_after_interrupt(process)
     terminal.close()
     lines = terminal.lines()
     assert code == 130
