@@ -114,6 +114,20 @@ def terminal_env(env: dict) -> dict:
     return {**env, "TERM": "xterm-256color", "PYTHONFAULTHANDLER": "1"}
 
 
+def as_a_foreground_job() -> None:
+    """In the program's process, before it starts: Ctrl-C's signals at their defaults, as
+    a shell sets them for the job in the foreground of a terminal. A suite started in the
+    background by a script (`make test &`, nohup) would otherwise pass them on ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def ignores_sigint(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = int(next(line for line in status.splitlines() if line.startswith("SigIgn:")).split()[1], 16)
+    return bool(ignored & 1 << (signal.SIGINT - 1))
+
+
 async def exit_after_interrupt(process: asyncio.subprocess.Process, within: float = 10) -> int:
     """Ctrl-C, then the exit code. Its standard error is read meanwhile (a full pipe would
     stop it); one still running `within` seconds later is aborted, its threads' stacks on
@@ -124,10 +138,11 @@ async def exit_after_interrupt(process: asyncio.subprocess.Process, within: floa
         async with asyncio.timeout(within):
             return await process.wait()
     except TimeoutError:
+        ignored = ignores_sigint(process.pid)
         process.send_signal(signal.SIGABRT)
         await process.wait()
-        pytest.fail(f"still running {within:g} s after SIGINT; its standard error:\n"
-                    + (await errors).decode(errors="replace"))
+        pytest.fail(f"still running {within:g} s after SIGINT (ignored: {ignored}); its "
+                    "standard error:\n" + (await errors).decode(errors="replace"))
     finally:
         await errors
 
@@ -138,7 +153,7 @@ async def run_on_terminal(env: dict, columns: int, *args: str, stream: str = "st
     outputs[stream] = terminal.slave
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "tether.cli", *args, env=terminal_env(env), cwd=ROOT,
-        stdin=asyncio.subprocess.DEVNULL, **outputs)
+        stdin=asyncio.subprocess.DEVNULL, preexec_fn=as_a_foreground_job, **outputs)
     os.close(terminal.slave)
     return terminal, process
 
