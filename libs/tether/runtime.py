@@ -119,6 +119,20 @@ async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
             return None
 
 
+async def run_checks(checks: dict[str, ReadinessCheck]) -> dict[str, tuple[bool, str]]:
+    """Each readiness check's answer (ok, detail), one after another, each within 2 s; a
+    check that raises or takes longer answers "not ok", with why."""
+    answers: dict[str, tuple[bool, str]] = {}
+    for name, check in checks.items():
+        try:
+            async with asyncio.timeout(2.0):
+                ok, detail = await check()
+            answers[name] = (ok, detail)
+        except Exception as error:  # noqa: BLE001 - a failing check is an answer, not a crash
+            answers[name] = (False, f"{type(error).__name__}: {error}")
+    return answers
+
+
 async def _read_line(reader: asyncio.StreamReader) -> bytes:
     async with asyncio.timeout(5.0):
         return await reader.readline()
@@ -173,17 +187,10 @@ class HealthServer:
         if not self._checks:
             # A service registers its checks once it is connected; until then it is starting.
             return False, {"service": "failing: starting (not connected yet)"}
-        results: dict[str, str] = {}
-        ready = True
-        for name, check in self._checks.items():
-            try:
-                async with asyncio.timeout(2.0):
-                    ok, detail = await check()
-            except Exception as error:  # noqa: BLE001 - a failing check is an answer, not a crash
-                ok, detail = False, f"{type(error).__name__}: {error}"
-            ready &= ok
-            results[name] = ("ok: " if ok else "failing: ") + detail
-        return ready, results
+        answers = await run_checks(self._checks)
+        return (all(ok for ok, _ in answers.values()),
+                {name: ("ok: " if ok else "failing: ") + detail
+                 for name, (ok, detail) in answers.items()})
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -1,6 +1,5 @@
 """The Starlette application of `tether ui`: pages, their JSON and live streams, actions."""
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,7 +29,7 @@ from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.domain.run_state import RunState, as_builtins
 from tether.log import get_logger
-from tether.runtime import ReadinessCheck, nats_check, postgres_check
+from tether.runtime import ReadinessCheck, nats_check, postgres_check, run_checks
 from tether.ui.gate import AccessGate
 from tether.ui.live import STOP, ParentStream
 from tether.ui.store import ProjectionStore
@@ -213,17 +212,10 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    results = {}
-    ready = True
-    for name, check in _ui(request).checks.items():
-        try:
-            async with asyncio.timeout(2.0):
-                ok, detail = await check()
-        except Exception as error:  # noqa: BLE001 - a failing check is an answer, not a crash
-            ok, detail = False, f"{type(error).__name__}: {error}"
-        ready = ready and ok
-        results[name] = detail
-    return JSONResponse({"ready": ready, "checks": results}, status_code=200 if ready else 503)
+    answers = await run_checks(_ui(request).checks)
+    ready = all(ok for ok, _ in answers.values())
+    details = {name: detail for name, (_, detail) in answers.items()}
+    return JSONResponse({"ready": ready, "checks": details}, status_code=200 if ready else 503)
 
 
 # --- reads ----------------------------------------------------------------------------
