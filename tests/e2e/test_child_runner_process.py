@@ -69,3 +69,44 @@ async def test_a_runner_without_agents_stops_with_a_clear_error(services):
     assert await runner.wait() == 2
     [error] = [line for line in runner.lines if line.get("event") == "child_runner.misconfigured"]
     assert "TETHER_AGENTS" in error["error"]
+
+
+async def test_a_runner_paused_past_its_ack_wait_records_nothing_after_it_wakes(log, services):
+    """SIGSTOP, not SIGKILL: the paused runner's item goes to the other runner, which
+    takes the run over and completes it; the paused one, woken, stops its child, records
+    nothing (no milestone, no outcome, no hook) and says so in its log."""
+    env = {"TETHER_AGENTS": AGENTS, "TETHER_WORK_ACK_WAIT_MS": "1500"}
+    first = await services("child-runner", **env)
+    run = await dispatch(log, "Sleeper", {"seconds": 3, "milestones": 15})
+    subject = log.subjects.run_events(PARENT, run.run_id)
+
+    async with asyncio.timeout(20), aclosing(log.follow(subject)) as events:
+        async for stored in events:
+            if stored.event.type == "run.milestone":
+                break
+    first.signal(signal.SIGSTOP)
+    try:
+        second = await services("child-runner", **env)
+        async with asyncio.timeout(30), aclosing(log.follow(subject)) as events:
+            async for stored in events:
+                if stored.event.type == "run.completed":
+                    break
+    finally:
+        first.signal(signal.SIGCONT)
+
+    [done] = await first.logged("work_item.done")
+    assert done["outcome"] == "superseded", done
+    assert "attempt 2 took over the run" in done["detail"], done
+    history = await log.read_run(PARENT, run.run_id)
+    running = [e for e in history.events if e.type == "run.running"]
+    assert [r.data.attempt for r in running] == [1, 2]
+    assert running[1].data.runner_id.split(":")[1] == str(second.process.pid)
+    # Nothing the first attempt caused lands after the second one began.
+    takeover = [e.event_id for e in history.events].index(running[1].event_id)
+    late = [e.type for e in history.events[takeover:] if e.causation_id == running[0].event_id]
+    assert late == [], late
+    assert [e.type for e in history.events].count("run.completed") == 1
+    assert not [line for line in first.lines
+                if line.get("event") in ("delivery.hook_published", "work_item.error")]
+    [finished] = await second.logged("work_item.done")
+    assert (finished["outcome"], finished["attempt"]) == ("completed", 2)

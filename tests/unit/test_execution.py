@@ -2,14 +2,16 @@
 whether it starts the run, what it records, and what it does with the item.
 tests/integration/test_child_runner.py runs the runner against a real server."""
 
+import asyncio
 import json
+import time
 
 import pytest
 from pydantic import BaseModel
 
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.execution import Execution
-from tether.child.work import RunnerEnvironment
+from tether.child.work import Hold, RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import WorkItem, work_item_json
 from tether.domain import decide
@@ -220,3 +222,124 @@ async def test_a_child_that_waits_for_input_pauses_the_run_once(log):
     assert again.kind == "skipped"
     assert _types(log).count("run.paused") == 1
     assert _types(log).count("run.milestone") == 1
+
+
+# --- a runner stopped (paused) past its hold on the item -------------------------------
+
+
+class Waiting(ChildAgent):
+    """Reports a milestone, waits for the test, then reports again and returns."""
+
+    agent_type = "Researcher"
+    started = 0
+    go_on: "asyncio.Event"
+    reached: "asyncio.Event"
+
+    async def run(self, ctx, input):
+        Waiting.started += 1
+        await ctx.report_progress(0.1, milestone="first")
+        Waiting.reached.set()
+        await Waiting.go_on.wait()
+        await ctx.report_progress(0.9, milestone="second")
+        return "done late"
+
+
+@pytest.fixture
+def waiting():
+    Waiting.started, Waiting.go_on, Waiting.reached = 0, asyncio.Event(), asyncio.Event()
+    return Waiting
+
+
+async def test_an_item_held_past_its_ack_wait_starts_nothing_and_is_left_to_redelivery(
+        log, waiting):
+    run = RunEvents("r1", PARENT)
+    item = await _requested(log, run)
+    msg = WorkMessage(item)
+    # The fetch that brought it was sent 20 s ago (the runner was stopped since): the
+    # server may have handed the item to another runner already.
+    hold = Hold(time.monotonic() - 20, ack_wait_s=10)
+
+    outcome = await Execution(_env(log), Waiting, msg, item, hold).run()
+
+    assert outcome.kind == "superseded"
+    assert "left to its redelivery" in outcome.detail
+    assert _types(log) == ["run.requested"]
+    assert (waiting.started, msg.settled) == (0, [])
+
+
+async def test_a_paused_attempt_taken_over_reports_and_records_nothing_after_it_wakes(
+        log, waiting):
+    run = RunEvents("r1", PARENT)
+    item = await _requested(log, run)
+    msg = WorkMessage(item)
+    hold = Hold(time.monotonic(), ack_wait_s=10)
+    execution = Execution(_env(log, work_ack_wait_ms=10_000), Waiting, msg, item, hold)
+    running = asyncio.ensure_future(execution.run())
+    await waiting.reached.wait()
+
+    # Paused 15 s: the item went to another runner, whose attempt 2 took the run and
+    # completed it (its ids are its own).
+    hold.renewed_at -= 15
+    await log.append(RunEvents("r1", PARENT, id_prefix="other").running(attempt=2),
+                     expected_last_seq=None)
+    await log.append(run.completed("by attempt 2"), expected_last_seq=None)
+    published = len(log.nats.published)
+    waiting.go_on.set()
+    outcome = await running
+
+    assert (outcome.kind, outcome.attempt) == ("superseded", 1)
+    assert "attempt 2 took over the run" in outcome.detail
+    assert _types(log) == ["run.requested", "run.running", "run.milestone", "run.running",
+                           "run.completed"]
+    assert len(log.nats.published) == published, "no progress signal after the takeover"
+    assert "ack" not in msg.settled  # the item is attempt 2's
+
+
+async def test_an_outcome_decided_by_another_runner_is_never_taken_for_ones_own(log, waiting):
+    """Two runners finish the same attempt number from the same history: each outcome's
+    id names its execution, so the loser finds its append refused instead of finding the
+    winner's event under its own id and reporting it as recorded."""
+    run = RunEvents("r1", PARENT)
+    item = await _requested(log, run)
+    waiting.go_on.set()
+    first = await Execution(_env(log), Waiting, WorkMessage(item), item).run()
+    assert first.kind == "completed"
+
+    # The same item, delivered again to a runner that read the run before it ended.
+    second = Execution(_env(log), Waiting, WorkMessage(item, delivered=2), item)
+    second.attempt, second._incarnation = 1, (await log.read_run(PARENT, "r1")).state.incarnation
+    state, ended = await second._end(run.completed("again"))
+
+    assert not ended and state.status == "completed"
+    assert _types(log).count("run.completed") == 1
+
+
+class ReturnsAfterGiveUp(ChildAgent):
+    agent_type = "Researcher"
+
+    async def run(self, ctx, input):
+        await ctx.report_progress(0.1, milestone="first")
+        Waiting.reached.set()
+        await ctx.cancelled.wait()
+        return "finished anyway"
+
+
+async def test_a_result_returned_after_a_give_up_repairs_the_interruption(log, waiting):
+    run = RunEvents("r1", PARENT)
+    item = await _requested(log, run)
+    execution = Execution(_env(log), ReturnsAfterGiveUp, WorkMessage(item), item)
+    running = asyncio.ensure_future(execution.run())
+    await waiting.reached.wait()
+    state = (await log.read_run(PARENT, "r1")).state
+    await log.update(PARENT, "r1", lambda s: decide.give_up(
+        s, decide.Cause(7, 9_000, origin="rec"), "no-progress", "silent",
+        child_still_running=True))
+    execution.cancel(decide.GIVE_UP)
+
+    outcome = await running
+
+    assert outcome.kind == "completed"
+    assert _types(log)[-3:] == ["run.cancel_requested", "run.interrupted", "run.completed"]
+    final = (await log.read_run(PARENT, "r1")).state
+    assert (final.status, final.summary) == ("completed", "finished anyway")
+    assert state.attempt == final.attempt == 1

@@ -42,15 +42,32 @@ def test_a_cancelled_or_ended_run_is_not_started(stopped):
                                 incarnation=state.incarnation) == []
 
 
-def test_an_outcome_is_appended_once_and_only_to_its_own_life():
+def test_an_outcome_is_appended_once_by_the_current_attempt_of_its_own_life():
     run, state = _running_run()
     completed = run.completed()
+    life = state.incarnation
 
-    assert decide.finish_unless_terminal(state, completed, state.incarnation) == [completed]
+    assert decide.finish_attempt(state, completed, attempt=1, incarnation=life) == [completed]
     ended = fold([completed], state)
-    assert decide.finish_unless_terminal(ended, run.failed(), state.incarnation) == []
-    assert decide.finish_unless_terminal(state, completed, "another life") == []
-    assert decide.finish_unless_terminal(None, completed, state.incarnation) == []
+    assert decide.finish_attempt(ended, run.failed(), attempt=1, incarnation=life) == []
+    assert decide.finish_attempt(state, completed, attempt=1, incarnation="another life") == []
+    assert decide.finish_attempt(None, completed, attempt=1, incarnation=life) == []
+    # A runner paused past its ack wait wakes to find attempt 2 holding the run: its own
+    # attempt's outcome is refused, whether or not attempt 2 has finished.
+    taken = fold([run.running(attempt=2)], state)
+    assert decide.finish_attempt(taken, completed, attempt=1, incarnation=life) == []
+    assert decide.finish_attempt(taken, completed, attempt=2, incarnation=life) == [completed]
+
+
+def test_a_late_completion_repairs_an_interrupted_run():
+    run, state = _running_run()
+    interrupted = fold(decide.give_up(state, decide.Cause(9, 5_000, origin="rec"),
+                                      "no-progress", "silent", child_still_running=True), state)
+    assert interrupted is not None and interrupted.status == "interrupted"
+    completed = run.completed()
+
+    assert decide.finish_attempt(interrupted, completed, attempt=1,
+                                 incarnation=state.incarnation) == [completed]
 
 
 def test_a_pause_needs_the_attempt_to_hold_the_open_run():
@@ -67,13 +84,16 @@ def test_a_pause_needs_the_attempt_to_hold_the_open_run():
     assert decide.pause_attempt(already, paused, attempt=1, incarnation=state.incarnation) == []
 
 
-def test_a_report_lands_only_in_the_life_it_was_made_in():
+def test_a_report_lands_only_from_the_current_attempt_of_its_life():
     run, state = _running_run()
     output = run.output("text")
+    life = state.incarnation
 
-    assert decide.record_in_life(state, output, state.incarnation) == [output]
-    assert decide.record_in_life(state, output, "another life") == []
-    assert decide.record_in_life(None, output, state.incarnation) == []
+    assert decide.record_report(state, output, attempt=1, incarnation=life) == [output]
+    assert decide.record_report(state, output, attempt=1, incarnation="another life") == []
+    assert decide.record_report(None, output, attempt=1, incarnation=life) == []
+    taken = fold([run.running(attempt=2)], state)
+    assert decide.record_report(taken, output, attempt=1, incarnation=life) == []
 
 
 def test_a_step_is_recorded_once_by_the_current_attempt_only():

@@ -3,6 +3,7 @@ one is there, and where each delivery stands."""
 
 import asyncio
 import json
+import time
 from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
@@ -54,6 +55,10 @@ class Pull:
         self._inbox = nc.new_inbox()
         self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
         self._subscription: Subscription | None = None
+        # When the request that may have brought the last fetch's messages was sent
+        # (monotonic): the server's ack wait for them started no earlier.
+        self.sent_at = time.monotonic()
+        self._lingering_sent_at: float | None = None
 
     async def start(self) -> "Pull":
         self._subscription = await subscribe_routed(self._nc, self._inbox, self._arrived.put_nowait)
@@ -64,10 +69,13 @@ class Pull:
         if batch < 1:
             raise ValueError(f"a fetch asks for at least 1 message, not {batch}")
         if messages := self._take_arrived(batch):  # an earlier request's late delivery
+            self.sent_at = self._lingering_sent_at or self.sent_at
             return messages
+        self.sent_at = time.monotonic()
         messages = await self._request({"batch": batch, "no_wait": True}, batch,
                                        STATUS_WAIT_MARGIN_S)
         if not messages:
+            self.sent_at = self._lingering_sent_at = time.monotonic()
             expires_ns = max(int(timeout * 1e9), 1_000_000)
             messages = await self._request({"batch": 1, "expires": expires_ns}, 1,
                                            timeout + STATUS_WAIT_MARGIN_S)

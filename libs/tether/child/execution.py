@@ -20,6 +20,7 @@ gives it back:
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_c
 from tether.child.recorder import RunRecorder, now_ms
 from tether.child.work import (
     MAX_ERROR_CHARS,
+    Hold,
     Outcome,
     OutcomeKind,
     RunnerEnvironment,
@@ -42,7 +44,7 @@ from tether.child.work import (
     safe_error,
 )
 from tether.contract.messages import WorkItem
-from tether.domain import decide
+from tether.domain import attempts, decide
 from tether.domain.decide import GIVE_UP, attempts_since_resume
 from tether.domain.events import (
     Event,
@@ -76,10 +78,15 @@ class _Result:
 
 class Execution:
     def __init__(self, env: RunnerEnvironment, agent_cls: type[ChildAgent], msg: Msg,
-                 item: WorkItem) -> None:
+                 item: WorkItem, hold: Hold | None = None) -> None:
         self._env, self._agent_cls, self._msg, self.item = env, agent_cls, msg, item
         self.run_id, self.parent = item.run_id, item.parent
         self.attempt = 0
+        self._hold = hold or Hold(time.monotonic(), env.settings.work_ack_wait_ms / 1000)
+        # Names this execution's events: two runners (or two items in one runner) that
+        # decide the same thing from the same history never take each other's stored
+        # event for their own, and a retry of this execution's append is stored once.
+        self._owner = uuid.uuid4().hex[:12]
         self._incarnation = ""  # the life of the run id this item works on, once read
         self._started = time.monotonic()
         self._ctx: RunContext | None = None
@@ -100,10 +107,11 @@ class Execution:
         return (not self.finished.is_set()
                 and delivery_of(msg).stream_seq == delivery_of(self._msg).stream_seq)
 
-    def adopt(self, msg: Msg) -> None:
+    def adopt(self, msg: Msg, hold: Hold) -> None:
         """The server delivered this execution's item again: settle it through the
         newest delivery, which is the one the server now waits on."""
         self._msg = msg
+        self._hold.confirmed(hold.renewed_at)
 
     # --- stopping the child, from the runner --------------------------------------------
 
@@ -178,9 +186,14 @@ class Execution:
             return await self._fail(f"gave up after {attempts} attempts: the child's "
                                     f"runner stopped each time before the run finished")
 
+        if not self._hold.fresh:
+            # Stopped (paused) past the item's ack wait before its child started: the
+            # server may have handed the item to another runner, which may be about to
+            # take the run. Start nothing; the item comes back if nobody took it.
+            return self._outcome("superseded", self._lapsed("before its child started"))
         expected, incarnation = state.attempt, state.incarnation
         running = RunRunning(
-            event_id=self._event_id("running", expected + 1), run_id=self.run_id,
+            event_id=self._event_id("running", expected + 1, self._owner), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id))
@@ -252,6 +265,13 @@ class Execution:
             return await self._ack("skipped", "the reconciler gave up on the run")
         if self._stop_reason is not None:
             return await self._abort(self._cancel_detail)
+        if not self._hold.fresh:  # stopped since `run.running`: is the attempt still ours?
+            current, standing, _ = await self._confirm()
+            if standing == "ended":
+                await self._deliver(current)  # what the end owes: its writer may have died
+            if standing != "current":
+                return await self._not_recorded(current, "the child was about to start")
+        # (Nothing awaited between the check and the start.)
         self._child = asyncio.create_task(self._invoke(ctx, payload, recorder),
                                           name=f"child:{self.run_id}")
         # The first beat is due after an interval, and most runs end before it: a timer
@@ -269,20 +289,25 @@ class Execution:
                 self._hard_cancel.cancel()
             if not self._child.done():  # this handler itself was cancelled
                 self._child.cancel()
-            await recorder.flush(persist=True)
+            with suppress(RunSuperseded):  # (the gate stopped the attempt: `_stop_reason`)
+                await recorder.flush(persist=True)
         return await self._settle(self._child)
 
     def _new_recorder(self, state: RunState) -> RunRecorder:
         return RunRecorder(self._env.log, state, attempt=self.attempt,
                            coalesce_ms=self._env.settings.progress_coalesce_ms,
                            persist_ms=self._env.settings.progress_persist_ms,
-                           causation_id=self._causation_id, deliverer=self._env.deliverer)
+                           causation_id=self._causation_id, deliverer=self._env.deliverer,
+                           gate=self._ensure_current)
 
     async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:
         bind_context(ctx)
         agent = self._agent_cls()
         returned = await agent.run(ctx, payload)
-        ctx.raise_if_cancelled()  # a cooperative child that stopped early was cancelled
+        if self._stop_reason != "give-up":
+            # A cooperative child that stopped early was cancelled. After a give-up, what
+            # the child returns is its result: a late completion repairs the interruption.
+            ctx.raise_if_cancelled()
         if isinstance(returned, AwaitingInput):
             return _Result(summary="", output=None, pause=returned)
         final_text = returned if isinstance(returned, str) else None
@@ -314,17 +339,17 @@ class Execution:
         if result.pause is not None:
             return await self._pause(result.pause)
         completed = RunCompleted(
-            event_id=self._event_id("completed"), run_id=self.run_id,
+            event_id=self._event_id("completed", self._owner), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunCompletedData(summary=result.summary, output=result.output))
         try:
-            ended = await self._end(completed)
+            state, ended = await self._end(completed)
         except EventTooLarge as too_large:
             return await self._fail(f"the child's result is {too_large.size} bytes; the "
                                     f"largest event NATS accepts is {too_large.limit} bytes")
         if not ended:
-            return await self._ack("skipped", "the child finished but the run had already ended")
+            return await self._not_recorded(state, "the child finished")
         return await self._ack("completed")
 
     async def _settle_stopped(self, error: BaseException | None) -> Outcome | None:
@@ -341,7 +366,8 @@ class Execution:
         if self._stop_reason == "cancel":
             return await self._abort(self._cancel_detail)
         if self._stop_reason == "give-up":
-            return await self._ack("aborted", "stopped: the reconciler gave up on the run")
+            return await self._ack("skipped", "the child was stopped: the reconciler gave up "
+                                              "on the run (interrupted); nothing recorded")
         if error is not None:  # the child gave up on its own
             return await self._abort(str(error) or None, cause="child")
         return None
@@ -365,24 +391,57 @@ class Execution:
         """One beat; returns the run's last sequence it has looked at."""
         log = self._env.log
         try:
-            await self._msg.in_progress()
-            seq = await log.last_seq(self.parent, self.run_id)
-            if seq == known_seq:
-                return known_seq
-            state = (await log.read_run(self.parent, self.run_id)).state
+            if self._hold.fresh:
+                await self._hold.renew(self._msg)
+                seq = await log.last_seq(self.parent, self.run_id)
+                if seq == known_seq:
+                    return known_seq
+                state = (await log.read_run(self.parent, self.run_id)).state
+            else:  # stopped past the hold: only a read after this beat's ack renews it
+                state, _, seq = await self._confirm()
         except Exception as error:  # noqa: BLE001 - a missed beat is retried at the next
             get_logger(run_id=self.run_id).warning(
                 "child.heartbeat_failed", error=f"{type(error).__name__}: {error}")
             return known_seq
-        if state is None or state.incarnation != self._incarnation:
-            self._stop("gone", "the run was cleared while the child ran")
-        elif state.attempt > self.attempt:
-            self._stop("superseded", f"attempt {state.attempt} took over the run")
-        elif state.is_hard_terminal:
-            self._stop("gone", f"the run ended {state.status} elsewhere")
-        elif state.cancel_requested_at is not None:
+        standing = attempts.standing(state, self.attempt, self._incarnation)
+        if standing != "current":
+            self._stop("superseded" if standing == "superseded" else "gone",
+                       attempts.standing_detail(state, standing))
+        elif state is not None and state.cancel_requested_at is not None:
             self.cancel(state.cancel_reason)
         return seq
+
+    # --- the hold on the item, and the attempt's standing --------------------------------
+
+    async def _confirm(self) -> tuple[RunState | None, attempts.Standing, int]:
+        """Renew the item and read the run: where this attempt stands now, and the run's
+        last sequence. A current attempt's hold is fresh again from the renewal."""
+        sent = time.monotonic()
+        with suppress(*TRANSIENT_ERRORS):
+            await self._msg.in_progress()
+        history = await self._env.log.read_run(self.parent, self.run_id)
+        standing = attempts.standing(history.state, self.attempt, self._incarnation)
+        if standing == "current":
+            self._hold.confirmed(sent)
+        return history.state, standing, history.last_seq
+
+    async def _ensure_current(self) -> None:
+        """Before the child reports anything: a stale hold (the runner was stopped past
+        it) is confirmed against the log first, and an attempt that is no longer the
+        run's current one stops its child (`RunSuperseded`) instead of reporting."""
+        if self._hold.fresh:
+            return
+        state, standing, _ = await self._confirm()
+        if standing != "current":
+            detail = attempts.standing_detail(state, standing)
+            reason: Literal["superseded", "gone"] = (
+                "superseded" if standing == "superseded" else "gone")
+            self._stop(reason, detail)
+            raise RunSuperseded(detail, reason=reason)
+
+    def _lapsed(self, when: str) -> str:
+        return (f"the runner held the work item for {self._hold.age_s:.1f}s without renewing "
+                f"it (stopped or paused) {when}: left to its redelivery")
 
     # --- outcomes ----------------------------------------------------------------------
 
@@ -420,30 +479,49 @@ class Execution:
                      cause: Literal["cancel", "child"] = "cancel") -> Outcome:
         error = "cancelled" if reason in (None, "", "cancelled") else f"cancelled: {reason}"
         aborted = RunAborted(
-            event_id=self._event_id("aborted"), run_id=self.run_id,
+            event_id=self._event_id("aborted", self._owner), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
-        await self._end(aborted)
+        state, ended = await self._end(aborted)
+        if not ended:
+            return await self._not_recorded(state, f"the run was to end aborted ({error})")
         return await self._ack("aborted", error)
 
     async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
         failed = RunFailed(
-            event_id=self._event_id("failed"), run_id=self.run_id,
+            event_id=self._event_id("failed", self._owner), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunFailedData(error=error))
-        await self._end(failed)
+        state, ended = await self._end(failed)
+        if not ended:
+            return await self._not_recorded(state, f"the run was to end failed ({error})")
         await self._settle_item(self._msg.ack(), "ack")
         return self._outcome("failed", error, exception)
 
     def _event_id(self, *parts: object) -> str:
         return derived_event_id(self.run_id, self._incarnation, *parts)
 
-    async def _end(self, outcome: Event) -> bool:
-        """Append the run's outcome and deliver its hooks; False when the run had ended
-        already (what that end still owes is delivered: its writer may have died first)."""
+    async def _end(self, outcome: Event) -> tuple[RunState | None, bool]:
+        """Append the run's outcome, while this attempt is the run's current one, and
+        deliver its hooks; False when it was not appended. A run that had ended already
+        gets what that end still owes (its writer may have died first); a run a newer
+        attempt took over is left to that attempt."""
         state, appended = await self._update(self._finish(outcome))
-        await self._deliver(state, appended)
-        return bool(appended)
+        if appended or attempts.standing(state, self.attempt, self._incarnation) == "ended":
+            await self._deliver(state, appended)
+        return state, bool(appended)
+
+    async def _not_recorded(self, state: RunState | None, what: str) -> Outcome:
+        """The outcome of an attempt that found its run moved on: nothing was recorded.
+        A newer attempt owns the run and its work item, so the item is left alone; an
+        ended or cleared run's item is acknowledged."""
+        standing = attempts.standing(state, self.attempt, self._incarnation)
+        if standing == "current":  # (the decision refuses a current attempt nothing else)
+            raise AssertionError(f"an outcome of the current attempt was refused: {what}")
+        detail = f"{what}, but {attempts.standing_detail(state, standing)}: nothing recorded"
+        if standing == "superseded":
+            return self._outcome("superseded", detail)
+        return await self._ack("skipped", detail)
 
     async def _deliver(self, state: RunState | None, appended: Sequence[Event] = ()) -> None:
         """The hooks of the outcome just appended, or what the ended run still owes
@@ -468,8 +546,9 @@ class Execution:
                            while_retrying=lambda: self._keep_item(interval))
 
     def _finish(self, outcome: Event) -> Callable[[RunState | None], list[Event]]:
-        incarnation = self._incarnation
-        return lambda state: decide.finish_unless_terminal(state, outcome, incarnation)
+        attempt, incarnation = self.attempt, self._incarnation
+        return lambda state: decide.finish_attempt(state, outcome, attempt=attempt,
+                                                   incarnation=incarnation)
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
         await self._settle_item(self._msg.ack(), "ack")
@@ -498,7 +577,7 @@ class Execution:
     async def _keep_item(self, interval: float) -> None:
         while True:
             with suppress(*TRANSIENT_ERRORS):
-                await self._msg.in_progress()
+                await self._hold.renew(self._msg)
             await asyncio.sleep(interval)
 
     def _outcome(self, kind: OutcomeKind, detail: str | None = None,

@@ -10,15 +10,18 @@ recorder begins from what the run already holds and recognises the replay:
   and new text continues the indexes.
 
 Milestones and outputs carry deterministic event ids (`<run>:ms:<seq>`, `<run>:out:<i>`),
-so an append retried after a lost acknowledgement is stored once. They are appended
-without an expected sequence: the run's current runner is their only writer, and the
-parent or reconciler appending to the same run must not make a child's report fail.
+so an append retried after a lost acknowledgement is stored once. Each report is
+appended only while its attempt is the run's current one (`decide.record_report`), and
+only after the runner's `gate` has checked that it still holds the work item: an attempt
+whose runner was stopped (paused) while another runner took the run over reports
+nothing after it wakes; it is stopped instead (`RunSuperseded`).
 """
 
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,9 +65,13 @@ class _Progress:
 class RunRecorder:
     def __init__(self, log: EventLog, state: RunState, *, attempt: int, coalesce_ms: int,
                  persist_ms: int = 0, causation_id: str | None = None,
-                 deliverer: "Deliverer | None" = None) -> None:
-        """`deliverer`: puts out the chat notification of a milestone the run asked for."""
+                 deliverer: "Deliverer | None" = None,
+                 gate: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`deliverer`: puts out the chat notification of a milestone the run asked for.
+        `gate`: awaited before each report; raises `RunSuperseded` when the attempt may
+        no longer report (its runner checks that its hold on the work item is fresh)."""
         self._log = log
+        self._gate = gate
         self._deliverer = deliverer
         self.run_id, self.parent = state.run_id, state.parent
         self._incarnation, self._event_id = state.incarnation, state.event_id  # this life's
@@ -121,7 +128,8 @@ class RunRecorder:
         each of these events (sequence, index, time), so a repeat changes nothing.
         Returns the run after it."""
         state, _ = await self._update(
-            lambda state: decide.record_in_life(state, event, self._incarnation))
+            lambda state: decide.record_report(state, event, attempt=self._attempt,
+                                               incarnation=self._incarnation))
         return state
 
     async def _update(self, decision: Callable[[RunState | None], Sequence[Event]]
@@ -129,8 +137,12 @@ class RunRecorder:
         """The log's `update`, retried across a broker restart: a child's report is not
         lost, and does not fail the child, because the broker was away for a moment.
         (The child's own task: a stop cancels it, and the retry with it.)"""
-        return await persistently(lambda: self._log.update(self.parent, self.run_id, decision),
-                                  what="child.report", logger=self._logger)
+        async def update() -> tuple[RunState | None, list[Event]]:
+            if self._gate is not None:
+                await self._gate()
+            return await self._log.update(self.parent, self.run_id, decision)
+
+        return await persistently(update, what="child.report", logger=self._logger)
 
     def _logger(self):
         """Bound only when there is something to say: most runs log nothing."""
@@ -319,7 +331,7 @@ class RunRecorder:
         self._start(self._send_pending(), "progress")
 
     def _start(self, send: Coroutine[Any, Any, None], what: str) -> None:
-        task = asyncio.ensure_future(send)
+        task = asyncio.ensure_future(_unless_superseded(send))
         task.set_name(f"{what}:{self.run_id}")
         self._fired.add(task)
         task.add_done_callback(self._fired.discard)
@@ -362,6 +374,8 @@ class RunRecorder:
                         delay = self._last_persist + self._persist_window_s - time.monotonic()
                         self._persist_timer = asyncio.get_running_loop().call_later(
                             max(delay, 0.0), self._persist_when_due)
+            except RunSuperseded:
+                raise  # the attempt may report no more: its child is being stopped
             except Exception as error:  # noqa: BLE001 - progress is best effort; the run goes on
                 self._warn_send_failure(error)
 
@@ -387,6 +401,8 @@ class RunRecorder:
                 return
             try:
                 await self._persist(*self._unpersisted)
+            except RunSuperseded:
+                raise
             except Exception as error:  # noqa: BLE001 - as in `_send`
                 self._warn_send_failure(error)
 
@@ -411,6 +427,8 @@ class RunRecorder:
                                    error=f"{type(error).__name__}: {error}")
 
     async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
+        if self._gate is not None:
+            await self._gate()
         signal = progress_signal_json(self.run_id, self.parent, fraction=update.fraction,
                                       message=update.message, phase=update.phase,
                                       milestone=milestone, data=update.data, at=at)
@@ -421,3 +439,10 @@ class RunRecorder:
     def _next_at(self) -> int:
         self._last_at = max(now_ms(), self._last_at + 1)
         return self._last_at
+
+
+async def _unless_superseded(send: Coroutine[Any, Any, None]) -> None:
+    """A send a timer started: an attempt that may no longer report is being stopped by
+    its runner already, and the send has nobody to tell."""
+    with suppress(RunSuperseded):
+        await send

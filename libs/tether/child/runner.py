@@ -42,7 +42,7 @@ from tether.adapters.pull import Pull, durable_pull
 from tether.adapters.streams import StreamSettings, key_value
 from tether.agent_registry import AgentRegistry
 from tether.child.execution import Execution
-from tether.child.work import Outcome, RunnerEnvironment
+from tether.child.work import Hold, Outcome, RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import (
     CancelReply,
@@ -103,8 +103,8 @@ class _Slots:
             await self._freed.wait()
         return not self._closed
 
-    async def take(self, msg: Msg, keepalive_s: float) -> None:
-        """One slot for `msg`, keeping the item ours while it waits for one."""
+    async def take(self, msg: Msg, keepalive_s: float, hold: Hold) -> None:
+        """One slot for `msg`, keeping the item ours (`hold`) while it waits for one."""
         if not self._semaphore.locked():  # a free slot: taken at once, no timeout to set
             await self._semaphore.acquire()
             return
@@ -114,7 +114,7 @@ class _Slots:
                     await self._semaphore.acquire()
                 return
             except TimeoutError:
-                await msg.in_progress()
+                await hold.renew(msg)
 
     async def give_back(self, count: int) -> None:
         for _ in range(count):
@@ -247,7 +247,8 @@ class ChildRunner:
 
     async def _consume(self, agent_type: str, pull: Pull,
                        stop: asyncio.Event, batch: int) -> None:
-        keepalive_s = self._settings.work_ack_wait_ms / 1000 / 3
+        ack_wait_s = self._settings.work_ack_wait_ms / 1000
+        keepalive_s = ack_wait_s / 3
         health = Health(self._logger.bind(agent_type=agent_type), f"work:{agent_type}")
         backoff = Backoff(max_s=1.0)
         while not stop.is_set():
@@ -272,12 +273,13 @@ class ChildRunner:
                 if stop.is_set():  # fetched as we were stopping: let another runner have it
                     await settle(msg.nak(), logger=self._logger, what="work_item.nak")
                     continue
-                await self._slots.take(msg, keepalive_s)
-                handler = asyncio.create_task(self._handle(agent_type, msg))
+                hold = Hold(pull.sent_at, ack_wait_s)
+                await self._slots.take(msg, keepalive_s, hold)
+                handler = asyncio.create_task(self._handle(agent_type, msg, hold))
                 self._handlers.add(handler)
                 handler.add_done_callback(self._handlers.discard)
 
-    async def _handle(self, agent_type: str, msg: Msg) -> None:
+    async def _handle(self, agent_type: str, msg: Msg, hold: Hold) -> None:
         RUNNER_SLOTS_IN_USE.inc()
         try:
             try:
@@ -292,9 +294,9 @@ class ChildRunner:
             agent_cls = self._registry.get(agent_type)
             assert agent_cls is not None  # the consumer exists only for registered types
             key = (item.parent.agent, item.parent.name, item.run_id)
-            if await self._adopted(key, msg):
+            if await self._adopted(key, msg, hold):
                 return
-            execution = Execution(self._env, agent_cls, msg, item)
+            execution = Execution(self._env, agent_cls, msg, item, hold)
             executions = self._active.setdefault(key, [])
             executions.append(execution)
             try:
@@ -328,14 +330,14 @@ class ChildRunner:
             span.set_attribute("tether.outcome", outcome.kind)
             return outcome
 
-    async def _adopted(self, key: tuple[str, str, str], msg: Msg) -> bool:
+    async def _adopted(self, key: tuple[str, str, str], msg: Msg, hold: Hold) -> bool:
         """Whether `msg` is a redelivery of an item this process still runs: the server
         redelivers what it did not hear about for the ack wait, as after its own restart
         or a reconnection. The running execution takes the new delivery over (its
         heartbeat and its ack go there); a second one would run the child again."""
         for execution in self._active.get(key, ()):
             if execution.holds(msg):
-                execution.adopt(msg)
+                execution.adopt(msg, hold)
                 await settle(msg.in_progress(), logger=self._logger, what="work_item.progress")
                 self._logger.info("work_item.redelivered_to_holder", run_id=key[2],
                                   attempt=execution.attempt)
@@ -370,14 +372,22 @@ class ChildRunner:
         for execution in executions:
             execution.cancel(signal.reason)
         if message.reply_to:
-            # Asked as a request (the reconciler): say whether the child really stopped.
-            grace = self._env.cancel_grace_s + 1.0
-            with suppress(TimeoutError):
-                async with asyncio.timeout(grace):
-                    for execution in executions:
-                        await execution.finished.wait()
-            reply = CancelReply(had_run=True,
-                                stopped=all(e.finished.is_set() for e in executions))
+            # Asked as a request: say whether the child really stopped, from a task of its
+            # own, so that cancels falling due together are each answered within their
+            # grace, not one after another.
+            replying = asyncio.create_task(self._reply_when_stopped(executions, message))
+            self._handlers.add(replying)
+            replying.add_done_callback(self._handlers.discard)
+
+    async def _reply_when_stopped(self, executions: list[Execution],
+                                  message: NatsMessage) -> None:
+        grace = self._env.cancel_grace_s + 1.0
+        with suppress(TimeoutError):
+            async with asyncio.timeout(grace):
+                for execution in executions:
+                    await execution.finished.wait()
+        reply = CancelReply(had_run=True, stopped=all(e.finished.is_set() for e in executions))
+        with suppress(*TRANSIENT_ERRORS):
             await message.raw_message.respond(reply.model_dump_json().encode())
 
     async def _on_inspect(self, request: ChildInspectRequest) -> ChildInspectReply:

@@ -278,11 +278,15 @@ def start_attempt(state: RunState | None, running: Event, *, expected_attempt: i
     return [running]
 
 
-def finish_unless_terminal(state: RunState | None, outcome: Event,
-                           incarnation: str) -> list[Event]:
-    """An attempt's outcome, unless the run has ended, or is a later life of its run id:
-    never a second `run.completed`."""
-    if state is None or state.is_hard_terminal or state.incarnation != incarnation:
+def finish_attempt(state: RunState | None, outcome: Event, *, attempt: int,
+                   incarnation: str) -> list[Event]:
+    """Attempt `attempt`'s outcome, while it is the run's current attempt and the run has
+    not ended, in the life `incarnation`: never a second `run.completed`, and never the
+    outcome of an attempt that a later one took over (its runner was paused, say, and
+    woke after the item went to another runner). An interrupted run is open: a late
+    completion repairs it."""
+    if (state is None or state.is_hard_terminal or state.attempt != attempt
+            or state.incarnation != incarnation):
         return []
     return [outcome]
 
@@ -298,10 +302,15 @@ def pause_attempt(state: RunState | None, paused: Event, *, attempt: int,
     return [paused]
 
 
-def record_in_life(state: RunState | None, event: Event, incarnation: str) -> list[Event]:
-    """A child's report (a milestone, output), unless the run id is in another life:
-    cleared, perhaps requested again, while the child ran."""
-    return [event] if state is not None and state.incarnation == incarnation else []
+def record_report(state: RunState | None, event: Event, *, attempt: int,
+                  incarnation: str) -> list[Event]:
+    """A child's report (a milestone, output, a progress snapshot), while its attempt is
+    the run's current one in the life `incarnation`: not once the run id was cleared
+    (perhaps requested again) while the child ran, nor after a later attempt took the
+    run over."""
+    if state is None or state.incarnation != incarnation or state.attempt != attempt:
+        return []
+    return [event]
 
 
 def record_step(state: RunState | None, step: Event, *, index: int, attempt: int,
