@@ -31,7 +31,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
         records = await DeliveryRecords.open(service.js, settings.subjects.deliveries_bucket)
         deliverer = Deliverer.of(settings, log, RegisteredHooks(buckets[-1]),
                                  load_formatters(settings.formatters), logger, records)
-        reconciler = Reconciler(settings, log, service.postgres, deliverer, logger)
+        reconciler = Reconciler(settings, log, service.postgres, deliverer, logger,
+                                clock=service.clock)
 
         async def role() -> tuple[bool, str]:
             return True, "active" if reconciler.active.is_set() else "standby"

@@ -19,9 +19,11 @@ import asyncpg
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.config import Settings
+from tether.log import get_logger
 from tether.metrics import REGISTRY
 from tether.runtime import (
     ReadinessCheck,
@@ -57,6 +59,7 @@ class Service:
     needs: Needs
     checks: dict[str, ReadinessCheck]
     pool: asyncpg.Pool | None = None
+    clock: BrokerClock | None = None  # sampled while the service runs
     migrations_applied: list[str] = field(default_factory=list)
     removals: list[Callable[[], None]] = field(default_factory=list)  # of the collectors
 
@@ -112,7 +115,16 @@ async def bootstrap(settings: Settings, stop: asyncio.Event, checks: dict[str, R
         if not await service.starting("creating the streams",
                                       lambda: _prepare(service, prepare)):
             return
-        await run(service)
+        service.clock = BrokerClock(
+            nc, settings.subjects.events_stream,
+            get_logger(service=needs.connection_name.removeprefix("tether-")),
+            warn_skew_ms=settings.clock_skew_warn_ms)
+        sampling = asyncio.create_task(service.clock.run(stop))
+        try:
+            await run(service)
+        finally:
+            sampling.cancel()
+            await asyncio.gather(sampling, return_exceptions=True)
     finally:
         for remove in reversed(service.removals):
             remove()

@@ -103,6 +103,9 @@ class Settings(BaseModel):
     # The active projector and reconciler confirm their lease this often (and within this
     # long); a new holder waits two of these and a half second before it acts.
     leadership_check_ms: int = Field(default=1_000, ge=50, le=60_000)
+    # Every service compares its wall clock with the broker's (deadlines are measured on
+    # the broker's) and logs `clock.skewed` when they differ by more than this.
+    clock_skew_warn_ms: int = Field(default=2_000, ge=1)
     # A service starting retries an unreachable NATS or Postgres this long, then exits 1
     # naming it (an orchestrator restarts it). Applications: `connect(connect_timeout=)`.
     startup_timeout_ms: int = Field(default=30_000, ge=100)

@@ -66,6 +66,9 @@ class StoredEvent:
     error: EventDecodeError | None
     raw: bytes
     pending: int = 0
+    # When the stream stored it, on the broker's clock (epoch ms): the one clock every
+    # process shares, which deadlines are measured on. None where no broker stored it.
+    logged_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,7 @@ def run_history(stored: Sequence[StoredEvent]) -> RunHistory:
     for item in stored:
         if item.event is not None:
             events.append(item.event)
-            state = evolve(state, item.event).state
+            state = evolve(state, item.event, item.logged_at).state
     return RunHistory(tuple(events), stored[-1].seq if stored else 0, state)
 
 

@@ -1,6 +1,7 @@
 """The JetStream event log: streams, dedupe, optimistic concurrency, reads and follows."""
 
 import asyncio
+import time
 from contextlib import aclosing
 
 import nats
@@ -13,6 +14,7 @@ from tether.adapters.event_log import WRONG_LAST_SEQUENCE, EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams, stream_configs
 from tether.domain import decide
 from tether.domain.events import ParentRef, RunCompleted
+from tether.domain.run_state import fold
 from tether.ports import ConcurrencyConflict
 from tether.testing import RunEvents
 
@@ -127,7 +129,9 @@ async def test_a_run_this_process_just_read_or_wrote_is_decided_on_without_readi
     assert appended and state.status == "completed"
     assert [m.name for m in state.milestones] == ["one", "two"]
     fresh = await log.read_run(run.parent, run.run_id)
-    assert fresh.state == state
+    # The remembered run is the fold of the stored events; a read also counts the
+    # deadlines from when the stream stored them, which an append's answer does not say.
+    assert fold(fresh.events) == state
 
 
 async def test_an_append_expecting_no_sequence_is_unconditional_and_forgets_the_run(
@@ -382,3 +386,26 @@ async def test_one_timers_decisions_for_same_named_runs_of_two_parents_both_land
 
     states = [(await log.read_run(parent, "agent-tool:call_0_0")).state for parent in parents]
     assert [(s.status, s.reason) for s in states] == [("interrupted", "no-progress")] * 2
+
+
+async def test_a_read_counts_deadlines_from_when_the_stream_stored_the_events(log: EventLog):
+    """A writer whose clock is an hour behind stamps `occurred_at` an hour early; the
+    run's budget deadline still counts from the broker's stored time of its request."""
+    late_clock = int(time.time() * 1000) - 3_600_000
+    run = RunEvents("r-skewed", start_ms=late_clock)
+    requested = run.requested(detached={}, max_budget_ms=60_000)
+    before = int(time.time() * 1000)
+    await log.append(requested, expected_last_seq=0)
+    after = int(time.time() * 1000)
+
+    history = await log.read_run(run.parent, run.run_id)
+    followed = []
+    async with asyncio.timeout(10), aclosing(log.follow(
+            log.subjects.run_events(run.parent, run.run_id))) as events:
+        async for stored in events:
+            followed.append(stored)
+            break
+
+    assert history.state.requested_at == requested.occurred_at == late_clock
+    assert before - 50 <= history.state.max_budget_deadline - 60_000 <= after + 50
+    assert followed[0].logged_at == history.state.max_budget_deadline - 60_000

@@ -102,8 +102,10 @@ async def test_no_progress_after_a_signal_interrupts_the_run(reconciler, log):
     state, history = await outcome(log, "np-1")
 
     interrupted = history[-1]
+    # A runner had started the child (`run.running`): it was at work when the parent
+    # stopped waiting; the cancel follows the give-up.
     assert (state.status, state.reason, state.child_still_running) == (
-        "interrupted", "no-progress", False)
+        "interrupted", "no-progress", True)
     assert interrupted.occurred_at >= signal.occurred_at + 300
     assert interrupted.occurred_at < signal.occurred_at + 300 + 1_000, "fires within a second"
     assert "run.cancel_requested" in [e.type for e in history]
@@ -237,7 +239,19 @@ async def test_the_client_observes_a_give_up_as_a_typed_event(reconciler, log, s
         await stream.aclose()
     assert (event.type, event.run_id, event.reason) == (
         "agent_tool:detached:give_up", "observed-1", "budget-exceeded")
-    assert event.parent == PARENT and event.details == {"child_still_running": False}
+    assert event.parent == PARENT and event.details == {"child_still_running": True}
+
+
+async def test_a_run_no_runner_picked_up_is_given_up_with_no_child_running(reconciler, log):
+    run = RunEvents("queued-1", PARENT, start_ms=now_ms())
+    requested = run.requested(detached={}, max_budget_ms=200, no_progress_budget_ms=0)
+    await append_all(log, requested, run.started())
+
+    state, history = await outcome(log, "queued-1")
+
+    assert (state.status, state.reason, state.child_still_running) == (
+        "interrupted", "budget-exceeded", False)
+    assert "run.cancel_requested" in [e.type for e in history]
 
 
 # --- recovery: each interrupted reason from a real fault ------------------------------

@@ -9,6 +9,7 @@ from nats.errors import ProtocolError
 from nats.js import api
 from nats.protocol.parser import Parser
 
+from tether.adapters.event_log import log_time_ms
 from tether.adapters.nats_fastpath import BadHeaderError, FastClient, FastParser, supported
 from tether.adapters.pull import delivery_of
 
@@ -39,8 +40,21 @@ def test_the_delivery_position_is_what_nats_py_reads_from_the_reply(reply: str) 
     msg = Msg(None, subject="tether.evt.a.b.r1", reply=reply, data=b"{}")
     expected = Msg(None, subject="tether.evt.a.b.r1", reply=reply, data=b"{}").metadata
     position = delivery_of(msg)
-    assert position == (expected.sequence.stream, expected.num_delivered, expected.num_pending)
-    assert (position.stream_seq, position.pending) == (4711, 93)
+    assert position == (expected.sequence.stream, expected.num_delivered, expected.num_pending,
+                        int(expected.timestamp.timestamp() * 1000))
+    assert (position.stream_seq, position.pending, position.logged_at) == (
+        4711, 93, 1_700_000_000_000)
+
+
+@pytest.mark.parametrize(("stamp", "expected"), [
+    ("2023-11-14T22:13:20Z", 1_700_000_000_000),
+    ("2023-11-14T22:13:20.5Z", 1_700_000_000_500),
+    ("2023-11-14T22:13:20.123456789Z", 1_700_000_000_123),
+    ("2023-11-14T23:13:20.25+01:00", 1_700_000_000_250),
+    (None, None),
+])
+def test_a_stored_messages_time_stamp_reads_as_epoch_milliseconds(stamp, expected) -> None:
+    assert log_time_ms(stamp) == expected
 
 
 HEADERS_TO_SEND = [

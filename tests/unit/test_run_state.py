@@ -752,6 +752,40 @@ def test_signal_resets_no_progress_deadline() -> None:
     assert after_more_progress.no_progress_deadline == T0 + 7 * MINUTE + budget
 
 
+def test_deadlines_count_from_when_the_log_stored_the_events_not_from_their_writers_clocks(
+        ) -> None:
+    """A parent whose clock is 30 s behind and a runner whose clock is 30 s ahead stamp
+    `occurred_at` off by as much; the deadlines follow the broker's stored times."""
+    budget = 5 * SECOND
+    request = detached_request(at=T0 - 30 * SECOND, max_budget_ms=HOUR,
+                               no_progress_budget_ms=budget)
+    state = evolve(None, request, logged_at=T0).state
+    state = evolve(state, running(1, at=T0 + 31 * SECOND), logged_at=T0 + SECOND).state
+    state = evolve(state, progress(T0 + 32 * SECOND), logged_at=T0 + 2 * SECOND).state
+
+    assert state.max_budget_deadline == T0 + HOUR
+    assert state.last_signal_at == T0 + 2 * SECOND
+    assert state.no_progress_deadline == T0 + 2 * SECOND + budget
+    # What a reader is shown stays the writer's stamp.
+    assert state.requested_at == T0 - 30 * SECOND
+    assert state.progress.at == T0 + 32 * SECOND
+
+
+def test_the_absolute_budget_wins_when_both_budgets_ran_out() -> None:
+    state = state_after(detached_request(at=T0, max_budget_ms=HOUR,
+                                         no_progress_budget_ms=MINUTE),
+                        running(1), progress(T0 + SECOND))
+    silent_at = T0 + SECOND + MINUTE
+
+    assert decide.budget_run_out(state, silent_at - 1) is None
+    assert decide.budget_run_out(state, silent_at) == "no-progress"
+    assert decide.budget_run_out(state, T0 + HOUR) == "budget-exceeded"
+    ended = fold([completed(at=T0 + 2 * SECOND)], state)
+    assert decide.budget_run_out(ended, T0 + HOUR) is None
+    awaited = state_after(requested(), running(1), progress(T0 + SECOND))
+    assert decide.budget_run_out(awaited, T0 + 2 * HOUR) is None
+
+
 def test_zero_no_progress_budget_disables_the_deadline() -> None:
     state = state_after(detached_request(no_progress_budget_ms=0), running(1),
                         progress(T0 + MINUTE), milestone(0, at=T0 + 2 * MINUTE))

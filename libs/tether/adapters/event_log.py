@@ -8,10 +8,12 @@ the loser gets `ConcurrencyConflict`, re-reads and decides again.
 """
 
 import asyncio
+import calendar
 import json
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
+from datetime import datetime
 from typing import TypeVar
 
 from nats.aio.client import Client as NATS
@@ -317,7 +319,8 @@ class EventLog:
         for msg in found:
             headers = msg.headers or {}  # (a direct get's message always has them)
             stored.append(to_stored_event(int(headers["Nats-Sequence"]), subject, msg.data,
-                                          int(headers.get("Nats-Num-Pending", 0))))
+                                          int(headers.get("Nats-Num-Pending", 0)),
+                                          log_time_ms(headers.get("Nats-Time-Stamp"))))
         return stored, pending
 
     async def follow(self, filter_subject: str, *, start_seq: int = 1,
@@ -361,11 +364,11 @@ class EventLog:
                 if linger and len(arrivals) + 1 < max_batch:
                     await asyncio.sleep(linger)
                 batch = []
-                for seq, subject, data, pending in arrivals.take(max_batch):
+                for seq, subject, data, pending, logged_at in arrivals.take(max_batch):
                     if seq <= last_seq:
                         continue
                     last_seq = seq
-                    batch.append(to_stored_event(seq, subject, data, pending))
+                    batch.append(to_stored_event(seq, subject, data, pending, logged_at))
                 await arrivals.release(self._nc)
                 if batch:
                     yield batch
@@ -379,7 +382,7 @@ class EventLog:
 
 class _Arrivals:
     """A follower's deliveries not taken yet, in stream order: (seq, subject, data,
-    pending). Bounded, so a replay of a long log is never all in memory: once `capacity`
+    pending, logged_at). Bounded, so a replay of a long log is never all in memory: once `capacity`
     wait, the server's flow-control request is answered only after the follower took
     some (the server sends no more than its flow-control window meanwhile; on nats-py's
     own client, its callback waits instead)."""
@@ -387,7 +390,7 @@ class _Arrivals:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.arrived = asyncio.Event()
-        self._items: deque[tuple[int, str, bytes, int]] = deque()
+        self._items: deque[tuple[int, str, bytes, int, int]] = deque()
         self._room = asyncio.Event()
         self._room.set()
         self._held: str | None = None  # a flow-control request to answer once there is room
@@ -395,8 +398,9 @@ class _Arrivals:
     def __len__(self) -> int:
         return len(self._items)
 
-    def deliver(self, seq: int, subject: str, data: bytes, pending: int) -> None:
-        self._items.append((seq, subject, data, pending))
+    def deliver(self, seq: int, subject: str, data: bytes, pending: int,
+                logged_at: int) -> None:
+        self._items.append((seq, subject, data, pending, logged_at))
         self.arrived.set()
         if len(self._items) >= self.capacity:
             self._room.clear()
@@ -410,10 +414,10 @@ class _Arrivals:
     async def enqueue(self, msg: Msg) -> None:
         """nats-py's callback: a delivery that took its path (waits while full)."""
         await self._room.wait()
-        seq, _, pending = delivery_of(msg)
-        self.deliver(seq, msg.subject, msg.data, pending)
+        seq, _, pending, logged_at = delivery_of(msg)
+        self.deliver(seq, msg.subject, msg.data, pending, logged_at)
 
-    def take(self, most: int) -> list[tuple[int, str, bytes, int]]:
+    def take(self, most: int) -> list[tuple[int, str, bytes, int, int]]:
         items = self._items
         taken = [items.popleft() for _ in range(min(most, len(items)))]
         if not items:
@@ -447,8 +451,22 @@ async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event) -> 
         stopping.cancel()
 
 
-def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0) -> StoredEvent:
+def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0,
+                    logged_at: int | None = None) -> StoredEvent:
     try:
-        return StoredEvent(seq, subject, decode_event(raw), None, raw, pending)
+        return StoredEvent(seq, subject, decode_event(raw), None, raw, pending, logged_at)
     except EventDecodeError as error:
-        return StoredEvent(seq, subject, None, error, raw, pending)
+        return StoredEvent(seq, subject, None, error, raw, pending, logged_at)
+
+
+def log_time_ms(stamp: str | None) -> int | None:
+    """A stored message's `Nats-Time-Stamp` (RFC 3339 in UTC, to the nanosecond:
+    `2026-12-04T21:28:09.636545328Z`) in epoch milliseconds; None without one."""
+    if not stamp:
+        return None
+    if len(stamp) >= 20 and stamp[19] in ".Z" and stamp[-1] == "Z":
+        seconds = calendar.timegm((int(stamp[0:4]), int(stamp[5:7]), int(stamp[8:10]),
+                                   int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19])))
+        fraction = stamp[20:-1] if stamp[19] == "." else ""
+        return seconds * 1000 + int((fraction + "000")[:3])
+    return int(datetime.fromisoformat(stamp).timestamp() * 1000)

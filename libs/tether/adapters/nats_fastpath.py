@@ -55,13 +55,15 @@ _STATUS_AT, _SPACE = len(b"NATS/1.0"), ord(" ")
 _FLOW_CONTROL = b"NATS/1.0 100 FlowControl"
 # A consumer's delivery reply: $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.
 # <consumer seq>.<time>.<pending> (the longer form, with a domain, takes nats-py's path).
-_ACK_TOKENS, _STREAM_SEQ, _CONSUMER_SEQ, _PENDING = 9, 5, 6, 8
+_ACK_TOKENS, _STREAM_SEQ, _CONSUMER_SEQ, _TIME, _PENDING = 9, 5, 6, 7, 8
 
 
 class FollowSink(Protocol):
     """Where a followed ordered consumer's events go (`FastClient.route_follow`)."""
 
-    def deliver(self, seq: int, subject: str, data: bytes, pending: int) -> None: ...
+    def deliver(self, seq: int, subject: str, data: bytes, pending: int,
+                logged_at: int) -> None:
+        """`logged_at`: when the stream stored the message, on the broker's clock (ms)."""
 
     def hold_flow_control(self, reply: str) -> bool:
         """Whether the sink keeps the server's flow-control request to answer once it has
@@ -163,7 +165,8 @@ class FastClient(NATS):
         jsi._dseq, jsi._sseq = consumer_seq + 1, seq  # noqa: SLF001
         sub._received += 1  # noqa: SLF001 - what nats-py's flow control counts as delivered
         jsi.track_sequences(reply.decode())  # the last delivery, for the heartbeats' check
-        sink.deliver(seq, subject.decode(), data, int(tokens[_PENDING]))
+        sink.deliver(seq, subject.decode(), data, int(tokens[_PENDING]),
+                     int(tokens[_TIME]) // 1_000_000)
         return True
 
     async def _followed(self, sub: Any, sink: FollowSink, subject: bytes, reply: bytes,

@@ -131,6 +131,7 @@ class Delivery(NamedTuple):
     stream_seq: int
     delivered: int  # 1 on the first delivery
     pending: int  # messages matching the consumer's filter still to come
+    logged_at: int  # when the stream stored the message, on the broker's clock (epoch ms)
 
 
 def delivery_of(msg: Msg) -> Delivery:
@@ -139,6 +140,8 @@ def delivery_of(msg: Msg) -> Delivery:
     tokens = msg.reply.split(".")
     # $JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>.<pending>
     if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
-        return Delivery(int(tokens[5]), int(tokens[4]), int(tokens[8]))
+        return Delivery(int(tokens[5]), int(tokens[4]), int(tokens[8]),
+                        int(tokens[7]) // 1_000_000)
     metadata = msg.metadata  # the longer form, with a domain and an account hash
-    return Delivery(metadata.sequence.stream, metadata.num_delivered, metadata.num_pending)
+    return Delivery(metadata.sequence.stream, metadata.num_delivered, metadata.num_pending,
+                    int(metadata.timestamp.timestamp() * 1000))

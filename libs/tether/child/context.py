@@ -299,7 +299,7 @@ class RunContext:
             async with contextlib.aclosing(
                     tether.log.follow(tether.subjects.run_events(owner, run_id))) as events:
                 async for stored in events:
-                    state = evolve(state, stored.event).state
+                    state = evolve(state, stored.event, stored.logged_at).state
                     if state is None:
                         continue
                     here = {"agent": owner.agent, "name": owner.name, "run_id": run_id}

@@ -8,7 +8,11 @@ outcome (completed, error, aborted) repairs it.
 Every transition is idempotent by a key carried in the event (the milestone sequence,
 the output index, the delivered status, ...), so applying an event twice changes nothing,
 and an event that makes no sense in the current state is reported in `Evolved.note` and
-not applied. The fold reads no clock: times are copied from `occurred_at`.
+not applied. The fold reads no clock: times are copied from `occurred_at`, the writer's
+own clock, for what a reader is shown; the deadlines (`max_budget_deadline`,
+`last_signal_at`, `no_progress_deadline`) count from `logged_at`, when the stream stored
+the event on the broker's clock, which every process shares, so that a writer whose
+clock is off never moves a deadline. (Without a broker, `occurred_at` stands in.)
 """
 
 from collections.abc import Callable
@@ -127,7 +131,7 @@ class RunState(Record, frozen=True, kw_only=True):
     cancel_requested_at: int | None = None
     cancel_reason: str | None = None
     progress: ProgressSnapshot | None = None
-    last_signal_at: int | None = None
+    last_signal_at: int | None = None  # on the broker's clock, as the deadlines
     milestones: tuple[Milestone, ...] = ()
     # Keyed by index: a chunk or step is stored once whatever order it arrives in.
     output_parts: dict[int, str] = msgspec.field(default_factory=dict)
@@ -249,13 +253,13 @@ def _with_signal(state: RunState, at: int) -> dict[str, Any]:
     return {"last_signal_at": last, "no_progress_deadline": deadline}
 
 
-def _requested(state: RunState | None, event: RunRequested) -> Evolved:
+def _requested(state: RunState | None, event: RunRequested, logged_at: int) -> Evolved:
     if state is not None:
         return _ignored(state, "duplicate: the run already exists")
-    return Evolved(_new_run(event), True)
+    return Evolved(_new_run(event, logged_at), True)
 
 
-def _new_run(event: RunRequested) -> RunState:
+def _new_run(event: RunRequested, logged_at: int) -> RunState:
     data = event.data
     return RunState(
         run_id=event.run_id, parent=event.parent, agent_type=data.agent_type,
@@ -263,11 +267,11 @@ def _new_run(event: RunRequested) -> RunState:
         display_order=data.display_order, display=data.display, detached=data.detached,
         requested_at=event.occurred_at, incarnation=incarnation_of(event.event_id),
         max_budget_deadline=(None if data.max_budget_ms is None
-                             else event.occurred_at + data.max_budget_ms),
+                             else logged_at + data.max_budget_ms),
         no_progress_budget_ms=data.no_progress_budget_ms)
 
 
-def _started(state: RunState, event: RunStarted) -> Evolved:
+def _started(state: RunState, event: RunStarted, logged_at: int) -> Evolved:
     # A parent dispatches a run with its run.requested and appends no run.started (the
     # work item goes out right after it); logs written by earlier parents hold one, and
     # it folds here.
@@ -280,7 +284,7 @@ def _started(state: RunState, event: RunStarted) -> Evolved:
     return _applied(state, dispatched_at=event.occurred_at)
 
 
-def _running(state: RunState, event: RunRunning) -> Evolved:
+def _running(state: RunState, event: RunRunning, logged_at: int) -> Evolved:
     if event.data.attempt <= state.attempt:
         return _ignored(state, f"duplicate: attempt {event.data.attempt} already recorded")
     if state.is_hard_terminal:
@@ -291,7 +295,7 @@ def _running(state: RunState, event: RunRunning) -> Evolved:
     return _applied(state, **changes)
 
 
-def _output(state: RunState, event: RunOutput) -> Evolved:
+def _output(state: RunState, event: RunOutput, logged_at: int) -> Evolved:
     index = event.data.index
     if index in state.output_parts:
         return _ignored(state, f"duplicate: output chunk {index} already recorded")
@@ -300,7 +304,7 @@ def _output(state: RunState, event: RunOutput) -> Evolved:
     return _applied(state, output_parts={**state.output_parts, index: event.data.text})
 
 
-def _milestone(state: RunState, event: RunMilestone) -> Evolved:
+def _milestone(state: RunState, event: RunMilestone, logged_at: int) -> Evolved:
     data = event.data
     if any(m.sequence == data.sequence for m in state.milestones):
         return _ignored(state, f"duplicate: milestone {data.sequence} already recorded")
@@ -315,7 +319,7 @@ def _milestone(state: RunState, event: RunMilestone) -> Evolved:
                                 phase=data.phase, milestone=data.name, data=data.data,
                                 at=event.occurred_at)
     return _applied(state, milestones=milestones, progress=_newer(state.progress, snapshot),
-                    **_with_signal(state, event.occurred_at))
+                    **_with_signal(state, logged_at))
 
 
 def _newer(current: ProgressSnapshot | None, candidate: ProgressSnapshot) -> ProgressSnapshot:
@@ -324,7 +328,7 @@ def _newer(current: ProgressSnapshot | None, candidate: ProgressSnapshot) -> Pro
     return candidate
 
 
-def _progress_persisted(state: RunState, event: RunProgressPersisted) -> Evolved:
+def _progress_persisted(state: RunState, event: RunProgressPersisted, logged_at: int) -> Evolved:
     data = event.data
     snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message,
                                 phase=data.phase, milestone=None, data=data.data,
@@ -336,10 +340,10 @@ def _progress_persisted(state: RunState, event: RunProgressPersisted) -> Evolved
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run takes no more progress")
     return _applied(state, progress=_newer(state.progress, snapshot),
-                    **_with_signal(state, event.occurred_at))
+                    **_with_signal(state, logged_at))
 
 
-def _step_recorded(state: RunState, event: RunStepRecorded) -> Evolved:
+def _step_recorded(state: RunState, event: RunStepRecorded, logged_at: int) -> Evolved:
     index = event.data.index
     if index in state.steps:
         return _ignored(state, f"duplicate: step {index} already recorded")
@@ -348,7 +352,7 @@ def _step_recorded(state: RunState, event: RunStepRecorded) -> Evolved:
     return _applied(state, steps={**state.steps, index: event.data.step})
 
 
-def _paused(state: RunState, event: RunPaused) -> Evolved:
+def _paused(state: RunState, event: RunPaused, logged_at: int) -> Evolved:
     if _seen(state, event):
         return _ignored(state, "duplicate: this pause was already applied")
     if state.status not in ("starting", "running"):
@@ -359,7 +363,7 @@ def _paused(state: RunState, event: RunPaused) -> Evolved:
     return _applied_keyless(state, event, paused=pause, no_progress_deadline=None)
 
 
-def _resumed(state: RunState, event: RunResumed) -> Evolved:
+def _resumed(state: RunState, event: RunResumed, logged_at: int) -> Evolved:
     if state.paused is None:
         return _ignored(state, "the run is not paused")
     if state.paused.pause_id != event.data.pause_id:
@@ -367,10 +371,10 @@ def _resumed(state: RunState, event: RunResumed) -> Evolved:
     resumption = Resumption(pause_id=event.data.pause_id, decisions=event.data.decisions,
                             at=event.occurred_at)
     return _applied(state, paused=None, resumptions=(*state.resumptions, resumption),
-                    **_with_signal(state, event.occurred_at))
+                    **_with_signal(state, logged_at))
 
 
-def _cancel_requested(state: RunState, event: RunCancelRequested) -> Evolved:
+def _cancel_requested(state: RunState, event: RunCancelRequested, logged_at: int) -> Evolved:
     if state.cancel_requested_at is not None:
         return _ignored(state, "duplicate: cancellation already requested")
     if state.is_hard_terminal:
@@ -378,7 +382,7 @@ def _cancel_requested(state: RunState, event: RunCancelRequested) -> Evolved:
     return _applied(state, cancel_requested_at=event.occurred_at, cancel_reason=event.data.reason)
 
 
-def _finished(state: RunState, event: RunCompleted | RunFailed | RunAborted) -> Evolved:
+def _finished(state: RunState, event: RunCompleted | RunFailed | RunAborted, logged_at: int) -> Evolved:
     if isinstance(event, RunCompleted):
         changes: dict[str, Any] = {"status": "completed", "summary": event.data.summary,
                                    "output": event.data.output, "error": None}
@@ -408,7 +412,7 @@ def _backfill(state: RunState, event: RunCompleted) -> Evolved:
     return _applied(state, **changes)
 
 
-def _interrupted(state: RunState, event: RunInterrupted) -> Evolved:
+def _interrupted(state: RunState, event: RunInterrupted, logged_at: int) -> Evolved:
     data = event.data
     if _seen(state, event):
         return _ignored(state, "duplicate: this interruption was already applied")
@@ -420,7 +424,7 @@ def _interrupted(state: RunState, event: RunInterrupted) -> Evolved:
                     no_progress_deadline=None)
 
 
-def _finish_delivered(state: RunState, event: RunFinishDelivered) -> Evolved:
+def _finish_delivered(state: RunState, event: RunFinishDelivered, logged_at: int) -> Evolved:
     if _of_another_life(state, event):
         return _ignored(state, "a delivery of an earlier life's hook: the run id was cleared "
                                "and requested again since")
@@ -441,7 +445,7 @@ def _of_another_life(state: RunState, event: RunFinishDelivered) -> bool:
     return rest.startswith("finish_delivered:") and life not in ("", state.incarnation)
 
 
-def _notified(state: RunState, event: RunNotified) -> Evolved:
+def _notified(state: RunState, event: RunNotified, logged_at: int) -> Evolved:
     key = f"{event.data.kind}:{event.data.key}"
     if key in state.ledger.notifications:
         return _ignored(state, f"duplicate: notification {key} was already sent")
@@ -450,13 +454,13 @@ def _notified(state: RunState, event: RunNotified) -> Evolved:
     return _applied(state, ledger=ledger)
 
 
-def _reattach_started(state: RunState, event: RunReattachStarted) -> Evolved:
+def _reattach_started(state: RunState, event: RunReattachStarted, logged_at: int) -> Evolved:
     if event.data.attempt <= state.reattach_attempts:
         return _ignored(state, f"duplicate: re-attach {event.data.attempt} already started")
     return _applied(state, reattach_attempts=event.data.attempt)
 
 
-def _reattach_decided(state: RunState, event: RunReattachDecided) -> Evolved:
+def _reattach_decided(state: RunState, event: RunReattachDecided, logged_at: int) -> Evolved:
     data = event.data
     if any(d.decision_id == data.decision_id for d in state.reattach_decisions):
         return _ignored(state, f"duplicate: decision {data.decision_id} already recorded")
@@ -466,7 +470,7 @@ def _reattach_decided(state: RunState, event: RunReattachDecided) -> Evolved:
     return _applied(state, reattach_decisions=(*state.reattach_decisions, decision))
 
 
-_TRANSITIONS: dict[str, Callable[[RunState, Any], Evolved]] = {
+_TRANSITIONS: dict[str, Callable[[RunState, Any, int], Evolved]] = {
     "run.started": _started,
     "run.running": _running,
     "run.output": _output,
@@ -493,14 +497,16 @@ def _another_run(state: RunState, event: Event) -> bool:
             or mine.name != theirs.name)
 
 
-def evolve(state: RunState | None, event: Event) -> Evolved:
-    """Apply one event to a run's state (None: no run yet, or cleared)."""
+def evolve(state: RunState | None, event: Event, logged_at: int | None = None) -> Evolved:
+    """Apply one event to a run's state (None: no run yet, or cleared). `logged_at`: when
+    the stream stored it (`StoredEvent.logged_at`); without it, `occurred_at`."""
     if state is not None and _another_run(state, event):
         return _ignored(state, f"event {event.event_id} belongs to another run")
     # By the event's type tag, one string comparison each.
     kind = event.type
     if kind == "run.requested":
-        return _requested(state, cast("RunRequested", event))
+        return _requested(state, cast("RunRequested", event),
+                          event.occurred_at if logged_at is None else logged_at)
     if kind == "run.rejected":
         # A rejection creates no run and does not block a later request with the same id;
         # it is recorded in the log for the requester, and is no anomaly.
@@ -511,7 +517,8 @@ def evolve(state: RunState | None, event: Event) -> Evolved:
         return Evolved(None, True)
     if state is None:
         return _ignored(None, f"{kind} before run.requested")
-    return _TRANSITIONS[kind](state, event)
+    return _TRANSITIONS[kind](state, event,
+                              event.occurred_at if logged_at is None else logged_at)
 
 
 def fold(events: "list[Event] | tuple[Event, ...]", state: RunState | None = None) -> RunState | None:

@@ -159,7 +159,7 @@ class ParentService:
 
     async def _handle(self, msg: Msg, payload: Payload, stop: asyncio.Event) -> None:
         assert self._handlers is not None
-        seq, delivered, _ = delivery_of(msg)
+        seq, delivered, _, _ = delivery_of(msg)
         kind = msg.subject.split(".")[2]
         clock = HANDLER_SECONDS.start()
         log = self._logger.bind(subject=msg.subject, stream_seq=seq)

@@ -84,6 +84,13 @@ class ChildControl:
             await subscription.unsubscribe()
         return Inspection("unknown" if answered else "silent", None, _ms_since(started))
 
+    async def signal_cancel(self, state: RunState, reason: str) -> None:
+        """Tell the runner holding the child to stop it, without waiting for it: the
+        request is in the log already, and the runner also finds it there."""
+        signal = CancelSignal(run_id=state.run_id, parent=state.parent, reason=reason)
+        await self._nc.publish(self._subjects.cancel_signal(state.agent_type),
+                               signal.model_dump_json().encode())
+
     async def cancel(self, state: RunState, reason: str, grace_s: float) -> bool:
         """Ask the runners to stop the child; True when it is known not to be running."""
         signal = CancelSignal(run_id=state.run_id, parent=state.parent, reason=reason)

@@ -256,7 +256,8 @@ class Recovery:
                         next_signal.cancel()
                         if next_event in done:
                             stored = next_event.result()
-                            evolved = evolve(current, stored.event).state if stored.event else current
+                            evolved = (evolve(current, stored.event, stored.logged_at).state
+                                       if stored.event else current)
                             if evolved is None:
                                 return  # cleared while we watched
                             current = evolved

@@ -10,8 +10,12 @@ A give-up's hook goes out right after its interruption is appended; a hook or
 notification not acknowledged within its lease is published again.
 
 Deadlines (absolute budget, no-progress budget, delivery retries) live in a
-`DeadlineIndex`; the timer sleeps until the earliest one, so a deadline fires when it
-falls due and a tick costs in proportion to the due runs. Every decision re-reads the
+`DeadlineIndex`, on the broker's clock: they count from the stored time of the events
+they start at (`StoredEvent.logged_at`) and fall due by `BrokerClock.now()`, so a
+service whose wall clock is off changes no outcome. The timer sleeps until the earliest
+one, so a deadline fires when it falls due and a tick costs in proportion to the due
+runs. A give-up is appended (and its hook delivered) first; the cancel to the child's
+runner follows, without waiting for its answer. Every decision re-reads the
 run from the log and appends with optimistic concurrency, so a decision taken twice
 (two reconcilers for a moment, a restart mid-decision) lands once.
 """
@@ -25,13 +29,14 @@ from typing import cast
 
 import asyncpg
 
+from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.control import control_broker
 from tether.adapters.event_log import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
 from tether.domain import decide
-from tether.domain.events import InterruptedReason, RunRequested
+from tether.domain.events import RunRequested
 from tether.domain.run_state import RunState, evolve, state_from_json
 from tether.leadership import Lease, act_while_leading
 from tether.metrics import (
@@ -66,7 +71,9 @@ def now_ms() -> int:
 
 class Reconciler:
     def __init__(self, settings: Settings, log: EventLog, pool: asyncpg.Pool,
-                 deliverer: Deliverer, logger) -> None:
+                 deliverer: Deliverer, logger, clock: BrokerClock | None = None) -> None:
+        """`clock`: the broker's, as the service samples it; None: the reconciler samples
+        one of its own while it runs."""
         self._settings = settings
         self._log = log
         self._pool = pool
@@ -88,6 +95,9 @@ class Reconciler:
         self._firing: set[asyncio.Task[None]] = set()
         self.active = asyncio.Event()
         self.decisions = 0
+        self._own_clock = clock is None
+        self._clock = clock or BrokerClock(log.nats, log.subjects.events_stream, logger,
+                                           warn_skew_ms=settings.clock_skew_warn_ms)
 
     @property
     def lock_key(self) -> str:
@@ -96,8 +106,12 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         """Stand by, lead while the lease holds, and stand by again when it is lost or a
         dependency fails (see `tether.leadership`)."""
-        await supervise("reconciler", lambda progressed: self._lead(stop, progressed),
-                        stop, self._logger)
+        leading = supervise("reconciler", lambda progressed: self._lead(stop, progressed),
+                            stop, self._logger)
+        if not self._own_clock:
+            await leading
+            return
+        await asyncio.gather(leading, self._clock.run(stop))
 
     async def _lead(self, stop: asyncio.Event, progressed) -> None:
         lease = Lease(self._pool, self.lock_key, self._logger,
@@ -161,9 +175,9 @@ class Reconciler:
         async for batch in until_stopped(batches, stop):
             for stored in batch:
                 if stored.event is not None:
-                    await self._observe(stored.event, stored.seq)
+                    await self._observe(stored.event, stored.seq, stored.logged_at)
 
-    async def _observe(self, event, seq: int) -> None:
+    async def _observe(self, event, seq: int, logged_at: int | None) -> None:
         key = (event.parent.agent, event.parent.name, event.run_id)
         state = self._states.get(key)
         if state is None and not isinstance(event, RunRequested):
@@ -174,7 +188,7 @@ class Reconciler:
             # interrupted run, a re-attach): read it once.
             state = (await self._log.read_run(event.parent, event.run_id,
                                               before_seq=seq)).state
-        evolved = evolve(state, event)
+        evolved = evolve(state, event, logged_at)
         if evolved.state is None:
             self._untrack(key)
             return
@@ -196,8 +210,10 @@ class Reconciler:
                         state.no_progress_deadline if detached_open else None)
         if pending and self._index.get((key, "delivery")) is None:
             attempts = self._delivery_attempts.get(key, 0)
+            # (`ended_at` is the writer's clock: never later than now on the broker's.)
+            now = self._clock.now()
             self._index.set((key, "delivery"),
-                            (state.ended_at or now_ms()) + self._backoff(attempts))
+                            min(state.ended_at or now, now) + self._backoff(attempts))
         elif not pending:
             self._index.set((key, "delivery"), None)
         self._rearm()
@@ -234,9 +250,10 @@ class Reconciler:
     # --- the timer ------------------------------------------------------------------
 
     async def _timer(self, stop: asyncio.Event) -> None:
+        await self._clock.sampled()  # deadlines fall due on the broker's clock
         while not stop.is_set():
             due_at = self._index.next_due()
-            timeout = None if due_at is None else max(due_at - now_ms(), 0) / 1000
+            timeout = None if due_at is None else max(due_at - self._clock.now(), 0) / 1000
             self._armed_due = due_at
             self._changed.clear()
             waiters = [asyncio.ensure_future(self._changed.wait()),
@@ -244,7 +261,7 @@ class Reconciler:
             await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for waiter in waiters:
                 waiter.cancel()
-            for due, _ in self._index.pop_due(now_ms()):
+            for due, _ in self._index.pop_due(self._clock.now()):
                 key, kind = cast("tuple[RunKey, str]", due)  # the keys `_track` sets
                 DEADLINES_DUE.inc(kind=kind)
                 if (key, kind) not in self._in_flight:
@@ -271,7 +288,7 @@ class Reconciler:
             else:
                 self._logger.exception("reconciler.decision_failed", run_id=key[2], kind=kind)
             DECISIONS_FAILED.inc(kind=kind)
-            self._index.set((key, kind), now_ms() + 1_000)
+            self._index.set((key, kind), self._clock.now() + 1_000)
             self._rearm()
         finally:
             clock.observe(service="reconciler", handler=f"deadline.{kind}")
@@ -286,21 +303,18 @@ class Reconciler:
             if state is not None:
                 self._track(state)
             return
-        now = now_ms()
-        over_budget = state.max_budget_deadline is not None and state.max_budget_deadline <= now
-        silent = state.no_progress_deadline is not None and state.no_progress_deadline <= now
-        if not (over_budget or silent):
+        reason = decide.budget_run_out(state, self._clock.now())
+        if reason is None:
             self._track(state)  # a signal moved the deadline since
             return
-        # The absolute budget wins when both ran out.
-        reason: InterruptedReason = "budget-exceeded" if over_budget else "no-progress"
-        stopped = await self._control.cancel(state, decide.GIVE_UP,
-                                             self._settings.cancel_grace_ms / 1000)
+        # The child was at work when the parent stopped waiting (a runner had started an
+        # attempt): the cancel to its runner follows the give-up, not before it.
+        child_running = state.status == "running"
         cause = decide.timer_cause(now_ms(), self.origin)
         final, appended = await self._log.update(
             state.parent, state.run_id,
             lambda s: decide.give_up(s, cause, reason, decide.INTERRUPTED_ERRORS[reason],
-                                     child_still_running=not stopped))
+                                     child_still_running=child_running))
         if final is not None:
             self._track(final)
         # Two deciders may each append part of a decision (one the cancel request, the
@@ -308,12 +322,17 @@ class Reconciler:
         if any(event.type == "run.interrupted" for event in appended):
             # Counted as soon as it is in the log, before the delivery's round trips.
             self.decisions += 1
-            DEADLINES_FIRED.inc(kind="budget" if over_budget else "no-progress")
+            DEADLINES_FIRED.inc(kind="budget" if reason == "budget-exceeded" else "no-progress")
             await self.observability.emit("agent_tool:detached:give_up", state.run_id,
                                           state.parent, reason=reason,
-                                          child_still_running=not stopped)
+                                          child_still_running=child_running)
             # The interruption's hook or notification (the timer retries it if lost).
             await self._deliverer.deliver_after(final, appended)
+        if child_running and appended:
+            # The request is in the log (its runner finds it at its next heartbeat); the
+            # signal only makes the stop prompt. A result the child returns meanwhile
+            # is recorded: a late completion repairs the interruption.
+            await self._control.signal_cancel(state, decide.GIVE_UP)
 
     async def _retry_delivery(self, key: RunKey) -> None:
         """A finish hook or notification not confirmed within its lease is published again."""
@@ -343,5 +362,5 @@ class Reconciler:
                                       state.parent, reason="not-acknowledged",
                                       status=state.status, attempts=attempts,
                                       method=state.detached.on_finish)
-        self._index.set((key, "delivery"), now_ms() + self._backoff(attempts))
+        self._index.set((key, "delivery"), self._clock.now() + self._backoff(attempts))
         self._rearm()

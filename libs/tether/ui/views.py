@@ -46,7 +46,7 @@ def state_as_of(events: Iterable[StoredEvent], seq: int) -> RunState | None:
         if stored.seq > seq:
             break
         if stored.event is not None:
-            state = evolve(state, stored.event).state
+            state = evolve(state, stored.event, stored.logged_at).state
     return state
 
 

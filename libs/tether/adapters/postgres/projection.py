@@ -212,7 +212,7 @@ async def fold(fresh: Sequence[StoredEvent], before: dict[RunKey, RunState], *,
             dead.append(stored)
             continue
         key = _key(stored)
-        evolved = evolve(states.get(key), stored.event)
+        evolved = evolve(states.get(key), stored.event, stored.logged_at)
         if not evolved.applied:
             if evolved.note is not None:
                 result.anomalies.append((stored.seq, evolved.note))
