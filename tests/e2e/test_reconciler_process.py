@@ -4,17 +4,22 @@ over from a killed active reconciler."""
 
 import asyncio
 import json
+import os
 import signal
 from contextlib import aclosing
+from pathlib import Path
 
 import msgspec
+import pytest
 from eventually import eventually
+from skewed_clock import faketime_env
 
 from tether.client.connection import connect
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, evolve
 
 PARENT = ParentRef(agent="Assistant", name="user-9")
+SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where stubborn_agents is
 RUNNER_AGENTS = "examples.agents:Sleeper"
 # The parent also knows Extractor, which no runner serves: its runs cannot be inspected.
 PARENT_AGENTS = "examples.agents:Sleeper,examples.agents:Extractor"
@@ -186,3 +191,74 @@ async def test_a_standby_reconciler_takes_over_and_decides_once(log, services):
     assert state.reason == "budget-exceeded"
     history = await log.read_run(PARENT, "budgeted")
     assert [e.type for e in history.events].count("run.interrupted") == 1
+
+
+async def test_clocks_30s_off_interrupt_no_run_that_signals_within_its_budget(log, services):
+    """The reconciler's wall clock 30 s ahead and the child-runner's 30 s behind
+    (libfaketime; their monotonic clocks real): runs whose child signals every second
+    under a 5 s no-progress budget all complete, and a silent one is still given up on
+    its budget, on time by the broker's clock."""
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    runner = await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS,
+                            **faketime_env("-30s"))
+    reconciler = await services("reconciler", **faketime_env("+30s"))
+    await reconciler.logged("reconciler.active")
+    [skewed] = await reconciler.logged("clock.skewed")
+    assert 28_000 < skewed["skew_ms"] < 32_000, skewed
+    [behind] = await runner.logged("clock.skewed")
+    assert -32_000 < behind["skew_ms"] < -28_000, behind
+
+    budget = {"no_progress_budget_ms": 5_000, "max_budget_ms": 60_000}
+    ids = [f"signalling-{n}" for n in range(4)]
+    for run_id in ids:
+        await send_run(log, run_id, "Sleeper", {"seconds": 7, "milestones": 7},
+                       detached=budget)
+    # Extractor has no runner: silent from the start, so only its absolute budget ends it.
+    await send_run(log, "silent", "Extractor", {"text": "x"},
+                   detached={"max_budget_ms": 2_000})
+
+    ended = await asyncio.gather(*(until(log, run_id, lambda s: not s.is_open, timeout=60)
+                                   for run_id in [*ids, "silent"]))
+    assert [(s.run_id, s.status) for s in ended[:-1]] == [(i, "completed") for i in ids]
+    silent = ended[-1]
+    assert (silent.status, silent.reason) == ("interrupted", "budget-exceeded")
+    history = await log.read_run(PARENT, "silent")
+    requested, interrupted = history.events[0], history.events[-1]
+    assert interrupted.type == "run.interrupted"
+    # Stamped by the reconciler, 30 s ahead: its occurred_at is off, its timing is not.
+    waited = interrupted.occurred_at - 30_000 - requested.occurred_at
+    assert 2_000 <= waited < 3_500, waited
+
+
+STUBBORN = {"TETHER_AGENTS": "stubborn_agents:Stubborn",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
+                                                        os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.mark.parametrize(("seconds", "final"), [(30, "interrupted"), (2.5, "completed")])
+async def test_a_give_up_on_a_live_child_lands_on_time_and_a_later_result_repairs_it(
+        log, services, seconds, final):
+    """The interruption is appended when the budget runs out, not after the runner's
+    answer to the cancel (up to its grace later). A child deaf to the cancel is stopped at
+    the grace's end; one that returns within it completes the run after all."""
+    await services("parent", **STUBBORN)
+    runner = await services("child-runner", **STUBBORN, TETHER_CANCEL_GRACE_MS="3000")
+    reconciler = await services("reconciler", TETHER_CANCEL_GRACE_MS="3000")
+    await reconciler.logged("reconciler.active")
+
+    await send_run(log, "live", "Stubborn", {"seconds": seconds},
+                   detached={"max_budget_ms": 1_500})
+    interrupted = await until(log, "live", lambda s: s.status == "interrupted")
+    assert (interrupted.reason, interrupted.child_still_running) == ("budget-exceeded", True)
+    [done] = await runner.logged("work_item.done", timeout=15)
+
+    stored = await log.read_subject(log.subjects.run_events(PARENT, "live"))
+    requested_at = stored[0].logged_at
+    [interrupted_at] = [s.logged_at for s in stored if s.event.type == "run.interrupted"]
+    assert 1_500 <= interrupted_at - requested_at < 2_500, interrupted_at - requested_at
+    state = (await log.read_run(PARENT, "live")).state
+    assert state.status == final
+    if final == "completed":
+        assert (done["outcome"], state.summary) == ("completed", "worked 2.5s")
+    else:
+        assert done["outcome"] == "skipped" and "gave up on the run" in done["detail"], done

@@ -743,7 +743,7 @@ async def test_a_child_of_a_cleared_run_leaves_the_run_ids_next_life_alone(log, 
 
     outcome = await asyncio.wait_for(runner.outcomes.get(), timeout=10)
     assert (outcome.run_id, outcome.kind) == (run.run_id, "skipped")
-    assert outcome.detail == ("the child finished, but the run was cleared while the child "
+    assert outcome.detail == ("the child finished; the run was cleared while the child "
                               "ran: nothing recorded")
     history = await log.read_run(PARENT, run.run_id)
     assert history.events[-1].event_id == requested_again.event_id

@@ -18,7 +18,12 @@ def libfaketime() -> str:
                        "package; .ci/run installs it)")
 
 
+def faketime_env(offset: str) -> dict[str, str]:
+    """The variables that put a process's wall clock `offset` off: `+30s`, `-30s`."""
+    return {"LD_PRELOAD": libfaketime(), "FAKETIME": offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
+
+
 def skewed_env(offset: str, env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (this process's by default) with the wall clock `offset` off: `+30s`, `-30s`."""
-    return {**(os.environ if env is None else env), "LD_PRELOAD": libfaketime(),
-            "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
+    """`env` (this process's by default) with the wall clock `offset` off."""
+    return {**(os.environ if env is None else env), **faketime_env(offset)}

@@ -302,6 +302,9 @@ class Execution:
 
     async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:
         bind_context(ctx)
+        # The task's first step, which a pause can also delay: the child starts only while
+        # this runner surely holds the item, or the log says the attempt is still current.
+        await self._ensure_current()
         agent = self._agent_cls()
         returned = await agent.run(ctx, payload)
         if self._stop_reason != "give-up":
@@ -360,9 +363,11 @@ class Execution:
             return self._outcome("released", "the runner stopped before the child finished")
         if self._stop_reason == "superseded":
             # The newer attempt owns the run and its work item; leave both alone.
-            return self._outcome("superseded", self._cancel_detail)
+            return self._outcome("superseded", f"the child was stopped; {self._cancel_detail}: "
+                                               f"nothing recorded")
         if self._stop_reason == "gone":
-            return await self._ack("skipped", self._cancel_detail)
+            return await self._ack("skipped", f"the child was stopped; {self._cancel_detail}: "
+                                              f"nothing recorded")
         if self._stop_reason == "cancel":
             return await self._abort(self._cancel_detail)
         if self._stop_reason == "give-up":
@@ -518,7 +523,7 @@ class Execution:
         standing = attempts.standing(state, self.attempt, self._incarnation)
         if standing == "current":  # (the decision refuses a current attempt nothing else)
             raise AssertionError(f"an outcome of the current attempt was refused: {what}")
-        detail = f"{what}, but {attempts.standing_detail(state, standing)}: nothing recorded"
+        detail = f"{what}; {attempts.standing_detail(state, standing)}: nothing recorded"
         if standing == "superseded":
             return self._outcome("superseded", detail)
         return await self._ack("skipped", detail)
