@@ -9,7 +9,8 @@ import signal
 import time
 
 import pytest
-from chaos import Load, Report, chaos_system, namespaces_available
+from chaos import Load, Report, chaos_system
+from chaos_servers import namespaces_available
 from eventually import eventually
 from service_processes import http_status
 
