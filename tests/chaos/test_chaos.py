@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections import Counter
+from datetime import datetime
 
 import asyncpg
 import pytest
@@ -282,11 +283,21 @@ def pause_the_leader(role: str, seconds: float):
                 await eventually(lambda: _count(standby, "leadership.acquired") > acquired_before,
                                  timeout=seconds - 1, interval=0.05)
 
-            await system.pause_service(old, seconds, meanwhile=depose)
+            lines_before_pause = len(old.lines)
+            lost_before = _count(old, "leadership.lost")
+            pause = await system.pause_service(old, seconds, meanwhile=depose)
         finally:
             await conn.close()
         # Bounded by the lease's check interval: the old leader notices its loss.
-        await eventually(lambda: _count(old, "leadership.lost") > 0, timeout=30)
+        await eventually(lambda: _count(old, "leadership.lost") > lost_before, timeout=30)
+        # What it logged from its wake-up to that notice (the checks judge it; this says it).
+        after = [line.get("event") for line in old.lines[lines_before_pause:]]
+        lost = next(line for line in old.lines[lines_before_pause:]
+                    if line.get("event") == "leadership.lost")
+        print(f"{role} pid {old.pid} after its pause: logged {after[:after.index('leadership.lost')]} "
+              f"then leadership.lost ({lost.get('error')}), "
+              f"{datetime.fromisoformat(lost['timestamp']).timestamp() - pause.continued_at:.3f}s "
+              "after its SIGCONT")
     return fault
 
 
@@ -306,6 +317,8 @@ async def test_the_leader_paused_15s_and_deposed(role):
 @long
 @pytest.mark.timeout(PAUSE_TIMEOUT_S)
 async def test_nats_paused_8s():
+    # A stopped server's ack-wait timers run out when it resumes: a child turn in hand
+    # then may be redelivered, as after a runner's death.
     await scenario("pause-nats", lambda system: system.pause_nats(8.0), load=Load(pace_s=1.0),
                    runner_died=True)
 

@@ -428,7 +428,7 @@ class System:
         problems = []
         for role in ("projector", "reconciler"):
             lines = self._lines(role)
-            terms = leadership_terms(role, lines, ended_at, time.time())
+            terms = leadership_terms(lines, ended_at, time.time())
             problems += overlapping_terms(role, terms, self.pauses)
             problems += stale_lease_problems(role, lines, self.pauses, appended)
         return problems

@@ -166,14 +166,24 @@ def stale_lease_problems(role: str, lines: dict[str, list[ServiceLine]],
                          pauses: Iterable[Pause],
                          appended: Iterable[Appended] = ()) -> list[str]:
     """No instance of `role` acted between waking from a pause during which another
-    instance took the lease and its own notice that the lease was gone.
+    instance took the lease (a `leadership.acquired` of another between its SIGSTOP and
+    its SIGCONT) and its own notice that the lease was gone.
 
-    From the log lines: an action line (`ACTIONS`) of the paused instance logged after
-    its SIGCONT and before its `leadership.lost` / `leadership.released`. From the log
-    (reconciler only; the projector appends nothing): after the takeover, events decided
-    by a reconciler's timer (causation `rec-…`) come from one reconciler origin only, the
-    new leader's. The lease's confirmations are not logged, so "before its next
-    confirmation" is read as "before it logged the lease's loss".
+    What it covers, and what not:
+    - The lease's confirmations are not logged, so "before its next confirmation" is
+      read as "before it logged `leadership.lost` or `leadership.released`".
+    - From the log lines: an action line of the paused instance (`ACTIONS`: the
+      reconciler's recovery decisions, deadline decisions that failed, finish hooks it
+      published again, its operator events `agent_tool:*`; the projector's retried,
+      skipped or dead-lettered batches) logged in that window. A projector's applied
+      batches log no line, so its stale writes are not seen here (its checkpoint, written
+      in the rows' transaction, keeps them harmless; `verify` checks the result).
+    - From the log (reconciler only; the projector appends nothing): after the takeover,
+      events decided by a reconciler's timer (causation `rec-<origin>:…`, the origin
+      unique to each reconciler process) come from one origin only, the new leader's.
+      The reconciler's origin is not logged, so an event is not tied to a process; two
+      origins after the takeover mean the old leader decided after it was deposed.
+      Decisions caused by a command (`cmd:…`) are not told apart.
     """
     problems = []
     for pause in pauses:
@@ -214,10 +224,10 @@ def stale_lease_problems(role: str, lines: dict[str, list[ServiceLine]],
     return problems
 
 
-def leadership_terms(role: str, lines: dict[str, list[ServiceLine]],
+def leadership_terms(lines: dict[str, list[ServiceLine]],
                      ended_at: dict[str, float], now: float) -> list[tuple[float, float, str]]:
-    """Each instance's terms: from its `leadership.acquired` to its release, its loss, or
-    its end."""
+    """Each instance's terms: from its `leadership.acquired` to its `leadership.released`
+    (logged once it stopped acting), or to its process's end."""
     terms = []
     for service, own in lines.items():
         start = None
