@@ -138,17 +138,16 @@ def no_progress_problems(histories: dict[str, list[Appended]]) -> list[str]:
                 continue
             budget_s = (requested.event.data.no_progress_budget_ms / 1000  # type: ignore[union-attr]
                         if requested is not None else 0)
-            signals = [a.at for a in history
+            signals = [a for a in history
                        if a.event.type in SIGNALS and a.at <= interrupted.at]
-            moments = [*signals, interrupted.at]
+            moments = [*(a.at for a in signals), interrupted.at]
             longest = max((b - a for a, b in itertools.pairwise(moments)),
                           default=0.0)
             if signals and longest < budget_s:
                 problems.append(
                     f"run {run_id} was interrupted no-progress by {_describe(interrupted)}, "
                     f"though its longest silence was {longest:.1f}s of its {budget_s:g}s "
-                    f"budget (last signal stored {clock(signals[-1])}; "
-                    f"{len(signals)} signals)")
+                    f"budget ({len(signals)} signals, the last {_describe(signals[-1])})")
     return problems
 
 
