@@ -1,41 +1,60 @@
 """The chaos harness: servers of the test's own to stop, kill and restart, the services
 as processes, a mixed load from an application, and the checks every scenario makes.
 
-Each scenario owns its nats-server(s) and its Postgres (the suite's shared ones are never
-touched), starts the four services, puts a load on them, injects one fault while the
+Each scenario owns its nats-server(s) and its Postgres (`chaos_servers`; the suite's
+shared ones are never touched), starts the four services, puts a load on them, injects one fault while the
 load runs, lets the system settle, and checks from the log and the application:
 
-- every accepted request reached its outcome (`completed`);
-- no child turn ran twice unless its runner died (one `run.running` per run);
+- every accepted request reached its outcome (`completed`), and exactly one outcome
+  event per run is in the log;
+- no child turn ran twice unless its runner died or stalled (one `run.running` per run),
+  one child turn started per `run.running`, and none for an attempt superseded or a run
+  already ended (`chaos_checks.turn_problems`);
+- no run was given up for silence while its progress kept within its budget;
 - no finish hook was handled twice, and every one was handled and is in the ledger;
 - the projections equal a replay of the log (`verify`), and show every run completed;
 - every service is ready again;
-- at most one projector and one reconciler acted at any moment (from their log lines).
+- at most one projector and one reconciler acted at any moment (from their log lines),
+  and none acted after waking from a pause during which another took its lease
+  (`chaos_checks.stale_lease_problems` says what that covers).
+
+The faults are real: processes are stopped with SIGSTOP and continued with SIGCONT
+(`pause_*`), and clocks are skewed with libfaketime (`faketime_env`).
 """
 
 import asyncio
 import contextlib
-import importlib.util
-import itertools
 import json
 import logging
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+from chaos_checks import (
+    Appended,
+    Pause,
+    ServiceLine,
+    TurnStart,
+    clock,
+    leadership_terms,
+    no_progress_problems,
+    outcome_problems,
+    overlapping_terms,
+    stale_lease_problems,
+    turn_problems,
+)
+from chaos_servers import Nats, Postgres
 from eventually import eventually
 from service_processes import ServiceProcess, ready
 
-from tether.adapters.event_log import EventLog
+from tether.adapters.event_log import EventLog, to_stored_event
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.projector import verify
 from tether.client import connect
@@ -44,216 +63,11 @@ from tether.contract.messages import AgentToolSuccess
 from tether.domain.events import ParentRef
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENTS = "examples.agents:Researcher"
+AGENTS = "examples.chaos_agents:TracedResearcher,examples.chaos_agents:Ticker"
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 PARENT = ParentRef(agent="Assistant", name="chaos")
 HOOK = "on_chaos_done"
 SETTLE_S = 90.0
-
-
-def _devstack():
-    spec = importlib.util.spec_from_file_location("tether_devstack_chaos",
-                                                  ROOT / "scripts" / "devstack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-devstack = _devstack()
-
-
-# --- servers ------------------------------------------------------------------------
-
-
-@dataclass
-class NatsNode:
-    name: str
-    port: int
-    monitor: int
-    cluster_port: int | None
-    store: Path
-    log: Path
-    proc: subprocess.Popen | None = None
-
-
-class Nats:
-    """One nats-server, or a cluster of three with JetStream on each (R3 streams).
-
-    `partitionable`: the third node runs in a network namespace of its own, joined to
-    the others by a veth pair, so that a test can cut it off (`partition`) and join it
-    again (`heal`) while it keeps running. The services connect to the other two.
-    """
-
-    def __init__(self, root: Path, nodes: int = 1, *, partitionable: bool = False) -> None:
-        free = devstack.free_port
-        self.nodes = [NatsNode(f"n{i}", free(), free(), free() if nodes > 1 else None,
-                               root / f"nats-{i}", root / f"nats-{i}.log") for i in range(nodes)]
-        self.net: Netns | None = Netns() if partitionable else None
-
-    def host_of(self, node: NatsNode) -> str:
-        if self.net is None:
-            return "127.0.0.1"
-        return self.net.inside if node is self.nodes[-1] else self.net.outside
-
-    @property
-    def url(self) -> str:
-        reachable = self.nodes[:-1] if self.net is not None else self.nodes
-        return ",".join(f"nats://127.0.0.1:{node.port}" for node in reachable)
-
-    def start(self, index: int | None = None) -> None:
-        if self.net is not None:
-            self.net.create()
-        for node in self.nodes if index is None else [self.nodes[index]]:
-            node.store.mkdir(parents=True, exist_ok=True)
-            inside = self.net is not None and node is self.nodes[-1]
-            client_host = self.net.inside if inside else "127.0.0.1"
-            cmd = [devstack.find_nats_server(), "-a", client_host, "-p", str(node.port),
-                   "-m", str(node.monitor), "-js", "-sd", str(node.store), "-n", node.name]
-            if inside:
-                cmd = ["ip", "netns", "exec", self.net.name, *cmd]
-            if node.cluster_port is not None:
-                routes = ",".join(f"nats://{self.host_of(other)}:{other.cluster_port}"
-                                  for other in self.nodes if other is not node)
-                cmd += ["--cluster_name", "chaos", "--cluster",
-                        f"nats://{self.host_of(node)}:{node.cluster_port}", "--routes", routes]
-            node.proc = devstack.spawn(cmd, node.log, parent_death_signal=signal.SIGKILL,
-                                       extra_env={"GOMAXPROCS": "1"})
-        for node in self.nodes if index is None else [self.nodes[index]]:
-            self._wait_healthy(node)
-
-    def partition(self) -> None:
-        assert self.net is not None
-        self.net.link(up=False)
-
-    def heal(self) -> None:
-        assert self.net is not None
-        self.net.link(up=True)
-
-    def _wait_healthy(self, node: NatsNode) -> None:
-        monitor_host = self.net.inside if self.net is not None and node is self.nodes[-1] \
-            else "127.0.0.1"
-        url = f"http://{monitor_host}:{node.monitor}/healthz?js-enabled-only=true"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=1) as r:
-                if json.load(r).get("status") == "ok":
-                    return
-            time.sleep(0.05)
-        raise RuntimeError(f"nats-server {node.name} not healthy:\n{devstack.log_tail(node.log)}")
-
-    def stop(self, index: int = 0, sig: int = signal.SIGTERM) -> None:
-        node = self.nodes[index]
-        assert node.proc is not None
-        node.proc.send_signal(sig)
-        node.proc.wait(timeout=30)
-        node.proc = None
-
-    def leader_of(self, stream: str) -> int:
-        """The index of the node leading `stream` (from a node's monitoring endpoint)."""
-        for node in self.nodes:
-            if node.proc is None:
-                continue
-            if self.net is not None and node is self.nodes[-1]:
-                continue  # cut off, perhaps: the others know who leads
-            url = f"http://127.0.0.1:{node.monitor}/jsz?streams=true"
-            with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=2) as r:
-                for account in json.load(r).get("account_details", []):
-                    for detail in account.get("stream_detail", []):
-                        if detail["name"] == stream and detail.get("cluster", {}).get("leader"):
-                            leader = detail["cluster"]["leader"]
-                            return next(i for i, n in enumerate(self.nodes) if n.name == leader)
-        raise RuntimeError(f"no leader found for {stream}")
-
-    def close(self) -> None:
-        for node in self.nodes:
-            if node.proc is not None:
-                with contextlib.suppress(Exception):
-                    node.proc.kill()
-                    node.proc.wait(timeout=10)
-        if self.net is not None:
-            self.net.remove()
-
-
-class Netns:
-    """A network namespace of the test's own, joined to this one by a veth pair on a
-    /30 of 10.213.0.0/16 (addresses of these test hosts only)."""
-
-    def __init__(self) -> None:
-        tag = os.urandom(3).hex()
-        self.name, self._host_if, self._inner_if = f"tch{tag}", f"vh{tag}", f"vn{tag}"
-        block = int(tag, 16) % 16_000 * 4  # a /30 inside 10.213.0.0/16
-        base = f"10.213.{block // 256}.{block % 256}"
-        prefix = base.rsplit(".", 1)[0]
-        last = int(base.rsplit(".", 1)[1])
-        self.outside, self.inside = f"{prefix}.{last + 1}", f"{prefix}.{last + 2}"
-        self.created = False
-
-    def create(self) -> None:
-        if self.created:
-            return
-        for cmd in (["ip", "netns", "add", self.name],
-                    ["ip", "link", "add", self._host_if, "type", "veth", "peer", "name",
-                     self._inner_if],
-                    ["ip", "link", "set", self._inner_if, "netns", self.name],
-                    ["ip", "addr", "add", f"{self.outside}/30", "dev", self._host_if],
-                    ["ip", "link", "set", self._host_if, "up"],
-                    ["ip", "netns", "exec", self.name, "ip", "addr", "add", f"{self.inside}/30",
-                     "dev", self._inner_if],
-                    ["ip", "netns", "exec", self.name, "ip", "link", "set", self._inner_if, "up"],
-                    ["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"]):
-            subprocess.run(cmd, check=True, capture_output=True)
-        self.created = True
-
-    def link(self, *, up: bool) -> None:
-        subprocess.run(["ip", "link", "set", self._host_if, "up" if up else "down"], check=True,
-                       capture_output=True)
-
-    def remove(self) -> None:
-        subprocess.run(["ip", "link", "del", self._host_if], check=False, capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
-
-
-def namespaces_available() -> str | None:
-    """None when this machine lets the tests make network namespaces; else why not."""
-    probe = Netns()
-    try:
-        probe.create()
-    except (OSError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", b"") or b""
-        return f"network namespaces are not available here: {error} {detail.decode().strip()}"
-    finally:
-        probe.remove()
-    return None
-
-
-class Postgres:
-    def __init__(self, root: Path) -> None:
-        self.data = root / "pg"
-        self.log = root / "pg.log"
-        self.port = devstack.free_port()
-        self.proc: subprocess.Popen | None = None
-        self.bindir = ""
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/chaos"
-
-    def start(self) -> None:
-        self.proc, self.bindir = devstack.start_postgres(self.data, self.port, self.log,
-                                                         daemon=False)
-        devstack.create_database(self.bindir, self.port, "chaos")
-
-    def stop(self, mode: str = "fast") -> None:
-        """`pg_ctl stop -m fast` (SIGINT) or `-m immediate` (SIGQUIT)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGINT if mode == "fast" else signal.SIGQUIT)
-        self.proc.wait(timeout=30)
-        self.proc = None
-
-    def close(self) -> None:
-        if self.proc is not None:
-            with contextlib.suppress(Exception):
-                self.proc.send_signal(signal.SIGQUIT)
-                self.proc.wait(timeout=10)
 
 
 # --- the system under load -------------------------------------------------------------
@@ -264,6 +78,19 @@ class Load:
     detached: int = 40
     awaited: int = 10
     pace_s: float = 0.25  # between a child's steps: each run takes about 4 of these
+    # Detached Ticker runs (`t-N`): a progress signal every second for `tick_s`, under a
+    # no-progress budget they never come near.
+    ticking: int = 0
+    tick_s: float = 7.0
+    tick_budget_ms: int = 5000
+
+    def run_ids(self) -> list[str]:
+        return [*self.detached_ids(), *(f"a-{i}" for i in range(self.awaited))]
+
+    def detached_ids(self) -> list[str]:
+        """The runs with a finish hook."""
+        return [*(f"d-{i}" for i in range(self.detached)),
+                *(f"t-{i}" for i in range(self.ticking))]
 
 
 @dataclass
@@ -287,12 +114,20 @@ class System:
     """The servers, the services as processes, and the application."""
 
     def __init__(self, root: Path, *, nats_nodes: int = 1, partitionable: bool = False,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, replicas: dict[str, int] | None = None,
+                 service_env: dict[str, dict[str, str]] | None = None) -> None:
         self.root = root
         self.nats = Nats(root, nats_nodes, partitionable=partitionable)
         self.postgres = Postgres(root)
         self.prefix = "chaos"
         self.extra_env = env or {}
+        # A standby projector and reconciler beside the active ones: the single-leader
+        # check then means something, and a failover is exercised.
+        self.replicas = {"projector": 2, "reconciler": 2, "parent": 1, "child-runner": 1,
+                         **(replicas or {})}
+        self.service_env = service_env or {}  # more environment for one kind of service
+        self.pauses: list[Pause] = []
+        self.runner_killed = False
         self.services: list[ServiceProcess] = []
         self.retired: list[tuple[ServiceProcess, float]] = []  # stopped, with when
         self.hook_calls: Counter[str] = Counter()
@@ -310,7 +145,7 @@ class System:
                         prefix=self.prefix, projection_schema=self.prefix,
                         stream_replicas=3 if len(self.nats.nodes) > 1 else 1)
 
-    def env(self) -> dict[str, str]:
+    def env(self, name: str = "") -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
         env.update(TETHER_NATS_URL=self.nats.url, TETHER_DATABASE_URL=self.postgres.url,
                    TETHER_PREFIX=self.prefix, TETHER_PROJECTION_SCHEMA=self.prefix,
@@ -320,20 +155,19 @@ class System:
                    TETHER_STREAM_REPLICAS=str(self.settings.stream_replicas),
                    PYTHONPATH=str(ROOT))
         env.update(self.extra_env)
+        env.update(self.service_env.get(name, {}))
         return env
 
     async def start(self) -> None:
         self.nats.start()
         self.postgres.start()
-        # A standby projector and reconciler beside the active ones: the single-leader
-        # check then means something, and a failover is exercised.
-        for name in ("projector", "projector", "reconciler", "reconciler", "parent",
-                     "child-runner"):
-            await self.start_service(name)
+        for name, count in self.replicas.items():
+            for _ in range(count):
+                await self.start_service(name)
         await asyncio.gather(*(ready(service) for service in self.services))
 
     async def start_service(self, name: str) -> ServiceProcess:
-        service = await ServiceProcess(name, self.env()).start()
+        service = await ServiceProcess(name, self.env(name)).start()
         self.services.append(service)
         return service
 
@@ -343,6 +177,7 @@ class System:
                       key=lambda service: not _leading(service))
 
     async def kill(self, service: ServiceProcess) -> None:
+        self.runner_killed |= service.name == "child-runner"
         service.signal(signal.SIGKILL)
         await service.wait()
         self.services.remove(service)
@@ -354,6 +189,43 @@ class System:
         self.services.remove(service)
         self.retired.append((service, time.time()))
         return code
+
+    # --- pauses: SIGSTOP, then SIGCONT ----------------------------------------------
+
+    async def pause_service(self, service: ServiceProcess, seconds: float,
+                            meanwhile=None) -> Pause:
+        """Stop `service` for `seconds`; `meanwhile(pause_started_at)` runs while it is
+        stopped (it must bound itself within the pause)."""
+        return await self._paused(_who(service), lambda: service.signal(signal.SIGSTOP),
+                                  lambda _: service.signal(signal.SIGCONT), seconds, meanwhile)
+
+    async def pause_nats(self, seconds: float) -> Pause:
+        node = self.nats.nodes[0]
+        assert node.proc is not None
+        proc = node.proc
+        return await self._paused("nats-server", lambda: proc.send_signal(signal.SIGSTOP),
+                                  lambda _: proc.send_signal(signal.SIGCONT), seconds)
+
+    async def pause_postgres(self, seconds: float) -> Pause:
+        pause = await self._paused("postgres", self.postgres.stop_all,
+                                   self.postgres.continue_all, seconds)
+        return pause
+
+    async def _paused(self, target: str, stop, resume, seconds: float, meanwhile=None) -> Pause:
+        stopped = stop()
+        stopped_at = time.time()
+        try:
+            if meanwhile is not None:
+                await meanwhile(stopped_at)
+            await asyncio.sleep(max(0.0, stopped_at + seconds - time.time()))  # the pause itself
+        finally:
+            resume(stopped)
+            pause = Pause(target, stopped_at, time.time())
+            self.pauses.append(pause)
+        print(f"paused {target} for {pause.continued_at - stopped_at:.1f}s "
+              f"({clock(stopped_at)} to {clock(pause.continued_at)})"
+              + (f": {len(stopped)} processes" if isinstance(stopped, list) else ""))
+        return pause
 
     async def close(self) -> None:
         for service in [*self.services, *(s for s, _ in self.retired)]:
@@ -389,7 +261,7 @@ class System:
         """Submit the load, inject `fault()` while its children run, and wait until
         every run settled (bounded)."""
         started = time.monotonic()
-        self.expected_hooks = load.detached
+        self.expected_hooks = len(load.detached_ids())
         async with _application_lines(self.app_lines), \
                 connect(settings=self.settings, name="chaos-app") as tether:
             hooks = tether.hooks(PARENT.agent)
@@ -404,20 +276,33 @@ class System:
             me = tether.parent(PARENT.agent, PARENT.name)
             async with hooks.running():
                 handles = await asyncio.gather(*(
-                    me.run_agent_tool("Researcher", {"query": f"topic {i}", "pace_s": load.pace_s},
+                    me.run_agent_tool("TracedResearcher",
+                                      {"query": f"topic {i}", "pace_s": load.pace_s},
                                       run_id=f"d-{i}", detached={"on_finish": HOOK})
-                    for i in range(load.detached)))
+                    for i in range(load.detached)), *(
+                    me.run_agent_tool("Ticker", {"seconds": load.tick_s, "every_s": 1.0},
+                                      run_id=f"t-{i}",
+                                      detached={"on_finish": HOOK,
+                                                "no_progress_budget_ms": load.tick_budget_ms})
+                    for i in range(load.ticking)))
                 assert all(h.status in ("starting", "running") for h in handles), handles
                 awaited = [asyncio.create_task(me.run_agent_tool(
-                    "Researcher", {"query": f"awaited {i}", "pace_s": load.pace_s},
+                    "TracedResearcher", {"query": f"awaited {i}", "pace_s": load.pace_s},
                     run_id=f"a-{i}")) for i in range(load.awaited)]
                 await fault()
-                async with asyncio.timeout(SETTLE_S):
-                    results = await asyncio.gather(*awaited)
-                    await self.hooks_done.wait()
+                try:
+                    async with asyncio.timeout(SETTLE_S):
+                        results = await asyncio.gather(*awaited)
+                        await self.hooks_done.wait()
+                except TimeoutError:
+                    raise AssertionError(
+                        f"not settled {SETTLE_S:g}s after the fault: awaited runs still "
+                        f"waiting {[f'a-{i}' for i, t in enumerate(awaited) if not t.done()]}, "
+                        f"finish hooks not handled "
+                        f"{sorted(set(load.detached_ids()) - set(self.hook_calls))}") from None
                 failures = [r for r in results if not isinstance(r, AgentToolSuccess)]
                 assert not failures, f"awaited runs did not succeed: {failures}"
-        report.runs = load.detached + load.awaited
+        report.runs = len(load.run_ids())
         report.hooks_repeated = sum(count - 1 for count in self.hook_calls.values())
         await self.settle_and_check(load, report, runner_died=runner_died)
         report.seconds = time.monotonic() - started
@@ -430,17 +315,43 @@ class System:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=2)
         try:
             log = EventLog(nc, settings.subjects)
-            run_ids = [f"d-{i}" for i in range(load.detached)] + [f"a-{i}" for i in range(load.awaited)]
-            async with asyncio.timeout(SETTLE_S):
-                # The ledger entries follow the hook calls through the parent.
-                while True:
-                    states = {run_id: (await log.read_run(PARENT, run_id)).state
-                              for run_id in run_ids}
-                    if all(s is not None and s.status == "completed" for s in states.values()) \
-                            and all(s.finish_delivered("completed", HOOK)
-                                    for run_id, s in states.items() if run_id.startswith("d-")):
-                        break
-                    await asyncio.sleep(0.2)
+            run_ids = load.run_ids()
+            hooked = set(load.detached_ids())
+
+            # Every run ended, and the ledger entries of the hooks followed the hook calls
+            # through the parent.
+            async def settled() -> dict:
+                states = {run_id: (await log.read_run(PARENT, run_id)).state
+                          for run_id in run_ids}
+                unsettled = {run_id: None if s is None else s.status
+                             for run_id, s in states.items()
+                             if s is None or s.is_open
+                             or (run_id in hooked and not s.finish_delivered(s.status, HOOK))}
+                return {} if unsettled else states
+
+            try:
+                states = await eventually(settled, timeout=SETTLE_S, interval=0.2)
+            except AssertionError:
+                unsettled = {run_id: None if s is None else s.status
+                             for run_id in run_ids
+                             if (s := (await log.read_run(PARENT, run_id)).state) is None
+                             or s.is_open or (run_id in hooked
+                                              and not s.finish_delivered(s.status, HOOK))}
+                raise AssertionError(f"runs not ended (or their finish hook not recorded) "
+                                     f"{SETTLE_S:g}s after the load: {unsettled}") from None
+            histories = {run_id: await self._appended(log, run_id) for run_id in run_ids}
+            # The most telling first: the statuses come last.
+            problems = [
+                *outcome_problems(histories),
+                *turn_problems(histories, self._turn_starts(),
+                               runner_killed=self.runner_killed),
+                *self._runner_outcome_problems(),
+                *no_progress_problems(histories),
+                *self._leader_problems(histories),
+                *(f"run {run_id} ended {s.status}, not completed"
+                  for run_id, s in states.items() if s.status != "completed"),
+            ]
+            assert not problems, "\n".join([f"{len(problems)} problems:", *problems])
             report.attempts_over_one = sum(1 for s in states.values() if s.attempt > 1)
             if not runner_died:
                 assert report.attempts_over_one == 0, {
@@ -448,7 +359,7 @@ class System:
             unexplained = {run_id: count for run_id, count in self.hook_calls.items()
                            if count > 1 and not self._cut_after(self.first_calls[run_id])}
             assert unexplained == {}, f"hooks handled more than once: {unexplained}"
-            assert sorted(self.hook_calls) == sorted(r for r in run_ids if r.startswith("d-"))
+            assert sorted(self.hook_calls) == sorted(hooked)
             last_seq = await log.stream_last_seq()
             async def projected() -> bool:
                 return await self._checkpoint(pool) >= last_seq
@@ -459,10 +370,68 @@ class System:
             result = await verify(pool, log, self.prefix)
             assert result.differences == [], result
             await asyncio.gather(*(ready(service, timeout=60) for service in self.services))
-            self.check_single_leaders()
         finally:
             await pool.close()
             await nc.drain()
+
+    async def _appended(self, log: EventLog, run_id: str) -> list[Appended]:
+        """A run's events, each with when the broker stored it."""
+        subject = log.subjects.run_events(PARENT, run_id)
+        messages, more = await log.read_stored(log.subjects.events_stream, subject)
+        assert more == 0, f"run {run_id} has more events than one batched read returns"
+        appended = []
+        for message in messages:
+            headers = message.headers or {}
+            stored = to_stored_event(int(headers["Nats-Sequence"]), subject, message.data)
+            assert stored.event is not None, stored.error
+            appended.append(Appended(stored.seq, stored.event,
+                                     _broker_time(headers["Nats-Time-Stamp"])))
+        return appended
+
+    def _all_services(self) -> list[ServiceProcess]:
+        return [*self.services, *(s for s, _ in self.retired)]
+
+    def _lines(self, name: str) -> dict[str, list[ServiceLine]]:
+        """Each instance's log lines, on this clock."""
+        found = {}
+        for service in self._all_services():
+            if service.name != name:
+                continue
+            offset = service.clock_offset_s()
+            found[_who(service)] = [ServiceLine(_who(service), line.get("event", ""),
+                                                _at(line) - offset, line)
+                                    for line in service.lines if "timestamp" in line]
+        return found
+
+    def _turn_starts(self) -> list[TurnStart]:
+        return [TurnStart(line.line["run_id"], line.line["attempt"], line.at, who)
+                for who, lines in self._lines("child-runner").items()
+                for line in lines if line.event == "chaos.turn_started"]
+
+    def _runner_outcome_problems(self) -> list[str]:
+        """No run's child completion logged by two runners (`work_item.done` completed
+        means the runner recorded the run's completion)."""
+        done: dict[str, list[str]] = {}
+        for who, lines in self._lines("child-runner").items():
+            for line in lines:
+                if line.event == "work_item.done" and line.line.get("outcome") == "completed":
+                    done.setdefault(line.line["run_id"], []).append(
+                        f"{who} (attempt {line.line.get('attempt')}, {clock(line.at)})")
+        return [f"run {run_id}: {len(whom)} runners logged its completion as theirs: "
+                f"{', '.join(whom)}" for run_id, whom in sorted(done.items()) if len(whom) > 1]
+
+    def _leader_problems(self, histories: dict[str, list[Appended]]) -> list[str]:
+        """At most one instance of a role led at any moment (a paused one aside), and
+        none acted on a lease taken while it was paused."""
+        ended_at = {_who(service): at for service, at in self.retired}
+        appended = [a for history in histories.values() for a in history]
+        problems = []
+        for role in ("projector", "reconciler"):
+            lines = self._lines(role)
+            terms = leadership_terms(lines, ended_at, time.time())
+            problems += overlapping_terms(role, terms, self.pauses)
+            problems += stale_lease_problems(role, lines, self.pauses, appended)
+        return problems
 
     def _cut_after(self, at: float, within_s: float = 2.0) -> bool:
         """A connection cut within `within_s` after `at`: long enough for a record the
@@ -474,28 +443,6 @@ class System:
             return int(await pool.fetchval(
                 f'SELECT coalesce(max(last_seq), 0) FROM "{self.prefix}".checkpoints'))
         return 0
-
-    def check_single_leaders(self) -> None:
-        """No two instances of a role held their lease (acting) at one moment."""
-        ended_at = {id(service): at for service, at in self.retired}
-        for role in ("projector", "reconciler"):
-            terms: list[tuple[float, float, str]] = []
-            for service in [*self.services, *(s for s, _ in self.retired)]:
-                if service.name != role:
-                    continue
-                start = None
-                for line in service.lines:
-                    if line.get("event") == "leadership.acquired":
-                        start = _at(line)
-                    elif line.get("event") == "leadership.released" and start is not None:
-                        terms.append((start, _at(line), f"{role}@{id(service)}"))
-                        start = None
-                if start is not None:
-                    terms.append((start, ended_at.get(id(service), time.time()),
-                                  f"{role}@{id(service)}"))
-            terms.sort()
-            for (_, end, who), (start, _, other) in itertools.pairwise(terms):
-                assert start >= end, f"{who} and {other} both led {role} at {start}"
 
 
 class _Lines(logging.Handler):
@@ -530,6 +477,32 @@ def _leading(service: ServiceProcess) -> bool:
 
 def _at(line: dict) -> float:
     return datetime.fromisoformat(line["timestamp"]).timestamp()
+
+
+def _who(service: ServiceProcess) -> str:
+    return f"{service.name} pid {service.pid}"
+
+
+def _broker_time(stamp: str) -> float:
+    """A `Nats-Time-Stamp` (RFC 3339, nanoseconds) as seconds since the epoch."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() \
+        + float(f"0.{fraction or 0}")
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    """The environment that starts a process with its wall clock `offset` ("+30s",
+    "-30s") from this one's, by libfaketime; its monotonic clock stays true."""
+    return {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": offset,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
+
+
+def faketime_missing() -> str | None:
+    """None when libfaketime is installed (Debian's `faketime`); else why it is needed."""
+    if LIBFAKETIME.exists():
+        return None
+    return (f"{LIBFAKETIME} is missing: the clock-skew scenarios need Debian's `faketime` "
+            "package (apt-get install faketime; .ci/run installs it)")
 
 
 @contextlib.asynccontextmanager

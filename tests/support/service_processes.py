@@ -3,6 +3,8 @@
 import asyncio
 import json
 import sys
+import time
+from datetime import datetime
 
 
 class ServiceProcess:
@@ -12,6 +14,7 @@ class ServiceProcess:
         self.name, self.env = name, env
         self.process: asyncio.subprocess.Process | None = None
         self.lines: list[dict] = []
+        self.received_at: list[float] = []  # this clock's time each line was read at
         self._reader: asyncio.Task | None = None
         self._started = asyncio.Event()
         self._logged = asyncio.Event()  # set at each line, cleared by who waits for one
@@ -33,6 +36,7 @@ class ServiceProcess:
             except json.JSONDecodeError:
                 line = {"event": "raw", "text": raw.decode(errors="replace")}
             self.lines.append(line)
+            self.received_at.append(time.time())
             self._logged.set()
             if line.get("event") == "service.started":
                 self.health_port = line["health_port"]
@@ -46,6 +50,21 @@ class ServiceProcess:
                 self._logged.clear()
                 await self._logged.wait()
         return found
+
+    def clock_offset_s(self) -> float:
+        """How far the process's wall clock is ahead of this one's (negative: behind),
+        from its lines' timestamps: a line is read after it is written, so the largest
+        difference is the closest to the truth."""
+        offsets = [datetime.fromisoformat(line["timestamp"]).timestamp() - received
+                   for line, received in zip(self.lines, self.received_at, strict=True)
+                   if "timestamp" in line]
+        assert offsets, f"{self.name} logged no line with a timestamp yet"
+        return max(offsets)
+
+    @property
+    def pid(self) -> int:
+        assert self.process
+        return self.process.pid
 
     def signal(self, signum: int) -> None:
         assert self.process
