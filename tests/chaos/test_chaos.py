@@ -5,7 +5,6 @@ prints one line with its figures (`pytest -s` shows them)."""
 
 import asyncio
 import json
-import os
 import signal
 import time
 from collections import Counter
@@ -13,10 +12,11 @@ from datetime import datetime
 
 import asyncpg
 import pytest
-from chaos import Load, Report, chaos_system, faketime_env, faketime_missing
+from chaos import Load, Report, chaos_system
 from chaos_servers import namespaces_available
 from eventually import eventually
 from service_processes import ServiceProcess, http_status
+from skewed_clock import faketime_env
 
 from tether.adapters.nats_connection import connect_nats
 
@@ -333,14 +333,6 @@ async def test_postgres_paused_10s():
     await scenario("pause-postgres", fault, load=Load(pace_s=1.0))
 
 
-def require_faketime() -> None:
-    if (reason := faketime_missing()) is None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
-
-
 def skewed_clock(name: str, offset_s: float):
     """The fault is in place from the start; checked here, so that a scenario cannot
     pass with clocks that were never skewed."""
@@ -360,7 +352,6 @@ def skewed_clock(name: str, offset_s: float):
 @pytest.mark.timeout(PAUSE_TIMEOUT_S)
 @pytest.mark.parametrize(("name", "offset"), [("reconciler", "+30s"), ("child-runner", "-30s")])
 async def test_a_skewed_clock(name, offset):
-    require_faketime()
     await scenario(f"skew-{name}{offset}", skewed_clock(name, float(offset[:-1])),
                    load=Load(ticking=10, tick_s=7.0, tick_budget_ms=5000),
                    service_env={name: faketime_env(offset)})

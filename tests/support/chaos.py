@@ -19,7 +19,7 @@ load runs, lets the system settle, and checks from the log and the application:
   (`chaos_checks.stale_lease_problems` says what that covers).
 
 The faults are real: processes are stopped with SIGSTOP and continued with SIGCONT
-(`pause_*`), and clocks are skewed with libfaketime (`faketime_env`).
+(`pause_*`), and clocks are skewed with libfaketime (`skewed_clock.faketime_env`).
 """
 
 import asyncio
@@ -64,7 +64,6 @@ from tether.domain.events import ParentRef
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = "examples.chaos_agents:TracedResearcher,examples.chaos_agents:Ticker"
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 PARENT = ParentRef(agent="Assistant", name="chaos")
 HOOK = "on_chaos_done"
 SETTLE_S = 90.0
@@ -488,21 +487,6 @@ def _broker_time(stamp: str) -> float:
     whole, _, fraction = stamp.rstrip("Z").partition(".")
     return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() \
         + float(f"0.{fraction or 0}")
-
-
-def faketime_env(offset: str) -> dict[str, str]:
-    """The environment that starts a process with its wall clock `offset` ("+30s",
-    "-30s") from this one's, by libfaketime; its monotonic clock stays true."""
-    return {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": offset,
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
-
-
-def faketime_missing() -> str | None:
-    """None when libfaketime is installed (Debian's `faketime`); else why it is needed."""
-    if LIBFAKETIME.exists():
-        return None
-    return (f"{LIBFAKETIME} is missing: the clock-skew scenarios need Debian's `faketime` "
-            "package (apt-get install faketime; .ci/run installs it)")
 
 
 @contextlib.asynccontextmanager
