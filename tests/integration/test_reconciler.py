@@ -20,15 +20,18 @@ from tether.contract.messages import HookMessage, ObservabilityEvent
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.delivery.registered_hooks import RegisteredHooks
+from tether.adapters.postgres.projector import Projector
 from tether.domain.events import (
     ParentRef,
+    RunAborted,
     RunCompleted,
     RunFinishDelivered,
+    RunNotified,
     RunProgressPersisted,
 )
-from tether.domain.run_state import evolve
+from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
-from tether.reconciler.service import Reconciler
+from tether.reconciler.service import LOAD_RUNS, Reconciler
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Importer", name="tenant-1")
@@ -441,3 +444,96 @@ async def test_a_retry_the_broker_was_away_for_is_made_once_it_is_back(fast, poo
         await nc.close()
         server.kill()
         server.wait(timeout=10)
+
+
+# --- a leadership change costs what is open -------------------------------------------
+
+def capture_lines():
+    lines = structlog.testing.LogCapture()  # the reconciler's lines, whatever is configured
+    logger = structlog.wrap_logger(None, processors=[lines],
+                                   wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    return lines, logger
+
+
+async def test_a_new_leader_loads_open_runs_and_owed_deliveries_only(fast, log, pool, settings):
+    """Many finished detached runs whose deliveries are all in their ledgers, and a few
+    that are open or still owe one: a reconciler taking over reads the few only, and the
+    SQL rule is `_pending_delivery`'s (the partial index's predicate is the query's)."""
+    def run_of(run_id: str, **detached) -> tuple[RunEvents, list]:
+        run = RunEvents(run_id, PARENT, start_ms=now_ms())
+        return run, [run.requested(detached=detached or None, max_budget_ms=3_600_000),
+                     run.started(), run.running()]
+
+    def delivered(run: RunEvents, status: str, method: str) -> object:
+        return run.make(RunFinishDelivered, status=status, method=method,
+                        message_id=f"finish:{run.run_id}:{status}")
+
+    events: list = []
+    owed, open_ = set(), set()
+    for i in range(120):  # hooks delivered: owe nothing
+        run, started = run_of(f"hooked-{i}", on_finish="on_done")
+        end, status = (run.completed(), "completed") if i % 2 else (run.failed(), "error")
+        events += [*started, end, delivered(run, status, "on_done")]
+    for i in range(40):  # chat notifications put out: owe nothing
+        run, started = run_of(f"told-{i}", notify=True)
+        events += [*started, run.completed(),
+                   run.make(RunNotified, kind="finish", key="completed", mode="notify",
+                            message_id=f"n-{i}")]
+    for i in range(30):  # awaited runs, finished; and detached runs with nothing to deliver
+        run, started = run_of(f"awaited-{i}")
+        events += [*started, run.completed()]
+        run, started = run_of(f"quiet-{i}", max_budget_ms=3_600_000)
+        events += [*started, run.completed()]
+    for i in range(10):  # given up on, then aborted: the give-up's own hook owes nothing
+        run, started = run_of(f"gaveup-{i}", on_finish="on_done")
+        events += [*started, run.make(RunAborted, cause="give-up")]
+    for i in range(3):
+        run, started = run_of(f"owed-hook-{i}", on_finish="on_done")
+        events += [*started, run.completed()]
+        owed.add(run.run_id)
+        run, started = run_of(f"owed-note-{i}", notify=True)
+        events += [*started, run.interrupted()]
+        owed.add(run.run_id)
+        run, started = run_of(f"open-{i}", on_finish="on_done")
+        events += started
+        open_.add(run.run_id)
+    run, started = run_of("owed-other-status", on_finish="on_done")
+    events += [*started, run.interrupted(), delivered(run, "interrupted", "on_done"),
+               run.completed()]  # a late completion owes its own hook
+    owed.add(run.run_id)
+    await append_all(log, *events)
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
+    stop_projecting = asyncio.Event()
+    projecting = asyncio.create_task(projector.run(stop_projecting))
+    async with asyncio.timeout(60):
+        await projector.wait_for_position(await log.stream_last_seq())
+    stop_projecting.set()
+    async with asyncio.timeout(10):
+        await projecting
+
+    schema = f'"{settings.projection_schema}"'
+    rows = await pool.fetch(f"SELECT state::text AS state FROM {schema}.runs")
+    states = [state_from_json(row["state"]) for row in rows]
+    assert len(states) == 120 + 40 + 60 + 10 + 9 + 1
+
+    lines, logger = capture_lines()
+    reconciler, stop, task = await start(fast, log, pool, logger=logger)
+    try:
+        expected = {s.run_id for s in states if s.is_open or reconciler._pending_delivery(s)}
+        assert expected == owed | open_  # the rule in Python says what the runs were made for
+        [loaded] = await eventually(lambda: [line for line in lines.entries
+                                             if line["event"] == "reconciler.loaded"])
+        assert loaded["runs"] == len(owed | open_)
+        assert {key[2] for key in reconciler._states} >= open_
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(row[0] for row in await conn.fetch(
+                "EXPLAIN " + LOAD_RUNS.format(schema=schema)))
+            picked = {state_from_json(row["state"]).run_id
+                      for row in await conn.fetch(LOAD_RUNS.format(schema=schema))}
+        assert "runs_reconciler_watch" in plan, plan
+        assert picked == expected
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await task

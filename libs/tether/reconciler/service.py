@@ -48,10 +48,24 @@ from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervis
 
 RunKey = tuple[str, str, str]
 
+# What a new term watches: open runs, and finished detached runs whose finish delivery
+# is still owed (`_pending_delivery`, in SQL). A leadership change costs what is open,
+# not every finished run ever: the partial index `runs_reconciler_watch` (migration 002)
+# has this same predicate, and a test holds the two equal.
 LOAD_RUNS = """
     SELECT state::text AS state FROM {schema}.runs
     WHERE status IN ('starting', 'running')
-       OR (detached AND status IN ('completed', 'error', 'aborted', 'interrupted'))
+       OR (detached
+           AND status IN ('completed', 'error', 'aborted', 'interrupted')
+           AND NOT (status = 'aborted' AND coalesce(state->>'aborted_cause', '') = 'give-up')
+           AND CASE WHEN state->'detached'->>'on_finish' IS NOT NULL
+                    THEN NOT (coalesce(delivery->'finish', '{{}}'::jsonb)
+                              ? (state->'detached'->>'on_finish' || ':' || status))
+                    ELSE coalesce(state->'detached'->'notify', 'false'::jsonb)
+                             NOT IN ('false'::jsonb, 'null'::jsonb)
+                         AND NOT (coalesce(delivery->'notifications', '{{}}'::jsonb)
+                                  ? ('finish:' || status))
+               END)
 """
 READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
@@ -151,7 +165,8 @@ class Reconciler:
                 return 0  # no projection yet: the log from the start is the view
         for row in rows:
             self._track(state_from_json(row["state"]))
-        self._logger.info("reconciler.loaded", runs=len(self._states), checkpoint=checkpoint)
+        self._logger.info("reconciler.loaded", runs=len(rows), watching=len(self._states),
+                          checkpoint=checkpoint)
         return checkpoint
 
     async def _follow(self, stop: asyncio.Event, checkpoint: int) -> None:
