@@ -14,13 +14,13 @@ from eventually import eventually
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
+from tether.adapters.postgres.projector import Projector
 from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.delivery.registered_hooks import RegisteredHooks
-from tether.adapters.postgres.projector import Projector
 from tether.domain.events import (
     ParentRef,
     RunAborted,
