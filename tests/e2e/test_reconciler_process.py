@@ -4,10 +4,12 @@ over from a killed active reconciler."""
 
 import asyncio
 import json
+import os
 import signal
 from contextlib import aclosing
 
 import msgspec
+import pytest
 from eventually import eventually
 
 from tether.client.connection import connect
@@ -185,3 +187,75 @@ async def test_a_standby_reconciler_takes_over_and_decides_once(log, services):
     assert state.reason == "budget-exceeded"
     history = await log.read_run(PARENT, "budgeted")
     assert [e.type for e in history.events].count("run.interrupted") == 1
+
+
+LEASE_HOLDER_PID = """
+    SELECT pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND objid = (hashtext($1)::bigint & 4294967295)::oid
+"""
+
+
+@pytest.mark.parametrize("session", ["terminated", "stalled"])
+async def test_a_reconciler_paused_past_its_lease_gives_up_nothing_on_it(
+        log, pool, services, settings, session):
+    """The issue's fault: the active reconciler stopped (SIGSTOP) before detached budgets
+    ran out, and woken with its budget deadlines overdue, its lease's session lost while
+    it slept: terminated (its connection fails at once), or stalled (the session's
+    backend stopped: a confirmation hangs until its time limit, the check interval, as on
+    a network cut). Its gate finds the lease stale, cannot confirm it, and it stops
+    without deciding: every give-up is made in a new term (the standby's, or its own
+    again once it took the lock back and waited its grace)."""
+    first = await services("reconciler")
+    await first.logged("reconciler.active")
+    second = await services("reconciler")
+    await second.logged("leadership.standby")
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    [backend] = [row["pid"] for row in await pool.fetch(
+        LEASE_HOLDER_PID, f"tether-reconciler:{settings.prefix}")]
+    run_ids = [f"paused-{i}" for i in range(5)]
+    # No runner serves Extractor: a run can only end by its budget.
+    for run_id in run_ids:
+        await send_run(log, run_id, "Extractor", {"text": "x"}, detached={"max_budget_ms": 1000})
+    for run_id in run_ids:
+        await until(log, run_id, lambda s: s.status == "starting")
+    first.signal(signal.SIGSTOP)
+    stalled = False
+    try:
+        await asyncio.sleep(1.2)  # the fault: a pause past the budgets, nothing to wait for
+        if session == "terminated":
+            await pool.execute("SELECT pg_terminate_backend($1)", backend)
+        else:
+            os.kill(backend, signal.SIGSTOP)  # a database on this machine (devstack's)
+            stalled = True
+    finally:
+        first.signal(signal.SIGCONT)
+    try:
+        await first.logged("leadership.lost")
+    finally:
+        if stalled:
+            os.kill(backend, signal.SIGCONT)
+    for run_id in run_ids:
+        state = await until(log, run_id, lambda s: s.status == "interrupted")
+        assert state.reason == "budget-exceeded"
+    await eventually(lambda: len(give_ups(first) + give_ups(second)) == len(run_ids),
+                     timeout=10)
+    events = [line.get("event") for line in first.lines]
+    lost = events.index("leadership.lost")
+    assert all(index > lost for index in give_ups(first)), (
+        "the paused reconciler gave up runs on the lease it held before its pause")
+    for service in (first, second):
+        if give_ups(service):  # each give-up in a term that began after the pause
+            acquired = [i for i, line in enumerate(service.lines)
+                        if line.get("event") == "leadership.acquired"]
+            assert service is second or acquired[-1] > lost
+            assert min(give_ups(service)) > acquired[-1]
+    for run_id in run_ids:
+        history = await log.read_run(PARENT, run_id)
+        assert [e.type for e in history.events].count("run.interrupted") == 1
+
+
+def give_ups(service) -> list[int]:
+    """Where the service's give-up lines are in its log."""
+    return [i for i, line in enumerate(service.lines)
+            if line.get("event") == "agent_tool:detached:give_up"]

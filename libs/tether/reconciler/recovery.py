@@ -23,12 +23,16 @@ two passes. A parent replica starting or stopping loses nothing and recovers not
 
 Each decision is a `run.reattach_decided` event with its reason and timings. Recovering
 twice is harmless: decisions are appended with optimistic concurrency and only while the
-run is still open.
+run is still open. Each append (and each cancel) first passes the lease's gate
+(`lease_fresh`, set by the reconciler for its term): a reconciler that cannot show a
+fresh lease decides nothing, and a decision is taken from a read of the run made after
+the gate, so an append that expects that read's last sequence cannot land once the run
+moved (docs/faults.md).
 """
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Literal
 
@@ -37,6 +41,7 @@ from tether.config import Settings
 from tether.domain import decide
 from tether.domain.events import InterruptedReason
 from tether.domain.run_state import RunState, evolve
+from tether.leadership import LeadershipLost
 from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
 from tether.resilience import sleep_unless_stopped
 
@@ -54,6 +59,17 @@ def _key(state: RunState) -> RunKey:
     return (state.parent.agent, state.parent.name, state.run_id)
 
 
+async def _not_leading() -> None:
+    raise LeadershipLost("recovery acts only for a reconciler that leads")
+
+
+def _failure(task: asyncio.Task) -> BaseException | None:
+    """A finished task's error, but the end of a term (its work is being cancelled)."""
+    if task.cancelled() or isinstance(task.exception(), LeadershipLost):
+        return None
+    return task.exception()
+
+
 class Recovery:
     def __init__(self, settings: Settings, log: EventLog, control: ChildControl,
                  observability: Observability, logger, *, origin: str) -> None:
@@ -68,6 +84,8 @@ class Recovery:
         self._passes: set[asyncio.Task] = set()
         # Runs whose awaiter was missing at the last check: recovered if it still is.
         self._missed: set[RunKey] = set()
+        # The gate before each decision: the leading reconciler's `Term.fresh`.
+        self.lease_fresh: Callable[[], Awaitable[None]] = _not_leading
 
     async def run(self, stop: asyncio.Event, awaited_open_runs: Callable[[], list[RunState]]) -> None:
         interval_s = self._settings.awaiter_check_interval_ms / 1000
@@ -113,9 +131,8 @@ class Recovery:
         def done(finished: asyncio.Task) -> None:
             self._passes.discard(finished)
             self._recovering -= keys
-            if not finished.cancelled() and finished.exception() is not None:
-                self._logger.error("recovery.pass_failed", runs=len(runs),
-                                   exc_info=finished.exception())
+            if (error := _failure(finished)) is not None:
+                self._logger.error("recovery.pass_failed", runs=len(runs), exc_info=error)
 
         task.add_done_callback(done)
 
@@ -184,9 +201,9 @@ class Recovery:
 
         def done(finished: asyncio.Task) -> None:
             self._watching.pop(key, None)
-            if not finished.cancelled() and finished.exception() is not None:
+            if (error := _failure(finished)) is not None:
                 self._logger.error("recovery.watch_failed", run_id=state.run_id,
-                                   exc_info=finished.exception())
+                                   exc_info=error)
 
         task.add_done_callback(done)
 
@@ -194,6 +211,7 @@ class Recovery:
         started = time.monotonic()
         current: RunState | None = state
         try:
+            await self.lease_fresh()  # the re-attach is decided from the read below
             history = await self._log.read_run(state.parent, state.run_id)
             current = history.state
             if current is None or current.is_hard_terminal:
@@ -208,7 +226,7 @@ class Recovery:
                 if current is None or current.is_hard_terminal:
                     return
             await self._follow(current, history.last_seq, started, inspect_ms)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, LeadershipLost):
             raise
         except Exception as error:  # noqa: BLE001 - whatever stopped the watch is a decision
             # A lost connection, a consumer the server refused, an unreadable stream: the
@@ -282,6 +300,7 @@ class Recovery:
                     await asyncio.gather(next_event, return_exceptions=True)
             if window_spent:
                 # The child had its whole window: it is cancelled and considered spent.
+                await self.lease_fresh()
                 stopped = await self._control.cancel(current, decide.GIVE_UP,
                                                      self._settings.cancel_grace_ms / 1000)
                 await self._interrupt(current, "window-exceeded", started,
@@ -309,6 +328,11 @@ class Recovery:
                       **timings: int | None) -> None:
         timings_ms = {k: v for k, v in timings.items() if v is not None}
         timings_ms["waited_ms"] = int((time.monotonic() - started) * 1000)
+        await self.lease_fresh()
+        # Decided from a read made after the gate, not from what this process knew of the
+        # run before it: the read refreshes the log's recent runs, which `update` decides
+        # from, and its append expects the read's last sequence.
+        await self._log.read_run(state.parent, state.run_id)
         cause = decide.timer_cause(now_ms(), self._origin)
         _, appended = await self._log.update(
             state.parent, state.run_id,

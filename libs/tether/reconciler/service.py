@@ -33,7 +33,7 @@ from tether.delivery.deliverer import Deliverer
 from tether.domain import decide
 from tether.domain.events import InterruptedReason, RunRequested
 from tether.domain.run_state import RunState, evolve, state_from_json
-from tether.leadership import Lease, act_while_leading
+from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,
     DEADLINES_FIRED,
@@ -119,6 +119,8 @@ class Reconciler:
         async with lease.held(stop) as term:
             if term is None:
                 return
+            # The gate before each decision, the timer's (`_fire`) and recovery's.
+            self._lease_fresh = self.recovery.lease_fresh = term.fresh
             await self._observability_broker.start()
             progressed()
             self._reset_view()
@@ -274,10 +276,17 @@ class Reconciler:
     async def _fire(self, key: RunKey, kind: str) -> None:
         clock = HANDLER_SECONDS.start()
         try:
+            # The gate: decide only on a lease confirmed within its check interval (a
+            # reconciler woken from a pause confirms it first). The decision is taken from
+            # a read of the run made after it, and its appends expect that read's last
+            # sequence: one that lands late lands only on the run it was decided from.
+            await self._lease_fresh()
             if kind == "delivery":
                 await self._retry_delivery(key)
             else:
                 await self._budget_due(key)
+        except LeadershipLost:
+            return  # the term is over (its work is being cancelled); the next one reloads
         except Exception as error:
             # Decided again in a second; a broker away for that long is not a bug.
             if is_transient(error):
