@@ -114,9 +114,11 @@ async def test_recovery_after_the_awaiting_application_is_gone(log, pool, servic
     # Kept streaming: followed to its real end.
     assert streams.attempt == 1
     assert [d.outcome for d in streams.reattach_decisions] == ["finished"]
-    # Silent, but its runner held it: followed to its end, never given up on.
+    # Silent past the timeout: a runner holding it is no progress, so it was sealed, the
+    # child still running (not cancelled); the child's late completion repaired the run.
     assert (silent.attempt, silent.reason) == (1, None)
-    assert [d.outcome for d in silent.reattach_decisions] == ["finished"]
+    assert [(d.outcome, d.reason, d.child_still_running)
+            for d in silent.reattach_decisions] == [("interrupted", "no-progress", True)]
     # Nobody held it any more: given up softly, its work item kept for a runner.
     assert (lost.reason, lost.child_still_running) == ("no-progress", True)
     decision = lost.reattach_decisions[-1]

@@ -12,12 +12,21 @@ import pytest
 import structlog
 from eventually import eventually
 
+from examples.agents import Sleeper
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.projector import Projector
 from tether.adapters.streams import StreamSettings, ensure_streams, key_value
+from tether.agent_registry import AgentRegistry
+from tether.child.runner import ChildRunner
 from tether.client import connect
-from tether.contract.messages import HookMessage, ObservabilityEvent
+from tether.contract.messages import (
+    HookMessage,
+    ObservabilityEvent,
+    WorkItem,
+    work_item_json,
+    work_message_id,
+)
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.delivery.registered_hooks import RegisteredHooks
@@ -31,6 +40,7 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
+from tether.reconciler.control import ChildControl
 from tether.reconciler.service import LOAD_RUNS, Reconciler
 from tether.testing import RunEvents
 
@@ -537,3 +547,55 @@ async def test_a_new_leader_loads_open_runs_and_owed_deliveries_only(fast, log, 
         stop.set()
         async with asyncio.timeout(10):
             await task
+
+
+async def test_a_silent_child_a_runner_still_holds_is_sealed_no_progress(recovering, log, pool,
+                                                                         nc):
+    """A recovered run whose child a live runner holds, and which sends nothing for the
+    re-attach no-progress timeout: its runner answering for it is no progress, so the run
+    ends `no-progress`, the child still running (not cancelled: the runner still holds
+    it when the run is sealed)."""
+    runner = ChildRunner(nc, recovering.model_copy(update={"work_ack_wait_ms": 1000}),
+                         AgentRegistry([Sleeper]), fetch_timeout_s=0.3, cancel_grace_s=0.2,
+                         shutdown_grace_s=0.2)
+    stop_runner = asyncio.Event()
+    await runner.start()
+    running = asyncio.create_task(runner.run(stop_runner))
+    try:
+        # A run requested without an awaiter, its child silent for a minute.
+        run = RunEvents("silent-held", PARENT, start_ms=now_ms())
+        requested = run.requested("Sleeper", input={"seconds": 60})
+        seq = await log.append_batch([requested], expected_last_seq=0)
+        await log.jetstream.publish(
+            log.subjects.work("Sleeper"),
+            work_item_json(WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper",
+                                    attempt=0, requested=requested, requested_seq=seq)),
+            headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
+            stream=log.subjects.work_stream)
+        async with asyncio.timeout(10):
+            async with aclosing(log.follow(log.subjects.run_events(PARENT, run.run_id))) as events:
+                async for stored in events:
+                    if stored.event.type == "run.running":
+                        break
+
+        _, stop, task = await start(recovering, log, pool)
+        try:
+            state, history = await outcome(log, run.run_id)
+            control = ChildControl(log.nats, log.subjects)
+            held = await control.inspect(state, 2.0)
+        finally:
+            stop.set()
+            async with asyncio.timeout(10):
+                await task
+    finally:
+        stop_runner.set()
+        async with asyncio.timeout(10):
+            await running
+    assert (state.status, state.reason, state.child_still_running) == (
+        "interrupted", "no-progress", True)
+    decision = state.reattach_decisions[-1]
+    assert (decision.outcome, decision.reason, decision.child_still_running) == (
+        "interrupted", "no-progress", True)
+    assert decision.timings["silent_ms"] >= recovering.reattach_no_progress_timeout_ms
+    assert "run.cancel_requested" not in [e.type for e in history]
+    assert held.outcome == "found", "a runner held the child all along"

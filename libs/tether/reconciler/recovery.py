@@ -14,12 +14,14 @@ two passes. A parent replica starting or stopping loses nothing and recovers not
    before the total deadline with `recovery-deadline`. "No record yet" is not a failure:
    the run is watched like a live one.
 2. re-attach to each live child: follow its events and progress; every one resets the
-   no-progress timeout. When the timeout passes in silence the child is inspected again:
-   a runner that still holds it is its heartbeat and the watch goes on. Silence with no
-   runner holding the child ends the run `interrupted`, `no-progress`, the child still
-   to run (its work item is kept; a repeated request re-attaches to it); a finite max
-   window ends it `window-exceeded` and cancels the child, durably (`run.cancel_requested`
-   in the log); a watch that cannot follow the child's events ends it `not-tailable`.
+   no-progress timeout. When the timeout passes in silence the run ends `interrupted`,
+   `no-progress`, `child_still_running: true`, whether or not a runner still holds the
+   child: a runner holding a child that sends nothing is not progress. The child is not
+   cancelled (a runner that holds it goes on, and its outcome still repairs the run; a
+   queued work item is kept for a runner); a repeated request re-attaches to it. A
+   finite max window ends it `window-exceeded` and cancels the child, durably
+   (`run.cancel_requested` in the log); a watch that cannot follow the child's events
+   ends it `not-tailable`.
 
 Each decision is a `run.reattach_decided` event with its reason and timings. Recovering
 twice is harmless: decisions are appended with optimistic concurrency and only while the
@@ -240,7 +242,6 @@ class Recovery:
     async def _follow(self, current: RunState, last_seq: int, started: float,
                       inspect_ms: int | None) -> None:
         silence_s = self._settings.reattach_no_progress_timeout_ms / 1000
-        inspect_s = self._settings.recovery_inspect_timeout_ms / 1000
         window_ms = self._settings.reattach_max_window_ms
         window_ends = None if window_ms is None else started + window_ms / 1000
         signals: asyncio.Queue[None] = asyncio.Queue()
@@ -288,11 +289,9 @@ class Recovery:
                             next_event = asyncio.ensure_future(anext(stream))
                         elif next_signal in done:
                             last_signal = time.monotonic()
-                        elif not window_spent and (
-                                await self._control.inspect(current, inspect_s)).outcome == "found":
-                            # Silent, but a runner holds it: a long step, not a lost child.
-                            last_signal = time.monotonic()
                         else:
+                            # Silent for the whole timeout (a runner that answers for the
+                            # child is no signal from it), or the window is spent.
                             break
                 finally:
                     next_event.cancel()
@@ -307,8 +306,9 @@ class Recovery:
                                       inspect_ms=inspect_ms, child_still_running=not stopped,
                                       cancel=True)
             else:
-                # Soft: nobody holds the child; its work item is kept, and a repeated
-                # request re-attaches to it.
+                # Soft: the child is not cancelled. A runner that holds it goes on (its
+                # outcome repairs the run), a queued item is kept for a runner, and a
+                # repeated request re-attaches to it.
                 await self._interrupt(current, "no-progress", started, inspect_ms=inspect_ms,
                                       child_still_running=True,
                                       silent_ms=int((time.monotonic() - last_signal) * 1000))
