@@ -3,6 +3,7 @@ holder acting only after the old one stopped."""
 
 import asyncio
 import contextlib
+import os
 import random
 import signal
 import sys
@@ -237,3 +238,30 @@ async def _after(rows, since: float, count: int) -> list | None:
     """The first `count` of `rows` (awaited) acted at or after `since`, once there are."""
     found = [row for row in await rows if row["acted_at"] >= since]
     return found[:count] if len(found) >= count else None
+
+
+async def test_a_confirmation_counts_from_when_it_was_sent_not_when_it_came_back(
+        pool, unique_name):
+    """The lease's backend stalled (stopped for real) while a confirmation is under way:
+    the answer comes back late, and the lease counts as confirmed when the query went
+    out, so the stall is not taken for freshness."""
+    lease = Lease(pool, unique_name, get_logger(test="leadership"), check_interval_s=1.0)
+    stop = asyncio.Event()
+    async with lease.held(stop) as term:
+        assert term is not None
+        [backend] = [row["pid"] for row in await pool.fetch(HOLDER_PID, unique_name)]
+        os.kill(backend, signal.SIGSTOP)  # a database on this machine (devstack's)
+        try:
+            confirming = asyncio.ensure_future(term.confirm())
+            await asyncio.sleep(0.05)  # the query is out; its answer cannot come yet
+            sent_by = time.monotonic()
+            await asyncio.sleep(0.45)  # the fault: a stall, nothing to wait for
+        finally:
+            os.kill(backend, signal.SIGCONT)
+        async with asyncio.timeout(5):
+            await confirming
+        answered_by = time.monotonic()
+        assert term.confirmed_at is not None and term.confirmed_at <= sent_by
+        assert answered_by - term.confirmed_at >= 0.45
+        assert not term.lost.is_set()
+        stop.set()
