@@ -128,6 +128,8 @@ class Reconciler:
             self._logger.info("reconciler.active")
             try:
                 await act_while_leading(term, stop, self._act)
+            except LeadershipLost:
+                return  # logged (`leadership.lost`); it stands by again
             finally:
                 self.active.clear()
                 for task in list(self._firing):

@@ -31,7 +31,7 @@ from tether.adapters.postgres.projection import (
 )
 from tether.adapters.postgres.replay import PipelinedReplay
 from tether.adapters.postgres.statements import Statements
-from tether.leadership import Lease, Term, act_while_leading
+from tether.leadership import LeadershipLost, Lease, Term, act_while_leading
 from tether.log import get_logger
 from tether.metrics import HANDLER_SECONDS, count_projected
 from tether.ports import StoredEvent
@@ -120,6 +120,8 @@ class Projector:
             try:
                 await act_while_leading(term, stop,
                                         lambda quit_: self._project(quit_, term))
+            except LeadershipLost:
+                return  # logged (`leadership.lost`); it stands by again
             finally:
                 self.active.clear()
 
