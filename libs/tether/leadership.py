@@ -77,6 +77,7 @@ class Term:
         self.confirmed_at = confirmed_at
         self._confirm = confirm
         self._confirming: asyncio.Future[None] | None = None
+        self._closed = False  # the term is over: its connection may serve someone else
         self._logger, self._key = logger, key
 
     def lose(self, reason: str) -> None:
@@ -87,7 +88,7 @@ class Term:
                 self._logger.warning("leadership.lost", lease=self._key, error=reason)
 
     def is_fresh(self) -> bool:
-        return not self.lost.is_set() and freshness.fresh(
+        return not (self.lost.is_set() or self._closed) and freshness.fresh(
             time.monotonic(), self.confirmed_at, self.check_interval_s)
 
     async def fresh(self) -> None:
@@ -117,6 +118,8 @@ class Term:
         await asyncio.shield(self._confirming)
 
     async def _confirm_once(self) -> None:
+        if self._closed:
+            raise LeadershipLost("the term is over")
         if self.lost.is_set():
             raise LeadershipLost(self.reason or "lease not confirmed")
         sent_at = time.monotonic()  # before the query goes out: never later than its send
@@ -134,6 +137,7 @@ class Term:
 
     async def close(self) -> None:
         """End a confirmation under way (the term is over; its connection is released)."""
+        self._closed = True
         if self._confirming is not None and not self._confirming.done():
             self._confirming.cancel()
             with suppress(asyncio.CancelledError, Exception):
