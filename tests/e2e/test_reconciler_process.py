@@ -261,3 +261,33 @@ def give_ups(service) -> list[int]:
     """Where the service's give-up lines are in its log."""
     return [i for i, line in enumerate(service.lines)
             if line.get("event") == "agent_tool:detached:give_up"]
+
+
+async def test_a_reconciler_paused_past_the_reattach_timeout_does_not_seal_a_talking_child(
+        log, services, settings):
+    """The reconciler follows a recovered child that reports a milestone every 200 ms,
+    and is stopped (SIGSTOP) for longer than the re-attach no-progress timeout. Woken,
+    its own pause is not the child's silence: it reads what the child sent meanwhile and
+    follows the run to its end."""
+    await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS)
+    reconciler = await services("reconciler", **FAST_RECOVERY)
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    app = await connect(settings=settings)
+    awaiting = asyncio.create_task(app.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        "Sleeper", {"seconds": 8, "milestones": 40}, run_id="talking"))
+    await until(log, "talking", lambda s: s.status == "running")
+    await app.nc.close()  # the application is gone: the run is recovered and followed
+    awaiting.cancel()
+    await asyncio.gather(awaiting, return_exceptions=True)
+    await until(log, "talking", lambda s: s.reattach_attempts == 1)
+
+    reconciler.signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(2.5)  # the fault: a pause past the 1.5 s timeout
+    finally:
+        reconciler.signal(signal.SIGCONT)
+
+    state = await until(log, "talking", lambda s: s.status in ("completed", "interrupted")
+                        and s.reattach_decisions)
+    assert state.status == "completed"
+    assert [d.outcome for d in state.reattach_decisions] == ["finished"]
