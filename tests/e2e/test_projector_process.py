@@ -2,9 +2,11 @@
 
 import asyncio
 import json
+import os
 import signal
 import sys
 
+from tether.adapters.postgres.projector import verify
 from tether.testing import append_finished_runs
 from tether_services.projector import KILL_AT_SEQ_VARIABLE
 
@@ -113,3 +115,42 @@ async def test_a_wrong_setting_stops_the_cli_with_a_message_naming_it(service_en
                                  "projections", "verify")
     assert code == 2
     assert "TETHER_STREAM_REPLICAS='seven'" in err
+
+
+LEASE_HOLDER_PID = """
+    SELECT pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND objid = (hashtext($1)::bigint & 4294967295)::oid
+"""
+
+
+async def test_a_projector_paused_past_its_lease_commits_nothing_on_it(
+        log, pool, services, settings):
+    """The projector stopped (SIGSTOP) while events arrive, and woken with its lease's
+    session stalled (the backend stopped: a confirmation hangs until its time limit, as
+    on a network cut). Its next batch is written but not committed: the gate before the
+    commit finds the lease stale and cannot confirm it. Once the session answers again,
+    it leads anew and the projection equals a replay."""
+    schema = settings.projection_schema
+    first = await append_finished_runs(log, 1, id_prefix="before")
+    projector = await services("projector")
+    await wait_for_checkpoint(pool, schema, first)
+    [backend] = [row["pid"] for row in await pool.fetch(
+        LEASE_HOLDER_PID, f"tether-projector:{schema}")]
+    projector.signal(signal.SIGSTOP)
+    stalled = False
+    try:
+        total = first + await append_finished_runs(log, 3, id_prefix="during")
+        await asyncio.sleep(0.5)  # the fault: a pause past the check interval (200 ms)
+        os.kill(backend, signal.SIGSTOP)  # a database on this machine (devstack's)
+        stalled = True
+    finally:
+        projector.signal(signal.SIGCONT)
+    try:
+        await projector.logged("leadership.lost")
+        assert await checkpoint(pool, schema) == first, "a batch committed on a stale lease"
+    finally:
+        if stalled:
+            os.kill(backend, signal.SIGCONT)
+    await wait_for_checkpoint(pool, schema, total)
+    assert (await verify(pool, log, schema)).differences == []

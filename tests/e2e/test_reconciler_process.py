@@ -117,9 +117,11 @@ async def test_recovery_after_the_awaiting_application_is_gone(log, pool, servic
     # Kept streaming: followed to its real end.
     assert streams.attempt == 1
     assert [d.outcome for d in streams.reattach_decisions] == ["finished"]
-    # Silent, but its runner held it: followed to its end, never given up on.
+    # Silent past the timeout: a runner holding it is no progress, so it was sealed, the
+    # child still running (not cancelled); the child's late completion repaired the run.
     assert (silent.attempt, silent.reason) == (1, None)
-    assert [d.outcome for d in silent.reattach_decisions] == ["finished"]
+    assert [(d.outcome, d.reason, d.child_still_running)
+            for d in silent.reattach_decisions] == [("interrupted", "no-progress", True)]
     # Nobody held it any more: given up softly, its work item kept for a runner.
     assert (lost.reason, lost.child_still_running) == ("no-progress", True)
     decision = lost.reattach_decisions[-1]
@@ -262,3 +264,105 @@ async def test_a_give_up_on_a_live_child_lands_on_time_and_a_later_result_repair
         assert (done["outcome"], state.summary) == ("completed", "worked 2.5s")
     else:
         assert done["outcome"] == "skipped" and "gave up on the run" in done["detail"], done
+
+
+LEASE_HOLDER_PID = """
+    SELECT pid FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 1
+      AND objid = (hashtext($1)::bigint & 4294967295)::oid
+"""
+
+
+@pytest.mark.parametrize("session", ["terminated", "stalled"])
+async def test_a_reconciler_paused_past_its_lease_gives_up_nothing_on_it(
+        log, pool, services, settings, session):
+    """The issue's fault: the active reconciler stopped (SIGSTOP) before detached budgets
+    ran out, and woken with its budget deadlines overdue, its lease's session lost while
+    it slept: terminated (its connection fails at once), or stalled (the session's
+    backend stopped: a confirmation hangs until its time limit, the check interval, as on
+    a network cut). Its gate finds the lease stale, cannot confirm it, and it stops
+    without deciding: every give-up is made in a new term (the standby's, or its own
+    again once it took the lock back and waited its grace)."""
+    first = await services("reconciler")
+    await first.logged("reconciler.active")
+    second = await services("reconciler")
+    await second.logged("leadership.standby")
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    [backend] = [row["pid"] for row in await pool.fetch(
+        LEASE_HOLDER_PID, f"tether-reconciler:{settings.prefix}")]
+    run_ids = [f"paused-{i}" for i in range(5)]
+    # No runner serves Extractor: a run can only end by its budget.
+    for run_id in run_ids:
+        await send_run(log, run_id, "Extractor", {"text": "x"}, detached={"max_budget_ms": 1000})
+    for run_id in run_ids:
+        await until(log, run_id, lambda s: s.status == "starting")
+    first.signal(signal.SIGSTOP)
+    stalled = False
+    try:
+        await asyncio.sleep(1.2)  # the fault: a pause past the budgets, nothing to wait for
+        if session == "terminated":
+            await pool.execute("SELECT pg_terminate_backend($1)", backend)
+        else:
+            os.kill(backend, signal.SIGSTOP)  # a database on this machine (devstack's)
+            stalled = True
+    finally:
+        first.signal(signal.SIGCONT)
+    try:
+        await first.logged("leadership.lost")
+    finally:
+        if stalled:
+            os.kill(backend, signal.SIGCONT)
+    for run_id in run_ids:
+        state = await until(log, run_id, lambda s: s.status == "interrupted")
+        assert state.reason == "budget-exceeded"
+    await eventually(lambda: len(give_ups(first) + give_ups(second)) == len(run_ids),
+                     timeout=10)
+    events = [line.get("event") for line in first.lines]
+    lost = events.index("leadership.lost")
+    assert all(index > lost for index in give_ups(first)), (
+        "the paused reconciler gave up runs on the lease it held before its pause")
+    for service in (first, second):
+        if give_ups(service):  # each give-up in a term that began after the pause
+            acquired = [i for i, line in enumerate(service.lines)
+                        if line.get("event") == "leadership.acquired"]
+            assert service is second or acquired[-1] > lost
+            assert min(give_ups(service)) > acquired[-1]
+    for run_id in run_ids:
+        history = await log.read_run(PARENT, run_id)
+        assert [e.type for e in history.events].count("run.interrupted") == 1
+
+
+def give_ups(service) -> list[int]:
+    """Where the service's give-up lines are in its log."""
+    return [i for i, line in enumerate(service.lines)
+            if line.get("event") == "agent_tool:detached:give_up"]
+
+
+async def test_a_reconciler_paused_past_the_reattach_timeout_does_not_seal_a_talking_child(
+        log, services, settings):
+    """The reconciler follows a recovered child that reports a milestone every 200 ms,
+    and is stopped (SIGSTOP) for longer than the re-attach no-progress timeout. Woken,
+    its own pause is not the child's silence: it reads what the child sent meanwhile and
+    follows the run to its end."""
+    await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS)
+    reconciler = await services("reconciler", **FAST_RECOVERY)
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    app = await connect(settings=settings)
+    awaiting = asyncio.create_task(app.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        "Sleeper", {"seconds": 8, "milestones": 40}, run_id="talking"))
+    await until(log, "talking", lambda s: s.status == "running")
+    await app.nc.close()  # the application is gone: the run is recovered and followed
+    awaiting.cancel()
+    await asyncio.gather(awaiting, return_exceptions=True)
+    await until(log, "talking", lambda s: s.reattach_attempts == 1)
+
+    reconciler.signal(signal.SIGSTOP)
+    try:
+        await asyncio.sleep(2.5)  # the fault: a pause past the 1.5 s timeout
+    finally:
+        reconciler.signal(signal.SIGCONT)
+
+    state = await until(log, "talking", lambda s: s.status in ("completed", "interrupted")
+                        and s.reattach_decisions)
+    assert state.status == "completed"
+    assert [d.outcome for d in state.reattach_decisions] == ["finished"]

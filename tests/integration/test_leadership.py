@@ -3,8 +3,12 @@ holder acting only after the old one stopped."""
 
 import asyncio
 import contextlib
+import os
 import random
+import signal
+import sys
 import time
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -144,3 +148,120 @@ async def test_a_lease_ends_when_its_stop_meets_a_confirmation_answer(pool, uniq
         else:
             holding.result()
     assert hung == 0, f"{hung} of 200 leases did not end once stopped"
+
+
+# --- a holder paused for real: the gate before each action -----------------------------
+
+HOLDER = Path(__file__).resolve().parents[1] / "support" / "lease_holder.py"
+PAUSE_S = 1.0  # five check intervals of the holder's
+
+
+@contextlib.asynccontextmanager
+async def lease_holder(database_url: str, key: str, table: str):
+    """A `lease_holder.py` process leading `key`, acting into `table`; its stdout lines."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(HOLDER), database_url, key, table, str(2 * CHECK_S),
+        stdout=asyncio.subprocess.PIPE)
+    assert process.stdout is not None
+    try:
+        async with asyncio.timeout(20):
+            assert (await process.stdout.readline()).decode().strip() == "acquired"
+        yield process, process.stdout
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+
+
+async def acts(pool, table: str) -> list[asyncpg.Record]:
+    return await pool.fetch(f'SELECT acted_at, confirmed_at FROM "{table}" ORDER BY acted_at')
+
+
+async def test_a_holder_woken_from_a_pause_confirms_its_lease_before_it_acts_again(
+        pool, database_url, unique_name):
+    """The issue's case: the holder stopped (SIGSTOP) for longer than its check interval,
+    its session still holding the lock. Woken, it acts again, but only on a confirmation
+    sent after it woke, never on the one from before its pause."""
+    await pool.execute(f'CREATE TABLE "{unique_name}" (acted_at float8, confirmed_at float8)')
+    try:
+        async with lease_holder(database_url, unique_name, unique_name) as (process, _):
+            await eventually(lambda: acts(pool, unique_name), timeout=10, interval=0.02)
+            process.send_signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            await asyncio.sleep(PAUSE_S)  # the fault: a pause, nothing to wait for
+            woken_at = time.monotonic()
+            process.send_signal(signal.SIGCONT)
+            rows = await eventually(
+                lambda: _after(acts(pool, unique_name), woken_at, 5), timeout=10, interval=0.02)
+        before = [row for row in await acts(pool, unique_name) if row["acted_at"] < stopped_at]
+        assert before, "it acted before its pause"
+        for row in rows:
+            assert row["confirmed_at"] >= woken_at, (
+                f"acted at {row['acted_at']:.3f} on a confirmation sent at "
+                f"{row['confirmed_at']:.3f}, before it woke at {woken_at:.3f}")
+            assert row["acted_at"] - row["confirmed_at"] < 2 * CHECK_S
+    finally:
+        await pool.execute(f'DROP TABLE "{unique_name}"')
+
+
+async def test_a_holder_whose_session_ended_while_it_was_paused_never_acts_again(
+        pool, database_url, unique_name):
+    """Stopped, its lease's session terminated and the lock taken by another session
+    meanwhile: woken, the holder's first gate finds the lease stale, fails to confirm it,
+    and it stops without acting."""
+    await pool.execute(f'CREATE TABLE "{unique_name}" (acted_at float8, confirmed_at float8)')
+    try:
+        async with lease_holder(database_url, unique_name, unique_name) as (process, stdout):
+            await eventually(lambda: acts(pool, unique_name), timeout=10, interval=0.02)
+            process.send_signal(signal.SIGSTOP)
+            [pid] = [row["pid"] for row in await pool.fetch(HOLDER_PID, unique_name)]
+            await pool.execute("SELECT pg_terminate_backend($1)", pid)
+            async with pool.acquire() as successor:
+                # The lock is free for another holder while the first one sleeps.
+                assert await eventually(lambda: successor.fetchval(
+                    "SELECT pg_try_advisory_lock(hashtext($1))", unique_name), timeout=10)
+                await asyncio.sleep(PAUSE_S)  # the fault: a pause, nothing to wait for
+                woken_at = time.monotonic()
+                process.send_signal(signal.SIGCONT)
+                async with asyncio.timeout(10):
+                    line = (await stdout.readline()).decode()
+                    assert line.startswith("lost"), line
+                    assert await process.wait() == 0
+                await successor.execute("SELECT pg_advisory_unlock_all()")
+        late = [row for row in await acts(pool, unique_name) if row["acted_at"] >= woken_at]
+        assert late == [], "it acted on a lease another session held"
+    finally:
+        await pool.execute(f'DROP TABLE "{unique_name}"')
+
+
+async def _after(rows, since: float, count: int) -> list | None:
+    """The first `count` of `rows` (awaited) acted at or after `since`, once there are."""
+    found = [row for row in await rows if row["acted_at"] >= since]
+    return found[:count] if len(found) >= count else None
+
+
+async def test_a_confirmation_counts_from_when_it_was_sent_not_when_it_came_back(
+        pool, unique_name):
+    """The lease's backend stalled (stopped for real) while a confirmation is under way:
+    the answer comes back late, and the lease counts as confirmed when the query went
+    out, so the stall is not taken for freshness."""
+    lease = Lease(pool, unique_name, get_logger(test="leadership"), check_interval_s=1.0)
+    stop = asyncio.Event()
+    async with lease.held(stop) as term:
+        assert term is not None
+        [backend] = [row["pid"] for row in await pool.fetch(HOLDER_PID, unique_name)]
+        os.kill(backend, signal.SIGSTOP)  # a database on this machine (devstack's)
+        try:
+            confirming = asyncio.ensure_future(term.confirm())
+            await asyncio.sleep(0.05)  # the query is out; its answer cannot come yet
+            sent_by = time.monotonic()
+            await asyncio.sleep(0.45)  # the fault: a stall, nothing to wait for
+        finally:
+            os.kill(backend, signal.SIGCONT)
+        async with asyncio.timeout(5):
+            await confirming
+        answered_by = time.monotonic()
+        assert term.confirmed_at is not None and term.confirmed_at <= sent_by
+        assert answered_by - term.confirmed_at >= 0.45
+        assert not term.lost.is_set()
+        stop.set()

@@ -2,8 +2,11 @@
 
 import asyncio
 import json
+import logging
 
 import pytest
+import structlog
+from eventually import eventually
 
 from tether.adapters.postgres import projector as projector_module
 from tether.adapters.postgres.migrator import migrate
@@ -451,3 +454,64 @@ async def test_a_row_upserted_from_its_state_document_equals_the_one_copied(pool
     assert by_id["shape-detached"]["detached"] is True
     assert by_id["shape-detached"]["output_chunks"] == 2
     assert by_id["shape-rich"]["input_preview"].endswith("…")
+
+
+async def test_a_batch_whose_lease_term_was_taken_meanwhile_rolls_back(log, pool, settings):
+    """The projector's fence: a batch held between the lease's gate and its commit (as a
+    projector paused there) while another session takes the lease's next term, as a
+    successor does, is rolled back; the projector stops leading, leads again in a new
+    term, and the projection still equals a replay."""
+    total = await append_finished_runs(log, 5)
+    schema = settings.projection_schema
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def hold_first_batch(batch) -> None:
+        if not entered.is_set():
+            entered.set()
+            await release.wait()
+
+    lines = structlog.testing.LogCapture()
+    logger = structlog.wrap_logger(None, processors=[lines],
+                                   wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    projector = Projector(pool, log, schema, leadership_check_s=0.1,
+                          before_commit=hold_first_batch, logger=logger)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    try:
+        async with asyncio.timeout(10):
+            await entered.wait()  # the batch's rows are written, not committed
+        successor_term = await pool.fetchval(Statements(schema).take_lease_term,
+                                             projector.lock_key)
+        assert successor_term == 2
+        release.set()
+
+        def lost() -> list[dict]:
+            return [line for line in lines.entries if line["event"] == "leadership.lost"]
+
+        [line] = await eventually(lost, timeout=10, interval=0.02)
+        assert "term 2" in line["error"], line
+        assert await pool.fetchval(f'SELECT last_seq FROM "{schema}".checkpoints') == 0
+        assert await pool.fetchval(f'SELECT count(*) FROM "{schema}".runs') == 0
+
+        async with asyncio.timeout(30):  # it leads again, in the next term, from 0
+            await project_until(projector, total)
+        assert await pool.fetchval(f'SELECT term FROM "{schema}".leases') == 3
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await task
+    assert (await verify(pool, log, schema)).differences == []
+
+
+async def test_a_schema_from_before_the_lease_terms_is_migrated_and_projected(
+        log, pool, settings):
+    """An existing database (migrated before `leases` existed) gets the table when a
+    service migrates it at start, and its projector leads in term 1."""
+    schema = settings.projection_schema
+    await pool.execute(f'DROP TABLE "{schema}".leases')
+    await pool.execute(f'DELETE FROM "{schema}".schema_migrations WHERE version = 3')
+    async with pool.acquire() as conn:
+        assert await migrate(conn, schema) == ["003_leases.sql"]
+    total = await append_finished_runs(log, 2)
+    await run_projector_until(pool, log, schema, total)
+    assert await pool.fetchval(f'SELECT term FROM "{schema}".leases') == 1

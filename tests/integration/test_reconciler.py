@@ -12,23 +12,36 @@ import pytest
 import structlog
 from eventually import eventually
 
+from examples.agents import Sleeper
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
+from tether.adapters.postgres.projector import Projector
 from tether.adapters.streams import StreamSettings, ensure_streams, key_value
+from tether.agent_registry import AgentRegistry
+from tether.child.runner import ChildRunner
 from tether.client import connect
-from tether.contract.messages import HookMessage, ObservabilityEvent
+from tether.contract.messages import (
+    HookMessage,
+    ObservabilityEvent,
+    WorkItem,
+    work_item_json,
+    work_message_id,
+)
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import (
     ParentRef,
+    RunAborted,
     RunCompleted,
     RunFinishDelivered,
+    RunNotified,
     RunProgressPersisted,
 )
-from tether.domain.run_state import evolve
+from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
-from tether.reconciler.service import Reconciler
+from tether.reconciler.control import ChildControl
+from tether.reconciler.service import LOAD_RUNS, Reconciler
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Importer", name="tenant-1")
@@ -455,3 +468,148 @@ async def test_a_retry_the_broker_was_away_for_is_made_once_it_is_back(fast, poo
         await nc.close()
         server.kill()
         server.wait(timeout=10)
+
+
+# --- a leadership change costs what is open -------------------------------------------
+
+def capture_lines():
+    lines = structlog.testing.LogCapture()  # the reconciler's lines, whatever is configured
+    logger = structlog.wrap_logger(None, processors=[lines],
+                                   wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
+    return lines, logger
+
+
+async def test_a_new_leader_loads_open_runs_and_owed_deliveries_only(fast, log, pool, settings):
+    """Many finished detached runs whose deliveries are all in their ledgers, and a few
+    that are open or still owe one: a reconciler taking over reads the few only, and the
+    SQL rule is `_pending_delivery`'s (the partial index's predicate is the query's)."""
+    def run_of(run_id: str, **detached) -> tuple[RunEvents, list]:
+        run = RunEvents(run_id, PARENT, start_ms=now_ms())
+        return run, [run.requested(detached=detached or None, max_budget_ms=3_600_000),
+                     run.started(), run.running()]
+
+    def delivered(run: RunEvents, status: str, method: str) -> object:
+        return run.make(RunFinishDelivered, status=status, method=method,
+                        message_id=f"finish:{run.run_id}:{status}")
+
+    events: list = []
+    owed, open_ = set(), set()
+    for i in range(120):  # hooks delivered: owe nothing
+        run, started = run_of(f"hooked-{i}", on_finish="on_done")
+        end, status = (run.completed(), "completed") if i % 2 else (run.failed(), "error")
+        events += [*started, end, delivered(run, status, "on_done")]
+    for i in range(40):  # chat notifications put out: owe nothing
+        run, started = run_of(f"told-{i}", notify=True)
+        events += [*started, run.completed(),
+                   run.make(RunNotified, kind="finish", key="completed", mode="notify",
+                            message_id=f"n-{i}")]
+    for i in range(30):  # awaited runs, finished; and detached runs with nothing to deliver
+        run, started = run_of(f"awaited-{i}")
+        events += [*started, run.completed()]
+        run, started = run_of(f"quiet-{i}", max_budget_ms=3_600_000)
+        events += [*started, run.completed()]
+    for i in range(10):  # given up on, then aborted: the give-up's own hook owes nothing
+        run, started = run_of(f"gaveup-{i}", on_finish="on_done")
+        events += [*started, run.make(RunAborted, cause="give-up")]
+    for i in range(3):
+        run, started = run_of(f"owed-hook-{i}", on_finish="on_done")
+        events += [*started, run.completed()]
+        owed.add(run.run_id)
+        run, started = run_of(f"owed-note-{i}", notify=True)
+        events += [*started, run.interrupted()]
+        owed.add(run.run_id)
+        run, started = run_of(f"open-{i}", on_finish="on_done")
+        events += started
+        open_.add(run.run_id)
+    run, started = run_of("owed-other-status", on_finish="on_done")
+    events += [*started, run.interrupted(), delivered(run, "interrupted", "on_done"),
+               run.completed()]  # a late completion owes its own hook
+    owed.add(run.run_id)
+    await append_all(log, *events)
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
+    stop_projecting = asyncio.Event()
+    projecting = asyncio.create_task(projector.run(stop_projecting))
+    async with asyncio.timeout(60):
+        await projector.wait_for_position(await log.stream_last_seq())
+    stop_projecting.set()
+    async with asyncio.timeout(10):
+        await projecting
+
+    schema = f'"{settings.projection_schema}"'
+    rows = await pool.fetch(f"SELECT state::text AS state FROM {schema}.runs")
+    states = [state_from_json(row["state"]) for row in rows]
+    assert len(states) == 120 + 40 + 60 + 10 + 9 + 1
+
+    lines, logger = capture_lines()
+    reconciler, stop, task = await start(fast, log, pool, logger=logger)
+    try:
+        expected = {s.run_id for s in states if s.is_open or reconciler._pending_delivery(s)}
+        assert expected == owed | open_  # the rule in Python says what the runs were made for
+        [loaded] = await eventually(lambda: [line for line in lines.entries
+                                             if line["event"] == "reconciler.loaded"])
+        assert loaded["runs"] == len(owed | open_)
+        assert {key[2] for key in reconciler._states} >= open_
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SET LOCAL enable_seqscan = off")
+            plan = "\n".join(row[0] for row in await conn.fetch(
+                "EXPLAIN " + LOAD_RUNS.format(schema=schema)))
+            picked = {state_from_json(row["state"]).run_id
+                      for row in await conn.fetch(LOAD_RUNS.format(schema=schema))}
+        assert "runs_reconciler_watch" in plan, plan
+        assert picked == expected
+    finally:
+        stop.set()
+        async with asyncio.timeout(10):
+            await task
+
+
+async def test_a_silent_child_a_runner_still_holds_is_sealed_no_progress(recovering, log, pool,
+                                                                         nc):
+    """A recovered run whose child a live runner holds, and which sends nothing for the
+    re-attach no-progress timeout: its runner answering for it is no progress, so the run
+    ends `no-progress`, the child still running (not cancelled: the runner still holds
+    it when the run is sealed)."""
+    runner = ChildRunner(nc, recovering.model_copy(update={"work_ack_wait_ms": 1000}),
+                         AgentRegistry([Sleeper]), fetch_timeout_s=0.3, cancel_grace_s=0.2,
+                         shutdown_grace_s=0.2)
+    stop_runner = asyncio.Event()
+    await runner.start()
+    running = asyncio.create_task(runner.run(stop_runner))
+    try:
+        # A run requested without an awaiter, its child silent for a minute.
+        run = RunEvents("silent-held", PARENT, start_ms=now_ms())
+        requested = run.requested("Sleeper", input={"seconds": 60})
+        seq = await log.append_batch([requested], expected_last_seq=0)
+        await log.jetstream.publish(
+            log.subjects.work("Sleeper"),
+            work_item_json(WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper",
+                                    attempt=0, requested=requested, requested_seq=seq)),
+            headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
+            stream=log.subjects.work_stream)
+        async with asyncio.timeout(10):
+            async with aclosing(log.follow(log.subjects.run_events(PARENT, run.run_id))) as events:
+                async for stored in events:
+                    if stored.event.type == "run.running":
+                        break
+
+        _, stop, task = await start(recovering, log, pool)
+        try:
+            state, history = await outcome(log, run.run_id)
+            control = ChildControl(log.nats, log.subjects)
+            held = await control.inspect(state, 2.0)
+        finally:
+            stop.set()
+            async with asyncio.timeout(10):
+                await task
+    finally:
+        stop_runner.set()
+        async with asyncio.timeout(10):
+            await running
+    assert (state.status, state.reason, state.child_still_running) == (
+        "interrupted", "no-progress", True)
+    decision = state.reattach_decisions[-1]
+    assert (decision.outcome, decision.reason, decision.child_still_running) == (
+        "interrupted", "no-progress", True)
+    assert decision.timings["silent_ms"] >= recovering.reattach_no_progress_timeout_ms
+    assert "run.cancel_requested" not in [e.type for e in history]
+    assert held.outcome == "found", "a runner held the child all along"

@@ -14,21 +14,27 @@ two passes. A parent replica starting or stopping loses nothing and recovers not
    before the total deadline with `recovery-deadline`. "No record yet" is not a failure:
    the run is watched like a live one.
 2. re-attach to each live child: follow its events and progress; every one resets the
-   no-progress timeout. When the timeout passes in silence the child is inspected again:
-   a runner that still holds it is its heartbeat and the watch goes on. Silence with no
-   runner holding the child ends the run `interrupted`, `no-progress`, the child still
-   to run (its work item is kept; a repeated request re-attaches to it); a finite max
-   window ends it `window-exceeded` and cancels the child, durably (`run.cancel_requested`
-   in the log); a watch that cannot follow the child's events ends it `not-tailable`.
+   no-progress timeout. When the timeout passes in silence the run ends `interrupted`,
+   `no-progress`, `child_still_running: true`, whether or not a runner still holds the
+   child: a runner holding a child that sends nothing is not progress. The child is not
+   cancelled (a runner that holds it goes on, and its outcome still repairs the run; a
+   queued work item is kept for a runner); a repeated request re-attaches to it. A
+   finite max window ends it `window-exceeded` and cancels the child, durably
+   (`run.cancel_requested` in the log); a watch that cannot follow the child's events
+   ends it `not-tailable`.
 
 Each decision is a `run.reattach_decided` event with its reason and timings. Recovering
 twice is harmless: decisions are appended with optimistic concurrency and only while the
-run is still open.
+run is still open. Each append (and each cancel) first passes the lease's gate
+(`lease_fresh`, set by the reconciler for its term): a reconciler that cannot show a
+fresh lease decides nothing, and a decision is taken from a read of the run made after
+the gate, so an append that expects that read's last sequence cannot land once the run
+moved (docs/faults.md).
 """
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from typing import Literal
 
@@ -37,6 +43,7 @@ from tether.config import Settings
 from tether.domain import decide
 from tether.domain.events import InterruptedReason
 from tether.domain.run_state import RunState, evolve
+from tether.leadership import LeadershipLost
 from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
 from tether.resilience import sleep_unless_stopped
 
@@ -54,6 +61,17 @@ def _key(state: RunState) -> RunKey:
     return (state.parent.agent, state.parent.name, state.run_id)
 
 
+async def _not_leading() -> None:
+    raise LeadershipLost("recovery acts only for a reconciler that leads")
+
+
+def _failure(task: asyncio.Task) -> BaseException | None:
+    """A finished task's error, but the end of a term (its work is being cancelled)."""
+    if task.cancelled() or isinstance(task.exception(), LeadershipLost):
+        return None
+    return task.exception()
+
+
 class Recovery:
     def __init__(self, settings: Settings, log: EventLog, control: ChildControl,
                  observability: Observability, logger, *, origin: str) -> None:
@@ -68,6 +86,8 @@ class Recovery:
         self._passes: set[asyncio.Task] = set()
         # Runs whose awaiter was missing at the last check: recovered if it still is.
         self._missed: set[RunKey] = set()
+        # The gate before each decision: the leading reconciler's `Term.fresh`.
+        self.lease_fresh: Callable[[], Awaitable[None]] = _not_leading
 
     async def run(self, stop: asyncio.Event, awaited_open_runs: Callable[[], list[RunState]]) -> None:
         interval_s = self._settings.awaiter_check_interval_ms / 1000
@@ -113,9 +133,8 @@ class Recovery:
         def done(finished: asyncio.Task) -> None:
             self._passes.discard(finished)
             self._recovering -= keys
-            if not finished.cancelled() and finished.exception() is not None:
-                self._logger.error("recovery.pass_failed", runs=len(runs),
-                                   exc_info=finished.exception())
+            if (error := _failure(finished)) is not None:
+                self._logger.error("recovery.pass_failed", runs=len(runs), exc_info=error)
 
         task.add_done_callback(done)
 
@@ -184,9 +203,9 @@ class Recovery:
 
         def done(finished: asyncio.Task) -> None:
             self._watching.pop(key, None)
-            if not finished.cancelled() and finished.exception() is not None:
+            if (error := _failure(finished)) is not None:
                 self._logger.error("recovery.watch_failed", run_id=state.run_id,
-                                   exc_info=finished.exception())
+                                   exc_info=error)
 
         task.add_done_callback(done)
 
@@ -194,6 +213,7 @@ class Recovery:
         started = time.monotonic()
         current: RunState | None = state
         try:
+            await self.lease_fresh()  # the re-attach is decided from the read below
             history = await self._log.read_run(state.parent, state.run_id)
             current = history.state
             if current is None or current.is_hard_terminal:
@@ -208,7 +228,7 @@ class Recovery:
                 if current is None or current.is_hard_terminal:
                     return
             await self._follow(current, history.last_seq, started, inspect_ms)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, LeadershipLost):
             raise
         except Exception as error:  # noqa: BLE001 - whatever stopped the watch is a decision
             # A lost connection, a consumer the server refused, an unreadable stream: the
@@ -222,7 +242,6 @@ class Recovery:
     async def _follow(self, current: RunState, last_seq: int, started: float,
                       inspect_ms: int | None) -> None:
         silence_s = self._settings.reattach_no_progress_timeout_ms / 1000
-        inspect_s = self._settings.recovery_inspect_timeout_ms / 1000
         window_ms = self._settings.reattach_max_window_ms
         window_ends = None if window_ms is None else started + window_ms / 1000
         signals: asyncio.Queue[None] = asyncio.Queue()
@@ -271,11 +290,9 @@ class Recovery:
                             next_event = asyncio.ensure_future(anext(stream))
                         elif next_signal in done:
                             last_signal = time.monotonic()
-                        elif not window_spent and (
-                                await self._control.inspect(current, inspect_s)).outcome == "found":
-                            # Silent, but a runner holds it: a long step, not a lost child.
-                            last_signal = time.monotonic()
                         else:
+                            # Silent for the whole timeout (a runner that answers for the
+                            # child is no signal from it), or the window is spent.
                             break
                 finally:
                     next_event.cancel()
@@ -283,14 +300,16 @@ class Recovery:
                     await asyncio.gather(next_event, return_exceptions=True)
             if window_spent:
                 # The child had its whole window: it is cancelled and considered spent.
+                await self.lease_fresh()
                 stopped = await self._control.cancel(current, decide.GIVE_UP,
                                                      self._settings.cancel_grace_ms / 1000)
                 await self._interrupt(current, "window-exceeded", started,
                                       inspect_ms=inspect_ms, child_still_running=not stopped,
                                       cancel=True)
             else:
-                # Soft: nobody holds the child; its work item is kept, and a repeated
-                # request re-attaches to it.
+                # Soft: the child is not cancelled. A runner that holds it goes on (its
+                # outcome repairs the run), a queued item is kept for a runner, and a
+                # repeated request re-attaches to it.
                 await self._interrupt(current, "no-progress", started, inspect_ms=inspect_ms,
                                       child_still_running=True,
                                       silent_ms=int((time.monotonic() - last_signal) * 1000))
@@ -310,6 +329,11 @@ class Recovery:
                       **timings: int | None) -> None:
         timings_ms = {k: v for k, v in timings.items() if v is not None}
         timings_ms["waited_ms"] = int((time.monotonic() - started) * 1000)
+        await self.lease_fresh()
+        # Decided from a read made after the gate, not from what this process knew of the
+        # run before it: the read refreshes the log's recent runs, which `update` decides
+        # from, and its append expects the read's last sequence.
+        await self._log.read_run(state.parent, state.run_id)
         cause = decide.timer_cause(now_ms(), self._origin)
         _, appended = await self._log.update(
             state.parent, state.run_id,

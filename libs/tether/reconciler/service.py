@@ -38,7 +38,7 @@ from tether.delivery.deliverer import Deliverer
 from tether.domain import decide
 from tether.domain.events import RunRequested
 from tether.domain.run_state import RunState, evolve, state_from_json
-from tether.leadership import Lease, act_while_leading
+from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,
     DEADLINES_FIRED,
@@ -53,10 +53,24 @@ from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervis
 
 RunKey = tuple[str, str, str]
 
+# What a new term watches: open runs, and finished detached runs whose finish delivery
+# is still owed (`_pending_delivery`, in SQL). A leadership change costs what is open,
+# not every finished run ever: the partial index `runs_reconciler_watch` (migration 002)
+# has this same predicate, and a test holds the two equal.
 LOAD_RUNS = """
     SELECT state::text AS state FROM {schema}.runs
     WHERE status IN ('starting', 'running')
-       OR (detached AND status IN ('completed', 'error', 'aborted', 'interrupted'))
+       OR (detached
+           AND status IN ('completed', 'error', 'aborted', 'interrupted')
+           AND NOT (status = 'aborted' AND coalesce(state->>'aborted_cause', '') = 'give-up')
+           AND CASE WHEN state->'detached'->>'on_finish' IS NOT NULL
+                    THEN NOT (coalesce(delivery->'finish', '{{}}'::jsonb)
+                              ? (state->'detached'->>'on_finish' || ':' || status))
+                    ELSE coalesce(state->'detached'->'notify', 'false'::jsonb)
+                             NOT IN ('false'::jsonb, 'null'::jsonb)
+                         AND NOT (coalesce(delivery->'notifications', '{{}}'::jsonb)
+                                  ? ('finish:' || status))
+               END)
 """
 READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
@@ -119,6 +133,8 @@ class Reconciler:
         async with lease.held(stop) as term:
             if term is None:
                 return
+            # The gate before each decision, the timer's (`_fire`) and recovery's.
+            self._lease_fresh = self.recovery.lease_fresh = term.fresh
             await self._observability_broker.start()
             progressed()
             self._reset_view()
@@ -126,6 +142,8 @@ class Reconciler:
             self._logger.info("reconciler.active")
             try:
                 await act_while_leading(term, stop, self._act)
+            except LeadershipLost:
+                return  # logged (`leadership.lost`); it stands by again
             finally:
                 self.active.clear()
                 for task in list(self._firing):
@@ -165,7 +183,8 @@ class Reconciler:
                 return 0  # no projection yet: the log from the start is the view
         for row in rows:
             self._track(state_from_json(row["state"]))
-        self._logger.info("reconciler.loaded", runs=len(self._states), checkpoint=checkpoint)
+        self._logger.info("reconciler.loaded", runs=len(rows), watching=len(self._states),
+                          checkpoint=checkpoint)
         return checkpoint
 
     async def _follow(self, stop: asyncio.Event, checkpoint: int) -> None:
@@ -276,10 +295,17 @@ class Reconciler:
     async def _fire(self, key: RunKey, kind: str) -> None:
         clock = HANDLER_SECONDS.start()
         try:
+            # The gate: decide only on a lease confirmed within its check interval (a
+            # reconciler woken from a pause confirms it first). The decision is taken from
+            # a read of the run made after it, and its appends expect that read's last
+            # sequence: one that lands late lands only on the run it was decided from.
+            await self._lease_fresh()
             if kind == "delivery":
                 await self._retry_delivery(key)
             else:
                 await self._budget_due(key)
+        except LeadershipLost:
+            return  # the term is over (its work is being cancelled); the next one reloads
         except Exception as error:
             # Decided again in a second; a broker away for that long is not a bug.
             if is_transient(error):

@@ -8,6 +8,11 @@ projector killed after commit but before it knew, two projectors racing) changes
 nothing. Messages that cannot be decoded go to `dead_letters` with their sequence and
 the reason; they advance the checkpoint too, so nothing is skipped silently and nothing
 blocks the log.
+
+The live projector's batches are fenced (`Fence`): just before its commit, a batch
+passes the lease's gate and reads the lease's term `FOR SHARE` in its own transaction,
+and rolls back unless the term is still the projector's own. A projector paused after the
+gate, whose successor took the next term meanwhile, therefore writes nothing.
 """
 
 import asyncio
@@ -25,6 +30,7 @@ from tether.adapters.postgres.statements import (
     Statements,
 )
 from tether.domain.run_state import RunState, evolve, state_from_json, state_json
+from tether.leadership import LeadershipLost
 from tether.ports import StoredEvent
 from tether.recent_runs import UNKNOWN, RecentlyProjected, RunKey
 
@@ -42,6 +48,27 @@ class BatchResult:
     new_runs: int = 0  # rows the batch added to `runs`
 
 
+
+
+class LeaseSuperseded(LeadershipLost):
+    """A batch found its lease's term taken by another holder: it was rolled back."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a live projector's batch checks before it commits: the lease's gate
+    (`Term.fresh`), then that `lease`'s term in the schema is still `term`, the one this
+    projector took when it started to lead."""
+
+    lease: str
+    term: int
+    fresh: Callable[[], Awaitable[None]]
+
+    async def check(self, conn: asyncpg.Connection, sql: Statements) -> None:
+        held = await conn.fetchval(sql.lease_term_for_share, self.lease)
+        if held != self.term:
+            raise LeaseSuperseded(f"lease {self.lease} is in term {held}, not this "
+                                  f"projector's {self.term}: the batch was rolled back")
 
 
 def input_preview(state: RunState, limit: int) -> str:
@@ -123,15 +150,17 @@ async def ensure_checkpoint(conn: asyncpg.Connection, sql: Statements) -> int:
 async def apply_batch(conn: asyncpg.Connection, sql: Statements, batch: Sequence[StoredEvent],
                       *, preview_chars: int = 500,
                       before_commit: Callable[[Sequence[StoredEvent]], Awaitable[None]] | None = None,
-                      known: RecentlyProjected | None = None) -> BatchResult:
+                      known: RecentlyProjected | None = None,
+                      fence: Fence | None = None) -> BatchResult:
     """Project `batch` (in stream order) in one transaction; see the module docstring.
 
     `known` (the single active projector's) saves loading the states of runs it wrote
-    itself; it is updated only once the transaction committed.
+    itself; it is updated only once the transaction committed. `fence` (the live
+    projector's) is checked last before the commit.
     """
     try:
         result, states = await _apply_batch(conn, sql, batch, preview_chars, before_commit,
-                                             known)
+                                             known, fence)
     except BaseException:
         if known is not None:
             known.clear()
@@ -146,6 +175,7 @@ async def _apply_batch(
         preview_chars: int,
         before_commit: Callable[[Sequence[StoredEvent]], Awaitable[None]] | None,
         known: RecentlyProjected | None,
+        fence: Fence | None = None,
 ) -> tuple[BatchResult, dict[RunKey, RunState | None] | None]:
     """The transaction of `apply_batch`; also returns the states it committed."""
     async with conn.transaction():
@@ -162,8 +192,13 @@ async def _apply_batch(
         await write_rows(conn, sql, rows_of(folded, preview_chars))
         folded.result.new_runs = sum(1 for key, state in folded.changed.items()
                                      if state is not None and key not in before)
+        if fence is not None:
+            await fence.fresh()
         if before_commit is not None:
             await before_commit(fresh)
+        if fence is not None:
+            # After the gate: what a pause between the two let a successor do is seen here.
+            await fence.check(conn, sql)
         return folded.result, folded.changed
 
 

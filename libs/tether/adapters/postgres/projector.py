@@ -2,7 +2,10 @@
 
 Exactly one projector writes a schema at a time (a lease: a session advisory lock,
 confirmed while held, see `tether.leadership`); a standby waits for it. The checkpoint lives in the projected schema, in the same
-transaction as the rows, so the position and the tables never disagree.
+transaction as the rows, so the position and the tables never disagree. A projector that
+starts to lead takes the lease's next term in the schema (`leases`), and each batch
+commits only after the lease's gate and only while that term is still its own
+(`projection.Fence`): one deposed while paused mid-batch writes nothing.
 """
 
 import asyncio
@@ -19,6 +22,8 @@ from tether.adapters.postgres.migrator import check_schema_name, migrate
 from tether.adapters.postgres.projection import (
     PROJECTION_NAME,
     BatchResult,
+    Fence,
+    LeaseSuperseded,
     apply_batch,
     ensure_checkpoint,
     table_digests,
@@ -26,7 +31,7 @@ from tether.adapters.postgres.projection import (
 )
 from tether.adapters.postgres.replay import PipelinedReplay
 from tether.adapters.postgres.statements import Statements
-from tether.leadership import Lease, act_while_leading
+from tether.leadership import LeadershipLost, Lease, Term, act_while_leading
 from tether.log import get_logger
 from tether.metrics import HANDLER_SECONDS, count_projected
 from tether.ports import StoredEvent
@@ -113,15 +118,27 @@ class Projector:
             self._known = RecentlyProjected()
             self.active.set()
             try:
-                await act_while_leading(term, stop, self._project)
+                await act_while_leading(term, stop,
+                                        lambda quit_: self._project(quit_, term))
+            except LeadershipLost:
+                return  # logged (`leadership.lost`); it stands by again
             finally:
                 self.active.clear()
 
-    async def _project(self, stop: asyncio.Event) -> None:
+    async def _project(self, stop: asyncio.Event, term: Term) -> None:
         async with self._pool.acquire() as conn:
-            await self._follow(conn, stop)
+            # This term's fencing token, taken now that the lease's grace is over: a
+            # previous holder's batch that still commits after this is refused.
+            taken = int(await conn.fetchval(self._sql.take_lease_term, self.lock_key))
+            fence = Fence(self.lock_key, taken, term.fresh)
+            try:
+                await self._follow(conn, stop, fence)
+            except LeaseSuperseded as superseded:
+                term.lose(str(superseded))
+                raise
 
-    async def _follow(self, conn: asyncpg.Connection, stop: asyncio.Event) -> None:
+    async def _follow(self, conn: asyncpg.Connection, stop: asyncio.Event,
+                      fence: Fence) -> None:
         self.stats.position = await ensure_checkpoint(conn, self._sql)
         self.stats.stream_last_seq = await self._log.stream_last_seq()
         self._statistics.analyzed_at(await conn.fetchval(self._sql.runs_estimate))
@@ -132,15 +149,17 @@ class Projector:
                                            start_seq=self.stats.position + 1,
                                            max_batch=self._batch_size, linger=self._linger_s)
         async for batch in until_stopped(batches, stop):
-            await self._apply(conn, batch)
+            await self._apply(conn, batch, fence)
 
-    async def _apply(self, conn: asyncpg.Connection, batch: list[StoredEvent]) -> None:
+    async def _apply(self, conn: asyncpg.Connection, batch: list[StoredEvent],
+                     fence: Fence) -> None:
         previous = self.stats.position
         clock = HANDLER_SECONDS.start()
         for attempt in range(1, 6):
             try:
                 result = await apply_batch(conn, self._sql, batch, preview_chars=self._preview_chars,
-                                           before_commit=self._before_commit, known=self._known)
+                                           before_commit=self._before_commit, known=self._known,
+                                           fence=fence)
                 break
             except RETRYABLE as error:
                 if attempt == 5:
@@ -315,6 +334,10 @@ async def rebuild(pool: asyncpg.Pool, log: EventLog, schema: str, *, batch_size:
             await conn.execute(f'LOCK TABLE "{schema}".checkpoints IN ACCESS EXCLUSIVE MODE')
             tail = await replay_into(conn, log, scratch, until_seq=await log.stream_last_seq(),
                                      **options)
+            # The leases' terms go with the tables: the live projector's batches, fenced
+            # by its term, go on in the new ones. (No new term is taken meanwhile.)
+            await conn.execute(f'LOCK TABLE "{schema}".leases IN SHARE MODE')
+            await conn.execute(f'INSERT INTO "{scratch}".leases SELECT * FROM "{schema}".leases')
             await conn.execute(f'DROP SCHEMA IF EXISTS "{retired}" CASCADE')
             await conn.execute(f'ALTER SCHEMA "{schema}" RENAME TO "{retired}"')
             await conn.execute(f'ALTER SCHEMA "{scratch}" RENAME TO "{schema}"')

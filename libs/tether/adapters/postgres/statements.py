@@ -42,6 +42,20 @@ class Statements:
         return self._q("SELECT last_seq FROM {s}.checkpoints WHERE projection = $1")
 
     @property
+    def take_lease_term(self) -> str:
+        """The next term of a lease, for its new holder: the fencing token its writes carry."""
+        return self._q("INSERT INTO {s}.leases (name, term) VALUES ($1, 1) "
+                       "ON CONFLICT (name) DO UPDATE SET term = {s}.leases.term + 1 "
+                       "RETURNING term")
+
+    @property
+    def lease_term_for_share(self) -> str:
+        """A lease's current term, locked until the transaction ends: a new holder's
+        `take_lease_term` waits for a batch that read it, and a batch that reads it after
+        sees the new term."""
+        return self._q("SELECT term FROM {s}.leases WHERE name = $1 FOR SHARE")
+
+    @property
     def any_rows(self) -> str:
         return self._q("SELECT EXISTS (SELECT FROM {s}.runs) OR EXISTS (SELECT FROM {s}.milestones) "
                        "OR EXISTS (SELECT FROM {s}.reattach_decisions) "
