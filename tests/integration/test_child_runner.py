@@ -457,6 +457,13 @@ class Holding(ChildAgent):
         return "released"
 
 
+async def logged_at(log, event) -> int:
+    """When the stream stored `event`, on the broker's clock."""
+    stored = await log.read_subject(log.subjects.run_events(event.parent, event.run_id))
+    [at] = [s.logged_at for s in stored if s.event.event_id == event.event_id]
+    return at
+
+
 async def test_a_quiet_child_s_last_signal_reaches_the_log_within_the_window(
         log, start_runner):
     Holding.release = asyncio.Event()
@@ -474,7 +481,9 @@ async def test_a_quiet_child_s_last_signal_reaches_the_log_within_the_window(
     assert second.data.message == "second", "the latest signal of the first window"
     state = (await log.read_run(run.parent, run.run_id)).state
     assert state.status == "running", "persisted by its window, not by the run's end"
-    assert state.progress.message == "second" and state.last_signal_at == second.occurred_at
+    # The deadline counts from when the stream stored the snapshot (the broker's clock).
+    assert state.progress.message == "second" and state.progress.at == second.occurred_at
+    assert state.last_signal_at == await logged_at(log, second)
     Holding.release.set()
     history = await finished(log, run)
     assert [e.data.message for e in of_type(history, "run.progress_persisted")] == ["second"]
@@ -508,7 +517,7 @@ async def test_a_milestone_supersedes_the_snapshot_still_waiting_for_its_window(
     progress = history.state.progress
     assert (progress.milestone, progress.message, progress.at) == (
         "imported", "imported", milestone.occurred_at)
-    assert history.state.last_signal_at == milestone.occurred_at
+    assert history.state.last_signal_at == await logged_at(log, milestone)
     # Live subscribers still saw every signal, the milestone last.
     signal = await last_progress_signal(log, run)
     assert (signal.milestone, signal.at) == ("imported", milestone.occurred_at)
