@@ -19,8 +19,9 @@ gives it back:
 """
 
 import asyncio
+import itertools
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -69,6 +70,19 @@ if TYPE_CHECKING:
     from tether.delivery.deliverer import Deliverer
 
 
+# An execution's token: this process's (random, drawn again in a forked child) and a
+# count within it.
+_PROCESS, _EXECUTIONS = os.urandom(4).hex(), itertools.count(1)
+
+
+def _new_process() -> None:
+    global _PROCESS, _EXECUTIONS
+    _PROCESS, _EXECUTIONS = os.urandom(4).hex(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_process)
+
+
 @dataclass(frozen=True, slots=True)
 class _Result:
     summary: str
@@ -86,7 +100,7 @@ class Execution:
         # Names this execution's events: two runners (or two items in one runner) that
         # decide the same thing from the same history never take each other's stored
         # event for their own, and a retry of this execution's append is stored once.
-        self._owner = uuid.uuid4().hex[:12]
+        self._owner = f"{_PROCESS}{next(_EXECUTIONS):x}"
         self._incarnation = ""  # the life of the run id this item works on, once read
         self._started = time.monotonic()
         self._ctx: RunContext | None = None
@@ -298,7 +312,7 @@ class Execution:
                            coalesce_ms=self._env.settings.progress_coalesce_ms,
                            persist_ms=self._env.settings.progress_persist_ms,
                            causation_id=self._causation_id, deliverer=self._env.deliverer,
-                           gate=self._ensure_current)
+                           hold=self._hold, confirm=self._ensure_current)
 
     async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:
         bind_context(ctx)

@@ -46,6 +46,7 @@ from tether.log import get_logger
 from tether.resilience import persistently
 
 if TYPE_CHECKING:
+    from tether.child.work import Hold
     from tether.delivery.deliverer import Deliverer
 
 
@@ -66,12 +67,14 @@ class RunRecorder:
     def __init__(self, log: EventLog, state: RunState, *, attempt: int, coalesce_ms: int,
                  persist_ms: int = 0, causation_id: str | None = None,
                  deliverer: "Deliverer | None" = None,
-                 gate: Callable[[], Awaitable[None]] | None = None) -> None:
+                 hold: "Hold | None" = None,
+                 confirm: Callable[[], Awaitable[None]] | None = None) -> None:
         """`deliverer`: puts out the chat notification of a milestone the run asked for.
-        `gate`: awaited before each report; raises `RunSuperseded` when the attempt may
-        no longer report (its runner checks that its hold on the work item is fresh)."""
+        `hold` and `confirm`, the gate before each report: while the runner's hold on the
+        work item is stale, `confirm` is awaited first, and raises `RunSuperseded` when
+        the attempt may no longer report."""
         self._log = log
-        self._gate = gate
+        self._hold, self._confirm = hold, confirm
         self._deliverer = deliverer
         self.run_id, self.parent = state.run_id, state.parent
         self._incarnation, self._event_id = state.incarnation, state.event_id  # this life's
@@ -138,11 +141,16 @@ class RunRecorder:
         lost, and does not fail the child, because the broker was away for a moment.
         (The child's own task: a stop cancels it, and the retry with it.)"""
         async def update() -> tuple[RunState | None, list[Event]]:
-            if self._gate is not None:
-                await self._gate()
+            if self._stale() and self._confirm is not None:
+                await self._confirm()
             return await self._log.update(self.parent, self.run_id, decision)
 
         return await persistently(update, what="child.report", logger=self._logger)
+
+    def _stale(self) -> bool:
+        """Whether the runner's hold is stale: the attempt must be confirmed first."""
+        return self._hold is not None and not self._hold.fresh
+
 
     def _logger(self):
         """Bound only when there is something to say: most runs log nothing."""
@@ -427,8 +435,8 @@ class RunRecorder:
                                    error=f"{type(error).__name__}: {error}")
 
     async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
-        if self._gate is not None:
-            await self._gate()
+        if self._stale() and self._confirm is not None:
+            await self._confirm()
         signal = progress_signal_json(self.run_id, self.parent, fraction=update.fraction,
                                       message=update.message, phase=update.phase,
                                       milestone=milestone, data=update.data, at=at)
