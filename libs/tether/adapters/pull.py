@@ -53,15 +53,19 @@ class Pull:
         self._nc, self.durable = nc, durable
         self._next = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._inbox = nc.new_inbox()
-        self._arrived: asyncio.Queue[Msg] = asyncio.Queue()
+        # (message, when it was read off the connection, monotonic)
+        self._arrived: asyncio.Queue[tuple[Msg, float]] = asyncio.Queue()
         self._subscription: Subscription | None = None
         # When the request that may have brought the last fetch's messages was sent
-        # (monotonic): the server's ack wait for them started no earlier.
-        self.sent_at = time.monotonic()
+        # (monotonic): the server's ack wait for them started no earlier; and when the
+        # first of them was read off the connection, which is when it was delivered
+        # unless the process stalled in between (`tether.child.work.Hold`).
+        self.sent_at = self.arrived_at = time.monotonic()
         self._lingering_sent_at: float | None = None
 
     async def start(self) -> "Pull":
-        self._subscription = await subscribe_routed(self._nc, self._inbox, self._arrived.put_nowait)
+        self._subscription = await subscribe_routed(
+            self._nc, self._inbox, lambda msg: self._arrived.put_nowait((msg, time.monotonic())))
         return self
 
     async def fetch(self, batch: int, timeout: float) -> list[Msg]:
@@ -91,10 +95,15 @@ class Pull:
     def _take_arrived(self, batch: int) -> list[Msg]:
         messages: list[Msg] = []
         while len(messages) < batch and not self._arrived.empty():
-            msg = self._arrived.get_nowait()
+            msg, arrived_at = self._arrived.get_nowait()
             if not _status(msg):  # a status left by an earlier request
+                self._note_arrival(messages, arrived_at)
                 messages.append(msg)
         return messages
+
+    def _note_arrival(self, messages: list[Msg], arrived_at: float) -> None:
+        if not messages:
+            self.arrived_at = arrived_at
 
     async def _request(self, request: dict[str, object], batch: int,
                        wait_s: float) -> list[Msg]:
@@ -104,9 +113,10 @@ class Pull:
         try:
             async with asyncio.timeout(wait_s):
                 while len(messages) < batch:
-                    msg = await self._arrived.get()
+                    msg, arrived_at = await self._arrived.get()
                     status = _status(msg)
                     if status is None:
+                        self._note_arrival(messages, arrived_at)
                         messages.append(msg)
                     elif status == "100":  # a heartbeat
                         continue

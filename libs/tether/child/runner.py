@@ -42,7 +42,7 @@ from tether.adapters.pull import Pull, durable_pull
 from tether.adapters.streams import StreamSettings, key_value
 from tether.agent_registry import AgentRegistry
 from tether.child.execution import Execution
-from tether.child.work import Hold, Outcome, RunnerEnvironment
+from tether.child.work import Hold, Outcome, RunnerEnvironment, StallWatch
 from tether.config import Settings
 from tether.contract.messages import (
     CancelReply,
@@ -159,6 +159,7 @@ class ChildRunner:
                                        middlewares=[ExceptionMiddleware(
                                            handlers={ValidationError: self._unreadable})])
         self._pulls: dict[str, Pull] = {}
+        self._stalls = StallWatch()  # a pause of this process voids its holds on items
         self.consuming = False
 
     def consumer_config(self, agent_type: str) -> js_api.ConsumerConfig:
@@ -216,12 +217,14 @@ class ChildRunner:
                                      name=f"consume:{agent_type}")
                  for agent_type, pull in self._pulls.items()]
         self.consuming = True
+        self._stalls.start()
         self._logger.info("child_runner.consuming", agents=self._registry.agent_types,
                           concurrency=self._settings.runner_concurrency)
         try:
             await stop.wait()
         finally:
             self.consuming = False
+            self._stalls.stop()
             await self._slots.close()
             # Each loop ends after its current fetch (at most `fetch_timeout_s`), which
             # does not leave a pull request behind to swallow an item after we are gone.
@@ -273,7 +276,8 @@ class ChildRunner:
                 if stop.is_set():  # fetched as we were stopping: let another runner have it
                     await settle(msg.nak(), logger=self._logger, what="work_item.nak")
                     continue
-                hold = Hold(pull.sent_at, ack_wait_s)
+                hold = Hold.of_delivery(pull.sent_at, pull.arrived_at, ack_wait_s,
+                                        self._stalls)
                 await self._slots.take(msg, keepalive_s, hold)
                 handler = asyncio.create_task(self._handle(agent_type, msg, hold))
                 self._handlers.add(handler)

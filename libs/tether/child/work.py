@@ -1,7 +1,9 @@
 """What the executions of one runner share, and what each ends with: the runner's
 environment, the outcome of a work item, and what a caller may see of a child's error."""
 
+import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -11,7 +13,7 @@ from pydantic import ValidationError
 
 from tether.adapters.event_log import EventLog
 from tether.config import Settings
-from tether.domain.attempts import hold_fresh
+from tether.domain.attempts import delivered_no_earlier_than, hold_fresh
 from tether.domain.events import ParentRef
 
 if TYPE_CHECKING:
@@ -51,18 +53,61 @@ class RunnerEnvironment:
     deliverer: "Deliverer | None" = None
 
 
-class Hold:
-    """This runner's hold on one work item: when the server last surely heard of it.
+class StallWatch:
+    """Notices the moments this process stopped running (a pause, a VM migration, a
+    throttled container, `SIGSTOP`, a long GC): a timer ticks every `TICK_S`, and a tick
+    that comes more than `STALL_S` late records the gap since the one before. A gap
+    that is under way (the loop woke and has not ticked yet) counts too."""
 
-    It starts when the request that brought the item was sent (the server's ack wait
-    began no earlier) and moves with each in-progress acknowledgement, but only while it
-    is fresh (`tether.domain.attempts.hold_fresh`): a runner that was stopped past it may
-    have lost the item to another runner, and only a read of the run (`confirmed`) makes
-    it fresh again.
+    TICK_S, STALL_S, KEPT = 0.1, 0.2, 64
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+        self._gaps: deque[tuple[float, float]] = deque(maxlen=self.KEPT)
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._last = time.monotonic()
+        self._timer = asyncio.get_running_loop().call_later(self.TICK_S, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last > self.TICK_S + self.STALL_S:
+            self._gaps.append((self._last, now))
+        self._last = now
+        self._timer = asyncio.get_running_loop().call_later(self.TICK_S, self._tick)
+
+    def stalled_s(self, since: float, until: float) -> float:
+        """How long the process was stalled between `since` and `until` (monotonic)."""
+        gaps = list(self._gaps)
+        if self._timer is not None and time.monotonic() - self._last > self.TICK_S + self.STALL_S:
+            gaps.append((self._last, time.monotonic()))  # waking from one now
+        return sum(max(0.0, min(end, until) - max(start, since)) for start, end in gaps)
+
+
+class Hold:
+    """This runner's hold on one work item: when the server surely last heard of it.
+
+    It starts when the server handed the item out, at the earliest
+    (`tether.domain.attempts.delivered_no_earlier_than`: its arrival, less any stall of
+    this process since the request that brought it), and moves with each in-progress
+    acknowledgement, but only while it is fresh (`tether.domain.attempts.hold_fresh`):
+    a runner that was stopped past it may have lost the item to another runner, and only
+    a read of the run (`confirmed`) makes it fresh again.
     """
 
     def __init__(self, renewed_at: float, ack_wait_s: float) -> None:
         self.renewed_at, self.ack_wait_s = renewed_at, ack_wait_s
+
+    @classmethod
+    def of_delivery(cls, requested_at: float, arrived_at: float, ack_wait_s: float,
+                    watch: "StallWatch | None") -> "Hold":
+        stalled = 0.0 if watch is None else watch.stalled_s(requested_at, arrived_at)
+        return cls(delivered_no_earlier_than(requested_at, arrived_at, stalled), ack_wait_s)
 
     @property
     def fresh(self) -> bool:

@@ -27,6 +27,15 @@ def hold_fresh(now: float, renewed_at: float, ack_wait_s: float) -> bool:
     return now - renewed_at < ack_wait_s * HOLD_SHARE
 
 
+def delivered_no_earlier_than(requested_at: float, arrived_at: float,
+                              stalled_s: float) -> float:
+    """When the server surely handed a work item out, at the earliest: when it was read
+    off the connection (`arrived_at`), less the time this process was stalled between
+    the request and that read (the item may have waited in the socket meanwhile), and
+    never before the request that brought it was sent (`requested_at`)."""
+    return max(requested_at, arrived_at - stalled_s)
+
+
 def standing(state: RunState | None, attempt: int, incarnation: str) -> Standing:
     """Where attempt `attempt` of the run's life `incarnation` stands in the run now:
     still the run's current attempt, taken over by a later one, or its run ended or gone
