@@ -18,7 +18,9 @@ from tether.agents import (
 )
 from tether.agents.agent import input_messages
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
+from tether.agents.messages import ToolCall
 from tether.agents.records import AgentStepRecord
+from tether.client import tool_run_id
 
 
 class Topic(BaseModel):
@@ -86,3 +88,58 @@ async def test_a_run_resumed_after_the_turn_joins_its_runs_without_a_model_call(
     assert sorted(started) == ["QUIC", "UDP"], "the runs were joined again"
     assert [call.turn for call in client.calls] == [1], "turn 0 was not asked again"
     assert [r.kind for r in session.records] == ["model_turn", "continuation", "model_turn"]
+
+
+def recorder(ids: list[str]) -> Tool:
+    async def execute(ctx: ToolContext, input: Topic) -> str:
+        ids.append(ctx.tool_call_id)
+        return f"found {input.topic}"
+
+    return Tool(id="research", description="Research a topic.", input_model=Topic,
+                execute=execute, starts_run=True)
+
+
+def call(call_id: str, topic: str) -> ToolCall:
+    return ToolCall(id=call_id, name="research", input={"topic": topic})
+
+
+# A provider that sends no id, repeats one within a turn, and numbers its calls per turn.
+CARELESS = [Reply("", [call("", "QUIC"), call("call_0", "UDP"), call("call_0", "TCP")]),
+            Reply("", [call("call_0", "TLS"), call("  ", "DNS")]),
+            Reply("done")]
+
+
+async def test_tool_call_ids_name_one_call_each_whatever_the_provider_sends() -> None:
+    ids: list[str] = []
+    journal = Journal()
+    definition = AgentDefinition(id="planner", model="m", tools=(recorder(ids),))
+    result = await Agent(definition).run("research", client=ScriptedModelClient(CARELESS),
+                                         journal=journal)
+
+    assert result.output == "done"
+    assert sorted(ids) == sorted(["tether_0_0", "call_0", "tether_0_2", "tether_2_0",
+                                  "tether_2_1"])
+    # An agent tool's run id derives from the call's id: one run per call.
+    assert len({tool_run_id(i) for i in ids}) == len(ids) == 5
+    # What was recorded (and goes back to the provider) carries the same ids.
+    recorded = [c.id for r in journal.records for c in r.tool_calls]
+    assert sorted(recorded) == sorted(ids)
+    answered = [t.tool_call_id for r in journal.records for t in r.tool_results]
+    assert sorted(answered) == sorted(ids)
+
+
+async def test_a_resumed_turn_keeps_the_ids_it_was_recorded_with() -> None:
+    first = Journal()
+    definition = AgentDefinition(id="planner", model="m", tools=(recorder([]),))
+    await Agent(definition).run("research", client=ScriptedModelClient(CARELESS),
+                                journal=first)
+
+    ids: list[str] = []
+    resumed = AgentDefinition(id="planner", model="m", tools=(recorder(ids),))
+    session = Session(input=input_messages("research"), records=list(first.records[:1]),
+                      state=StateAccessor())
+    client = ScriptedModelClient(CARELESS)
+    await AgentLoop(resumed, LoopPorts(client=client)).drive(
+        session, CallPlan(run_id="r", call=0, max_steps=10, retry=ModelRetry()))
+
+    assert sorted(ids[:3]) == ["call_0", "tether_0_0", "tether_0_2"], "the recorded ids"

@@ -33,7 +33,13 @@ from tether.agents.errors import (
 )
 from tether.agents.events import AgentEvent
 from tether.agents.history import repair_tool_history
-from tether.agents.messages import Message, ModelClient, ModelRequest, ModelResponse
+from tether.agents.messages import (
+    Message,
+    ModelClient,
+    ModelRequest,
+    ModelResponse,
+    unique_call_ids,
+)
 from tether.agents.records import (
     AgentStepRecord,
     Decisions,
@@ -259,6 +265,12 @@ class AgentLoop:
             self._call_model(plan, request, index) if not tracing.ENABLED
             else self._traced_call(plan, request, index))
         turn = ModelTurn(**response.model_dump(), attempts=attempts, duration_ms=duration_ms)
+        if turn.message.tool_calls:
+            taken = {call.id for record in records for call in record.tool_calls}
+            calls = unique_call_ids(turn.message.tool_calls, taken, index)
+            if calls != turn.message.tool_calls:
+                turn = turn.model_copy(update={"message": turn.message.model_copy(
+                    update={"tool_calls": calls})})
         await self._emit(plan, "model_response", index, data={
             "finish_reason": turn.finish_reason, "request_id": turn.request_id,
             "usage": turn.usage.model_dump(), "tool_calls": len(turn.message.tool_calls)})

@@ -26,6 +26,32 @@ class ToolCall(Frozen):
     arguments_error: str | None = None
 
 
+def unique_call_ids(calls: "tuple[ToolCall, ...]", taken: "set[str]",
+                    step: int) -> "tuple[ToolCall, ...]":
+    """The calls of one model turn with ids that name one call each in the run.
+
+    A provider's id is kept when it is one: present, not used by an earlier turn of the
+    run (`taken`), not repeated in this turn. Otherwise (a provider that sends none, or
+    numbers its calls per turn, `call_0` again and again) the call is named by the turn's
+    step and its position in it, `tether_<step>_<n>`. The turn is recorded with these
+    ids, so a resumed run reads the same ones and no call runs twice; and an agent tool's
+    run id derives from its call's id (`tool_run_id`), so each call is its own run.
+    """
+    seen = set(taken)
+    unique: list[ToolCall] = []
+    for position, call in enumerate(calls):
+        call_id = call.id.strip()
+        if not call_id or call_id in seen:
+            call_id = f"tether_{step}_{position}"
+            suffix = 0
+            while call_id in seen:
+                suffix += 1
+                call_id = f"tether_{step}_{position}_{suffix}"
+        seen.add(call_id)
+        unique.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    return tuple(unique)
+
+
 class Message(Frozen):
     role: Role
     content: str = ""
