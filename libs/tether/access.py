@@ -171,7 +171,10 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    f"$JS.API.CONSUMER.CREATE.{subjects.chat_stream}.>",
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.chat_stream}.>",
                    f"$JS.API.CONSUMER.MSG.NEXT.{subjects.chat_stream}.>",
-                   f"$JS.ACK.{subjects.chat_stream}.>"]
+                   f"$JS.ACK.{subjects.chat_stream}.>",
+                   # ... counted per parent instance, and dropped when asked.
+                   f"$JS.API.CONSUMER.LIST.{subjects.chat_stream}",
+                   f"$JS.API.CONSUMER.DELETE.{subjects.chat_stream}.>"]
         return Permissions(tuple(common + publish), (f"{p}.rpc.>", "_INBOX.>"), True)
     if role == "child-runner":
         work = subjects.work_stream

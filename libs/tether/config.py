@@ -106,6 +106,10 @@ class Settings(BaseModel):
     # Every service compares its wall clock with the broker's (deadlines are measured on
     # the broker's) and logs `clock.skewed` when they differ by more than this.
     clock_skew_warn_ms: int = Field(default=2_000, ge=1)
+    # Durable chat readers (`messages(durable=...)`): at most this many per parent
+    # instance, each dropped by the server once unused for the inactivity threshold.
+    chat_readers_per_parent: int = Field(default=16, ge=1)
+    chat_reader_inactive_ms: int = Field(default=86_400_000, ge=1_000)
     # A service starting retries an unreachable NATS or Postgres this long, then exits 1
     # naming it (an orchestrator restarts it). Applications: `connect(connect_timeout=)`.
     startup_timeout_ms: int = Field(default=30_000, ge=100)

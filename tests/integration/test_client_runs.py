@@ -17,6 +17,7 @@ from typing import Self
 import pytest
 from eventually import eventually
 
+from tether.adapters.chat_consumers import TooManyReaders
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams
@@ -244,6 +245,30 @@ async def test_chat_messages_are_replayed_and_shared_by_a_durable_reader(log, te
     # handed out but never acknowledged (it comes back after the ack wait), so the next
     # reader of the durable consumer gets the third.
     assert await first(1, durable="app") == messages[2:]
+
+
+async def test_durable_chat_readers_of_one_parent_are_bounded_and_dropped(log, settings):
+    """In Tether's own account the client makes the reader's consumer itself, under the
+    same bounds the parent applies for applications in accounts of their own."""
+    message = ChatMessage(id="m-1", role="assistant", content="hello", metadata={})
+    await log.jetstream.publish(log.subjects.chat(PARENT), message.model_dump_json().encode(),
+                                stream=log.subjects.chat_stream)
+    bounded = settings.model_copy(update={"chat_readers_per_parent": 1,
+                                          "chat_reader_inactive_ms": 60_000})
+    async with connect(settings=bounded) as client:
+        me = client.parent(PARENT.agent, PARENT.name)
+        async with asyncio.timeout(10), aclosing(me.chat(durable="first")) as chat:
+            assert (await anext(chat)).id == "m-1"
+        with pytest.raises(TooManyReaders, match=r"TETHER_CHAT_READERS_PER_PARENT allows \(1\)"):
+            async with aclosing(me.chat(durable="second")) as chat:
+                await anext(chat)
+        info = await log.jetstream.consumer_info(log.subjects.chat_stream,
+                                                 f"chat-{PARENT.agent}-{PARENT.name}-first")
+        assert info.config.inactive_threshold == 60
+        assert await client.drop_chat_reader(PARENT, "first")
+        assert not await client.drop_chat_reader(PARENT, "first")
+        async with asyncio.timeout(10), aclosing(me.chat(durable="second")) as chat:
+            assert (await anext(chat)).id == "m-1"
 
 
 # --- following a run without a consumer: the live subject, the reads, and losses -------

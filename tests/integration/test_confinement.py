@@ -12,7 +12,7 @@ written into a stream, a key-value bucket, a control subject or bob's live feed.
 import asyncio
 import json
 import uuid
-from contextlib import suppress
+from contextlib import aclosing, suppress
 from pathlib import Path
 
 import msgspec
@@ -22,7 +22,7 @@ from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, aut
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams
-from tether.client import NotPermitted, RateLimited, connect
+from tether.client import NotPermitted, RateLimited, RequestFailed, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle, run_message_id
 from tether.testing import RunEvents
@@ -503,3 +503,38 @@ async def test_a_durable_chat_reader_is_served_by_the_parent(tenants):
     finally:
         await alice.close()
 
+
+
+@pytest.mark.parametrize("tenants", [{"chat_readers_per_parent": 2}], indirect=True)
+async def test_durable_chat_readers_are_bounded_and_an_application_drops_its_own(tenants):
+    """Each reader's consumer lapses when unused (its inactivity threshold), a parent
+    instance has at most `TETHER_CHAT_READERS_PER_PARENT` (a new one past it is refused,
+    naming the setting, and nothing is made), and the application drops its own through
+    the parent, which frees a place."""
+    subjects = tenants.subjects
+    admin_js = tenants.admin.jetstream()
+    await admin_js.publish(subjects.chat(ALICE_PARENT), json.dumps(
+        {"id": "m-1", "role": "assistant", "content": "hello", "metadata": {}}).encode())
+    settings = as_user(tenants.settings, tenants.url, "alice")
+    async with connect(settings=settings) as app:
+        for durable in ("one", "two"):
+            async with asyncio.timeout(10), aclosing(app.chat(ALICE_PARENT,
+                                                              durable=durable)) as chat:
+                assert (await anext(chat)).id == "m-1"
+        with pytest.raises(RequestFailed, match="TETHER_CHAT_READERS_PER_PARENT allows \\(2\\)"):
+            async with asyncio.timeout(10), aclosing(app.chat(ALICE_PARENT,
+                                                              durable="three")) as chat:
+                await anext(chat)
+        names = {c.name for c in await admin_js.consumers_info(subjects.chat_stream)}
+        assert {n for n in names if n.startswith("chat-AliceBot-")} == {
+            "chat-AliceBot-user-1-one", "chat-AliceBot-user-1-two"}
+        one = await admin_js.consumer_info(subjects.chat_stream, "chat-AliceBot-user-1-one")
+        assert one.config.inactive_threshold == 86_400
+
+        assert await app.drop_chat_reader(ALICE_PARENT, "one")
+        async with asyncio.timeout(10), aclosing(app.chat(ALICE_PARENT,
+                                                          durable="three")) as chat:
+            assert (await anext(chat)).id == "m-1"
+    names = {c.name for c in await admin_js.consumers_info(subjects.chat_stream)}
+    assert {n for n in names if n.startswith("chat-AliceBot-")} == {
+        "chat-AliceBot-user-1-two", "chat-AliceBot-user-1-three"}

@@ -7,8 +7,14 @@ token, so no permission could tell its own parent's from another's. The parent p
 it instead (`<prefix>.rpc.chat_next.<agent>.<name>`, `ServedChat`): it makes the
 consumer of the query's parent only, hands over one message at a time with its ack
 subject as a token, and acknowledges only tokens of that same consumer.
+
+Readers are bounded: each consumer is dropped by the server once unused for
+`TETHER_CHAT_READER_INACTIVE_MS` (24 h), a parent instance may have at most
+`TETHER_CHAT_READERS_PER_PARENT` (16) (a new one past that is refused, naming the
+setting), and an application drops its own (`drop=True`, `drop_reader`).
 """
 
+import json
 import re
 
 from nats.aio.client import Client as NATS
@@ -17,6 +23,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from tether.adapters.pull import Pull
+from tether.config import Settings
 from tether.contract.messages import ChatDelivery
 from tether.contract.subjects import Subjects
 from tether.domain.events import ParentRef
@@ -34,24 +41,76 @@ def consumer_name(parent: ParentRef, durable: str) -> str:
     return f"chat-{parent.agent}-{parent.name}-{durable}".replace(":", "_")
 
 
-def consumer_config(subjects: Subjects, parent: ParentRef, durable: str,
-                    new_only: bool) -> js_api.ConsumerConfig:
+def consumer_config(subjects: Subjects, parent: ParentRef, durable: str, new_only: bool,
+                    inactive_s: float) -> js_api.ConsumerConfig:
     name = consumer_name(parent, durable)
     return js_api.ConsumerConfig(
         name=name, durable_name=name, filter_subject=subjects.chat(parent),
         ack_policy=js_api.AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1,
-        deliver_policy=js_api.DeliverPolicy.NEW if new_only else js_api.DeliverPolicy.ALL)
+        deliver_policy=js_api.DeliverPolicy.NEW if new_only else js_api.DeliverPolicy.ALL,
+        inactive_threshold=inactive_s)
+
+
+class TooManyReaders(ValueError):
+    """A new durable chat reader past the parent instance's limit."""
+
+
+async def readers_of(nc: NATS, subjects: Subjects, parent: ParentRef) -> list[str]:
+    """The names of the parent instance's durable chat readers' consumers: those of the
+    chat stream filtered on its chat subject."""
+    names: list[str] = []
+    offset, chat = 0, subjects.chat(parent)
+    while True:
+        reply = json.loads((await nc.request(
+            f"$JS.API.CONSUMER.LIST.{subjects.chat_stream}",
+            json.dumps({"offset": offset}).encode(), timeout=5)).data)
+        if "error" in reply:
+            raise NotFoundError(description=reply["error"].get("description"))
+        page = reply.get("consumers") or []
+        names += [info["name"] for info in page
+                  if (info.get("config") or {}).get("filter_subject") == chat]
+        offset += len(page)
+        if not page or offset >= reply.get("total", 0):
+            return names
+
+
+async def make_reader(nc: NATS, js: JetStreamContext, subjects: Subjects, settings: Settings,
+                      parent: ParentRef, durable: str, new_only: bool) -> str:
+    """Make (or keep) the durable reader's consumer; `TooManyReaders` for a new one past
+    the parent instance's limit (`settings`: the limits)."""
+    name = consumer_name(parent, durable)
+    readers = await readers_of(nc, subjects, parent)
+    if name not in readers and len(readers) >= settings.chat_readers_per_parent:
+        raise TooManyReaders(
+            f"{parent.agent}/{parent.name} has {len(readers)} durable chat readers, the most "
+            f"TETHER_CHAT_READERS_PER_PARENT allows ({settings.chat_readers_per_parent}): "
+            f"drop one (drop_reader) or reuse a durable name; an unused one lapses after "
+            f"TETHER_CHAT_READER_INACTIVE_MS ({settings.chat_reader_inactive_ms} ms)")
+    await js.add_consumer(subjects.chat_stream, consumer_config(
+        subjects, parent, durable, new_only, settings.chat_reader_inactive_ms / 1000))
+    return name
+
+
+async def drop_reader(js: JetStreamContext, subjects: Subjects, parent: ParentRef,
+                      durable: str) -> bool:
+    """Delete the durable reader's consumer; False when there was none."""
+    try:
+        return bool(await js.delete_consumer(subjects.chat_stream,
+                                             consumer_name(parent, durable)))
+    except NotFoundError:
+        return False
 
 
 class ServedChat:
     """The parent's side of `chat_next`: one pull per query, no subscription kept."""
 
-    def __init__(self, nc: NATS, js: JetStreamContext, subjects: Subjects) -> None:
-        self._nc, self._js, self._subjects = nc, js, subjects
+    def __init__(self, nc: NATS, js: JetStreamContext, subjects: Subjects,
+                 settings: Settings) -> None:
+        self._nc, self._js, self._subjects, self._settings = nc, js, subjects, settings
         self._made: set[str] = set()  # consumers made by this replica (made again on loss)
 
     async def next(self, parent: ParentRef, durable: str, new_only: bool,
-                   ack: list[str]) -> list[ChatDelivery]:
+                   ack: list[str], drop: bool = False) -> list[ChatDelivery]:
         stream = self._subjects.chat_stream
         name = consumer_name(parent, durable)
         prefix = f"$JS.ACK.{stream}.{name}"
@@ -59,9 +118,15 @@ class ServedChat:
             if not (token.startswith(prefix) and _ACK_TAIL.match(token[len(prefix):])):
                 raise ValueError(f"{token!r} acknowledges no message of {parent.agent}/"
                                  f"{parent.name}'s durable chat reader {durable!r}")
+        if drop:  # what the reader handled is acknowledged first, then it is gone
+            for token in ack:
+                await self._nc.publish(token, b"")
+            self._made.discard(name)
+            await drop_reader(self._js, self._subjects, parent, durable)
+            return []
         if name not in self._made:
-            await self._js.add_consumer(stream, consumer_config(self._subjects, parent,
-                                                                durable, new_only))
+            await make_reader(self._nc, self._js, self._subjects, self._settings, parent,
+                              durable, new_only)
             self._made.add(name)
         for token in ack:
             await self._nc.publish(token, b"")

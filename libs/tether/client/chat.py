@@ -9,7 +9,10 @@ that name share one durable consumer: each message goes to one of them, and is
 acknowledged when the reader asks for the next one, so a reader that crashes while
 handling a message gets it again (at least once). An application in a NATS account of
 its own has the parent pull for it (`chat_next`), with the same sharing and the same
-at-least-once.
+at-least-once. Durable readers are bounded: at most `TETHER_CHAT_READERS_PER_PARENT` per
+parent instance (a new one past it raises `TooManyReaders`, naming the setting), each
+dropped by the server once unused for `TETHER_CHAT_READER_INACTIVE_MS`, and
+`drop_chat_reader` deletes one.
 """
 
 import asyncio
@@ -19,7 +22,7 @@ from contextlib import suppress
 from nats.js.errors import FetchTimeoutError, NotFoundError
 from pydantic import ValidationError
 
-from tether.adapters.chat_consumers import consumer_config, consumer_name
+from tether.adapters.chat_consumers import consumer_name, drop_reader, make_reader
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.feed import open_feed
 from tether.client.link import Link
@@ -58,10 +61,10 @@ async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool
             yield chat_message
         return
     name = consumer_name(parent, durable)
-    config = consumer_config(tether.subjects, parent, durable, new_only)
     stream = tether.subjects.chat_stream
     try:
-        await tether.js.add_consumer(stream, config)
+        await make_reader(tether.nc, tether.js, tether.subjects, tether.settings, parent,
+                          durable, new_only)
     except NotFoundError:
         raise ServiceUnavailable(f"stream {stream} does not exist: start the Tether services "
                                  "(they create the streams) or check the prefix") from None
@@ -83,6 +86,17 @@ async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool
                 await msg.ack()
     finally:
         await subscription.unsubscribe()
+
+
+async def drop_chat_reader(tether: Link, parent: ParentRef, durable: str) -> bool:
+    """Delete a durable chat reader's consumer (its position goes with it); False when
+    there was none. Through the parent for an application in an account of its own."""
+    check_identifier(durable, "durable name")
+    if tether.served:
+        query = ChatNextQuery(parent=parent, durable=durable, drop=True)
+        await tether.request("chat_next", query, ChatNextReply)
+        return True
+    return await drop_reader(tether.js, tether.subjects, parent, durable)
 
 
 async def _served_durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,

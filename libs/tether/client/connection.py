@@ -18,7 +18,7 @@ from tether import tracing
 from tether.adapters.denials import PublishDenied, unless_refused
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
-from tether.client.chat import follow_chat
+from tether.client.chat import drop_chat_reader, follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import (
     InputTooLarge,
@@ -114,6 +114,12 @@ class Tether:
         """Chat notifications for one parent instance; see `tether.client.chat.follow_chat`."""
         ref = parent if isinstance(parent, ParentRef) else parent.ref
         return follow_chat(self, ref, durable=durable, new_only=new_only)
+
+    async def drop_chat_reader(self, parent: "ParentHandle | ParentRef", durable: str) -> bool:
+        """Delete one of the parent instance's durable chat readers (`chat(durable=)`);
+        False when it had none of that name."""
+        ref = parent if isinstance(parent, ParentRef) else parent.ref
+        return await drop_chat_reader(self, ref, durable)
 
     async def observe(self, pattern: str = "agent_tool:>") -> AsyncIterator["ObservabilityEvent"]:
         """The reconciler's typed events as they happen (`agent_tool:recovery:row`,

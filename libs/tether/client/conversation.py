@@ -19,7 +19,7 @@ from pydantic import Field
 from tether.agents.messages import Message
 from tether.agents.records import AgentStepRecord
 from tether.agents.records import conversation as folded_conversation
-from tether.client.chat import follow_chat
+from tether.client.chat import drop_chat_reader, follow_chat
 from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle
 from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot, user_message_id
@@ -85,6 +85,10 @@ class Conversation:
                  durable: str | None = None) -> AsyncIterator[ChatMessage]:
         """Every message of the conversation, replayed from the start, then live."""
         return follow_chat(self.tether, self.ref, new_only=new_only, durable=durable)
+
+    async def drop_reader(self, durable: str) -> bool:
+        """Delete the durable reader `durable` of `messages(durable=...)`."""
+        return await drop_chat_reader(self.tether, self.ref, durable)
 
     async def reply(self, message_id: str) -> ChatMessage:
         """The model's answer to the message with this chat message id."""

@@ -214,13 +214,15 @@ class ChatNextQuery(Model):
     """A durable chat reader's next message, for an application that may not pull from
     a consumer itself (an account of its own): the parent acknowledges the messages
     `ack` names (the tokens of earlier replies), makes the reader's consumer (`durable`,
-    shared by every reader of that name) if it is new, and hands over what is there now.
+    shared by every reader of that name) if it is new, and hands over what is there now;
+    with `drop`, it deletes the reader's consumer instead (after acknowledging `ack`).
     Asked on `<prefix>.rpc.chat_next.<agent>.<name>`."""
 
     type: Literal["chat_next"] = "chat_next"
     parent: ParentRef
     durable: Identifier
     new_only: bool = False
+    drop: bool = False
     ack: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=100)] = Field(
         default_factory=list)
 

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from tether.adapters.chat_consumers import ServedChat
 from tether.adapters.event_log import EventLog
 from tether.adapters.hook_consumers import serve_hook
+from tether.config import Settings
 from tether.contract.messages import (
     ChatNextReply,
     HasRunReply,
@@ -75,8 +76,11 @@ def query_subjects(subjects: Subjects, kind: str) -> tuple[str, str]:
 
 class ParentQueries:
     def __init__(self, log: EventLog | None, pool: asyncpg.Pool | None, projection_schema: str,
-                 logger, *, rates: RequestRates | None = None) -> None:
+                 logger, *, rates: RequestRates | None = None,
+                 settings: Settings | None = None) -> None:
+        """`settings`: the chat readers' limits (`chat_next`); the defaults without."""
         self._log, self._pool, self._logger = log, pool, logger
+        self._settings = settings or Settings()
         self._rates = rates
         self._chat: ServedChat | None = None
         self._list_sql = LIST_RUNS.format(schema=f'"{projection_schema}"')
@@ -230,9 +234,11 @@ class ParentQueries:
         assert self._log is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
         if self._chat is None:
-            self._chat = ServedChat(self._log.nats, self._log.jetstream, self._log.subjects)
+            self._chat = ServedChat(self._log.nats, self._log.jetstream, self._log.subjects,
+                                    self._settings)
         return ChatNextReply(messages=await self._chat.next(query.parent, query.durable,
-                                                            query.new_only, query.ack))
+                                                            query.new_only, query.ack,
+                                                            drop=query.drop))
 
     def _failed(self, error: Exception, message: NatsMessage):
         subject = message.raw_message.subject

@@ -84,7 +84,8 @@ class ParentService:
         queries = ParentQueries(self._log, self._pool, self._settings.projection_schema,
                                 self._logger, rates=RequestRates(
                                     self._settings.tenant_query_rate_per_s,
-                                    self._settings.tenant_query_burst))
+                                    self._settings.tenant_query_burst),
+                                settings=self._settings)
         self._queries = control_broker(self._settings, "tether-parent-queries",
                                        middlewares=[queries.middleware()])
         queries.subscribe(self._queries, self._subjects)
