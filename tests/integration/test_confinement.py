@@ -19,12 +19,14 @@ import msgspec
 import nats
 import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, authorized_nats
+from eventually import eventually
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, RateLimited, RequestFailed, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle, run_message_id
+from tether.domain.commands import MessageCommand
 from tether.testing import RunEvents
 from tether_services import parent as parent_service
 
@@ -538,3 +540,31 @@ async def test_durable_chat_readers_are_bounded_and_an_application_drops_its_own
     names = {c.name for c in await admin_js.consumers_info(subjects.chat_stream)}
     assert {n for n in names if n.startswith("chat-AliceBot-")} == {
         "chat-AliceBot-user-1-two", "chat-AliceBot-user-1-three"}
+
+
+async def test_a_tenant_sending_anothers_chat_message_id_changes_nothing_for_it(tenants):
+    """Bob posts a message to his own conversation with the id Alice is about to use:
+    the chat stream's duplicate window is the whole stream's, and Alice's message must
+    still be stored and delivered (each id names its conversation)."""
+    subjects = tenants.subjects
+    admin_js = tenants.admin.jetstream()
+    async with connect(settings=as_user(tenants.settings, tenants.url, "bob")) as bob, \
+            connect(settings=as_user(tenants.settings, tenants.url, "alice")) as alice:
+        for app, parent in ((bob, BOB_PARENT), (alice, ALICE_PARENT)):
+            command = MessageCommand(parent=parent, message_id="hello",
+                                     content=f"hi from {parent.agent}")
+            await app.publish_command("message", command,
+                                      f"message:{parent.agent}:{parent.name}:hello")
+
+        async def stored(parent) -> list[dict]:
+            try:
+                msg = await admin_js.get_last_msg(subjects.chat_stream, subjects.chat(parent))
+            except nats.js.errors.NotFoundError:
+                return []
+            return [json.loads(msg.data)]
+
+        for parent in (BOB_PARENT, ALICE_PARENT):
+            [message] = await eventually(lambda p=parent: stored(p), timeout=10,
+                                         interval=0.05)
+            assert (message["id"], message["content"]) == (
+                f"user:{parent.agent}:{parent.name}:hello", f"hi from {parent.agent}")

@@ -38,7 +38,7 @@ from tether.agents.devtools import render_run, show_run
 from tether.child.execution import Execution
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
-from tether.contract.messages import ChatMessage, UsageView
+from tether.contract.messages import ChatMessage, UsageView, user_message_id
 from tether.domain import decide
 from tether.domain.events import ParentRef
 from tether.log import get_logger
@@ -379,11 +379,13 @@ async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
     history = await log.read_run(conversation.owner.ref, "chat-1")
     steps = [history.state.steps[i] for i in sorted(history.state.steps)]
     assert [(s["kind"], s["inbox"], s["status"]) for s in steps] == [
-        ("continuation", ["user:m1"], "running"), ("model_turn", [], "completed"),
-        ("continuation", ["user:m2"], "running"), ("model_turn", [], "completed")]
+        ("continuation", [user_message_id(conversation.ref, "m1")], "running"),
+        ("model_turn", [], "completed"),
+        ("continuation", [user_message_id(conversation.ref, "m2")], "running"),
+        ("model_turn", [], "completed")]
     assert history.state.status == "running"
     shown = render_run(history.state)
-    assert "      human hello\n      took  user:m1" in shown
+    assert f"      human hello\n      took  {user_message_id(conversation.ref, 'm1')}" in shown
     assert "text  seen: and now?" in shown
     await conversation.close()
     async def aborted() -> bool:
@@ -722,9 +724,11 @@ async def test_an_approval_in_a_conversation_pauses_it_until_continue_answers_it
     await conversation.send("meanwhile: hello", message_id="later")
     await conversation.continue_run(approvals=["call_0_0"])
 
-    reply = await asyncio.wait_for(conversation.reply("user:file"), DEADLINE_S)
+    reply = await asyncio.wait_for(
+        conversation.reply(user_message_id(conversation.ref, "file")), DEADLINE_S)
     assert reply.content == "Done: filed the lease."
-    later = await asyncio.wait_for(conversation.reply("user:later"), DEADLINE_S)
+    later = await asyncio.wait_for(
+        conversation.reply(user_message_id(conversation.ref, "later")), DEADLINE_S)
     assert later.content == "seen: meanwhile: hello"
     assert FILED == ["the lease"]
     assert len(client.requests) == 3
@@ -781,7 +785,8 @@ async def test_a_paused_conversation_is_continued_once_across_runner_restarts(
     await runners.stop(second)
     await runners.start()
 
-    reply = await asyncio.wait_for(conversation.reply("user:file"), DEADLINE_S)
+    reply = await asyncio.wait_for(
+        conversation.reply(user_message_id(conversation.ref, "file")), DEADLINE_S)
     assert reply.content == "Done: filed the lease."
     assert FILED == ["the lease"], "the approved tool ran once"
     history = await log.read_run(owner, "chat-restart")
@@ -836,7 +841,8 @@ async def test_a_conversation_whose_runner_died_before_its_pause_was_logged_paus
     await paused_conversation(conversation)
     assert len(client.requests) == 1, "the recorded turn was not asked for again"
     await conversation.continue_run(approvals=["call_0_0"])
-    reply = await asyncio.wait_for(conversation.reply("user:file"), DEADLINE_S)
+    reply = await asyncio.wait_for(
+        conversation.reply(user_message_id(conversation.ref, "file")), DEADLINE_S)
     assert reply.content == "Done: filed the lease." and FILED == ["the lease"]
     history = await log.read_run(conversation.owner.ref, "chat-died")
     assert [e.type for e in history.events].count("run.paused") == 1

@@ -215,7 +215,8 @@ class ModelParent(ModelAgent):
             return
         asked = self._asked(call)
         tether = self._ctx.client.tether
-        message = ChatMessage(id=reply_message_id(self._ctx.run_id, call), role="assistant",
+        message = ChatMessage(id=reply_message_id(
+            self._ctx.run_id, self._ctx.history.incarnation if self._ctx.history else "", call), role="assistant",
                               content=answer, metadata={"source": "model", "kind": "reply",
                                                         "call": call, "in_reply_to": asked})
         await tether.log.publish(tether.subjects.chat(self._ctx.as_parent()),

@@ -79,7 +79,7 @@ class Conversation:
                                  metadata=metadata or {})
         await self.tether.publish_command(
             "message", command, f"message:{self.ref.agent}:{self.ref.name}:{message_id}")
-        return user_message_id(message_id)
+        return user_message_id(self.ref, message_id)
 
     def messages(self, *, new_only: bool = False,
                  durable: str | None = None) -> AsyncIterator[ChatMessage]:

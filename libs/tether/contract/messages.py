@@ -192,8 +192,10 @@ def hook_message_json(method: str, state: RunState, result: LifecycleResult) -> 
 class ChatMessage(Model):
     """`<prefix>.chat.<parent_agent>.<parent_name>`, `Nats-Msg-Id` = `id`:
     `detached-finish:<run_id>:<status>:<incarnation>`,
-    `detached-ms:<run_id>:<name>:<incarnation>`, `user:<message_id>` (a `message`
-    command) or `reply:<run_id>:<call>` (a model parent's answer)."""
+    `detached-ms:<run_id>:<name>:<incarnation>`,
+    `user:<parent_agent>:<parent_name>:<message_id>` (a `message` command) or
+    `reply:<run_id>:<incarnation>:<call>` (a model parent's answer): each names its
+    conversation or its run's life, since the duplicate window is the stream's."""
 
     id: str
     role: Literal["user", "assistant"]
@@ -530,11 +532,15 @@ class ObservabilityEvent(Model):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
-def user_message_id(message_id: str) -> str:
-    """The chat message id of a conversation's user message (a `message` command)."""
-    return f"user:{message_id}"
+def user_message_id(parent: ParentRef, message_id: str) -> str:
+    """The chat message id of a conversation's user message (a `message` command),
+    `user:<parent_agent>:<parent_name>:<message_id>`: the chat stream's duplicate window
+    is the whole stream's, so the id names the conversation, and another application's
+    message with the same `message_id` is another message."""
+    return f"user:{parent.agent}:{parent.name}:{message_id}"
 
 
-def reply_message_id(run_id: str, call: int) -> str:
-    """The chat message id of a model parent's answer to one conversation call."""
-    return f"reply:{run_id}:{call}"
+def reply_message_id(run_id: str, incarnation: str, call: int) -> str:
+    """The chat message id of a model parent's answer to one conversation call,
+    `reply:<run_id>:<incarnation>:<call>`: the run's life names it among every parent's."""
+    return f"reply:{run_id}:{incarnation}:{call}"

@@ -294,7 +294,7 @@ class CommandHandlers:
     async def message(self, payload: Payload) -> str:
         """A user message goes on the conversation's chat subject, once per message id."""
         command = self._parse(MessageCommand, "message", payload)
-        message = ChatMessage(id=user_message_id(command.message_id), role="user",
+        message = ChatMessage(id=user_message_id(command.parent, command.message_id), role="user",
                               content=command.content,
                               metadata={**command.metadata, "source": "user", "kind": "message"})
         ack = await self._log.publish(self._subjects.chat(command.parent),
