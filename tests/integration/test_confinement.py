@@ -543,11 +543,23 @@ async def test_durable_chat_readers_are_bounded_and_an_application_drops_its_own
 
 
 async def test_a_tenant_sending_anothers_chat_message_id_changes_nothing_for_it(tenants):
-    """Bob posts a message to his own conversation with the id Alice is about to use:
-    the chat stream's duplicate window is the whole stream's, and Alice's message must
-    still be stored and delivered (each id names its conversation)."""
+    """Bob posts a message to his own conversation with the id Alice is about to use,
+    and, with plain nats-py, a command on his own subject carrying the command id Alice's
+    client will use: both streams' duplicate windows are the whole stream's, and Alice's
+    message must still be stored and delivered (each chat id names its conversation; a
+    command acknowledged as another parent's duplicate goes again under an id of its
+    own)."""
     subjects = tenants.subjects
     admin_js = tenants.admin.jetstream()
+    forger = await nats.connect(tenants.url, user="bob", password=PASSWORDS["bob"])
+    try:
+        forged = MessageCommand(parent=BOB_PARENT, message_id="forged", content="mine now")
+        ack = await forger.jetstream().publish(
+            subjects.command_for("message", BOB_PARENT), forged.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": f"message:{ALICE_PARENT.agent}:{ALICE_PARENT.name}:hello"})
+        assert not ack.duplicate
+    finally:
+        await forger.close()
     async with connect(settings=as_user(tenants.settings, tenants.url, "bob")) as bob, \
             connect(settings=as_user(tenants.settings, tenants.url, "alice")) as alice:
         for app, parent in ((bob, BOB_PARENT), (alice, ALICE_PARENT)):

@@ -149,8 +149,8 @@ class Tether:
                                          stream=self.subjects.commands_stream)
             # A duplicate names the sequence of the message it repeats: ours when that is
             # where this request was stored before, else the parent is asked whose it is.
-            if ack.duplicate and kind == "run" and ack.seq != stored_at and not await (
-                    self._duplicate_is_ours(command, ack.seq, msg_id)):
+            if ack.duplicate and kind in ("run", "message") and ack.seq != stored_at \
+                    and not await self._duplicate_is_ours(kind, command, ack.seq, msg_id):
                 # Another parent's command carried this id (the window is the stream's):
                 # the request goes again under an id nobody else can know.
                 ack = await self.log.publish(
@@ -169,11 +169,13 @@ class Tether:
                 "an application user acts only for the parent agents its configuration "
                 "lists (tether.access)") from None
 
-    async def _duplicate_is_ours(self, command: Any, seq: int, msg_id: str) -> bool:
-        """Whether the command a run request was a duplicate of is this parent's request
-        with the same id, as the parent service reads it from the commands stream."""
-        query = HasRunQuery(run_id=command.run_id, parent=command.parent, command_seq=seq,
-                            command_id=msg_id)
+    async def _duplicate_is_ours(self, kind: str, command: Any, seq: int, msg_id: str) -> bool:
+        """Whether the command a run request (or a user message) was a duplicate of is
+        this parent's command with the same id, as the parent service reads it from the
+        commands stream. (A message's run is its conversation, the parent's name.)"""
+        run_id = command.run_id if kind == "run" else command.parent.name
+        query = HasRunQuery(run_id=run_id, parent=command.parent, command_seq=seq,
+                            command_id=msg_id, command_kind=kind)
         try:
             return (await self.request("has_run", query, HasRunReply,
                                        wait_when_limited=True)).command_ours is not False

@@ -155,12 +155,15 @@ class ParentQueries:
         state = (await self._log.read_run(query.parent, query.run_id)).state
         ours = None
         if query.command_seq is not None:
-            ours = await self._command_is(query.command_seq, query.parent, query.command_id)
+            ours = await self._command_is(query.command_seq, query.parent, query.command_id,
+                                          query.command_kind)
         return HasRunReply(has_run=state is not None, command_ours=ours)
 
-    async def _command_is(self, seq: int, parent: ParentRef, message_id: str | None) -> bool:
-        """Whether the commands stream holds this parent's run request with `message_id`
-        at `seq` (not, say, another parent's command that carried the same id)."""
+    async def _command_is(self, seq: int, parent: ParentRef, message_id: str | None,
+                          kind: str = "run") -> bool:
+        """Whether the commands stream holds this parent's `kind` command with
+        `message_id` at `seq` (not, say, another parent's command that carried the same
+        id)."""
         assert self._log is not None
         subjects = self._log.subjects
         try:
@@ -169,7 +172,7 @@ class ParentQueries:
         except NotFoundError:
             return False
         headers = stored.headers or {}
-        return (stored.subject == subjects.command_for("run", parent)
+        return (stored.subject == subjects.command_for(kind, parent)
                 and headers.get("Nats-Msg-Id") == message_id)
 
     async def list_runs(self, query: ListQuery, message: NatsMessage) -> ListReply:
