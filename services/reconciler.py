@@ -7,10 +7,11 @@ from nats.js.kv import KeyValue
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
 from tether.adapters.streams import key_value
+from tether.agent_registry import AgentConfigurationError, AgentRegistry
 from tether.bootstrap import Needs, Service, bootstrap
 from tether.config import Settings
 from tether.delivery.deliverer import Deliverer
-from tether.delivery.formatters import load_formatters
+from tether.delivery.formatters import ByParentClass, load_formatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.log import get_logger
 from tether.metrics import RECONCILER_ACTIVE
@@ -21,6 +22,14 @@ from tether.runtime import ReadinessCheck
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="reconciler")
     buckets: list[KeyValue] = []
+    try:
+        # The parent classes (`TETHER_AGENTS`, as the parent's) word their own runs'
+        # notices: a model parent's give-up and retry messages read as its others do.
+        formatters = ByParentClass(AgentRegistry.from_paths(settings.agents),
+                                   load_formatters(settings.formatters))
+    except AgentConfigurationError as error:
+        logger.error("reconciler.misconfigured", error=str(error))
+        raise SystemExit(2) from None
 
     async def open_registry(service: Service) -> None:
         buckets.append(await key_value(service.js, settings.subjects.registry_bucket,
@@ -29,8 +38,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     async def run(service: Service) -> None:
         log = EventLog(service.nc, settings.subjects)
         records = await DeliveryRecords.open(service.js, settings.subjects.deliveries_bucket)
-        deliverer = Deliverer.of(settings, log, RegisteredHooks(buckets[-1]),
-                                 load_formatters(settings.formatters), logger, records)
+        deliverer = Deliverer.of(settings, log, RegisteredHooks(buckets[-1]), formatters,
+                                 logger, records)
         reconciler = Reconciler(settings, log, service.postgres, deliverer, logger,
                                 clock=service.clock)
 

@@ -10,6 +10,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 import msgspec
+import nats
 import pytest
 from eventually import eventually
 from skewed_clock import faketime_env
@@ -366,3 +367,28 @@ async def test_a_reconciler_paused_past_the_reattach_timeout_does_not_seal_a_tal
                         and s.reattach_decisions)
     assert state.status == "completed"
     assert [d.outcome for d in state.reattach_decisions] == ["finished"]
+
+
+async def test_a_give_up_notice_is_worded_by_its_parent_class(log, services):
+    """The reconciler loads the parent classes (TETHER_AGENTS) as the parent does: a
+    budget give-up's chat notice reads as the parent class words its others."""
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    reconciler = await services("reconciler", **{**STUBBORN,
+                                                 "TETHER_AGENTS": "stubborn_agents:Narrator"})
+    await reconciler.logged("reconciler.active")
+    narrator = ParentRef(agent="Narrator", name="u1")
+    command = {"run_id": "told", "parent": msgspec.to_builtins(narrator),
+               "agent_type": "Extractor", "input": {"text": "x"},
+               "detached": {"max_budget_ms": 800, "notify": True}}
+    await log.jetstream.publish(log.subjects.command("run"), json.dumps(command).encode(),
+                                headers={"Nats-Msg-Id": "run:told"})
+
+    async def notice() -> str | None:
+        try:
+            stored = await log.jetstream.get_last_msg(log.subjects.chat_stream,
+                                                      log.subjects.chat(narrator))
+        except nats.js.errors.NotFoundError:
+            return None
+        return json.loads(stored.data)["content"]
+
+    assert await eventually(notice, timeout=20) == "Narrator heard: told ended interrupted"

@@ -35,3 +35,15 @@ class Stubborn(ChildAgent):
 def _record_turn(path: str, turn: dict) -> None:
     with open(path, "a") as file:  # a line at a time: never a partial one for the reader
         file.write(json.dumps(turn) + "\n")
+
+
+class Narrator(ChildAgent):
+    """A parent class that words its runs' chat notices itself (as a model parent does)."""
+
+    description = "A parent whose notices are its own"
+
+    async def run(self, ctx: RunContext, input: StubbornInput) -> str:
+        return "nothing to do"
+
+    def format_detached_completion(self, run, result) -> str:
+        return f"Narrator heard: {run.run_id} ended {result.status}"
