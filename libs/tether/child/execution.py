@@ -280,7 +280,7 @@ class Execution:
         if self._stop_reason is not None:
             return await self._abort(self._cancel_detail)
         if not self._hold.fresh:  # stopped since `run.running`: is the attempt still ours?
-            current, standing, _ = await self._confirm()
+            current, standing, _ = await self._confirm_persistently()
             if standing == "ended":
                 await self._deliver(current)  # what the end owes: its writer may have died
             if standing != "current":
@@ -444,13 +444,20 @@ class Execution:
             self._hold.confirmed(sent)
         return history.state, standing, history.last_seq
 
+    async def _confirm_persistently(self) -> tuple[RunState | None, attempts.Standing, int]:
+        """`_confirm`, retried across a broker restart: a hiccup is no failure of the
+        child (a shutdown's release gives up)."""
+        return await persistently(self._confirm, what="child.confirm",
+                                  logger=lambda: get_logger(run_id=self.run_id),
+                                  give_up=self._released)
+
     async def _ensure_current(self) -> None:
         """Before the child reports anything: a stale hold (the runner was stopped past
         it) is confirmed against the log first, and an attempt that is no longer the
         run's current one stops its child (`RunSuperseded`) instead of reporting."""
         if self._hold.fresh:
             return
-        state, standing, _ = await self._confirm()
+        state, standing, _ = await self._confirm_persistently()
         if standing != "current":
             detail = attempts.standing_detail(state, standing)
             reason: Literal["superseded", "gone"] = (
