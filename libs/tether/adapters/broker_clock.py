@@ -58,7 +58,7 @@ class BrokerClock:
         stamp = log_time_ms(json.loads(reply.data).get("ts"))
         if stamp is None:
             raise ValueError(f"the server's stream info for {self._stream} carries no time "
-                             f"(ts): nats-server 2.10 or newer is needed")
+                             f"(ts): nats-server 2.11 or newer is needed")
         self._anchor = (stamp, (sent + received) / 2)
         self._sampled.set()
         self.skew_ms = (wall_sent + wall_received) // 2 - stamp

@@ -67,9 +67,11 @@ def stream_configs(subjects: Subjects, settings: StreamSettings) -> list[js_api.
                                           dest=subjects.all_live_events)),
         # Ephemeral progress: the latest value per run for late subscribers. Progress and
         # chat are republished too (`<prefix>.live.progress.>`, `<prefix>.live.chat.>`):
-        # what an application in an account of its own follows (tether.access).
+        # what an application in an account of its own follows (tether.access). A signal
+        # whose `data` was not asked to persist is kept only a moment (its `Nats-TTL`):
+        # that data is for live subscribers only.
         config(subjects.progress_stream, f"{p}.progress.>", max_msgs_per_subject=1,
-               max_age=7 * DAY_S,
+               max_age=7 * DAY_S, allow_msg_ttl=True,
                republish=js_api.RePublish(src=f"{p}.progress.>", dest=f"{p}.live.progress.>")),
         config(subjects.work_stream, f"{p}.work.>", retention=js_api.RetentionPolicy.WORK_QUEUE),
         config(subjects.hooks_stream, f"{p}.hook.>", max_age=7 * DAY_S),

@@ -50,6 +50,11 @@ if TYPE_CHECKING:
     from tether.delivery.deliverer import Deliverer
 
 
+# A signal whose `data` is live only: kept on the progress stream just long enough to be
+# republished and handed to the followers already there (`Nats-TTL`, nats-server 2.11+).
+LIVE_ONLY_HEADERS = {"Nats-TTL": "1s"}
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -442,7 +447,12 @@ class RunRecorder:
                                       milestone=milestone, data=update.data, at=at)
         # A plain publish: the progress stream keeps it for late subscribers, and no ack
         # is awaited for a signal the next one supersedes (the log has the snapshot).
-        await self._log.nats.publish(self._progress_subject, signal)
+        # Data not asked to persist is live only: the stream lets it go at once.
+        if update.data is not None and not update.persist:
+            await self._log.nats.publish(self._progress_subject, signal,
+                                         headers=LIVE_ONLY_HEADERS)
+        else:
+            await self._log.nats.publish(self._progress_subject, signal)
 
     def _next_at(self) -> int:
         self._last_at = max(now_ms(), self._last_at + 1)
