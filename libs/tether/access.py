@@ -248,6 +248,7 @@ def application_grant(subjects: Subjects, app: Application) -> Grant:
         if app.hook_methods:
             services += _delivery_records(subjects, agent)
         streams += [f"{p}.live.{kind}.{agent}.>" for kind in LIVE_KINDS]
+        streams.append(f"{p}.obs.{agent}.>")  # the reconciler's events of its runs
         answers.append(f"{p}.ctl.awaiter.{agent}.>")
     return Grant(tuple(services), tuple(streams), tuple(answers))
 
@@ -262,7 +263,7 @@ def operator_grant(subjects: Subjects) -> Grant:
     services += [f"{p}.rpc.{kind}.*.*" for kind in (*QUERY_KINDS, "serve_hook")]
     services += [f"$JS.API.CONSUMER.MSG.NEXT.{hooks}.*", f"$JS.ACK.{hooks}.>",
                  *_delivery_records(subjects, "*")]
-    streams = [f"{p}.live.{kind}.>" for kind in LIVE_KINDS]
+    streams = [*(f"{p}.live.{kind}.>" for kind in LIVE_KINDS), f"{p}.obs.>"]
     return Grant(tuple(services), tuple(streams), (f"{p}.ctl.awaiter.*.>",))
 
 

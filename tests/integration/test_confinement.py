@@ -25,7 +25,7 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, RateLimited, RequestFailed, connect
 from tether.config import Settings
-from tether.contract.messages import DetachedHandle, run_message_id
+from tether.contract.messages import DetachedHandle, ObservabilityEvent, run_message_id
 from tether.domain.commands import MessageCommand
 from tether.testing import RunEvents
 from tether_services import parent as parent_service
@@ -289,7 +289,7 @@ async def test_the_jetstream_api_and_other_tenants_subjects_are_refused(tenants)
             subjects.work("Researcher"), subjects.run_events(ALICE_PARENT, "run-1"),
             subjects.hook("AliceBot", "on_done"), subjects.run_progress(ALICE_PARENT, "run-1"),
             subjects.chat(ALICE_PARENT), subjects.cancel_signal("Researcher"),
-            f"{p}.ctl.parent_started", subjects.observability("agent_tool:x"),
+            f"{p}.ctl.parent_started", subjects.observability("agent_tool:x", BOB_PARENT),
             # Key-value writes (5: a rollup on its own key wiped every tenant's).
             f"$KV.{registry}.hook.AliceBot.on_done", f"$KV.{subjects.slots_bucket}.AliceBot.user-1",
             # Consumers: create or update (7), info (8), durable ones it cannot delete (11).
@@ -580,3 +580,34 @@ async def test_a_tenant_sending_anothers_chat_message_id_changes_nothing_for_it(
                                          interval=0.05)
             assert (message["id"], message["content"]) == (
                 f"user:{parent.agent}:{parent.name}:hello", f"hi from {parent.agent}")
+
+
+async def test_an_application_observes_its_own_parents_events_only(tenants):
+    """The reconciler's typed events carry their parent in the subject: Alice's
+    application observes its parent agent's, never Bob's, and asking for every parent's
+    is refused at once, naming how to ask."""
+    subjects = tenants.subjects
+
+    def event(parent) -> bytes:
+        return ObservabilityEvent(type="agent_tool:detached:give_up", run_id="run-1",
+                                  parent=parent, reason="no-progress", at=1).model_dump_json(
+        ).encode()
+
+    async with connect(settings=as_user(tenants.settings, tenants.url, "alice")) as alice:
+        with pytest.raises(NotPermitted, match=r"observe\(parent_agent=\.\.\.\)"):
+            await anext(alice.observe("agent_tool:>"))
+        stream = alice.observe("agent_tool:detached:>", parent_agent=ALICE_PARENT.agent)
+        first = asyncio.ensure_future(anext(stream))
+        # Published as the reconciler does, Bob's first: Alice must see only hers.
+        async def seen() -> bool:
+            for parent in (BOB_PARENT, ALICE_PARENT):
+                await tenants.admin.publish(
+                    subjects.observability("agent_tool:detached:give_up", parent),
+                    event(parent))
+            await tenants.admin.flush()
+            return first.done()
+
+        await eventually(seen, timeout=10, interval=0.1)
+        observed = first.result()
+        await stream.aclose()
+    assert (observed.type, observed.parent) == ("agent_tool:detached:give_up", ALICE_PARENT)

@@ -212,7 +212,7 @@ async def test_an_unacknowledged_finish_hook_is_published_again_after_its_lease(
     async def collect(msg) -> None:
         observed.append(ObservabilityEvent.model_validate_json(msg.data))
 
-    obs = await log.nats.subscribe(log.subjects.observability("agent_tool:detached:>"),
+    obs = await log.nats.subscribe(log.subjects.observing("agent_tool:detached:>"),
                                    cb=collect)
     hooks = await log.jetstream.subscribe(log.subjects.hook(PARENT.agent, "on_import_done"),
                                           ordered_consumer=True)

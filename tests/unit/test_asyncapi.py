@@ -75,7 +75,8 @@ def test_every_subject_and_stream_of_the_contract_is_declared_with_its_payload()
     assert found[("tether.chat.{parent_agent}.{parent_name}", "send")] == "ChatMessage"
     assert found[("tether.ctl.cancel.{agent_type}", "receive")] == "CancelSignal"
     assert found[("tether.ctl.inspect.{agent_type}", "receive")] == "ChildInspectRequest"
-    assert found[("tether.obs.agent_tool.{event}", "send")] == "ObservabilityEvent"
+    assert found[("tether.obs.{parent_agent}.{parent_name}.agent_tool.{event}", "send")] == \
+        "ObservabilityEvent"
     assert {"CancelReply", "ChildInspectReply"} <= replies
 
 

@@ -215,7 +215,11 @@ def test_default_subjects_are_the_ones_in_the_design() -> None:
     assert subjects.hook("A", "on_done") == "tether.hook.A.on_done"
     assert subjects.chat(parent) == "tether.chat.A.u"
     assert subjects.rpc("inspect") == "tether.rpc.inspect"
-    assert subjects.observability("agent_tool:recovery:row") == "tether.obs.agent_tool.recovery.row"
+    parent = ParentRef(agent="Assistant", name="u1")
+    assert subjects.observability("agent_tool:recovery:row", parent) == \
+        "tether.obs.Assistant.u1.agent_tool.recovery.row"
+    assert subjects.observing("agent_tool:detached:>") == "tether.obs.*.*.agent_tool.detached.>"
+    assert subjects.observing("agent_tool:>", "Assistant") == "tether.obs.Assistant.*.agent_tool.>"
 
 
 def test_default_streams_are_the_ones_in_the_design() -> None:

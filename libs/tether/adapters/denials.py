@@ -8,6 +8,7 @@ import asyncio
 import re
 import weakref
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NATS
@@ -24,7 +25,10 @@ class PublishDenied(Exception):
         self.subject = subject
 
 
-_PUBLISH_DENIED = re.compile(r'permissions violation for publish to "([^"]+)"', re.IGNORECASE)
+# A refused publish, or a refused subscription (`observe`'s, say), which the server
+# reports the same way.
+_PUBLISH_DENIED = re.compile(r'permissions violation for (?:publish|subscription) to "([^"]+)"',
+                             re.IGNORECASE)
 
 
 class Denials:
@@ -99,3 +103,30 @@ async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
     running.cancel()
     await asyncio.gather(running, return_exceptions=True)
     raise PublishDenied(refused.result())
+
+
+async def subscribe_unless_refused(nc: NATS, subject: str, cb: Callable[[Any], Awaitable[None]]):
+    """`nc.subscribe(subject, cb=cb)`, or `PublishDenied` when the server refuses the
+    subscription: its refusal comes back before the answer to the flush that follows
+    (on a connection `connect_nats` did not make, the subscription as it is)."""
+    denials = _DENIALS.get(nc)
+    refused: list[str] = []
+    wanted = subject.lower()
+
+    def listener(denied: str) -> None:
+        if denied == wanted:
+            refused.append(denied)
+
+    if denials is not None:
+        denials.callbacks.append(listener)
+    try:
+        subscription = await nc.subscribe(subject, cb=cb)
+        await nc.flush()
+    finally:
+        if denials is not None:
+            denials.callbacks.remove(listener)
+    if refused:
+        with suppress(Exception):
+            await subscription.unsubscribe()
+        raise PublishDenied(subject)
+    return subscription

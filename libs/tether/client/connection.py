@@ -15,7 +15,7 @@ from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.denials import PublishDenied, unless_refused
+from tether.adapters.denials import PublishDenied, subscribe_unless_refused, unless_refused
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.client.chat import drop_chat_reader, follow_chat
@@ -121,16 +121,26 @@ class Tether:
         ref = parent if isinstance(parent, ParentRef) else parent.ref
         return await drop_chat_reader(self, ref, durable)
 
-    async def observe(self, pattern: str = "agent_tool:>") -> AsyncIterator["ObservabilityEvent"]:
+    async def observe(self, pattern: str = "agent_tool:>", *,
+                      parent_agent: str | None = None) -> AsyncIterator["ObservabilityEvent"]:
         """The reconciler's typed events as they happen (`agent_tool:recovery:row`,
         `agent_tool:detached:give_up`, ...); `pattern` narrows them, e.g.
-        `agent_tool:detached:>`. Live only: nothing is replayed."""
+        `agent_tool:detached:>`, and `parent_agent` to one parent agent's runs (what an
+        application in an account of its own is granted: it must name one). Live only:
+        nothing is replayed."""
         events: asyncio.Queue[bytes] = asyncio.Queue()
 
         async def receive(msg) -> None:
             events.put_nowait(msg.data)
 
-        subscription = await self.nc.subscribe(self.subjects.observability(pattern), cb=receive)
+        subject = self.subjects.observing(pattern, parent_agent)
+        try:
+            subscription = await subscribe_unless_refused(self.nc, subject, receive)
+        except PublishDenied:
+            raise NotPermitted(
+                f"this connection's NATS user may not observe {subject}: an application "
+                "user observes only the parent agents its configuration lists "
+                "(tether.access); name one with observe(parent_agent=...)") from None
         try:
             while True:
                 yield ObservabilityEvent.model_validate_json(await events.get())

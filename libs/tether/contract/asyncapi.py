@@ -255,10 +255,12 @@ def contract_broker() -> NatsBroker:
     receive(awaiter, AwaiterProbe, f"receive:{awaiter}",
             "The client awaiting the run answers while it waits; no answer at two checks "
             "in a row and the run is recovered.")
-    observability = _template(s.observability("agent_tool:EVENT"), event="EVENT")
+    observability = _template(s.observability("agent_tool:EVENT", _parent_ref()),
+                              event="EVENT", **_PARENT)
     send(observability, ObservabilityEvent, f"send:{observability}",
-         "Core: typed events for operators (`agent_tool:recovery:row` is sent on "
-         "`tether.obs.agent_tool.recovery.row`), each also a log line.")
+         "Core: typed events for operators and the parent's application "
+         "(`agent_tool:recovery:row` of parent A/b is sent on "
+         "`tether.obs.A.b.agent_tool.recovery.row`), each also a log line.")
     return broker
 
 

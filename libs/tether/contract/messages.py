@@ -522,7 +522,8 @@ class CancelReply(Model):
 
 
 class ObservabilityEvent(Model):
-    """Core `<prefix>.obs.agent_tool.<event>` (with ':' as '.'), and a log line."""
+    """Core `<prefix>.obs.<parent_agent>.<parent_name>.agent_tool.<event>` (with ':' as
+    '.'), and a log line."""
 
     type: str  # e.g. "agent_tool:recovery:row"
     run_id: str

@@ -143,9 +143,16 @@ class Subjects:
     def rpc(self, kind: str) -> str:
         return f"{self.prefix}.rpc.{kind}"
 
-    def observability(self, event: str) -> str:
-        """`agent_tool:recovery:row` -> `<prefix>.obs.agent_tool.recovery.row`."""
-        return f"{self.prefix}.obs.{event.replace(':', '.')}"
+    def observability(self, event: str, parent: ParentRef) -> str:
+        """`agent_tool:recovery:row` of parent A/b ->
+        `<prefix>.obs.A.b.agent_tool.recovery.row`: the parent in the subject, so that an
+        application is granted its own parents' events (`tether.access`)."""
+        return f"{self.prefix}.obs.{parent.agent}.{parent.name}.{event.replace(':', '.')}"
+
+    def observing(self, pattern: str, parent_agent: str | None = None) -> str:
+        """What `observe(pattern)` subscribes to: every parent's events, or one parent
+        agent's (`agent_tool:detached:>` -> `<prefix>.obs.*.*.agent_tool.detached.>`)."""
+        return f"{self.prefix}.obs.{parent_agent or '*'}.*.{pattern.replace(':', '.')}"
 
     def parse_run_events(self, subject: str) -> tuple[ParentRef, str]:
         """The parent and run id of a run-events subject."""

@@ -136,7 +136,7 @@ class Observability:
         self._logger.info(event_type, run_id=run_id, parent=f"{parent.agent}/{parent.name}",
                           reason=reason, **details)
         await self._broker.publish(json.dumps(event.model_dump(mode="json")).encode(),
-                                   self._subjects.observability(event_type))
+                                   self._subjects.observability(event_type, parent))
 
 
 def _ms_since(started: float) -> int:
