@@ -596,6 +596,11 @@ async def test_an_application_observes_its_own_parents_events_only(tenants):
     async with connect(settings=as_user(tenants.settings, tenants.url, "alice")) as alice:
         with pytest.raises(NotPermitted, match=r"observe\(parent_agent=\.\.\.\)"):
             await anext(alice.observe("agent_tool:>"))
+        # Another's parent agent: the server refuses the subscription, and the observer
+        # ends with that as soon as it says so.
+        with pytest.raises(NotPermitted, match=r"may not observe .*\.obs\.BobBot\."):
+            async with asyncio.timeout(10):
+                await anext(alice.observe("agent_tool:>", parent_agent=BOB_PARENT.agent))
         stream = alice.observe("agent_tool:detached:>", parent_agent=ALICE_PARENT.agent)
         first = asyncio.ensure_future(anext(stream))
         # Published as the reconciler does, Bob's first: Alice must see only hers.

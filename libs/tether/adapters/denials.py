@@ -5,10 +5,10 @@ The server answers a publish this connection's user may not make with an asynchr
 """
 
 import asyncio
+import contextlib
 import re
 import weakref
-from collections.abc import Awaitable, Callable
-from contextlib import suppress
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from nats.aio.client import Client as NATS
@@ -105,28 +105,23 @@ async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
     raise PublishDenied(refused.result())
 
 
-async def subscribe_unless_refused(nc: NATS, subject: str, cb: Callable[[Any], Awaitable[None]]):
-    """`nc.subscribe(subject, cb=cb)`, or `PublishDenied` when the server refuses the
-    subscription: its refusal comes back before the answer to the flush that follows
-    (on a connection `connect_nats` did not make, the subscription as it is)."""
-    denials = _DENIALS.get(nc)
-    refused: list[str] = []
+@contextlib.contextmanager
+def refusal_of(nc: NATS, subject: str) -> Iterator["asyncio.Future[str]"]:
+    """A future set when the server refuses this connection `subject` (a subscription,
+    say, whose refusal comes whenever the server sends it, not before a later answer);
+    never set on a connection `connect_nats` did not make."""
+    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
     wanted = subject.lower()
 
     def listener(denied: str) -> None:
-        if denied == wanted:
-            refused.append(denied)
+        if denied == wanted and not refused.done():
+            refused.set_result(denied)
 
+    denials = _DENIALS.get(nc)
     if denials is not None:
         denials.callbacks.append(listener)
     try:
-        subscription = await nc.subscribe(subject, cb=cb)
-        await nc.flush()
+        yield refused
     finally:
         if denials is not None:
             denials.callbacks.remove(listener)
-    if refused:
-        with suppress(Exception):
-            await subscription.unsubscribe()
-        raise PublishDenied(subject)
-    return subscription

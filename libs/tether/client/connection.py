@@ -15,7 +15,7 @@ from nats.js.errors import NoStreamResponseError
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.denials import PublishDenied, subscribe_unless_refused, unless_refused
+from tether.adapters.denials import PublishDenied, refusal_of, unless_refused
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.client.chat import drop_chat_reader, follow_chat
@@ -128,24 +128,31 @@ class Tether:
         `agent_tool:detached:>`, and `parent_agent` to one parent agent's runs (what an
         application in an account of its own is granted: it must name one). Live only:
         nothing is replayed."""
+        subject = self.subjects.observing(pattern, parent_agent)
+        refused_words = (f"this connection's NATS user may not observe {subject}: an "
+                         "application user observes only the parent agents its "
+                         "configuration lists (tether.access); name one with "
+                         "observe(parent_agent=...)")
+        if self.served and parent_agent is None:
+            raise NotPermitted(refused_words)
         events: asyncio.Queue[bytes] = asyncio.Queue()
 
         async def receive(msg) -> None:
             events.put_nowait(msg.data)
 
-        subject = self.subjects.observing(pattern, parent_agent)
-        try:
-            subscription = await subscribe_unless_refused(self.nc, subject, receive)
-        except PublishDenied:
-            raise NotPermitted(
-                f"this connection's NATS user may not observe {subject}: an application "
-                "user observes only the parent agents its configuration lists "
-                "(tether.access); name one with observe(parent_agent=...)") from None
-        try:
-            while True:
-                yield ObservabilityEvent.model_validate_json(await events.get())
-        finally:
-            await subscription.unsubscribe()
+        with refusal_of(self.nc, subject) as refused:
+            subscription = await self.nc.subscribe(subject, cb=receive)
+            try:
+                while True:
+                    getting = asyncio.ensure_future(events.get())
+                    waiting: set[asyncio.Future[Any]] = {getting, refused}
+                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                    if not getting.done():  # refused, whenever the server said so
+                        getting.cancel()
+                        raise NotPermitted(refused_words)
+                    yield ObservabilityEvent.model_validate_json(getting.result())
+            finally:
+                await subscription.unsubscribe()
 
     async def publish_command(self, kind: str, command: Any, msg_id: str, *,
                               stored_at: int | None = None) -> js_api.PubAck:
