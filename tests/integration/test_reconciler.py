@@ -13,6 +13,7 @@ import structlog
 from eventually import eventually
 
 from examples.agents import Sleeper
+from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.projector import Projector
@@ -40,6 +41,7 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
+from tether.reconciler import service as reconciler_service
 from tether.reconciler.control import ChildControl
 from tether.reconciler.service import LOAD_RUNS, Reconciler
 from tether.testing import RunEvents
@@ -613,3 +615,38 @@ async def test_a_silent_child_a_runner_still_holds_is_sealed_no_progress(recover
     assert decision.timings["silent_ms"] >= recovering.reattach_no_progress_timeout_ms
     assert "run.cancel_requested" not in [e.type for e in history]
     assert held.outcome == "found", "a runner held the child all along"
+
+
+async def test_a_broker_clock_that_cannot_be_read_leaves_the_reconcilers_own(
+        fast, log, pool, monkeypatch):
+    """The broker's time cannot be sampled (here: its stream info is for a stream that
+    is not there): the failure is logged, and budgets still fall due on this process's
+    clock instead of waiting for a sample that never comes."""
+    monkeypatch.setattr(reconciler_service, "FIRST_SAMPLE_WAIT_S", 0.5)
+    lines = []
+
+    class Lines:
+        def __getattr__(self, level):
+            return lambda event, **fields: lines.append((event, fields))
+
+        def bind(self, **_):
+            return self
+
+    blind = BrokerClock(log.nats, "NO_SUCH_STREAM", Lines())
+    registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
+    deliverer = Deliverer.of(fast, log, RegisteredHooks(registry), DefaultFormatters(),
+                             get_logger(service="test"))
+    reconciler = Reconciler(fast, log, pool, deliverer, get_logger(service="reconciler-test"),
+                            clock=blind)
+    stop = asyncio.Event()
+    sampling = asyncio.create_task(blind.run(stop))
+    task = asyncio.create_task(reconciler.run(stop))
+    try:
+        _, events = detached_run("blind-1", max_budget_ms=300, no_progress_budget_ms=0)
+        await append_all(log, *events)
+        state, _ = await outcome(log, "blind-1")
+        assert (state.status, state.reason) == ("interrupted", "budget-exceeded")
+        assert ("clock.sample_failed" in {event for event, _ in lines}), lines
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(task, sampling), timeout=10)

@@ -77,6 +77,8 @@ READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 # of the loop whatever its size; under load, waiting gathers the events of many runs
 # into one, and no deadline is that tight.
 FOLLOW_LINGER_S = 0.02
+# How long the timer waits for the broker's clock before it falls back to its own.
+FIRST_SAMPLE_WAIT_S = 10.0
 
 
 def now_ms() -> int:
@@ -269,7 +271,12 @@ class Reconciler:
     # --- the timer ------------------------------------------------------------------
 
     async def _timer(self, stop: asyncio.Event) -> None:
-        await self._clock.sampled()  # deadlines fall due on the broker's clock
+        # Deadlines fall due on the broker's clock. A broker that cannot be sampled (its
+        # failures are logged, `clock.sample_failed`) leaves this process's own clock, not
+        # a timer that never starts.
+        with suppress(TimeoutError):
+            async with asyncio.timeout(FIRST_SAMPLE_WAIT_S):
+                await self._clock.sampled()
         while not stop.is_set():
             due_at = self._index.next_due()
             timeout = None if due_at is None else max(due_at - self._clock.now(), 0) / 1000
