@@ -78,26 +78,16 @@ async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
     connection a publish to a subject starting with `prefix`: for a request nats-py makes
     itself (a consumer create, a key-value put), which would otherwise only time out.
     On a connection `connect_nats` did not make, just `operation`."""
-    denials = _DENIALS.get(nc)
-    if denials is None:
+    if nc not in _DENIALS:
         return await operation
     running = asyncio.ensure_future(operation)
-    refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    wanted = prefix.lower()
-
-    def listener(subject: str) -> None:
-        if subject.startswith(wanted) and not refused.done():
-            refused.set_result(subject)
-
-    denials.callbacks.append(listener)
-    waiting: set[asyncio.Future[Any]] = {running, refused}
-    try:
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        running.cancel()
-        raise
-    finally:
-        denials.callbacks.remove(listener)
+    with refusal_of(nc, prefix) as refused:
+        waiting: set[asyncio.Future[Any]] = {running, refused}
+        try:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            running.cancel()
+            raise
     if running.done():  # its result, its error or its own cancellation, as it ended
         return running.result()
     running.cancel()
@@ -106,15 +96,16 @@ async def unless_refused(nc: NATS, prefix: str, operation: Awaitable[T]) -> T:
 
 
 @contextlib.contextmanager
-def refusal_of(nc: NATS, subject: str) -> Iterator["asyncio.Future[str]"]:
-    """A future set when the server refuses this connection `subject` (a subscription,
-    say, whose refusal comes whenever the server sends it, not before a later answer);
-    never set on a connection `connect_nats` did not make."""
+def refusal_of(nc: NATS, prefix: str) -> Iterator["asyncio.Future[str]"]:
+    """A future set with the subject when the server refuses this connection one starting
+    with `prefix` (a publish, or a subscription whose refusal comes whenever the server
+    sends it, not before a later answer); never set on a connection `connect_nats` did
+    not make."""
     refused: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    wanted = subject.lower()
+    wanted = prefix.lower()
 
     def listener(denied: str) -> None:
-        if denied == wanted and not refused.done():
+        if denied.startswith(wanted) and not refused.done():
             refused.set_result(denied)
 
     denials = _DENIALS.get(nc)

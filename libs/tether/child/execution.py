@@ -424,8 +424,7 @@ class Execution:
             return known_seq
         standing = attempts.standing(state, self.attempt, self._incarnation)
         if standing != "current":
-            self._stop("superseded" if standing == "superseded" else "gone",
-                       attempts.standing_detail(state, standing))
+            self._moved_on(state, standing)
         elif state is not None and state.cancel_requested_at is not None:
             self.cancel(state.cancel_reason)
         return seq
@@ -459,11 +458,16 @@ class Execution:
             return
         state, standing, _ = await self._confirm_persistently()
         if standing != "current":
-            detail = attempts.standing_detail(state, standing)
-            reason: Literal["superseded", "gone"] = (
-                "superseded" if standing == "superseded" else "gone")
-            self._stop(reason, detail)
-            raise RunSuperseded(detail, reason=reason)
+            raise self._moved_on(state, standing)
+
+    def _moved_on(self, state: RunState | None, standing: attempts.Standing) -> RunSuperseded:
+        """Stop the child of an attempt that is no longer the run's current one; the
+        error its child gets for a report it may no longer make."""
+        detail = attempts.standing_detail(state, standing)
+        reason: Literal["superseded", "gone"] = (
+            "superseded" if standing == "superseded" else "gone")
+        self._stop(reason, detail)
+        return RunSuperseded(detail, reason=reason)
 
     def _lapsed(self, when: str) -> str:
         return (f"the runner held the work item for {self._hold.age_s:.1f}s without renewing "
