@@ -15,6 +15,7 @@ from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
+from tether.domain.ids import nested_parent_name
 from tether.domain.run_state import RunState, evolve
 from tether.ports import (
     ConcurrencyConflict,
@@ -58,6 +59,8 @@ class RunEvents:
         )
 
     def requested(self, agent_type: str = "Researcher", **data: Any) -> Event:
+        data.setdefault("nested_parent", nested_parent_name(
+            self.parent.agent, self.parent.name, self.run_id))
         return self.make(ev.RunRequested, agent_type=agent_type,
                          input=data.pop("input", {"query": "HTTP/3"}), **data)
 

@@ -37,7 +37,8 @@ def w1_run(run_id: str, runner: str = "runner-a") -> list[Any]:
     """A W1 run's events as the services append them."""
     return [
         make(RunRequested, run_id, {"agent_type": "BenchChild", "input": {"n": 0},
-                                    "detached": {"on_finish": HOOK}}),
+                                    "detached": {"on_finish": HOOK},
+                                    "nested_parent": f"{run_id}:tree"}),
         make(RunRunning, run_id, {"attempt": 1, "runner_id": runner}),
         make(RunMilestone, run_id, {"sequence": 0, "name": "half-way"}),
         make(RunMilestone, run_id, {"sequence": 1, "name": "finished-work"}),

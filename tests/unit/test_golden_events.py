@@ -25,8 +25,9 @@ from tether.domain.events import (
     RunRequested,
     data_class,
 )
-from tether.domain.ids import Identifier, InvalidIdentifier
+from tether.domain.ids import Identifier, InvalidIdentifier, nested_parent_name
 from tether.domain.records import Record
+from tether.domain.run_state import evolve
 from tether.domain.upcasting import registered_upcasters, upcast
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"
@@ -129,7 +130,7 @@ def test_run_requested_v1_detached_is_upcast_to_options_and_the_v1_default_budge
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 2
+    assert event.schema_version == 3
     assert (event.event_id, event.run_id, event.occurred_at) == (
         original["event_id"], original["run_id"], original["occurred_at"])
     assert (event.parent.agent, event.parent.name) == ("Assistant", "user-42")
@@ -155,7 +156,7 @@ def test_run_requested_v1_awaited_is_upcast_to_no_options_and_no_budgets() -> No
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 2
+    assert event.schema_version == 3
     assert event.event_id == original["event_id"]
     data = event.data
     assert data.agent_type == "Researcher"
@@ -165,6 +166,29 @@ def test_run_requested_v1_awaited_is_upcast_to_no_options_and_no_budgets() -> No
     assert data.detached is None
     assert data.max_budget_ms is None
     assert data.no_progress_budget_ms == 0
+
+
+def test_run_requested_v2_is_upcast_owning_its_nested_runs_by_its_run_id_as_they_were() -> None:
+    original = load("run.requested.v2.json")
+
+    event = decode_event(original)
+
+    assert isinstance(event, RunRequested)
+    assert event.schema_version == 3
+    assert event.data.nested_parent == original["run_id"]
+    assert event.data.detached == decode_event(load("run.requested.v3.json")).data.detached
+    assert evolve(None, event).state.as_parent() == ParentRef(agent="Researcher",
+                                                             name=original["run_id"])
+
+
+def test_a_run_requested_now_owns_its_nested_runs_by_a_name_of_its_whole_path() -> None:
+    event = decode_event(load("run.requested.v3.json"))
+
+    owner = evolve(None, event).state.as_parent()
+
+    assert owner.agent == "Researcher"
+    assert owner.name == nested_parent_name("Assistant", "user-42", event.run_id)
+    assert owner.name.startswith(f"{event.run_id}:")
 
 
 def test_run_interrupted_v1_is_upcast_with_the_child_no_longer_running() -> None:
@@ -215,7 +239,7 @@ def test_an_event_without_a_type_is_refused() -> None:
 
 def test_a_version_newer_than_this_build_is_refused() -> None:
     current = CURRENT_VERSIONS["run.requested"]
-    payload = {**load("run.requested.v2.json"), "schema_version": current + 1}
+    payload = {**load("run.requested.v3.json"), "schema_version": current + 1}
 
     with pytest.raises(EventDecodeError, match="newer") as error:
         decode_event(payload)
@@ -315,11 +339,12 @@ IDENTIFIER_FIELDS = _identifier_fields()
 def test_the_golden_events_hold_every_kind_of_identifier_field() -> None:
     fields = {path[-1] for _, path in IDENTIFIER_FIELDS}
 
-    assert {"run_id", "agent", "name", "agent_type", "on_finish", "names", "method"} <= fields
+    assert {"run_id", "agent", "name", "agent_type", "on_finish", "names", "method",
+            "nested_parent"} <= fields
 
 
 def test_milestone_names_given_as_a_list_are_identifiers() -> None:
-    payload = load("run.requested.v2.json")
+    payload = load("run.requested.v3.json")
     payload["data"]["detached"]["on_milestones"] = ["sources-gathered", "has space"]
 
     with pytest.raises(EventDecodeError, match="milestone name") as error:

@@ -39,7 +39,7 @@ from tether.domain.events import (
     RunStarted,
     RunStepRecorded,
 )
-from tether.domain.ids import incarnation_of
+from tether.domain.ids import incarnation_of, nested_parent_name
 from tether.domain.run_state import (
     DeliveryLedger,
     Evolved,
@@ -90,6 +90,9 @@ def requested(at: int = T0, *, detached: dict[str, Any] | None = None,
         "detached": detached,
         "max_budget_ms": max_budget_ms,
         "no_progress_budget_ms": no_progress_budget_ms,
+        "nested_parent": nested_parent_name(kw.get("parent", PARENT).agent,
+                                            kw.get("parent", PARENT).name,
+                                            kw.get("run_id", RUN_ID)),
     }, at=at, **kw)
 
 
@@ -265,7 +268,7 @@ def test_an_applied_event_makes_a_new_state_and_leaves_the_old_one_as_it_was() -
     requested(),
     detached_request(),
     requested(detached={"on_finish": "done", "notify": True}, max_budget_ms=5 * MINUTE),
-    make(RunRequested, {"agent_type": "Bare", "input": {}}),
+    make(RunRequested, {"agent_type": "Bare", "input": {}, "nested_parent": "bare-1"}),
 ], ids=["awaited", "detached", "budgeted", "bare"])
 def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         event: RunRequested) -> None:
@@ -276,6 +279,7 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         "parent_tool_call_id": data.parent_tool_call_id, "display_order": data.display_order,
         "display": data.display, "detached": data.detached, "requested_at": event.occurred_at,
         "incarnation": incarnation_of(event.event_id),
+        "nested_parent": data.nested_parent,
         "max_budget_deadline": (None if data.max_budget_ms is None
                                 else event.occurred_at + data.max_budget_ms),
         "no_progress_budget_ms": data.no_progress_budget_ms,
@@ -331,6 +335,19 @@ def test_the_stored_documents_hold_every_field_of_the_state() -> None:
     assert held == set(RunState.__struct_fields__)
 
 
+NESTED = nested_parent_name(PARENT.agent, PARENT.name, RUN_ID)
+
+
+def test_a_state_document_stored_before_runs_had_a_name_as_parents_owns_by_its_run_id() -> None:
+    document = json.loads((STATE_DOCUMENTS / "full.json").read_bytes())
+    del document["nested_parent"]
+
+    state = state_from_json(json.dumps(document))
+
+    assert state.nested_parent == ""
+    assert state.as_parent() == ParentRef(agent=state.agent_type, name=state.run_id)
+
+
 def _stored_histories() -> dict[str, list[Any]]:
     """The histories the stored documents were folded from (their event ids are the
     stored ones: the run's life and its keyless ids come from them)."""
@@ -338,7 +355,8 @@ def _stored_histories() -> dict[str, list[Any]]:
         "paused-interrupted": [
             make(RunRequested, {"agent_type": "Researcher", "input": {"query": "HTTP/3"},
                                 "parent_tool_call_id": "call-1", "display_order": 1,
-                                "display": "Research HTTP/3"}, event_id="e15"),
+                                "display": "Research HTTP/3", "nested_parent": NESTED},
+                 event_id="e15"),
             running(1, T0 + 1),
             milestone(0, "drafted", T0 + SECOND, fraction=0.25, message="a draft"),
             make(RunPaused, {"reason": "waiting_for_human",
@@ -350,12 +368,14 @@ def _stored_histories() -> dict[str, list[Any]]:
         "open-detached": [
             make(RunRequested, {"agent_type": "Researcher", "input": {"query": "HTTP/3"},
                                 "detached": {"on_finish": "on_done"}, "max_budget_ms": HOUR,
-                                "no_progress_budget_ms": MINUTE}, event_id="req-1"),
+                                "no_progress_budget_ms": MINUTE, "nested_parent": NESTED},
+                 event_id="req-1"),
             running(1, T0 + 1),
             milestone(0, "drafted", T0 + SECOND),
         ],
         "aborted": [
-            make(RunRequested, {"agent_type": "Researcher", "input": {}}, event_id="req-2"),
+            make(RunRequested, {"agent_type": "Researcher", "input": {}, "nested_parent": NESTED},
+                 event_id="req-2"),
             running(1, T0 + 1),
             make(RunAborted, {"error": "gave up", "cause": "give-up"}, at=T0 + 2 * SECOND),
         ],
@@ -1069,7 +1089,7 @@ def test_event_of_another_run_is_reported(other: dict[str, Any]) -> None:
 
 def test_a_request_of_another_run_does_not_replace_this_one() -> None:
     before = state_after(requested())
-    foreign = make(RunRequested, {"agent_type": "Researcher", "input": {}}, run_id="r2")
+    foreign = requested(run_id="r2", input={})
 
     assert_reported(evolve(before, foreign), before, "another run")
 

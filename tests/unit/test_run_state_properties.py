@@ -63,11 +63,13 @@ elapsed_ms = st.sampled_from([0, 1, 250, 5_000])
 
 request_data = st.one_of(
     variants(agent_type=["Researcher"], input=[{"query": "HTTP/3"}, {}],
-             parent_tool_call_id=[None, "call-1"], detached=[None]),
+             parent_tool_call_id=[None, "call-1"], detached=[None],
+             nested_parent=["run-1:tree"]),
     variants(agent_type=["Researcher"], input=[{"query": "gRPC"}],
              detached=[{"on_finish": "on_done", "notify": True, "on_milestones": ["drafted"]},
                        {"notify": {"source": "agent-tool"}}],
-             max_budget_ms=[None, 1, 3_600_000], no_progress_budget_ms=[0, 1_000, 60_000]),
+             max_budget_ms=[None, 1, 3_600_000], no_progress_budget_ms=[0, 1_000, 60_000],
+             nested_parent=["run-1:tree"]),
 )
 
 LATEST_PAUSE, EARLIER_PAUSE = "<latest pause>", "<earlier pause>"

@@ -34,7 +34,7 @@ SELECT_DESCENDANTS = """
         WHERE parent_agent = $1 AND parent_name = $2
         UNION ALL
         SELECT r.agent_type, r.run_id, r.state, t.depth + 1 FROM "{schema}".runs r
-        JOIN tree t ON r.parent_agent = t.agent_type AND r.parent_name = t.run_id
+        JOIN tree t ON r.parent_agent = t.agent_type AND r.parent_name = coalesce(nullif(t.state->>'nested_parent', ''), t.run_id)
         WHERE t.depth < 16
     )
     SELECT state::text FROM tree
@@ -78,8 +78,9 @@ async def load_tree(settings: Settings, parent: ParentRef,
         if text is None:
             return None, []
         state = state_from_json(text)
-        rows = await conn.fetch(SELECT_DESCENDANTS.format(schema=schema), state.agent_type,
-                                state.run_id)
+        owner = state.as_parent()
+        rows = await conn.fetch(SELECT_DESCENDANTS.format(schema=schema), owner.agent,
+                                owner.name)
     finally:
         await conn.close()
     return state, [state_from_json(row[0]) for row in rows]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether.domain.events import ParentRef
-from tether.domain.ids import check_identifier
+from tether.domain.ids import check_identifier, nested_parent_name
 from tether.domain.run_state import evolve
 from tether.log import get_logger
 
@@ -112,8 +112,9 @@ class RunContext:
 
     `client` is how a child becomes a parent itself (nested agent tools): the runner sets
     it to an object whose `run_agent_tool(agent_type, input, **options)` starts a run
-    owned by `ctx.as_parent()`, i.e. by this child's agent type and this run's id, so the
-    nested runs appear on their own parent timeline. It is None until a client factory
+    owned by `ctx.as_parent()`, i.e. by this child's agent type and this run's name as a
+    parent (its run id and a digest of its path from the root), so the nested runs appear
+    on their own parent timeline and never on another tree's. It is None until a client factory
     is given to the runner; `run_agent_tool` then says so instead of failing obscurely.
     """
 
@@ -226,8 +227,14 @@ class RunContext:
         return tuple(self._recorder.reported_milestones) if self._recorder is not None else ()
 
     def as_parent(self) -> ParentRef:
-        """This run as the parent of nested agent-tool runs."""
-        return ParentRef(agent=self.agent_type, name=self.run_id)
+        """This run as the parent of nested agent-tool runs: its agent type and its name
+        as a parent (`RunState.as_parent`), unique across parents and tenants although
+        its run id is unique only per parent."""
+        if self.history is not None:
+            return self.history.as_parent()
+        return ParentRef(agent=self.agent_type,
+                         name=nested_parent_name(self.parent.agent, self.parent.name,
+                                                 self.run_id))
 
     def nested_run_id(self, agent_type: str, input: Any) -> str:
         """The run id of the next nested call of `agent_type` with `input`.

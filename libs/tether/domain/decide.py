@@ -36,7 +36,7 @@ from tether.domain.events import (
     RunResumed,
     RunResumedData,
 )
-from tether.domain.ids import derived_event_id, parent_scope
+from tether.domain.ids import derived_event_id, nested_parent_name, parent_scope
 from tether.domain.run_state import RunState
 
 
@@ -101,6 +101,8 @@ def request_run(command: RunCommand, budgets: Budgets, cause: Cause) -> RunReque
             parent_tool_call_id=command.parent_tool_call_id,
             display_order=command.display_order, display=command.display, detached=detached,
             max_budget_ms=max_budget_ms, no_progress_budget_ms=no_progress_budget_ms,
+            nested_parent=nested_parent_name(command.parent.agent, command.parent.name,
+                                             command.run_id),
         ),
     )
 

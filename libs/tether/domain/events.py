@@ -137,9 +137,13 @@ class RunRequestedData(Record, frozen=True, kw_only=True):
     # needs configuration: None means "no absolute budget" (awaited runs), 0 "disabled".
     max_budget_ms: Positive | None = None
     no_progress_budget_ms: NonNegative = 0
+    # The run's name as the parent of the runs it starts (`ids.nested_parent_name`); v2
+    # events are upcast with the run id alone, the name nested runs had then.
+    nested_parent: Identifier
 
     def __post_init__(self) -> None:
         check_identifier(self.agent_type, "agent_type")
+        check_identifier(self.nested_parent, "nested_parent")
 
 
 class RunRejectedData(Record, frozen=True, kw_only=True):
@@ -280,7 +284,7 @@ class EventEnvelope(Record, frozen=True, kw_only=True, tag_field="type"):
 
 
 class RunRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.requested"):
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     data: RunRequestedData
 
 

@@ -71,6 +71,27 @@ def parent_scope(agent: str, name: str) -> str:
     return hashlib.blake2b(f"{agent}/{name}".encode(), digest_size=4).hexdigest()
 
 
+# The digest that makes a run's name as a parent its own: 80 bits, so no parent can pick
+# a run id whose name collides with another tree's by searching for one.
+_TREE_DIGEST_BYTES = 10
+_MAX_IDENTIFIER = 128
+
+
+def nested_parent_name(parent_agent: str, parent_name: str, run_id: str) -> str:
+    """The name of run `run_id` of parent `parent_agent/parent_name` as the parent of the
+    runs it starts (nested agent tools): `<run id>:<digest of its full path>`.
+
+    A run id is unique per parent only, so the run id alone would make two parents' runs
+    of one id share their nested runs; the digest of the owner and the run id (the owner
+    being a nested run's own such name, the whole path from the root is in it) keeps every
+    tree apart, across parents and tenants. A long run id is cut to fit an identifier; the
+    digest still names all of it.
+    """
+    digest = hashlib.blake2b(f"{parent_agent}/{parent_name}/{run_id}".encode(),
+                             digest_size=_TREE_DIGEST_BYTES).hexdigest()
+    return f"{run_id[:_MAX_IDENTIFIER - len(digest) - 1]}:{digest}"
+
+
 @lru_cache(maxsize=4096)  # each process folds a run's request several times
 def incarnation_of(requested_event_id: str) -> str:
     """A short token for one life of a run id, from the id of the `run.requested` that began

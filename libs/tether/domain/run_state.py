@@ -117,6 +117,9 @@ class RunState(Record, frozen=True, kw_only=True):
     # This life of the run id (`ids.incarnation_of` its run.requested): "" only in states
     # stored by an earlier version.
     incarnation: str = ""
+    # Its name as the parent of the runs it starts (`as_parent`): "" only in states stored
+    # by an earlier version, whose nested runs were owned by the run id.
+    nested_parent: str = ""
     dispatched_at: int | None = None  # from run.started, in logs written before it was dropped
     started_at: int | None = None
     ended_at: int | None = None
@@ -165,6 +168,11 @@ class RunState(Record, frozen=True, kw_only=True):
     @property
     def output_text(self) -> str:
         return "".join(self.output_parts[index] for index in sorted(self.output_parts))
+
+    def as_parent(self) -> ParentRef:
+        """This run as the owner of the runs it starts (nested agent tools): its agent type
+        and a name unique across parents and tenants (`ids.nested_parent_name`)."""
+        return ParentRef(agent=self.agent_type, name=self.nested_parent or self.run_id)
 
     def finish_delivered(self, status: str, method: str | None) -> bool:
         return finish_key(status, method) in self.ledger.finish
@@ -266,6 +274,7 @@ def _new_run(event: RunRequested, logged_at: int) -> RunState:
         status="starting", input=data.input, parent_tool_call_id=data.parent_tool_call_id,
         display_order=data.display_order, display=data.display, detached=data.detached,
         requested_at=event.occurred_at, incarnation=incarnation_of(event.event_id),
+        nested_parent=data.nested_parent,
         max_budget_deadline=(None if data.max_budget_ms is None
                              else logged_at + data.max_budget_ms),
         no_progress_budget_ms=data.no_progress_budget_ms)

@@ -83,6 +83,13 @@ def upcast_run_requested_v1_v2(payload: Payload) -> Payload:
     return {**payload, "data": data}
 
 
+@upcaster("run.requested", from_version=2)
+def upcast_run_requested_v2_v3(payload: Payload) -> Payload:
+    """v2 did not name the run as a parent: its nested runs are owned by its run id alone
+    (`<agent type>/<run id>`), so that is its name."""
+    return {**payload, "data": {**payload["data"], "nested_parent": payload["run_id"]}}
+
+
 @upcaster("run.interrupted", from_version=1)
 def upcast_run_interrupted_v1_v2(payload: Payload) -> Payload:
     """v1 did not say whether the child was still running; it was never kept alive then."""

@@ -365,7 +365,7 @@ class CommandHandlers:
         """The open runs below `state`, deepest first, each with the cause of its cancel."""
         if depth >= MAX_TREE_DEPTH:
             return
-        owner = ParentRef(agent=state.agent_type, name=state.run_id)
+        owner = state.as_parent()
         for run_id in await self._run_ids(owner):
             child = (await self._log.read_run(owner, run_id)).state
             if child is None or not child.is_open:

@@ -121,7 +121,7 @@ class ParentQueries:
         total = UsageView()
         if depth >= MAX_TREE_DEPTH:
             return total
-        owner = ParentRef(agent=state.agent_type, name=state.run_id)
+        owner = state.as_parent()
         for run_id in await self._log.run_ids(owner):
             child = (await self._log.read_run(owner, run_id)).state
             if child is not None:

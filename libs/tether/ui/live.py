@@ -170,7 +170,7 @@ class ParentStream:
     async def _refresh_nested(self) -> set[tuple[str, str, str]]:
         """The nested runs of the open runs on the page, read again; the keys of those
         that changed since they were last sent."""
-        owners = [(state.agent_type, state.run_id)
+        owners = [(state.agent_type, state.as_parent().name)
                   for state in (*self._states.values(), *self._nested.values())
                   if state.is_open]
         changed = set()

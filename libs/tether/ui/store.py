@@ -9,8 +9,9 @@ from tether.adapters.postgres.projector import PROJECTION_NAME
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, state_from_json
 
-# Nested runs are owned by `<agent type>/<run id>` of the run that started them; a tree
-# deeper than this is cut (its runs stay reachable from their own parent's page).
+# Nested runs are owned by the run that started them as a parent (`RunState.as_parent`:
+# its agent type and its `nested_parent` name, or its run id in states of runs requested
+# before v3 of `run.requested`); a tree deeper than this is cut (its runs stay reachable from their own parent's page).
 MAX_NESTING = 4
 
 
@@ -38,7 +39,7 @@ class ProjectionStore:
                 WHERE parent_agent = $1 AND parent_name = $2
               UNION ALL
                 SELECT r.agent_type, r.run_id, r.state, t.depth + 1 FROM {s}.runs r
-                JOIN tree t ON r.parent_agent = t.agent_type AND r.parent_name = t.run_id
+                JOIN tree t ON r.parent_agent = t.agent_type AND r.parent_name = coalesce(nullif(t.state->>'nested_parent', ''), t.run_id)
                 WHERE t.depth < {MAX_NESTING}
             )
             SELECT depth, state::text AS state FROM tree
@@ -66,7 +67,8 @@ class ProjectionStore:
         return Snapshot(checkpoint, runs, nested)
 
     async def children(self, owners: list[tuple[str, str]]) -> list[RunState]:
-        """The runs owned by these (agent type, run id) pairs: nested runs, one level."""
+        """The runs owned by these (agent type, name as a parent) pairs: nested runs, one
+        level."""
         if not owners:
             return []
         rows = await self._pool.fetch(self._children, [a for a, _ in owners],

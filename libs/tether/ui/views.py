@@ -27,6 +27,8 @@ def run_document(state: RunState, signal: ProgressSignal | None = None, *,
     delivered = list(state.ledger.finish.values())  # when each finish hook was acknowledged
     document.update(
         parent={"agent": state.parent.agent, "name": state.parent.name},
+        # The run as the owner of its nested runs: their `parent`.
+        as_parent={"agent": state.agent_type, "name": state.as_parent().name},
         attempt=state.attempt,
         reattach_attempts=state.reattach_attempts,
         max_budget_deadline=state.max_budget_deadline,

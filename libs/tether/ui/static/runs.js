@@ -154,12 +154,12 @@ function byOrder(a, b) {
   return ao - bo || a.requested_at - b.requested_at || (a.run_id < b.run_id ? -1 : 1);
 }
 
-// Runs of the page and their nested runs (owned by `<agent type>/<run id>`).
+// Runs of the page and their nested runs (each owned by its run's `as_parent`).
 class Tree {
   constructor() { this.runs = new Map(); this.nested = new Map(); }
   key(run) { return `${run.parent.agent}/${run.parent.name}/${run.run_id}`; }
   childrenOf(run) {
-    const owner = `${run.agent_type}/${run.run_id}/`;
+    const owner = `${run.as_parent.agent}/${run.as_parent.name}/`;
     return [...this.nested.values()].filter((c) => `${c.parent.agent}/${c.parent.name}/` === owner)
       .sort(byOrder);
   }
@@ -167,7 +167,7 @@ class Tree {
     let current = nested;
     for (let depth = 0; depth < 8; depth += 1) {
       const owner = [...this.runs.values(), ...this.nested.values()].find(
-        (r) => r.agent_type === current.parent.agent && r.run_id === current.parent.name);
+        (r) => r.as_parent.agent === current.parent.agent && r.as_parent.name === current.parent.name);
       if (!owner) return null;
       if (this.runs.get(owner.run_id) === owner) return owner.run_id;
       current = owner;
