@@ -80,7 +80,7 @@ def line(message) -> str:
 async def main() -> int:
     name = f"demo-{uuid.uuid4().hex[:6]}"
     async with connect(name="tether-model-parent") as tether:
-        conversation = tether.conversation("Planner", name)
+        conversation = tether.conversation("Planner", name, owner=("User", "u1"))
         print(f"Conversation Planner/{name}: a model parent with two Researchers and an "
               "Importer as tools.")
         await conversation.start()

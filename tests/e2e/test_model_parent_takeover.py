@@ -29,7 +29,7 @@ async def test_a_conversation_killed_mid_notification_is_taken_over_with_one_tur
     owner = conversation_owner("Planner")
 
     async with connect(settings=settings) as tether:
-        conversation = tether.conversation("Planner", "takeover")
+        conversation = tether.conversation("Planner", "takeover", owner=("User", "u1"))
         await conversation.start()
         await conversation.send("Compare HTTP/3 and gRPC; import the customers.",
                                 message_id="ask")

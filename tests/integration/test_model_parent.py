@@ -41,6 +41,7 @@ from tether.client import Tether, connect
 from tether.contract.messages import ChatMessage, UsageView, user_message_id
 from tether.domain import decide
 from tether.domain.events import ParentRef
+from tether.domain.ids import nested_parent_name
 from tether.log import get_logger
 from tether.parent.service import ParentService
 
@@ -194,6 +195,11 @@ def scripted(monkeypatch) -> Callable[..., ScriptedModelClient]:
     return give
 
 
+def below(owner: tuple[str, str], agent_type: str, run_id: str) -> tuple[str, str]:
+    """The parent that run `run_id` (of `agent_type`) of `owner` is to the runs it starts."""
+    return agent_type, nested_parent_name(*owner, run_id)
+
+
 async def runs_of(tether: Tether, agent: str, name: str) -> dict:
     """The runs on a parent's timeline, as the log has them now."""
     view = None
@@ -227,7 +233,7 @@ async def test_parallel_agent_tool_calls_fan_out_as_runs_of_the_model_parents_ti
                                         "call_0_1": "findings on gRPC",
                                         "call_0_2": "noted: compare transports"}
     # Their runs belong to the model parent's run, keyed by the tool call.
-    runs = await runs_of(tether, "Planner", "plan-1")
+    runs = await runs_of(tether, *below((me.agent, me.name), "Planner", "plan-1"))
     assert set(runs) == {"agent-tool:call_0_0", "agent-tool:call_0_1"}
     assert {run.parent_tool_call_id for run in runs.values()} == {"call_0_0", "call_0_1"}
     assert all(run.status == "completed" for run in runs.values())
@@ -252,7 +258,7 @@ async def test_a_failed_child_comes_back_as_failure_json_and_the_model_reissues_
     assert "no sources found" in failure["error"]
     assert tool_messages(client, 2)["call_1_0"] == "findings on good topic"
     statuses = {run_id: run.status
-                for run_id, run in (await runs_of(tether, "Planner", "plan-2")).items()}
+                for run_id, run in (await runs_of(tether, *below((me.agent, me.name), "Planner", "plan-2"))).items()}
     assert statuses == {"agent-tool:call_0_0": "error", "agent-tool:call_1_0": "completed"}
 
 
@@ -265,7 +271,7 @@ async def test_invalid_arguments_are_a_failure_for_the_model_and_start_no_run(
 
     assert result.ok
     assert "invalid input" in tool_messages(client, 1)["call_0_0"]
-    assert await runs_of(tether, "Planner", "plan-3") == {}
+    assert await runs_of(tether, *below((me.agent, me.name), "Planner", "plan-3")) == {}
 
 
 async def test_a_model_childs_first_message_is_shaped_by_format_agent_tool_input(
@@ -279,7 +285,8 @@ async def test_a_model_childs_first_message_is_shaped_by_format_agent_tool_input
 
     assert result.ok and result.summary == "Summarized."
     assert [m.content for m in child.requests[0].messages] == [
-        "Summarize for Planner/plan-4 (agent-tool:call_0_0, call call_0_0):\n\nQUIC is UDP-based."]
+        (f"Summarize for Planner/{nested_parent_name('Assistant', 'shaped', 'plan-4')} "
+         "(agent-tool:call_0_0, call call_0_0):\n\nQUIC is UDP-based.")]
 
 
 # --- durable conversations ------------------------------------------------------------
@@ -365,8 +372,9 @@ def from_model(message) -> bool:
 async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
         services, tether, scripted, log):
     client = scripted(Assistant, [answer, answer])
-    conversation = tether.conversation("Assistant", "chat-1")
+    conversation = tether.conversation("Assistant", "chat-1", owner=("User", "u1"))
     await conversation.start()
+    chat = await conversation.chat()
     assert await asyncio.wait_for(conversation.ask("hello", message_id="m1"), DEADLINE_S) \
         == "seen: hello"
     # A message sent twice is one message: one model turn for it.
@@ -379,13 +387,13 @@ async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
     history = await log.read_run(conversation.owner.ref, "chat-1")
     steps = [history.state.steps[i] for i in sorted(history.state.steps)]
     assert [(s["kind"], s["inbox"], s["status"]) for s in steps] == [
-        ("continuation", [user_message_id(conversation.ref, "m1")], "running"),
+        ("continuation", [user_message_id(chat, "m1")], "running"),
         ("model_turn", [], "completed"),
-        ("continuation", [user_message_id(conversation.ref, "m2")], "running"),
+        ("continuation", [user_message_id(chat, "m2")], "running"),
         ("model_turn", [], "completed")]
     assert history.state.status == "running"
     shown = render_run(history.state)
-    assert f"      human hello\n      took  {user_message_id(conversation.ref, 'm1')}" in shown
+    assert f"      human hello\n      took  {user_message_id(chat, 'm1')}" in shown
     assert "text  seen: and now?" in shown
     await conversation.close()
     async def aborted() -> bool:
@@ -398,7 +406,7 @@ async def test_notify_and_milestones_reach_the_model_once_narrate_without_a_turn
         services, tether, scripted):
     client = scripted(Assistant, [
         Reply("", [("Importer", {"rows": 5})]), Reply("Import started."), answer, answer])
-    conversation = tether.conversation("Assistant", "chat-2")
+    conversation = tether.conversation("Assistant", "chat-2", owner=("User", "u1"))
     await conversation.start()
     await conversation.send("import five rows", message_id="go")
     replies = await until_chat(conversation, 2, from_model)
@@ -422,7 +430,7 @@ async def test_react_milestones_take_a_turn_and_an_empty_format_suppresses_one(
         services, tether, scripted):
     client = scripted(Assistant, [
         Reply("", [("ImportReviewed", {"rows": 1})]), Reply("Started."), answer, answer])
-    conversation = tether.conversation("Assistant", "chat-3")
+    conversation = tether.conversation("Assistant", "chat-3", owner=("User", "u1"))
     await conversation.start()
     await conversation.send("import and review", message_id="go")
     replies = await until_chat(conversation, 3, from_model)
@@ -440,7 +448,7 @@ async def test_on_progress_sees_the_live_progress_and_milestones_of_the_conversa
         services, tether, scripted):
     scripted(Assistant, [Reply("", [("Importer", {"rows": 3}), ("Researcher", {"query": "QUIC"})]),
                          Reply("Started."), answer, answer])
-    conversation = tether.conversation("Assistant", "chat-4")
+    conversation = tether.conversation("Assistant", "chat-4", owner=("User", "u1"))
     await conversation.start()
     await conversation.send("import three rows", message_id="go")
     await until_chat(conversation, 2, from_model)
@@ -466,17 +474,17 @@ async def test_an_on_finish_hook_replaces_notify_for_a_detached_agent_tool(
     async def on_import_done(run, result) -> None:
         await finished.put((run, result))
 
-    conversation = tether.conversation("Assistant", "chat-hook")
+    conversation = tether.conversation("Assistant", "chat-hook", owner=("User", "u1"))
     async with hooks.running():
         await conversation.start()
         assert await asyncio.wait_for(conversation.ask("import four rows", message_id="go"),
                                       DEADLINE_S) == "Import started."
         run, result = await asyncio.wait_for(finished.get(), DEADLINE_S)
         assert (run.run_id, run.parent, result.status, result.summary) == (
-            "agent-tool:call_0_0", conversation.ref, "completed", "imported 4 rows")
+            "agent-tool:call_0_0", conversation.parent.ref, "completed", "imported 4 rows")
 
         async def delivered():
-            state = (await log.read_run(conversation.ref, "agent-tool:call_0_0")).state
+            state = (await log.read_run(conversation.parent.ref, "agent-tool:call_0_0")).state
             return state if state.ledger.finish else None
 
         state = await eventually(delivered, timeout=DEADLINE_S, interval=0.02)
@@ -497,7 +505,7 @@ async def test_after_a_takeover_on_progress_is_not_fired_again_and_inspect_has_t
     scripted(Assistant, [Reply("", [("Researcher", {"query": "QUIC"})]), Reply("Researched."),
                          answer])
     first = await runners.start()
-    conversation = tether.conversation("Assistant", "chat-progress")
+    conversation = tether.conversation("Assistant", "chat-progress", owner=("User", "u1"))
     await conversation.start()
     assert await asyncio.wait_for(conversation.ask("research QUIC", message_id="go"),
                                   DEADLINE_S) == "Researched."
@@ -544,8 +552,14 @@ class Chief(ModelAgent):
 
 
 AGENTS = (*AGENTS, Clerk, Lead, Chief)
-LEAD_RUN = ("Chief", "tree-run", "agent-tool:call_0_0")
-CLERK_RUN = ("Lead", "agent-tool:call_0_0", "agent-tool:call_0_0")
+
+
+def tree_runs(root: str) -> tuple[tuple[str, str, str], tuple[str, str, str]]:
+    """The Lead's and the Clerk's runs (parent agent, parent name, run id) under the
+    Chief's run `tree-run` of `Assistant/<root>`."""
+    lead = (*below(("Assistant", root), "Chief", "tree-run"), "agent-tool:call_0_0")
+    clerk = (*below(lead[:2], "Lead", lead[2]), "agent-tool:call_0_0")
+    return lead, clerk
 
 
 async def waiting_view(root) -> Any:
@@ -564,9 +578,8 @@ async def test_a_grandchilds_approval_shows_on_the_root_and_resumes_only_it(
     chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
     run = await waiting_view(root)
 
-    assert [tuple(step.values()) for step in run.waiting_path] == [
-        ("Chief", "tree-run", "agent-tool:call_0_0"),
-        ("Lead", "agent-tool:call_0_0", "agent-tool:call_0_0")]
+    LEAD_RUN, CLERK_RUN = tree_runs("tree")
+    assert [tuple(step.values()) for step in run.waiting_path] == [LEAD_RUN, CLERK_RUN]
     await root.continue_waiting(run, approvals=["call_0_0"])
     result = await asyncio.wait_for(chief, DEADLINE_S)
     assert result.ok and result.summary == "All done."
@@ -604,6 +617,7 @@ async def test_a_grandchilds_approval_shows_on_the_root_and_resumes_only_it(
 
 async def test_cancelling_a_run_cancels_its_open_descendants_first(services, tether, log):
     root = tether.parent("Assistant", "tree-cancel")
+    LEAD_RUN, CLERK_RUN = tree_runs("tree-cancel")
     chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
     await waiting_view(root)
     await root.cancel("tree-run")
@@ -633,6 +647,7 @@ async def test_a_run_whose_child_was_aborted_by_its_own_cancel_stops_instead_of_
     # its child's abort before any signal of its own cancel reaches its runner.
     lead = scripted(Lead, list(Lead.script))
     root = tether.parent("Assistant", "tree-race")
+    LEAD_RUN, CLERK_RUN = tree_runs("tree-race")
     chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
     await waiting_view(root)
     cause = decide.Cause(command_seq=10**9, now=decide_now(), origin="race-test")
@@ -693,7 +708,7 @@ async def paused_conversation(conversation) -> Any:
     """The conversation's run once its owner's timeline shows it waiting for a human."""
     async with asyncio.timeout(DEADLINE_S):
         async for view in conversation.owner.timeline():
-            run = view.runs.get(conversation.ref.name)
+            run = view.runs.get(conversation.name)
             if run is not None and run.waiting_for == "waiting_for_human":
                 return run
     raise AssertionError("unreachable")
@@ -706,8 +721,9 @@ def steps_of(state) -> list[dict]:
 async def test_an_approval_in_a_conversation_pauses_it_until_continue_answers_it(
         services, tether, scripted, log):
     client = scripted(Secretary, [secretary_turn] * 4)
-    conversation = tether.conversation("Secretary", "chat-pause")
+    conversation = tether.conversation("Secretary", "chat-pause", owner=("User", "u1"))
     await conversation.start()
+    chat = await conversation.chat()
     await conversation.send("file the lease", message_id="file")
     run = await paused_conversation(conversation)
 
@@ -725,10 +741,10 @@ async def test_an_approval_in_a_conversation_pauses_it_until_continue_answers_it
     await conversation.continue_run(approvals=["call_0_0"])
 
     reply = await asyncio.wait_for(
-        conversation.reply(user_message_id(conversation.ref, "file")), DEADLINE_S)
+        conversation.reply(user_message_id(chat, "file")), DEADLINE_S)
     assert reply.content == "Done: filed the lease."
     later = await asyncio.wait_for(
-        conversation.reply(user_message_id(conversation.ref, "later")), DEADLINE_S)
+        conversation.reply(user_message_id(chat, "later")), DEADLINE_S)
     assert later.content == "seen: meanwhile: hello"
     assert FILED == ["the lease"]
     assert len(client.requests) == 3
@@ -760,9 +776,10 @@ async def test_a_paused_conversation_is_continued_once_across_runner_restarts(
     client = scripted(Secretary, [secretary_turn] * 4)
     ANSWER_CHUNK_DELAY_MS["ms"] = 400  # the answer streams for over a second
     first = await runners.start()
-    conversation = tether.conversation("Secretary", "chat-restart")
+    conversation = tether.conversation("Secretary", "chat-restart", owner=("User", "u1"))
     owner = conversation.owner.ref
     await conversation.start()
+    chat = await conversation.chat()
     await conversation.send("file the lease", message_id="file")
     await paused_conversation(conversation)
     before = await conversation.inspect()
@@ -786,7 +803,7 @@ async def test_a_paused_conversation_is_continued_once_across_runner_restarts(
     await runners.start()
 
     reply = await asyncio.wait_for(
-        conversation.reply(user_message_id(conversation.ref, "file")), DEADLINE_S)
+        conversation.reply(user_message_id(chat, "file")), DEADLINE_S)
     assert reply.content == "Done: filed the lease."
     assert FILED == ["the lease"], "the approved tool ran once"
     history = await log.read_run(owner, "chat-restart")
@@ -800,7 +817,7 @@ async def test_a_paused_conversation_is_continued_once_across_runner_restarts(
     assert [last.role for last in (r.messages[-1] for r in client.requests)] == [
         "user", "tool", "tool"]
     stored, _ = await log.read_stored(log.subjects.chat_stream,
-                                      log.subjects.chat(conversation.ref))
+                                      log.subjects.chat(*chat))
     chat = [ChatMessage.model_validate_json(m.data) for m in stored]
     assert [(m.id, m.content) for m in chat if from_model(m)] == [
         (reply.id, "Done: filed the lease.")], "one answer"
@@ -828,8 +845,9 @@ async def test_a_conversation_whose_runner_died_before_its_pause_was_logged_paus
 
     monkeypatch.setattr(Execution, "_pause", die_before_pausing)
     first = await runners.start()
-    conversation = tether.conversation("Secretary", "chat-died")
+    conversation = tether.conversation("Secretary", "chat-died", owner=("User", "u1"))
     await conversation.start()
+    chat = await conversation.chat()
     await conversation.send("file the lease", message_id="file")
     await asyncio.wait_for(dying.wait(), DEADLINE_S)
     state = (await log.read_run(conversation.owner.ref, "chat-died")).state
@@ -842,7 +860,7 @@ async def test_a_conversation_whose_runner_died_before_its_pause_was_logged_paus
     assert len(client.requests) == 1, "the recorded turn was not asked for again"
     await conversation.continue_run(approvals=["call_0_0"])
     reply = await asyncio.wait_for(
-        conversation.reply(user_message_id(conversation.ref, "file")), DEADLINE_S)
+        conversation.reply(user_message_id(chat, "file")), DEADLINE_S)
     assert reply.content == "Done: filed the lease." and FILED == ["the lease"]
     history = await log.read_run(conversation.owner.ref, "chat-died")
     assert [e.type for e in history.events].count("run.paused") == 1

@@ -279,7 +279,7 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         "parent_tool_call_id": data.parent_tool_call_id, "display_order": data.display_order,
         "display": data.display, "detached": data.detached, "requested_at": event.occurred_at,
         "incarnation": incarnation_of(event.event_id),
-        "nested_parent": data.nested_parent,
+        "nested_parent": data.nested_parent, "started_by": data.started_by,
         "max_budget_deadline": (None if data.max_budget_ms is None
                                 else event.occurred_at + data.max_budget_ms),
         "no_progress_budget_ms": data.no_progress_budget_ms,

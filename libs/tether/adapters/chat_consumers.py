@@ -26,6 +26,7 @@ from tether.adapters.pull import Pull
 from tether.config import Settings
 from tether.contract.messages import ChatDelivery
 from tether.contract.subjects import Subjects
+from tether.domain.chat import ChatKey
 from tether.domain.events import ParentRef
 
 ACK_WAIT_S = 60.0
@@ -37,15 +38,19 @@ PULL_WAIT_S = 0.05
 _ACK_TAIL = re.compile(r"^(\.[0-9A-Za-z_-]+){5,8}$")
 
 
-def consumer_name(parent: ParentRef, durable: str) -> str:
-    return f"chat-{parent.agent}-{parent.name}-{durable}".replace(":", "_")
+def consumer_name(chat: ChatKey, durable: str) -> str:
+    """`chat-<agent>-<name>-<durable>`, or for a run's conversation
+    `chat-<agent>-<name>~<run id>-<durable>` (`~` is in no identifier)."""
+    parent = chat.parent
+    run = "" if chat.run_id is None else f"~{chat.run_id}"
+    return f"chat-{parent.agent}-{parent.name}{run}-{durable}".replace(":", "_")
 
 
-def consumer_config(subjects: Subjects, parent: ParentRef, durable: str, new_only: bool,
+def consumer_config(subjects: Subjects, chat: ChatKey, durable: str, new_only: bool,
                     inactive_s: float) -> js_api.ConsumerConfig:
-    name = consumer_name(parent, durable)
+    name = consumer_name(chat, durable)
     return js_api.ConsumerConfig(
-        name=name, durable_name=name, filter_subject=subjects.chat(parent),
+        name=name, durable_name=name, filter_subject=subjects.chat(*chat),
         ack_policy=js_api.AckPolicy.EXPLICIT, ack_wait=ACK_WAIT_S, max_deliver=-1,
         deliver_policy=js_api.DeliverPolicy.NEW if new_only else js_api.DeliverPolicy.ALL,
         inactive_threshold=inactive_s)
@@ -57,9 +62,10 @@ class TooManyReaders(ValueError):
 
 async def readers_of(nc: NATS, subjects: Subjects, parent: ParentRef) -> list[str]:
     """The names of the parent instance's durable chat readers' consumers: those of the
-    chat stream filtered on its chat subject."""
+    chat stream filtered on its chat subject or its runs' conversations'."""
     names: list[str] = []
     offset, chat = 0, subjects.chat(parent)
+    runs = chat + "."
     while True:
         reply = json.loads((await nc.request(
             f"$JS.API.CONSUMER.LIST.{subjects.chat_stream}",
@@ -68,17 +74,18 @@ async def readers_of(nc: NATS, subjects: Subjects, parent: ParentRef) -> list[st
             raise NotFoundError(description=reply["error"].get("description"))
         page = reply.get("consumers") or []
         names += [info["name"] for info in page
-                  if (info.get("config") or {}).get("filter_subject") == chat]
+                  if (found := (info.get("config") or {}).get("filter_subject", ""))
+                  and (found == chat or found.startswith(runs))]
         offset += len(page)
         if not page or offset >= reply.get("total", 0):
             return names
 
 
 async def make_reader(nc: NATS, js: JetStreamContext, subjects: Subjects, settings: Settings,
-                      parent: ParentRef, durable: str, new_only: bool) -> str:
+                      chat: ChatKey, durable: str, new_only: bool) -> str:
     """Make (or keep) the durable reader's consumer; `TooManyReaders` for a new one past
     the parent instance's limit (`settings`: the limits)."""
-    name = consumer_name(parent, durable)
+    name, parent = consumer_name(chat, durable), chat.parent
     readers = await readers_of(nc, subjects, parent)
     if name not in readers and len(readers) >= settings.chat_readers_per_parent:
         raise TooManyReaders(
@@ -87,16 +94,16 @@ async def make_reader(nc: NATS, js: JetStreamContext, subjects: Subjects, settin
             f"drop one (drop_reader) or reuse a durable name; an unused one lapses after "
             f"TETHER_CHAT_READER_INACTIVE_MS ({settings.chat_reader_inactive_ms} ms)")
     await js.add_consumer(subjects.chat_stream, consumer_config(
-        subjects, parent, durable, new_only, settings.chat_reader_inactive_ms / 1000))
+        subjects, chat, durable, new_only, settings.chat_reader_inactive_ms / 1000))
     return name
 
 
-async def drop_reader(js: JetStreamContext, subjects: Subjects, parent: ParentRef,
+async def drop_reader(js: JetStreamContext, subjects: Subjects, chat: ChatKey,
                       durable: str) -> bool:
     """Delete the durable reader's consumer; False when there was none."""
     try:
         return bool(await js.delete_consumer(subjects.chat_stream,
-                                             consumer_name(parent, durable)))
+                                             consumer_name(chat, durable)))
     except NotFoundError:
         return False
 
@@ -109,23 +116,23 @@ class ServedChat:
         self._nc, self._js, self._subjects, self._settings = nc, js, subjects, settings
         self._made: set[str] = set()  # consumers made by this replica (made again on loss)
 
-    async def next(self, parent: ParentRef, durable: str, new_only: bool,
+    async def next(self, chat: ChatKey, durable: str, new_only: bool,
                    ack: list[str], drop: bool = False) -> list[ChatDelivery]:
         stream = self._subjects.chat_stream
-        name = consumer_name(parent, durable)
-        prefix = f"$JS.ACK.{stream}.{name}"
+        name = consumer_name(chat, durable)
+        prefix = f"$JS.ACK.{stream}.{name}."
         for token in ack:
-            if not (token.startswith(prefix) and _ACK_TAIL.match(token[len(prefix):])):
-                raise ValueError(f"{token!r} acknowledges no message of {parent.agent}/"
-                                 f"{parent.name}'s durable chat reader {durable!r}")
+            if not (token.startswith(prefix) and _ACK_TAIL.match(token[len(prefix) - 1:])):
+                raise ValueError(f"{token!r} acknowledges no message of {chat.describe()}'s "
+                                 f"durable chat reader {durable!r}")
         if drop:  # what the reader handled is acknowledged first, then it is gone
             for token in ack:
                 await self._nc.publish(token, b"")
             self._made.discard(name)
-            await drop_reader(self._js, self._subjects, parent, durable)
+            await drop_reader(self._js, self._subjects, chat, durable)
             return []
         if name not in self._made:
-            await make_reader(self._nc, self._js, self._subjects, self._settings, parent,
+            await make_reader(self._nc, self._js, self._subjects, self._settings, chat,
                               durable, new_only)
             self._made.add(name)
         for token in ack:

@@ -219,7 +219,7 @@ class ModelParent(ModelAgent):
             self._ctx.run_id, self._ctx.history.incarnation if self._ctx.history else "", call), role="assistant",
                               content=answer, metadata={"source": "model", "kind": "reply",
                                                         "call": call, "in_reply_to": asked})
-        await tether.log.publish(tether.subjects.chat(self._ctx.as_parent()),
+        await tether.log.publish(tether.subjects.chat(*self._ctx.chat()),
                                  message.model_dump_json().encode(),
                                  headers={"Nats-Msg-Id": message.id},
                                  stream=tether.subjects.chat_stream)
@@ -240,7 +240,7 @@ class ModelParent(ModelAgent):
 
     async def _inbox(self, ctx: RunContext) -> AsyncGenerator[ChatMessage, None]:
         """The conversation's chat subject from the start, until the run is cancelled."""
-        messages = follow_chat(ctx.client.tether, ctx.as_parent())
+        messages = follow_chat(ctx.client.tether, ctx.chat())
         cancelled = asyncio.ensure_future(ctx.cancelled.wait())
         following: asyncio.Future | None = None
         try:

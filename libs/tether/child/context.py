@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from tether.domain.events import ParentRef
+from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
+from tether.domain.events import ParentRef, RunRef
 from tether.domain.ids import check_identifier, nested_parent_name
 from tether.domain.run_state import evolve
 from tether.log import get_logger
@@ -236,6 +237,14 @@ class RunContext:
                          name=nested_parent_name(self.parent.agent, self.parent.name,
                                                  self.run_id))
 
+    def chat(self) -> ChatKey:
+        """The chat this run speaks on (a model parent's conversation,
+        `tether.domain.chat`): its user messages, its answers and the notifications of
+        the runs it started."""
+        if self.history is not None:
+            return chat_of(self.history)
+        return chat_of_new_run(self.parent, self.run_id)
+
     def nested_run_id(self, agent_type: str, input: Any) -> str:
         """The run id of the next nested call of `agent_type` with `input`.
 
@@ -264,6 +273,8 @@ class RunContext:
                 "parent_client factory so that ctx.client is set")
         if options.get("run_id") is None:
             options["run_id"] = self.nested_run_id(agent_type, input)
+        if self._recorder is not None:
+            options.setdefault("started_by", RunRef(parent=self.parent, run_id=self.run_id))
         if options.get("detached") or self._recorder is None:
             return await self.client.run_agent_tool(agent_type, input, **options)
         relay = asyncio.create_task(self._relay_waiting(options["run_id"]))

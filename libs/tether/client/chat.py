@@ -27,6 +27,7 @@ from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.feed import open_feed
 from tether.client.link import Link
 from tether.contract.messages import ChatMessage, ChatNextReply
+from tether.domain.chat import ChatKey
 from tether.domain.commands import ChatNextQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
@@ -35,11 +36,18 @@ from tether.log import get_logger
 FETCH_WAIT_S = 1.0
 
 
-async def follow_chat(tether: Link, parent: ParentRef, *, durable: str | None = None,
+def _key(chat: ChatKey | ParentRef) -> ChatKey:
+    return chat if isinstance(chat, ChatKey) else ChatKey(chat)
+
+
+async def follow_chat(tether: Link, chat: ChatKey | ParentRef, *, durable: str | None = None,
                       new_only: bool = False) -> AsyncGenerator[ChatMessage, None]:
-    logger = get_logger(component="chat", parent=f"{parent.agent}/{parent.name}")
+    """A parent instance's chat (a `ParentRef`) or a run's conversation (`ChatKey` with
+    its run id: `tether.domain.chat`)."""
+    chat = _key(chat)
+    logger = get_logger(component="chat", chat=chat.describe())
     if durable is None:
-        feed = open_feed(tether, tether.subjects.chat_stream, tether.subjects.chat(parent),
+        feed = open_feed(tether, tether.subjects.chat_stream, tether.subjects.chat(*chat),
                          source="chat", deliver_new=new_only)
         async with feed:
             while True:
@@ -49,21 +57,21 @@ async def follow_chat(tether: Link, parent: ParentRef, *, durable: str | None = 
                 except ValidationError:
                     logger.warning("chat.malformed", stream_seq=message.seq)
     else:
-        async for chat_message in _durable(tether, parent, durable, new_only, logger):
+        async for chat_message in _durable(tether, chat, durable, new_only, logger):
             yield chat_message
 
 
-async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,
+async def _durable(tether: Link, chat: ChatKey, durable: str, new_only: bool,
                    logger) -> AsyncIterator[ChatMessage]:
     check_identifier(durable, "durable name")
     if tether.served:
-        async for chat_message in _served_durable(tether, parent, durable, new_only, logger):
+        async for chat_message in _served_durable(tether, chat, durable, new_only, logger):
             yield chat_message
         return
-    name = consumer_name(parent, durable)
+    name = consumer_name(chat, durable)
     stream = tether.subjects.chat_stream
     try:
-        await make_reader(tether.nc, tether.js, tether.subjects, tether.settings, parent,
+        await make_reader(tether.nc, tether.js, tether.subjects, tether.settings, chat,
                           durable, new_only)
     except NotFoundError:
         raise ServiceUnavailable(f"stream {stream} does not exist: start the Tether services "
@@ -88,18 +96,20 @@ async def _durable(tether: Link, parent: ParentRef, durable: str, new_only: bool
         await subscription.unsubscribe()
 
 
-async def drop_chat_reader(tether: Link, parent: ParentRef, durable: str) -> bool:
+async def drop_chat_reader(tether: Link, chat: ChatKey | ParentRef, durable: str) -> bool:
     """Delete a durable chat reader's consumer (its position goes with it); False when
     there was none. Through the parent for an application in an account of its own."""
     check_identifier(durable, "durable name")
+    chat = _key(chat)
     if tether.served:
-        query = ChatNextQuery(parent=parent, durable=durable, drop=True)
+        query = ChatNextQuery(parent=chat.parent, run_id=chat.run_id, durable=durable,
+                              drop=True)
         await tether.request("chat_next", query, ChatNextReply)
         return True
-    return await drop_reader(tether.js, tether.subjects, parent, durable)
+    return await drop_reader(tether.js, tether.subjects, chat, durable)
 
 
-async def _served_durable(tether: Link, parent: ParentRef, durable: str, new_only: bool,
+async def _served_durable(tether: Link, chat: ChatKey, durable: str, new_only: bool,
                           logger) -> AsyncIterator[ChatMessage]:
     """The parent pulls for an application in an account of its own
     (`adapters/chat_consumers.py`): each query acknowledges what the last one handed over
@@ -110,20 +120,21 @@ async def _served_durable(tether: Link, parent: ParentRef, durable: str, new_onl
     async def wake(_msg) -> None:
         woken.set()
 
-    live = await tether.nc.subscribe(tether.subjects.live(tether.subjects.chat(parent)),
+    live = await tether.nc.subscribe(tether.subjects.live(tether.subjects.chat(*chat)),
                                      cb=wake)
     ack: list[str] = []
     try:
         while True:
-            query = ChatNextQuery(parent=parent, durable=durable, new_only=new_only, ack=ack)
+            query = ChatNextQuery(parent=chat.parent, run_id=chat.run_id, durable=durable,
+                                  new_only=new_only, ack=ack)
             woken.clear()
             try:
                 reply = await tether.request("chat_next", query, ChatNextReply)
             except NotPermitted:
                 raise NotPermitted(
-                    f"this connection's NATS user may not read {parent.agent}/{parent.name}'s "
-                    "chat: an application user reads only the parent agents its configuration "
-                    "lists (tether.access)") from None
+                    f"this connection's NATS user may not read {chat.describe()}'s chat: an "
+                    "application user reads only the parent agents its configuration lists "
+                    "(tether.access)") from None
             ack = []
             if not reply.messages:
                 with suppress(TimeoutError):

@@ -99,9 +99,13 @@ class Tether:
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
         return parent_handle(self, agent, name)
 
-    def conversation(self, agent_type: str, name: str) -> "Conversation":
-        """A model parent's conversation `agent_type/name` (`tether.client.conversation`)."""
-        return Conversation(self, agent_type, name)
+    def conversation(self, agent_type: str, name: str, *,
+                     owner: "ParentRef | tuple[str, str] | str | None" = None) -> "Conversation":
+        """The conversation `name` with the model parent `agent_type`, owned by the parent
+        instance `owner` (`(agent, name)` or `"agent/name"`: the application's user, say;
+        `tether.client.conversation`). Without `owner`, the shared owner
+        `Conversations/<agent_type>` of earlier versions (deprecated)."""
+        return Conversation(self, agent_type, name, owner=owner)
 
     def hooks(self, parent_agent: str, *, lease_ms: int | None = None, concurrency: int = 8,
               ledger: Literal["parent", "direct"] = "parent") -> "HookRegistry":

@@ -1,16 +1,26 @@
 """A model parent's conversation as the application sees it: start, send, read, close.
 
-    conversation = tether.conversation("Assistant", "user-42")
+    conversation = tether.conversation("Concierge", "support", owner=("Assistant", "user-42"))
     await conversation.start()
     answer = await conversation.ask("Compare HTTP/3 and gRPC")
 
-The conversation `Assistant/user-42` is the run `user-42` of the model parent
-`Assistant`, owned by `Conversations/Assistant`; its messages are the chat subject of
-`Assistant/user-42`, where user messages (the `message` command), the notifications of
-its detached runs and the model's answers (`reply:<run id>:<call>`) all land.
+The conversation is the run `support` of the parent instance `Assistant/user-42` that
+owns it (the application's user: the cap on open runs and the access grants of that
+parent apply to it as to any of its runs), run by the model parent `Concierge`. Its
+messages are the run's chat, `<prefix>.chat.Assistant.user-42.support`
+(`tether.domain.chat`), where user messages (the `message` command, addressed to the
+owner), the notifications of its detached runs and the model's answers
+(`reply:<run id>:<life>:<call>`) all land; the runs its model starts are owned by the
+run as a parent (`Conversation.parent`).
+
+Without an owner, a conversation is owned by `Conversations/<agent type>`, shared by every
+user of that model parent, as before owners were given (deprecated). A conversation
+begun before this version keeps its chat at `<prefix>.chat.<agent type>.<name>`; the
+client and the model parent find it from the run.
 """
 
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Iterable
 from typing import Any, cast
 
@@ -23,11 +33,12 @@ from tether.client.chat import drop_chat_reader, follow_chat
 from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle
 from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot, user_message_id
+from tether.domain.chat import ChatKey, chat_of_new_run
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
-from tether.domain.ids import check_identifier
+from tether.domain.ids import check_identifier, nested_parent_name
 
-# The owner of every conversation run: `Conversations/<agent type>`.
+# The shared owner of conversations started without one: `Conversations/<agent type>`.
 CONVERSATIONS = "Conversations"
 # A conversation lives until it is closed: its absolute budget is this long (ten years).
 CONVERSATION_BUDGET_MS = 10 * 365 * 24 * 3600 * 1000
@@ -44,20 +55,55 @@ def conversation_owner(agent_type: str) -> ParentRef:
     return ParentRef(agent=CONVERSATIONS, name=agent_type)
 
 
+def _owner(owner: "ParentRef | tuple[str, str] | str") -> ParentRef:
+    if isinstance(owner, ParentRef):
+        return owner
+    agent, name = owner.split("/", 1) if isinstance(owner, str) else owner
+    return ParentRef(agent=check_identifier(agent, "owner agent"),
+                     name=check_identifier(name, "owner name"))
+
+
 class Conversation:
-    def __init__(self, tether: Link, agent_type: str, name: str) -> None:
+    def __init__(self, tether: Link, agent_type: str, name: str, *,
+                 owner: "ParentRef | tuple[str, str] | str | None" = None) -> None:
         self.tether = tether
-        self.ref = ParentRef(agent=check_identifier(agent_type, "agent type"),
-                             name=check_identifier(name, "conversation name"))
-        self.owner: ParentHandle = parent_handle(tether, CONVERSATIONS, agent_type)
+        self.agent_type = check_identifier(agent_type, "agent type")
+        self.name = check_identifier(name, "conversation name")
+        if owner is None:
+            warnings.warn(
+                f"tether.conversation({agent_type!r}, {name!r}) without an owner is shared "
+                f"by every user of {agent_type} ({CONVERSATIONS}/{agent_type}); name the "
+                "parent instance that owns it: owner=(agent, name)", DeprecationWarning,
+                stacklevel=3)
+        self.owner: ParentHandle = (parent_handle(tether, CONVERSATIONS, agent_type)
+                                    if owner is None else ParentHandle(tether, _owner(owner)))
+        # Where the conversation is, once read from its run (`_resolve`).
+        self._chat: ChatKey | None = None
+        self._as_parent: ParentRef | None = None
 
     def __repr__(self) -> str:
-        return f"Conversation({self.ref.agent}/{self.ref.name})"
+        owner = self.owner.ref
+        return f"Conversation({owner.agent}/{owner.name}: {self.agent_type} {self.name})"
 
     @property
     def parent(self) -> "ParentHandle":
         """The conversation as the parent of the runs its model starts (their timeline)."""
-        return parent_handle(self.tether, self.ref.agent, self.ref.name)
+        ref = self._as_parent or ParentRef(agent=self.agent_type, name=nested_parent_name(
+            self.owner.ref.agent, self.owner.ref.name, self.name))
+        return ParentHandle(self.tether, ref)
+
+    async def chat(self) -> ChatKey:
+        """The conversation's chat: the run's (`tether.domain.chat`), read from the run
+        when it is there, since one begun before this version has its chat elsewhere."""
+        if self._chat is None:
+            snapshot = await self.owner.inspect(self.name)
+            if snapshot is None or snapshot.as_parent is None:
+                return chat_of_new_run(self.owner.ref, self.name)  # not started yet
+            self._as_parent = snapshot.as_parent
+            legacy = snapshot.as_parent.name == self.name
+            self._chat = (ChatKey(snapshot.as_parent) if legacy
+                          else chat_of_new_run(self.owner.ref, self.name))
+        return self._chat
 
     async def start(self, context: dict[str, Any] | None = None,
                     **options: Any) -> DetachedHandle:
@@ -66,7 +112,7 @@ class Conversation:
         `options` are the model parent's `ConversationInput` fields (`model`,
         `max_steps`, `state`, `preset`)."""
         handle = await self.owner.run_agent_tool(
-            self.ref.agent, {"context": context or {}, **options}, run_id=self.ref.name,
+            self.agent_type, {"context": context or {}, **options}, run_id=self.name,
             detached={"max_budget_ms": CONVERSATION_BUDGET_MS, "no_progress_budget_ms": 0})
         return cast(DetachedHandle, handle)  # a detached request is answered with its handle
 
@@ -75,20 +121,23 @@ class Conversation:
         """Post a user message; returns its chat message id. The same `message_id` sent
         again is one message."""
         message_id = check_identifier(message_id or uuid.uuid4().hex, "message id")
-        command = MessageCommand(parent=self.ref, message_id=message_id, content=text,
-                                 metadata=metadata or {})
+        owner = self.owner.ref
+        command = MessageCommand(parent=owner, run_id=self.name, message_id=message_id,
+                                 content=text, metadata=metadata or {})
         await self.tether.publish_command(
-            "message", command, f"message:{self.ref.agent}:{self.ref.name}:{message_id}")
-        return user_message_id(self.ref, message_id)
+            "message", command, f"message:{owner.agent}/{owner.name}/{self.name}/{message_id}")
+        return user_message_id(await self.chat(), message_id)
 
-    def messages(self, *, new_only: bool = False,
-                 durable: str | None = None) -> AsyncIterator[ChatMessage]:
+    async def messages(self, *, new_only: bool = False,
+                       durable: str | None = None) -> AsyncIterator[ChatMessage]:
         """Every message of the conversation, replayed from the start, then live."""
-        return follow_chat(self.tether, self.ref, new_only=new_only, durable=durable)
+        async for message in follow_chat(self.tether, await self.chat(), new_only=new_only,
+                                         durable=durable):
+            yield message
 
     async def drop_reader(self, durable: str) -> bool:
         """Delete the durable reader `durable` of `messages(durable=...)`."""
-        return await drop_chat_reader(self.tether, self.ref, durable)
+        return await drop_chat_reader(self.tether, await self.chat(), durable)
 
     async def reply(self, message_id: str) -> ChatMessage:
         """The model's answer to the message with this chat message id."""
@@ -106,10 +155,10 @@ class Conversation:
         """The conversation as it stands: its run's snapshot (status, `waiting_for`, the
         `pending` tool calls of a paused one, `usage` and `subtree_usage`) and the
         messages the model is shown, folded from its step records."""
-        snapshot = await self.owner.inspect(self.ref.name)
+        snapshot = await self.owner.inspect(self.name)
         if snapshot is None:
             return None
-        state = (await self.tether.read_run(self.owner.ref, self.ref.name)).state
+        state = (await self.tether.read_run(self.owner.ref, self.name)).state
         steps = state.steps if state is not None else {}
         records = [AgentStepRecord.model_validate(steps[i]) for i in sorted(steps)]
         return ConversationSnapshot(**dict(snapshot), messages=folded_conversation((), records))
@@ -119,9 +168,9 @@ class Conversation:
                            human_input: str | None = None) -> None:
         """Answer the tool calls a paused conversation waits on (`tether.cmd.continue`):
         its model goes on with the answers, then with the messages sent meanwhile."""
-        await self.owner.continue_run(self.ref.name, approvals=approvals, rejections=rejections,
+        await self.owner.continue_run(self.name, approvals=approvals, rejections=rejections,
                                       tool_outputs=tool_outputs, human_input=human_input)
 
     async def close(self) -> None:
         """End the conversation (its run ends `aborted`; its awaited runs are cancelled)."""
-        await self.owner.cancel(self.ref.name)
+        await self.owner.cancel(self.name)

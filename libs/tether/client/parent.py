@@ -41,7 +41,7 @@ from tether.domain.commands import (
     ListQuery,
     RunCommand,
 )
-from tether.domain.events import DetachedOptions, ParentRef
+from tether.domain.events import DetachedOptions, ParentRef, RunRef
 from tether.domain.ids import check_identifier
 from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS
@@ -85,7 +85,7 @@ class ParentHandle:
         run_id: str | None = None, parent_tool_call_id: str | None = None,
         display_order: int | None = None, display: str | None = None,
         detached: bool | dict[str, Any] | DetachedOptions = False,
-        timeout: float | None = None,
+        timeout: float | None = None, started_by: RunRef | None = None,
     ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
         """Run a child agent; idempotent by `run_id` (default: a new one).
 
@@ -93,11 +93,13 @@ class ParentHandle:
         ends; cancelling the awaiting task cancels the run. `timeout` (seconds) bounds the
         wait only: on expiry `TimeoutError` is raised and the run goes on.
         Detached: returns a `DetachedHandle` as soon as the parent accepted or rejected it.
+        `started_by`: the run this parent is, when a child delegates (`RunContext` sets
+        it): the notifications of a detached run go to that run's chat.
         """
         command = build_run_command(self.ref, agent_type, input, run_id=run_id,
                                     parent_tool_call_id=parent_tool_call_id,
                                     display_order=display_order, display=display,
-                                    detached=detached)
+                                    detached=detached, started_by=started_by)
         if not tracing.ENABLED:
             return await self._run(command, command.detached is not False, timeout)
         with tracing.span(f"invoke_agent {command.agent_type}", tracing.CLIENT,
@@ -269,7 +271,8 @@ class ParentHandle:
 def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id: str | None,
                       parent_tool_call_id: str | None, display_order: int | None,
                       display: str | None,
-                      detached: bool | dict[str, Any] | DetachedOptions) -> RunCommand:
+                      detached: bool | dict[str, Any] | DetachedOptions,
+                      started_by: RunRef | None = None) -> RunCommand:
     """The run command, with every argument checked here rather than by a rejection."""
     check_identifier(agent_type, "agent type")
     run_id = check_identifier(run_id, "run id") if run_id is not None else new_run_id()
@@ -284,7 +287,7 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
     try:
         return RunCommand(run_id=run_id, parent=parent, agent_type=agent_type, input=input,
                           parent_tool_call_id=parent_tool_call_id, display_order=display_order,
-                          display=display, detached=detached)
+                          display=display, detached=detached, started_by=started_by)
     except ValidationError as error:
         raise ValueError(f"invalid run request: {_first_error(error)}") from None
 

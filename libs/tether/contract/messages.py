@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_core import to_json
 
 from tether.domain import decide
+from tether.domain.chat import ChatKey
 from tether.domain.commands import DeliveredCommand, Model
 from tether.domain.events import (
     Count,
@@ -190,10 +191,10 @@ def hook_message_json(method: str, state: RunState, result: LifecycleResult) -> 
 
 
 class ChatMessage(Model):
-    """`<prefix>.chat.<parent_agent>.<parent_name>`, `Nats-Msg-Id` = `id`:
+    """`<prefix>.chat.<parent_agent>.<parent_name>[.<run_id>]`, `Nats-Msg-Id` = `id`:
     `detached-finish:<run_id>:<status>:<incarnation>`,
     `detached-ms:<run_id>:<name>:<incarnation>`,
-    `user:<parent_agent>:<parent_name>:<message_id>` (a `message` command) or
+    `user:<parent_agent>/<parent_name>[/<run_id>]/<message_id>` (a `message` command) or
     `reply:<run_id>:<incarnation>:<call>` (a model parent's answer): each names its
     conversation or its run's life, since the duplicate window is the stream's."""
 
@@ -315,11 +316,14 @@ class RunSnapshot(Model):
     ended_at: int | None = None
     usage: UsageView = Field(default_factory=UsageView)
     subtree_usage: UsageView | None = None
+    # The run as the parent of the runs it starts (`RunState.as_parent`).
+    as_parent: ParentRef | None = None
 
     @classmethod
     def of(cls, state: RunState) -> "RunSnapshot":
         return cls(
             run_id=state.run_id, parent=state.parent, agent_type=state.agent_type,
+            as_parent=state.as_parent(),
             status=state.status, detached=state.detached is not None,
             parent_tool_call_id=state.parent_tool_call_id, display_order=state.display_order,
             display=state.display, summary=state.summary, output=state.output,
@@ -533,12 +537,15 @@ class ObservabilityEvent(Model):
     details: dict[str, Any] = Field(default_factory=dict)
 
 
-def user_message_id(parent: ParentRef, message_id: str) -> str:
+def user_message_id(chat: ChatKey, message_id: str) -> str:
     """The chat message id of a conversation's user message (a `message` command),
-    `user:<parent_agent>:<parent_name>:<message_id>`: the chat stream's duplicate window
-    is the whole stream's, so the id names the conversation, and another application's
-    message with the same `message_id` is another message."""
-    return f"user:{parent.agent}:{parent.name}:{message_id}"
+    `user:<parent_agent>/<parent_name>[/<run_id>]/<message_id>`: the chat stream's
+    duplicate window is the whole stream's, so the id names the conversation (its parent
+    instance and, for a run's conversation, the run; `/` is in no identifier, so no two
+    conversations' ids read alike), and another application's message with the same
+    `message_id` is another message."""
+    run = "" if chat.run_id is None else f"/{chat.run_id}"
+    return f"user:{chat.parent.agent}/{chat.parent.name}{run}/{message_id}"
 
 
 def reply_message_id(run_id: str, incarnation: str, call: int) -> str:

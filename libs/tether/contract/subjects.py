@@ -109,8 +109,12 @@ class Subjects:
         return (f"{self.prefix}.hook.{check_identifier(parent_agent, 'parent agent')}."
                 f"{check_identifier(method, 'hook method')}")
 
-    def chat(self, parent: ParentRef) -> str:
-        return f"{self.prefix}.chat.{parent.agent}.{parent.name}"
+    def chat(self, parent: ParentRef, run_id: str | None = None) -> str:
+        """A parent instance's chat, or (`run_id`) the conversation of one of its runs
+        (`tether.domain.chat`)."""
+        if run_id is None:
+            return f"{self.prefix}.chat.{parent.agent}.{parent.name}"
+        return f"{self.prefix}.chat.{parent.agent}.{parent.name}.{check_identifier(run_id, 'run id')}"
 
     def cancel_signal(self, agent_type: str) -> str:
         return f"{self.prefix}.ctl.cancel.{check_identifier(agent_type, 'agent type')}"

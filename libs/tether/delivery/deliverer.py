@@ -35,6 +35,7 @@ from tether.contract.messages import (
 )
 from tether.delivery.formatters import Formatters
 from tether.delivery.registered_hooks import RegisteredHooks
+from tether.domain.chat import notice_chat
 from tether.domain.commands import DeliveredCommand
 from tether.domain.decide import GIVE_UP
 from tether.domain.events import (
@@ -249,7 +250,7 @@ class Deliverer:
                           status=result.status)
 
     async def _publish_chat(self, state: RunState, message: ChatMessage) -> None:
-        await self._log.publish(self._log.subjects.chat(state.parent),
+        await self._log.publish(self._log.subjects.chat(*notice_chat(state)),
                                 message.model_dump_json().encode(),
                                 headers={"Nats-Msg-Id": message.id},
                                 stream=self._log.subjects.chat_stream)

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from tether.domain.events import DetachedOptions, EpochMs, ParentRef, RunStatus
+from tether.domain.events import DetachedOptions, EpochMs, ParentRef, RunRef, RunStatus
 from tether.domain.ids import Identifier
 
 
@@ -49,6 +49,9 @@ class RunCommand(Model):
     display_order: int | None = None
     display: str | None = Field(default=None, max_length=256)
     detached: Detached = False
+    # The run that starts this one, when a child delegates (`RunContext.run_agent_tool`):
+    # `parent` must be that run's name as a parent (`RunState.as_parent`).
+    started_by: RunRef | None = None
 
     def detached_options(self) -> DetachedOptions | None:
         if self.detached is False:
@@ -83,11 +86,14 @@ class ContinueCommand(Model):
 
 class MessageCommand(Model):
     """A user message for a conversation: the parent puts it on the conversation's chat
-    subject (`<prefix>.chat.<agent>.<name>`) as `user:<message_id>`, where the model
-    parent of that conversation takes it in once."""
+    (`tether.domain.chat`) as `user:<...>/<message_id>`, where the model parent of that
+    conversation takes it in once. The conversation is the run `run_id` of `parent` (the
+    application's parent instance that owns it); without `run_id`, `parent`'s own chat
+    (the form before conversations had owners)."""
 
     type: Literal["message"] = "message"
     parent: ParentRef
+    run_id: Identifier | None = None
     message_id: Identifier
     content: str = Field(min_length=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -218,10 +224,12 @@ class ChatNextQuery(Model):
     `ack` names (the tokens of earlier replies), makes the reader's consumer (`durable`,
     shared by every reader of that name) if it is new, and hands over what is there now;
     with `drop`, it deletes the reader's consumer instead (after acknowledging `ack`).
-    Asked on `<prefix>.rpc.chat_next.<agent>.<name>`."""
+    Asked on `<prefix>.rpc.chat_next.<agent>.<name>`; with `run_id`, the reader reads
+    the conversation of that run of the parent instead of the parent's own chat."""
 
     type: Literal["chat_next"] = "chat_next"
     parent: ParentRef
+    run_id: Identifier | None = None
     durable: Identifier
     new_only: bool = False
     drop: bool = False

@@ -103,6 +103,7 @@ def request_run(command: RunCommand, budgets: Budgets, cause: Cause) -> RunReque
             max_budget_ms=max_budget_ms, no_progress_budget_ms=no_progress_budget_ms,
             nested_parent=nested_parent_name(command.parent.agent, command.parent.name,
                                              command.run_id),
+            started_by=command.started_by,
         ),
     )
 

@@ -57,6 +57,16 @@ class ParentRef(Record, frozen=True, kw_only=True):
         check_identifier(self.name, "parent name")
 
 
+class RunRef(Record, frozen=True, kw_only=True):
+    """One run: its parent and its run id (a run id is unique per parent only)."""
+
+    parent: ParentRef
+    run_id: Identifier
+
+    def __post_init__(self) -> None:
+        check_identifier(self.run_id, "run id")
+
+
 class NotifyOptions(CheckedRecord, frozen=True, kw_only=True):
     source: Annotated[str, Field(min_length=1, max_length=128),
                       Meta(min_length=1, max_length=128)] = "agent-tool"
@@ -140,6 +150,9 @@ class RunRequestedData(Record, frozen=True, kw_only=True):
     # The run's name as the parent of the runs it starts (`ids.nested_parent_name`); v2
     # events are upcast with the run id alone, the name nested runs had then.
     nested_parent: Identifier
+    # The run that started this one (nested agent tools), whose name as a parent is this
+    # run's parent's name: its chat is where this run's notifications go.
+    started_by: RunRef | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.agent_type, "agent_type")

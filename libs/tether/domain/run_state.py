@@ -39,6 +39,7 @@ from tether.domain.events import (
     RunProgressPersisted,
     RunReattachDecided,
     RunReattachStarted,
+    RunRef,
     RunRequested,
     RunResumed,
     RunRunning,
@@ -120,6 +121,8 @@ class RunState(Record, frozen=True, kw_only=True):
     # Its name as the parent of the runs it starts (`as_parent`): "" only in states stored
     # by an earlier version, whose nested runs were owned by the run id.
     nested_parent: str = ""
+    # The run that started it (`RunRequestedData.started_by`), when a child delegated.
+    started_by: RunRef | None = None
     dispatched_at: int | None = None  # from run.started, in logs written before it was dropped
     started_at: int | None = None
     ended_at: int | None = None
@@ -274,7 +277,7 @@ def _new_run(event: RunRequested, logged_at: int) -> RunState:
         status="starting", input=data.input, parent_tool_call_id=data.parent_tool_call_id,
         display_order=data.display_order, display=data.display, detached=data.detached,
         requested_at=event.occurred_at, incarnation=incarnation_of(event.event_id),
-        nested_parent=data.nested_parent,
+        nested_parent=data.nested_parent, started_by=data.started_by,
         max_budget_deadline=(None if data.max_budget_ms is None
                              else logged_at + data.max_budget_ms),
         no_progress_budget_ms=data.no_progress_budget_ms)

@@ -33,6 +33,7 @@ from tether.contract.messages import (
     work_message_id,
 )
 from tether.domain import decide
+from tether.domain.chat import ChatKey, chat_of, chat_of_new_run, started_by_error
 from tether.domain.commands import (
     CancelCommand,
     ClearCommand,
@@ -198,6 +199,8 @@ class CommandHandlers:
             agent.input_model.model_validate(command.input)
         except ValidationError as error:
             return ("invalid-input", f"input for {command.agent_type}: {_explain(error)}")
+        if (wrong := started_by_error(command.parent, command.started_by)) is not None:
+            return ("invalid-started-by", wrong)
         options = command.detached_options()
         on_finish = options.on_finish if options is not None else None
         if on_finish and not await self._hook_registered(command.parent.agent, on_finish):
@@ -294,10 +297,15 @@ class CommandHandlers:
     async def message(self, payload: Payload) -> str:
         """A user message goes on the conversation's chat subject, once per message id."""
         command = self._parse(MessageCommand, "message", payload)
-        message = ChatMessage(id=user_message_id(command.parent, command.message_id), role="user",
+        chat = ChatKey(command.parent)
+        if command.run_id is not None:
+            state = (await self._log.read_run(command.parent, command.run_id)).state
+            chat = (chat_of(state) if state is not None
+                    else chat_of_new_run(command.parent, command.run_id))
+        message = ChatMessage(id=user_message_id(chat, command.message_id), role="user",
                               content=command.content,
                               metadata={**command.metadata, "source": "user", "kind": "message"})
-        ack = await self._log.publish(self._subjects.chat(command.parent),
+        ack = await self._log.publish(self._subjects.chat(*chat),
                                       message.model_dump_json().encode(),
                                       headers={"Nats-Msg-Id": message.id},
                                       stream=self._subjects.chat_stream)

@@ -41,6 +41,7 @@ from tether.contract.messages import (
     UsageView,
 )
 from tether.contract.subjects import Subjects
+from tether.domain.chat import ChatKey
 from tether.domain.commands import (
     ChatNextQuery,
     HasRunQuery,
@@ -193,12 +194,10 @@ class ParentQueries:
             "events": (subjects.events_stream, subjects.parent_events, subjects.run_events),
             "progress": (subjects.progress_stream, subjects.parent_progress,
                          subjects.run_progress),
-            "chat": (subjects.chat_stream, subjects.chat, None)}[query.feed]
+            "chat": (subjects.chat_stream, subjects.chat, subjects.chat)}[query.feed]
         if query.run_id is None:
             filter_subject = per_parent(query.parent)
-        elif per_run is None:
-            raise ValueError("chat is the parent's, not a run's: leave run_id out")
-        else:
+        else:  # a run's events or progress, or its conversation (`tether.domain.chat`)
             filter_subject = per_run(query.parent, query.run_id)
         if query.limit == 0:
             info = await self._log.jetstream.stream_info(stream)
@@ -239,9 +238,9 @@ class ParentQueries:
         if self._chat is None:
             self._chat = ServedChat(self._log.nats, self._log.jetstream, self._log.subjects,
                                     self._settings)
-        return ChatNextReply(messages=await self._chat.next(query.parent, query.durable,
-                                                            query.new_only, query.ack,
-                                                            drop=query.drop))
+        return ChatNextReply(messages=await self._chat.next(
+            ChatKey(query.parent, query.run_id), query.durable, query.new_only, query.ack,
+            drop=query.drop))
 
     def _failed(self, error: Exception, message: NatsMessage):
         subject = message.raw_message.subject

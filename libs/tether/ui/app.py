@@ -328,7 +328,7 @@ async def rerequest_run(request: Request) -> Response:
     command = build_run_command(parent, state.agent_type, state.input, run_id=state.run_id,
                                 parent_tool_call_id=state.parent_tool_call_id,
                                 display_order=state.display_order, display=state.display,
-                                detached=detached)
+                                detached=detached, started_by=state.started_by)
 
     async def rerequest() -> str:
         # One command per position of the run in the log: a second click on the same
