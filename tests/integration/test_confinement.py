@@ -26,11 +26,13 @@ from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, RateLimited, RequestFailed, connect
 from tether.config import Settings
 from tether.contract.messages import DetachedHandle, ObservabilityEvent, run_message_id
+from tether.domain import events as ev
 from tether.domain.commands import MessageCommand
+from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 from tether_services import parent as parent_service
 
-AGENTS = ("examples.agents:Researcher",)
+AGENTS = ("examples.agents:Researcher", "examples.model_parent:Planner")
 
 
 class Violations:
@@ -579,7 +581,90 @@ async def test_a_tenant_sending_anothers_chat_message_id_changes_nothing_for_it(
             [message] = await eventually(lambda p=parent: stored(p), timeout=10,
                                          interval=0.05)
             assert (message["id"], message["content"]) == (
-                f"user:{parent.agent}:{parent.name}:hello", f"hi from {parent.agent}")
+                f"user:{parent.agent}/{parent.name}/hello", f"hi from {parent.agent}")
+
+
+async def test_a_tenant_answers_a_paused_descendant_through_its_own_root_only(tenants):
+    """A grandchild paused for a human is answered through the root the application
+    owns (`continue` with `below`, as `continue_waiting` sends it), with the grants of its
+    own parent: the parent finds the descendant down the root's tree. Bob, whose root
+    has the same run id, reaches only his own tree's runs of that id."""
+    log = tenants.log
+    trees = {}
+    for owner in (ALICE_PARENT, BOB_PARENT):
+        root = (await log.read_run(owner, "run-1")).state
+        nested = RunEvents("agent-tool:call_0_0", root.as_parent(), id_prefix=f"{owner.agent}-nested")
+        paused = nested.make(ev.RunPaused, reason="waiting_for_human",
+                             pending=[{"tool_call_id": "c1", "tool_name": "file"}])
+        await log.append_batch([nested.requested(), nested.running(), paused],
+                               expected_last_seq=0)
+        trees[owner.agent] = root.as_parent()
+    assert trees["AliceBot"] != trees["BobBot"]
+
+    async with connect(settings=as_user(tenants.settings, tenants.url, "alice")) as alice:
+        # Straight at the descendant's own parent: not Alice's to address.
+        with pytest.raises(NotPermitted):
+            await alice.parent(trees["AliceBot"].agent, trees["AliceBot"].name).continue_run(
+                "agent-tool:call_0_0", approvals=["c1"])
+        await alice.parent(ALICE_PARENT.agent, ALICE_PARENT.name).continue_run(
+            "run-1", below=["agent-tool:call_0_0"], approvals=["c1"])
+
+    async def resumed(parent):
+        state = (await log.read_run(parent, "agent-tool:call_0_0")).state
+        return state if state.paused is None else None
+
+    state = await eventually(lambda: resumed(trees["AliceBot"]), timeout=10, interval=0.05)
+    assert state.resumptions[0].decisions["approvals"] == ["c1"]
+    assert (await log.read_run(trees["BobBot"], "agent-tool:call_0_0")).state.paused is not None
+
+
+async def test_two_tenants_conversations_of_one_name_are_each_their_own(tenants):
+    """Alice and Bob each hold a conversation `support` with the same model parent and
+    send a message of the same id: each is the run of their own parent instance, on a
+    chat under it, which each reads (replayed, live, and by a durable reader) with the
+    grants of their own parents only; neither can start, message or read the other's."""
+    subjects = tenants.subjects
+    alice_settings = as_user(tenants.settings, tenants.url, "alice")
+    bob_settings = as_user(tenants.settings, tenants.url, "bob")
+    async with connect(settings=alice_settings) as alice, connect(settings=bob_settings) as bob:
+        conversations = {}
+        for app, owner in ((alice, ALICE_PARENT), (bob, BOB_PARENT)):
+            conversation = app.conversation("Planner", "support",
+                                            owner=(owner.agent, owner.name))
+            handle = await conversation.start()
+            assert handle.status == "running", handle
+            message_id = await conversation.send(f"hi from {owner.agent}", message_id="hello")
+            assert message_id == f"user:{owner.agent}/{owner.name}/support/hello"
+            conversations[owner.agent] = conversation
+        for owner in (ALICE_PARENT, BOB_PARENT):
+            conversation = conversations[owner.agent]
+            async with asyncio.timeout(10), aclosing(conversation.messages()) as replayed:
+                first = await anext(replayed)
+            assert (first.id, first.content) == (
+                f"user:{owner.agent}/{owner.name}/support/hello", f"hi from {owner.agent}")
+            stored = await tenants.admin.jetstream().get_last_msg(
+                subjects.chat_stream, subjects.chat(owner, "support"))
+            assert json.loads(stored.data)["id"] == first.id
+            async with asyncio.timeout(10), aclosing(
+                    conversation.messages(durable="inbox")) as durable:
+                assert (await anext(durable)).id == first.id
+        # Each conversation is a run of its owner, which the owner's own grants reach.
+        snapshot = await conversations["AliceBot"].inspect()
+        assert (snapshot.parent, snapshot.run_id) == (ALICE_PARENT, "support")
+        assert snapshot.as_parent.name == nested_parent_name(
+            ALICE_PARENT.agent, ALICE_PARENT.name, "support")
+
+        # Alice names Bob's conversation: refused, and Bob's holds only his message.
+        intruding = alice.conversation("Planner", "support",
+                                       owner=(BOB_PARENT.agent, BOB_PARENT.name))
+        with pytest.raises(NotPermitted):
+            await intruding.send("mine now", message_id="hello")
+        with pytest.raises(NotPermitted):
+            async with asyncio.timeout(10), aclosing(intruding.messages()) as spying:
+                await anext(spying)
+    bob_chat = await tenants.admin.jetstream().get_last_msg(
+        subjects.chat_stream, subjects.chat(BOB_PARENT, "support"))
+    assert json.loads(bob_chat.data)["content"] == "hi from BobBot"
 
 
 async def test_an_application_observes_its_own_parents_events_only(tenants):

@@ -269,6 +269,28 @@ async def test_a_child_acting_as_parent_has_its_own_cap(parent, log):
     assert rejections == ["maxConcurrentAgentTools (1) exceeded"]
 
 
+async def test_a_nested_request_names_the_run_it_is_from_or_is_refused(parent, log):
+    """`started_by` must be the run acting as the request's parent (its name as a parent
+    is `nested_parent_name` of it, or its run id for a run requested before v3): a request
+    claiming another tree's run is refused, so its notifications cannot be sent to that
+    run's conversation."""
+    helper = RunEvents("helper-run-1", PARENT).requested("Helper")
+    nested = ParentRef(agent="Helper", name=helper.data.nested_parent)
+    mine = {"parent": msgspec.to_builtins(PARENT), "run_id": "helper-run-1"}
+    another = {"parent": {"agent": "Assistant", "name": "user-2"}, "run_id": "helper-run-1"}
+    await send(log, "run", {**run_request("from-mine"), "parent": msgspec.to_builtins(nested),
+                            "started_by": mine})
+    await send(log, "run", {**run_request("from-another"),
+                            "parent": msgspec.to_builtins(nested), "started_by": another})
+
+    state, _ = await until(log, "from-mine", lambda s, e: s is not None, parent=nested)
+    assert state.started_by.parent == PARENT and state.started_by.run_id == "helper-run-1"
+    _, events = await until(log, "from-another", lambda s, e: e, parent=nested)
+    assert (events[-1].type, events[-1].data.code) == ("run.rejected", "invalid-started-by")
+    assert "Assistant/user-2 run 'helper-run-1' is not the run acting as parent" \
+        in events[-1].data.error
+
+
 async def test_a_cancelled_detached_runs_hook_comes_from_the_cancel(parent, log, dispatches):
     registry = await log.jetstream.key_value(log.subjects.registry_bucket)
     await registry.put("hook.Assistant.on_done", b"{}")

@@ -182,11 +182,13 @@ class ParentHandle:
     async def continue_run(self, run_id: str, *, approvals: Iterable[str] = (),
                            rejections: Iterable[str] = (),
                            tool_outputs: dict[str, Any] | None = None,
-                           human_input: str | None = None) -> None:
+                           human_input: str | None = None, below: Iterable[str] = ()) -> None:
         """Answer a paused run of this parent (`tether.cmd.continue`): it resumes in
-        whichever runner picks it up. A run that is not paused ignores the answers."""
+        whichever runner picks it up. A run that is not paused ignores the answers.
+        `below`: the run ids down the run's tree to the paused one (a `waiting_path`)."""
         check_identifier(run_id, "run id")
-        command = ContinueCommand(run_id=run_id, parent=self.ref, approvals=list(approvals),
+        command = ContinueCommand(run_id=run_id, parent=self.ref, below=list(below),
+                                  approvals=list(approvals),
                                   rejections=list(rejections), tool_outputs=tool_outputs or {},
                                   human_input=human_input)
         await self.tether.publish_command("continue", command,
@@ -194,13 +196,10 @@ class ParentHandle:
 
     async def continue_waiting(self, view: "RunView", **answers: Any) -> None:
         """Answer the run a timeline shows waiting: the run itself when it is paused, or
-        the descendant at the end of its `waiting_path` (only that one resumes)."""
-        if view.waiting_path:
-            last = view.waiting_path[-1]
-            owner = parent_handle(self.tether, last["agent"], last["name"])
-            await owner.continue_run(last["run_id"], **answers)
-        else:
-            await self.continue_run(view.run_id, **answers)
+        the descendant at the end of its `waiting_path` (only that one resumes), found
+        by the parent down this run's tree, so the grants for this parent suffice."""
+        await self.continue_run(view.run_id, below=[hop["run_id"] for hop in view.waiting_path],
+                                **answers)
 
     async def clear(self, status: Iterable[str] | str | None = None,
                     older_than: int | datetime | None = None) -> None:

@@ -75,9 +75,15 @@ class ClearCommand(Model):
 
 
 class ContinueCommand(Model):
+    """Answers to a paused run: `run_id` of `parent`, or, with `below`, the run those run
+    ids lead to down its tree (each the next one's parent, as a timeline's `waiting_path`
+    shows them), so that an application answers a paused descendant through the root it
+    owns, with the grants it has for that root."""
+
     type: Literal["continue"] = "continue"
     run_id: Identifier
     parent: ParentRef
+    below: Annotated[list[Identifier], Field(max_length=16)] = Field(default_factory=list)
     approvals: list[str] = Field(default_factory=list)
     rejections: list[str] = Field(default_factory=list)
     tool_outputs: dict[str, Any] = Field(default_factory=dict)

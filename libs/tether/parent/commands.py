@@ -278,20 +278,25 @@ class CommandHandlers:
         """Answers to a paused run resume it in whichever runner picks the work up."""
         command = self._parse(ContinueCommand, "continue", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
-        state, appended = await self._log.update(command.parent, command.run_id,
+        parent, run_id = command.parent, command.run_id
+        for below in command.below:  # down the tree, each run the parent of the next
+            above = (await self._log.read_run(parent, run_id)).state
+            if above is None:
+                return "no such run"
+            parent, run_id = above.as_parent(), below
+        state, appended = await self._log.update(parent, run_id,
                                                  lambda s: decide.resume(s, command, cause))
         if appended and state is not None:
             await self._publish_work(state, dispatch=len(state.resumptions), why="resume")
             return "resumed"
         if state is None:
             return "no such run"
-        history = await self._log.read_run(command.parent, command.run_id)
-        if any(e.event_id == cause.event_id(command.run_id, "resumed") for e in history.events):
+        history = await self._log.read_run(parent, run_id)
+        if any(e.event_id == cause.event_id(run_id, "resumed", parent) for e in history.events):
             return "already resumed"  # this very command, delivered again
-        why = (f"run {command.run_id!r} is not waiting for input "
+        why = (f"run {run_id!r} is not waiting for input "
                f"(it is {state.status}{', not paused' if state.is_open else ''})")
-        await self._reject(command.run_id, command.parent, state.agent_type, "not-paused", why,
-                           cause)
+        await self._reject(run_id, parent, state.agent_type, "not-paused", why, cause)
         return "not paused"
 
     async def message(self, payload: Payload) -> str:

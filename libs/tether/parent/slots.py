@@ -35,7 +35,9 @@ class SlotKeeper:
 
     @staticmethod
     def _key(parent: ParentRef) -> str:
-        return f"{parent.agent}.{parent.name}"
+        """`<agent>.<name>`, every `:` as `=` (a KV key has no `:`; `=` is in no
+        identifier): a run acting as a parent is named `<run id>:<digest>`."""
+        return f"{parent.agent}.{parent.name}".replace(":", "=")
 
     async def acquire(self, parent: ParentRef, run_id: str, cap: int, now: int) -> SlotDecision:
         key = self._key(parent)
