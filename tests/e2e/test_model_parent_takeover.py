@@ -12,7 +12,7 @@ from contextlib import aclosing
 
 from tether.agents.clients.scripted import read_calls
 from tether.client import connect
-from tether.client.conversation import conversation_owner
+from tether.domain.events import ParentRef
 
 AGENTS = "examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner"
 
@@ -26,10 +26,10 @@ async def test_a_conversation_killed_mid_notification_is_taken_over_with_one_tur
     runners = await asyncio.gather(services("child-runner", **env),
                                    services("child-runner", **env))
     by_pid = {runner.process.pid: runner for runner in runners}
-    owner = conversation_owner("Planner")
+    owner = ParentRef(agent="User", name="u1")
 
     async with connect(settings=settings) as tether:
-        conversation = tether.conversation("Planner", "takeover", owner=("User", "u1"))
+        conversation = tether.conversation("Planner", "takeover", owner=owner)
         await conversation.start()
         await conversation.send("Compare HTTP/3 and gRPC; import the customers.",
                                 message_id="ask")

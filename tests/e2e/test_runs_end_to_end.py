@@ -206,7 +206,9 @@ async def test_a_child_runs_its_own_agent_tools_on_its_own_timeline(tether, log)
                                      run_id="coordinate-1")
     assert isinstance(result, AgentToolSuccess) and result.summary == "ONE | TWO"
 
-    nested = tether.parent("Coordinator", "coordinate-1")
+    owner = (await me.inspect("coordinate-1")).as_parent
+    assert owner.name != "coordinate-1", "named by its whole path"
+    nested = tether.parent(owner.agent, owner.name)
     for index, text in enumerate(["ONE", "TWO"]):
         snapshot = await nested.inspect(f"coordinate-1-part-{index}")
         assert snapshot is not None and snapshot.summary == text

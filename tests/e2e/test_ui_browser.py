@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 import asyncpg
 import pytest
@@ -22,6 +23,7 @@ from tether.adapters.streams import StreamSettings, ensure_streams, remove_strea
 from tether.client import Tether, connect
 from tether.config import Settings
 from tether.domain.events import ParentRef
+from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 
 AGENTS = ("examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher,"
@@ -180,9 +182,11 @@ async def test_a_grandchilds_pause_shows_its_path_on_the_root_and_is_answered_th
     await expect(card).to_have_attribute("data-waiting", "waiting_for_human")
     hops = card.locator(":scope > .waiting-path .hop")
     await expect(hops).to_have_text(["Lead agent-tool:call_0_0", "Clerk agent-tool:call_0_0"])
+    chief = nested_parent_name(*PARENT, "tree")
+    lead = nested_parent_name("Chief", chief, "agent-tool:call_0_0")
     assert [await hop.get_attribute("href") for hop in await hops.all()] == [
-        "/runs/Chief/tree/agent-tool%3Acall_0_0",
-        "/runs/Lead/agent-tool%3Acall_0_0/agent-tool%3Acall_0_0"]
+        f"/runs/Chief/{quote(chief, safe='')}/agent-tool%3Acall_0_0",
+        f"/runs/Lead/{quote(lead, safe='')}/agent-tool%3Acall_0_0"]
     # The inbox answers the paused grandchild from the root's timeline.
     item = page.locator('#inbox .item[data-run-id="tree"]')
     await expect(item.locator(".pending b")).to_have_text("sign")
@@ -193,7 +197,7 @@ async def test_a_grandchilds_pause_shows_its_path_on_the_root_and_is_answered_th
     await expect(card.locator(":scope > .summary")).to_have_text("All done.")
     await expect(card.locator(":scope > .waiting-path")).to_have_count(0)
     # The hop's link opens the paused run's own page.
-    await page.goto(f"{ui_url}/runs/Lead/agent-tool%3Acall_0_0/agent-tool%3Acall_0_0")
+    await page.goto(f"{ui_url}/runs/Lead/{quote(lead, safe='')}/agent-tool%3Acall_0_0")
     await expect(page.locator("#steps")).to_contain_text("sign [approved]")
 
 

@@ -22,6 +22,7 @@ from tether.config import Settings
 from tether.contract.codec import encode_event
 from tether.domain import events as ev
 from tether.domain.events import ParentRef
+from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 from tether.ui.live import ParentStream
 from tether.ui.store import ProjectionStore
@@ -295,7 +296,8 @@ async def test_a_run_the_projector_has_not_seen_yet_is_read_from_the_log(log, po
 
 async def test_nested_runs_come_under_the_run_that_started_them(ui, log, projector):
     coordinator = a_run("digest")
-    owner = ParentRef(agent="Coordinator", name="digest")
+    owner = ParentRef(agent="Coordinator",
+                      name=nested_parent_name(PARENT.agent, PARENT.name, "digest"))
     first = a_run("digest-part-0", owner)
     seq = await append(log, coordinator.requested("Coordinator"), coordinator.started(),
                        coordinator.running(), first.requested("Summarizer"), first.started(),
@@ -306,13 +308,13 @@ async def test_nested_runs_come_under_the_run_that_started_them(ui, log, project
         kind, snapshot = await page.next()
         assert kind == "snapshot" and [r["run_id"] for r in snapshot["runs"]] == ["digest"]
         assert [(r["parent"], r["run_id"], r["summary"]) for r in snapshot["nested"]] == [
-            ({"agent": "Coordinator", "name": "digest"}, "digest-part-0", "part one")]
+            ({"agent": "Coordinator", "name": owner.name}, "digest-part-0", "part one")]
         # The coordinator is open: a nested run it starts later reaches the page too.
         second = a_run("digest-part-1", owner)
         await append(log, second.requested("Summarizer"), second.started())
         await page.until(lambda m: any(r["run_id"] == "digest-part-1"
                                        for r in m.get("nested", [])))
-    assert (await ui.get("/parents/Coordinator/digest")).status_code == 200
+    assert (await ui.get(f"/parents/Coordinator/{owner.name}")).status_code == 200
 
 
 async def test_a_quiet_stream_sends_heartbeats(log, pool, settings):
