@@ -25,9 +25,14 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, RateLimited, RequestFailed, connect
 from tether.config import Settings
-from tether.contract.messages import DetachedHandle, ObservabilityEvent, run_message_id
+from tether.contract.messages import (
+    DetachedHandle,
+    ObservabilityEvent,
+    finish_message_id,
+    run_message_id,
+)
 from tether.domain import events as ev
-from tether.domain.commands import MessageCommand
+from tether.domain.commands import DeliveredCommand, MessageCommand
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 from tether_services import parent as parent_service
@@ -665,6 +670,37 @@ async def test_two_tenants_conversations_of_one_name_are_each_their_own(tenants)
     bob_chat = await tenants.admin.jetstream().get_last_msg(
         subjects.chat_stream, subjects.chat(BOB_PARENT, "support"))
     assert json.loads(bob_chat.data)["content"] == "hi from BobBot"
+
+
+async def test_a_tenant_sending_anothers_delivery_report_id_changes_nothing_for_it(tenants):
+    """Bob sends, on his own subject, a delivery report under the command id Alice's hook
+    handler will use for hers (it is derived from her hook's message id): her report is
+    acknowledged as a duplicate of his, and is sent again under an id of its own, so her
+    run's delivery is recorded."""
+    subjects, log = tenants.subjects, tenants.log
+    alices_run = (await log.read_run(ALICE_PARENT, "run-1")).state
+    hook_id = finish_message_id(alices_run, "completed", "on_done")
+    msg_id = f"delivered:{ALICE_PARENT.agent}.{ALICE_PARENT.name}:on_done:{hook_id}"
+    forger = await nats.connect(tenants.url, user="bob", password=PASSWORDS["bob"])
+    try:
+        forged = DeliveredCommand(run_id="run-1", parent=BOB_PARENT, status="completed",
+                                  method="on_done", message_id="finish:run-1:completed")
+        ack = await forger.jetstream().publish(
+            subjects.command_for("delivered", BOB_PARENT), forged.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": msg_id})
+        assert not ack.duplicate
+    finally:
+        await forger.close()
+    async with connect(settings=as_user(tenants.settings, tenants.url, "alice")) as alice:
+        report = DeliveredCommand(run_id="run-1", parent=ALICE_PARENT, status="completed",
+                                  method="on_done", message_id=hook_id)
+        await alice.publish_command("delivered", report, msg_id)
+
+    async def delivered():
+        state = (await log.read_run(ALICE_PARENT, "run-1")).state
+        return state if state.finish_delivered("completed", "on_done") else None
+
+    assert await eventually(delivered, timeout=10, interval=0.05)
 
 
 async def test_an_application_observes_its_own_parents_events_only(tenants):

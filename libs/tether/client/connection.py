@@ -170,7 +170,8 @@ class Tether:
                                          stream=self.subjects.commands_stream)
             # A duplicate names the sequence of the message it repeats: ours when that is
             # where this request was stored before, else the parent is asked whose it is.
-            if ack.duplicate and kind in ("run", "message") and ack.seq != stored_at \
+            if ack.duplicate and kind in ("run", "message", "delivered") \
+                    and ack.seq != stored_at \
                     and not await self._duplicate_is_ours(kind, command, ack.seq, msg_id):
                 # Another parent's command carried this id (the window is the stream's):
                 # the request goes again under an id nobody else can know.
@@ -191,10 +192,11 @@ class Tether:
                 "lists (tether.access)") from None
 
     async def _duplicate_is_ours(self, kind: str, command: Any, seq: int, msg_id: str) -> bool:
-        """Whether the command a run request (or a user message) was a duplicate of is
-        this parent's command with the same id, as the parent service reads it from the
-        commands stream. (A message's run is its conversation, the parent's name.)"""
-        run_id = command.run_id if kind == "run" else command.parent.name
+        """Whether the command a run request (a user message, a delivery report) was a
+        duplicate of is this parent's command with the same id, as the parent service
+        reads it from the commands stream. (A message for the parent's own chat names no
+        run: the parent's name stands in.)"""
+        run_id = getattr(command, "run_id", None) or command.parent.name
         query = HasRunQuery(run_id=run_id, parent=command.parent, command_seq=seq,
                             command_id=msg_id, command_kind=kind)
         try:

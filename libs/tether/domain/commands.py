@@ -186,8 +186,8 @@ class ListQuery(Model):
 
 class HasRunQuery(Model):
     """`command_seq` and `command_id`: also whether the command stored at that sequence
-    of the commands stream is this parent's `command_kind` command (a run request, or a
-    conversation's user message) with that message id (a command acknowledged as a
+    of the commands stream is this parent's `command_kind` command (a run request, a
+    conversation's user message, or a hook handler's delivery report) with that message id (a command acknowledged as a
     duplicate of it asks, so another parent's command that carried the same id cannot
     swallow it)."""
 
@@ -196,7 +196,7 @@ class HasRunQuery(Model):
     parent: ParentRef
     command_seq: Annotated[int, Field(ge=1)] | None = None
     command_id: Annotated[str, Field(max_length=300)] | None = None
-    command_kind: Literal["run", "message"] = "run"
+    command_kind: Literal["run", "message", "delivered"] = "run"
 
 
 class HistoryQuery(Model):
