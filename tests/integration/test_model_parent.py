@@ -38,7 +38,7 @@ from tether.agents.devtools import render_run, show_run
 from tether.child.execution import Execution
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
-from tether.contract.messages import ChatMessage, UsageView, user_message_id
+from tether.contract.messages import ChatMessage, UsageView, chat_finish_id, user_message_id
 from tether.domain import decide
 from tether.domain.events import ParentRef
 from tether.domain.ids import nested_parent_name
@@ -424,6 +424,39 @@ async def test_notify_and_milestones_reach_the_model_once_narrate_without_a_turn
     assert len(client.requests) == 3
     assert [m.content for m in client.requests[2].messages if m.role == "assistant"] == [
         "", "Import started.", "Importer reached rows-loaded"]
+
+
+async def test_two_users_conversations_of_one_name_and_tool_call_ids_are_each_their_own(
+        services, tether, scripted, log):
+    """Two users each hold the conversation `support` and send the message `go`; the
+    model answers both with the tool call `call_0_0` (a detached Importer): each user's
+    conversation is its own run, its call its own run and child turn under it, and each
+    conversation is told of its own run's outcome once."""
+    client = scripted(Assistant, [Reply("", [("Importer", {"rows": 5})]),
+                                  Reply("Import started."), answer, answer])
+    owners = [ParentRef(agent="User", name=user) for user in ("u1", "u2")]
+    conversations = [tether.conversation("Assistant", "support", owner=owner)
+                     for owner in owners]
+    for conversation in conversations:  # one after the other (the script is by turn)
+        await conversation.start()
+        await conversation.send("import five rows", message_id="go")
+        replies = await until_chat(conversation, 2, from_model)
+        assert [m.content for m in replies] == [
+            "Import started.", "seen: The Importer finished: imported 5 rows"]
+
+    trees = [conversation.parent.ref for conversation in conversations]
+    assert trees[0] != trees[1]
+    for owner, tree, conversation in zip(owners, trees, conversations, strict=True):
+        assert (await log.read_run(owner, "support")).state.as_parent() == tree
+        state = (await log.read_run(tree, "agent-tool:call_0_0")).state
+        assert (state.status, state.summary, state.attempt) == (
+            "completed", "imported 5 rows", 1)
+        notices = [m for m in await until_chat(conversation, 5)
+                   if m.metadata.get("kind") == "finish"]
+        assert [m.id for m in notices] == [chat_finish_id(state, "completed")]
+        await conversation.close()
+    # Three model calls each: the message's two, and one for its own run's outcome.
+    assert len(client.requests) == 6
 
 
 async def test_react_milestones_take_a_turn_and_an_empty_format_suppresses_one(
