@@ -673,6 +673,59 @@ async def test_cancelling_a_run_cancels_its_open_descendants_first(services, tet
     assert cancelled_at["Clerk"] < cancelled_at["Lead"] < cancelled_at["Chief"]
 
 
+async def test_clearing_a_run_cancels_and_purges_every_run_below_it(services, tether, log):
+    root = tether.parent("Assistant", "tree-clear")
+    LEAD_RUN, CLERK_RUN = tree_runs("tree-clear")
+    chief = asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"}, run_id="tree-run"))
+    await waiting_view(root)
+    await root.clear()
+    result = await asyncio.wait_for(chief, DEADLINE_S)
+    assert not result.ok and result.status == "aborted"
+
+    for agent, name, run_id in (("Assistant", "tree-clear", "tree-run"), LEAD_RUN, CLERK_RUN):
+        ref = ParentRef(agent=agent, name=name)
+
+        async def tombstone_only(ref: ParentRef = ref, run_id: str = run_id):
+            stored = await log.read_subject(log.subjects.run_events(ref, run_id))
+            return stored if [e.event.type for e in stored] == ["run.cleared"] else None
+
+        await eventually(tombstone_only, timeout=DEADLINE_S, interval=0.05)
+        progress = await log.read_subject(log.subjects.run_progress(ref, run_id))
+        assert progress == []
+
+
+async def test_two_trees_whose_runs_have_the_same_ids_are_each_their_own(services, tether, log):
+    """Two parents each start the Chief under the run id `tree-run`; its Lead and Clerk
+    get the same run ids in both trees. Each tree runs its own turns (two Clerks wait),
+    is answered and cancelled on its own, and sums only its own usage."""
+    roots = [tether.parent("Assistant", name) for name in ("tree-a", "tree-b")]
+    chiefs = [asyncio.create_task(root.run_agent_tool("Chief", {"input": "lease"},
+                                                      run_id="tree-run")) for root in roots]
+    views = [await waiting_view(root) for root in roots]
+    trees = [tree_runs("tree-a"), tree_runs("tree-b")]
+    for view, tree in zip(views, trees, strict=True):
+        assert [tuple(step.values()) for step in view.waiting_path] == list(tree)
+    assert trees[0] != trees[1]
+
+    await roots[0].continue_waiting(views[0], approvals=["call_0_0"])
+    done = await asyncio.wait_for(chiefs[0], DEADLINE_S)
+    assert done.ok and done.summary == "All done."
+    (_, (agent, name, run_id)) = trees[1]
+    clerk_b = (await log.read_run(ParentRef(agent=agent, name=name), run_id)).state
+    assert clerk_b.paused is not None, "the other tree's Clerk still waits for its answer"
+
+    await roots[1].cancel("tree-run")
+    cancelled = await asyncio.wait_for(chiefs[1], DEADLINE_S)
+    assert not cancelled.ok and cancelled.status == "aborted"
+    for (agent, name, run_id), status in ((trees[0][0], "completed"), (trees[0][1], "completed")):
+        state = (await log.read_run(ParentRef(agent=agent, name=name), run_id)).state
+        assert (state.status, state.cancel_requested_at) == (status, None)
+    snapshots = [await root.inspect("tree-run") for root in roots]
+    own = [UsageView.of_steps((await log.read_run(ParentRef(agent=a, name=n), r)).state.steps)
+           for a, n, r in (("Assistant", "tree-a", "tree-run"), *trees[0])]
+    assert snapshots[0].subtree_usage.total_tokens == sum(u.total_tokens for u in own)
+
+
 async def test_a_run_whose_child_was_aborted_by_its_own_cancel_stops_instead_of_going_on(
         services, tether, log, scripted):
     # The cascade's first pass as it lands when the runners have heard nothing yet: the

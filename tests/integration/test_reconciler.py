@@ -38,6 +38,7 @@ from tether.domain.events import (
     RunFinishDelivered,
     RunNotified,
     RunProgressPersisted,
+    RunRef,
 )
 from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
@@ -158,6 +159,68 @@ async def test_budget_exceeded_wins_when_both_budgets_run_out(reconciler, log):
     state, _ = await outcome(log, "both-1")
 
     assert state.reason == "budget-exceeded"
+
+
+async def a_tree_below(log: EventLog, parent: ParentRef, root_requested, tag: str):
+    """A running child `n-1` of the run whose request is `root_requested` (of `parent`),
+    a running grandchild `g-1` below it, and a finished child `done-1`: their parents.
+    (Detached with an hour's budget, so that nothing but their tree ends them.)"""
+    root = evolve(None, root_requested).state
+    owner = root.as_parent()
+    budget = {"detached": {}, "max_budget_ms": 3_600_000, "no_progress_budget_ms": 0}
+    child = RunEvents("n-1", owner, start_ms=now_ms(), id_prefix=f"{tag}-n")
+    child_requested = child.requested(
+        "Nester", started_by=RunRef(parent=parent, run_id=root.run_id), **budget)
+    grand_owner = evolve(None, child_requested).state.as_parent()
+    grand = RunEvents("g-1", grand_owner, start_ms=now_ms(), id_prefix=f"{tag}-g")
+    done = RunEvents("done-1", owner, start_ms=now_ms(), id_prefix=f"{tag}-d")
+    await append_all(log, child_requested, child.running(), grand.requested("Worker", **budget),
+                     grand.running(), done.requested("Worker", **budget), done.running(),
+                     done.completed("finished first"))
+    return owner, grand_owner
+
+
+async def test_a_give_up_cancels_the_runs_below_deepest_first_and_no_other_tree(
+        reconciler, log):
+    """A detached run whose budget ran out takes what it delegated with it: its open
+    descendants are asked to stop (the grandchild first) and their runners signalled; a
+    finished child is left as it is, and another parent's tree whose runs have the same
+    run ids is not touched."""
+    signals = []
+
+    async def on_signal(msg) -> None:
+        signals.append(json.loads(msg.data)["run_id"])
+
+    for agent_type in ("Nester", "Worker"):
+        await log.nats.subscribe(log.subjects.cancel_signal(agent_type), cb=on_signal)
+    other_parent = ParentRef(agent="Importer", name="tenant-2")
+    other = RunEvents("tree-1", other_parent, start_ms=now_ms(), id_prefix="other")
+    other_requested = other.requested("Nester")
+    await append_all(log, other_requested, other.running())
+    other_owner, other_grand_owner = await a_tree_below(log, other_parent, other_requested,
+                                                        "other")
+    run = RunEvents("tree-1", PARENT, start_ms=now_ms())
+    requested = run.requested("Nester", detached={}, max_budget_ms=800, no_progress_budget_ms=0)
+    await append_all(log, requested, run.running())
+    owner, grand_owner = await a_tree_below(log, PARENT, requested, "mine")
+
+    state, _ = await outcome(log, "tree-1")
+    assert state.reason == "budget-exceeded"
+
+    async def cancelled(parent, run_id):
+        stored = await log.read_subject(log.subjects.run_events(parent, run_id))
+        return next((e for e in stored if e.event.type == "run.cancel_requested"), None)
+
+    child = await eventually(lambda: cancelled(owner, "n-1"), timeout=10, interval=0.05)
+    grand = await cancelled(grand_owner, "g-1")
+    assert grand is not None and grand.seq < child.seq, "deepest first"
+    assert child.event.data.reason == "its parent run gave up: budget-exceeded"
+    await eventually(lambda: {"n-1", "g-1"} <= set(signals), timeout=10, interval=0.05)
+    done = (await log.read_run(owner, "done-1")).state
+    assert (done.status, done.cancel_requested_at) == ("completed", None)
+    for parent, run_id in ((other_owner, "n-1"), (other_grand_owner, "g-1")):
+        untouched = (await log.read_run(parent, run_id)).state
+        assert (untouched.status, untouched.cancel_requested_at) == ("running", None)
 
 
 async def test_a_late_completion_repairs_an_interrupted_run(reconciler, log):
@@ -615,6 +678,56 @@ async def test_a_silent_child_a_runner_still_holds_is_sealed_no_progress(recover
     assert decision.timings["silent_ms"] >= recovering.reattach_no_progress_timeout_ms
     assert "run.cancel_requested" not in [e.type for e in history]
     assert held.outcome == "found", "a runner held the child all along"
+
+
+async def test_a_spent_reattach_window_cancels_the_runs_below_too(recovering, log, pool, nc):
+    """A recovered run whose child keeps reporting past a finite re-attach window is
+    cancelled, and so is what it delegated: its open runs below, deepest first."""
+    windowed = recovering.model_copy(update={"reattach_max_window_ms": 1000,
+                                             "reattach_no_progress_timeout_ms": 5000,
+                                             "work_ack_wait_ms": 1000})
+    runner = ChildRunner(nc, windowed, AgentRegistry([Sleeper]), fetch_timeout_s=0.3,
+                         cancel_grace_s=0.2, shutdown_grace_s=0.2)
+    stop_runner = asyncio.Event()
+    await runner.start()
+    running = asyncio.create_task(runner.run(stop_runner))
+    try:
+        # A run requested without an awaiter, its child reporting a milestone every 100 ms.
+        run = RunEvents("windowed", PARENT, start_ms=now_ms())
+        requested = run.requested("Sleeper", input={"seconds": 20, "milestones": 200})
+        seq = await log.append_batch([requested], expected_last_seq=0)
+        await log.jetstream.publish(
+            log.subjects.work("Sleeper"),
+            work_item_json(WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper",
+                                    attempt=0, requested=requested, requested_seq=seq)),
+            headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
+            stream=log.subjects.work_stream)
+        owner, grand_owner = await a_tree_below(log, PARENT, requested, "windowed")
+
+        _, stop, task = await start(windowed, log, pool)
+        try:
+            state, _ = await outcome(log, run.run_id, timeout=20)
+
+            async def cancelled(parent, run_id):
+                stored = await log.read_subject(log.subjects.run_events(parent, run_id))
+                return next((e for e in stored if e.event.type == "run.cancel_requested"),
+                            None)
+
+            child = await eventually(lambda: cancelled(owner, "n-1"), timeout=10,
+                                     interval=0.05)
+            grand = await cancelled(grand_owner, "g-1")
+        finally:
+            stop.set()
+            async with asyncio.timeout(10):
+                await task
+    finally:
+        stop_runner.set()
+        async with asyncio.timeout(10):
+            await running
+    assert (state.status, state.reason) == ("interrupted", "window-exceeded")
+    assert grand is not None and grand.seq < child.seq, "deepest first"
+    assert child.event.data.reason == "its parent run gave up: window-exceeded"
+    assert (await log.read_run(owner, "done-1")).state.cancel_requested_at is None
 
 
 async def test_a_broker_clock_that_cannot_be_read_leaves_the_reconcilers_own(

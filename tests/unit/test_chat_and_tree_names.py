@@ -2,6 +2,7 @@
 
 import pytest
 
+from tether.domain import decide
 from tether.domain.chat import ChatKey, chat_of, notice_chat, started_by_error
 from tether.domain.events import ParentRef, RunRef
 from tether.domain.ids import check_identifier, nested_parent_name
@@ -89,3 +90,19 @@ def test_a_nested_request_must_come_from_the_run_acting_as_its_parent(
     assert (error is not None) == refused
     if refused:
         assert "is not the run acting as parent Planner/" in error
+
+
+def test_a_decision_reaching_a_descendant_has_ids_of_its_own() -> None:
+    """Run ids repeat between parents: two descendants `agent-tool:call_0_0` of one cancel
+    (or of one reconciler's give-up) get event ids of their own, by their lives."""
+    first = state_of("agent-tool:call_0_0", ParentRef(agent="Lead", name="a:1"))
+    second = state_of("agent-tool:call_0_0", ParentRef(agent="Lead", name="b:2"))
+    command = decide.Cause(command_seq=7, now=1)
+    timer = decide.timer_cause(1, "rec-1")
+
+    for cause in (command, timer):
+        ids = {decide.cascade(cause, run).event_id(run.run_id, "cancel", run.parent)
+               for run in (first, second)}
+        assert len(ids) == 2
+    assert decide.cascade(command, first).origin == f"cascade-{first.incarnation}"
+    assert decide.cascade(timer, first).origin == f"rec-1-cascade-{first.incarnation}"

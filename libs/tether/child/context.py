@@ -292,9 +292,10 @@ class RunContext:
         """A nested run ended `aborted`: if that is because this run is being cancelled
         (a cancel marks a whole tree before it stops the deepest runs first), this run
         stops as well, instead of going on without the run it waited for. It waits for
-        the runner to stop it, so the run ends `aborted` by the cancel."""
+        the runner to stop it, so the run ends `aborted` by the cancel. A run that is no
+        longer in the log (a clear takes a tree away, deepest first) stops as well."""
         state = (await self.client.tether.read_run(self.parent, self.run_id)).state
-        if state is None or state.cancel_requested_at is None:
+        if state is not None and state.cancel_requested_at is None:
             return
         with contextlib.suppress(TimeoutError):
             # The runner hears of the cancel by its signal or, at the latest, its next

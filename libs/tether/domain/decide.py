@@ -76,6 +76,16 @@ class Cause:
         return derived_event_id(run_id, kind, self.origin, *scope, self.command_seq)
 
 
+def cascade(cause: Cause, descendant: RunState) -> Cause:
+    """The cause of a descendant's events when a decision about its tree reaches it (a
+    cancel, a clear, a give-up): run ids repeat between parents (`agent-tool:call_0_0`),
+    so the descendant's life keeps its event ids apart from every other run's of the same
+    decision."""
+    mark = f"cascade-{descendant.incarnation}"
+    return Cause(command_seq=cause.command_seq, now=cause.now,
+                 origin=mark if cause.origin is None else f"{cause.origin}-{mark}")
+
+
 def timer_cause(now: int, origin: str) -> Cause:
     return Cause(command_seq=now, now=now, origin=origin)
 

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -47,6 +48,7 @@ from tether.domain.events import Event, ParentRef, RunRequested
 from tether.domain.ids import check_identifier
 from tether.domain.run_state import RunState, fold
 from tether.parent.slots import SlotKeeper
+from tether.run_tree import TreeCancel, cancel_tree, cancels_below, descendants
 
 if TYPE_CHECKING:
     from tether.delivery.deliverer import Deliverer
@@ -57,7 +59,6 @@ Payload = dict[str, Any] | bytes
 
 
 # How deep a cancel follows a run's descendants (runs of runs of ...).
-MAX_TREE_DEPTH = 16
 
 
 class UnparseableCommand(Exception):
@@ -251,21 +252,12 @@ class CommandHandlers:
         command = self._parse(CancelCommand, "cancel", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
         current = (await self._log.read_run(command.parent, command.run_id)).state
-        tree: list[tuple[ParentRef, str, decide.Cause, str | None]] = []
+        tree: list[TreeCancel] = []
         if current is not None and current.is_open:
-            await self._tree_below(current, cause, depth=0, found=tree)
-        tree.append((command.parent, command.run_id, cause, None))
-        requested = []
-        for parent, run_id, mine, reason in tree:
-            _, appended = await self._log.update(parent, run_id,
-                                                 _request_cancel(mine, reason))
-            requested.append(bool(appended))
-        state = None
-        for (parent, run_id, mine, reason), asked in zip(tree, requested, strict=True):
-            state, appended = await self._log.update(parent, run_id, _cancel(mine, reason))
-            if state is not None and (asked or appended):
-                await self._signal_cancel(state)
-            await self._deliver(state, appended)
+            tree = cancels_below(await descendants(self._log, current, open_only=True), cause)
+        tree.append(TreeCancel(command.parent, command.run_id, cause, None))
+        state = await cancel_tree(self._log, tree, signal=self._signal_cancel,
+                                  deliver=self._deliver)
         return state.status if state is not None else None
 
     async def _deliver(self, state: RunState | None, appended: list[Event]) -> None:
@@ -345,6 +337,15 @@ class CommandHandlers:
         return "already recorded"
 
     async def clear(self, payload: Payload, seq: int) -> list[str]:
+        """Clear the parent's runs that match, each with its descendants (the runs it
+        started, and theirs), so nothing of a cleared tree is left open or stored.
+
+        Every open run of a tree is first marked `run.cancel_requested` (deepest first,
+        as a cancel does: a run whose child ends `aborted` stops too instead of going on
+        without it), then each is cleared, deepest first and the run itself last: an
+        open one aborted (its outcome's hook delivered), its events purged to its
+        `run.cleared` tombstone, its progress purged, its cap slot released.
+        """
         command = self._parse(ClearCommand, "clear", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
         cleared = []
@@ -352,43 +353,42 @@ class CommandHandlers:
             state = (await self._log.read_run(command.parent, run_id)).state
             if state is None or not decide.matches_clear(state, command.status, command.older_than):
                 continue
-            if state.is_open:
-                await self._signal_cancel(state)
-            after, appended, last_seq = await self._log.update_at(
-                command.parent, run_id, _clear_life(state.incarnation, cause))
-            if after is not None:
-                continue  # cleared and requested again meanwhile: the new run is not ours
-            # An open run is aborted before it is cleared: that outcome's hook is owed.
-            if aborted := appended[:-1]:
-                await self._deliver(fold(aborted, state), aborted)
-            # Keep only the tombstone (ours or another clear's, the last event now), so a
-            # rebuild does not bring the run back: everything before it, not "all but the
-            # last", since the run id may be requested again at once.
-            await self._js.purge_stream(self._subjects.events_stream, seq=last_seq,
-                                        subject=self._subjects.run_events(command.parent, run_id))
-            await self._js.purge_stream(self._subjects.progress_stream,
-                                        subject=self._subjects.run_progress(command.parent, run_id))
-            if self._slots is not None:
-                await self._slots.release(command.parent, run_id)
-            cleared.append(run_id)
+            below = await descendants(self._log, state, open_only=False)
+            tree = [(child, decide.cascade(cause, child)) for child in below]
+            tree.append((state, cause))
+            for run, mine in tree:
+                if run.is_open:
+                    await self._log.update(run.parent, run.run_id, partial(
+                        decide.request_cancel, cause=mine, reason="cleared"))
+            for run, mine in tree[:-1]:
+                await self._clear_run(run, mine)
+            if await self._clear_run(state, cause):
+                cleared.append(run_id)
         return cleared
 
-    async def _tree_below(self, state: RunState, cause: decide.Cause, depth: int,
-                          found: list[tuple[ParentRef, str, decide.Cause, str | None]]) -> None:
-        """The open runs below `state`, deepest first, each with the cause of its cancel."""
-        if depth >= MAX_TREE_DEPTH:
-            return
-        owner = state.as_parent()
-        for run_id in await self._run_ids(owner):
-            child = (await self._log.read_run(owner, run_id)).state
-            if child is None or not child.is_open:
-                continue
-            await self._tree_below(child, cause, depth + 1, found)
-            # Run ids repeat between parents (`agent-tool:call_0_0`): the descendant's
-            # incarnation keeps its event ids apart from any other run's of this command.
-            mine = decide.Cause(command_seq=cause.command_seq, now=cause.now,
-                                origin=f"cascade-{child.incarnation}")
-            found.append((owner, run_id, mine, "its parent run was cancelled"))
+    async def _clear_run(self, state: RunState, cause: decide.Cause) -> bool:
+        """Clear this life of the run; False when it was cleared and requested again
+        meanwhile (the new run is not the clear's)."""
+        parent, run_id = state.parent, state.run_id
+        if state.is_open:
+            await self._signal_cancel(state)
+        after, appended, last_seq = await self._log.update_at(
+            parent, run_id, _clear_life(state.incarnation, cause))
+        if after is not None:
+            return False
+        # An open run is aborted before it is cleared: that outcome's hook is owed.
+        if aborted := appended[:-1]:
+            await self._deliver(fold(aborted, state), aborted)
+        # Keep only the tombstone (ours or another clear's, the last event now), so a
+        # rebuild does not bring the run back: everything before it, not "all but the
+        # last", since the run id may be requested again at once.
+        await self._js.purge_stream(self._subjects.events_stream, seq=last_seq,
+                                    subject=self._subjects.run_events(parent, run_id))
+        await self._js.purge_stream(self._subjects.progress_stream,
+                                    subject=self._subjects.run_progress(parent, run_id))
+        if self._slots is not None:
+            await self._slots.release(parent, run_id)
+        return True
 
     async def _run_ids(self, parent: ParentRef) -> list[str]:
         return await self._log.run_ids(parent)
@@ -405,19 +405,6 @@ class CommandHandlers:
             raise UnparseableCommand(f"invalid {kind} command: {_explain(error)}") from None
         assert isinstance(command, model)
         return command
-
-
-def _request_cancel(cause: decide.Cause,
-                    reason: str | None) -> Callable[[RunState | None], list[Event]]:
-    def request(state: RunState | None) -> list[Event]:
-        return decide.request_cancel(state, cause, reason=reason)
-    return request
-
-
-def _cancel(cause: decide.Cause, reason: str | None) -> Callable[[RunState | None], list[Event]]:
-    def cancel(state: RunState | None) -> list[Event]:
-        return decide.cancel(state, cause, reason=reason)
-    return cancel
 
 
 def _clear_life(incarnation: str, cause: decide.Cause) -> Callable[[RunState | None], list[Event]]:

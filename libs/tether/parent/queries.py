@@ -53,9 +53,9 @@ from tether.domain.commands import (
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, state_from_json
 from tether.parent.rate_limit import RequestRates, requester_of
+from tether.run_tree import descendants
 
 QUERY_QUEUE = "tether-parent"
-MAX_TREE_DEPTH = 16  # how deep a subtree's usage is summed
 REPLIES = {"inspect": InspectReply, "list": ListReply, "has_run": HasRunReply,
            "history": HistoryReply, "serve_hook": ServeHookReply, "chat_next": ChatNextReply}
 # A history reply stays well under NATS's default max_payload (1 MiB).
@@ -113,21 +113,15 @@ class ParentQueries:
         if state is None:
             return InspectReply(run=None)
         snapshot = RunSnapshot.of(state)
-        subtree = snapshot.usage.plus(await self._descendants_usage(state, depth=0))
+        subtree = snapshot.usage.plus(await self._descendants_usage(state))
         return InspectReply(run=snapshot.model_copy(update={"subtree_usage": subtree}))
 
-    async def _descendants_usage(self, state: RunState, depth: int) -> UsageView:
+    async def _descendants_usage(self, state: RunState) -> UsageView:
         """The model usage of every run below this one (runs it started, and theirs)."""
         assert self._log is not None
         total = UsageView()
-        if depth >= MAX_TREE_DEPTH:
-            return total
-        owner = state.as_parent()
-        for run_id in await self._log.run_ids(owner):
-            child = (await self._log.read_run(owner, run_id)).state
-            if child is not None:
-                total = total.plus(UsageView.of_steps(child.steps)).plus(
-                    await self._descendants_usage(child, depth + 1))
+        for below in await descendants(self._log, state, open_only=False):
+            total = total.plus(UsageView.of_steps(below.steps))
         return total
 
     def _too_often(self, kind: str, message: NatsMessage) -> tuple[str, int] | None:

@@ -41,11 +41,12 @@ from typing import Literal
 from tether.adapters.event_log import EventLog
 from tether.config import Settings
 from tether.domain import decide
-from tether.domain.events import InterruptedReason
+from tether.domain.events import Event, InterruptedReason
 from tether.domain.run_state import RunState, evolve
 from tether.leadership import LeadershipLost
 from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
 from tether.resilience import sleep_unless_stopped
+from tether.run_tree import Deliver, cancel_below
 
 RunKey = tuple[str, str, str]
 # Awaiter checks in flight at once: a check is one core request, answered at once by the
@@ -72,6 +73,10 @@ def _failure(task: asyncio.Task) -> BaseException | None:
     return task.exception()
 
 
+async def _nothing_to_deliver(state: RunState | None, appended: list[Event]) -> None:
+    del state, appended
+
+
 class Recovery:
     def __init__(self, settings: Settings, log: EventLog, control: ChildControl,
                  observability: Observability, logger, *, origin: str) -> None:
@@ -88,6 +93,9 @@ class Recovery:
         self._missed: set[RunKey] = set()
         # The gate before each decision: the leading reconciler's `Term.fresh`.
         self.lease_fresh: Callable[[], Awaitable[None]] = _not_leading
+        # What the end of a descendant cancelled with a spent window owes (the service's
+        # `Deliverer.deliver_after`; the reconciler's timer retries what is still owed).
+        self.deliver_after: Deliver = _nothing_to_deliver
 
     async def run(self, stop: asyncio.Event, awaited_open_runs: Callable[[], list[RunState]]) -> None:
         interval_s = self._settings.awaiter_check_interval_ms / 1000
@@ -344,3 +352,10 @@ class Recovery:
             self._logger.info("recovery.decided", run_id=state.run_id, outcome=outcome,
                               reason=reason, child_still_running=child_still_running,
                               **timings_ms)
+        if cancel and appended:
+            # A spent window stops the whole tree: what the child delegated, deepest first.
+            await cancel_below(self._log, state, cause, f"its parent run gave up: {reason}",
+                               signal=self._signal_descendant, deliver=self.deliver_after)
+
+    async def _signal_descendant(self, state: RunState) -> None:
+        await self._control.signal_cancel(state, "cancelled")

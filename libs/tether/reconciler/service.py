@@ -50,6 +50,7 @@ from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
 from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervise
+from tether.run_tree import cancel_below
 
 RunKey = tuple[str, str, str]
 
@@ -102,6 +103,7 @@ class Reconciler:
         self.observability = Observability(self._observability_broker, log.subjects, logger)
         self.recovery = Recovery(settings, log, self._control, self.observability, logger,
                                  origin=self.origin)
+        self.recovery.deliver_after = deliverer.deliver_after
         self._states: dict[RunKey, RunState] = {}
         self._index = DeadlineIndex()
         self._changed = asyncio.Event()
@@ -361,11 +363,18 @@ class Reconciler:
                                           child_still_running=child_running)
             # The interruption's hook or notification (the timer retries it if lost).
             await self._deliverer.deliver_after(final, appended)
+            # What the run delegated stops with it, deepest first.
+            await cancel_below(self._log, state, cause, f"its parent run gave up: {reason}",
+                               signal=self._signal_descendant,
+                               deliver=self._deliverer.deliver_after)
         if child_running and appended:
             # The request is in the log (its runner finds it at its next heartbeat); the
             # signal only makes the stop prompt. A result the child returns meanwhile
             # is recorded: a late completion repairs the interruption.
             await self._control.signal_cancel(state, decide.GIVE_UP)
+
+    async def _signal_descendant(self, state: RunState) -> None:
+        await self._control.signal_cancel(state, "cancelled")
 
     async def _retry_delivery(self, key: RunKey) -> None:
         """A finish hook or notification not confirmed within its lease is published again."""
