@@ -17,6 +17,7 @@ from ui_server import running_ui
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
+from tether.agents.devtools import load_tree
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.codec import encode_event
@@ -292,6 +293,33 @@ async def test_a_run_the_projector_has_not_seen_yet_is_read_from_the_log(log, po
         assert [e["type"] for e in detail["events"]] == ["run.requested", "run.started"]
         assert (await ui.get("/runs/Assistant/user-1/fresh")).status_code == 200
         assert (await ui.get("/runs/Assistant/user-1/never")).status_code == 404
+
+
+async def test_a_page_shows_its_own_trees_runs_and_not_anothers_of_the_same_ids(
+        ui, log, projector, settings):
+    """PARENT and OTHER each have a run `digest` whose nested run is `digest-part-0`:
+    each page, and `tether runs show`, has its own tree's nested run only."""
+    seq = 0
+    for parent, summary in ((PARENT, "mine"), (OTHER, "theirs")):
+        root = RunEvents("digest", parent, start_ms=1_700_000_000_000,
+                         id_prefix=f"{parent.name}-root")
+        requested = root.requested("Coordinator")
+        owner = ParentRef(agent="Coordinator", name=requested.data.nested_parent)
+        part = RunEvents("digest-part-0", owner, start_ms=1_700_000_000_000,
+                         id_prefix=f"{parent.name}-part")
+        seq = await append(log, requested, root.started(), root.running(),
+                           part.requested("Summarizer"), part.started(), part.completed(summary))
+    await asyncio.wait_for(projector.wait_for_position(seq), 10)
+
+    for parent, summary in ((PARENT, "mine"), (OTHER, "theirs")):
+        async with stream(ui, parent) as page:
+            kind, snapshot = await page.next()
+        assert kind == "snapshot"
+        assert [(r["run_id"], r["summary"]) for r in snapshot["nested"]] == [
+            ("digest-part-0", summary)]
+        _, below = await load_tree(settings, parent, "digest")
+        assert [(state.run_id, state.summary) for state in below] == [
+            ("digest-part-0", summary)]
 
 
 async def test_nested_runs_come_under_the_run_that_started_them(ui, log, projector):
