@@ -58,9 +58,6 @@ if TYPE_CHECKING:
 Payload = dict[str, Any] | bytes
 
 
-# How deep a cancel follows a run's descendants (runs of runs of ...).
-
-
 class UnparseableCommand(Exception):
     """A command with no valid run id and parent to answer on: it is dead-lettered."""
 
