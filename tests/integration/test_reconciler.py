@@ -1,6 +1,7 @@
 """The reconciler in-process: budgets in milliseconds, give-up once, delivery retries."""
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -180,6 +181,12 @@ async def a_tree_below(log: EventLog, parent: ParentRef, root_requested, tag: st
     return owner, grand_owner
 
 
+async def cancel_requested(log: EventLog, parent: ParentRef, run_id: str):
+    """The run's stored `run.cancel_requested`, if it has one."""
+    stored = await log.read_subject(log.subjects.run_events(parent, run_id))
+    return next((e for e in stored if e.event.type == "run.cancel_requested"), None)
+
+
 async def test_a_give_up_cancels_the_runs_below_deepest_first_and_no_other_tree(
         reconciler, log):
     """A detached run whose budget ran out takes what it delegated with it: its open
@@ -207,12 +214,9 @@ async def test_a_give_up_cancels_the_runs_below_deepest_first_and_no_other_tree(
     state, _ = await outcome(log, "tree-1")
     assert state.reason == "budget-exceeded"
 
-    async def cancelled(parent, run_id):
-        stored = await log.read_subject(log.subjects.run_events(parent, run_id))
-        return next((e for e in stored if e.event.type == "run.cancel_requested"), None)
-
-    child = await eventually(lambda: cancelled(owner, "n-1"), timeout=10, interval=0.05)
-    grand = await cancelled(grand_owner, "g-1")
+    child = await eventually(lambda: cancel_requested(log, owner, "n-1"), timeout=10,
+                             interval=0.05)
+    grand = await cancel_requested(log, grand_owner, "g-1")
     assert grand is not None and grand.seq < child.seq, "deepest first"
     assert child.event.data.reason == "its parent run gave up: budget-exceeded"
     await eventually(lambda: {"n-1", "g-1"} <= set(signals), timeout=10, interval=0.05)
@@ -628,48 +632,62 @@ async def test_a_new_leader_loads_open_runs_and_owed_deliveries_only(fast, log, 
             await task
 
 
+@contextlib.asynccontextmanager
+async def sleeper_runner(nc, settings):
+    """A child-runner of `Sleeper` for the test's length."""
+    runner = ChildRunner(nc, settings, AgentRegistry([Sleeper]), fetch_timeout_s=0.3,
+                         cancel_grace_s=0.2, shutdown_grace_s=0.2)
+    stop_runner = asyncio.Event()
+    await runner.start()
+    running = asyncio.create_task(runner.run(stop_runner))
+    try:
+        yield runner
+    finally:
+        stop_runner.set()
+        async with asyncio.timeout(10):
+            await running
+
+
+async def unawaited_sleeper(log: EventLog, run_id: str, input: dict):
+    """A `Sleeper` run requested without an awaiter and handed to the runners; its
+    `run.requested`."""
+    run = RunEvents(run_id, PARENT, start_ms=now_ms())
+    requested = run.requested("Sleeper", input=input)
+    seq = await log.append_batch([requested], expected_last_seq=0)
+    await log.jetstream.publish(
+        log.subjects.work("Sleeper"),
+        work_item_json(WorkItem(run_id=run_id, parent=PARENT, agent_type="Sleeper",
+                                attempt=0, requested=requested, requested_seq=seq)),
+        headers={"Nats-Msg-Id": work_message_id(run_id, 1)},
+        stream=log.subjects.work_stream)
+    return requested
+
+
 async def test_a_silent_child_a_runner_still_holds_is_sealed_no_progress(recovering, log, pool,
                                                                          nc):
     """A recovered run whose child a live runner holds, and which sends nothing for the
     re-attach no-progress timeout: its runner answering for it is no progress, so the run
     ends `no-progress`, the child still running (not cancelled: the runner still holds
     it when the run is sealed)."""
-    runner = ChildRunner(nc, recovering.model_copy(update={"work_ack_wait_ms": 1000}),
-                         AgentRegistry([Sleeper]), fetch_timeout_s=0.3, cancel_grace_s=0.2,
-                         shutdown_grace_s=0.2)
-    stop_runner = asyncio.Event()
-    await runner.start()
-    running = asyncio.create_task(runner.run(stop_runner))
-    try:
+    async with sleeper_runner(nc, recovering.model_copy(update={"work_ack_wait_ms": 1000})):
         # A run requested without an awaiter, its child silent for a minute.
-        run = RunEvents("silent-held", PARENT, start_ms=now_ms())
-        requested = run.requested("Sleeper", input={"seconds": 60})
-        seq = await log.append_batch([requested], expected_last_seq=0)
-        await log.jetstream.publish(
-            log.subjects.work("Sleeper"),
-            work_item_json(WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper",
-                                    attempt=0, requested=requested, requested_seq=seq)),
-            headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
-            stream=log.subjects.work_stream)
+        await unawaited_sleeper(log, "silent-held", {"seconds": 60})
         async with asyncio.timeout(10):
-            async with aclosing(log.follow(log.subjects.run_events(PARENT, run.run_id))) as events:
+            async with aclosing(log.follow(log.subjects.run_events(PARENT, "silent-held"))) \
+                    as events:
                 async for stored in events:
                     if stored.event.type == "run.running":
                         break
 
         _, stop, task = await start(recovering, log, pool)
         try:
-            state, history = await outcome(log, run.run_id)
+            state, history = await outcome(log, "silent-held")
             control = ChildControl(log.nats, log.subjects)
             held = await control.inspect(state, 2.0)
         finally:
             stop.set()
             async with asyncio.timeout(10):
                 await task
-    finally:
-        stop_runner.set()
-        async with asyncio.timeout(10):
-            await running
     assert (state.status, state.reason, state.child_still_running) == (
         "interrupted", "no-progress", True)
     decision = state.reattach_decisions[-1]
@@ -686,44 +704,21 @@ async def test_a_spent_reattach_window_cancels_the_runs_below_too(recovering, lo
     windowed = recovering.model_copy(update={"reattach_max_window_ms": 1000,
                                              "reattach_no_progress_timeout_ms": 5000,
                                              "work_ack_wait_ms": 1000})
-    runner = ChildRunner(nc, windowed, AgentRegistry([Sleeper]), fetch_timeout_s=0.3,
-                         cancel_grace_s=0.2, shutdown_grace_s=0.2)
-    stop_runner = asyncio.Event()
-    await runner.start()
-    running = asyncio.create_task(runner.run(stop_runner))
-    try:
+    async with sleeper_runner(nc, windowed):
         # A run requested without an awaiter, its child reporting a milestone every 100 ms.
-        run = RunEvents("windowed", PARENT, start_ms=now_ms())
-        requested = run.requested("Sleeper", input={"seconds": 20, "milestones": 200})
-        seq = await log.append_batch([requested], expected_last_seq=0)
-        await log.jetstream.publish(
-            log.subjects.work("Sleeper"),
-            work_item_json(WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper",
-                                    attempt=0, requested=requested, requested_seq=seq)),
-            headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
-            stream=log.subjects.work_stream)
+        requested = await unawaited_sleeper(log, "windowed", {"seconds": 20, "milestones": 200})
         owner, grand_owner = await a_tree_below(log, PARENT, requested, "windowed")
 
         _, stop, task = await start(windowed, log, pool)
         try:
-            state, _ = await outcome(log, run.run_id, timeout=20)
-
-            async def cancelled(parent, run_id):
-                stored = await log.read_subject(log.subjects.run_events(parent, run_id))
-                return next((e for e in stored if e.event.type == "run.cancel_requested"),
-                            None)
-
-            child = await eventually(lambda: cancelled(owner, "n-1"), timeout=10,
-                                     interval=0.05)
-            grand = await cancelled(grand_owner, "g-1")
+            state, _ = await outcome(log, "windowed", timeout=20)
+            child = await eventually(lambda: cancel_requested(log, owner, "n-1"),
+                                     timeout=10, interval=0.05)
+            grand = await cancel_requested(log, grand_owner, "g-1")
         finally:
             stop.set()
             async with asyncio.timeout(10):
                 await task
-    finally:
-        stop_runner.set()
-        async with asyncio.timeout(10):
-            await running
     assert (state.status, state.reason) == ("interrupted", "window-exceeded")
     assert grand is not None and grand.seq < child.seq, "deepest first"
     assert child.event.data.reason == "its parent run gave up: window-exceeded"
