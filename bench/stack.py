@@ -146,7 +146,9 @@ class CpuMeter:
         used = {name: end[name] - self._start.get(name, 0.0) for name in end}
         for name in self.groups:
             ticks, kernel = used.pop(f"ticks:{name}"), used[f"kernel:{name}"]
-            used[f"kernel:{name}"] = used[name] * kernel / ticks if ticks > 0 else 0.0
+            # The share first: `used * kernel / ticks` rounds above `used` when the two
+            # tick counts are equal (all of it in the kernel), and a part is never more.
+            used[f"kernel:{name}"] = used[name] * min(kernel / ticks, 1.0) if ticks > 0 else 0.0
         ours = sum(v for k, v in used.items() if not k.startswith(("machine_", "kernel:")))
         used["others"] = max(used["machine_busy"] - ours, 0.0)
         return used
