@@ -6,7 +6,7 @@ PYTEST_ARGS ?= -q -p no:cacheprovider
 # `make test` leaves the long chaos scenarios to `make test-chaos`.
 TEST_MARKERS ?= not long
 
-.PHONY: venv test test-plain-nats test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo dev-secrets
+.PHONY: venv test-deps test test-plain-nats test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo dev-secrets
 
 venv: $(VENV)/.installed
 
@@ -23,8 +23,12 @@ PLAIN_NATS_TESTS := $(addprefix tests/integration/,test_client_feed.py test_clie
 	test_client_runs.py test_client_hooks.py test_event_log.py test_pull.py test_parent.py \
 	test_child_runner.py test_access_control.py test_reconciler.py test_registered_hooks.py)
 
+# Chromium, redis-server and faketime, installed where missing (scripts/test-deps.sh).
+test-deps:
+	scripts/test-deps.sh
+
 # Integration/e2e tests: throwaway NATS + Postgres around the whole pytest run.
-test: venv
+test: venv test-deps
 	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-plain-nats
 
@@ -33,7 +37,7 @@ test-plain-nats: venv
 		$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS) $(PLAIN_NATS_TESTS)
 
 # Every chaos scenario (tests/chaos): each starts its own servers and breaks them.
-test-chaos: venv
+test-chaos: venv test-deps
 	$(PY) -m pytest -m chaos -s $(PYTEST_ARGS) tests/chaos
 
 test-unit: venv
