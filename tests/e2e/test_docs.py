@@ -112,16 +112,21 @@ async def test_the_python_of_the_page_runs_as_written(page: Path, nats_url, data
     try:
         await service.start()
         await service.logged("parent.ready", timeout=30)
+        # The README's quickstart runs as written twice, with the same output.
+        times = ("", " run again") if page.name == "README.md" else ("",)
         for block, name in programs:
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, name, cwd=tmp_path, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-            out, err = await asyncio.wait_for(process.communicate(), timeout=BLOCK_BUDGET_S)
-            where = f"{page.name}, the block at line {block.line}"
-            assert process.returncode == 0, f"{where} failed:\n{err.decode()}"
-            assert err.decode() == "", f"{where} wrote to stderr:\n{err.decode()}"
-            if block.expected_output is not None:
-                assert out.decode() == block.expected_output, where
+            for again in times:
+                process = await asyncio.create_subprocess_exec(
+                    sys.executable, name, cwd=tmp_path, env=env,
+                    stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE)
+                out, err = await asyncio.wait_for(process.communicate(),
+                                                  timeout=BLOCK_BUDGET_S)
+                where = f"{page.name}, the block at line {block.line}{again}"
+                assert process.returncode == 0, f"{where} failed:\n{err.decode()}"
+                assert err.decode() == "", f"{where} wrote to stderr:\n{err.decode()}"
+                if block.expected_output is not None:
+                    assert out.decode() == block.expected_output, where
     finally:
         await service.stop()
         nc = await connect_nats(nats_url, name="tether-docs-test")

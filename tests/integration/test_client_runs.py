@@ -27,6 +27,7 @@ from tether.client.awaiting import RunWaiter
 from tether.client.feed import OrderedFeed
 from tether.contract.messages import (
     AgentToolFailure,
+    AgentToolSuccess,
     ChatMessage,
     DetachedHandle,
     run_message_id,
@@ -152,6 +153,32 @@ async def test_a_detached_run_returns_a_handle_at_the_request(log, tether):
         handle = await tether.parent(PARENT.agent, PARENT.name).run_agent_tool(
             "Researcher", {"n": 1}, run_id="bg-1", detached={"on_finish": "on_done"})
     assert handle == DetachedHandle(run_id="bg-1", agent_type="Researcher", status="running")
+
+
+def fails(run: RunEvents, command: RunCommand) -> list[Event]:
+    return [run.requested(command.agent_type, input=command.input), run.running(),
+            run.failed("the source was down")]
+
+
+@pytest.mark.parametrize(("script", "status", "result"), [
+    (completes, "completed", AgentToolSuccess(run_id="bg-2", agent_type="Researcher",
+                                              summary="done 2")),
+    (fails, "error", AgentToolFailure(run_id="bg-2", agent_type="Researcher", status="error",
+                                      error="the source was down", retryable=False)),
+], ids=["completed", "failed"])
+async def test_a_detached_run_requested_again_after_it_ended_answers_its_stored_outcome(
+        log, tether, script, status, result):
+    """Not `running`: the run has ended, and its finish hook (delivered once) will not come
+    again, so a caller that waited for it would wait forever."""
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with ScriptedParent(log, script) as parent:
+        await me.run_agent_tool("Researcher", {"n": 2}, run_id="bg-2", detached=True)
+        await parent.until(lambda commands: len(commands) == 1)
+        state = (await log.read_run(PARENT, "bg-2")).state
+        assert state.status == status
+        again = await me.run_agent_tool("Researcher", {"n": 2}, run_id="bg-2", detached=True)
+    assert again == DetachedHandle(run_id="bg-2", agent_type="Researcher", status=status,
+                                   result=result, error=getattr(result, "error", None))
 
 
 async def test_cancelling_the_awaiting_task_cancels_the_run(log, tether):

@@ -102,8 +102,15 @@ class RunWaiter:
         return self.answer
 
     def _detached(self) -> Answer | None:
-        if self.state is not None:
-            return DetachedHandle(run_id=self.run_id, agent_type=self.state.agent_type,
+        state = self.state
+        if state is not None and state.is_hard_terminal:
+            # Requested again after it ended: its stored outcome, at once.
+            result = stored_outcome(state)
+            return DetachedHandle(run_id=self.run_id, agent_type=state.agent_type,
+                                  status=state.status, result=result,
+                                  error=getattr(result, "error", None))
+        if state is not None:
+            return DetachedHandle(run_id=self.run_id, agent_type=state.agent_type,
                                   status="running")
         rejection = self._answering_rejection()
         if rejection is not None:
@@ -123,14 +130,8 @@ class RunWaiter:
                 return None
             return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
                                     status="error", error=rejection.error, retryable=False)
-        if state.status == "completed":
-            # A child that streamed text and returned no structured output: its text is
-            # the output, so an awaited caller gets what the timeline shows.
-            output = state.output if state.output is not None else (state.output_text or None)
-            return AgentToolSuccess(run_id=state.run_id, agent_type=state.agent_type,
-                                    summary=state.summary or "", output=output)
-        if state.status in ("error", "aborted"):
-            return AgentToolFailure.of(state)
+        if state.is_hard_terminal:
+            return stored_outcome(state)
         if state.status == "interrupted":
             if self._interrupted_seq > self.mark:
                 return AgentToolFailure.of(state)
@@ -145,6 +146,17 @@ class RunWaiter:
         if rejection is None or rejection.seq <= self.mark:
             return None
         return rejection
+
+
+def stored_outcome(state: RunState) -> AgentToolSuccess | AgentToolFailure:
+    """The outcome of a run that ended (completed, error, aborted), as its caller gets it.
+    A child that streamed text and returned no structured output: its text is the output,
+    so a caller gets what the timeline shows."""
+    if state.status == "completed":
+        output = state.output if state.output is not None else (state.output_text or None)
+        return AgentToolSuccess(run_id=state.run_id, agent_type=state.agent_type,
+                                summary=state.summary or "", output=output)
+    return AgentToolFailure.of(state)
 
 
 @dataclass(frozen=True, slots=True)

@@ -237,12 +237,17 @@ class AgentToolFailure(Model):
 
 
 class DetachedHandle(Model):
-    """What a detached `run_agent_tool` returns at once."""
+    """What a detached `run_agent_tool` returns at once: `running` (a new run, or one
+    requested again while it is open or being re-attached), or `error` with `error` when
+    the request was refused. A run requested again after it ended answers with its status
+    (`completed`, `error`, `aborted`) and `result`, its stored outcome; its finish hook is
+    not delivered again (a hook is delivered once per status)."""
 
     run_id: str
     agent_type: str
-    status: Literal["running", "error"]
+    status: Literal["running", "completed", "error", "aborted"]
     error: str | None = None
+    result: AgentToolSuccess | AgentToolFailure | None = None
 
 
 class MilestoneView(Model):
