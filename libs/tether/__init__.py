@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "ServiceUnavailable": "tether.client",
     "InputTooLarge": "tether.client",
     "RequestFailed": "tether.client",
+    "ConversationEnded": "tether.client.conversation",
     # the child side
     "ChildAgent": "tether.child.agent",
     "RunContext": "tether.child.context",
@@ -39,7 +40,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AgentTool", "AgentToolFailure", "AgentToolSuccess", "ChatMessage", "ChildAgent",
-    "DetachedHandle", "HookRegistry", "InputTooLarge", "LifecycleResult", "ParentHandle", "RequestFailed",
+    "ConversationEnded", "DetachedHandle", "HookRegistry", "InputTooLarge", "LifecycleResult", "ParentHandle", "RequestFailed",
     "RunContext", "RunInfo", "RunSnapshot", "RunView", "ServiceUnavailable", "Settings",
     "Tether", "TetherError", "TimelineView", "agent_tool", "connect",
 ]
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
         agent_tool,
         connect,
     )
+    from tether.client.conversation import ConversationEnded
     from tether.config import Settings
     from tether.contract.messages import (
         AgentToolFailure,

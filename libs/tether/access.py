@@ -153,9 +153,10 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    *_pull(subjects.commands_stream, "parent-commands"),
                    # The former deliveries consumer, removed at start-up.
                    f"$JS.API.CONSUMER.DELETE.{subjects.events_stream}.parent-deliverer",
-                   # `clear` purges a run's events and progress.
+                   # `clear` purges a run's events, progress and chat.
                    f"$JS.API.STREAM.PURGE.{subjects.events_stream}",
                    f"$JS.API.STREAM.PURGE.{subjects.progress_stream}",
+                   f"$JS.API.STREAM.PURGE.{subjects.chat_stream}",
                    # /metrics: the hook consumers' backlog.
                    f"$JS.API.CONSUMER.LIST.{subjects.hooks_stream}",
                    # `has_run` with `command_seq`: whose command a duplicate repeated.

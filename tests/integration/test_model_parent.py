@@ -38,6 +38,7 @@ from tether.agents.devtools import render_run, show_run
 from tether.child.execution import Execution
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
+from tether.client.conversation import ConversationEnded
 from tether.contract.messages import ChatMessage, UsageView, chat_finish_id, user_message_id
 from tether.domain import decide
 from tether.domain.events import ParentRef
@@ -400,6 +401,62 @@ async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
         return (await log.read_run(conversation.owner.ref, "chat-1")).state.status == "aborted"
 
     await eventually(aborted, timeout=DEADLINE_S, interval=0.02)
+
+
+async def test_asking_a_conversation_that_is_not_open_says_so_at_once(
+        services, tether, scripted, log):
+    """Not started, failed (the model could not answer) or closed: `ask` raises
+    `ConversationEnded` with the run's status instead of waiting for an answer that will
+    never come; a closed conversation started again says it is closed."""
+    conversation = tether.conversation("Assistant", "chat-ended", owner=("User", "u1"))
+    with pytest.raises(ConversationEnded, match="is not started") as ended:
+        await asyncio.wait_for(conversation.ask("anyone?", message_id="early"), DEADLINE_S)
+    assert ended.value.status is None
+
+    scripted(Assistant, [])  # the model has no answer for the first turn: the run fails
+    await conversation.start()
+    with pytest.raises(ConversationEnded, match="ended error") as ended:
+        await asyncio.wait_for(conversation.ask("hello", message_id="m1"), DEADLINE_S)
+    assert (ended.value.status, ended.value.error) == (
+        "error", (await conversation.inspect()).error)
+
+    closing = tether.conversation("Assistant", "chat-closed", owner=("User", "u1"))
+    scripted(Assistant, [answer])
+    await closing.start()
+    assert await asyncio.wait_for(closing.ask("hello", message_id="m1"), DEADLINE_S) \
+        == "seen: hello"
+    await closing.close()
+    with pytest.raises(ConversationEnded, match="was closed or cancelled") as ended:
+        await asyncio.wait_for(closing.ask("still there?", message_id="m2"), DEADLINE_S)
+    assert ended.value.status == "aborted"
+    # Its earlier answer is still its answer, and starting it again says it is closed.
+    assert (await asyncio.wait_for(closing.reply(await closing.send("hello", message_id="m1")),
+                                   DEADLINE_S)).content == "seen: hello"
+    handle = await closing.start()
+    assert (handle.status, handle.result.status) == ("aborted", "aborted")
+
+
+async def test_a_cleared_conversation_starts_again_with_nothing_of_its_last_life(
+        services, tether, scripted, log):
+    client = scripted(Assistant, [answer, answer])
+    conversation = tether.conversation("Assistant", "chat-again", owner=("User", "u1"))
+    await conversation.start()
+    assert await asyncio.wait_for(conversation.ask("first life", message_id="m1"),
+                                  DEADLINE_S) == "seen: first life"
+    await conversation.close()
+    await conversation.send("left behind", message_id="m2")  # queued on the closed one
+    await conversation.owner.clear()
+
+    async def cleared():
+        return (await log.read_run(conversation.owner.ref, "chat-again")).state is None
+
+    await eventually(cleared, timeout=DEADLINE_S, interval=0.02)
+    handle = await conversation.start()
+    assert handle.status == "running"
+    assert await asyncio.wait_for(conversation.ask("second life", message_id="m3"),
+                                  DEADLINE_S) == "seen: second life"
+    assert [m.content for m in client.requests[-1].messages] == ["second life"]
+    await conversation.close()
 
 
 async def test_notify_and_milestones_reach_the_model_once_narrate_without_a_turn(

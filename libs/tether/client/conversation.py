@@ -19,29 +19,52 @@ begun before this version keeps its chat at `<prefix>.chat.<agent type>.<name>`;
 client and the model parent find it from the run.
 """
 
+import asyncio
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterable
+from contextlib import suppress
 from typing import Any, cast
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from tether.agents.messages import Message
 from tether.agents.records import AgentStepRecord
 from tether.agents.records import conversation as folded_conversation
 from tether.client.chat import drop_chat_reader, follow_chat
+from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle
+from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot, user_message_id
 from tether.domain.chat import ChatKey, chat_of_new_run
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier, nested_parent_name
+from tether.domain.run_state import RunState, evolve
 
 # The shared owner of conversations started without one: `Conversations/<agent type>`.
 CONVERSATIONS = "Conversations"
 # A conversation lives until it is closed: its absolute budget is this long (ten years).
 CONVERSATION_BUDGET_MS = 10 * 365 * 24 * 3600 * 1000
+
+
+class ConversationEnded(RuntimeError):
+    """A conversation that is not open, so no answer will come: `status` its run's
+    (`error`, `aborted`, `interrupted`), or None when it was never started or was
+    cleared; `error` what its run said."""
+
+    def __init__(self, conversation: "Conversation", state: RunState | None) -> None:
+        self.status = state.status if state is not None else None
+        self.error = state.error if state is not None else None
+        where = f"{conversation.owner.ref.agent}/{conversation.owner.ref.name}"
+        if state is None:
+            why = "is not started (or was cleared): start() it"
+        elif state.status == "aborted":
+            why = f"was closed or cancelled ({state.error or 'aborted'}): start() a new one"
+        else:
+            why = f"ended {state.status}: {state.error or 'no error given'}"
+        super().__init__(f"conversation {conversation.name!r} of {where} {why}")
 
 
 class ConversationSnapshot(RunSnapshot):
@@ -140,15 +163,41 @@ class Conversation:
         return await drop_chat_reader(self.tether, await self.chat(), durable)
 
     async def reply(self, message_id: str) -> ChatMessage:
-        """The model's answer to the message with this chat message id."""
-        async for message in self.messages():
-            if message.metadata.get("source") == "model" \
-                    and message_id in message.metadata.get("in_reply_to", ()):
-                return message
-        raise AssertionError("unreachable: the chat feed does not end")
+        """The model's answer to the message with this chat message id.
+
+        It waits while the conversation is open (a paused one included: it answers once
+        continued); a conversation that is not (never started, closed, failed, given up
+        or cleared) raises `ConversationEnded` at once, unless the answer is in its chat.
+        """
+        tether, subjects = self.tether, self.tether.subjects
+        chat, owner = await self.chat(), self.owner.ref
+        sink: asyncio.Queue[FeedMessage] = asyncio.Queue()
+        messages = open_feed(tether, subjects.chat_stream, subjects.chat(*chat), source="chat",
+                             sink=sink)
+        events = open_feed(tether, subjects.events_stream, subjects.run_events(owner, self.name),
+                           source="event", sink=sink)
+        state: RunState | None = None
+        async with messages, events:
+            caught = {"chat": messages.initially_empty, "event": events.initially_empty}
+            while True:
+                if all(caught.values()) and (state is None or not state.is_open):
+                    raise ConversationEnded(self, state)
+                message = await sink.get()
+                if message.pending == 0:
+                    caught[message.source] = True
+                if message.source == "event":
+                    with suppress(EventDecodeError):
+                        state = evolve(state, decode_event(message.data)).state
+                    continue
+                with suppress(ValidationError):
+                    answer = ChatMessage.model_validate_json(message.data)
+                    if answer.metadata.get("source") == "model" \
+                            and message_id in answer.metadata.get("in_reply_to", ()):
+                        return answer
 
     async def ask(self, text: str, *, message_id: str | None = None) -> str:
-        """Send a message and wait for the model's answer to it."""
+        """Send a message and wait for the model's answer to it (`ConversationEnded` when
+        the conversation is not open, or stops being open before it answers)."""
         return (await self.reply(await self.send(text, message_id=message_id))).content
 
     async def inspect(self) -> "ConversationSnapshot | None":

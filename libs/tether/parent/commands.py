@@ -341,7 +341,7 @@ class CommandHandlers:
         as a cancel does: a run whose child ends `aborted` stops too instead of going on
         without it), then each is cleared, deepest first and the run itself last: an
         open one aborted (its outcome's hook delivered), its events purged to its
-        `run.cleared` tombstone, its progress purged, its cap slot released.
+        `run.cleared` tombstone, its progress and its chat purged, its cap slot released.
         """
         command = self._parse(ClearCommand, "clear", payload)
         cause = decide.Cause(command_seq=seq, now=_now_ms())
@@ -383,6 +383,9 @@ class CommandHandlers:
                                     subject=self._subjects.run_events(parent, run_id))
         await self._js.purge_stream(self._subjects.progress_stream,
                                     subject=self._subjects.run_progress(parent, run_id))
+        # Its chat too (a conversation's messages): a new life of the run id starts empty.
+        await self._js.purge_stream(self._subjects.chat_stream,
+                                    subject=self._subjects.chat(*chat_of(state)))
         if self._slots is not None:
             await self._slots.release(parent, run_id)
         return True
