@@ -396,8 +396,26 @@ async def test_a_client_requesting_a_finished_run_again_is_answered_by_the_notic
         handle = await me.run_agent_tool("Researcher", {"query": "again"}, run_id="done-3",
                                          detached=True, timeout=10)
     assert again.ok and again.summary == "stored"
-    assert handle.status == "running" and handle.run_id == "done-3"
+    # Detached too: it has ended, so its stored outcome, not `running`.
+    assert (handle.status, handle.run_id, handle.result) == ("completed", "done-3", again)
     assert len((await log.read_run(PARENT, "done-3")).events) == 4
+
+
+async def test_cancelling_an_awaited_run_no_runner_picked_up_answers_its_caller(
+        parent, log, settings):
+    """No runner serves the agent type: the cancel ends the run `aborted` at once, so its
+    caller is answered (instead of waiting for a runner to abort it) and the run stops
+    counting against the cap."""
+    async with connect(settings=settings) as client:
+        me = client.parent(PARENT.agent, PARENT.name)
+        awaiting = asyncio.create_task(
+            me.run_agent_tool("Researcher", {"query": "nobody"}, run_id="unserved-1"))
+        await until(log, "unserved-1", lambda s, e: s is not None and s.status == "starting")
+        await me.cancel("unserved-1")
+        result = await asyncio.wait_for(awaiting, 10)
+    assert (result.ok, result.status) == (False, "aborted")
+    state = (await log.read_run(PARENT, "unserved-1")).state
+    assert (state.status, state.aborted_cause) == ("aborted", "cancel")
 
 
 async def test_repeated_request_of_an_interrupted_run_reattaches(parent, log):

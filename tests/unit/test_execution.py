@@ -144,14 +144,29 @@ async def test_a_redelivered_item_takes_the_run_over_from_a_runner_that_died(log
     assert (await log.read_run(PARENT, "r1")).state.attempt == 2
 
 
-async def test_a_run_cancelled_before_it_started_is_aborted_without_starting_the_child(log):
+async def test_a_run_asked_to_cancel_before_it_started_is_aborted_without_starting_the_child(
+        log):
+    # The request alone: a tree's cancel marks every run before it stops any, and an
+    # earlier version's cancel of a run not started left only this.
+    run = RunEvents("r1", PARENT)
+    item = await _requested(log, run)
+    await log.update(PARENT, "r1", lambda s: decide.request_cancel(s, decide.Cause(1, 5_000)))
+
+    outcome = await Execution(_env(log), Researcher, WorkMessage(item), item).run()
+
+    assert outcome.kind == "aborted"
+    assert _types(log) == ["run.requested", "run.cancel_requested", "run.aborted"]
+
+
+async def test_a_run_cancelled_before_it_started_is_skipped_without_starting_the_child(log):
+    # A cancel aborts a run no runner has started at once: its work item finds it ended.
     run = RunEvents("r1", PARENT)
     item = await _requested(log, run)
     await log.update(PARENT, "r1", lambda s: decide.cancel(s, decide.Cause(1, 5_000)))
 
     outcome = await Execution(_env(log), Researcher, WorkMessage(item), item).run()
 
-    assert outcome.kind == "aborted"
+    assert outcome.kind == "skipped"
     assert _types(log) == ["run.requested", "run.cancel_requested", "run.aborted"]
 
 

@@ -119,14 +119,31 @@ async def test_a_request_with_nobody_to_answer_is_a_dead_letter(log):
 async def test_cancel_records_the_request_once_and_signals_the_runner(log):
     handlers = _handlers(log)
     await handlers.run(_run(), seq=1)
+    await log.append(RunEvents("r1", PARENT, id_prefix="runner").running(),
+                     expected_last_seq=None)
     command = {"run_id": "r1", "parent": msgspec.to_builtins(PARENT)}
 
-    assert await handlers.cancel(command, seq=2) == "starting"
-    assert await handlers.cancel(command, seq=3) == "starting"
+    assert await handlers.cancel(command, seq=2) == "running"
+    assert await handlers.cancel(command, seq=3) == "running"
 
-    assert _types(log) == ["r1:run.requested", "r1:run.cancel_requested"]
+    assert _types(log) == ["r1:run.requested", "r1:run.running", "r1:run.cancel_requested"]
     [signal] = log.nats.published
     assert signal.subject == log.subjects.cancel_signal("Researcher")
+    assert CancelSignal.model_validate_json(signal.data).run_id == "r1"
+
+
+async def test_cancel_of_a_run_no_runner_started_aborts_it_at_once(log):
+    """No child is there to stop, and no runner may ever come: the awaiting caller gets
+    `aborted` now, and its cap slot is free (the cap counts open runs)."""
+    handlers = _handlers(log)
+    await handlers.run(_run(), seq=1)
+    command = {"run_id": "r1", "parent": msgspec.to_builtins(PARENT)}
+
+    assert await handlers.cancel(command, seq=2) == "aborted"
+    assert await handlers.cancel(command, seq=3) == "aborted"
+
+    assert _types(log) == ["r1:run.requested", "r1:run.cancel_requested", "r1:run.aborted"]
+    [signal] = log.nats.published  # a runner that has just taken its item stops too
     assert CancelSignal.model_validate_json(signal.data).run_id == "r1"
 
 

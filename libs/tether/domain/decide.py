@@ -153,7 +153,9 @@ def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> l
 
     An awaited run ends `aborted` when its child stops (the runner appends it). A
     detached run ends `aborted` at once, so its finish hook is delivered without waiting
-    for a child that may never answer.
+    for a child that may never answer; so does a run no runner has started (`starting`):
+    a runner that picks its work item up later finds it ended and starts nothing, and
+    none may ever come.
     """
     if state is None or state.is_hard_terminal:
         return []
@@ -161,9 +163,11 @@ def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> l
     if state.cancel_requested_at is None:
         events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
                                          data=RunCancelRequestedData(reason=reason)))
-    # No child is there to stop for a detached run (it ends at once by contract), an
-    # interrupted one (given up on) or a paused one (parked until a human answers).
-    if state.detached is not None or state.status == "interrupted" or state.paused is not None:
+    # No child is there to stop for a detached run (it ends at once by contract), one no
+    # runner has started, an interrupted one (given up on) or a paused one (parked until a
+    # human answers).
+    if (state.detached is not None or state.status in ("starting", "interrupted")
+            or state.paused is not None):
         events.append(RunAborted(**_envelope(state.run_id, state.parent, cause, "aborted"),
                                  data=RunAbortedData(error=f"cancelled{': ' + reason if reason else ''}",
                                                      cause="cancel")))
