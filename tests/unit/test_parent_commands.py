@@ -175,6 +175,20 @@ async def test_clear_keeps_only_the_tombstone_of_the_runs_it_matched(log):
                                       "running:run.running"]
 
 
+async def test_a_clear_handled_late_takes_no_run_requested_after_it(log):
+    """The clear was stored at sequence 5, while no parent ran; the run command stored at
+    6 was handled first. The clear takes the run requested before it only."""
+    handlers = _handlers(log)
+    await handlers.run(_run("before"), seq=4)
+    await handlers.run(_run("after"), seq=6)
+
+    cleared = await handlers.clear({"parent": msgspec.to_builtins(PARENT)}, seq=5)
+
+    assert cleared == ["before"]
+    assert (await log.read_run(PARENT, "before")).state is None
+    assert (await log.read_run(PARENT, "after")).state.requested_by_command == 6
+
+
 async def test_a_cleared_run_id_can_be_requested_again(log):
     handlers = _handlers(log)
     await handlers.run(_run(), seq=1)

@@ -280,6 +280,7 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         "display": data.display, "detached": data.detached, "requested_at": event.occurred_at,
         "incarnation": incarnation_of(event.event_id),
         "nested_parent": data.nested_parent, "started_by": data.started_by,
+        "requested_by_command": None,
         "max_budget_deadline": (None if data.max_budget_ms is None
                                 else event.occurred_at + data.max_budget_ms),
         "no_progress_budget_ms": data.no_progress_budget_ms,

@@ -221,8 +221,15 @@ def clear(state: RunState | None, cause: Cause) -> list[Event]:
     return events
 
 
-def matches_clear(state: RunState, statuses: list[str] | None, older_than: int | None) -> bool:
+def matches_clear(state: RunState, statuses: list[str] | None, older_than: int | None,
+                  clear_seq: int | None = None) -> bool:
+    """Whether a clear takes the run: in `statuses`, requested before `older_than`, and
+    requested by a command stored before the clear's own (`clear_seq`), so that a clear
+    handled late (sent while no parent ran) never takes a run requested after it."""
     if statuses is not None and state.status not in statuses:
+        return False
+    if (clear_seq is not None and state.requested_by_command is not None
+            and state.requested_by_command > clear_seq):
         return False
     return older_than is None or state.requested_at < older_than
 

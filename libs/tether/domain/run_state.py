@@ -123,6 +123,9 @@ class RunState(Record, frozen=True, kw_only=True):
     nested_parent: str = ""
     # The run that started it (`RunRequestedData.started_by`), when a child delegated.
     started_by: RunRef | None = None
+    # The commands stream sequence of the run command that requested it (its causation
+    # `cmd:<seq>`); None for a request no command made (a test's, an earlier version's).
+    requested_by_command: int | None = None
     dispatched_at: int | None = None  # from run.started, in logs written before it was dropped
     started_at: int | None = None
     ended_at: int | None = None
@@ -278,9 +281,18 @@ def _new_run(event: RunRequested, logged_at: int) -> RunState:
         display_order=data.display_order, display=data.display, detached=data.detached,
         requested_at=event.occurred_at, incarnation=incarnation_of(event.event_id),
         nested_parent=data.nested_parent, started_by=data.started_by,
+        requested_by_command=_command_seq(event.causation_id),
         max_budget_deadline=(None if data.max_budget_ms is None
                              else logged_at + data.max_budget_ms),
         no_progress_budget_ms=data.no_progress_budget_ms)
+
+
+def _command_seq(causation_id: str | None) -> int | None:
+    """`cmd:<seq>` (`decide.Cause.causation_id` of a command) -> seq."""
+    if causation_id is None or not causation_id.startswith("cmd:"):
+        return None
+    seq = causation_id[4:]
+    return int(seq) if seq.isdigit() else None
 
 
 def _started(state: RunState, event: RunStarted, logged_at: int) -> Evolved:

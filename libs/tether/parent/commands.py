@@ -348,7 +348,8 @@ class CommandHandlers:
         cleared = []
         for run_id in await self._run_ids(command.parent):
             state = (await self._log.read_run(command.parent, run_id)).state
-            if state is None or not decide.matches_clear(state, command.status, command.older_than):
+            if state is None or not decide.matches_clear(state, command.status,
+                                                         command.older_than, clear_seq=seq):
                 continue
             below = await descendants(self._log, state, open_only=False)
             tree = [(child, decide.cascade(cause, child)) for child in below]
