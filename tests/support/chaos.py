@@ -126,7 +126,8 @@ class System:
                          **(replicas or {})}
         self.service_env = service_env or {}  # more environment for one kind of service
         self.pauses: list[Pause] = []
-        self.runner_killed = False
+        # A child-runner was killed or paused: its last run.running may have no turn.
+        self.runner_lost = False
         self.services: list[ServiceProcess] = []
         self.retired: list[tuple[ServiceProcess, float]] = []  # stopped, with when
         self.hook_calls: Counter[str] = Counter()
@@ -176,7 +177,7 @@ class System:
                       key=lambda service: not _leading(service))
 
     async def kill(self, service: ServiceProcess) -> None:
-        self.runner_killed |= service.name == "child-runner"
+        self.runner_lost |= service.name == "child-runner"
         service.signal(signal.SIGKILL)
         await service.wait()
         self.services.remove(service)
@@ -195,6 +196,7 @@ class System:
                             meanwhile=None) -> Pause:
         """Stop `service` for `seconds`; `meanwhile(pause_started_at)` runs while it is
         stopped (it must bound itself within the pause)."""
+        self.runner_lost |= service.name == "child-runner"
         return await self._paused(_who(service), lambda: service.signal(signal.SIGSTOP),
                                   lambda _: service.signal(signal.SIGCONT), seconds, meanwhile)
 
@@ -343,7 +345,7 @@ class System:
             problems = [
                 *outcome_problems(histories),
                 *turn_problems(histories, self._turn_starts(),
-                               runner_killed=self.runner_killed),
+                               runner_lost=self.runner_lost),
                 *self._runner_outcome_problems(),
                 *no_progress_problems(histories),
                 *self._leader_problems(histories),

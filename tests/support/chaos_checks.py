@@ -86,10 +86,12 @@ def outcome_problems(histories: dict[str, list[Appended]]) -> list[str]:
 
 
 def turn_problems(histories: dict[str, list[Appended]], turns: Iterable[TurnStart], *,
-                  runner_killed: bool) -> list[str]:
+                  runner_lost: bool) -> list[str]:
     """No child turn started for an attempt the log does not hold, after a newer attempt
     took the run over, or after the run's outcome; and one turn per `run.running` (at
-    most one, when a runner was killed between its `run.running` and the child's start)."""
+    most one, when a runner was lost between its `run.running` and the child's start:
+    killed, or paused past its hold, when it wakes to an attempt taken over and starts
+    nothing)."""
     by_run: dict[str, list[TurnStart]] = defaultdict(list)
     for turn in turns:
         by_run[turn.run_id].append(turn)
@@ -114,7 +116,7 @@ def turn_problems(histories: dict[str, list[Appended]], turns: Iterable[TurnStar
                 problems.append(f"run {run_id}: {where}, after the run had ended: "
                                 f"{_describe(outcome)}")
         too_many = len(started) > len(running)
-        if too_many or (len(started) < len(running) and not runner_killed):
+        if too_many or (len(started) < len(running) and not runner_lost):
             problems.append(
                 f"run {run_id}: {len(started)} child turns started "
                 f"({', '.join(f'attempt {t.attempt} at {clock(t.at)} on {t.runner}' for t in started) or 'none'}) "

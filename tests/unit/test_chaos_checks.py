@@ -41,13 +41,13 @@ def test_two_outcomes_or_none_are_problems():
 
 def test_a_turn_per_running_attempt_passes():
     turns = [TurnStart("d-1", 1, T0 + 0.2, "r1"), TurnStart("d-1", 2, T0 + 3.1, "r2")]
-    assert turn_problems({"d-1": completed_twice_over()}, turns, runner_killed=False) == []
+    assert turn_problems({"d-1": completed_twice_over()}, turns, runner_lost=False) == []
 
 
 def test_a_turn_after_the_run_moved_on_is_a_problem():
     turns = [TurnStart("d-1", 1, T0 + 0.2, "r1"), TurnStart("d-1", 2, T0 + 3.1, "r2"),
              TurnStart("d-1", 1, T0 + 5.0, "r1")]
-    problems = turn_problems({"d-1": completed_twice_over()}, turns, runner_killed=False)
+    problems = turn_problems({"d-1": completed_twice_over()}, turns, runner_lost=False)
     assert [p.split(", ")[1] for p in problems[:2]] == [
         "after attempt 2 had taken the run over: run.running (seq 3",
         "after the run had ended: run.completed (seq 4"]
@@ -57,14 +57,14 @@ def test_a_turn_after_the_run_moved_on_is_a_problem():
 
 def test_a_turn_for_an_attempt_the_log_lacks_is_a_problem():
     turns = [TurnStart("d-1", 1, T0 + 0.2, "r1"), TurnStart("d-1", 3, T0 + 3.1, "r2")]
-    [unknown] = turn_problems({"d-1": completed_twice_over()}, turns, runner_killed=False)
+    [unknown] = turn_problems({"d-1": completed_twice_over()}, turns, runner_lost=False)
     assert "attempt 3's child turn started" in unknown and "its attempts: [1, 2]" in unknown
 
 
-def test_fewer_turns_than_attempts_only_when_a_runner_was_killed():
+def test_fewer_turns_than_attempts_only_when_a_runner_was_killed_or_paused():
     turns = [TurnStart("d-1", 1, T0 + 0.2, "r1")]
-    assert turn_problems({"d-1": completed_twice_over()}, turns, runner_killed=True) == []
-    assert len(turn_problems({"d-1": completed_twice_over()}, turns, runner_killed=False)) == 1
+    assert turn_problems({"d-1": completed_twice_over()}, turns, runner_lost=True) == []
+    assert len(turn_problems({"d-1": completed_twice_over()}, turns, runner_lost=False)) == 1
 
 
 def ticking_then_interrupted(gap_s: float) -> list[Appended]:
