@@ -240,6 +240,9 @@ async def test_the_cli_runs_an_agent_and_rejects_bad_arguments(stack, service_en
     code, out, _ = await cli("watch", "Assistant/cli", "--once")
     # The agent, status and bar first; the run id last, where a narrow terminal cuts.
     assert code == 0 and "Researcher completed" in out and "sources-gathered · cli-1" in out
+    code, out, err = await cli("watch", "Assistant/cli", "--run-id", "no-such-run", "--once")
+    assert (code, out) == (1, "")
+    assert "tether watch: run no-such-run not found: parent Assistant/cli has no such run" in err
     code, out, _ = await cli("hooks", "Assistant")
     assert code == 0 and "no hook handler has registered for Assistant" in out
     code, out, _ = await cli("run", "Failing", "--parent", "Assistant/cli", "--quiet")

@@ -224,6 +224,9 @@ def _watch(args: argparse.Namespace, settings: Settings):
                 view = TimelineView({})
                 async for view in me.timeline(run_id=args.run_id, live=False):  # noqa: B007 - the last view is the one shown
                     pass
+                if args.run_id is not None and args.run_id not in view.runs:
+                    print(f"tether watch: {not_found(ref, args.run_id)}", file=sys.stderr)
+                    return 1
                 print("\n".join(timeline_lines(view)))
                 return 0
             with Board(sys.stdout) as board:
