@@ -5,6 +5,7 @@ tests/integration/test_child_runner.py runs the runner against a real server."""
 import asyncio
 import json
 import time
+from typing import ClassVar
 
 import pytest
 from pydantic import BaseModel
@@ -168,6 +169,26 @@ async def test_a_run_cancelled_before_it_started_is_skipped_without_starting_the
 
     assert outcome.kind == "skipped"
     assert _types(log) == ["run.requested", "run.cancel_requested", "run.aborted"]
+
+
+class Untyped(ChildAgent):
+    """A child that declares no input model."""
+
+    agent_type = "Researcher"
+    seen: ClassVar[list] = []
+
+    async def run(self, ctx, input):
+        Untyped.seen.append((input.query, input.model_dump()))
+        return "read"
+
+
+async def test_a_child_without_an_input_model_gets_the_input_as_attributes_and_a_dict(log):
+    item = await _requested(log, RunEvents("r1", PARENT))
+
+    outcome = await Execution(_env(log), Untyped, WorkMessage(item), item).run()
+
+    assert outcome.kind == "completed"
+    assert Untyped.seen == [("HTTP/3", {"query": "HTTP/3"})]
 
 
 async def test_a_child_that_raises_fails_the_run_with_its_error_only(log):
