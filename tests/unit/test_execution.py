@@ -145,29 +145,21 @@ async def test_a_redelivered_item_takes_the_run_over_from_a_runner_that_died(log
     assert (await log.read_run(PARENT, "r1")).state.attempt == 2
 
 
-async def test_a_run_asked_to_cancel_before_it_started_is_aborted_without_starting_the_child(
-        log):
+@pytest.mark.parametrize(("decision", "kind"), [
     # The request alone: a tree's cancel marks every run before it stops any, and an
-    # earlier version's cancel of a run not started left only this.
-    run = RunEvents("r1", PARENT)
-    item = await _requested(log, run)
-    await log.update(PARENT, "r1", lambda s: decide.request_cancel(s, decide.Cause(1, 5_000)))
-
-    outcome = await Execution(_env(log), Researcher, WorkMessage(item), item).run()
-
-    assert outcome.kind == "aborted"
-    assert _types(log) == ["run.requested", "run.cancel_requested", "run.aborted"]
-
-
-async def test_a_run_cancelled_before_it_started_is_skipped_without_starting_the_child(log):
+    # earlier version's cancel of a run not started left only this. The runner aborts it.
+    (decide.request_cancel, "aborted"),
     # A cancel aborts a run no runner has started at once: its work item finds it ended.
-    run = RunEvents("r1", PARENT)
-    item = await _requested(log, run)
-    await log.update(PARENT, "r1", lambda s: decide.cancel(s, decide.Cause(1, 5_000)))
+    (decide.cancel, "skipped"),
+], ids=["asked", "cancelled"])
+async def test_a_run_cancelled_before_it_started_ends_aborted_without_starting_the_child(
+        log, decision, kind):
+    item = await _requested(log, RunEvents("r1", PARENT))
+    await log.update(PARENT, "r1", lambda s: decision(s, decide.Cause(1, 5_000)))
 
     outcome = await Execution(_env(log), Researcher, WorkMessage(item), item).run()
 
-    assert outcome.kind == "skipped"
+    assert outcome.kind == kind
     assert _types(log) == ["run.requested", "run.cancel_requested", "run.aborted"]
 
 

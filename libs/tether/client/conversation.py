@@ -37,7 +37,7 @@ from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot, user_message_id
-from tether.domain.chat import ChatKey, chat_of_new_run
+from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier, nested_parent_name
@@ -78,14 +78,6 @@ def conversation_owner(agent_type: str) -> ParentRef:
     return ParentRef(agent=CONVERSATIONS, name=agent_type)
 
 
-def _owner(owner: "ParentRef | tuple[str, str] | str") -> ParentRef:
-    if isinstance(owner, ParentRef):
-        return owner
-    agent, name = owner.split("/", 1) if isinstance(owner, str) else owner
-    return ParentRef(agent=check_identifier(agent, "owner agent"),
-                     name=check_identifier(name, "owner name"))
-
-
 class Conversation:
     def __init__(self, tether: Link, agent_type: str, name: str, *,
                  owner: "ParentRef | tuple[str, str] | str | None" = None) -> None:
@@ -98,9 +90,14 @@ class Conversation:
                 f"by every user of {agent_type} ({CONVERSATIONS}/{agent_type}); name the "
                 "parent instance that owns it: owner=(agent, name)", DeprecationWarning,
                 stacklevel=3)
-        self.owner: ParentHandle = (parent_handle(tether, CONVERSATIONS, agent_type)
-                                    if owner is None else ParentHandle(tether, _owner(owner)))
-        # Where the conversation is, once read from its run (`_resolve`).
+        self.owner: ParentHandle
+        if isinstance(owner, ParentRef):
+            self.owner = ParentHandle(tether, owner)
+        else:
+            agent, name = ((CONVERSATIONS, agent_type) if owner is None
+                           else owner.split("/", 1) if isinstance(owner, str) else owner)
+            self.owner = parent_handle(tether, agent, name)
+        # Where the conversation is, once read from its run (`chat`).
         self._chat: ChatKey | None = None
         self._as_parent: ParentRef | None = None
 
@@ -119,13 +116,10 @@ class Conversation:
         """The conversation's chat: the run's (`tether.domain.chat`), read from the run
         when it is there, since one begun before this version has its chat elsewhere."""
         if self._chat is None:
-            snapshot = await self.owner.inspect(self.name)
-            if snapshot is None or snapshot.as_parent is None:
+            state = (await self.tether.read_run(self.owner.ref, self.name)).state
+            if state is None:
                 return chat_of_new_run(self.owner.ref, self.name)  # not started yet
-            self._as_parent = snapshot.as_parent
-            legacy = snapshot.as_parent.name == self.name
-            self._chat = (ChatKey(snapshot.as_parent) if legacy
-                          else chat_of_new_run(self.owner.ref, self.name))
+            self._as_parent, self._chat = state.as_parent(), chat_of(state)
         return self._chat
 
     async def start(self, context: dict[str, Any] | None = None,
