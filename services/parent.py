@@ -22,7 +22,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
 
     async def run(service: Service) -> None:
         parent = ParentService(settings, EventLog(service.nc, settings.subjects),
-                               service.postgres, agents, logger)
+                               service.postgres, agents, logger, clock=service.clock)
         if not await service.starting("starting the parent", parent.start):
             return
         logger.info("parent.ready", agents=agents.agent_types)

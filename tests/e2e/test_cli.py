@@ -212,6 +212,25 @@ async def test_watch_redraws_in_place_at_sixty_columns_until_interrupted(stack, 
     assert len(lines) == 3 and all(line.startswith("Researcher completed") for line in lines), lines
 
 
+async def test_ctrl_c_on_run_says_it_cancelled_the_run_and_does(stack, service_env, settings):
+    terminal, process = await run_on_terminal(
+        service_env, 100, "run", "Sleeper", "--parent", "Assistant/interrupted",
+        "--run-id", "stopped", "--input", '{"seconds": 30}')
+    await terminal.until(lambda lines: any("running" in line for line in lines))
+    process.send_signal(signal.SIGINT)
+    out, _ = await asyncio.wait_for(process.communicate(), timeout=15)
+    await terminal.until(lambda lines: any("interrupted" in line for line in lines))
+    terminal.close()
+    assert (process.returncode, out) == (130, b"")
+    assert any(line.startswith("tether run: interrupted; run stopped is cancelled")
+               for line in terminal.lines()), terminal.lines()
+    async with connect(settings=settings) as tether:
+        me = tether.parent("Assistant", "interrupted")
+        ended = await me.run_agent_tool("Sleeper", {"seconds": 30}, run_id="stopped",
+                                        timeout=30)
+    assert ended.status == "aborted", ended
+
+
 async def test_input_from_a_file_and_from_stdin(stack, service_env, tmp_path):
     path = tmp_path / "input.json"
     path.write_text('{"query": "from a file"}')

@@ -199,3 +199,26 @@ async def test_a_cleared_run_id_can_be_requested_again(log):
     assert outcome.decision == "created"
     assert _types(log)[-1] == "r1:run.requested"
     assert (await log.read_run(PARENT, "r1")).state.status == "starting"
+
+
+async def test_an_expired_run_request_is_refused_expired_and_leaves_the_run_id_free(log):
+    handlers = _handlers(log)
+    outcome = await handlers.run(_run(expires_in_ms=60_000), seq=1, overdue=5_000)
+
+    assert (outcome.decision, outcome.code) == ("rejected", "expired")
+    [rejected] = log.messages(log.subjects.events_stream, log.subjects.run_events(PARENT, "r1"))
+    assert "65.0s" in json.loads(rejected.data)["data"]["error"]
+    assert _work(log) == []
+    assert (await handlers.run(_run(), seq=2)).decision == "created"
+
+
+async def test_an_expired_request_of_an_interrupted_run_does_not_reattach_it(log):
+    run = RunEvents("r1", PARENT)
+    await log.append_batch([run.requested(), run.started(), run.running(),
+                            run.interrupted()], expected_last_seq=0)
+
+    outcome = await _handlers(log).run(_run(expires_in_ms=1_000), seq=9, overdue=1)
+
+    assert (outcome.decision, outcome.status) == ("expired", "interrupted")
+    assert _types(log)[-1] == "r1:run.interrupted"
+    assert _work(log) == []

@@ -33,6 +33,9 @@ STATUSES = ("starting", "running", "completed", "error", "aborted", "interrupted
 CLI_CONNECT_TIMEOUT_S = 3.0
 FINAL_FRAME_WAIT_S = 2.0
 CLEAR_WAIT_S = 10.0
+# The expiry of the commands the CLI sends (`--expires-in`): one typed while no parent
+# service runs is not applied by a parent started much later.
+CLI_EXPIRES_IN_S = 60.0
 STDIN = "-"
 
 
@@ -55,6 +58,7 @@ def add_client_commands(commands: "argparse._SubParsersAction") -> None:
     run.add_argument("--on-finish", metavar="METHOD", help="finish hook method (implies --detached)")
     run.add_argument("--timeout", type=float, help="stop waiting after this many seconds")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    _expiry_argument(run, "a run request")
 
     watch = commands.add_parser("watch", help="follow a parent's runs live until Ctrl-C")
     watch.add_argument("parent", metavar="AGENT/NAME")
@@ -70,15 +74,30 @@ def add_client_commands(commands: "argparse._SubParsersAction") -> None:
     cancel = commands.add_parser("cancel", help="cancel a run")
     cancel.add_argument("parent", metavar="AGENT/NAME")
     cancel.add_argument("run_id")
+    _expiry_argument(cancel, "the cancel")
 
     clear = commands.add_parser("clear", help="clear retained runs (open ones are cancelled)")
     clear.add_argument("parent", metavar="AGENT/NAME")
     clear.add_argument("--status", help="only these statuses, comma-separated")
     clear.add_argument("--older-than-ms", type=int, metavar="N",
                        help="only runs requested more than N ms ago")
+    _expiry_argument(clear, "the clear")
 
     hooks = commands.add_parser("hooks", help="registered finish hooks of a parent agent")
     hooks.add_argument("parent_agent", metavar="AGENT")
+
+
+def _expiry_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--expires-in", type=float, default=CLI_EXPIRES_IN_S, metavar="S",
+        help=f"{what} that no parent service takes within S seconds is never applied "
+             f"(default {CLI_EXPIRES_IN_S:g}; 0: no expiry)")
+
+
+def _expires_in(args: argparse.Namespace) -> float | None:
+    if args.expires_in < 0:
+        raise UsageError("--expires-in must not be negative")
+    return args.expires_in or None
 
 
 def run_client_command(args: argparse.Namespace, settings: Settings) -> int:
@@ -165,6 +184,7 @@ def _run(args: argparse.Namespace, settings: Settings):
                                 display_order=None, display=None, detached=detached)
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError("--timeout must be positive")
+    expires_in = _expires_in(args)
 
     async def run() -> int:
         async with _connect(settings) as tether:
@@ -177,10 +197,17 @@ def _run(args: argparse.Namespace, settings: Settings):
                 try:
                     result = await me.run_agent_tool(
                         command.agent_type, command.input, run_id=command.run_id,
-                        detached=command.detached, timeout=args.timeout)
+                        detached=command.detached, timeout=args.timeout,
+                        expires_in=expires_in, on_waiting=_waiting_line(board))
+                except asyncio.CancelledError:
+                    # Ctrl-C: an awaited run is cancelled with its caller (run_agent_tool
+                    # has sent the cancel by now); a detached one goes on, if it started.
+                    _say(board, _interrupted(ref, command.run_id, detached))
+                    raise
+                else:
                     if bar is not None:
-                        # The answer can arrive before the timeline's last event: let the
-                        # bar end on the run's final status.
+                        # The answer can arrive before the timeline's last event: let
+                        # the bar end on the run's final status.
                         await asyncio.wait({bar}, timeout=FINAL_FRAME_WAIT_S)
                 finally:
                     if bar is not None:
@@ -191,6 +218,26 @@ def _run(args: argparse.Namespace, settings: Settings):
         return 0 if getattr(result, "ok", False) else 1
 
     return run()
+
+
+def _interrupted(ref: ParentRef, run_id: str, detached: Any) -> str:
+    where = f"tether inspect {ref.agent}/{ref.name} {run_id}"
+    if detached:
+        return (f"tether run: interrupted; the detached run {run_id} goes on if its request "
+                f"was taken: {where}")
+    return f"tether run: interrupted; run {run_id} is cancelled (its cancel was sent): {where}"
+
+
+def _say(board: Board | None, text: str) -> None:
+    """A line of `tether run`'s: above its live line, else on stderr."""
+    if board is not None:
+        board.say(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+def _waiting_line(board: Board | None):
+    return lambda text: _say(board, f"tether run: waiting: {text}")
 
 
 async def _stop(task: asyncio.Task) -> None:
@@ -269,6 +316,7 @@ def _inspect(args: argparse.Namespace, settings: Settings):
 def _cancel(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
     check_identifier(args.run_id, "run id")
+    expires_in = _expires_in(args)
 
     async def cancel() -> int:
         async with _connect(settings) as tether:
@@ -280,7 +328,7 @@ def _cancel(args: argparse.Namespace, settings: Settings):
             if snapshot.status in FINAL_STATUSES:
                 print(f"run {args.run_id} is already {snapshot.status}: nothing to cancel")
                 return 0
-            await me.cancel(args.run_id)
+            await me.cancel(args.run_id, expires_in=expires_in)
         print(f"cancel requested for run {args.run_id} ({snapshot.status})")
         return 0
 
@@ -290,6 +338,7 @@ def _cancel(args: argparse.Namespace, settings: Settings):
 def _clear(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
     statuses = parse_statuses(args.status)
+    expires_in = _expires_in(args)
     older_than = None
     if args.older_than_ms is not None:
         if args.older_than_ms < 0:
@@ -314,7 +363,7 @@ def _clear(args: argparse.Namespace, settings: Settings):
                 if not chosen:
                     print(f"cleared 0 runs of {ref.agent}/{ref.name}: none matched")
                     return 0
-                await me.clear(status=statuses, older_than=older_than)
+                await me.clear(status=statuses, older_than=older_than, expires_in=expires_in)
                 remaining = set(chosen)
                 try:
                     async with asyncio.timeout(CLEAR_WAIT_S):
@@ -328,9 +377,13 @@ def _clear(args: argparse.Namespace, settings: Settings):
         cleared = len(chosen) - len(remaining)
         print(f"cleared {cleared} run{'s' if cleared != 1 else ''} of {ref.agent}/{ref.name}")
         if remaining:
+            later = ("a parent service started later still applies it, to these runs only"
+                     if expires_in is None else
+                     f"a parent service that takes it more than {expires_in:g} s after it "
+                     "was sent does not apply it (--expires-in)")
             print(f"tether clear: {len(remaining)} matching runs were still there after "
                   f"{CLEAR_WAIT_S:g} s (is the parent service running?): "
-                  f"{', '.join(sorted(remaining))}", file=sys.stderr)
+                  f"{', '.join(sorted(remaining))}; {later}", file=sys.stderr)
             return 1
         return 0
 

@@ -26,6 +26,7 @@ from tether.client.errors import (
     RateLimited,
     RequestFailed,
     ServiceUnavailable,
+    TetherError,
 )
 from tether.client.feed import OrderedFeed, ServedFeed, open_feed
 from tether.client.hooks import HookRegistry
@@ -47,6 +48,11 @@ if TYPE_CHECKING:
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
+_NO_EXPIRY = {"expires_in_ms"}
+# The look whether any parent service answers (`parent_unavailable`): how long it waits
+# for an answer, and how long its answer is kept.
+PRESENCE_LOOK_S = 2.0
+PRESENCE_KEPT_S = 5.0
 # The server's answer to a JetStream request from an account without JetStream.
 JS_NOT_ENABLED_FOR_ACCOUNT = 10039
 
@@ -75,6 +81,8 @@ class Tether:
         self.served = served
         self.run_reads: RunReads = ServedReads(self) if served else DirectReads(self.log)
         self._answers: set[asyncio.Task] = set()
+        # (when asked, on the loop's clock; the answer) of the last presence look
+        self._presence: tuple[float, str | None] | None = None
 
     def feed(self, stream: str, filter_subject: str, **options) -> "OrderedFeed | ServedFeed":
         """Replay-then-live reading of one filter of one of the parent feeds' streams
@@ -94,6 +102,23 @@ class Tether:
         task = asyncio.ensure_future(self.nc.publish(msg.reply, b""))
         self._answers.add(task)  # referenced until sent
         task.add_done_callback(self._answers.discard)
+
+    async def parent_unavailable(self, parent: ParentRef) -> str | None:
+        """Why no parent service would take `parent`'s commands now, or None. The answer
+        is kept for PRESENCE_KEPT_S, so that many requests waiting on one busy parent
+        cost it one query."""
+        now = asyncio.get_running_loop().time()
+        if self._presence is None or now - self._presence[0] > PRESENCE_KEPT_S:
+            query = HasRunQuery(run_id="presence", parent=parent)
+            try:
+                await self.request("has_run", query, HasRunReply, timeout=PRESENCE_LOOK_S)
+                unavailable = None
+            except ServiceUnavailable as error:
+                unavailable = str(error)
+            except TetherError:
+                unavailable = None  # a parent answered, if only with a refusal
+            self._presence = (now, unavailable)
+        return self._presence[1]
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
@@ -162,7 +187,11 @@ class Tether:
                               stored_at: int | None = None) -> js_api.PubAck:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
-        payload = command.model_dump_json().encode()
+        # No expiry is left out rather than written null, so that a parent from before
+        # expiries (which refuses fields it does not know) takes the command.
+        payload = command.model_dump_json(
+            exclude=_NO_EXPIRY if getattr(command, "expires_in_ms", 0) is None else None
+        ).encode()
         if len(payload) > self.settings.max_input_bytes or len(payload) > self.nc.max_payload:
             self._check_size(kind, command, payload)
         try:

@@ -65,6 +65,11 @@ class Link(Protocol):
         of that one is known to be ours."""
         ...
 
+    async def parent_unavailable(self, parent: ParentRef) -> str | None:
+        """Why no parent service would take `parent`'s commands now (none answers its
+        queries), or None when one answers; asked at most once in a while per connection."""
+        ...
+
     async def request(self, kind: str, query: Any, reply_model: type[Reply], *,
                       timeout: float | None = None, subject: str | None = None,
                       wait_when_limited: bool = False) -> Reply:

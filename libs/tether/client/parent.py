@@ -2,7 +2,7 @@
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from contextlib import suppress
 from datetime import datetime
 from typing import Any
@@ -33,6 +33,7 @@ from tether.contract.messages import (
     run_message_id,
 )
 from tether.domain.commands import (
+    MAX_EXPIRES_IN_MS,
     CancelCommand,
     ClearCommand,
     ContinueCommand,
@@ -43,6 +44,7 @@ from tether.domain.commands import (
 )
 from tether.domain.events import DetachedOptions, ParentRef, RunRef
 from tether.domain.ids import check_identifier
+from tether.log import get_logger
 from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS
 
@@ -53,6 +55,14 @@ CANCEL_PUBLISH_TIMEOUT_S = 5.0
 # starts it over.
 LIVE_IDLE_S = 1.0
 LIVE_IDLE_MAX_S = 30.0
+# How long an expired request's caller waits past its expiry before it takes the request
+# as never taken: a parent that took it just in time has appended its first event by then.
+EXPIRY_GRACE_S = 2.0
+# How long a request may wait untaken before its caller looks whether any parent service
+# answers at all (most are taken well within it, at no cost to the parent).
+PRESENCE_AFTER_S = 2.0
+
+WaitingReport = Callable[[str], None]
 
 
 def parent_handle(tether: Link, agent: str, name: str) -> "ParentHandle":
@@ -86,6 +96,7 @@ class ParentHandle:
         display_order: int | None = None, display: str | None = None,
         detached: bool | dict[str, Any] | DetachedOptions = False,
         timeout: float | None = None, started_by: RunRef | None = None,
+        expires_in: float | None = None, on_waiting: WaitingReport | None = None,
     ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
         """Run a child agent; idempotent by `run_id` (default: a new one).
 
@@ -95,21 +106,28 @@ class ParentHandle:
         Detached: returns a `DetachedHandle` as soon as the parent accepted or rejected it.
         `started_by`: the run this parent is, when a child delegates (`RunContext` sets
         it): the notifications of a detached run go to that run's chat.
+        `expires_in` (seconds): a request no parent service has taken by then is never
+        applied (a parent that finds it later refuses it `expired`), and the call returns
+        that failure. While no parent service answers, `on_waiting` is told once, in
+        words (default: a `run.unserved` warning in the client's log).
         """
         command = build_run_command(self.ref, agent_type, input, run_id=run_id,
                                     parent_tool_call_id=parent_tool_call_id,
                                     display_order=display_order, display=display,
-                                    detached=detached, started_by=started_by)
+                                    detached=detached, started_by=started_by,
+                                    expires_in=expires_in)
+        report = on_waiting or _log_unserved
         if not tracing.ENABLED:
-            return await self._run(command, command.detached is not False, timeout)
+            return await self._run(command, command.detached is not False, timeout, report)
         with tracing.span(f"invoke_agent {command.agent_type}", tracing.CLIENT,
                           attributes=tracing.invoke_agent_attributes(
                               command.agent_type, command.run_id, self.ref)) as span:
-            answer = await self._run(command, command.detached is not False, timeout)
+            answer = await self._run(command, command.detached is not False, timeout, report)
             span.set_attribute("tether.run.status", _status_of(answer))
             return answer
 
-    async def _run(self, command: RunCommand, detached: bool, timeout: float | None) -> Answer:
+    async def _run(self, command: RunCommand, detached: bool, timeout: float | None,
+                   report: WaitingReport) -> Answer:
         """Publish the request and fold the run's events until they answer it.
 
         The live subscription comes first: the server handles one connection's messages in
@@ -132,10 +150,13 @@ class ParentHandle:
         try:
             request = _Request(self, command, detached)
             answer = await request.publish()
+            unserved = _Unserved(self, command, detached, report, published_at=loop.time())
             idle = LIVE_IDLE_S
             while answer is None:
                 remaining = None if deadline is None else max(deadline - loop.time(), 0)
                 wait = idle if remaining is None else min(remaining, idle)
+                if not request.placed:
+                    wait = min(wait, unserved.next_look_in(loop.time()))
                 try:
                     # Only the wait is bounded: a timeout must not look like a cancellation.
                     # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns a
@@ -143,11 +164,13 @@ class ParentHandle:
                     async with asyncio.timeout(wait):
                         message = await live.get()
                 except TimeoutError:
-                    if remaining is not None and remaining <= idle:
+                    if remaining is not None and remaining <= wait:
                         raise TimeoutError(
                             f"run {command.run_id} gave no answer within {timeout:g}s; it goes "
                             "on: inspect it, or await it again with the same run_id") from None
                     answer = await request.on_quiet()
+                    if answer is None and not request.placed:
+                        answer = await unserved.look(loop.time())
                     idle = min(idle * 2, LIVE_IDLE_MAX_S)
                     continue
                 idle = LIVE_IDLE_S
@@ -172,25 +195,29 @@ class ParentHandle:
             async with asyncio.timeout(CANCEL_PUBLISH_TIMEOUT_S):
                 await self.cancel(run_id)
 
-    async def cancel(self, run_id: str) -> None:
-        """Ask the parent to cancel the run; idempotent, and a finished run stays as it is."""
+    async def cancel(self, run_id: str, *, expires_in: float | None = None) -> None:
+        """Ask the parent to cancel the run; idempotent, and a finished run stays as it is.
+        `expires_in` (seconds): not applied by a parent that takes it later than that."""
         check_identifier(run_id, "run id")
-        command = CancelCommand(run_id=run_id, parent=self.ref)
+        command = CancelCommand(run_id=run_id, parent=self.ref,
+                                expires_in_ms=expires_in_ms(expires_in))
         await self.tether.publish_command("cancel", command,
                                           f"cancel:{run_id}:{uuid.uuid4().hex}")
 
     async def continue_run(self, run_id: str, *, approvals: Iterable[str] = (),
                            rejections: Iterable[str] = (),
                            tool_outputs: dict[str, Any] | None = None,
-                           human_input: str | None = None, below: Iterable[str] = ()) -> None:
+                           human_input: str | None = None, below: Iterable[str] = (),
+                           expires_in: float | None = None) -> None:
         """Answer a paused run of this parent (`tether.cmd.continue`): it resumes in
         whichever runner picks it up. A run that is not paused ignores the answers.
-        `below`: the run ids down the run's tree to the paused one (a `waiting_path`)."""
+        `below`: the run ids down the run's tree to the paused one (a `waiting_path`);
+        `expires_in` (seconds): not applied by a parent that takes it later than that."""
         check_identifier(run_id, "run id")
         command = ContinueCommand(run_id=run_id, parent=self.ref, below=list(below),
                                   approvals=list(approvals),
                                   rejections=list(rejections), tool_outputs=tool_outputs or {},
-                                  human_input=human_input)
+                                  human_input=human_input, expires_in_ms=expires_in_ms(expires_in))
         await self.tether.publish_command("continue", command,
                                           f"continue:{run_id}:{uuid.uuid4().hex}")
 
@@ -202,11 +229,14 @@ class ParentHandle:
                                 **answers)
 
     async def clear(self, status: Iterable[str] | str | None = None,
-                    older_than: int | datetime | None = None) -> None:
+                    older_than: int | datetime | None = None, *,
+                    expires_in: float | None = None) -> None:
         """Ask the parent to clear retained runs (open ones are cancelled first).
 
         `status`: only runs in these statuses; `older_than`: only runs requested before this
-        moment (epoch milliseconds or a datetime).
+        moment (epoch milliseconds or a datetime). Only runs requested before the clear
+        are touched, however late a parent handles it; `expires_in` (seconds): not applied
+        at all by a parent that takes it later than that.
         """
         if isinstance(status, str):
             status = [status]
@@ -215,7 +245,7 @@ class ParentHandle:
         try:
             command = ClearCommand(parent=self.ref,
                                    status=list(status) if status is not None else None,
-                                   older_than=older_than)
+                                   older_than=older_than, expires_in_ms=expires_in_ms(expires_in))
         except ValidationError as error:
             raise ValueError(f"invalid clear request: {_first_error(error)}") from None
         await self.tether.publish_command(
@@ -271,7 +301,8 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
                       parent_tool_call_id: str | None, display_order: int | None,
                       display: str | None,
                       detached: bool | dict[str, Any] | DetachedOptions,
-                      started_by: RunRef | None = None) -> RunCommand:
+                      started_by: RunRef | None = None,
+                      expires_in: float | None = None) -> RunCommand:
     """The run command, with every argument checked here rather than by a rejection."""
     check_identifier(agent_type, "agent type")
     run_id = check_identifier(run_id, "run id") if run_id is not None else new_run_id()
@@ -286,9 +317,25 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
     try:
         return RunCommand(run_id=run_id, parent=parent, agent_type=agent_type, input=input,
                           parent_tool_call_id=parent_tool_call_id, display_order=display_order,
-                          display=display, detached=detached, started_by=started_by)
+                          display=display, detached=detached, started_by=started_by,
+                          expires_in_ms=expires_in_ms(expires_in))
     except ValidationError as error:
         raise ValueError(f"invalid run request: {_first_error(error)}") from None
+
+
+def expires_in_ms(expires_in: float | None) -> int | None:
+    """A command's `expires_in_ms` from seconds; a ValueError names the argument."""
+    if expires_in is None:
+        return None
+    ms = round(expires_in * 1000)
+    if not 0 < ms <= MAX_EXPIRES_IN_MS:
+        raise ValueError(f"expires_in must be more than 0 and at most "
+                         f"{MAX_EXPIRES_IN_MS // 1000} seconds, not {expires_in!r}")
+    return ms
+
+
+def _log_unserved(text: str) -> None:
+    get_logger(component="client").warning("run.unserved", waiting_for=text)
 
 
 def _status_of(answer: Answer) -> str:
@@ -339,6 +386,11 @@ class _Request:
         self._subject = handle.tether.subjects.run_events(handle.ref, command.run_id)
         self._run: RunFold | None = None
         self._stored_at: int | None = None  # where the stream stored the request as new
+
+    @property
+    def placed(self) -> bool:
+        """Whether the run has been seen in the log (its events, or a parent's notice)."""
+        return self._run is not None
 
     async def publish(self) -> Answer | None:
         ack = await self._send()
@@ -428,6 +480,53 @@ class _Request:
     def _fold(self, mark: int) -> RunFold:
         return RunFold(RunWaiter(self._command.run_id, self._command.agent_type, mark=mark,
                                  detached=self._detached))
+
+
+class _Unserved:
+    """A request that no parent has taken yet (its run shows nothing in the log): once it
+    has waited `PRESENCE_AFTER_S`, the caller is told once if no parent service answers
+    at all, and once it has expired it is answered as such, since a parent that takes it
+    later refuses it `expired`."""
+
+    def __init__(self, handle: ParentHandle, command: RunCommand, detached: bool,
+                 report: WaitingReport, *, published_at: float) -> None:
+        self._handle = handle
+        self._command = command
+        self._detached = detached
+        self._report = report
+        self._look_at = published_at + PRESENCE_AFTER_S
+        expires_in_ms = command.expires_in_ms
+        self._expired_at = (None if expires_in_ms is None else
+                            published_at + expires_in_ms / 1000 + EXPIRY_GRACE_S)
+        self._told = False
+
+    def next_look_in(self, now: float) -> float:
+        """Seconds until this request's next look is due (the quiet wait is cut to it)."""
+        due = [at for at in (None if self._told else self._look_at, self._expired_at)
+               if at is not None and at > now]
+        return max(min(due) - now, 0.01) if due else LIVE_IDLE_MAX_S
+
+    async def look(self, now: float) -> Answer | None:
+        command = self._command
+        if self._expired_at is not None and now >= self._expired_at:
+            assert command.expires_in_ms is not None
+            error = (f"the run request expired: no parent service took it within "
+                     f"{command.expires_in_ms / 1000:g}s (its expires_in), so none will "
+                     "apply it")
+            if self._detached:
+                return DetachedHandle(run_id=command.run_id, agent_type=command.agent_type,
+                                      status="error", error=error)
+            return AgentToolFailure(run_id=command.run_id, agent_type=command.agent_type,
+                                    status="error", error=error, retryable=False)
+        if not self._told and now >= self._look_at:
+            unavailable = await self._handle.tether.parent_unavailable(self._handle.ref)
+            if unavailable is not None:
+                self._told = True
+                until = ("until a parent service takes it" if command.expires_in_ms is None
+                         else f"for at most {command.expires_in_ms / 1000:g}s (its expires_in)")
+                self._report(f"run {command.run_id}: the request is stored and waits "
+                             f"{until}; {unavailable}")
+        return None
 
 
 _UNREAD: Any = object()

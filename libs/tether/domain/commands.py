@@ -34,6 +34,27 @@ def _detached_kind(value: Any) -> str:
     return "bool" if isinstance(value, bool) else "DetachedOptions"
 
 
+# A command's expiry: how long after the commands stream stored it a parent may still
+# apply it (`expires_in_ms`). Later, it is not applied (a run request is refused
+# `expired`): a command sent while no parent ran does not act, much later, on a world
+# newer than itself. Both ends of the interval are the broker's clock (the stream's
+# stamp and `BrokerClock`), so no machine's wall clock moves it. None: no expiry.
+MAX_EXPIRES_IN_MS = 7 * 24 * 3_600_000
+ExpiresIn = Annotated[int, Field(gt=0, le=MAX_EXPIRES_IN_MS)] | None
+
+
+def overdue_ms(payload: Any, stored_at: int, now: int) -> int | None:
+    """By how many ms a command handled at `now` (the broker's time, epoch ms) is past
+    its expiry, from the stream's stamp `stored_at`; None when it has none or is within
+    it. `payload` is the command as read (an object, or bytes that are not one); a
+    malformed `expires_in_ms` is left to the command's own validation."""
+    expires_in = payload.get("expires_in_ms") if isinstance(payload, dict) else None
+    if type(expires_in) is not int or expires_in <= 0:
+        return None
+    late = now - stored_at - expires_in
+    return late if late > 0 else None
+
+
 # `detached` is a flag or options; an error names the form it was read as.
 Detached = Annotated[Annotated[bool, Tag("bool")] | Annotated[DetachedOptions, Tag("DetachedOptions")],
                      Discriminator(_detached_kind)]
@@ -52,6 +73,7 @@ class RunCommand(Model):
     # The run that starts this one, when a child delegates (`RunContext.run_agent_tool`):
     # `parent` must be that run's name as a parent (`RunState.as_parent`).
     started_by: RunRef | None = None
+    expires_in_ms: ExpiresIn = None
 
     def detached_options(self) -> DetachedOptions | None:
         if self.detached is False:
@@ -65,6 +87,7 @@ class CancelCommand(Model):
     type: Literal["cancel"] = "cancel"
     run_id: Identifier
     parent: ParentRef
+    expires_in_ms: ExpiresIn = None
 
 
 class ClearCommand(Model):
@@ -72,6 +95,7 @@ class ClearCommand(Model):
     parent: ParentRef
     status: list[RunStatus] | None = None
     older_than: EpochMs | None = None
+    expires_in_ms: ExpiresIn = None
 
 
 class ContinueCommand(Model):
@@ -88,6 +112,7 @@ class ContinueCommand(Model):
     rejections: list[str] = Field(default_factory=list)
     tool_outputs: dict[str, Any] = Field(default_factory=dict)
     human_input: str | None = None
+    expires_in_ms: ExpiresIn = None
 
 
 class MessageCommand(Model):
@@ -103,6 +128,7 @@ class MessageCommand(Model):
     message_id: Identifier
     content: str = Field(min_length=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    expires_in_ms: ExpiresIn = None
 
 
 # How many deliveries one `delivered` command reports at most: its own and `more`'s.

@@ -97,7 +97,8 @@ class CommandHandlers:
 
     # --- run ------------------------------------------------------------------------
 
-    async def run(self, payload: Payload, seq: int) -> RunOutcome:
+    async def run(self, payload: Payload, seq: int, *, overdue: int | None = None) -> RunOutcome:
+        """`overdue`: by how many ms the request is past its expiry (None: it is not)."""
         cause = decide.Cause(command_seq=seq, now=_now_ms())
         raw = _json_object(payload)
         try:
@@ -107,6 +108,8 @@ class CommandHandlers:
             await self._reject(run_id, parent, raw.get("agent_type"), "invalid-request",
                                _explain(error), cause)
             return RunOutcome("rejected", code="invalid-request")
+        if overdue is not None:
+            return await self._expired(command, overdue, cause)
 
         problem = await self._validate(command)
         cap = self.cap_for(command.parent)
@@ -138,6 +141,23 @@ class CommandHandlers:
                                    cause)
                 return RunOutcome("rejected", code="concurrency-cap")
         return await self._create(command, cause)
+
+    async def _expired(self, command: RunCommand, overdue: int, cause: decide.Cause
+                       ) -> RunOutcome:
+        """A request past its expiry acts on nothing: a run it names that exists is only
+        told to its requester (not re-dispatched, not re-attached), and one that does not
+        is refused `expired`, which leaves the run id free."""
+        history = await self._log.read_run(command.parent, command.run_id)
+        if history.state is not None:
+            await self._tell_existing(history.state, history.last_seq)
+            return RunOutcome("expired", status=history.state.status)
+        assert command.expires_in_ms is not None
+        waited_s = (command.expires_in_ms + overdue) / 1000
+        await self._reject(command.run_id, command.parent, command.agent_type, "expired",
+                           f"the request waited {waited_s:.1f}s for a parent service, longer "
+                           f"than its expires_in_ms ({command.expires_in_ms}): not applied",
+                           cause)
+        return RunOutcome("rejected", code="expired")
 
     async def _create(self, command: RunCommand, cause: decide.Cause) -> RunOutcome:
         requested = decide.request_run(command, self._budgets, cause)

@@ -20,6 +20,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from tether import tracing
+from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.control import control_broker, start_control
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
@@ -31,6 +32,7 @@ from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import ByParentClass, load_formatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain import decide
+from tether.domain.commands import overdue_ms
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
 from tether.parent.queries import ParentQueries
@@ -44,7 +46,9 @@ MAX_COMMAND_DELIVERIES = 10
 
 class ParentService:
     def __init__(self, settings: Settings, log: EventLog, pool: asyncpg.Pool,
-                 agents: AgentRegistry, logger) -> None:
+                 agents: AgentRegistry, logger, clock: BrokerClock | None = None) -> None:
+        """`clock`: the broker's, which commands' expiries are counted on (default: one
+        of this service's own, sampled as it runs)."""
         self._settings = settings
         self._log = log
         self._js = log.jetstream
@@ -52,6 +56,7 @@ class ParentService:
         self._pool = pool
         self._agents = agents
         self._logger = logger
+        self._clock = clock
         self.handled = 0
         self._handlers: CommandHandlers | None = None
         self._deliverer: Deliverer | None = None
@@ -97,9 +102,16 @@ class ParentService:
         return self._queries
 
     async def run(self, stop: asyncio.Event) -> None:
+        sampling = None
+        if self._clock is None:
+            self._clock = BrokerClock(self._log.nats, self._subjects.events_stream, self._logger)
+            sampling = asyncio.create_task(self._clock.run(stop))
         try:
             await self._consume_commands(stop)
         finally:
+            if sampling is not None:
+                sampling.cancel()
+                await asyncio.gather(sampling, return_exceptions=True)
             with suppress(*TRANSIENT_ERRORS):
                 await self._queries.stop()
 
@@ -160,15 +172,23 @@ class ParentService:
 
     async def _handle(self, msg: Msg, payload: Payload, stop: asyncio.Event) -> None:
         assert self._handlers is not None
-        seq, delivered, _, _ = delivery_of(msg)
+        seq, delivered, _, stored_at = delivery_of(msg)
         kind = msg.subject.split(".")[2]
         clock = HANDLER_SECONDS.start()
         log = self._logger.bind(subject=msg.subject, stream_seq=seq)
         try:
             _check_subject_parent(msg.subject, payload)
+            assert self._clock is not None
+            overdue = overdue_ms(payload, stored_at, self._clock.now())
+            if overdue is not None and kind != "run":
+                log.warning("command.expired", kind=kind, overdue_ms=overdue,
+                            run_id=payload.get("run_id") if isinstance(payload, dict) else None)
+                self.handled += 1
+                await settle(msg.ack(), logger=log, what="command.ack")
+                return
             # Handlers decide from the run's events and append with its ids, so one retried
             # across a broker restart lands once; until `stop`, then redelivery retries it.
-            await persistently(lambda: self._dispatch(kind, payload, seq, log),
+            await persistently(lambda: self._dispatch(kind, payload, seq, log, overdue),
                                what=f"command.{kind}", logger=lambda: log, give_up=stop)
         except UnparseableCommand as error:
             await self._dead_letter(msg, str(error))
@@ -187,10 +207,11 @@ class ParentService:
         clock.observe(service="parent", handler=f"command.{kind}")
         await settle(msg.ack(), logger=log, what="command.ack")
 
-    async def _dispatch(self, kind: str, payload: Payload, seq: int, log) -> None:
+    async def _dispatch(self, kind: str, payload: Payload, seq: int, log,
+                        overdue: int | None = None) -> None:
         assert self._handlers is not None
         if kind == "run":
-            outcome = await self._handlers.run(payload, seq)
+            outcome = await self._handlers.run(payload, seq, overdue=overdue)
             log.info("command.run", decision=outcome.decision, status=outcome.status,
                      code=outcome.code)
         elif kind == "cancel":
