@@ -5,6 +5,8 @@ one without an expiry still is. Real services as processes, the CLI as a user ru
 import asyncio
 import json
 
+from skewed_clock import faketime_env
+
 from tests.e2e.test_cli import run_on_terminal, tether_cli
 from tether.client import connect
 
@@ -81,3 +83,16 @@ async def test_a_parent_started_later_applies_no_expired_command(log, settings, 
                                                   settings.subjects.command_for("run", me.ref))
         assert json.loads(stored.data)["run_id"] == "queued"
         assert "expires_in_ms" not in json.loads(stored.data)
+
+
+async def test_a_parent_whose_clock_is_a_minute_ahead_applies_a_command_within_its_expiry(
+        log, settings, services):
+    """Its expiry is counted on the broker's clock: the parent's own wall clock, 60 s
+    ahead, would take a run request sent a moment ago as 60 s old."""
+    await services("parent", TETHER_AGENTS=AGENTS, **faketime_env("+60s"))
+    await services("child-runner", TETHER_AGENTS=AGENTS)
+    async with connect(settings=settings) as tether:
+        me = tether.parent("Assistant", "skewed")
+        result = await me.run_agent_tool("Researcher", {"query": "in time"}, run_id="fresh",
+                                         expires_in=30, timeout=30)
+    assert result.ok, result

@@ -42,6 +42,7 @@ from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
 MAX_COMMAND_DELIVERIES = 10
+CLOCK_SAMPLE_WAIT_S = 5.0
 
 
 class ParentService:
@@ -106,6 +107,11 @@ class ParentService:
         if self._clock is None:
             self._clock = BrokerClock(self._log.nats, self._subjects.events_stream, self._logger)
             sampling = asyncio.create_task(self._clock.run(stop))
+        # Expiries are counted on the broker's clock: its first sample comes before the
+        # first command (a broker too slow to answer leaves this process's clock).
+        with suppress(TimeoutError):
+            async with asyncio.timeout(CLOCK_SAMPLE_WAIT_S):
+                await self._clock.sampled()
         try:
             await self._consume_commands(stop)
         finally:
