@@ -392,3 +392,36 @@ async def test_a_give_up_notice_is_worded_by_its_parent_class(log, services):
         return json.loads(stored.data)["content"]
 
     assert await eventually(notice, timeout=20) == "Narrator heard: told ended interrupted"
+
+
+async def test_a_run_given_up_by_its_budget_is_refused_when_requested_again_never_looped(
+        log, services, settings):
+    """A given-up run's cancel stays in its log, so a re-attached child would be stopped
+    at once and the run sealed again two minutes later, and again for every retry. A
+    request under its run id is answered at once with the interruption, not retryable,
+    and nothing is re-dispatched."""
+    await services("parent", TETHER_AGENTS=PARENT_AGENTS)
+    runner = await services("child-runner", TETHER_AGENTS=RUNNER_AGENTS)
+    reconciler = await services("reconciler")
+    await reconciler.logged("reconciler.active")
+    async with connect(settings=settings) as tether:
+        me = tether.parent(PARENT.agent, PARENT.name)
+        started = await me.run_agent_tool("Sleeper", {"seconds": 30}, run_id="spent",
+                                          detached={"max_budget_ms": 1_000})
+        assert started.status == "running"
+        given_up = await until(log, "spent", lambda s: s.status == "interrupted")
+        assert given_up.reason == "budget-exceeded" and not given_up.resumable
+        await runner.logged("work_item.done", timeout=15)
+        stored_before = await log.last_seq(PARENT, "spent")
+
+        awaited = await me.run_agent_tool("Sleeper", {"seconds": 30}, run_id="spent",
+                                          timeout=10)
+        detached = await me.run_agent_tool("Sleeper", {"seconds": 30}, run_id="spent",
+                                           detached=True, timeout=10)
+
+    assert (awaited.status, awaited.reason, awaited.retryable) == (
+        "interrupted", "budget-exceeded", False)
+    assert "does not resume: request it under a new run id" in awaited.error
+    assert detached.status == "interrupted" and detached.result == awaited
+    # A re-attachment is appended before its work goes out: none, so no work either.
+    assert await log.last_seq(PARENT, "spent") == stored_before, "nothing re-attached"

@@ -22,7 +22,7 @@ from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.client import Tether, connect
 from tether.config import Settings
-from tether.domain.events import ParentRef
+from tether.domain.events import ParentRef, RunCancelRequested
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 
@@ -256,3 +256,21 @@ async def test_re_requesting_an_interrupted_run_re_attaches_to_it(page, ui_url, 
     await card.locator("button.rerequest").click()
     await expect(page.locator("#notice")).to_have_text("re-requested stalled")
     await expect(card.locator("div.meta")).to_contain_text("re-attach 1")
+
+
+async def test_a_run_given_up_by_its_budget_offers_no_re_request(page, ui_url, tether):
+    """Its cancel is in its log: a re-attached child would be stopped at once."""
+    run = RunEvents("spent", ParentRef(agent=PARENT[0], name=PARENT[1]),
+                    start_ms=int(time.time() * 1000))
+    await tether.log.append_batch(
+        [run.requested("Sleeper", input={"seconds": 1}), run.started(), run.running(),
+         run.make(RunCancelRequested, reason="give-up"),
+         run.interrupted("budget-exceeded", child_still_running=True)], expected_last_seq=0)
+    await open_timeline(page, ui_url)
+    card = run_card(page, "spent")
+    await expect(card).to_have_attribute("data-status", "interrupted")
+    await expect(card.locator(".reason")).to_contain_text("reason: budget-exceeded")
+    await expect(card.locator("button.rerequest")).to_have_count(0)
+    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/spent")
+    await expect(page.locator("#current")).to_contain_text("budget-exceeded")
+    await expect(page.locator("button.rerequest")).to_have_count(0)

@@ -230,7 +230,7 @@ async def last_command(log: EventLog, kind: str, parent: ParentRef = PARENT) -> 
 
 
 async def test_actions_send_the_commands_of_the_client(ui, log, projector):
-    open_run, stuck, paused = a_run("open"), a_run("stuck"), a_run("paused")
+    open_run, stuck, paused, spent = a_run("open"), a_run("stuck"), a_run("paused"), a_run("spent")
     pending = [{"tool_call_id": "call-1", "tool_name": "publish", "input": {},
                 "reason": "approval"}]
     seq = await append(
@@ -238,7 +238,9 @@ async def test_actions_send_the_commands_of_the_client(ui, log, projector):
         stuck.requested("Importer", input={"rows": 5}, display="Import"), stuck.started(),
         stuck.interrupted(),
         paused.requested(), paused.started(), paused.running(),
-        paused.make(ev.RunPaused, reason="waiting_for_human", pending=pending))
+        paused.make(ev.RunPaused, reason="waiting_for_human", pending=pending),
+        spent.requested(), spent.started(), spent.make(ev.RunCancelRequested, reason="give-up"),
+        spent.interrupted("budget-exceeded"))
     await asyncio.wait_for(projector.wait_for_position(seq), 10)
 
     answer = await ui.post("/api/runs/Assistant/user-1/open/cancel", json={})
@@ -251,6 +253,8 @@ async def test_actions_send_the_commands_of_the_client(ui, log, projector):
         "stuck", "Importer", {"rows": 5}, "Import")
     refused = await ui.post("/api/runs/Assistant/user-1/open/rerequest", json={})
     assert refused.status_code == 409 and "only an interrupted run" in refused.json()["error"]
+    refused = await ui.post("/api/runs/Assistant/user-1/spent/rerequest", json={})
+    assert refused.status_code == 409 and "does not resume" in refused.json()["error"]
 
     answer = await ui.post("/api/runs/Assistant/user-1/paused/continue",
                            json={"approvals": ["call-1"]})

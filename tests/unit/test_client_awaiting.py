@@ -108,6 +108,24 @@ def test_an_interruption_after_the_mark_is_a_retryable_failure() -> None:
         "interrupted", True, "no-progress", True)
 
 
+def test_a_run_given_up_with_a_cancel_answers_a_new_request_at_once_not_retryable() -> None:
+    """Its parent re-attaches nothing (the cancel stays in its log), and tells only."""
+    run = RunEvents("r1")
+    w = waiter(mark=4)
+    feed(w, [run.requested(), run.running(), run.make(ev.RunCancelRequested, reason="give-up"),
+             run.interrupted("budget-exceeded")])
+    answer = w.on_published(duplicate=False)
+    assert (answer.status, answer.retryable, answer.reason) == (
+        "interrupted", False, "budget-exceeded")
+    assert answer.error.endswith("does not resume: request it under a new run id, or "
+                                 "clear it first")
+    detached = waiter(mark=4, detached=True)
+    feed(detached, [run.requested(), run.running(),
+                    run.make(ev.RunCancelRequested, reason="give-up"), run.interrupted()])
+    handle = detached.on_published(duplicate=False)
+    assert (handle.status, handle.result.retryable) == ("interrupted", False)
+
+
 def test_a_duplicate_of_an_interrupted_run_nobody_reattaches_returns_the_interruption() -> None:
     run = RunEvents("r1")
     w = waiter(mark=3)

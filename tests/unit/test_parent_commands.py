@@ -13,7 +13,7 @@ from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.contract.messages import CancelSignal, WorkItem, read_work_item
 from tether.domain import decide
-from tether.domain.events import ParentRef
+from tether.domain.events import ParentRef, RunCancelRequested
 from tether.parent.commands import CommandHandlers, UnparseableCommand
 from tether.testing import InMemoryEventLog, RunEvents
 
@@ -220,5 +220,20 @@ async def test_an_expired_request_of_an_interrupted_run_does_not_reattach_it(log
     outcome = await _handlers(log).run(_run(expires_in_ms=1_000), seq=9, overdue=1)
 
     assert (outcome.decision, outcome.status) == ("expired", "interrupted")
+    assert _types(log)[-1] == "r1:run.interrupted"
+    assert _work(log) == []
+
+
+async def test_a_request_of_a_run_given_up_with_a_cancel_does_not_reattach_it(log):
+    """Its cancel stays in its log: a re-attached child would be stopped at once, and
+    the run sealed again later, for every retry."""
+    run = RunEvents("r1", PARENT)
+    await log.append_batch([run.requested(), run.started(), run.running(),
+                            run.make(RunCancelRequested, reason="give-up"),
+                            run.interrupted("budget-exceeded")], expected_last_seq=0)
+
+    outcome = await _handlers(log).run(_run(), seq=9)
+
+    assert (outcome.decision, outcome.status) == ("existing", "interrupted")
     assert _types(log)[-1] == "r1:run.interrupted"
     assert _work(log) == []

@@ -103,8 +103,10 @@ class RunWaiter:
 
     def _detached(self) -> Answer | None:
         state = self.state
-        if state is not None and state.is_hard_terminal:
-            # Requested again after it ended: its stored outcome, at once.
+        if state is not None and (state.is_hard_terminal or (state.status == "interrupted"
+                                  and not state.resumable)):
+            # Requested again after it ended (or was given up for good): its stored
+            # outcome, at once.
             result = stored_outcome(state)
             return DetachedHandle(run_id=self.run_id, agent_type=state.agent_type,
                                   status=state.status, result=result,
@@ -133,7 +135,7 @@ class RunWaiter:
         if state.is_hard_terminal:
             return stored_outcome(state)
         if state.status == "interrupted":
-            if self._interrupted_seq > self.mark:
+            if self._interrupted_seq > self.mark or not state.resumable:
                 return AgentToolFailure.of(state)
             if self._duplicate and not self._reattaching:
                 return AgentToolFailure.of(state)
@@ -149,7 +151,8 @@ class RunWaiter:
 
 
 def stored_outcome(state: RunState) -> AgentToolSuccess | AgentToolFailure:
-    """The outcome of a run that ended (completed, error, aborted), as its caller gets it.
+    """The outcome of a run that ended (completed, error, aborted, or interrupted for
+    good), as its caller gets it.
     A child that streamed text and returned no structured output: its text is the output,
     so a caller gets what the timeline shows."""
     if state.status == "completed":

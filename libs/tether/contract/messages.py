@@ -213,7 +213,9 @@ class AgentToolSuccess(Model):
 
 
 class AgentToolFailure(Model):
-    """A failed agent tool: `retryable` only for an interrupted run."""
+    """A failed agent tool: `retryable` only for an interrupted run that a request under
+    the same run id resumes (`RunState.resumable`); one given up by a budget or a
+    re-attach window, or cancelled, is not, and its error says so."""
 
     ok: Literal[False] = False
     run_id: str
@@ -227,8 +229,12 @@ class AgentToolFailure(Model):
     @classmethod
     def of(cls, state: RunState) -> "AgentToolFailure":
         if state.status == "interrupted":
+            error = state.error or "interrupted"
+            if not state.resumable:
+                error += (f"; run {state.run_id} was stopped and does not resume: request "
+                          "it under a new run id, or clear it first")
             return cls(run_id=state.run_id, agent_type=state.agent_type, status="interrupted",
-                       error=state.error or "interrupted", retryable=True, reason=state.reason,
+                       error=error, retryable=state.resumable, reason=state.reason,
                        child_still_running=state.child_still_running)
         if state.status not in ("error", "aborted"):
             raise ValueError(f"a {state.status} run is no failure")
@@ -240,12 +246,13 @@ class DetachedHandle(Model):
     """What a detached `run_agent_tool` returns at once: `running` (a new run, or one
     requested again while it is open or being re-attached), or `error` with `error` when
     the request was refused. A run requested again after it ended answers with its status
-    (`completed`, `error`, `aborted`) and `result`, its stored outcome; its finish hook is
-    not delivered again (a hook is delivered once per status)."""
+    (`completed`, `error`, `aborted`, or `interrupted` for one given up that does not
+    resume) and `result`, its stored outcome; its finish hook is not delivered again (a
+    hook is delivered once per status)."""
 
     run_id: str
     agent_type: str
-    status: Literal["running", "completed", "error", "aborted"]
+    status: Literal["running", "completed", "error", "aborted", "interrupted"]
     error: str | None = None
     result: AgentToolSuccess | AgentToolFailure | None = None
 

@@ -125,8 +125,10 @@ def reject_run(run_id: str, parent: ParentRef, agent_type: str | None, code: str
 
 
 def reattach(state: RunState | None, cause: Cause) -> list[Event]:
-    """A repeated request for an interrupted run re-attaches to it."""
-    if state is None or state.status != "interrupted":
+    """A repeated request for an interrupted run re-attaches to it, unless the run was
+    given up or cancelled (`RunState.resumable`): its requester is answered with the
+    interruption, which does not invite a retry under the same run id."""
+    if state is None or not state.resumable:
         return []
     return reattach_started(state, cause, "repeated-request")
 

@@ -168,6 +168,15 @@ class RunState(Record, frozen=True, kw_only=True):
         return self.status in ("starting", "running")
 
     @property
+    def resumable(self) -> bool:
+        """An interrupted run that a repeated request re-attaches to: one whose parent
+        stopped waiting without stopping it (a recovery that could not follow its
+        child). One given up with a cancel (a spent budget or re-attach window), or
+        cancelled, does not resume: its runner stops it, and a re-dispatched work item
+        would be aborted on pickup."""
+        return self.status == "interrupted" and self.cancel_requested_at is None
+
+    @property
     def next_milestone_sequence(self) -> int:
         return len(self.milestones)
 

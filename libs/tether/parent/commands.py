@@ -196,7 +196,9 @@ class CommandHandlers:
         if state.status == "interrupted":
             after, appended = await self._log.update(
                 state.parent, state.run_id, lambda s: decide.reattach(s, cause))
-            if appended and after is not None and not after.child_still_running:
+            if not appended:  # given up for good (`RunState.resumable`), or repaired
+                return RunOutcome("existing", status=state.status)
+            if after is not None and not after.child_still_running:
                 # Nobody is running the child: hand it to a runner, which resumes the
                 # same turn after what was recorded.
                 await self._publish_work(after, dispatch=after.reattach_attempts, why="reattach")

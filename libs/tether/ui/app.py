@@ -320,9 +320,11 @@ async def cancel_run(request: Request) -> Response:
 async def rerequest_run(request: Request) -> Response:
     parent, state = await _run(request)
     await _json_body(request)
-    if state.status != "interrupted":
-        raise HTTPException(409, f"run {state.run_id} is {state.status}: only an interrupted "
-                                 "run is re-requested")
+    if not state.resumable:
+        why = ("was stopped (given up or cancelled) and does not resume"
+               if state.status == "interrupted" else f"is {state.status}")
+        raise HTTPException(409, f"run {state.run_id} {why}: only an interrupted run that "
+                                 "resumes is re-requested")
     ui = _ui(request)
     detached = as_builtins(state.detached) if state.detached is not None else False
     command = build_run_command(parent, state.agent_type, state.input, run_id=state.run_id,

@@ -37,6 +37,8 @@ def run_document(state: RunState, signal: ProgressSignal | None = None, *,
         pending=list(state.paused.pending) if state.paused else [],
         step_count=len(state.steps),
         finished=state.status in ("completed", "error", "aborted", "interrupted"),
+        # An interrupted run that a request under its run id resumes (the UI's Re-request).
+        resumable=state.resumable,
     )
     return document
 

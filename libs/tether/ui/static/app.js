@@ -289,7 +289,7 @@ function runPage() {
     const run = detail.run;
     const actions = [];
     if (!run.finished) actions.push(`<button class="cancel danger" data-act="cancel">Cancel</button>`);
-    if (run.status === "interrupted") actions.push(`<button class="rerequest" data-act="rerequest">Re-request</button>`);
+    if (run.resumable) actions.push(`<button class="rerequest" data-act="rerequest">Re-request</button>`);
     document.getElementById("current").innerHTML = `${runCard(run, new Tree(), {actions: false})}
       <div class="toolbar">${actions.join("")}</div>
       <div class="detail-grid"><div><h2>Input</h2><pre class="json">${esc(JSON.stringify(detail.input, null, 2))}</pre></div>

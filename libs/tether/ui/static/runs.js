@@ -80,7 +80,7 @@ function runCard(run, tree, options = {}) {
   const runUrl = `/runs/${parentPath(run.parent.agent, run.parent.name)}/${seg(run.run_id)}`;
   const actions = [];
   if (!run.finished) actions.push(`<button class="cancel danger" data-act="cancel">Cancel</button>`);
-  if (run.status === "interrupted") {
+  if (run.resumable) {
     actions.push(`<button class="rerequest" data-act="rerequest">Re-request</button>`);
   }
   const pins = run.milestones.map((m) =>
