@@ -8,6 +8,7 @@ from tether.child.runner import ChildRunner, consumer_name
 from tether.client.connection import Tether
 from tether.config import Settings
 from tether.log import get_logger
+from tether.loop_watch import LoopWatch
 from tether.metrics import RUNNER_SLOTS, WORK_PENDING
 from tether.runtime import ReadinessCheck, nats_check
 
@@ -54,6 +55,10 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
 
         service.ready(control=nats_check(runner.control.connection), streams=streams_present,
                       consuming=consuming)
+        watch = LoopWatch(asyncio.get_running_loop(), get_logger(service="child-runner"),
+                          warn_after_s=settings.loop_blocked_warn_ms / 1000)
+        watch.start()
+        service.removals.append(watch.stop)
         RUNNER_SLOTS.set(settings.runner_concurrency)
 
         async def collect_work_queue() -> None:

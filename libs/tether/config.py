@@ -76,6 +76,10 @@ class Settings(BaseModel):
     tenant_query_rate_per_s: float = Field(default=50.0, gt=0)
     tenant_query_burst: int = Field(default=200, ge=1)
     runner_concurrency: int = Field(default=16, ge=1)
+    # A child-runner logs `event_loop.blocked` (the run whose child blocked it, and where)
+    # when its event loop has not run for this long: a child calling blocking code
+    # (time.sleep, a sync HTTP client) stops every run and service in the process.
+    loop_blocked_warn_ms: int = Field(default=1_000, ge=50)
     work_ack_wait_ms: int = Field(default=30_000, ge=500)
     max_attempts: int = Field(default=5, ge=1)
     # On SIGTERM a child-runner lets running children finish this long, then stops them

@@ -304,6 +304,10 @@ WORK_PENDING = Gauge("tether_work_pending",
 WORK_ITEMS = Counter("tether_work_items_total",
                      "Work items a child-runner finished with, by agent type and outcome",
                      ["agent_type", "outcome"])
+LOOP_BLOCKED = Counter("tether_event_loop_blocked_total",
+                       "Times a child-runner's event loop did not run for "
+                       "TETHER_LOOP_BLOCKED_WARN_MS, by the agent type whose child held it "
+                       "(empty: not a child)", ["agent_type"])
 RUNNER_SLOTS = Gauge("tether_runner_slots", "Child-runner slots (runner_concurrency)")
 RUNNER_SLOTS_IN_USE = Gauge("tether_runner_slots_in_use", "Child-runner slots running a child")
 HANDLER_SECONDS = Histogram("tether_handler_seconds",

@@ -135,3 +135,25 @@ async def test_a_runner_paused_past_its_ack_wait_records_nothing_after_it_wakes(
                 if line.get("event") in ("delivery.hook_published", "work_item.error")]
     [finished] = await second.logged("work_item.done")
     assert (finished["outcome"], finished["attempt"]) == ("completed", 2)
+
+
+async def test_a_child_blocking_the_event_loop_is_named_with_where_it_blocks(log, services):
+    """`time.sleep` in a child stops every run and service of its process: the runner
+    says which run's child did it and at which line, and for how long."""
+    env = {"TETHER_AGENTS": "stubborn_agents:Blocker", "TETHER_LOOP_BLOCKED_WARN_MS": "300",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
+                                                       os.environ.get("PYTHONPATH")]))}
+    runner = await services("child-runner", **env)
+    run = await dispatch(log, "Blocker", {"seconds": 1.5})
+
+    [blocked] = await runner.logged("event_loop.blocked", timeout=20)
+    [unblocked] = await runner.logged("event_loop.unblocked", timeout=20)
+    [done] = await runner.logged("work_item.done", timeout=20)
+
+    assert (blocked["run_id"], blocked["agent_type"]) == (run.run_id, "Blocker")
+    line = next(number for number, text in enumerate(
+        (SUPPORT / "stubborn_agents.py").read_text().splitlines(), start=1) if "# BLOCKS" in text)
+    assert blocked["where"] == f"{SUPPORT / 'stubborn_agents.py'}:{line} in run", blocked
+    assert "asyncio.to_thread" in blocked["hint"]
+    assert 1_300 <= unblocked["blocked_ms"] < 3_000, unblocked
+    assert done["outcome"] == "completed"

@@ -47,3 +47,14 @@ class Narrator(ChildAgent):
 
     def format_detached_completion(self, run, result) -> str:
         return f"Narrator heard: {run.run_id} ended {result.status}"
+
+
+class Blocker(ChildAgent):
+    """Calls blocking code on the event loop, as a child must not: `time.sleep`."""
+
+    description = "Blocks its runner's event loop for a while"
+    input_model = StubbornInput
+
+    async def run(self, ctx: RunContext, input: StubbornInput) -> str:
+        time.sleep(input.seconds)  # BLOCKS: the line the runner's warning names
+        return f"blocked {input.seconds:g}s"

@@ -63,6 +63,7 @@ from tether.domain.events import (
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
+from tether.loop_watch import child_task_name
 from tether.ports import EventTooLarge, RunHistory
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
@@ -287,7 +288,7 @@ class Execution:
                 return await self._not_recorded(current, "the child was about to start")
         # (Nothing awaited between the check and the start.)
         self._child = asyncio.create_task(self._invoke(ctx, payload, recorder),
-                                          name=f"child:{self.run_id}")
+                                          name=child_task_name(state.agent_type, self.run_id))
         # The first beat is due after an interval, and most runs end before it: a timer
         # starts the beating, instead of a task per run that would sleep until then.
         interval = self._env.settings.work_ack_wait_ms / 1000 / 3
