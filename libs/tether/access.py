@@ -185,13 +185,16 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
                    f"{p}.hook.>", f"{p}.chat.>", *_kv_read(subjects.registry_bucket),
                    # A child that delegates (nested agent tools) is a parent of its own runs.
                    f"{p}.cmd.>",
+                   # Runners of one agent type compare the versions of its code.
+                   f"{p}.ctl.versions.>",
                    f"$JS.API.CONSUMER.DURABLE.CREATE.{work}.>", f"$JS.API.CONSUMER.CREATE.{work}.>",
                    f"$JS.API.CONSUMER.INFO.{work}.>", f"$JS.API.CONSUMER.MSG.NEXT.{work}.>",
                    f"$JS.ACK.{work}.>"]
         # Its delegated runs are awaited on their live subjects, and it answers for them
         # as their awaiter.
         return Permissions(tuple(common + publish),
-                           (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", subjects.all_live_events,
+                           (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", f"{p}.ctl.versions.>",
+                            subjects.all_live_events,
                             f"{p}.ctl.awaiter.>", "_INBOX.>",
                             # A model parent's on_progress follows its runs' progress.
                             f"{p}.progress.>"), True)

@@ -5,12 +5,35 @@ Shared by the parent (which validates a request's agent type and input against i
 the child-runner (which runs them), so neither imports the other.
 """
 
+import hashlib
 import importlib
+import inspect
 import os
+from pathlib import Path
 
 from tether.child.agent import AgentConfigurationError, ChildAgent
 
-__all__ = ["AgentConfigurationError", "AgentRegistry", "load_agent"]
+__all__ = ["AgentConfigurationError", "AgentRegistry", "agent_version", "load_agent"]
+
+
+_VERSIONS: dict[type[ChildAgent], str] = {}
+
+
+def agent_version(cls: type[ChildAgent]) -> str:
+    """The version of an agent's code: its class's `version` when it sets one (a build
+    id, a release), else the first 12 hex digits of the SHA-256 of the source file that
+    defines it (the class and the helpers beside it), or of its qualified name when it
+    has no file."""
+    if cls.version:
+        return cls.version
+    if (known := _VERSIONS.get(cls)) is not None:
+        return known
+    try:
+        source = Path(inspect.getsourcefile(cls) or "").read_bytes()
+    except (OSError, TypeError):
+        source = f"{cls.__module__}.{cls.__qualname__}".encode()
+    version = _VERSIONS[cls] = hashlib.sha256(source).hexdigest()[:12]
+    return version
 
 
 def load_agent(path: str) -> type[ChildAgent]:
@@ -48,6 +71,10 @@ class AgentRegistry:
 
     def get(self, agent_type: str) -> type[ChildAgent] | None:
         return self._by_type.get(agent_type)
+
+    def version(self, agent_type: str) -> str:
+        """The version of a known agent type's code (`agent_version`)."""
+        return agent_version(self._by_type[agent_type])
 
     @property
     def agent_types(self) -> list[str]:

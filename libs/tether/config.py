@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from tether.contract.subjects import Subjects
+from tether.domain.versions import ResumePolicy
 
 HOUR_MS = 60 * 60 * 1000
 CONFIG_FILE_VARIABLE = "TETHER_CONFIG_FILE"
@@ -80,6 +81,10 @@ class Settings(BaseModel):
     # when its event loop has not run for this long: a child calling blocking code
     # (time.sleep, a sync HTTP client) stops every run and service in the process.
     loop_blocked_warn_ms: int = Field(default=1_000, ge=50)
+    # A run begun under another version of its agent's code (`run.running`'s
+    # `agent_version`): `resume` it with a `run.version_changed` warning, or `refuse`:
+    # the run fails, naming both versions, instead of running new code over old steps.
+    resume_other_versions: ResumePolicy = "resume"
     work_ack_wait_ms: int = Field(default=30_000, ge=500)
     max_attempts: int = Field(default=5, ge=1)
     # On SIGTERM a child-runner lets running children finish this long, then stops them

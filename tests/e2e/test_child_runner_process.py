@@ -157,3 +157,68 @@ async def test_a_child_blocking_the_event_loop_is_named_with_where_it_blocks(log
     assert "asyncio.to_thread" in blocked["hint"]
     assert 1_300 <= unblocked["blocked_ms"] < 3_000, unblocked
     assert done["outcome"] == "completed"
+
+
+def versioned(version: str, **extra: str) -> dict[str, str]:
+    """A runner of `versioned_agents:Versioned` whose code is version `version`."""
+    return {"TETHER_AGENTS": "versioned_agents:Versioned", "AGENT_VERSION": version,
+            "TETHER_WORK_ACK_WAIT_MS": "1500",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
+                                                        os.environ.get("PYTHONPATH")])),
+            **extra}
+
+
+async def test_runners_of_two_versions_of_one_agent_type_both_say_so(log, services):
+    first = await services("child-runner", **versioned("v1"))
+    await first.logged("child_runner.consuming")
+    second = await services("child-runner", **versioned("v2"))
+
+    [asked] = await second.logged("agent.versions_differ", timeout=15)
+    [answered] = await first.logged("agent.versions_differ", timeout=15)
+
+    assert asked["agent_type"] == answered["agent_type"] == "Versioned"
+    [first_id] = [line["runner_id"] for line in await first.logged("child_runner.consuming")]
+    [second_id] = [line["runner_id"] for line in await second.logged("child_runner.consuming")]
+    assert asked["versions"] == {"v1": [first_id], "v2": ["this runner"]}
+    assert answered["versions"] == {"v1": ["this runner"], "v2": [second_id]}
+    third = await services("child-runner", **versioned("v1"))
+    [listed] = await third.logged("agent.versions_differ", timeout=15)
+    assert listed["versions"] == {"v1": sorted([first_id, "this runner"]), "v2": [second_id]}
+
+
+async def resumed_by_another_version(log, services, policy: str):
+    """A run begun by a runner of version v1, killed mid-run; a runner of v2 takes the
+    item over. Its history once it has ended, and the v2 runner."""
+    first = await services("child-runner", **versioned("v1"))
+    run = await dispatch(log, "Versioned", {"seconds": 30})
+    subject = log.subjects.run_events(PARENT, run.run_id)
+    async with asyncio.timeout(20), aclosing(log.follow(subject)) as events:
+        async for stored in events:
+            if stored.event.type == "run.milestone":
+                break
+    first.signal(signal.SIGKILL)
+    await first.wait()
+    second = await services("child-runner",
+                            **versioned("v2", TETHER_RESUME_OTHER_VERSIONS=policy))
+    await second.logged("work_item.done", timeout=40)
+    return await log.read_run(PARENT, run.run_id), second
+
+
+async def test_a_run_resumed_by_another_version_is_warned_of_and_records_it(log, services):
+    history, second = await resumed_by_another_version(log, services, "resume")
+
+    running = [e.data for e in history.events if e.type == "run.running"]
+    assert [(r.attempt, r.agent_version) for r in running] == [(1, "v1"), (2, "v2")]
+    assert history.state.agent_version == "v2"
+    [changed] = await second.logged("run.version_changed")
+    assert (changed["recorded"], changed["running"], changed["attempt"]) == ("v1", "v2", 2)
+
+
+async def test_a_runner_told_to_refuse_other_versions_fails_the_run_naming_both(log, services):
+    history, _ = await resumed_by_another_version(log, services, "refuse")
+
+    assert history.state.status == "error"
+    assert history.state.error == (
+        "run r-resume began under version v1 of Versioned; this runner runs version v2, "
+        "and TETHER_RESUME_OTHER_VERSIONS=refuse: it is not resumed by other code")
+    assert [e.data.agent_version for e in history.events if e.type == "run.running"] == ["v1"]

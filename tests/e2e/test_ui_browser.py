@@ -22,7 +22,7 @@ from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.client import Tether, connect
 from tether.config import Settings
-from tether.domain.events import ParentRef, RunCancelRequested
+from tether.domain.events import ParentRef, RunCancelRequested, RunRunning
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 
@@ -263,7 +263,8 @@ async def test_a_run_given_up_by_its_budget_offers_no_re_request(page, ui_url, t
     run = RunEvents("spent", ParentRef(agent=PARENT[0], name=PARENT[1]),
                     start_ms=int(time.time() * 1000))
     await tether.log.append_batch(
-        [run.requested("Sleeper", input={"seconds": 1}), run.started(), run.running(),
+        [run.requested("Sleeper", input={"seconds": 1}), run.started(),
+         run.make(RunRunning, attempt=1, runner_id="runner-1", agent_version="v7"),
          run.make(RunCancelRequested, reason="give-up"),
          run.interrupted("budget-exceeded", child_still_running=True)], expected_last_seq=0)
     await open_timeline(page, ui_url)
@@ -271,6 +272,7 @@ async def test_a_run_given_up_by_its_budget_offers_no_re_request(page, ui_url, t
     await expect(card).to_have_attribute("data-status", "interrupted")
     await expect(card.locator(".reason")).to_contain_text("reason: budget-exceeded")
     await expect(card.locator("button.rerequest")).to_have_count(0)
+    await expect(card.locator("div.meta .version")).to_have_text("version v7")
     await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/spent")
     await expect(page.locator("#current")).to_contain_text("budget-exceeded")
     await expect(page.locator("button.rerequest")).to_have_count(0)

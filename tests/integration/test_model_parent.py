@@ -394,6 +394,8 @@ async def test_a_conversation_answers_each_message_with_its_history_in_the_log(
         ("model_turn", [], "completed")]
     assert history.state.status == "running"
     shown = render_run(history.state)
+    assert history.state.agent_version is not None
+    assert f"attempt 1  version {history.state.agent_version}\n" in shown
     assert f"      human hello\n      took  {user_message_id(chat, 'm1')}" in shown
     assert "text  seen: and now?" in shown
     await conversation.close()

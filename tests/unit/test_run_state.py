@@ -292,7 +292,7 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
     assert {name: getattr(state, name) for name in given} == given
     assert {name: value for name, value in document.items() if name not in given} == {
         "dispatched_at": None, "started_at": None, "ended_at": None, "attempt": 0,
-        "runner_id": None, "summary": None, "output": None, "error": None, "reason": None,
+        "runner_id": None, "agent_version": None, "summary": None, "output": None, "error": None, "reason": None,
         "child_still_running": None, "aborted_cause": None, "cancel_requested_at": None,
         "cancel_reason": None, "progress": None, "last_signal_at": None, "milestones": [],
         "output_parts": {}, "steps": {}, "paused": None, "resumptions": [],

@@ -9,7 +9,7 @@ timer, set for the oldest, expires them all.
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import NamedTuple
@@ -132,3 +132,33 @@ async def subscribe_routed(nc: NATS, subject: str, route: Callable[[Msg], None])
         route(msg)
 
     return await nc.subscribe(subject, cb=callback)
+
+
+async def scatter(nc: NATS, subject: str, payload: bytes, *, within_s: float
+                  ) -> AsyncGenerator[bytes, None]:
+    """A core request every subscriber of `subject` answers: each answer's data as it
+    arrives, until `within_s` has passed, or at once none when the server says nobody
+    subscribes (its empty 503)."""
+    inbox = nc.new_inbox()
+    answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def collect(msg: Msg) -> None:
+        nobody = msg.headers is not None and msg.headers.get("Status") == "503"
+        answers.put_nowait(None if nobody else msg.data)
+
+    subscription = await nc.subscribe(inbox, cb=collect)
+    try:
+        await nc.publish(subject, payload, reply=inbox)
+        deadline = asyncio.get_running_loop().time() + within_s
+        while (remaining := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                async with asyncio.timeout(remaining):
+                    data = await answers.get()
+            except TimeoutError:
+                return
+            if data is None:
+                return
+            yield data
+    finally:
+        await subscription.unsubscribe()
+

@@ -111,7 +111,8 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
                f"  started {_after(state.requested_at, state.started_at)}"
                f"  ended {_after(state.requested_at, state.ended_at)}")
     lines = [f"run {state.run_id}  {state.agent_type}  parent {parent}",
-             f"status    {_status(state)}  attempt {state.attempt}",
+             f"status    {_status(state)}  attempt {state.attempt}"
+             + (f"  version {state.agent_version}" if state.agent_version else ""),
              f"timings   {timings}"]
     if not records:
         lines.append("steps     none recorded (a child that records no steps, or not started)")

@@ -61,6 +61,10 @@ class ChildAgent:
     # The cap on this child's own agent tools when it acts as a parent (None: the
     # service's `max_concurrent_agent_tools`).
     max_concurrent_agent_tools: ClassVar[int | None] = None
+    # The version of this agent's code, recorded on each attempt (`run.running`): a build
+    # id or a release. Empty: a digest of the file that defines the class
+    # (`tether.agent_registry.agent_version`).
+    version: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether.adapters.pull import delivery_of
+from tether.agent_registry import agent_version
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
 from tether.child.recorder import RunRecorder, now_ms
@@ -62,6 +63,7 @@ from tether.domain.events import (
 )
 from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState, evolve
+from tether.domain.versions import on_other_version
 from tether.log import get_logger
 from tether.loop_watch import child_task_name
 from tether.ports import EventTooLarge, RunHistory
@@ -177,7 +179,7 @@ class Execution:
             self.finished.set()
 
     async def _run(self) -> Outcome:
-        log, settings = self._env.log, self._env.settings
+        log = self._env.log
         first_delivery = delivery_of(self._msg).delivered == 1
         history = ((self._history_from_item() if first_delivery else None)
                    or await log.read_run(self.parent, self.run_id))
@@ -197,9 +199,9 @@ class Execution:
             # died before adding the milestone leaves that to us.
             await self._new_recorder(state).pause_milestone(state.paused)
             return await self._ack("skipped", f"the run is {state.paused.reason}")
-        if (attempts := attempts_since_resume(history.events)) >= settings.max_attempts:
-            return await self._fail(f"gave up after {attempts} attempts: the child's "
-                                    f"runner stopped each time before the run finished")
+        version = agent_version(self._agent_cls)
+        if (refused := await self._refused(state, history, version)) is not None:
+            return refused
 
         if not self._hold.fresh:
             # Stopped (paused) past the item's ack wait before its child started: the
@@ -211,7 +213,8 @@ class Execution:
             event_id=self._event_id("running", expected + 1, self._owner), run_id=self.run_id,
             parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
             causation_id=self._causation_id,
-            data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id))
+            data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id,
+                                agent_version=version))
 
         state, appended = await self._update(
             lambda current: decide.start_attempt(current, running, expected_attempt=expected,
@@ -236,6 +239,27 @@ class Execution:
         if state.milestones:  # a predecessor's milestones: their notifications may be owed
             await self._deliver_owed(state)
         return await self._run_child(state, payload)
+
+    async def _refused(self, state: RunState, history: RunHistory, version: str
+                       ) -> Outcome | None:
+        """A run that failed to finish too many times, or one begun under another version
+        of its agent's code (resumed with a warning, or refused, as
+        TETHER_RESUME_OTHER_VERSIONS says), fails here, saying why; None: it starts."""
+        settings = self._env.settings
+        if (attempts := attempts_since_resume(history.events)) >= settings.max_attempts:
+            return await self._fail(f"gave up after {attempts} attempts: the child's "
+                                    f"runner stopped each time before the run finished")
+        change = on_other_version(state.agent_version, version, settings.resume_other_versions)
+        if change == "refuse":
+            return await self._fail(
+                f"run {self.run_id} began under version {state.agent_version} of "
+                f"{state.agent_type}; this runner runs version {version}, and "
+                "TETHER_RESUME_OTHER_VERSIONS=refuse: it is not resumed by other code")
+        if change == "resume":
+            get_logger(run_id=self.run_id).warning(
+                "run.version_changed", agent_type=state.agent_type,
+                recorded=state.agent_version, running=version, attempt=state.attempt + 1)
+        return None
 
     def _history_from_item(self) -> RunHistory | None:
         """A new run's first item carries its request: the run as it was then, without a

@@ -21,7 +21,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import aclosing, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +39,7 @@ from tether import tracing
 from tether.adapters.control import control_broker, start_control
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import Pull, durable_pull
+from tether.adapters.requests import scatter
 from tether.adapters.streams import StreamSettings, key_value
 from tether.agent_registry import AgentRegistry
 from tether.child.execution import Execution
@@ -50,6 +51,7 @@ from tether.contract.messages import (
     ChildInspectReply,
     ChildInspectRequest,
     ChildRecord,
+    RunnerVersion,
     WorkItem,
     read_work_item,
 )
@@ -57,6 +59,7 @@ from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import ByParentClass, load_formatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.events import ParentRef
+from tether.domain.versions import versions_serving
 from tether.log import get_logger
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS, RUNNER_SLOTS_IN_USE, WORK_ITEMS
 from tether.resilience import TRANSIENT_ERRORS, Backoff, Health, settle, sleep_unless_stopped
@@ -66,6 +69,8 @@ from tether.resilience import TRANSIENT_ERRORS, Backoff, Health, settle, sleep_u
 # runner so that it records "gave up" instead of leaving the run open.
 MAX_DELIVER_MARGIN = 3
 FETCH_BATCH = 10
+# How long a starting runner collects the other runners' versions of its agents' code.
+VERSION_ANSWERS_S = 1.0
 DEFAULT_SHUTDOWN_GRACE_S = 20.0
 
 
@@ -205,6 +210,10 @@ class ChildRunner:
                                      title=f"{subjects.inspect_child(agent_type)}:inspect",
                                      description="The child's record, if this runner holds "
                                                  "the run")(self._on_inspect)
+            self._control.subscriber(subjects.runner_versions(agent_type),
+                                     title=f"{subjects.runner_versions(agent_type)}:versions",
+                                     description="Which version of the agent's code each "
+                                                 "runner runs")(self._version_answer(agent_type))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then shut down gracefully (see the module doc)."""
@@ -218,11 +227,13 @@ class ChildRunner:
                  for agent_type, pull in self._pulls.items()]
         self.consuming = True
         self._stalls.start()
+        comparing = asyncio.create_task(self._compare_versions())
         self._logger.info("child_runner.consuming", agents=self._registry.agent_types,
                           concurrency=self._settings.runner_concurrency)
         try:
             await stop.wait()
         finally:
+            comparing.cancel()
             self.consuming = False
             self._stalls.stop()
             await self._slots.close()
@@ -235,6 +246,45 @@ class ChildRunner:
             for pull in self._pulls.values():
                 with suppress(*TRANSIENT_ERRORS):
                     await pull.unsubscribe()
+
+    # --- versions of the agents' code ---------------------------------------------------
+
+    def _version_answer(self, agent_type: str):
+        own = self._registry.version(agent_type)
+
+        async def answer(asked: RunnerVersion) -> RunnerVersion:
+            if asked.runner_id != self.runner_id and asked.version != own:
+                self._versions_differ(agent_type, versions_serving(
+                    own, [(asked.runner_id, asked.version)]))
+            return RunnerVersion(runner_id=self.runner_id, version=own)
+
+        return answer
+
+    async def _compare_versions(self) -> None:
+        """Ask the other runners of each agent type which version of its code they run,
+        and say so loudly when any runs another than this one (a rolling deploy, or two
+        deployments serving one agent type by mistake)."""
+        for agent_type in self._registry.agent_types:
+            own = self._registry.version(agent_type)
+            asked = RunnerVersion(runner_id=self.runner_id, version=own)
+            others = []
+            with suppress(*TRANSIENT_ERRORS):
+                async with aclosing(scatter(
+                        self._nc, self._settings.subjects.runner_versions(agent_type),
+                        asked.model_dump_json().encode(), within_s=VERSION_ANSWERS_S)) as answers:
+                    async for raw in answers:
+                        with suppress(ValidationError):
+                            answer = RunnerVersion.model_validate_json(raw)
+                            if answer.runner_id != self.runner_id:
+                                others.append((answer.runner_id, answer.version))
+            if differ := versions_serving(own, others):
+                self._versions_differ(agent_type, differ)
+
+    def _versions_differ(self, agent_type: str, versions: dict[str, list[str]]) -> None:
+        self._logger.warning(
+            "agent.versions_differ", agent_type=agent_type, versions=versions,
+            detail="runners with different code serve this agent type: a run begun by one "
+                   "may be resumed by another (TETHER_RESUME_OTHER_VERSIONS)")
 
     async def _drain(self) -> None:
         if not self._handlers:

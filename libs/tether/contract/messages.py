@@ -330,6 +330,8 @@ class RunSnapshot(Model):
     subtree_usage: UsageView | None = None
     # The run as the parent of the runs it starts (`RunState.as_parent`).
     as_parent: ParentRef | None = None
+    # The version of the agent code its latest attempt ran (`run.running`).
+    agent_version: str | None = None
 
     @classmethod
     def of(cls, state: RunState) -> "RunSnapshot":
@@ -349,6 +351,7 @@ class RunSnapshot(Model):
             pending=list(state.paused.pending) if state.paused else [],
             requested_at=state.requested_at, started_at=state.started_at,
             ended_at=state.ended_at, usage=UsageView.of_steps(state.steps),
+            agent_version=state.agent_version,
         )
 
 
@@ -514,6 +517,16 @@ class ChildRecord(Model):
                     "stopped", "failed", "cancelled"]
     attempt: int = 0
     runner_id: str | None = None
+
+
+class RunnerVersion(Model):
+    """Core request on `<prefix>.ctl.versions.<agent_type>` from a runner that starts,
+    and each runner's answer: which runner serves the agent type with which version of
+    its code (`tether.agent_registry.agent_version`). A runner that finds another
+    version, asking or answering, logs `agent.versions_differ`."""
+
+    runner_id: str = Field(max_length=256)
+    version: str = Field(max_length=256)
 
 
 class ChildInspectRequest(Model):

@@ -173,10 +173,13 @@ class RunStartedData(Record, frozen=True, kw_only=True):
 
 
 class RunRunningData(Record, frozen=True, kw_only=True):
-    """A child-runner began (or, after a redelivery, resumed) the child's turn."""
+    """A child-runner began (or, after a redelivery, resumed) the child's turn, with the
+    version of the agent code it runs it with (`tether.agent_registry.agent_version`;
+    None: written before versions were recorded)."""
 
     attempt: Count
     runner_id: str
+    agent_version: str | None = None
 
 
 class RunOutputData(Record, frozen=True, kw_only=True):
@@ -312,7 +315,7 @@ class RunStarted(EventEnvelope, frozen=True, kw_only=True, tag="run.started"):
 
 
 class RunRunning(EventEnvelope, frozen=True, kw_only=True, tag="run.running"):
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     data: RunRunningData
 
 

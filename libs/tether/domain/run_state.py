@@ -131,6 +131,8 @@ class RunState(Record, frozen=True, kw_only=True):
     ended_at: int | None = None
     attempt: int = 0
     runner_id: str | None = None
+    # The version of the agent code the latest attempt ran (`run.running`).
+    agent_version: str | None = None
     summary: str | None = None
     output: Any = None
     error: str | None = None
@@ -322,7 +324,8 @@ def _running(state: RunState, event: RunRunning, logged_at: int) -> Evolved:
         return _ignored(state, f"duplicate: attempt {event.data.attempt} already recorded")
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run cannot start running")
-    changes: dict[str, Any] = {"attempt": event.data.attempt, "runner_id": event.data.runner_id}
+    changes: dict[str, Any] = {"attempt": event.data.attempt, "runner_id": event.data.runner_id,
+                               "agent_version": event.data.agent_version}
     if state.status == "starting":
         changes |= {"status": "running", "started_at": event.occurred_at}
     return _applied(state, **changes)

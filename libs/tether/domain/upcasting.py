@@ -96,5 +96,11 @@ def upcast_run_interrupted_v1_v2(payload: Payload) -> Payload:
     return {**payload, "data": {"child_still_running": False, **payload["data"]}}
 
 
+@upcaster("run.running", from_version=1)
+def upcast_run_running_v1_v2(payload: Payload) -> Payload:
+    """v1 did not record the version of the agent code the runner ran."""
+    return {**payload, "data": {"agent_version": None, **payload["data"]}}
+
+
 def registered_upcasters() -> dict[tuple[str, int], Upcaster]:
     return dict(_UPCASTERS)

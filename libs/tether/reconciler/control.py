@@ -5,9 +5,9 @@ one holding the run answers with its record, the others with "no record". An ins
 therefore collects answers until one has a record or the timeout passes.
 """
 
-import asyncio
 import json
 import time
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +17,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from tether.adapters.requests import scatter
 from tether.contract.messages import (
     CancelReply,
     CancelSignal,
@@ -48,40 +49,19 @@ class ChildControl:
 
     async def inspect(self, state: RunState, timeout_s: float) -> Inspection:
         started = time.monotonic()
-        inbox = self._nc.new_inbox()
-        replies: asyncio.Queue[bytes | None] = asyncio.Queue()
-
-        async def collect(msg) -> None:
-            # The server answers a request nobody subscribes to with an empty 503: no
-            # runner of the type is up, and none is going to answer.
-            if msg.headers and msg.headers.get("Status") == "503":
-                replies.put_nowait(None)
-                return
-            replies.put_nowait(msg.data)
-
-        subscription = await self._nc.subscribe(inbox, cb=collect)
         answered = False
+        request = ChildInspectRequest(run_id=state.run_id, parent=state.parent)
         try:
-            request = ChildInspectRequest(run_id=state.run_id, parent=state.parent)
-            await self._nc.publish(self._subjects.inspect_child(state.agent_type),
-                                   request.model_dump_json().encode(), reply=inbox)
-            deadline = started + timeout_s
-            while (remaining := deadline - time.monotonic()) > 0:
-                try:
-                    async with asyncio.timeout(remaining):
-                        data = await replies.get()
-                except TimeoutError:
-                    break
-                if data is None:
-                    break
-                answered = True
-                reply = ChildInspectReply.model_validate_json(data)
-                if reply.record is not None:
-                    return Inspection("found", reply.record, _ms_since(started))
+            async with aclosing(scatter(self._nc, self._subjects.inspect_child(state.agent_type),
+                                        request.model_dump_json().encode(),
+                                        within_s=timeout_s)) as answers:
+                async for data in answers:
+                    answered = True
+                    reply = ChildInspectReply.model_validate_json(data)
+                    if reply.record is not None:
+                        return Inspection("found", reply.record, _ms_since(started))
         except Exception as error:  # noqa: BLE001 - an inspection that fails is an answer
             return Inspection("failed", None, _ms_since(started), f"{type(error).__name__}: {error}")
-        finally:
-            await subscription.unsubscribe()
         return Inspection("unknown" if answered else "silent", None, _ms_since(started))
 
     async def signal_cancel(self, state: RunState, reason: str) -> None:

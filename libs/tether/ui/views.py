@@ -30,6 +30,7 @@ def run_document(state: RunState, signal: ProgressSignal | None = None, *,
         # The run as the owner of its nested runs: their `parent`.
         as_parent={"agent": state.agent_type, "name": state.as_parent().name},
         attempt=state.attempt,
+        agent_version=state.agent_version,
         reattach_attempts=state.reattach_attempts,
         max_budget_deadline=state.max_budget_deadline,
         no_progress_deadline=state.no_progress_deadline,

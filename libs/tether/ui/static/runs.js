@@ -88,6 +88,7 @@ function runCard(run, tree, options = {}) {
   const children = tree.childrenOf(run);
   const meta = [
     `attempt ${run.attempt}`,
+    run.agent_version ? `<span class="version">version ${esc(run.agent_version)}</span>` : "",
     run.detached ? "detached" : "awaited",
     `requested ${clock(run.requested_at)}`,
     run.waiting_for ? `waiting: ${esc(run.waiting_for)}` : "",
