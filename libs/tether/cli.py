@@ -13,6 +13,7 @@ from tether.agents.devtools import add_runs_command, run_runs_command
 from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_client_command
 from tether.config import ConfigurationError, Settings
 from tether.diagnose import (
+    StartupFailed,
     is_address_in_use,
     nats_unreachable,
     postgres_unreachable,
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "ui":
                 return runner.run(_run_services(settings, "ui"))
             return runner.run(_projections(settings, args.action, args.batch_size))
-    except CommandFailed as error:
+    except (CommandFailed, StartupFailed) as error:
         print(f"tether: {error}", file=sys.stderr)
         return 1
     except (OSError, asyncpg.PostgresError, ConnectionError) as error:
@@ -141,7 +142,19 @@ async def _run_services(settings: Settings, name: str) -> int:
     chosen = sorted(available) if name == "all" else [name]
 
     async def run_all(stop: asyncio.Event, checks: dict) -> None:
-        await asyncio.gather(*(available[service](settings, stop, checks) for service in chosen))
+        # The first to fail (a dependency unreachable at start) stops the others: its
+        # error is the one the command says.
+        running = [asyncio.ensure_future(available[service](settings, stop, checks))
+                   for service in chosen]
+        try:
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        for task in done:
+            if not task.cancelled() and (error := task.exception()) is not None:
+                raise error
 
     port = settings.health_port
     if port is None:

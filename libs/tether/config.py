@@ -204,6 +204,17 @@ class Settings(BaseModel):
         return ",".join(urlunsplit(parts._replace(netloc=f"{userinfo}@{parts.netloc}"))
                         for parts in map(urlsplit, self.nats_url.split(",")))
 
+    def nats_credentials(self) -> str:
+        """The settings that give the connection its NATS user, as an error names them."""
+        if self.nats_creds_file:
+            return "TETHER_NATS_CREDS_FILE"
+        if self.nats_nkey_seed_file:
+            return "TETHER_NATS_NKEY_SEED_FILE"
+        if self.nats_user is not None:
+            return "TETHER_NATS_USER and TETHER_NATS_PASSWORD"
+        return ("none set: the server requires a user; set TETHER_NATS_USER and "
+                "TETHER_NATS_PASSWORD, TETHER_NATS_NKEY_SEED_FILE or TETHER_NATS_CREDS_FILE")
+
     def nats_options(self) -> dict[str, Any]:
         """nats-py connect options for the credentials and TLS settings."""
         options: dict[str, Any] = {}

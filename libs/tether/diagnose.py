@@ -28,8 +28,18 @@ def _redact_one(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+class StartupFailed(ConnectionError):
+    """A dependency stayed unreachable for the whole start-up time, or refused this
+    connection; the message names it, its URL (without a password) and the setting."""
+
+
 def nats_unreachable(url: str, error: object) -> str:
     return (f"cannot connect to NATS at {redact(url)} (TETHER_NATS_URL or --nats-url): "
+            f"{error}")
+
+
+def nats_refused(url: str, error: object, credentials: str) -> str:
+    return (f"NATS at {redact(url)} refused this connection's credentials ({credentials}): "
             f"{error}")
 
 

@@ -41,6 +41,26 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+    # The libraries' own records (nats-py, asyncio, uvicorn), as lines of the same kind.
+    root = logging.getLogger()
+    root.addHandler(_OneLine())
+    root.setLevel(logging.WARNING)
+
+
+class _OneLine(logging.Handler):
+    """A library's log record as one structured line: its logger, its message and the
+    exception it carries in a word (`error`), without the traceback that would take
+    dozens of lines for what one says."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields: dict[str, object] = {"logger": record.name}
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            fields["error"] = f"{type(error).__name__}: {error}"
+        try:
+            structlog.get_logger().log(record.levelno, record.getMessage(), **fields)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
 
 
 def get_logger(**bound: object) -> structlog.typing.FilteringBoundLogger:

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from tether import tracing
-from tether.adapters.nats_connection import NatsUnreachable, connect_nats
-from tether.diagnose import nats_unreachable, postgres_unreachable
+from tether.adapters.nats_connection import NatsRefused, NatsUnreachable, connect_nats
+from tether.diagnose import StartupFailed, nats_refused, nats_unreachable, postgres_unreachable
 from tether.log import get_logger
 from tether.metrics import REGISTRY, Registry
 from tether.resilience import TRANSIENT_ERRORS, Backoff, describe, sleep_unless_stopped
@@ -58,19 +58,19 @@ def pause_gc_for_replay(young_threshold: int) -> None:
     gc.disable()
 
 
-class StartupFailed(ConnectionError):
-    """A dependency stayed unreachable for the whole start-up time; the message names it,
-    its URL (without a password) and the setting."""
-
-
 async def open_nats(settings, name: str, stop: asyncio.Event):
     """The service's NATS connection, or None when `stop` came first. Retried for
-    `startup_timeout_ms`, then `StartupFailed` names the server(s)."""
+    `startup_timeout_ms`, then `StartupFailed` names the server(s); its first failure is
+    said at once (`service.waiting`)."""
+    timeout_s = settings.startup_timeout_ms / 1000
+
+    def waiting(error: Exception) -> None:
+        _say_waiting(nats_unreachable(settings.nats_url, describe(error)), timeout_s)
+
     try:
         return await connect_nats(settings.nats_connect_url, name=name, stop=stop,
-                                  fast_path=settings.nats_fast_path,
-                                  startup_timeout_s=settings.startup_timeout_ms / 1000,
-                                  **settings.nats_options())
+                                  fast_path=settings.nats_fast_path, startup_timeout_s=timeout_s,
+                                  first_failure=waiting, **settings.nats_options())
     except asyncio.CancelledError:
         if stop.is_set():
             return None
@@ -78,6 +78,9 @@ async def open_nats(settings, name: str, stop: asyncio.Event):
     except NatsUnreachable as error:
         raise StartupFailed(nats_unreachable(settings.nats_url, f"{error.last_error} (tried for "
                                              f"{settings.startup_timeout_ms / 1000:g}s)")) from None
+    except NatsRefused as error:
+        raise StartupFailed(nats_refused(settings.nats_url, error,
+                                         settings.nats_credentials())) from None
 
 
 async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_size: int):
@@ -85,9 +88,16 @@ async def open_postgres(settings, stop: asyncio.Event, *, min_size: int, max_siz
     def unreachable(error: str) -> str:
         return postgres_unreachable(settings.database_url, error)
 
-    return await _retry_starting(
-        settings, stop, unreachable,
-        lambda: asyncpg.create_pool(settings.database_url, min_size=min_size, max_size=max_size))
+    async def create() -> asyncpg.Pool:
+        try:
+            return await asyncpg.create_pool(settings.database_url, min_size=min_size,
+                                             max_size=max_size)
+        except (asyncpg.InvalidAuthorizationSpecificationError,
+                asyncpg.InvalidCatalogNameError) as error:
+            # A user, password or database the server refuses: asking again changes nothing.
+            raise StartupFailed(unreachable(describe(error))) from None
+
+    return await _retry_starting(settings, stop, unreachable, create)
 
 
 async def while_starting(settings, stop: asyncio.Event, what: str, operation) -> bool:
@@ -101,18 +111,38 @@ async def while_starting(settings, stop: asyncio.Event, what: str, operation) ->
                                       done))
 
 
+# The start-up failures said so far: the services of `tether services all` meet the same
+# one, which is said once.
+_SAID_WAITING: set[str] = set()
+
+
+def _say_waiting(failure: str, timeout_s: float) -> None:
+    if failure not in _SAID_WAITING:
+        _SAID_WAITING.add(failure)
+        get_logger().warning("service.waiting",
+                             error=f"{failure}; trying again for up to {timeout_s:g}s "
+                                   "(TETHER_STARTUP_TIMEOUT_MS)")
+
+
 async def _retry_starting(settings, stop: asyncio.Event, failure, operation):
     """`operation()`'s result, retried across transient errors for `startup_timeout_ms`
-    (then `StartupFailed` with `failure(last error)`); None when `stop` came first."""
+    (then `StartupFailed` with `failure(last error)`, the first failure said at once);
+    None when `stop` came first."""
     loop = asyncio.get_running_loop()
     timeout_s = settings.startup_timeout_ms / 1000
     deadline = loop.time() + timeout_s
     backoff = Backoff(max_s=1.0)
+    told = False
     while True:
         try:
             return await operation()
+        except StartupFailed:
+            raise  # (a ConnectionError) refused for good: not tried again
         except TRANSIENT_ERRORS as error:
             last = describe(error)
+            if not told:
+                told = True
+                _say_waiting(failure(last), timeout_s)
         if loop.time() >= deadline:
             raise StartupFailed(failure(f"{last} (tried for {timeout_s:g}s)"))
         if await sleep_unless_stopped(stop, min(backoff.next_delay(), deadline - loop.time())):

@@ -7,7 +7,13 @@ import signal
 import socket
 import time
 
+import pytest
+from authorized_nats import nats_server
 from service_processes import ready
+
+from tether.client import connect
+from tether.client.errors import ServiceUnavailable
+from tether.config import Settings
 
 
 def dead_port() -> int:
@@ -62,3 +68,74 @@ async def test_a_server_list_connects_through_the_server_that_answers(services, 
     parent = await services("parent", TETHER_NATS_URL=urls,
                             TETHER_AGENTS="examples.agents:Researcher")
     await asyncio.wait_for(ready(parent), timeout=30)
+
+
+def raw_lines(service) -> list[str]:
+    """What the service wrote that is not a JSON log line (a traceback, the last word)."""
+    return [line["text"].rstrip("\n") for line in service.lines if line.get("event") == "raw"]
+
+
+async def test_all_services_with_postgres_refusing_say_so_once_at_once_and_no_traceback(
+        services):
+    """The services of `all` (the UI among them) meet one unreachable Postgres: one line
+    naming the setting at the first failure, one at the end, the command's last word,
+    exit 1."""
+    url = f"postgresql://postgres@127.0.0.1:{dead_port()}/tether"
+    every = await services("all", TETHER_DATABASE_URL=url, TETHER_STARTUP_TIMEOUT_MS="2000",
+                           TETHER_AGENTS="examples.agents:Researcher", TETHER_UI_PORT="0")
+    assert await every.wait(timeout=20) == 1
+    [waiting] = await every.logged("service.waiting")
+    assert waiting["error"] == (
+        f"cannot connect to Postgres at {url} (TETHER_DATABASE_URL or --database-url): "
+        "ConnectionRefusedError: [Errno 111] Connection refused; trying again for up to 2s "
+        "(TETHER_STARTUP_TIMEOUT_MS)")
+    [unavailable] = await every.logged("service.unavailable")
+    assert unavailable["error"].startswith(f"cannot connect to Postgres at {url} ")
+    assert raw_lines(every) == [f"tether: {unavailable['error']}"]
+
+
+async def test_a_database_that_does_not_exist_ends_the_start_at_once(services, settings):
+    url = settings.database_url.rsplit("/", 1)[0] + "/no_such_database"
+    started = time.monotonic()
+    every = await services("all", TETHER_DATABASE_URL=url, TETHER_STARTUP_TIMEOUT_MS="30000",
+                           TETHER_AGENTS="examples.agents:Researcher", TETHER_UI_PORT="0")
+    assert await every.wait(timeout=20) == 1
+    assert time.monotonic() - started < 10, "not tried again for the start-up time"
+    [unavailable] = await every.logged("service.unavailable")
+    assert unavailable["error"] == (
+        f"cannot connect to Postgres at {url} (TETHER_DATABASE_URL or --database-url): "
+        'InvalidCatalogNameError: database "no_such_database" does not exist')
+    assert raw_lines(every) == [f"tether: {unavailable['error']}"]
+
+
+async def test_all_services_with_nats_unreachable_say_so_once_and_no_traceback(services):
+    url = f"nats://127.0.0.1:{dead_port()}"
+    every = await services("all", TETHER_NATS_URL=url, TETHER_STARTUP_TIMEOUT_MS="2000",
+                           TETHER_AGENTS="examples.agents:Researcher", TETHER_UI_PORT="0")
+    assert await every.wait(timeout=20) == 1
+    [waiting] = await every.logged("service.waiting")
+    assert waiting["error"].startswith(f"cannot connect to NATS at {url} (TETHER_NATS_URL or "
+                                       "--nats-url): ")
+    [unavailable] = await every.logged("service.unavailable")
+    assert raw_lines(every) == [f"tether: {unavailable['error']}"]
+
+
+async def test_credentials_nats_refuses_end_the_start_at_once_naming_the_settings(
+        services, devstack, tmp_path):
+    body = 'authorization { user: "alice", password: "right" }\n'
+    with nats_server(tmp_path, devstack, body) as (url, _):
+        started = time.monotonic()
+        every = await services("all", TETHER_NATS_URL=url, TETHER_NATS_USER="alice",
+                               TETHER_NATS_PASSWORD="wrong", TETHER_STARTUP_TIMEOUT_MS="30000",
+                               TETHER_AGENTS="examples.agents:Researcher", TETHER_UI_PORT="0")
+        assert await every.wait(timeout=20) == 1
+        assert time.monotonic() - started < 10, "not tried again for the start-up time"
+        [unavailable] = await every.logged("service.unavailable")
+        assert unavailable["error"] == (
+            f"NATS at {url} refused this connection's credentials (TETHER_NATS_USER and "
+            "TETHER_NATS_PASSWORD): nats: 'Authorization Violation'")
+        assert raw_lines(every) == [f"tether: {unavailable['error']}"]
+
+        settings = Settings(nats_url=url, nats_user="alice", nats_password="wrong")
+        with pytest.raises(ServiceUnavailable, match="TETHER_NATS_USER and TETHER_NATS_PASSWORD"):
+            await connect(settings=settings, connect_timeout=20)

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
+import nats.errors
 from nats.aio.client import Client as NATS
 
 from tether.adapters import denials
@@ -21,6 +22,18 @@ class NatsUnreachable(ConnectionError):
     def __init__(self, message: str, last_error: str) -> None:
         super().__init__(message)
         self.last_error = last_error
+
+
+class NatsRefused(ConnectionError):
+    """The server refused this connection's credentials: asking again changes nothing."""
+
+
+def refuses_credentials(error: BaseException) -> bool:
+    """Whether a server's error says the connection's user or credentials are refused."""
+    text = str(error).lower()
+    return isinstance(error, nats.errors.AuthorizationError) or any(
+        words in text for words in ("authorization violation", "authentication expired",
+                                    "authentication timeout", "user authentication"))
 
 
 def nats_servers(url: str) -> list[str]:
@@ -57,6 +70,7 @@ class _ConnectionEvents:
 
 async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None = 5.0,
                        stop: asyncio.Event | None = None, fast_path: bool = False,
+                       first_failure: Callable[[Exception], None] | None = None,
                        **options: Any) -> NATS:
     """A connection that keeps reconnecting once made.
 
@@ -66,18 +80,17 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
     SIGTERM) ends the wait at once with `asyncio.CancelledError`. `options` go to nats-py
     (an application's `inbox_prefix`, credentials, TLS, callbacks).
     `fast_path`: the services' client of `nats_fastpath` (where the installed nats-py is
-    one it was tested with); otherwise nats-py's own.
+    one it was tested with); otherwise nats-py's own. A server that refuses the
+    credentials ends the first attempt at once with `NatsRefused`: nats-py would try
+    them again until the time is up. `first_failure` is told of the first error, while
+    the first attempt goes on.
     """
     nc = FastClient() if fast_path and fastpath_supported() else NATS()
     events = _ConnectionEvents(name)
     events.closing = lambda: nc.is_closed or nc.is_draining
-    refused = denials.watch(nc)
-    reported = options.pop("error_cb", events.error)
-
-    async def error_cb(error: Exception) -> None:
-        refused.seen(error)
-        await reported(error)
-
+    first = _FirstAttempt(nc, denials.watch(nc), options.pop("error_cb", events.error),
+                          first_failure)
+    error_cb = first.error
     options["error_cb"] = error_cb
     options.setdefault("disconnected_cb", events.disconnected)
     options.setdefault("reconnected_cb", events.reconnected)
@@ -86,7 +99,7 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
                              "reconnect_time_wait": 0.5,
                              "connect_timeout": min(5.0, startup_timeout_s or 5.0)}
     connecting = asyncio.ensure_future(nc.connect(nats_servers(url), **fixed, **options))
-    waiters: set[asyncio.Future] = {connecting}
+    waiters: set[asyncio.Future] = {connecting, first.credentials_refused}
     stopping = asyncio.ensure_future(stop.wait()) if stop is not None else None
     if stopping is not None:
         waiters.add(stopping)
@@ -102,6 +115,8 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
         connecting.result()  # a refusal nats-py does not retry (bad credentials, TLS)
         return nc
     await _abandon(nc, connecting)
+    if first.credentials_refused.done():
+        raise NatsRefused(str(first.credentials_refused.result()))
     if stop is not None and stop.is_set():
         raise asyncio.CancelledError("stopped while connecting to NATS")
     last = events.last_error or "no answer"
@@ -109,8 +124,40 @@ async def connect_nats(url: str, *, name: str, startup_timeout_s: float | None =
                           f"{startup_timeout_s:g}s ({last})", last)
 
 
+class _FirstAttempt:
+    """The errors of the first connection: a refusal of the credentials ends it
+    (`credentials_refused`), the first other error is told (`first_failure`); every
+    error goes on to `reported`."""
+
+    def __init__(self, nc: NATS, refused: Any, reported: Callable[[Exception], Any],
+                 first_failure: Callable[[Exception], None] | None) -> None:
+        self._nc, self._refused, self._reported = nc, refused, reported
+        self._first_failure = first_failure
+        self._told = False
+        self.credentials_refused: asyncio.Future[BaseException] = (
+            asyncio.get_running_loop().create_future())
+
+    async def error(self, error: Exception) -> None:
+        self._refused.seen(error)
+        if not self._nc.is_connected:
+            if refuses_credentials(error):
+                if not self.credentials_refused.done():
+                    self.credentials_refused.set_result(error)
+            elif not self._told:
+                self._told = True
+                if self._first_failure is not None:
+                    self._first_failure(error)
+        await self._reported(error)
+
+
+# How long an abandoned first attempt may take to end: under uvloop, a connect cancelled
+# while it opens a socket can take long to end, and the caller is not kept waiting for it.
+ABANDON_WAIT_S = 1.0
+
+
 async def _abandon(nc: NATS, connecting: asyncio.Future) -> None:
     connecting.cancel()
-    await asyncio.gather(connecting, return_exceptions=True)
+    await asyncio.wait({connecting}, timeout=ABANDON_WAIT_S)
     with suppress(Exception):
-        await nc.close()
+        async with asyncio.timeout(ABANDON_WAIT_S):
+            await nc.close()

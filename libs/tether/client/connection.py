@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from tether import tracing
 from tether.adapters.denials import PublishDenied, refusal_of, unless_refused
 from tether.adapters.event_log import EventLog
-from tether.adapters.nats_connection import connect_nats
+from tether.adapters.nats_connection import NatsRefused, connect_nats
 from tether.client.chat import drop_chat_reader, follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import (
@@ -36,7 +36,7 @@ from tether.client.parent import ParentHandle, parent_handle
 from tether.config import Settings
 from tether.contract.messages import HasRunReply, ObservabilityEvent
 from tether.contract.subjects import Subjects
-from tether.diagnose import nats_unreachable, redact
+from tether.diagnose import nats_refused, nats_unreachable, redact
 from tether.domain.commands import HasRunQuery
 from tether.domain.events import ParentRef
 from tether.log import get_logger
@@ -343,6 +343,9 @@ class _Connection:
             why = (str(failures[-1]) or type(failures[-1]).__name__ if failures
                    else f"no answer within {self._connect_timeout:g} s")
             raise ServiceUnavailable(nats_unreachable(url, why)) from None
+        except NatsRefused as error:
+            raise ServiceUnavailable(nats_refused(url, error, self._settings.nats_credentials())
+                                     ) from None
         except (OSError, nats.errors.Error) as error:
             raise ServiceUnavailable(nats_unreachable(url, error)) from None
         connected = True

@@ -55,20 +55,43 @@ class UiState:
             stream.sink.put_nowait(STOP)
 
 
-def create_app(settings: Settings, *, frame_ms: int | None = None) -> Starlette:
+def ui_inbox(settings: Settings) -> str | None:
+    """The UI's inbox prefix: its NATS user's own, as `tether.access` requires."""
+    return f"_INBOX_{settings.nats_user}" if settings.nats_user else None
+
+
+def create_app(settings: Settings, *, frame_ms: int | None = None,
+               connected: tuple[Tether, asyncpg.Pool] | None = None) -> Starlette:
     """The UI's ASGI app; its lifespan connects to NATS (as `settings.nats_user`, when set,
-    with that user's own inbox prefix, as `tether.access` requires) and to Postgres."""
+    with that user's own inbox prefix) and to Postgres, unless given them (`connected`,
+    which its caller closes: `tether.ui.server` connects before it serves, so that an
+    unreachable server is one line, not a failed lifespan)."""
     logger = get_logger(service="ui")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        inbox = f"_INBOX_{settings.nats_user}" if settings.nats_user else None
-        tether = await connect(settings=settings, name="tether-ui", inbox_prefix=inbox)
+        if connected is not None:
+            tether, pool = connected
+            async with _serving(app, tether, pool):
+                yield
+            return
+        tether = await connect(settings=settings, name="tether-ui",
+                               inbox_prefix=ui_inbox(settings))
         try:
             pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
         except BaseException:
             await tether.close()
             raise
+        try:
+            async with _serving(app, tether, pool):
+                yield
+        finally:
+            await pool.close()
+            await tether.close()
+
+    @asynccontextmanager
+    async def _serving(app: Starlette, tether: Tether, pool: asyncpg.Pool
+                       ) -> AsyncIterator[None]:
         state = UiState(tether, ProjectionStore(pool, settings.projection_schema),
                         AccessGate(tether),
                         {"nats": nats_check(tether.nc), "postgres": postgres_check(pool)})
@@ -80,8 +103,6 @@ def create_app(settings: Settings, *, frame_ms: int | None = None) -> Starlette:
             yield
         finally:
             state.stop_streams()
-            await pool.close()
-            await tether.close()
 
     routes = [
         Route("/", index_page),

@@ -4,12 +4,16 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+import asyncpg
 import uvicorn
 
+from tether.client.connection import Tether, connect
+from tether.client.errors import ServiceUnavailable
 from tether.config import Settings
+from tether.diagnose import StartupFailed
 from tether.log import get_logger
-from tether.runtime import ReadinessCheck
-from tether.ui.app import create_app
+from tether.runtime import ReadinessCheck, open_postgres
+from tether.ui.app import create_app, ui_inbox
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8090
@@ -25,11 +29,58 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
+async def _connect(settings: Settings, stop: asyncio.Event) -> Tether | None:
+    """The UI's NATS connection, tried for the start-up time (None: `stop` came first);
+    a server that cannot be reached, or refuses the credentials, is `StartupFailed`."""
+    if stop.is_set():
+        return None
+
+    async def opening() -> Tether:
+        return await connect(settings=settings, name="tether-ui",
+                             inbox_prefix=ui_inbox(settings),
+                             connect_timeout=settings.startup_timeout_ms / 1000)
+
+    connecting = asyncio.create_task(opening())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        return None
+    try:
+        return connecting.result()
+    except ServiceUnavailable as error:
+        raise StartupFailed(str(error)) from None
+
+
 async def serve_ui(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck],
                    *, host: str, port: int, started: asyncio.Future | None = None) -> None:
-    """Serve until `stop` is set; `started` gets the bound port once it listens."""
+    """Connect, then serve until `stop` is set; `started` gets the bound port once it
+    listens."""
+    tether = await _connect(settings, stop)
+    if tether is None:
+        return
+    try:
+        pool = await open_postgres(settings, stop, min_size=1, max_size=4)
+        if pool is None:
+            return
+        try:
+            await _serve(settings, stop, checks, (tether, pool), host=host, port=port,
+                         started=started)
+        finally:
+            await pool.close()
+    finally:
+        await tether.close()
+
+
+async def _serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck],
+                 connected: tuple[Tether, asyncpg.Pool], *, host: str, port: int,
+                 started: asyncio.Future | None) -> None:
     logger = get_logger(service="ui")
-    app = create_app(settings)
+    app = create_app(settings, connected=connected)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                             lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = EmbeddedServer(config)
