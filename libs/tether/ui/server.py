@@ -1,12 +1,14 @@
 """Serving the UI with uvicorn inside a Tether service's event loop."""
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import uvicorn
 
 from tether.config import Settings
+from tether.diagnose import is_address_in_use
 from tether.log import get_logger
 from tether.runtime import ReadinessCheck
 from tether.ui.app import create_app
@@ -15,6 +17,32 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8090
 # Pages' live streams end when the UI stops; this bounds what is left (a slow client).
 GRACEFUL_SHUTDOWN_S = 5
+BACKLOG = 2048  # uvicorn's
+
+
+class CannotListen(Exception):
+    """The UI cannot listen where it is told (its port taken, its host not this machine's);
+    the message names the address and the setting to change."""
+
+
+def listen_on(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (0: a free port), for `serve_ui`.
+
+    Bound before the UI connects to NATS and Postgres, so that a taken port is said at
+    once, and listening at once, so that the port is this process's from then on (two
+    sockets with SO_REUSEADDR may both bind one port; only one of them may listen).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
+        sock.bind(address)
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -26,29 +54,35 @@ class EmbeddedServer(uvicorn.Server):
 
 
 async def serve_ui(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck],
-                   *, host: str, port: int, started: asyncio.Future | None = None) -> None:
-    """Serve until `stop` is set; `started` gets the bound port once it listens."""
+                   *, host: str = DEFAULT_HOST, port: int = 0,
+                   listener: socket.socket | None = None,
+                   started: asyncio.Future | None = None) -> None:
+    """Serve on `listener` (from `listen_on`), else on host:port, until `stop` is set;
+    `started` gets the bound port once it serves. The listener is closed on the way out."""
     logger = get_logger(service="ui")
+    if listener is None:
+        listener = listen_on(host, port)
+    host, port = listener.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     app = create_app(settings)
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
+    config = uvicorn.Config(app, log_config=None, access_log=False, backlog=BACKLOG,
                             lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = EmbeddedServer(config)
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
     stopping = asyncio.create_task(stop.wait())
     try:
         while not server.started:
             done, _ = await asyncio.wait({serving, stopping}, timeout=0.02)
             if serving in done:
-                serving.result()  # a failure to start (a port in use) surfaces here
+                serving.result()  # a failure to start surfaces here
                 raise RuntimeError(f"the UI did not start on {host}:{port}")
             if stopping in done:
                 break
         if server.started:
-            bound = server.servers[0].sockets[0].getsockname()[1]
             checks.update(app.state.ui.checks)
-            logger.info("ui.listening", host=host, port=bound, url=f"http://{host}:{bound}/")
+            logger.info("ui.listening", host=host, port=port, url=url)
             if started is not None and not started.done():
-                started.set_result(bound)
+                started.set_result(port)
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not serving.done() and not server.started:
@@ -62,10 +96,20 @@ async def serve_ui(settings: Settings, stop: asyncio.Event, checks: dict[str, Re
             server.should_exit = True
             await serving
         stopping.cancel()
+        listener.close()  # uvicorn closes it once it served; not when it never started
     if not serving.cancelled():
         serving.result()
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     """The `ui` service of `tether services` (host and port: TETHER_UI_HOST, TETHER_UI_PORT)."""
-    await serve_ui(settings, stop, checks, host=settings.ui_host, port=settings.ui_port)
+    host, port = settings.ui_host, settings.ui_port
+    try:
+        listener = listen_on(host, port)
+    except OSError as error:
+        raise CannotListen(
+            f"cannot serve the UI on {host}:{port}: "
+            + ("the port is in use (by another `tether ui`?); set TETHER_UI_PORT to a free "
+               "port, or 0 for any" if is_address_in_use(error) else
+               f"{error.strerror or error}; check TETHER_UI_HOST and TETHER_UI_PORT")) from None
+    await serve_ui(settings, stop, checks, listener=listener)
