@@ -111,7 +111,7 @@ def scene(now: int) -> list[ev.Event]:
     importer.at(0, r.requested("Importer", input={"rows": 120_000},
                                display="Import orders.csv",
                                detached=DetachedOptions(on_finish="on_import_done"),
-                               max_budget_ms=3_600_000, no_progress_budget_ms=600_000)).at(
+                               max_budget_ms=4 * 3_600_000, no_progress_budget_ms=600_000)).at(
         80, r.started()).at(300, r.running()).at(
         40_000, r.milestone("half-imported", {"rows": 60_000})).at(
         80_000, r.progress(0.71, "85,200 of 120,000 rows"))
