@@ -1,6 +1,7 @@
-"""Regenerates docs/images/ui-timeline.png: one parent's timeline in `tether ui`.
+"""Regenerates docs/images/ui-timeline.png (or the PNG file given): one parent's timeline
+in `tether ui`.
 
-    .venv/bin/python scripts/devstack.py test -- .venv/bin/python scripts/ui_screenshot.py
+    .venv/bin/python scripts/devstack.py test -- .venv/bin/python scripts/ui_screenshot.py [PNG]
 
 A throwaway prefix and schema on the servers of $TETHER_NATS_URL / $TETHER_DATABASE_URL
 get a made-up parent (runs grouped by tool call, a nested run, a run waiting for an
@@ -8,6 +9,7 @@ approval, an interrupted one, a detached import with its budgets); the projector
 UI run in this process and headless Chromium (Debian's `chromium`) takes the picture.
 """
 
+import argparse
 import asyncio
 import os
 import sys
@@ -17,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
+import msgspec
 from playwright.async_api import async_playwright
 
 from tether.adapters.event_log import EventLog
@@ -27,6 +30,7 @@ from tether.adapters.streams import StreamSettings, ensure_streams, remove_strea
 from tether.config import Settings
 from tether.domain import events as ev
 from tether.domain.events import DetachedOptions, ParentRef
+from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 from tether.ui.server import serve_ui
 
@@ -46,7 +50,7 @@ class Timed:
         self.events: list[ev.Event] = []
 
     def at(self, offset_ms: int, event: ev.Event) -> "Timed":
-        self.events.append(event.model_copy(update={"occurred_at": self.origin + offset_ms}))
+        self.events.append(msgspec.structs.replace(event, occurred_at=self.origin + offset_ms))
         return self
 
 
@@ -90,7 +94,8 @@ def scene(now: int) -> list[ev.Event]:
                                   parent_tool_call_id="call_digest", display="Digest")).at(
         50, r.started()).at(200, r.running()).at(20_000, r.progress(2 / 3))
     runs.append(coordinator)
-    nested_parent = ParentRef(agent="Coordinator", name="digest-1")
+    nested_parent = ParentRef(agent="Coordinator",
+                              name=nested_parent_name(PARENT.agent, PARENT.name, "digest-1"))
     for index, done in enumerate((True, True, False)):
         part = Timed(f"digest-1-part-{index}", t0 + 8_300 + index * 9_000, nested_parent)
         r = part.run
@@ -106,7 +111,7 @@ def scene(now: int) -> list[ev.Event]:
     importer.at(0, r.requested("Importer", input={"rows": 120_000},
                                display="Import orders.csv",
                                detached=DetachedOptions(on_finish="on_import_done"),
-                               max_budget_ms=3_600_000, no_progress_budget_ms=600_000)).at(
+                               max_budget_ms=4 * 3_600_000, no_progress_budget_ms=600_000)).at(
         80, r.started()).at(300, r.running()).at(
         40_000, r.milestone("half-imported", {"rows": 60_000})).at(
         80_000, r.progress(0.71, "85,200 of 120,000 rows"))
@@ -131,7 +136,7 @@ def scene(now: int) -> list[ev.Event]:
     return [event for run in runs for event in run.events]
 
 
-async def main() -> int:
+async def main(output: Path) -> int:
     name = "shot" + uuid.uuid4().hex[:6]
     settings = Settings(nats_url=os.environ.get("TETHER_NATS_URL", "nats://127.0.0.1:4222"),
                         database_url=os.environ.get("TETHER_DATABASE_URL",
@@ -164,12 +169,12 @@ async def main() -> int:
                 await page.goto(f"http://127.0.0.1:{port}/parents/{PARENT.agent}/{PARENT.name}")
                 await page.wait_for_selector("#live[data-state=caught-up]")
                 await page.wait_for_selector(".children .run")
-                OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-                await page.screenshot(path=str(OUTPUT), full_page=True)
+                output.parent.mkdir(parents=True, exist_ok=True)
+                await page.screenshot(path=str(output), full_page=True)
                 await context.close()
         stop.set()
         await asyncio.gather(*tasks)
-        print(f"wrote {OUTPUT}")
+        print(f"wrote {output}")
         return 0
     finally:
         stop.set()
@@ -180,4 +185,7 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    arguments = argparse.ArgumentParser(description="Regenerate the UI's screenshot.")
+    arguments.add_argument("output", nargs="?", type=Path, default=OUTPUT,
+                           help=f"the PNG file to write (default: {OUTPUT})")
+    sys.exit(asyncio.run(main(arguments.parse_args().output)))

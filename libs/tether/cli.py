@@ -3,15 +3,17 @@
 import argparse
 import asyncio
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from tether.agents.devtools import add_runs_command, run_runs_command
 from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_client_command
-from tether.config import ConfigurationError, Settings
+from tether.config import CONFIG_FILE_VARIABLE, ConfigurationError, Settings, load_config_file
 from tether.diagnose import (
     StartupFailed,
     is_address_in_use,
@@ -24,6 +26,8 @@ from tether.log import configure_logging
 SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084,
                         "ui": 8085}
 ALL_SERVICES_HEALTH_PORT = 8080
+# `tether ui` on the default port, taken: the next free one of these, else any.
+UI_PORT_TRIES = 10
 NATS_CONNECT_TIMEOUT_S = 5.0
 
 
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "services":
                 return runner.run(_run_services(settings, args.name))
             if args.command == "ui":
-                return runner.run(_run_services(settings, "ui"))
+                return runner.run(_run_ui(settings, _ui_listener(settings, _ui_port_asked(args))))
             return runner.run(_projections(settings, args.action, args.batch_size))
     except (CommandFailed, StartupFailed) as error:
         print(f"tether: {error}", file=sys.stderr)
@@ -135,10 +139,7 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 
 
 async def _run_services(settings: Settings, name: str) -> int:
-    from tether.runtime import run_service, tune_gc
-
     available = _services()
-    tune_gc(settings.gc_threshold)
     chosen = sorted(available) if name == "all" else [name]
 
     async def run_all(stop: asyncio.Event, checks: dict) -> None:
@@ -159,16 +160,85 @@ async def _run_services(settings: Settings, name: str) -> int:
     port = settings.health_port
     if port is None:
         port = SERVICE_HEALTH_PORTS.get(name, ALL_SERVICES_HEALTH_PORT)
+    return await _serve(settings, name, run_all, settings.health_host, port)
+
+
+async def _run_ui(settings: Settings, listener: socket.socket) -> int:
+    from tether.ui.server import serve_ui
+
+    async def ui(stop: asyncio.Event, checks: dict) -> None:
+        await serve_ui(settings, stop, checks, listener=listener)
+
+    # A development UI beside the services (`tether services all` has one on 8090, its
+    # health on 8080): health and metrics on this machine only, on a free port, unless
+    # TETHER_HEALTH_PORT asks for one.
+    if settings.health_port is None:
+        return await _serve(settings, "ui", ui, "127.0.0.1", 0)
+    return await _serve(settings, "ui", ui, settings.health_host, settings.health_port)
+
+
+async def _serve(settings: Settings, name: str,
+                 main: Callable[[asyncio.Event, dict], Awaitable[None]],
+                 health_host: str, health_port: int) -> int:
+    from tether.runtime import run_service, tune_gc
+    from tether.ui.server import CannotListen
+
+    tune_gc(settings.gc_threshold)
     try:
-        await run_service(name, run_all, health_host=settings.health_host, health_port=port)
+        await run_service(name, main, health_host=health_host, health_port=health_port)
+    except CannotListen as error:
+        raise CommandFailed(str(error)) from None
     except OSError as error:
         if not is_address_in_use(error):
             raise
         raise CommandFailed(
-            f"cannot serve health and metrics on {settings.health_host}:{port}: the port is "
+            f"cannot serve health and metrics on {health_host}:{health_port}: the port is "
             "in use (by another service?); set TETHER_HEALTH_PORT to a free port, or 0 for "
             "any") from None
     return 0
+
+
+def _ui_port_asked(args: argparse.Namespace) -> str | None:
+    """Where `tether ui`'s port was chosen (`--port 9000`, ...), or None: the default."""
+    if args.port is not None:
+        return f"--port {args.port}"
+    if "TETHER_UI_PORT" in os.environ:
+        return f"TETHER_UI_PORT={os.environ['TETHER_UI_PORT']}"
+    config_file = args.config or os.environ.get(CONFIG_FILE_VARIABLE)
+    if config_file and "ui_port" in load_config_file(Path(config_file)):
+        return f"ui_port in {config_file}"
+    return None
+
+
+def _ui_listener(settings: Settings, asked_by: str | None) -> socket.socket:
+    """`tether ui`'s socket. A port the user chose that is taken ends the command, naming
+    the choice; the default port taken (another `tether ui`, or `tether services all`'s
+    UI), the UI says so and takes the next free port, as a development server does."""
+    from tether.ui.server import listen_on
+
+    host, port = settings.ui_host, settings.ui_port
+    fallbacks = [] if asked_by is not None or port == 0 else [
+        *range(port + 1, min(port + UI_PORT_TRIES, 65536)), 0]
+    for candidate in [port, *fallbacks]:
+        try:
+            listener = listen_on(host, candidate)
+        except OSError as error:
+            if not is_address_in_use(error):
+                raise CommandFailed(f"cannot serve the UI on {host}:{candidate}: "
+                                    f"{error.strerror or error}; check --host "
+                                    "(TETHER_UI_HOST)") from None
+            if asked_by is not None:
+                raise CommandFailed(
+                    f"cannot serve the UI on {host}:{port} ({asked_by}): the port is in use; "
+                    "choose another with --port or TETHER_UI_PORT (0: any free port)") from None
+            continue
+        if candidate != port:
+            bound = listener.getsockname()[1]
+            print(f"tether: port {port}, the default, is in use (another `tether ui`, or "
+                  f"`tether services all`?): the UI is on http://{host}:{bound}/ instead; "
+                  "--port or TETHER_UI_PORT chooses its port", file=sys.stderr, flush=True)
+        return listener
+    raise CommandFailed(f"cannot serve the UI on {host}: no free port")
 
 
 async def _projections(settings: Settings, action: str, batch_size: int) -> int:

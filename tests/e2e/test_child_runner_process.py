@@ -152,7 +152,7 @@ async def test_a_child_blocking_the_event_loop_is_named_with_where_it_blocks(log
 
     assert (blocked["run_id"], blocked["agent_type"]) == (run.run_id, "Blocker")
     line = next(number for number, text in enumerate(
-        (SUPPORT / "stubborn_agents.py").read_text().splitlines(), start=1) if "# BLOCKS" in text)
+        (SUPPORT / "stubborn_agents.py").read_text().splitlines(), start=1) if "BLOCKS:" in text)
     assert blocked["where"] == f"{SUPPORT / 'stubborn_agents.py'}:{line} in run", blocked
     assert "asyncio.to_thread" in blocked["hint"]
     assert 1_300 <= unblocked["blocked_ms"] < 3_000, unblocked

@@ -22,12 +22,13 @@ from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.client import Tether, connect
 from tether.config import Settings
-from tether.domain.events import ParentRef, RunCancelRequested, RunRunning
+from tether.domain.events import DetachedOptions, ParentRef, RunCancelRequested, RunRunning
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 
 AGENTS = ("examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher,"
-          "ui_tree_agents:Chief,ui_tree_agents:Lead,ui_tree_agents:Clerk")
+          "ui_tree_agents:Chief,ui_tree_agents:Lead,ui_tree_agents:Clerk,"
+          "ui_progress_agents:Halfway")
 SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where ui_tree_agents is
 PARENT = ("Assistant", "user-42")
 
@@ -276,3 +277,74 @@ async def test_a_run_given_up_by_its_budget_offers_no_re_request(page, ui_url, t
     await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/spent")
     await expect(page.locator("#current")).to_contain_text("budget-exceeded")
     await expect(page.locator("button.rerequest")).to_have_count(0)
+
+
+async def expect_done(run) -> None:
+    bar = run.locator(":scope > .bar")
+    await expect(bar).to_have_attribute("data-fraction", "1")
+    await expect(bar).to_have_attribute("aria-valuenow", "100")
+    await expect(run.locator(":scope > .meta .percent")).to_have_text("100 %")
+    assert await bar.evaluate("bar => bar.firstElementChild.style.width") == "100%"
+
+
+async def test_a_completed_run_reads_100_percent_whatever_it_last_reported(
+        page, ui_url, tether):
+    await open_timeline(page, ui_url)
+    await tether.parent(*PARENT).run_agent_tool("Halfway", {}, run_id="halfway")
+    run_path = f"{PARENT[0]}/{PARENT[1]}/halfway"
+    reported = (await (await page.request.get(f"{ui_url}/api/runs/{run_path}")).json())["run"]
+    assert (reported["status"], reported["progress"]["fraction"]) == ("completed", 0.5)
+    card = run_card(page, "halfway")
+    await expect(card).to_have_attribute("data-status", "completed")
+    await expect_done(card)
+    await page.goto(f"{ui_url}/runs/{run_path}")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    await expect_done(page.locator("#current > .run"))
+
+
+async def test_a_runs_budgets_read_in_hours(page, ui_url, tether):
+    run = RunEvents("budgeted", ParentRef(agent=PARENT[0], name=PARENT[1]),
+                    start_ms=int(time.time() * 1000))
+    await tether.log.append_batch(
+        [run.requested("Importer", input={"rows": 120_000},
+                       detached=DetachedOptions(on_finish="on_import_done"),
+                       max_budget_ms=7_200_000, no_progress_budget_ms=86_400_000),
+         run.started(), run.running(), run.progress(0.1, "12,000 rows")], expected_last_seq=0)
+    answer = await page.request.get(f"{ui_url}/api/runs/{PARENT[0]}/{PARENT[1]}/budgeted")
+    requested_at = (await answer.json())["run"]["max_budget_deadline"] - 7_200_000
+    # The page's clock, set by the test: at the request (on the broker's clock, as the
+    # deadlines), then an hour and a half later.
+    await page.add_init_script(f"window.testNow = {requested_at}; Date.now = () => window.testNow;")
+    await open_timeline(page, ui_url)
+    deadline = run_card(page, "budgeted").locator(".deadline")
+    await expect(deadline).to_have_text("budget 2 h left · no-progress 24 h left")
+    await page.evaluate(f"window.testNow = {requested_at + 5_400_000}")
+    await expect(deadline).to_have_text("budget 30 min left · no-progress 22 h 30 min left")
+
+
+LONG = {"document": "x" * 4_000, "url": "https://example.com/" + "segment/" * 400}
+
+
+@pytest.mark.parametrize("width", [1280, 1024])
+async def test_long_event_data_wraps_inside_the_page(page, ui_url, tether, width):
+    run = RunEvents(f"long-{width}", ParentRef(agent=PARENT[0], name=PARENT[1]),
+                    start_ms=int(time.time() * 1000))
+    await tether.log.append_batch(
+        [run.requested("Importer", input=LONG, display="Import " + "y" * 200), run.started(),
+         run.running(), run.output("o" * 3_000),
+         run.completed(summary="s" * 2_000, output={"rows": ["r" * 2_000]})],
+        expected_last_seq=0)
+    await page.set_viewport_size({"width": width, "height": 800})
+    overflow = """() => [document.documentElement.scrollWidth,
+                         document.documentElement.clientWidth]"""
+    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/long-{width}")
+    await expect(page.locator("#events tbody tr")).to_have_count(5)
+    scrolled, shown = await page.evaluate(overflow)
+    assert scrolled <= shown, f"the run's page is {scrolled} px wide in a {shown} px window"
+    # Wrapped, not cut: the whole payload is on the page.
+    requested = page.locator("#events tbody tr").first.locator("pre.json")
+    assert LONG["document"] in await requested.text_content()
+    await open_timeline(page, ui_url)
+    await expect(run_card(page, f"long-{width}")).to_have_attribute("data-status", "completed")
+    scrolled, shown = await page.evaluate(overflow)
+    assert scrolled <= shown, f"the timeline is {scrolled} px wide in a {shown} px window"

@@ -56,5 +56,5 @@ class Blocker(ChildAgent):
     input_model = StubbornInput
 
     async def run(self, ctx: RunContext, input: StubbornInput) -> str:
-        time.sleep(input.seconds)  # BLOCKS: the line the runner's warning names
+        time.sleep(input.seconds)  # noqa: ASYNC251 - BLOCKS: the line the runner's warning names
         return f"blocked {input.seconds:g}s"

@@ -1,6 +1,7 @@
 """Serving the UI with uvicorn inside a Tether service's event loop."""
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -10,7 +11,7 @@ import uvicorn
 from tether.client.connection import Tether, connect
 from tether.client.errors import ServiceUnavailable
 from tether.config import Settings
-from tether.diagnose import StartupFailed
+from tether.diagnose import StartupFailed, is_address_in_use
 from tether.log import get_logger
 from tether.runtime import ReadinessCheck, open_postgres
 from tether.ui.app import create_app, ui_inbox
@@ -19,6 +20,32 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8090
 # Pages' live streams end when the UI stops; this bounds what is left (a slow client).
 GRACEFUL_SHUTDOWN_S = 5
+BACKLOG = 2048  # uvicorn's
+
+
+class CannotListen(Exception):
+    """The UI cannot listen where it is told (its port taken, its host not this machine's);
+    the message names the address and the setting to change."""
+
+
+def listen_on(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (0: a free port), for `serve_ui`.
+
+    Bound before the UI connects to NATS and Postgres, so that a taken port is said at
+    once, and listening at once, so that the port is this process's from then on (two
+    sockets with SO_REUSEADDR may both bind one port; only one of them may listen).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
+        sock.bind(address)
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class EmbeddedServer(uvicorn.Server):
@@ -57,53 +84,61 @@ async def _connect(settings: Settings, stop: asyncio.Event) -> Tether | None:
 
 
 async def serve_ui(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck],
-                   *, host: str, port: int, started: asyncio.Future | None = None) -> None:
-    """Connect, then serve until `stop` is set; `started` gets the bound port once it
-    listens."""
-    tether = await _connect(settings, stop)
-    if tether is None:
-        return
+                   *, host: str = DEFAULT_HOST, port: int = 0,
+                   listener: socket.socket | None = None,
+                   started: asyncio.Future | None = None) -> None:
+    """Listen on `listener` (from `listen_on`), else on host:port, then connect to NATS
+    and Postgres (tried for the start-up time) and serve until `stop` is set; `started`
+    gets the bound port once it serves. The listener is closed on the way out."""
+    if listener is None:
+        listener = listen_on(host, port)
     try:
-        pool = await open_postgres(settings, stop, min_size=1, max_size=4)
-        if pool is None:
+        tether = await _connect(settings, stop)
+        if tether is None:
             return
         try:
-            await _serve(settings, stop, checks, (tether, pool), host=host, port=port,
-                         started=started)
+            pool = await open_postgres(settings, stop, min_size=1, max_size=4)
+            if pool is None:
+                return
+            try:
+                await _serve(settings, stop, checks, (tether, pool), listener, started)
+            finally:
+                await pool.close()
         finally:
-            await pool.close()
+            await tether.close()
     finally:
-        await tether.close()
+        listener.close()  # uvicorn closes it once it served; not when it never started
 
 
 async def _serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck],
-                 connected: tuple[Tether, asyncpg.Pool], *, host: str, port: int,
+                 connected: tuple[Tether, asyncpg.Pool], listener: socket.socket,
                  started: asyncio.Future | None) -> None:
     logger = get_logger(service="ui")
+    host, port = listener.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     app = create_app(settings, connected=connected)
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
+    config = uvicorn.Config(app, log_config=None, access_log=False, backlog=BACKLOG,
                             lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = EmbeddedServer(config)
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
     stopping = asyncio.create_task(stop.wait())
     try:
         while not server.started:
             done, _ = await asyncio.wait({serving, stopping}, timeout=0.02)
             if serving in done:
-                serving.result()  # a failure to start (a port in use) surfaces here
+                serving.result()  # a failure to start surfaces here
                 raise RuntimeError(f"the UI did not start on {host}:{port}")
             if stopping in done:
                 break
         if server.started:
-            bound = server.servers[0].sockets[0].getsockname()[1]
             checks.update(app.state.ui.checks)
-            logger.info("ui.listening", host=host, port=bound, url=f"http://{host}:{bound}/")
+            logger.info("ui.listening", host=host, port=port, url=url)
             if started is not None and not started.done():
-                started.set_result(bound)
+                started.set_result(port)
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         if not serving.done() and not server.started:
-            # Still connecting (NATS or Postgres unreachable, retrying): nothing to drain.
+            # Stopped before it started: nothing to drain.
             serving.cancel()
             with suppress(asyncio.CancelledError):
                 await serving
@@ -119,4 +154,13 @@ async def _serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Read
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     """The `ui` service of `tether services` (host and port: TETHER_UI_HOST, TETHER_UI_PORT)."""
-    await serve_ui(settings, stop, checks, host=settings.ui_host, port=settings.ui_port)
+    host, port = settings.ui_host, settings.ui_port
+    try:
+        listener = listen_on(host, port)
+    except OSError as error:
+        raise CannotListen(
+            f"cannot serve the UI on {host}:{port}: "
+            + ("the port is in use (by another `tether ui`?); set TETHER_UI_PORT to a free "
+               "port, or 0 for any" if is_address_in_use(error) else
+               f"{error.strerror or error}; check TETHER_UI_HOST and TETHER_UI_PORT")) from None
+    await serve_ui(settings, stop, checks, listener=listener)

@@ -259,7 +259,7 @@ function runPage() {
       <span id="slider-seq"></span></div>
     <div class="as-of" id="as-of"></div>
     <h2>Steps</h2><div id="steps"></div><div id="usage" class="meta"></div>
-    <h2>Events</h2><table id="events"><thead><tr><th>seq</th><th>type</th><th>at</th><th>data</th></tr></thead>
+    <h2>Events</h2><table id="events" class="events"><thead><tr><th>seq</th><th>type</th><th>at</th><th>data</th></tr></thead>
       <tbody></tbody></table>`;
   const slider = document.getElementById("slider");
   let events = [], following = true, asOfRequest = 0;

@@ -10,11 +10,18 @@ function esc(value) {
 const seg = encodeURIComponent;
 function parentPath(agent, name) { return `${seg(agent)}/${seg(name)}`; }
 function clock(ms) { return ms == null ? "—" : new Date(ms).toISOString().slice(11, 23); }
+// A duration as people read it: 850 ms, 4.2 s, 3 min 20 s, 1 h 5 min, 2 h, 24 h.
 function span(ms) {
   if (ms == null) return "—";
-  if (Math.abs(ms) < 1000) return `${ms} ms`;
-  const s = ms / 1000;
-  return s < 120 ? `${s.toFixed(1)} s` : `${Math.floor(s / 60)} min ${Math.round(s % 60)} s`;
+  const sign = ms < 0 ? "-" : "", abs = Math.abs(ms);
+  if (abs < 1000) return `${sign}${Math.round(abs)} ms`;
+  if (abs < 59_950) return `${sign}${(abs / 1000).toFixed(1)} s`;
+  if (abs < 3_599_500) {
+    const seconds = Math.round(abs / 1000);
+    return `${sign}${Math.floor(seconds / 60)} min${seconds % 60 ? ` ${seconds % 60} s` : ""}`;
+  }
+  const minutes = Math.round(abs / 60_000);
+  return `${sign}${Math.floor(minutes / 60)} h${minutes % 60 ? ` ${minutes % 60} min` : ""}`;
 }
 
 async function api(path, options = {}) {
@@ -76,7 +83,9 @@ function waterfall(run) {
 
 function runCard(run, tree, options = {}) {
   const p = run.progress || {};
-  const fraction = p.fraction ?? (run.status === "completed" ? 1 : null);
+  // A completed run is all done, whatever fraction its child last reported.
+  const fraction = run.status === "completed" ? 1 : p.fraction ?? null;
+  const percent = fraction == null ? null : Math.round(100 * fraction);
   const runUrl = `/runs/${parentPath(run.parent.agent, run.parent.name)}/${seg(run.run_id)}`;
   const actions = [];
   if (!run.finished) actions.push(`<button class="cancel danger" data-act="cancel">Cancel</button>`);
@@ -106,10 +115,12 @@ function runCard(run, tree, options = {}) {
         data-no-progress="${run.no_progress_deadline ?? ""}">${esc(deadlineText(run, Date.now()))}</span>
       ${options.actions === false ? "" : actions.join("")}
     </div>
-    <div class="bar" data-fraction="${fraction ?? ""}"><div class="fill"
+    <div class="bar" data-fraction="${fraction ?? ""}" role="progressbar" aria-valuemin="0"
+      aria-valuemax="100" ${percent == null ? "" : `aria-valuenow="${percent}"`}><div class="fill"
       style="width:${fraction == null ? 0 : (100 * fraction).toFixed(1)}%"></div></div>
-    <div class="meta"><span class="phase">${esc(p.phase || "")}</span>
-      <span class="message">${esc(p.message || "")}</span>${meta.map((m) => `<span>${m}</span>`).join("")}</div>
+    <div class="meta">${percent == null ? "" : `<span class="percent">${percent} %</span>`}
+      ${p.phase ? `<span class="phase">${esc(p.phase)}</span>` : ""}
+      ${p.message ? `<span class="message">${esc(p.message)}</span>` : ""}${meta.map((m) => `<span>${m}</span>`).join("")}</div>
     ${waitingPath(run, tree)}
     ${pins ? `<div class="pins">${pins}</div>` : ""}
     ${run.output_text ? `<pre class="output">${run.output_truncated ? "…" : ""}${esc(run.output_text)}</pre>` : ""}
