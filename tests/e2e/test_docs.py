@@ -107,7 +107,9 @@ async def test_the_python_of_the_page_runs_as_written(page: Path, nats_url, data
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_")}
     env.update(TETHER_NATS_URL=nats_url, TETHER_DATABASE_URL=database_url,
                TETHER_PREFIX=prefix, TETHER_PROJECTION_SCHEMA=prefix)
+    # Free ports: another stack (a developer's `tether services all`) may hold 8090.
     service = ScriptService(tmp_path, agents, {**env, "TETHER_HEALTH_PORT": "0",
+                                                "TETHER_UI_PORT": "0",
                                                 "TETHER_LOG_FORMAT": "json"})
     try:
         await service.start()
