@@ -60,11 +60,7 @@ def import_from_current_directory() -> None:
 def main(argv: list[str] | None = None) -> int:
     import_from_current_directory()
     parser = argparse.ArgumentParser(prog="tether", description=__doc__)
-    parser.add_argument("--nats-url", help="default: $TETHER_NATS_URL")
-    parser.add_argument("--database-url", help="default: $TETHER_DATABASE_URL")
-    parser.add_argument("--prefix", help="subject prefix (default: $TETHER_PREFIX or tether)")
-    parser.add_argument("--config", metavar="PATH", help="a TOML file of settings (default: "
-                        "$TETHER_CONFIG_FILE); the environment and flags override it")
+    _global_flags(parser, None)
     commands = parser.add_subparsers(dest="command", required=True)
 
     services = commands.add_parser("services", help="run Tether services")
@@ -81,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     ui.add_argument("--host", help="default: $TETHER_UI_HOST or 127.0.0.1")
     ui.add_argument("--port", type=_port, help="default: $TETHER_UI_PORT or 8090")
 
+    # The global flags are taken after a command too (`tether inspect A/b --nats-url ...`).
+    for command in commands.choices.values():
+        _accept_global_flags(command)
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(config_file=args.config, nats_url=args.nats_url,
@@ -116,6 +115,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _global_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    """The flags every command takes; after a command, their default is `default`
+    (argparse.SUPPRESS: a flag given before the command is not overwritten)."""
+    parser.add_argument("--nats-url", default=default, help="default: $TETHER_NATS_URL")
+    parser.add_argument("--database-url", default=default,
+                        help="default: $TETHER_DATABASE_URL")
+    parser.add_argument("--prefix", default=default,
+                        help="subject prefix (default: $TETHER_PREFIX or tether)")
+    parser.add_argument("--config", metavar="PATH", default=default,
+                        help="a TOML file of settings (default: $TETHER_CONFIG_FILE); the "
+                             "environment and flags override it")
+
+
+def _accept_global_flags(parser: argparse.ArgumentParser) -> None:
+    subcommands = [action for action in parser._actions  # noqa: SLF001 - argparse's
+                   if isinstance(action, argparse._SubParsersAction)]  # noqa: SLF001
+    if not subcommands:
+        _global_flags(parser, argparse.SUPPRESS)
+    for action in subcommands:
+        for command in action.choices.values():
+            _accept_global_flags(command)
 
 
 def _port(text: str) -> int:

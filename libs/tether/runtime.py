@@ -10,7 +10,9 @@ the service finishes the work in hand and returns, and the process exits 0.
 import asyncio
 import gc
 import json
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 
 import asyncpg
@@ -268,8 +270,22 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
     traced = tracing.configure(f"tether-{name}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.set()
+            return
+        # A second Ctrl-C (or SIGTERM) while the graceful stop waits for running children:
+        # out now. Nothing is lost: a run's work item goes back to another runner, as
+        # after a crash.
+        logger.warning("service.stopped_at_once", signal=signum.name,
+                       detail="a second signal: not waiting for running children; their "
+                              "runs are resumed by another runner")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     checks: dict[str, ReadinessCheck] = {}
     health = HealthServer(health_host, health_port, checks)
     await health.start()

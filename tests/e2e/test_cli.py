@@ -341,3 +341,18 @@ async def test_the_tether_script_finds_agents_in_the_current_directory(service_e
     # Imported from the current directory: what is wrong is the class, not the module.
     assert "agent 'my_agents:NotAnAgent': NotAnAgent is not a ChildAgent subclass in my_agents" \
         in err.decode()
+
+
+async def test_global_flags_are_taken_after_the_command_too(stack, service_env, settings):
+    """docs/operations.md: every command takes --nats-url, --prefix, ...; the environment
+    here names a server nobody listens on, so only the flags reach the stack."""
+    env = {**service_env, "TETHER_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+           "TETHER_PREFIX": "elsewhere"}
+    code, out, err = await tether_cli(env, "inspect", "Assistant/cli", "nope",
+                                      "--nats-url", settings.nats_url,
+                                      "--prefix", settings.prefix)
+    assert (code, out) == (1, "")
+    assert err == "tether inspect: run nope not found: parent Assistant/cli has no such run\n"
+    code, _, err = await tether_cli(env, "--prefix", settings.prefix, "inspect",
+                                    "Assistant/cli", "nope", "--nats-url", settings.nats_url)
+    assert code == 1 and "not found" in err, "a flag before the command is kept"

@@ -207,3 +207,34 @@ async def _checkpoint(pool, schema: str) -> int:
         if "does not exist" not in str(error):
             raise
         return 0
+
+
+async def test_a_second_ctrl_c_stops_a_draining_child_runner_at_once(log, services):
+    """The first SIGINT starts the graceful stop, which lets running children finish for
+    the shutdown grace (here a minute); the second ends the process now, saying so, and
+    the run goes to the next runner as after a crash."""
+    agents = {"TETHER_AGENTS": "examples.agents:Sleeper",
+              "TETHER_RUNNER_SHUTDOWN_GRACE_MS": "60000", "TETHER_WORK_ACK_WAIT_MS": "1500"}
+    first = await services("child-runner", **agents)
+    await ready(first)
+    run = RunEvents("interrupted-twice", PARENT, start_ms=int(time.time() * 1000))
+    await log.append_batch([run.requested("Sleeper", input={"seconds": 60}), run.started()],
+                           expected_last_seq=0)
+    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper")
+    await log.jetstream.publish(log.subjects.work("Sleeper"), work_item_json(item),
+                                headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
+                                stream=log.subjects.work_stream)
+    await watch_runs(log, lambda s: s[run.run_id].status == "running")
+
+    first.signal(signal.SIGINT)
+    await first.logged("child_runner.draining")
+    started = time.monotonic()
+    first.signal(signal.SIGINT)
+    assert await first.wait(timeout=EXIT_WITHIN_S) == 128 + signal.SIGINT
+    assert time.monotonic() - started < 3
+    [now] = await first.logged("service.stopped_at_once")
+    assert now["signal"] == "SIGINT" and "resumed by another runner" in now["detail"]
+
+    await services("child-runner", **agents)
+    resumed = await watch_runs(log, lambda s: s[run.run_id].attempt == 2, timeout=15)
+    assert resumed[run.run_id].status == "running"
