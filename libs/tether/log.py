@@ -50,9 +50,20 @@ def configure_logging(level: str = "info", fmt: str = "auto") -> None:
 class _OneLine(logging.Handler):
     """A library's log record as one structured line: its logger, its message and the
     exception it carries in a word (`error`), without the traceback that would take
-    dozens of lines for what one says."""
+    dozens of lines for what one says. A record a library repeats (asyncpg retrying a
+    pool's connections while Postgres is away) is said once a minute."""
+
+    REPEAT_S = 60.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: dict[tuple[str, str], float] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
+        key = (record.name, record.getMessage())
+        if record.created - self._said.get(key, -self.REPEAT_S) < self.REPEAT_S:
+            return
+        self._said[key] = record.created
         fields: dict[str, object] = {"logger": record.name}
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]

@@ -3,6 +3,8 @@ exit that names what it could not reach, SIGTERM honoured while it waits, and a 
 list of which one answers."""
 
 import asyncio
+import collections
+import contextlib
 import signal
 import socket
 import time
@@ -139,3 +141,32 @@ async def test_credentials_nats_refuses_end_the_start_at_once_naming_the_setting
         settings = Settings(nats_url=url, nats_user="alice", nats_password="wrong")
         with pytest.raises(ServiceUnavailable, match="TETHER_NATS_USER and TETHER_NATS_PASSWORD"):
             await connect(settings=settings, connect_timeout=20)
+
+
+async def test_servers_stopped_under_running_services_are_said_once_each(services, devstack):
+    """`make down` while `tether services all` runs: each service says once that it lost
+    NATS and Postgres (no line per reconnect attempt, no traceback), and still stops
+    cleanly on SIGTERM."""
+    with contextlib.ExitStack() as servers:
+        nats_url = servers.enter_context(devstack.temporary_nats())
+        database_url = servers.enter_context(devstack.temporary_postgres("lost"))
+        every = await services("all", TETHER_NATS_URL=nats_url,
+                               TETHER_DATABASE_URL=database_url, TETHER_UI_PORT="0",
+                               TETHER_AGENTS="examples.agents:Researcher")
+        await every.logged("child_runner.consuming", timeout=30)
+        await every.logged("ui.listening", timeout=30)
+        before = len(every.lines)
+        await asyncio.to_thread(servers.close)  # both servers stopped, as `make down` does
+
+    await every.logged("dependency.lost", timeout=15)
+    # The reconnect loops try twice a second: a few seconds would show a flood.
+    await asyncio.sleep(4)
+    lost = every.lines[before:]
+    said = collections.Counter((line.get("event"), line.get("service") or
+                                line.get("connection") or line.get("logger"))
+                               for line in lost)
+    assert raw_lines(every) == [], "no traceback"
+    assert max(said.values()) <= 2, said
+    assert len(lost) < 40, said
+    every.signal(signal.SIGTERM)
+    assert await every.wait(timeout=15) == 0

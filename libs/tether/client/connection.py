@@ -298,8 +298,14 @@ class Tether:
         return reply
 
     async def close(self) -> None:
-        if not self.nc.is_closed:
+        """Drain the connection; one that is reconnecting (its server away) has nothing
+        to drain and is closed."""
+        if self.nc.is_closed:
+            return
+        try:
             await self.nc.drain()
+        except nats.errors.ConnectionReconnectingError:
+            await self.nc.close()
 
 
 def input_size(input: object) -> int:
@@ -328,16 +334,27 @@ class _Connection:
 
         # nats-py tries the first connection again and again once reconnecting is on (it
         # is, for later outages): the timeout ends that, with the last reason it gave.
+        said: list[str] = []
+
         async def on_error(error: BaseException) -> None:
-            if connected:
-                logger.warning("nats.error", error=str(error) or type(error).__name__)
-            else:
+            if not connected:
                 failures.append(error)
+                return
+            # One line per change, not per attempt (a reconnect loop tries twice a second).
+            text = str(error) or type(error).__name__
+            if not said or said[-1] != text:
+                said.append(text)
+                logger.warning("nats.error", error=text)
+
+        async def on_reconnected() -> None:
+            said.clear()
+            logger.info("nats.reconnected")
 
         try:
             async with asyncio.timeout(self._connect_timeout):
                 nc = await connect_nats(self._settings.nats_connect_url, name=self._name,
                                         startup_timeout_s=None, error_cb=on_error,
+                                        reconnected_cb=on_reconnected,
                                         **self._settings.nats_options(), **self._options)
         except TimeoutError:
             why = (str(failures[-1]) or type(failures[-1]).__name__ if failures
