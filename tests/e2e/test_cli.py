@@ -356,3 +356,27 @@ async def test_global_flags_are_taken_after_the_command_too(stack, service_env, 
     code, _, err = await tether_cli(env, "--prefix", settings.prefix, "inspect",
                                     "Assistant/cli", "nope", "--nats-url", settings.nats_url)
     assert code == 1 and "not found" in err, "a flag before the command is kept"
+
+
+async def test_watch_at_eighty_columns_keeps_each_run_id_on_its_line(stack, service_env, settings):
+    """A long message is cut to fit, never the run id."""
+    run_ids = [f"research-with-a-rather-long-run-id-{n}" for n in range(2)]
+    async with connect(settings=settings) as tether:
+        me = tether.parent("Assistant", "narrow")
+        for run_id in run_ids:
+            await me.run_agent_tool("Sleeper", {"seconds": 30, "milestones": 3}, run_id=run_id,
+                                    detached=True)
+    terminal, process = await run_on_terminal(service_env, 80, "watch", "Assistant/narrow",
+                                              stream="stdout")
+    try:
+        await terminal.until(lambda lines: len(lines) == 2 and all(
+            "running" in line for line in lines))
+        lines = terminal.lines()
+        assert [line.rsplit("· ", 1)[-1] for line in lines] == run_ids, lines
+        assert all(len(line) <= 80 for line in lines)
+    finally:
+        await exit_after_interrupt(process)
+        terminal.close()
+        async with connect(settings=settings) as tether:
+            for run_id in run_ids:
+                await tether.parent("Assistant", "narrow").cancel(run_id)

@@ -254,7 +254,7 @@ async def _progress(me: ParentHandle, run_id: str, board: Board) -> None:
         run = view.runs.get(run_id)
         if run is None:
             continue
-        board.show([(run_id, run_line(run, width=board.bar_width))])
+        board.show([(run_id, run_line(run, width=board.bar_width, columns=board.columns))])
         if run.status in FINAL_STATUSES:
             return
 
@@ -278,7 +278,8 @@ def _watch(args: argparse.Namespace, settings: Settings):
                 return 0
             with Board(sys.stdout) as board:
                 async for view in me.timeline(run_id=args.run_id):
-                    board.show(timeline_rows(view, width=board.bar_width))
+                    board.show(timeline_rows(view, width=board.bar_width,
+                                             columns=board.columns))
         return 0
 
     return watch()

@@ -16,6 +16,7 @@ from tether.client.timeline import RunView, TimelineView
 BAR_WIDTH = 20
 NARROW_BAR_WIDTH = 10
 NARROW_COLUMNS = 80
+MIN_BAR_WIDTH = 4
 FINAL_STATUSES = frozenset({"completed", "error", "aborted", "interrupted"})
 _FINAL_MARK = {"completed": "done", "error": "FAILED", "aborted": "aborted",
                "interrupted": "interrupted"}
@@ -28,12 +29,32 @@ def progress_bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + f"] {fraction:4.0%}"
 
 
-def run_line(run: RunView, *, width: int = BAR_WIDTH) -> str:
-    """What matters first, so a line cut to a narrow terminal keeps it: the agent, the
-    status and the bar, then what the child said, then the run id."""
+def run_line(run: RunView, *, width: int = BAR_WIDTH, columns: int | None = None) -> str:
+    """The agent, the status and the bar, what the child said, and the run id. Within
+    `columns` (a terminal's width), what the child said is cut to fit, so the run id
+    stays on the line."""
     progress = run.progress
     fraction = 1.0 if run.status == "completed" else (progress.fraction if progress else None)
-    parts = [f"{run.agent_type} {run.status:<11} {progress_bar(fraction, width)}"]
+    tail = f"· {run.run_id}"
+    if columns is not None:  # a narrower bar, down to MIN_BAR_WIDTH, before the run id goes
+        fitting = columns - (len(run.agent_type) + len(" ") + 11 + len(" [] 100% ") + len(tail))
+        if fitting >= MIN_BAR_WIDTH:
+            width = min(width, fitting)
+    head = f"{run.agent_type} {run.status:<11} {progress_bar(fraction, width)}"
+    middle = " ".join(_said(run))
+    line = " ".join(part for part in (head, middle, tail) if part)
+    if columns is None or len(line) <= columns:
+        return line
+    room = columns - len(head) - len(tail) - 2
+    if room >= 2 and middle:
+        return f"{head} {middle[:room - 1]}… {tail}"
+    return f"{head} {tail}"  # too narrow for the run id as well: the board cuts its end
+
+
+def _said(run: RunView) -> list[str]:
+    """What the child said of a run, for its line: phase, message, milestones, failure."""
+    progress = run.progress
+    parts: list[str] = []
     if progress is not None:
         if progress.phase:
             parts.append(f"{progress.phase}:")
@@ -46,25 +67,30 @@ def run_line(run: RunView, *, width: int = BAR_WIDTH) -> str:
         if run.reason:
             detail = f"{detail} (reason {run.reason})".strip()
         parts.append(f"· {_FINAL_MARK[run.status]}: {detail}")
-    parts.append(f"· {run.run_id}")
-    return " ".join(parts)
+    return parts
 
 
-def timeline_rows(view: TimelineView, *, width: int = BAR_WIDTH) -> list[tuple[str, str]]:
-    """(key, line) for each line of the view: a run's key is its run id."""
+def timeline_rows(view: TimelineView, *, width: int = BAR_WIDTH,
+                  columns: int | None = None) -> list[tuple[str, str]]:
+    """(key, line) for each line of the view: a run's key is its run id; each fitted to
+    `columns` (`run_line`)."""
+    def line(run: RunView, indent: str) -> str:
+        return indent + run_line(run, width=width,
+                                 columns=None if columns is None else columns - len(indent))
+
     if not view.runs:
         return [("", "(no runs yet)")]
     rows: list[tuple[str, str]] = []
     for tool_call_id in view.tool_call_ids:
         rows.append((f"tool call {tool_call_id}", f"tool call {tool_call_id}:"))
-        rows.extend((run.run_id, "  " + run_line(run, width=width))
+        rows.extend((run.run_id, line(run, "  "))
                     for run in view.runs_for_tool_call(tool_call_id))
     unbound = view.unbound_runs
     indent = ""
     if unbound and rows:
         rows.append(("without a tool call", "without a tool call:"))
         indent = "  "
-    rows.extend((run.run_id, indent + run_line(run, width=width)) for run in unbound)
+    rows.extend((run.run_id, line(run, indent)) for run in unbound)
     return rows
 
 
@@ -87,6 +113,11 @@ class Board:
                            redirect_stdout=False, redirect_stderr=False)
                       if self.tty else None)
         self._printed: dict[str, str] = {}
+
+    @property
+    def columns(self) -> int | None:
+        """The terminal's width, which live lines are fitted to; None when piped."""
+        return self.console.width if self.tty else None
 
     @property
     def bar_width(self) -> int:
