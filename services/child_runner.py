@@ -20,6 +20,8 @@ def _registry(settings: Settings) -> AgentRegistry:
         if not registry:
             raise AgentConfigurationError(
                 "no child agents to run: set TETHER_AGENTS or pass --agents module:Class[,...]")
+        for agent in registry.classes:
+            agent.check_configuration()
     except AgentConfigurationError as error:
         # Nothing useful can run; say why in one line instead of a traceback.
         get_logger(service="child-runner").error("child_runner.misconfigured", error=str(error))

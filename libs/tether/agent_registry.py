@@ -80,5 +80,9 @@ class AgentRegistry:
     def agent_types(self) -> list[str]:
         return sorted(self._by_type)
 
+    @property
+    def classes(self) -> list[type[ChildAgent]]:
+        return [self._by_type[agent_type] for agent_type in self.agent_types]
+
     def __bool__(self) -> bool:
         return bool(self._by_type)

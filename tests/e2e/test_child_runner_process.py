@@ -81,6 +81,25 @@ async def test_a_runner_without_agents_stops_with_a_clear_error(services):
 SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where stubborn_agents is
 
 
+async def test_a_model_agent_without_a_model_client_is_refused_when_the_runner_starts(
+        services):
+    """Not when its first run starts: the runner exits 2 at once, naming the setting."""
+    support = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
+                                                           os.environ.get("PYTHONPATH")]))}
+    runner = await services("child-runner", TETHER_AGENTS="unscripted_agents:Unscripted",
+                            **support)
+    assert await runner.wait() == 2
+    [error] = await runner.logged("child_runner.misconfigured")
+    assert error["error"].startswith("Unscripted: no model client; set TETHER_MODEL_CLIENT=")
+    assert not [line for line in runner.lines if line.get("event") == "child_runner.consuming"]
+
+    wrong = await services("child-runner", TETHER_AGENTS="unscripted_agents:Unscripted",
+                           TETHER_MODEL_CLIENT="no_such_module:client", **support)
+    assert await wrong.wait() == 2
+    [error] = await wrong.logged("child_runner.misconfigured")
+    assert error["error"].startswith("TETHER_MODEL_CLIENT='no_such_module:client': ")
+
+
 async def test_a_runner_paused_past_its_ack_wait_records_nothing_after_it_wakes(
         log, services, tmp_path):
     """SIGSTOP, not SIGKILL: the paused runner's item goes to the other runner, which

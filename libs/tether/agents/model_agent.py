@@ -119,6 +119,13 @@ class ModelAgent(ChildAgent):
     def __init__(self) -> None:
         self.result: AgentRunResult | None = None
 
+    @classmethod
+    def check_configuration(cls) -> None:
+        """Its model client can be made (`client_for`): a runner without one refuses to
+        start instead of failing every run."""
+        if not cls.__dict__.get("base_class"):
+            client_for(cls)
+
     def run_input(self, input: BaseModel) -> ModelAgentInput:
         """Map this agent's input model to the run's options; a subclass with its own input
         model gets the input as JSON text, and its fields as the context."""
@@ -219,7 +226,14 @@ def _load_client(path: str, agent_cls: type[ModelAgent]) -> ModelClient:
         raise AgentConfigurationError(f"{MODEL_CLIENT_VARIABLE}={path!r}: {error}") from None
     if hasattr(found, "complete"):
         return found
-    client = found(agent_cls)
+    try:
+        client = found(agent_cls)
+    except AgentConfigurationError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a factory's own failure, said as such
+        raise AgentConfigurationError(
+            f"{MODEL_CLIENT_VARIABLE}={path!r} could not make a client for "
+            f"{agent_cls.__name__}: {type(error).__name__}: {error}") from None
     if not hasattr(client, "complete"):
         raise AgentConfigurationError(f"{MODEL_CLIENT_VARIABLE}={path!r} did not give a model "
                                       "client (an object with `complete`)")

@@ -75,6 +75,12 @@ class ChildAgent:
     async def run(self, ctx: "RunContext", input: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement run(ctx, input)")
 
+    @classmethod
+    def check_configuration(cls) -> None:
+        """Raise `AgentConfigurationError` when this process cannot run the agent (a
+        child-runner asks every agent when it starts, so it refuses to start rather than
+        fail each run). Nothing to check by default."""
+
     async def get_output(self, run_id: str) -> Any:
         return None
 
