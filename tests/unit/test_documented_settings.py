@@ -8,8 +8,10 @@ import re
 from pathlib import Path
 
 from tether.access import USERS, nkey_variable, password_variable
+from tether.cli import ALL_SERVICES_HEALTH_PORT, SERVICE_HEALTH_PORTS
 from tether.config import Settings
 from tether.contract.subjects import Subjects
+from tether.ui.server import DEFAULT_PORT
 
 ROOT = Path(__file__).parents[2]
 DOCUMENTED = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -33,3 +35,13 @@ def test_every_documented_tether_variable_is_read_by_something() -> None:
             if name not in known and name not in read:
                 unknown.setdefault(name, page.name)
     assert unknown == {}, "documented, and nothing reads them"
+
+
+def test_every_setting_and_default_port_is_in_the_configuration_page() -> None:
+    """docs/configuration.md lists every setting and every port a service listens on."""
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [f"TETHER_{field.upper()}" for field in Settings.model_fields
+               if f"`TETHER_{field.upper()}`" not in page]
+    ports = {*SERVICE_HEALTH_PORTS.values(), ALL_SERVICES_HEALTH_PORT, DEFAULT_PORT}
+    missing += [str(port) for port in sorted(ports) if not re.search(rf"\b{port}\b", page)]
+    assert missing == []
