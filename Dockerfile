@@ -10,8 +10,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Dependencies change far less often than the code, so their wheels are built from
 # pyproject.toml alone: this layer stays cached across edits to libs/ and services/.
+# The runtime's and the extras a deployment serves: the UI, the OpenAI-compatible model
+# client and OpenTelemetry.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + [r for e in ('ui', 'openai', 'otel') for r in p['optional-dependencies'][e]]))" \
         > requirements.txt \
     && pip wheel --wheel-dir /wheels/deps -r requirements.txt \
     && cp requirements.txt /wheels/deps/

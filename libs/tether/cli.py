@@ -15,13 +15,15 @@ from tether.agents.devtools import add_runs_command, run_runs_command
 from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_client_command
 from tether.config import CONFIG_FILE_VARIABLE, ConfigurationError, Settings, load_config_file
 from tether.diagnose import (
+    CannotListen,
     StartupFailed,
     is_address_in_use,
     nats_unreachable,
     postgres_unreachable,
     unreachable_servers,
 )
-from tether.log import configure_logging
+from tether.extras import MissingExtra, installed, require
+from tether.log import configure_logging, get_logger
 
 SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084,
                         "ui": 8085}
@@ -101,8 +103,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "services":
                 return runner.run(_run_services(settings, args.name))
             if args.command == "ui":
+                require("ui")
                 return runner.run(_run_ui(settings, _ui_listener(settings, _ui_port_asked(args))))
             return runner.run(_projections(settings, args.action, args.batch_size))
+    except MissingExtra as error:
+        print(f"tether: {error}", file=sys.stderr)
+        return 2
     except (CommandFailed, StartupFailed) as error:
         print(f"tether: {error}", file=sys.stderr)
         return 1
@@ -163,6 +169,12 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
 async def _run_services(settings: Settings, name: str) -> int:
     available = _services()
     chosen = sorted(available) if name == "all" else [name]
+    if name == "all" and not installed("ui"):
+        # The web timeline is an extra: `all` runs the services without it.
+        chosen.remove("ui")
+        get_logger(service="all").warning(
+            "ui.not_installed", detail="the web timeline needs the 'ui' extra: "
+                                       "pip install 'tether[ui]'; the other services run")
 
     async def run_all(stop: asyncio.Event, checks: dict) -> None:
         # The first to fail (a dependency unreachable at start) stops the others: its
@@ -203,7 +215,6 @@ async def _serve(settings: Settings, name: str,
                  main: Callable[[asyncio.Event, dict], Awaitable[None]],
                  health_host: str, health_port: int) -> int:
     from tether.runtime import run_service, tune_gc
-    from tether.ui.server import CannotListen
 
     tune_gc(settings.gc_threshold)
     try:

@@ -28,6 +28,11 @@ def _redact_one(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+class CannotListen(Exception):
+    """The UI cannot listen where it is told (its port taken, its host not this machine's);
+    the message names the address and the setting to change."""
+
+
 class StartupFailed(ConnectionError):
     """A dependency stayed unreachable for the whole start-up time, or refused this
     connection; the message names it, its URL (without a password) and the setting."""

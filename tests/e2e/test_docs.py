@@ -90,13 +90,22 @@ def test_the_readme_is_short_and_every_page_speaks_to_users() -> None:
 @pytest.mark.parametrize("page", pages_with_python(), ids=lambda page: page.name)
 async def test_the_python_of_the_page_runs_as_written(page: Path, nats_url, database_url,
                                                        tmp_path) -> None:
+    await run_page(page, nats_url, database_url, tmp_path)
+
+
+async def run_page(page: Path, nats_url: str, database_url: str, directory: Path, *,
+                   python: Path = Path(sys.executable), tether: Path = TETHER_SCRIPT,
+                   service_lines: list | None = None) -> None:
+    """The page's programs, run with `python` against `tether services all` started with
+    the `tether` script (those of another environment: tests/e2e/test_install.py); the
+    service's log lines go to `service_lines` when given."""
     blocks = [block for block in python_blocks(page) if not block.skipped]
     programs: list[tuple[Block, str]] = []
     agents: list[str] = []
     for number, block in enumerate(blocks):
         saved = SAVE.match(block.code.splitlines()[0])
         name = saved["name"] if saved else f"block_{number}.py"
-        (tmp_path / name).write_text(block.code)
+        (directory / name).write_text(block.code)
         if saved:
             agents += [f"{name[:-3]}:{cls}" for cls in AGENT_CLASS.findall(block.code)]
         if not saved or saved["run"]:
@@ -108,9 +117,9 @@ async def test_the_python_of_the_page_runs_as_written(page: Path, nats_url, data
     env.update(TETHER_NATS_URL=nats_url, TETHER_DATABASE_URL=database_url,
                TETHER_PREFIX=prefix, TETHER_PROJECTION_SCHEMA=prefix)
     # Free ports: another stack (a developer's `tether services all`) may hold 8090.
-    service = ScriptService(tmp_path, agents, {**env, "TETHER_HEALTH_PORT": "0",
+    service = ScriptService(directory, agents, {**env, "TETHER_HEALTH_PORT": "0",
                                                 "TETHER_UI_PORT": "0",
-                                                "TETHER_LOG_FORMAT": "json"})
+                                                "TETHER_LOG_FORMAT": "json"}, tether)
     try:
         await service.start()
         await service.logged("parent.ready", timeout=30)
@@ -119,7 +128,7 @@ async def test_the_python_of_the_page_runs_as_written(page: Path, nats_url, data
         for block, name in programs:
             for again in times:
                 process = await asyncio.create_subprocess_exec(
-                    sys.executable, name, cwd=tmp_path, env=env,
+                    str(python), name, cwd=directory, env=env,
                     stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                     stderr=asyncio.subprocess.PIPE)
                 out, err = await asyncio.wait_for(process.communicate(),
@@ -131,6 +140,8 @@ async def test_the_python_of_the_page_runs_as_written(page: Path, nats_url, data
                     assert out.decode() == block.expected_output, where
     finally:
         await service.stop()
+        if service_lines is not None:
+            service_lines.extend(service.lines)
         nc = await connect_nats(nats_url, name="tether-docs-test")
         await remove_streams(nc.jetstream(), settings.subjects)
         await nc.drain()
@@ -142,14 +153,15 @@ async def test_the_python_of_the_page_runs_as_written(page: Path, nats_url, data
 class ScriptService(ServiceProcess):
     """`tether services all` through the installed `tether` script, in `cwd`."""
 
-    def __init__(self, cwd: Path, agents: list[str], env: dict[str, str]) -> None:
+    def __init__(self, cwd: Path, agents: list[str], env: dict[str, str],
+                 script: Path = TETHER_SCRIPT) -> None:
         super().__init__("all", env)
-        self.cwd, self.agents = cwd, agents
+        self.cwd, self.agents, self.script = cwd, agents, script
 
     async def start(self) -> "ScriptService":
         args = ["--agents", ",".join(self.agents)] if self.agents else []
         self.process = await asyncio.create_subprocess_exec(
-            str(TETHER_SCRIPT), "services", "all", *args, cwd=self.cwd, env=self.env,
+            str(self.script), "services", "all", *args, cwd=self.cwd, env=self.env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE)
         self._reader = asyncio.create_task(self._read())

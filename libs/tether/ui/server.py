@@ -11,7 +11,7 @@ import uvicorn
 from tether.client.connection import Tether, connect
 from tether.client.errors import ServiceUnavailable
 from tether.config import Settings
-from tether.diagnose import StartupFailed, is_address_in_use
+from tether.diagnose import CannotListen, StartupFailed, is_address_in_use
 from tether.log import get_logger
 from tether.runtime import ReadinessCheck, open_postgres
 from tether.ui.app import create_app, ui_inbox
@@ -21,11 +21,6 @@ DEFAULT_PORT = 8090
 # Pages' live streams end when the UI stops; this bounds what is left (a slow client).
 GRACEFUL_SHUTDOWN_S = 5
 BACKLOG = 2048  # uvicorn's
-
-
-class CannotListen(Exception):
-    """The UI cannot listen where it is told (its port taken, its host not this machine's);
-    the message names the address and the setting to change."""
 
 
 def listen_on(host: str, port: int) -> socket.socket:
