@@ -94,6 +94,28 @@ class Health:
             self._logger.info("dependency.restored", loop=self.loop, down_ms=down_ms)
 
 
+# How long work abandoned at a stop may take to end before its caller goes on: a NATS
+# connect cancelled while it opens a socket can take long to end under uvloop.
+ABANDON_WAIT_S = 1.0
+
+
+async def unless_stopped(stop: asyncio.Event, work: Awaitable[T]) -> tuple[bool, T | None]:
+    """(True, its result) once `work` is done, or (False, None) when `stop` is set first
+    (`work` is then cancelled; its end is not waited for past ABANDON_WAIT_S). A start-up
+    step that waits on a server (a broker's first connection) ends with the service."""
+    doing = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({doing, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if doing.done():
+        return True, doing.result()
+    doing.cancel()
+    await asyncio.wait({doing}, timeout=ABANDON_WAIT_S)
+    return False, None
+
+
 async def supervise(name: str, body: Callable[[Callable[[], None]], Awaitable[None]],
                     stop: asyncio.Event, logger) -> None:
     """Run `body(progressed)` until `stop`; when it raises, back off and run it again.

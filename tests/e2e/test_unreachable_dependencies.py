@@ -170,3 +170,4 @@ async def test_servers_stopped_under_running_services_are_said_once_each(service
     assert len(lost) < 40, said
     every.signal(signal.SIGTERM)
     assert await every.wait(timeout=15) == 0
+

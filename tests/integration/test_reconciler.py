@@ -5,6 +5,7 @@ import contextlib
 import gc
 import json
 import logging
+import socket
 import time
 import weakref
 from contextlib import aclosing
@@ -758,3 +759,36 @@ async def test_a_broker_clock_that_cannot_be_read_leaves_the_reconcilers_own(
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(task, sampling), timeout=10)
+
+
+async def test_a_reconciler_whose_control_broker_waits_for_nats_stops_when_told(
+        fast, log, pool):
+    """It takes the lease (Postgres answers) and starts its control broker, whose NATS
+    does not answer (a refused port): a stop ends it at once, not when NATS is back."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"nats://127.0.0.1:{sock.getsockname()[1]}"
+    away = fast.model_copy(update={"nats_url": dead})
+    acquired = asyncio.Event()
+
+    class Lines:
+        def __getattr__(self, level):
+            def log(event, **fields):
+                if event == "leadership.acquired":
+                    acquired.set()
+            return log
+
+        def bind(self, **_):
+            return self
+
+    registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
+    deliverer = Deliverer.of(away, log, RegisteredHooks(registry), DefaultFormatters(),
+                             get_logger(service="test"))
+    reconciler = Reconciler(away, log, pool, deliverer, Lines())
+    stop = asyncio.Event()
+    task = asyncio.create_task(reconciler.run(stop))
+    await asyncio.wait_for(acquired.wait(), timeout=10)
+    stop.set()
+    done, _ = await asyncio.wait({task}, timeout=3)
+    assert done, "still starting its control broker"
+    assert not reconciler.active.is_set()

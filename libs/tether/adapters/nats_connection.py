@@ -14,6 +14,7 @@ from tether.adapters.nats_fastpath import FastClient
 from tether.adapters.nats_fastpath import supported as fastpath_supported
 from tether.diagnose import redact
 from tether.log import get_logger  # (it configures structlog lazily, at the first line)
+from tether.resilience import ABANDON_WAIT_S
 
 
 class NatsUnreachable(ConnectionError):
@@ -148,11 +149,6 @@ class _FirstAttempt:
                 if self._first_failure is not None:
                     self._first_failure(error)
         await self._reported(error)
-
-
-# How long an abandoned first attempt may take to end: under uvloop, a connect cancelled
-# while it opens a socket can take long to end, and the caller is not kept waiting for it.
-ABANDON_WAIT_S = 1.0
 
 
 async def _abandon(nc: NATS, connecting: asyncio.Future) -> None:

@@ -49,7 +49,7 @@ from tether.metrics import (
 from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
-from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervise
+from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervise, unless_stopped
 from tether.run_tree import cancel_below
 
 RunKey = tuple[str, str, str]
@@ -139,7 +139,9 @@ class Reconciler:
                 return
             # The gate before each decision, the timer's (`_fire`) and recovery's.
             self._lease_fresh = self.recovery.lease_fresh = term.fresh
-            await self._observability_broker.start()
+            started, _ = await unless_stopped(stop, self._observability_broker.start())
+            if not started:
+                return  # stopped while the broker's connection waited for NATS
             progressed()
             self._reset_view()
             self.active.set()
