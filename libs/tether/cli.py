@@ -166,15 +166,24 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
     return uvloop.new_event_loop
 
 
+def services_to_run(name: str) -> list[str]:
+    """What `tether services NAME` runs. The web timeline is an extra: without it, `ui` is
+    refused (`MissingExtra`) before anything starts, and `all` runs the other services
+    (the caller says so), since an install for running agents need not serve a web page."""
+    if name != "all":
+        if name == "ui":
+            require("ui")
+        return [name]
+    return [service for service in sorted(SERVICE_MODULES)
+            if service != "ui" or installed("ui")]
+
+
 async def _run_services(settings: Settings, name: str) -> int:
     available = _services()
-    chosen = sorted(available) if name == "all" else [name]
-    if name == "all" and not installed("ui"):
-        # The web timeline is an extra: `all` runs the services without it.
-        chosen.remove("ui")
+    chosen = services_to_run(name)
+    if name == "all" and "ui" not in chosen:
         get_logger(service="all").warning(
-            "ui.not_installed", detail="the web timeline needs the 'ui' extra: "
-                                       "pip install 'tether[ui]'; the other services run")
+            "ui.not_installed", detail=f"{MissingExtra('ui')}; the other services run")
 
     async def run_all(stop: asyncio.Event, checks: dict) -> None:
         # The first to fail (a dependency unreachable at start) stops the others: its

@@ -1,7 +1,9 @@
 """Tether's optional parts and what they need: `pip install 'tether[ui]'` and so on.
 
-The runtime, the CLI and the services need none of them; a command that needs one that
-is missing says which extra to install, in one line.
+The runtime, the CLI and the services need none of them. A module that needs one imports
+it at its top and, when it is missing, raises `MissingExtra`; a command that needs one
+asks `require` before it starts anything. Either way the user reads one line naming the
+extra and the command that installs it.
 """
 
 import importlib.util
@@ -14,20 +16,27 @@ EXTRAS = {
 }
 
 
-class MissingExtra(Exception):
-    """An optional part was asked for without its extra installed."""
+class MissingExtra(ImportError):
+    """An optional part was asked for without its extra installed.
+
+    An ImportError, so that what loads a module by name (`TETHER_MODEL_CLIENT`) reports it
+    as it reports any module that cannot be imported, with this message.
+    """
+
+    def __init__(self, extra: str) -> None:
+        super().__init__(f"{EXTRAS[extra][1]} needs the {extra!r} extra: "
+                         f"pip install 'tether[{extra}]'")
+        self.extra = extra
 
 
 def installed(extra: str) -> bool:
     modules, _ = EXTRAS[extra]
     try:
         return all(importlib.util.find_spec(module) is not None for module in modules)
-    except ModuleNotFoundError:  # a parent package of a dotted name is missing
+    except ModuleNotFoundError:  # a dotted name's parent package is missing
         return False
 
 
 def require(extra: str) -> None:
-    """Raise `MissingExtra`, naming the extra and how to install it, when it is missing."""
     if not installed(extra):
-        raise MissingExtra(f"{EXTRAS[extra][1]} needs the {extra!r} extra: "
-                           f"pip install 'tether[{extra}]'")
+        raise MissingExtra(extra)

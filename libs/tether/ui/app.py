@@ -10,12 +10,18 @@ from typing import Any
 
 import asyncpg
 from pydantic import ValidationError
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
+
+from tether.extras import MissingExtra
+
+try:
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+except ModuleNotFoundError:
+    raise MissingExtra("ui") from None
 
 from tether.agents.devtools import records_of
 from tether.agents.records import usage_of

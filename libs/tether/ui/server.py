@@ -6,7 +6,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import asyncpg
-import uvicorn
+
+from tether.extras import MissingExtra
+
+try:
+    import uvicorn
+except ModuleNotFoundError:
+    raise MissingExtra("ui") from None
 
 from tether.client.connection import Tether, connect
 from tether.client.errors import ServiceUnavailable

@@ -12,11 +12,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tether.extras import MissingExtra
+
 try:
     import httpx
-except ModuleNotFoundError:  # an optional extra
-    raise ModuleNotFoundError("the OpenAI-compatible model client needs the 'openai' extra: "
-                              "pip install 'tether[openai]'") from None
+except ModuleNotFoundError:
+    raise MissingExtra("openai") from None
 
 from tether.agents.errors import ModelError, kind_for_status, parse_retry_after
 from tether.agents.messages import (
