@@ -65,6 +65,18 @@ async def stop_within_grace(service) -> float:
     return time.monotonic() - started
 
 
+async def dispatch_sleeper(log: EventLog, run_id: str) -> RunEvents:
+    """A requested Sleeper run of a minute and its work item, as a parent would send them."""
+    run = RunEvents(run_id, PARENT, start_ms=int(time.time() * 1000))
+    await log.append_batch([run.requested("Sleeper", input={"seconds": 60}), run.started()],
+                           expected_last_seq=0)
+    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper")
+    await log.jetstream.publish(log.subjects.work("Sleeper"), work_item_json(item),
+                                headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
+                                stream=log.subjects.work_stream)
+    return run
+
+
 async def watch_runs(log: EventLog, until, timeout: float = 20) -> dict:
     """Fold every run of PARENT from the log until `until(states)` holds."""
     states: dict = {}
@@ -83,13 +95,7 @@ async def test_a_child_runner_hands_its_running_work_back_and_another_resumes_it
     first = await services("child-runner", **agents)
     await ready(first)
     for i in range(3):
-        run = RunEvents(f"sleep-{i}", PARENT, start_ms=int(time.time() * 1000))
-        await log.append_batch([run.requested("Sleeper", input={"seconds": 60}), run.started()],
-                               expected_last_seq=0)
-        item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper")
-        await log.jetstream.publish(log.subjects.work("Sleeper"), work_item_json(item),
-                                    headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
-                                    stream=log.subjects.work_stream)
+        await dispatch_sleeper(log, f"sleep-{i}")
     await watch_runs(log, lambda s: sum(r.status == "running" for r in s.values()) == 3)
 
     metrics = await scrape(first.health_port)
@@ -217,13 +223,7 @@ async def test_a_second_ctrl_c_stops_a_draining_child_runner_at_once(log, servic
               "TETHER_RUNNER_SHUTDOWN_GRACE_MS": "60000", "TETHER_WORK_ACK_WAIT_MS": "1500"}
     first = await services("child-runner", **agents)
     await ready(first)
-    run = RunEvents("interrupted-twice", PARENT, start_ms=int(time.time() * 1000))
-    await log.append_batch([run.requested("Sleeper", input={"seconds": 60}), run.started()],
-                           expected_last_seq=0)
-    item = WorkItem(run_id=run.run_id, parent=PARENT, agent_type="Sleeper")
-    await log.jetstream.publish(log.subjects.work("Sleeper"), work_item_json(item),
-                                headers={"Nats-Msg-Id": work_message_id(run.run_id, 1)},
-                                stream=log.subjects.work_stream)
+    run = await dispatch_sleeper(log, "interrupted-twice")
     await watch_runs(log, lambda s: s[run.run_id].status == "running")
 
     first.signal(signal.SIGINT)
