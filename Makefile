@@ -62,8 +62,8 @@ env:
 
 # The JSON Schemas and the AsyncAPI document under schemas/, and its page under docs/.
 schemas: venv
-	$(PY) -m tether.contract.schemas --write
-	$(PY) -m tether.contract.asyncapi --write
+	$(PY) -m tether.generate.schemas --write
+	$(PY) -m tether.generate.asyncapi --write
 
 # The Kubernetes dev overlay's secrets (deploy/k8s/overlays/dev/secrets/, not in git): a
 # CA, NATS's and Postgres's certificates, every NATS user's NKey. Kept once made; compose

@@ -4,6 +4,8 @@ import asyncio
 
 from tether.agent_registry import AgentConfigurationError, AgentRegistry
 from tether.bootstrap import Needs, Service, bootstrap
+from tether.child.agent import ChildAgent
+from tether.child.loading import load_agents
 from tether.child.runner import ChildRunner, consumer_name
 from tether.client.connection import Tether
 from tether.config import Settings
@@ -13,10 +15,10 @@ from tether.metrics import RUNNER_SLOTS, WORK_PENDING
 from tether.runtime import ReadinessCheck, nats_check
 
 
-def _registry(settings: Settings) -> AgentRegistry:
+def _registry(settings: Settings) -> AgentRegistry[ChildAgent]:
     """The child agents to run; none, or one that cannot be loaded, stops the service."""
     try:
-        registry = AgentRegistry.from_paths(settings.agents)
+        registry = load_agents(settings.agents)
         if not registry:
             raise AgentConfigurationError(
                 "no child agents to run: set TETHER_AGENTS or pass --agents module:Class[,...]")

@@ -3,8 +3,9 @@
 import asyncio
 
 from tether.adapters.event_log import EventLog
-from tether.agent_registry import AgentConfigurationError, AgentRegistry
+from tether.agent_registry import AgentConfigurationError
 from tether.bootstrap import Needs, Service, bootstrap
+from tether.child.loading import load_agents
 from tether.config import Settings
 from tether.log import get_logger
 from tether.metrics import DELIVERIES_PENDING, DELIVERIES_REDELIVERED
@@ -15,7 +16,7 @@ from tether.runtime import ReadinessCheck, nats_check
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
     logger = get_logger(service="parent")
     try:
-        agents = AgentRegistry.from_paths(settings.agents)
+        agents = load_agents(settings.agents)
     except AgentConfigurationError as error:
         logger.error("parent.misconfigured", error=str(error))
         raise SystemExit(2) from None

@@ -7,8 +7,9 @@ from nats.js.kv import KeyValue
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
 from tether.adapters.streams import key_value
-from tether.agent_registry import AgentConfigurationError, AgentRegistry
+from tether.agent_registry import AgentConfigurationError
 from tether.bootstrap import Needs, Service, bootstrap
+from tether.child.loading import load_agents
 from tether.config import Settings
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import ByParentClass, load_formatters
@@ -25,7 +26,7 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     try:
         # The parent classes (`TETHER_AGENTS`, as the parent's) word their own runs'
         # notices: a model parent's give-up and retry messages read as its others do.
-        formatters = ByParentClass(AgentRegistry.from_paths(settings.agents),
+        formatters = ByParentClass(load_agents(settings.agents),
                                    load_formatters(settings.formatters))
     except AgentConfigurationError as error:
         logger.error("reconciler.misconfigured", error=str(error))

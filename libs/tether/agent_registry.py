@@ -1,25 +1,42 @@
-"""The child agents a service knows, by agent type, loaded from their import paths
-(`TETHER_AGENTS`, `--agents module:Class`).
+"""The child agents a service knows, by agent type.
 
 Shared by the parent (which validates a request's agent type and input against it) and
-the child-runner (which runs them), so neither imports the other.
+the child-runner (which runs them), so neither imports the other. A registry holds agent
+classes as the parent sees them (`AgentClass`); `tether.child.loading` loads
+`ChildAgent` classes from their import paths (`TETHER_AGENTS`, `--agents module:Class`)
+into one.
 """
 
 import hashlib
-import importlib
 import inspect
-import os
 from pathlib import Path
+from typing import ClassVar, Generic, Protocol, TypeVar
 
-from tether.child.agent import AgentConfigurationError, ChildAgent
+from pydantic import BaseModel
 
-__all__ = ["AgentConfigurationError", "AgentRegistry", "agent_version", "load_agent"]
-
-
-_VERSIONS: dict[type[ChildAgent], str] = {}
+__all__ = ["AgentClass", "AgentConfigurationError", "AgentRegistry", "agent_version"]
 
 
-def agent_version(cls: type[ChildAgent]) -> str:
+class AgentConfigurationError(ValueError):
+    """An agent class, or the setting that names it, is wrong; the message says how."""
+
+
+class AgentClass(Protocol):
+    """What the parent and the runner's bookkeeping read off an agent class
+    (`tether.child.agent.ChildAgent` has all of it)."""
+
+    agent_type: ClassVar[str]
+    input_model: ClassVar[type[BaseModel]]
+    max_concurrent_agent_tools: ClassVar[int | None]
+    version: ClassVar[str]
+
+
+A = TypeVar("A", bound=AgentClass)
+
+_VERSIONS: dict[type[AgentClass], str] = {}
+
+
+def agent_version(cls: type[AgentClass]) -> str:
     """The version of an agent's code: its class's `version` when it sets one (a build
     id, a release), else the first 12 hex digits of the SHA-256 of the source file that
     defines it (the class and the helpers beside it), or of its qualified name when it
@@ -36,40 +53,17 @@ def agent_version(cls: type[ChildAgent]) -> str:
     return version
 
 
-def load_agent(path: str) -> type[ChildAgent]:
-    """`package.module:ClassName` -> the class, with an error that says what is wrong."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise AgentConfigurationError(
-            f"agent {path!r}: expected an import path like package.module:ClassName")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise AgentConfigurationError(
-            f"agent {path!r}: cannot import {module_name} (from the current directory "
-            f"{os.getcwd()} or the installed packages): {error}") from None
-    cls = getattr(module, attribute, None)
-    if not (isinstance(cls, type) and issubclass(cls, ChildAgent)):
-        raise AgentConfigurationError(
-            f"agent {path!r}: {attribute} is not a ChildAgent subclass in {module_name}")
-    return cls
-
-
-class AgentRegistry:
+class AgentRegistry(Generic[A]):
     """The child agents a service knows, by agent type."""
 
-    def __init__(self, classes: "list[type[ChildAgent]] | tuple[type[ChildAgent], ...]" = ()) -> None:
-        self._by_type: dict[str, type[ChildAgent]] = {}
+    def __init__(self, classes: "list[type[A]] | tuple[type[A], ...]" = ()) -> None:
+        self._by_type: dict[str, type[A]] = {}
         for cls in classes:
             if cls.agent_type in self._by_type and self._by_type[cls.agent_type] is not cls:
                 raise AgentConfigurationError(f"two agents are named {cls.agent_type!r}")
             self._by_type[cls.agent_type] = cls
 
-    @classmethod
-    def from_paths(cls, paths: "list[str] | tuple[str, ...]") -> "AgentRegistry":
-        return cls([load_agent(path) for path in paths])
-
-    def get(self, agent_type: str) -> type[ChildAgent] | None:
+    def get(self, agent_type: str) -> type[A] | None:
         return self._by_type.get(agent_type)
 
     def version(self, agent_type: str) -> str:
@@ -81,7 +75,7 @@ class AgentRegistry:
         return sorted(self._by_type)
 
     @property
-    def classes(self) -> list[type[ChildAgent]]:
+    def classes(self) -> list[type[A]]:
         return [self._by_type[agent_type] for agent_type in self.agent_types]
 
     def __bool__(self) -> bool:

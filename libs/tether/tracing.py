@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
+from tether.log import get_logger
+
 ENABLED = False
 INSTRUMENTATION = "tether"
 # Span kinds by name, so callers need not import OpenTelemetry.
@@ -132,8 +134,6 @@ def shutdown() -> None:
 
 
 def _warn(event: str, **fields: object) -> None:
-    from tether.log import get_logger
-
     get_logger(component="tracing").warning(event, **fields)
 
 

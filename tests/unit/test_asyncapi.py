@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from tether.contract import asyncapi, schemas
 from tether.domain.records import Record, pydantic_model
+from tether.generate import asyncapi, schemas
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,6 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from tether.child.context import RunContext, check_progress
-from tether.contract import schemas
 from tether.contract.codec import decode_event, encode_event
 from tether.contract.messages import (
     GLOBAL_FINISH_HOOK,
@@ -57,6 +56,7 @@ from tether.domain.events import (
 )
 from tether.domain.ids import IDENTIFIER_PATTERN, InvalidIdentifier, check_identifier
 from tether.domain.run_state import evolve, fold
+from tether.generate import schemas
 from tether.testing import RunEvents
 
 REPO = Path(__file__).resolve().parents[2]

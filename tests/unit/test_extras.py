@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
+from tether.agent_registry import AgentConfigurationError
 from tether.agents import AgentDefinition, ModelAgent
 from tether.agents.model_agent import MODEL_CLIENT_VARIABLE, client_for
-from tether.child.agent import AgentConfigurationError
 from tether.cli import SERVICE_MODULES, services_to_run
 from tether.extras import MissingExtra, installed, require
 

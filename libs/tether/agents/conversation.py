@@ -42,7 +42,6 @@ from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AwaitingInput
 from tether.child.context import RunCancelled, RunContext
-from tether.client.chat import follow_chat
 from tether.contract.messages import (
     ChatMessage,
     LifecycleResult,
@@ -240,7 +239,7 @@ class ModelParent(ModelAgent):
 
     async def _inbox(self, ctx: RunContext) -> AsyncGenerator[ChatMessage, None]:
         """The conversation's chat subject from the start, until the run is cancelled."""
-        messages = follow_chat(ctx.client.tether, ctx.chat())
+        messages = ctx.client.tether.chat(ctx.chat())
         cancelled = asyncio.ensure_future(ctx.cancelled.wait())
         following: asyncio.Future | None = None
         try:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from tether.agent_registry import AgentConfigurationError
 from tether.agents.agent import build_result, input_messages
 from tether.agents.clients.scripted import Entry, ScriptedModelClient
 from tether.agents.definition import AgentDefinition
@@ -32,7 +33,7 @@ from tether.agents.records import AgentStepRecord, Decisions, state_after
 from tether.agents.results import AgentRunResult
 from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
-from tether.child.agent import AgentConfigurationError, AwaitingInput, ChildAgent
+from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunContext
 from tether.domain.events import ParentRef
 

@@ -99,5 +99,3 @@ class ChildAgent:
         return None
 
 
-class AgentConfigurationError(ValueError):
-    pass

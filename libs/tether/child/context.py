@@ -20,6 +20,7 @@ from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
 from tether.domain.events import ParentRef, RunRef
 from tether.domain.ids import check_identifier, nested_parent_name
 from tether.domain.run_state import evolve
+from tether.domain.waiting import waiting_below
 from tether.log import get_logger
 
 # How long a run whose nested run was aborted by a cancel of this run waits for the runner
@@ -309,9 +310,6 @@ class RunContext:
         output, say so in this run's progress (`phase` the reason, `data.waiting_path`
         the runs down to the paused one), so every timeline up to the root shows it; and
         say when it goes on. Best effort: a failure here never fails the run."""
-        # (tether.client imports this module: its timeline is imported when first used.)
-        from tether.client.timeline import waiting_below  # noqa: PLC0415
-
         tether, owner = self.client.tether, self.as_parent()
         state, shown = None, None
         try:

@@ -42,6 +42,7 @@ from tether.adapters.pull import Pull, durable_pull
 from tether.adapters.requests import scatter
 from tether.adapters.streams import StreamSettings, key_value
 from tether.agent_registry import AgentRegistry
+from tether.child.agent import ChildAgent
 from tether.child.execution import Execution
 from tether.child.work import Hold, Outcome, RunnerEnvironment, StallWatch
 from tether.config import Settings
@@ -133,7 +134,7 @@ class _Slots:
 
 
 class ChildRunner:
-    def __init__(self, nc: NATS, settings: Settings, registry: AgentRegistry, *,
+    def __init__(self, nc: NATS, settings: Settings, registry: "AgentRegistry[ChildAgent]", *,
                  runner_id: str | None = None,
                  shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
                  cancel_grace_s: float | None = None,

@@ -37,6 +37,7 @@ from tether.config import Settings
 from tether.contract.messages import HasRunReply, ObservabilityEvent
 from tether.contract.subjects import Subjects
 from tether.diagnose import nats_refused, nats_unreachable, redact
+from tether.domain.chat import ChatKey
 from tether.domain.commands import HasRunQuery
 from tether.domain.events import ParentRef
 from tether.log import get_logger
@@ -138,10 +139,11 @@ class Tether:
         return HookRegistry(self, parent_agent, lease_ms=lease_ms, concurrency=concurrency,
                             ledger=ledger)
 
-    def chat(self, parent: "ParentHandle | ParentRef", *, durable: str | None = None,
+    def chat(self, parent: "ParentHandle | ParentRef | ChatKey", *, durable: str | None = None,
              new_only: bool = False) -> AsyncIterator["ChatMessage"]:
-        """Chat notifications for one parent instance; see `tether.client.chat.follow_chat`."""
-        ref = parent if isinstance(parent, ParentRef) else parent.ref
+        """Chat notifications for one parent instance (or one run's chat, a `ChatKey`);
+        see `tether.client.chat.follow_chat`."""
+        ref = parent if isinstance(parent, ParentRef | ChatKey) else parent.ref
         return follow_chat(self, ref, durable=durable, new_only=new_only)
 
     async def drop_chat_reader(self, parent: "ParentHandle | ParentRef", durable: str) -> bool:

@@ -29,8 +29,7 @@ from tether.contract.messages import MilestoneView, ProgressSignal
 from tether.domain.commands import Model
 from tether.domain.events import Event, ParentRef, RunCleared
 from tether.domain.run_state import RunState, evolve
-
-WAITING_PHASES = ("waiting_for_human", "waiting_for_tools")
+from tether.domain.waiting import waiting_below
 
 
 class ProgressView(Model):
@@ -180,14 +179,6 @@ def _waiting_below(state: RunState) -> tuple[str | None, tuple[dict[str, str], .
     return waiting_below(state.progress.phase if state.progress else None,
                          state.progress.data if state.progress else None)
 
-
-def waiting_below(phase: str | None, data: Any) -> tuple[str | None, tuple[dict[str, str], ...]]:
-    if phase not in WAITING_PHASES or not isinstance(data, dict):
-        return None, ()
-    path = data.get("waiting_path")
-    if not isinstance(path, list) or not path:
-        return None, ()
-    return phase, tuple(dict(step) for step in path if isinstance(step, dict))
 
 
 def _progress(state: RunState, signal: ProgressSignal | None) -> ProgressView | None:

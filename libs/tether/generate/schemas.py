@@ -1,8 +1,8 @@
 """JSON Schemas of every message (commands, events, and the other payloads), generated
 from the models, and the AsyncAPI document of the whole contract (`asyncapi.json`,
-`tether.contract.asyncapi`).
+`tether.generate.asyncapi`).
 
-`python -m tether.contract.schemas --write` (or `make schemas`) writes them under
+`python -m tether.generate.schemas --write` (or `make schemas`) writes them under
 `schemas/`; `--check` exits non-zero when the checked-in files differ from the models.
 """
 
@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from tether.contract import asyncapi
 from tether.contract.messages import (
     CancelReply,
     CancelSignal,
@@ -35,6 +34,7 @@ from tether.contract.messages import (
 from tether.domain.commands import COMMAND_CLASSES
 from tether.domain.events import EVENT_CLASSES, EVENT_MODEL, schema_version_of
 from tether.domain.records import Record, pydantic_model
+from tether.generate import asyncapi
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 # Every payload on the wire that is neither a command nor an event.
@@ -93,7 +93,7 @@ def write(directory: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tether.contract.schemas")
+    parser = argparse.ArgumentParser(prog="python -m tether.generate.schemas")
     parser.add_argument("--dir", type=Path, default=Path("schemas"))
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="regenerate the files")

@@ -8,8 +8,8 @@ declared here with their message models. Subjects are shown for the default pref
 `tether`; `{name}` marks a subject token.
 
 `make schemas` writes the document to `schemas/asyncapi.json` (with the JSON Schemas,
-`tether.contract.schemas`) and renders it as `docs/contract-asyncapi.md`
-(`python -m tether.contract.asyncapi --write`); tests fail when either drifts.
+`tether.generate.schemas`) and renders it as `docs/contract-asyncapi.md`
+(`python -m tether.generate.asyncapi --write`); tests fail when either drifts.
 """
 
 import argparse
@@ -312,7 +312,7 @@ def render_markdown(document: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tether.contract.asyncapi")
+    parser = argparse.ArgumentParser(prog="python -m tether.generate.asyncapi")
     parser.add_argument("--page", type=Path, default=DOCS_PAGE)
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", action="store_true", help="render the docs page")
