@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import nkeys
@@ -35,6 +34,7 @@ from tether.access import (
     accounts,
 )
 from tether.contract.subjects import Subjects
+from tether.ports import SYSTEM_CLOCK
 
 SYSTEM_ACCOUNT = "SYS"
 # What the server allows a response permission for, as `allow_responses: true` does.
@@ -74,7 +74,7 @@ def public(pair: "nkeys.KeyPair") -> str:
 
 def encode(claims: dict, issuer: "nkeys.KeyPair") -> str:
     """A JWT of `claims` signed by `issuer`: `jti` is the hash of the claims, as nsc makes it."""
-    claims = {"iat": int(time.time()), "iss": public(issuer), **claims}
+    claims = {"iat": SYSTEM_CLOCK.now() // 1000, "iss": public(issuer), **claims}
     claims.pop("jti", None)
     body = json.dumps(claims, separators=(",", ":"), sort_keys=True).encode()
     digest = hashlib.new("sha512_256", body).digest()

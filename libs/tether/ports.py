@@ -1,4 +1,5 @@
-"""The event log as the services see it: a port, and the values it hands out.
+"""The ports the services meet the world through: the event log (and the values it
+hands out) and the clock.
 
 The parent's command handlers, the child-runner's executions, the deliverer and the
 reconciler decide from a run's history and append what they decided through this port.
@@ -20,6 +21,7 @@ What every implementation guarantees, and callers rely on:
 - reads by run return the run's events in order and the state they fold to.
 """
 
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,6 +33,24 @@ from tether.domain.run_state import RunState, evolve
 from tether.recent_runs import RecentRuns
 
 Decide = Callable[[RunState | None], Sequence[Event]]
+
+
+class Clock(Protocol):
+    """Where time comes from, in epoch milliseconds. The services decide deadlines and
+    expiries on the broker's (`tether.adapters.broker_clock.BrokerClock`) and stamp what
+    they write with `SYSTEM_CLOCK`; a test gives a `tether.testing.FakeClock`."""
+
+    def now(self) -> int: ...
+
+
+class SystemClock:
+    """This machine's wall clock."""
+
+    def now(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+SYSTEM_CLOCK = SystemClock()
 
 
 class ConcurrencyConflict(Exception):

@@ -31,6 +31,19 @@ if TYPE_CHECKING:
     from tether import ports
     from tether.adapters.event_log import EventLog
 
+class FakeClock:
+    """A `tether.ports.Clock` that moves only when told: `advance(ms)`."""
+
+    def __init__(self, now: int = 1_700_000_000_000) -> None:
+        self._now = now
+
+    def now(self) -> int:
+        return self._now
+
+    def advance(self, ms: int) -> None:
+        self._now += ms
+
+
 WRONG_LAST_SEQUENCE = 10071  # the error code JetStream answers a wrong expected sequence with
 
 

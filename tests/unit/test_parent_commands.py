@@ -15,7 +15,7 @@ from tether.contract.messages import CancelSignal, WorkItem, read_work_item
 from tether.domain import decide
 from tether.domain.events import ParentRef, RunCancelRequested
 from tether.parent.commands import CommandHandlers, UnparseableCommand
-from tether.testing import InMemoryEventLog, RunEvents
+from tether.testing import FakeClock, InMemoryEventLog, RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 
@@ -32,12 +32,13 @@ async def _always_registered(parent_agent: str, method: str) -> bool:
     return method == "on_done"
 
 
-def _handlers(log: InMemoryEventLog, *, max_input_bytes: int = 1024) -> CommandHandlers:
+def _handlers(log: InMemoryEventLog, *, max_input_bytes: int = 1024,
+              clock: FakeClock | None = None) -> CommandHandlers:
     return CommandHandlers(log, AgentRegistry([Researcher]),
                            budgets=decide.Budgets(detached_max_budget_ms=60_000,
                                                   detached_no_progress_budget_ms=10_000),
                            slots=None, default_cap=None, max_input_bytes=max_input_bytes,
-                           hook_registered=_always_registered)
+                           hook_registered=_always_registered, clock=clock or FakeClock())
 
 
 def _run(run_id: str = "r1", **overrides) -> dict:
@@ -69,6 +70,17 @@ async def test_a_new_run_is_requested_and_dispatched_with_its_request(log):
     [item] = _work(log)
     assert (item.run_id, item.dispatch, item.requested_seq) == ("r1", 1, 1)
     assert item.requested is not None and item.requested.data.input == {"query": "HTTP/3"}
+
+
+async def test_what_the_handlers_decide_is_stamped_by_their_clock(log):
+    clock = FakeClock(now=1_800_000_000_000)
+    await _handlers(log, clock=clock).run(_run(), seq=7)
+    clock.advance(5_000)
+    await _handlers(log, clock=clock).cancel({"run_id": "r1", "parent": msgspec.to_builtins(PARENT)},
+                                            seq=8)
+
+    stamps = [json.loads(m.data)["occurred_at"] for m in log.messages(log.subjects.events_stream)]
+    assert stamps[:2] == [1_800_000_000_000, 1_800_000_005_000]
 
 
 async def test_a_repeated_request_never_starts_a_second_child_turn(log):

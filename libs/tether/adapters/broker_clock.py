@@ -21,6 +21,7 @@ import time
 from nats.aio.client import Client as NATS
 
 from tether.adapters.event_log import log_time_ms
+from tether.ports import SYSTEM_CLOCK
 from tether.resilience import TRANSIENT_ERRORS, describe, sleep_unless_stopped
 
 SAMPLE_EVERY_S = 10.0
@@ -42,7 +43,7 @@ class BrokerClock:
     def now(self) -> int:
         """The broker's time now, in epoch ms (before the first sample, this process's)."""
         if self._anchor is None:
-            return time.time_ns() // 1_000_000
+            return SYSTEM_CLOCK.now()
         at, mono = self._anchor
         return at + int((time.monotonic() - mono) * 1000)
 
@@ -51,10 +52,10 @@ class BrokerClock:
         await self._sampled.wait()
 
     async def sample(self) -> None:
-        sent, wall_sent = time.monotonic(), time.time_ns() // 1_000_000
+        sent, wall_sent = time.monotonic(), SYSTEM_CLOCK.now()
         reply = await self._nc.request(f"$JS.API.STREAM.INFO.{self._stream}", b"",
                                        timeout=SAMPLE_TIMEOUT_S)
-        received, wall_received = time.monotonic(), time.time_ns() // 1_000_000
+        received, wall_received = time.monotonic(), SYSTEM_CLOCK.now()
         stamp = log_time_ms(json.loads(reply.data).get("ts"))
         if stamp is None:
             raise ValueError(f"the server's stream info for {self._stream} carries no time "

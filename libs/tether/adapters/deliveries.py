@@ -12,13 +12,13 @@ shares it.
 
 import json
 import re
-import time
 
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from tether.domain.events import ParentRef
+from tether.ports import SYSTEM_CLOCK
 
 _RETRY_SUFFIX = re.compile(r":retry\d+$")
 
@@ -61,9 +61,6 @@ class DeliveryRecords:
         if self._bucket is None:
             return
         value = json.dumps({"state": "delivered", "status": status, "message_id": message_id,
-                            "at": _now_ms()}).encode()
+                            "at": SYSTEM_CLOCK.now()}).encode()
         await self._bucket.put(delivery_key(parent, method, message_id), value)
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

@@ -3,12 +3,12 @@ that may create them itself and by the parent service for one that may not (an
 application in an account of its own asks `<prefix>.rpc.serve_hook`)."""
 
 import json
-import time
 
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
 from tether.contract.subjects import Subjects
+from tether.ports import SYSTEM_CLOCK
 
 
 def registry_key(parent_agent: str, method: str) -> str:
@@ -34,7 +34,7 @@ def consumer_config(subjects: Subjects, parent_agent: str, method: str, *, lease
 
 
 def registration() -> bytes:
-    return json.dumps({"registered_at": int(time.time() * 1000)}).encode()
+    return json.dumps({"registered_at": SYSTEM_CLOCK.now()}).encode()
 
 
 async def serve_hook(js: JetStreamContext, subjects: Subjects, parent_agent: str, method: str,

@@ -17,7 +17,6 @@ without one.
 """
 
 import json
-import time
 
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
@@ -27,6 +26,7 @@ from nats.js.errors import APIError
 from tether.adapters.deliveries import delivery_key
 from tether.contract.subjects import Subjects
 from tether.domain.events import ParentRef
+from tether.ports import SYSTEM_CLOCK
 
 REQUEST_TIMEOUT_S = 5.0
 
@@ -72,7 +72,7 @@ class TenantDeliveryRecords:
     async def record(self, parent: ParentRef, method: str, message_id: str,
                      status: str) -> None:
         value = json.dumps({"state": "delivered", "status": status, "message_id": message_id,
-                            "at": int(time.time() * 1000)}).encode()
+                            "at": SYSTEM_CLOCK.now()}).encode()
         reply = await self._nc.request(self._subject(parent, method, message_id), value,
                                        timeout=REQUEST_TIMEOUT_S)
         ack = json.loads(reply.data or b"{}")

@@ -25,8 +25,8 @@ from tether.agents.records import (
     usage_of,
 )
 from tether.agents.results import AgentRunResult, RunRecord, final_output
-from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
+from tether.ports import SYSTEM_CLOCK
 
 AgentInput = str | Message | Sequence[Message | str]
 ENDED = frozenset({"completed", "stopped", "failed", "cancelled"})
@@ -48,7 +48,7 @@ def build_result(definition: AgentDefinition, plan: CallPlan, session: Session,
                        model=model, max_steps=plan.max_steps, calls=plan.call + 1,
                        stop_reason=outcome.stop_reason, error=outcome.error,
                        error_details=outcome.error_details, started_at=started_at,
-                       ended_at=now_ms() if outcome.status in ENDED else None)
+                       ended_at=SYSTEM_CLOCK.now() if outcome.status in ENDED else None)
     return AgentRunResult(run_id=plan.run_id, agent_id=definition.id, status=outcome.status,
                           output=final_output(records, outcome.status),
                           stop_reason=outcome.stop_reason, error=outcome.error,
@@ -84,7 +84,7 @@ class Agent:
                           model=model, preset=preset, max_steps=max_steps,
                           model_retry=model_retry, tool_execution=tool_execution)
         return await self._call(session, plan, None, client, on_event, devtools, journal,
-                                started_at=now_ms())
+                                started_at=SYSTEM_CLOCK.now())
 
     async def continue_run(self, run: AgentRunResult, *, client: ModelClient | None = None,
                            context: Any = None, model: str | None = None,

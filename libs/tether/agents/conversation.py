@@ -38,7 +38,6 @@ from tether.adapters.requests import subscribe_routed
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
 from tether.agents.records import AgentStepRecord, Decisions, pause_of, state_after
-from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AwaitingInput
 from tether.child.context import RunCancelled, RunContext
@@ -53,6 +52,7 @@ from tether.contract.messages import (
 from tether.delivery.formatters import DefaultFormatters, default_format
 from tether.domain.run_state import RunState
 from tether.log import get_logger
+from tether.ports import SYSTEM_CLOCK
 
 
 class ConversationInput(BaseModel):
@@ -200,7 +200,7 @@ class ModelParent(ModelAgent):
     async def _note(self, call: int, message: ChatMessage) -> None:
         """A narrated milestone: an assistant status line, recorded, with no model turn."""
         records = self._session.records
-        at = now_ms()
+        at = SYSTEM_CLOCK.now()
         record = AgentStepRecord(index=len(records), call=call, kind="continuation",
                                  status="completed", note=message.content,
                                  inbox=(message.id,), state=self._session.state.snapshot(),

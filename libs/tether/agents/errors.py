@@ -7,9 +7,10 @@ connections), so a custom client that raises those still gets retries.
 
 import email.utils
 import re
-import time
 from collections.abc import Mapping
 from typing import Any, Literal
+
+from tether.ports import SYSTEM_CLOCK
 
 ErrorKind = Literal["rate_limit", "server", "timeout", "connection", "context_overflow",
                     "bad_request", "auth", "not_found", "malformed_response", "unknown"]
@@ -119,7 +120,7 @@ def parse_retry_after(headers: Mapping[str, str], now_s: float | None = None) ->
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    now_s = time.time() if now_s is None else now_s
+    now_s = SYSTEM_CLOCK.now() / 1000 if now_s is None else now_s
     return max(0, int((when.timestamp() - now_s) * 1000))
 
 

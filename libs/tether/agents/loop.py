@@ -55,10 +55,11 @@ from tether.agents.records import (
     usage_of,
 )
 from tether.agents.stop import StopState
-from tether.agents.tool_calls import ToolRunner, now_ms
+from tether.agents.tool_calls import ToolRunner
 from tether.agents.tools import ProgressReporter, StateAccessor, ToolContext
 from tether.child.context import RunCancelled
 from tether.domain.events import ParentRef
+from tether.ports import SYSTEM_CLOCK
 
 TURN_SEPARATOR = "\n\n"
 
@@ -227,7 +228,7 @@ class AgentLoop:
     # --- a continue call's answers -------------------------------------------------------
 
     async def _continuation(self, session: Session, plan: CallPlan, decisions: Decisions) -> None:
-        index, started = len(session.records), now_ms()
+        index, started = len(session.records), SYSTEM_CLOCK.now()
         pending = open_pending(session.records)
         if not pending and not decisions.human_input:
             return  # approvals for calls that are not waiting answer nothing
@@ -241,13 +242,13 @@ class AgentLoop:
             index=index, call=plan.call, kind="continuation", status=status,
             tool_results=tuple(results), pending=tuple(remaining),
             human_input=decisions.human_input, inbox=plan.inbox, resumes=plan.resumes,
-            state=session.state.snapshot(), started_at=started, ended_at=now_ms()))
+            state=session.state.snapshot(), started_at=started, ended_at=SYSTEM_CLOCK.now()))
 
     # --- one model turn -----------------------------------------------------------------
 
     async def _model_step(self, session: Session, plan: CallPlan, turns: int) -> AgentStepRecord:
         definition, records = self._definition, session.records
-        index, started = len(records), now_ms()
+        index, started = len(records), SYSTEM_CLOCK.now()
         messages = repair_tool_history(conversation(session.input, records))
         dynamic = DynamicContext(run_id=plan.run_id, agent_id=definition.id,
                                  context=plan.context, state=session.state.snapshot(),
@@ -294,7 +295,7 @@ class AgentLoop:
         record = AgentStepRecord(
             index=index, call=plan.call, kind="model_turn", status=status, model=self._model,
             turn=turn, tool_results=tuple(results), pending=tuple(pending), cost=cost,
-            state=session.state.snapshot(), started_at=started, ended_at=now_ms())
+            state=session.state.snapshot(), started_at=started, ended_at=SYSTEM_CLOCK.now())
         if runs:
             # The turn is durable before its runs start; their results follow in a
             # continuation record.
@@ -311,7 +312,7 @@ class AgentLoop:
         """Run the calls of the last recorded turn that start runs, and record their results
         (with the calls still waiting for a human or for output, if any)."""
         last = session.records[-1]
-        index, started = len(session.records), now_ms()
+        index, started = len(session.records), SYSTEM_CLOCK.now()
         runs = [p for p in last.pending if p.reason == "run"]
         others = [p for p in last.pending if p.reason != "run"]
         results = await self._tools(session, plan, index).run_started_calls(runs, index)
@@ -324,7 +325,7 @@ class AgentLoop:
         record = AgentStepRecord(
             index=index, call=plan.call, kind="continuation", status=status,
             tool_results=tuple(results), pending=tuple(others),
-            state=session.state.snapshot(), started_at=started, ended_at=now_ms())
+            state=session.state.snapshot(), started_at=started, ended_at=SYSTEM_CLOCK.now())
         if status == "running":
             stop_reason = self._stop_reason(session, plan, record, turns)
             if stop_reason is not None:
@@ -456,7 +457,7 @@ class AgentLoop:
     async def _emit(self, plan: CallPlan, kind: str, step: int | None = None, *,
                     text: str | None = None, data: dict | None = None) -> None:
         if self._ports.on_event is not None:
-            await self._ports.on_event(AgentEvent(type=kind, run_id=plan.run_id, at=now_ms(),
+            await self._ports.on_event(AgentEvent(type=kind, run_id=plan.run_id, at=SYSTEM_CLOCK.now(),
                                                   step=step, text=text, data=data or {}))
 
     def _status(self, status: RunStatus) -> None:

@@ -31,11 +31,11 @@ from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.messages import Message, ModelClient
 from tether.agents.records import AgentStepRecord, Decisions, state_after
 from tether.agents.results import AgentRunResult
-from tether.agents.tool_calls import now_ms
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunContext
 from tether.domain.events import ParentRef
+from tether.ports import SYSTEM_CLOCK
 
 MODEL_CLIENT_VARIABLE = "TETHER_MODEL_CLIENT"
 SCRIPTED_CALLS_VARIABLE = "TETHER_SCRIPTED_CALLS_FILE"
@@ -171,7 +171,7 @@ class ModelAgent(ChildAgent):
                           text=text, progress=ctx.report_progress, cancelled=ctx.cancelled,
                           on_status=status)
         outcome = await AgentLoop(definition, ports).drive(session, plan, decisions)
-        started = history.started_at if history is not None and history.started_at else now_ms()
+        started = history.started_at if history is not None and history.started_at else SYSTEM_CLOCK.now()
         result = self.result = build_result(definition, plan, session, outcome, started)
         if result.status == "cancelled":
             ctx.raise_if_cancelled()

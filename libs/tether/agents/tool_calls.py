@@ -24,13 +24,11 @@ from tether.agents.records import (
 )
 from tether.agents.tools import Tool, ToolContext
 from tether.child.context import RunCancelled
+from tether.ports import SYSTEM_CLOCK
 
 Emit = Callable[..., Awaitable[None]]
 ContextFactory = Callable[[str], ToolContext]
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def render_output(output: Any) -> str:
@@ -127,7 +125,7 @@ class ToolRunner:
                 results.append(ToolResult(tool_call_id=call.tool_call_id,
                                           tool_name=call.tool_name, content=content,
                                           is_error=decision.is_error, truncated=truncated,
-                                          decision="provided", started_at=now_ms()))
+                                          decision="provided", started_at=SYSTEM_CLOCK.now()))
             elif isinstance(decision, ToolRejection):
                 reason = f": {decision.reason}" if decision.reason else ""
                 results.append(self.error(call.tool_call_id, call.tool_name,
@@ -152,7 +150,7 @@ class ToolRunner:
     async def execute(self, tool: Tool, parsed: Any, ctx: ToolContext, raw_input: dict[str, Any],
                       step: int, decision: str) -> ToolResult:
         assert tool.execute is not None
-        started, clock = now_ms(), time.monotonic()
+        started, clock = SYSTEM_CLOCK.now(), time.monotonic()
         await self._emit("tool_started", step, data={"tool_call_id": ctx.tool_call_id,
                                                      "tool_name": tool.id, "input": raw_input})
         is_error = False
@@ -179,7 +177,7 @@ class ToolRunner:
 
     def error(self, call_id: str, name: str, text: str, decision: str = "auto") -> ToolResult:
         return ToolResult(tool_call_id=call_id, tool_name=name, content=f"Error: {text}",
-                          is_error=True, decision=decision, started_at=now_ms())
+                          is_error=True, decision=decision, started_at=SYSTEM_CLOCK.now())
 
     def _truncate(self, content: str) -> tuple[str, bool]:
         limit = self._definition.max_tool_output_chars

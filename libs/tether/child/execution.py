@@ -35,7 +35,7 @@ from tether.adapters.pull import delivery_of
 from tether.agent_registry import agent_version
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
-from tether.child.recorder import RunRecorder, now_ms
+from tether.child.recorder import RunRecorder
 from tether.child.work import (
     MAX_ERROR_CHARS,
     Hold,
@@ -66,7 +66,7 @@ from tether.domain.run_state import RunState, evolve
 from tether.domain.versions import on_other_version
 from tether.log import get_logger
 from tether.loop_watch import child_task_name
-from tether.ports import EventTooLarge, RunHistory
+from tether.ports import SYSTEM_CLOCK, EventTooLarge, RunHistory
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ class Execution:
         expected, incarnation = state.attempt, state.incarnation
         running = RunRunning(
             event_id=self._event_id("running", expected + 1, self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id,
                                 agent_version=version))
@@ -382,7 +382,7 @@ class Execution:
             return await self._pause(result.pause)
         completed = RunCompleted(
             event_id=self._event_id("completed", self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunCompletedData(summary=result.summary, output=result.output))
         try:
@@ -508,7 +508,7 @@ class Execution:
         """
         paused = RunPaused(
             event_id=self._event_id("paused", pause.key), run_id=self.run_id,
-            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
             causation_id=self._causation_id,
             data=RunPausedData(reason=pause.reason, pending=pause.pending))
 
@@ -535,7 +535,7 @@ class Execution:
         error = "cancelled" if reason in (None, "", "cancelled") else f"cancelled: {reason}"
         aborted = RunAborted(
             event_id=self._event_id("aborted", self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
         state, ended = await self._end(aborted)
         if not ended:
@@ -545,7 +545,7 @@ class Execution:
     async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
         failed = RunFailed(
             event_id=self._event_id("failed", self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunFailedData(error=error))
         state, ended = await self._end(failed)
         if not ended:

@@ -43,6 +43,7 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import PauseInfo, RunState
 from tether.log import get_logger
+from tether.ports import SYSTEM_CLOCK
 from tether.resilience import persistently
 
 if TYPE_CHECKING:
@@ -54,9 +55,6 @@ if TYPE_CHECKING:
 # republished and handed to the followers already there (`Nats-TTL`, nats-server 2.11+).
 LIVE_ONLY_HEADERS = {"Nats-TTL": "1s"}
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +250,7 @@ class RunRecorder:
         """
         event = RunStepRecorded(
             event_id=self._event_id("step", index), run_id=self.run_id,
-            parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
             causation_id=self._causation_id, data=RunStepRecordedData(index=index, step=step))
 
         state, appended = await self._update(
@@ -278,7 +276,7 @@ class RunRecorder:
             index = self._next_index
             await self._append(RunOutput(
                 event_id=self._event_id("out", index), run_id=self.run_id,
-                parent=self.parent, occurred_at=now_ms(), correlation_id=self.run_id,
+                parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
                 causation_id=self._causation_id, data=RunOutputData(index=index, text=text)))
             self._next_index += 1
             self._new_text.append(text)
@@ -455,7 +453,7 @@ class RunRecorder:
             await self._log.nats.publish(self._progress_subject, signal)
 
     def _next_at(self) -> int:
-        self._last_at = max(now_ms(), self._last_at + 1)
+        self._last_at = max(SYSTEM_CLOCK.now(), self._last_at + 1)
         return self._last_at
 
 

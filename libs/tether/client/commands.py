@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from contextlib import nullcontext
 from typing import Any, TextIO
 
@@ -24,6 +23,7 @@ from tether.client.timeline import TimelineView
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
+from tether.ports import SYSTEM_CLOCK
 
 CLIENT_COMMANDS = ("run", "watch", "inspect", "cancel", "clear", "hooks")
 STATUSES = ("starting", "running", "completed", "error", "aborted", "interrupted")
@@ -344,7 +344,7 @@ def _clear(args: argparse.Namespace, settings: Settings):
     if args.older_than_ms is not None:
         if args.older_than_ms < 0:
             raise UsageError("--older-than-ms must not be negative")
-        older_than = max(int(time.time() * 1000) - args.older_than_ms, 0)
+        older_than = max(SYSTEM_CLOCK.now() - args.older_than_ms, 0)
 
     def matches(run) -> bool:
         return ((statuses is None or run.status in statuses)

@@ -27,7 +27,6 @@ still be idempotent: a crash after the function and before the ledger calls it a
 
 import asyncio
 import inspect
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -66,6 +65,7 @@ from tether.contract.messages import (
 from tether.domain.commands import DeliveredCommand, DeliveryReport, ServeHookQuery
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
+from tether.ports import SYSTEM_CLOCK
 from tether.resilience import (
     Backoff,
     Health,
@@ -479,5 +479,5 @@ class HookRegistry:
             lambda: self.tether.log.update(
                 run.parent, run.run_id,
                 lambda state: record_delivery_of_this_life(state, command,
-                                                           int(time.time() * 1000))),
+                                                           SYSTEM_CLOCK.now())),
             what="hooks.ledger", logger=lambda: logger)

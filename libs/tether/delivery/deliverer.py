@@ -13,7 +13,6 @@ the run ended and delivers what the ledger still lacks (`deliver_owed`), and the
 reconciler republishes a finish hook not acknowledged within its lease.
 """
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
@@ -49,6 +48,7 @@ from tether.domain.events import (
     RunNotifiedData,
 )
 from tether.domain.run_state import Milestone, RunState
+from tether.ports import SYSTEM_CLOCK, Clock
 
 if TYPE_CHECKING:
     from tether.config import Settings
@@ -72,11 +72,11 @@ def result_of(event: RunCompleted | RunFailed | RunAborted | RunInterrupted) -> 
 class Deliverer:
     def __init__(self, log: EventLog, hooks: RegisteredHooks, formatters: Formatters, logger, *,
                  duplicate_window_ms: int = 0, delivery_lease_ms: int | None = None,
-                 records: DeliveryRecords | None = None) -> None:
+                 records: DeliveryRecords | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         """`duplicate_window_ms`: the hooks stream's; a hook published within half of it
         after its outcome, and within half of `delivery_lease_ms` (before the reconciler
         may have published a retry of its own), is marked as its first publication
-        (0: never marked)."""
+        (0: never marked). `clock` stamps what it writes."""
         self._log = log
         self._hooks = hooks
         self._formatters = formatters
@@ -84,6 +84,7 @@ class Deliverer:
         self._first_within_ms = min(duplicate_window_ms,
                                     delivery_lease_ms or duplicate_window_ms) // 2
         self._records = records or DeliveryRecords(None)
+        self._clock = clock
         self.delivered = 0
 
     @classmethod
@@ -103,7 +104,7 @@ class Deliverer:
         if (state is None or state.detached is None or not isinstance(event, OUTCOMES)
                 or (isinstance(event, RunAborted) and event.data.cause == GIVE_UP)):
             return 0  # (a give-up's interruption already delivered its hook)
-        first = _now_ms() - event.occurred_at < self._first_within_ms
+        first = self._clock.now() - event.occurred_at < self._first_within_ms
         return await self.deliver_finish(state, result_of(event), first=first)
 
     async def deliver_after(self, state: RunState | None, appended: Sequence[Event]) -> int:
@@ -193,7 +194,7 @@ class Deliverer:
         command = DeliveredCommand(run_id=state.run_id, parent=state.parent, status=status,
                                    method=method, message_id=message_id)
         await self._log.update(state.parent, state.run_id,
-                               lambda s: record_delivery_of_this_life(s, command, _now_ms()))
+                               lambda s: record_delivery_of_this_life(s, command, self._clock.now()))
         self._logger.info("delivery.recorded_by_handler", run_id=state.run_id, method=method,
                           status=status)
         return True
@@ -265,7 +266,7 @@ class Deliverer:
                 return []  # cleared (and perhaps requested again), or already recorded
             return [RunNotified(
                 event_id=state.event_id("notified", kind, key),
-                run_id=state.run_id, parent=state.parent, occurred_at=_now_ms(),
+                run_id=state.run_id, parent=state.parent, occurred_at=self._clock.now(),
                 causation_id=message_id, correlation_id=state.run_id,
                 data=RunNotifiedData(kind=kind, key=key, mode=mode, message_id=message_id))]
 
@@ -276,6 +277,3 @@ def _source(state: RunState) -> str:
     notify = state.detached.notify if state.detached else None
     return notify.source if isinstance(notify, NotifyOptions) else "agent-tool"
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

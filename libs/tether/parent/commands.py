@@ -9,7 +9,6 @@ parsed at all is kept as a dead letter.
 
 import asyncio
 import json
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from tether.domain.events import Event, ParentRef, RunRequested
 from tether.domain.ids import check_identifier
 from tether.domain.run_state import RunState, fold
 from tether.parent.slots import SlotKeeper
+from tether.ports import SYSTEM_CLOCK, Clock
 from tether.run_tree import TreeCancel, cancel_tree, cancels_below, descendants
 
 if TYPE_CHECKING:
@@ -74,9 +74,11 @@ class RunOutcome:
 class CommandHandlers:
     def __init__(self, log: EventLog, agents: AgentRegistry, *, budgets: decide.Budgets,
                  slots: SlotKeeper | None, default_cap: int | None, max_input_bytes: int,
-                 hook_registered, deliverer: "Deliverer | None" = None) -> None:
+                 hook_registered, deliverer: "Deliverer | None" = None,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
         """`deliverer`: delivers the hooks of the outcomes these handlers append (a
-        cancel's); None where nothing is to be delivered (tests of the decisions)."""
+        cancel's); None where nothing is to be delivered (tests of the decisions).
+        `clock`: the time of the causes of what they decide."""
         self._log = log
         self._js = log.jetstream
         self._subjects = log.subjects
@@ -87,6 +89,7 @@ class CommandHandlers:
         self._max_input_bytes = max_input_bytes
         self._hook_registered = hook_registered
         self._deliverer = deliverer
+        self._clock = clock
 
     def cap_for(self, parent: ParentRef) -> int | None:
         """The parent's cap: its own class attribute when it is a child agent, else the service's."""
@@ -99,7 +102,7 @@ class CommandHandlers:
 
     async def run(self, payload: Payload, seq: int, *, overdue: int | None = None) -> RunOutcome:
         """`overdue`: by how many ms the request is past its expiry (None: it is not)."""
-        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        cause = decide.Cause(command_seq=seq, now=self._clock.now())
         raw = _json_object(payload)
         try:
             command = parse_command("run", raw)
@@ -269,7 +272,7 @@ class CommandHandlers:
         (`RunContext.run_agent_tool`).
         """
         command = self._parse(CancelCommand, "cancel", payload)
-        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        cause = decide.Cause(command_seq=seq, now=self._clock.now())
         current = (await self._log.read_run(command.parent, command.run_id)).state
         tree: list[TreeCancel] = []
         if current is not None and current.is_open:
@@ -288,7 +291,7 @@ class CommandHandlers:
     async def continue_run(self, payload: Payload, seq: int) -> str:
         """Answers to a paused run resume it in whichever runner picks the work up."""
         command = self._parse(ContinueCommand, "continue", payload)
-        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        cause = decide.Cause(command_seq=seq, now=self._clock.now())
         parent, run_id = command.parent, command.run_id
         for below in command.below:  # down the tree, each run the parent of the next
             above = (await self._log.read_run(parent, run_id)).state
@@ -339,7 +342,7 @@ class CommandHandlers:
         return ", ".join(f"{result} x{count}" for result, count in sorted(results.items()))
 
     async def _record_delivery(self, command: DeliveredCommand) -> str:
-        if (entry := delivery_entry_of_report(command, _now_ms())) is not None:
+        if (entry := delivery_entry_of_report(command, self._clock.now())) is not None:
             # The entry names the run's life, so it is appended as a fact, without
             # reading the run: the log drops a repeat inside its duplicate window, and the
             # fold ignores a later repeat and an earlier life's entry.
@@ -347,7 +350,7 @@ class CommandHandlers:
             return "appended"
         state, appended = await self._log.update(
             command.parent, command.run_id,
-            lambda s: record_delivery_of_this_life(s, command, _now_ms()))
+            lambda s: record_delivery_of_this_life(s, command, self._clock.now()))
         if appended:
             return "recorded"
         if state is not None and not names_this_life(command.message_id, state, command.status,
@@ -366,7 +369,7 @@ class CommandHandlers:
         `run.cleared` tombstone, its progress and its chat purged, its cap slot released.
         """
         command = self._parse(ClearCommand, "clear", payload)
-        cause = decide.Cause(command_seq=seq, now=_now_ms())
+        cause = decide.Cause(command_seq=seq, now=self._clock.now())
         cleared = []
         for run_id in await self._run_ids(command.parent):
             state = (await self._log.read_run(command.parent, run_id)).state
@@ -469,6 +472,3 @@ def _explain(error: Exception) -> str:
                          for e in error.errors()[:5])
     return str(error)
 
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

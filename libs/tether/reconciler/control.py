@@ -29,6 +29,7 @@ from tether.contract.messages import (
 from tether.contract.subjects import Subjects
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState
+from tether.ports import SYSTEM_CLOCK
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class Observability:
     async def emit(self, event_type: str, run_id: str, parent: ParentRef,
                    reason: str | None = None, **details: object) -> None:
         event = ObservabilityEvent(type=event_type, run_id=run_id, parent=parent, reason=reason,
-                                   at=int(time.time() * 1000), details=details)
+                                   at=SYSTEM_CLOCK.now(), details=details)
         self._logger.info(event_type, run_id=run_id, parent=f"{parent.agent}/{parent.name}",
                           reason=reason, **details)
         await self._broker.publish(json.dumps(event.model_dump(mode="json")).encode(),

@@ -44,6 +44,7 @@ from tether.domain import decide
 from tether.domain.events import Event, InterruptedReason
 from tether.domain.run_state import RunState, evolve
 from tether.leadership import LeadershipLost
+from tether.ports import SYSTEM_CLOCK
 from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
 from tether.resilience import sleep_unless_stopped
 from tether.run_tree import Deliver, cancel_below
@@ -53,9 +54,6 @@ RunKey = tuple[str, str, str]
 # server when nobody awaits the run.
 AWAITER_CHECKS_IN_FLIGHT = 64
 
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _key(state: RunState) -> RunKey:
@@ -227,7 +225,7 @@ class Recovery:
             if current is None or current.is_hard_terminal:
                 return
             if announce:
-                cause = decide.timer_cause(now_ms(), self._origin)
+                cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
                 current, _ = await self._log.update(
                     state.parent, state.run_id,
                     lambda s: decide.reattach_started(s, cause, "recovery"))
@@ -342,7 +340,7 @@ class Recovery:
         # run before it: the read refreshes the log's recent runs, which `update` decides
         # from, and its append expects the read's last sequence.
         await self._log.read_run(state.parent, state.run_id)
-        cause = decide.timer_cause(now_ms(), self._origin)
+        cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
         _, appended = await self._log.update(
             state.parent, state.run_id,
             lambda s: decide.reattach_decided(s, cause, outcome=outcome, reason=reason,

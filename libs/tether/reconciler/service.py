@@ -21,7 +21,6 @@ run from the log and appends with optimistic concurrency, so a decision taken tw
 """
 
 import asyncio
-import time
 import uuid
 from collections.abc import Hashable
 from contextlib import suppress
@@ -46,6 +45,7 @@ from tether.metrics import (
     DELIVERIES_RETRIED,
     HANDLER_SECONDS,
 )
+from tether.ports import SYSTEM_CLOCK
 from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
@@ -81,9 +81,6 @@ FOLLOW_LINGER_S = 0.02
 # How long the timer waits for the broker's clock before it falls back to its own.
 FIRST_SAMPLE_WAIT_S = 10.0
 
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Reconciler:
@@ -347,7 +344,7 @@ class Reconciler:
         # The child was at work when the parent stopped waiting (a runner had started an
         # attempt): the cancel to its runner follows the give-up, not before it.
         child_running = state.status == "running"
-        cause = decide.timer_cause(now_ms(), self.origin)
+        cause = decide.timer_cause(SYSTEM_CLOCK.now(), self.origin)
         final, appended = await self._log.update(
             state.parent, state.run_id,
             lambda s: decide.give_up(s, cause, reason, decide.INTERRUPTED_ERRORS[reason],

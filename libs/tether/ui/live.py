@@ -11,7 +11,6 @@ again each `nested_refresh_ms` while a run on the page is open.
 """
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,6 +22,7 @@ from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, evolve
+from tether.ports import SYSTEM_CLOCK
 from tether.ui.store import ProjectionStore
 from tether.ui.views import run_document
 
@@ -158,7 +158,7 @@ class ParentStream:
                 self._sent[key] = document
                 nested_documents.append(document)
         return {"type": "update", "runs": runs, "removed": removed, "nested": nested_documents,
-                "caught_up": caught_up, "sent_at": int(time.time() * 1000)}
+                "caught_up": caught_up, "sent_at": SYSTEM_CLOCK.now()}
 
     def _document(self, run_id: str) -> dict[str, Any]:
         return run_document(self._states[run_id], self._signals.get(run_id))
