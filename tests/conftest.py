@@ -81,6 +81,22 @@ def nats_fast_path() -> bool:
     return Settings.from_env().nats_fast_path
 
 
+@pytest.fixture(scope="session")
+def tested_nats_py() -> None:
+    """The fast path's tests run on the installed nats-py, which must be one the fast path
+    was tested with (`make venv` installs one): another fails them, saying what to do,
+    rather than skip them."""
+    from importlib.metadata import version  # noqa: PLC0415 - as the fixtures above
+
+    from tether.adapters.nats_fastpath import TESTED, supported  # noqa: PLC0415
+
+    if not supported():
+        pytest.fail(f"nats-py {version('nats-py')} is not one the services' fast path was "
+                    f"tested with ({', '.join(TESTED)}): run these tests against it and add "
+                    "it to tether.adapters.nats_fastpath.TESTED, or install a tested one "
+                    "(make venv)", pytrace=False)
+
+
 @pytest.fixture
 def unique_name() -> str:
     """Short unique lowercase identifier (`t` + 10 hex) for stream prefixes and schema names."""

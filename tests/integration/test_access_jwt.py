@@ -11,6 +11,7 @@ import msgspec
 import nats
 import pytest
 from authorized_nats import nats_server
+from eventually import eventually
 
 from tether.access import Application
 from tether.access_jwt import covers, generate
@@ -69,14 +70,15 @@ async def test_operator_mode_confines_an_application_as_the_configuration_file_d
         async with connect(settings=as_user(settings, url, creds, "alice")) as app:
             assert app.served
             query = json.dumps({"run_id": "x", "parent": msgspec.to_builtins(ALICE_PARENT)}).encode()
-            async with asyncio.timeout(30):
-                while True:
-                    try:
-                        await app.nc.request(subjects.rpc_for("has_run", ALICE_PARENT), query,
-                                             timeout=1)
-                        break
-                    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                        await asyncio.sleep(0.05)
+            async def parent_answers() -> bool:
+                try:
+                    await app.nc.request(subjects.rpc_for("has_run", ALICE_PARENT), query,
+                                         timeout=1)
+                except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                    return False
+                return True
+
+            await eventually(parent_answers, timeout=30)
             mine = app.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
             handle = await mine.run_agent_tool("Researcher", {"query": "QUIC"}, detached=True)
             assert isinstance(handle, DetachedHandle) and handle.status == "running"

@@ -108,13 +108,12 @@ async def ledger_entry(log: EventLog, run_id: str, timeout: float = 10) -> RunFi
 
 async def settled(tether: Tether, method: str = METHOD, timeout: float = 10) -> None:
     """Wait until the method's consumer has no message waiting or in delivery."""
-    async with asyncio.timeout(timeout):
-        while True:
-            info = await tether.js.consumer_info(tether.subjects.hooks_stream,
-                                                 consumer_name(PARENT.agent, method))
-            if info.num_pending == 0 and info.num_ack_pending == 0:
-                return
-            await asyncio.sleep(0.02)
+    async def drained() -> bool:
+        info = await tether.js.consumer_info(tether.subjects.hooks_stream,
+                                             consumer_name(PARENT.agent, method))
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    await eventually(drained, timeout=timeout, interval=0.02)
 
 
 class Recorder:

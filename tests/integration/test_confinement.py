@@ -65,12 +65,14 @@ def as_user(settings: Settings, url: str, user: str, **changes) -> Settings:
 
 
 async def answered(nc, subject: str, payload: bytes, within_s: float = 30):
-    async with asyncio.timeout(within_s):
-        while True:
-            try:
-                return await nc.request(subject, payload, timeout=2)
-            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                await asyncio.sleep(0.05)
+    """The first answer to the request, asked again while nobody answers it."""
+    async def ask():
+        try:
+            return await nc.request(subject, payload, timeout=2)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return None
+
+    return await eventually(ask, timeout=within_s)
 
 
 class Tenants:
@@ -233,13 +235,13 @@ async def test_replies_acks_and_pulls_cannot_be_sent_into_another_tenant(tenants
             # Each probe was taken: a command stored, a query asked, a hook handed out
             # (each reply went back into alice's account, where she may not even listen).
             js = tenants.admin.jetstream()
-            async with asyncio.timeout(10):
-                while True:
-                    stored = (await js.stream_info(subjects.commands_stream)).state.messages
-                    asked = tenants.spied.count(subjects.rpc_for("has_run", ALICE_PARENT))
-                    if (stored - commands, asked) == (len(probes),) * 2:
-                        break
-                    await asyncio.sleep(0.02)
+
+            async def all_probes_in() -> bool:
+                stored = (await js.stream_info(subjects.commands_stream)).state.messages
+                asked = tenants.spied.count(subjects.rpc_for("has_run", ALICE_PARENT))
+                return (stored - commands, asked) == (len(probes),) * 2
+
+            await eventually(all_probes_in, interval=0.02)
             # The ack names the commands stream, the answer is the parent's, the third is
             # the hook message (a pull only goes to a reply subject someone listens on).
             replies = [await arrived.next_msg(timeout=5) for _ in range(3)]

@@ -12,11 +12,11 @@ from nats.aio.client import Client as NATS
 from tether.adapters import event_log as event_log_module
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
-from tether.adapters.nats_fastpath import FastClient, supported
+from tether.adapters.nats_fastpath import FastClient
 from tether.adapters.requests import subscribe_routed
 from tether.testing import RunEvents
 
-pytestmark = pytest.mark.skipif(not supported(), reason="an untested nats-py: no fast path")
+pytestmark = pytest.mark.usefixtures("tested_nats_py")
 
 
 @pytest.fixture

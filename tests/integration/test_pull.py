@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 
 import pytest
+from eventually import eventually
 from nats.js import api as js_api
 from nats.js.errors import APIError
 
@@ -32,7 +33,11 @@ async def test_a_lone_message_is_handed_over_without_waiting_for_a_full_batch(nc
     name, subject = stream
     pull = await pull_of(nc, name)
     waiting = asyncio.create_task(pull.fetch(64, timeout=WAIT_S))
-    await asyncio.sleep(0.2)  # the fetch is now waiting with a lingering request
+
+    async def request_waiting() -> bool:  # the fetch's lingering request, at the server
+        return (await nc.jetstream().consumer_info(name, "worker")).num_waiting == 1
+
+    await eventually(request_waiting)
     await nc.jetstream().publish(subject, b"one")
     # Not held back for the 63 others a fetch of 64 could take.
     async with asyncio.timeout(WAIT_S / 3):

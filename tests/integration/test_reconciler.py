@@ -251,7 +251,9 @@ async def test_two_reconcilers_deciding_at_once_give_up_once(fast, log, pool, re
             await append_all(log, *events)
         for i in range(5):
             await outcome(log, f"race-{i}")
-        await asyncio.sleep(0.5)  # let the slower one finish deciding
+        # Until the slower one has decided too (or learnt of the give-up first).
+        await eventually(lambda: not any(r.tracking(PARENT, f"race-{i}")
+                                         for r in (reconciler, other) for i in range(5)))
         for i in range(5):
             history = await log.read_run(PARENT, f"race-{i}")
             assert [e.type for e in history.events].count("run.interrupted") == 1

@@ -16,11 +16,11 @@ WALL_CLOCK_READS = {("time", "time"), ("time", "time_ns"), ("datetime", "now"),
 def _wall_clock_reads(source: str) -> list[int]:
     lines = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                and (node.value.id, node.attr) in WALL_CLOCK_READS:
-            lines.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module == "time" \
-                and any(alias.name in ("time", "time_ns") for alias in node.names):
+        reads = (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                 and (node.value.id, node.attr) in WALL_CLOCK_READS)
+        imports = (isinstance(node, ast.ImportFrom) and node.module == "time"
+                   and any(alias.name in ("time", "time_ns") for alias in node.names))
+        if reads or imports:
             lines.append(node.lineno)
     return lines
 

@@ -10,10 +10,10 @@ from nats.js import api
 from nats.protocol.parser import Parser
 
 from tether.adapters.event_log import log_time_ms
-from tether.adapters.nats_fastpath import BadHeaderError, FastClient, FastParser, supported
+from tether.adapters.nats_fastpath import BadHeaderError, FastClient, FastParser
 from tether.adapters.pull import delivery_of
 
-fast_path = pytest.mark.skipif(not supported(), reason="an untested nats-py: no fast path")
+fast_path = pytest.mark.usefixtures("tested_nats_py")
 
 HEADER_BLOCKS = [
     b"Nats-Msg-Id: 3f1c2a8e-1b2c:running:1\r\nNats-Expected-Last-Subject-Sequence: 12\r\n\r\n",

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from tether.domain import decide
+from tether.domain import budgets, decide
 from tether.domain.events import (
     EventEnvelope,
     ParentRef,
@@ -798,13 +798,20 @@ def test_the_absolute_budget_wins_when_both_budgets_ran_out() -> None:
                         running(1), progress(T0 + SECOND))
     silent_at = T0 + SECOND + MINUTE
 
-    assert decide.budget_run_out(state, silent_at - 1) is None
-    assert decide.budget_run_out(state, silent_at) == "no-progress"
-    assert decide.budget_run_out(state, T0 + HOUR) == "budget-exceeded"
+    def reason(state: RunState, now: int) -> str | None:
+        budget = budgets.run_out(state, now)
+        return None if budget is None else budget.reason
+
+    assert budgets.deadlines(state) == {"budget": T0 + HOUR, "no-progress": silent_at}
+    assert reason(state, silent_at - 1) is None
+    assert reason(state, silent_at) == "no-progress"
+    assert reason(state, T0 + HOUR) == "budget-exceeded"
     ended = fold([completed(at=T0 + 2 * SECOND)], state)
-    assert decide.budget_run_out(ended, T0 + HOUR) is None
+    assert reason(ended, T0 + HOUR) is None
+    assert budgets.deadlines(ended) == {"budget": None, "no-progress": None}
     awaited = state_after(requested(), running(1), progress(T0 + SECOND))
-    assert decide.budget_run_out(awaited, T0 + 2 * HOUR) is None
+    assert reason(awaited, T0 + 2 * HOUR) is None
+    assert budgets.deadlines(awaited) == {"budget": None, "no-progress": None}
 
 
 def test_zero_no_progress_budget_disables_the_deadline() -> None:

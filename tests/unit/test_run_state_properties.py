@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tether.contract.codec import decode_event, encode_event
 from tether.domain.events import (
+    EVENT_CLASSES,
     HARD_TERMINAL,
     EventEnvelope,
     ParentRef,
@@ -74,46 +75,55 @@ request_data = st.one_of(
 
 LATEST_PAUSE, EARLIER_PAUSE = "<latest pause>", "<earlier pause>"
 
-# kind -> (event class, name of its per-run key or None, strategy for the rest of the data)
-EVENT_KINDS: dict[str, tuple[type[EventEnvelope], str | None, st.SearchStrategy[dict]]] = {
-    "requested": (RunRequested, None, request_data),
-    "rejected": (RunRejected, None, variants(agent_type=["Researcher"], code=["cap"],
-                                             error=["too many runs"])),
-    "started": (RunStarted, None, variants(work_subject=["tether.work.Researcher"])),
-    "running": (RunRunning, "attempt", variants(runner_id=["runner-a", "runner-b"])),
-    "output": (RunOutput, "index", variants(text=["", "HTTP/3 ", "QUIC"])),
-    "milestone": (RunMilestone, "sequence", variants(
+# event class -> (name of its per-run key or None, strategy for the rest of its data): one
+# entry per class of the domain (a new event class fails here until it has one).
+EVENT_DATA: dict[type[EventEnvelope], tuple[str | None, st.SearchStrategy[dict]]] = {
+    RunRequested: (None, request_data),
+    RunRejected: (None, variants(agent_type=["Researcher"], code=["cap"],
+                                 error=["too many runs"])),
+    RunStarted: (None, variants(work_subject=["tether.work.Researcher"])),
+    RunRunning: ("attempt", variants(runner_id=["runner-a", "runner-b"])),
+    RunOutput: ("index", variants(text=["", "HTTP/3 ", "QUIC"])),
+    RunMilestone: ("sequence", variants(
         name=["sources-gathered", "drafted"], data=SMALL_JSON, fraction=FRACTIONS,
         message=TEXTS, phase=[None, "search"])),
-    "progress": (RunProgressPersisted, None, variants(
+    RunProgressPersisted: (None, variants(
         fraction=FRACTIONS, message=TEXTS, phase=[None, "search"], data=SMALL_JSON)),
-    "step": (RunStepRecorded, "index", variants(step=[{"tool": "search"}, {"tool": "fetch"}])),
-    "paused": (RunPaused, None, variants(reason=["waiting_for_human", "waiting_for_tools"],
-                                         pending=[[], [{"tool_call_id": "c1"}]])),
-    "resumed": (RunResumed, None, variants(decisions=[{}, {"c1": "approved"}],
-                                           pause_id=[LATEST_PAUSE, EARLIER_PAUSE, "no-such"])),
-    "cancel": (RunCancelRequested, None, variants(reason=[None, "user"])),
-    "completed": (RunCompleted, None, variants(summary=["", "done"], output=SMALL_JSON)),
-    "failed": (RunFailed, None, variants(error=["boom"])),
-    "aborted": (RunAborted, None, variants(error=["aborted"],
-                                           cause=["cancel", "give-up", "child"])),
-    "interrupted": (RunInterrupted, None, variants(
+    RunStepRecorded: ("index", variants(step=[{"tool": "search"}, {"tool": "fetch"}])),
+    RunPaused: (None, variants(reason=["waiting_for_human", "waiting_for_tools"],
+                               pending=[[], [{"tool_call_id": "c1"}]])),
+    RunResumed: (None, variants(decisions=[{}, {"c1": "approved"}],
+                                pause_id=[LATEST_PAUSE, EARLIER_PAUSE, "no-such"])),
+    RunCancelRequested: (None, variants(reason=[None, "user"])),
+    RunCompleted: (None, variants(summary=["", "done"], output=SMALL_JSON)),
+    RunFailed: (None, variants(error=["boom"])),
+    RunAborted: (None, variants(error=["aborted"], cause=["cancel", "give-up", "child"])),
+    RunInterrupted: (None, variants(
         reason=["no-progress", "window-exceeded", "budget-exceeded"], error=["gave up"],
         child_still_running=[True, False])),
-    "finish_delivered": (RunFinishDelivered, None, variants(
+    RunFinishDelivered: (None, variants(
         status=["completed", "error", "aborted", "interrupted"], method=[None, "on_done"],
         message_id=["finish:r1"])),
-    "notified": (RunNotified, None, variants(
+    RunNotified: (None, variants(
         kind=["finish", "milestone"], key=["completed", "drafted"],
         mode=["notify", "narrate", "react"], message_id=["detached:r1"])),
-    "reattach_started": (RunReattachStarted, "attempt", variants(cause=["parent-restart"])),
-    "reattach_decided": (RunReattachDecided, None, variants(
+    RunReattachStarted: ("attempt", variants(cause=["parent-restart"])),
+    RunReattachDecided: (None, variants(
         decision_id=["d1", "d2", "d3"], outcome=["finished", "reattached", "interrupted"],
         reason=[None, "no-progress"], child_still_running=[True, False],
         timings=[{}, {"inspect_ms": 12}])),
-    "cleared": (RunCleared, None, variants(reason=[None, "retention"])),
+    RunCleared: (None, variants(reason=[None, "retention"])),
 }
+# kind (the event's type without "run.") -> (event class, per-run key, data strategy)
+EVENT_KINDS = {cls.type.removeprefix("run."): (cls, *EVENT_DATA[cls]) for cls in EVENT_CLASSES}
 ENDINGS = ["completed", "failed", "aborted", "interrupted"]
+
+
+def test_the_histories_draw_every_event_class_of_the_domain():
+    assert set(EVENT_DATA) == set(EVENT_CLASSES)
+    assert set(ENDINGS) <= set(EVENT_KINDS)
+
+
 FIRST_KEY = {"attempt": 1, "index": 0, "sequence": 0}
 STEP_OF_KIND = {kind: st.tuples(st.just(kind), data, key_offsets, elapsed_ms)
                 for kind, (_, _, data) in EVENT_KINDS.items()}

@@ -114,7 +114,7 @@ class Execution:
         self._causation_id = f"work:{item.run_id}:{item.dispatch}"
         # Why the child is being stopped: a cancel (recorded as aborted), the run ended or
         # vanished elsewhere (nothing to record), a newer attempt took over, a shutdown.
-        self._stop_reason: Literal["cancel", "give-up", "gone", "superseded", "shutdown"] | None = None
+        self._stop_reason: attempts.StopReason | None = None
         self._cancel_detail: str | None = None
         self.finished = asyncio.Event()
         self._released = asyncio.Event()  # the process is stopping: give the item back
@@ -275,19 +275,8 @@ class Execution:
 
     async def _not_to_start(self, state: RunState | None) -> Outcome | None:
         """The outcome of an item whose run is not to be started (None: it is)."""
-        if state is None:
-            return await self._ack("skipped", "no such run (never requested, or cleared)")
-        if state.is_hard_terminal:
-            await self._deliver(state)
-            return await self._ack("skipped", f"the run already ended {state.status}")
-        if state.agent_type != self.item.agent_type:
-            return await self._ack("skipped", f"the run is for {state.agent_type}, "
-                                              f"not {self.item.agent_type}")
-        if state.cancel_requested_at is not None:
-            if state.cancel_reason == GIVE_UP:
-                return await self._ack("skipped", "the reconciler gave up on the run")
-            return await self._abort(None)
-        return None
+        verdict = attempts.not_to_start(state, self.item.agent_type)
+        return None if verdict is None else await self._carry_out(verdict, state)
 
     async def _run_child(self, state: RunState, payload: BaseModel) -> Outcome:
         env = self._env
@@ -297,13 +286,9 @@ class Execution:
                          client_factory=env.parent_client)
         self._ctx = ctx
         # Stopped while we prepared: do not start a child only to stop it.
-        if self._stop_reason == "shutdown":
-            await self._settle_item(self._msg.nak(), "nak")
-            return self._outcome("released", "the runner stopped before the child started")
-        if self._stop_reason == "give-up":
-            return await self._ack("skipped", "the reconciler gave up on the run")
-        if self._stop_reason is not None:
-            return await self._abort(self._cancel_detail)
+        if (verdict := attempts.stopped_before_start(self._stop_reason,
+                                                     self._cancel_detail)) is not None:
+            return await self._carry_out(verdict)
         if not self._hold.fresh:  # stopped since `run.running`: is the attempt still ours?
             current, standing, _ = await self._confirm_persistently()
             if standing == "ended":
@@ -395,26 +380,22 @@ class Execution:
         return await self._ack("completed")
 
     async def _settle_stopped(self, error: BaseException | None) -> Outcome | None:
-        """The outcome of a child that stopped on a cancel: why it was stopped decides it.
-        None: nobody stopped it, and it raised no `RunCancelled` either."""
-        if self._stop_reason == "shutdown":
-            await self._settle_item(self._msg.nak(), "nak")  # another runner resumes it now
-            return self._outcome("released", "the runner stopped before the child finished")
-        if self._stop_reason == "superseded":
-            # The newer attempt owns the run and its work item; leave both alone.
-            return self._outcome("superseded", f"the child was stopped; {self._cancel_detail}: "
-                                               f"nothing recorded")
-        if self._stop_reason == "gone":
-            return await self._ack("skipped", f"the child was stopped; {self._cancel_detail}: "
-                                              f"nothing recorded")
-        if self._stop_reason == "cancel":
-            return await self._abort(self._cancel_detail)
-        if self._stop_reason == "give-up":
-            return await self._ack("skipped", "the child was stopped: the reconciler gave up "
-                                              "on the run (interrupted); nothing recorded")
-        if error is not None:  # the child gave up on its own
-            return await self._abort(str(error) or None, cause="child")
-        return None
+        """The outcome of a child that stopped on a cancel (`attempts.stopped`)."""
+        verdict = attempts.stopped(self._stop_reason, self._cancel_detail, error)
+        return None if verdict is None else await self._carry_out(verdict)
+
+    async def _carry_out(self, verdict: attempts.Verdict,
+                         state: RunState | None = None) -> Outcome:
+        if verdict.deliver_first:
+            await self._deliver(state)
+        if verdict.action == "skip":
+            return await self._ack("skipped", verdict.detail)
+        if verdict.action == "abort":
+            return await self._abort(verdict.detail, cause=verdict.cause)
+        if verdict.action == "release":
+            await self._settle_item(self._msg.nak(), "nak")
+            return self._outcome("released", verdict.detail)
+        return self._outcome("superseded", verdict.detail)
 
     def _start_heartbeat(self, interval: float) -> None:
         self._beating = asyncio.ensure_future(self._heartbeat(interval))
@@ -515,17 +496,10 @@ class Execution:
         state, _ = await self._update(
             lambda current: decide.pause_attempt(current, paused, attempt=self.attempt,
                                                  incarnation=self._incarnation))
-        if state is None or state.incarnation != self._incarnation:
-            return await self._ack("skipped", "the run was cleared before it could pause")
-        if state.is_hard_terminal:
-            return await self._ack("skipped", "the run ended before it could pause")
-        if state.attempt != self.attempt:
-            return self._outcome("superseded", f"attempt {state.attempt} took over the run")
-        if state.paused is None:  # a cancel arrived first
-            if state.cancel_reason == GIVE_UP:
-                return await self._ack("skipped", "the reconciler gave up on the run")
-            return await self._abort(state.cancel_reason)
-        assert self._recorder is not None
+        verdict = attempts.not_paused(state, self.attempt, self._incarnation)
+        if verdict is not None:
+            return await self._carry_out(verdict)
+        assert self._recorder is not None and state is not None and state.paused is not None
         await self._recorder.pause_milestone(state.paused)
         return await self._ack("paused", f"{state.paused.reason}: "
                                          f"{len(state.paused.pending)} pending")

@@ -236,19 +236,6 @@ def matches_clear(state: RunState, statuses: list[str] | None, older_than: int |
     return older_than is None or state.requested_at < older_than
 
 
-def budget_run_out(state: RunState, now: int) -> InterruptedReason | None:
-    """Which budget of an open detached run has run out at `now` (epoch ms on the
-    broker's clock, as the deadlines): `budget-exceeded` when the absolute budget has,
-    which wins over the no-progress budget when both have; None while neither has."""
-    if not state.is_open or state.detached is None:
-        return None
-    if state.max_budget_deadline is not None and state.max_budget_deadline <= now:
-        return "budget-exceeded"
-    if state.no_progress_deadline is not None and state.no_progress_deadline <= now:
-        return "no-progress"
-    return None
-
-
 def give_up(state: RunState | None, cause: Cause, reason: InterruptedReason, error: str,
             child_still_running: bool) -> list[Event]:
     """The parent stops waiting: the run ends `interrupted` (soft) if it is still open.

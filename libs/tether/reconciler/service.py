@@ -22,7 +22,6 @@ run from the log and appends with optimistic concurrency, so a decision taken tw
 
 import asyncio
 import uuid
-from collections.abc import Hashable
 from contextlib import suppress
 from typing import cast
 
@@ -34,8 +33,8 @@ from tether.adapters.event_log import EventLog, until_stopped
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
-from tether.domain import decide
-from tether.domain.events import RunRequested
+from tether.domain import budgets, decide
+from tether.domain.events import ParentRef, RunRequested
 from tether.domain.run_state import RunState, evolve, state_from_json
 from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.metrics import (
@@ -106,13 +105,19 @@ class Reconciler:
         self._changed = asyncio.Event()
         self._armed_due: int | None = None  # what the timer sleeps until
         self._delivery_attempts: dict[RunKey, int] = {}
-        self._in_flight: set[Hashable] = set()
+        self._in_flight: set[tuple[RunKey, str]] = set()
         self._firing: set[asyncio.Task[None]] = set()
         self.active = asyncio.Event()
         self.decisions = 0
         self._own_clock = clock is None
         self._clock = clock or BrokerClock(log.nats, log.subjects.events_stream, logger,
                                            warn_skew_ms=settings.clock_skew_warn_ms)
+
+    def tracking(self, parent: ParentRef, run_id: str) -> bool:
+        """Whether this reconciler still watches the run: a deadline of it pending or a
+        decision about it under way."""
+        key = (parent.agent, parent.name, run_id)
+        return key in self._states or any(in_flight == key for in_flight, _ in self._in_flight)
 
     @property
     def lock_key(self) -> str:
@@ -221,15 +226,13 @@ class Reconciler:
 
     def _track(self, state: RunState) -> None:
         key = (state.parent.agent, state.parent.name, state.run_id)
-        detached_open = state.detached is not None and state.is_open
         pending = self._pending_delivery(state)
         if not (state.is_open or pending):
             self._untrack(key)
             return
         self._states[key] = state
-        self._index.set((key, "budget"), state.max_budget_deadline if detached_open else None)
-        self._index.set((key, "no-progress"),
-                        state.no_progress_deadline if detached_open else None)
+        for kind, deadline in budgets.deadlines(state).items():
+            self._index.set((key, kind), deadline)
         if pending and self._index.get((key, "delivery")) is None:
             attempts = self._delivery_attempts.get(key, 0)
             # (`ended_at` is the writer's clock: never later than now on the broker's.)
@@ -250,7 +253,7 @@ class Reconciler:
     def _untrack(self, key: RunKey) -> None:
         self._states.pop(key, None)
         self._delivery_attempts.pop(key, None)
-        for kind in ("budget", "no-progress", "delivery"):
+        for kind in (*(budget.kind for budget in budgets.BUDGETS), "delivery"):
             self._index.set((key, kind), None)
 
     def _pending_delivery(self, state: RunState) -> bool:
@@ -337,10 +340,11 @@ class Reconciler:
             if state is not None:
                 self._track(state)
             return
-        reason = decide.budget_run_out(state, self._clock.now())
-        if reason is None:
+        budget = budgets.run_out(state, self._clock.now())
+        if budget is None:
             self._track(state)  # a signal moved the deadline since
             return
+        reason = budget.reason
         # The child was at work when the parent stopped waiting (a runner had started an
         # attempt): the cancel to its runner follows the give-up, not before it.
         child_running = state.status == "running"
@@ -356,7 +360,7 @@ class Reconciler:
         if any(event.type == "run.interrupted" for event in appended):
             # Counted as soon as it is in the log, before the delivery's round trips.
             self.decisions += 1
-            DEADLINES_FIRED.inc(kind="budget" if reason == "budget-exceeded" else "no-progress")
+            DEADLINES_FIRED.inc(kind=budget.kind)
             await self.observability.emit("agent_tool:detached:give_up", state.run_id,
                                           state.parent, reason=reason,
                                           child_still_running=child_running)
