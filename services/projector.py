@@ -11,6 +11,7 @@ from nats.js import JetStreamContext
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.bootstrap import Needs, Service, bootstrap
 from tether.config import Settings
 from tether.log import get_logger
@@ -31,8 +32,6 @@ MAX_READY_LAG = 10_000
 # after its rows are written and before it commits (a crash in the middle of a batch).
 KILL_AT_SEQ_VARIABLE = "TETHER_TEST_PROJECTOR_KILL_AT_SEQ"
 
-COUNT_RUNS = "SELECT status, agent_type, count(*) AS runs FROM {schema}.runs GROUP BY 1, 2"
-READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
@@ -67,7 +66,7 @@ def _collector(settings: Settings, js: JetStreamContext, pool: asyncpg.Pool,
                projector: Projector):
     """Log-wide numbers: read from the stream and the committed checkpoint at scrape time,
     so a stuck projector still reports a growing lag."""
-    schema = f'"{settings.projection_schema}"'
+    projections = ProjectionReads(pool, settings.projection_schema)
     stream = settings.subjects.events_stream
 
     async def collect_projection() -> None:
@@ -77,14 +76,13 @@ def _collector(settings: Settings, js: JetStreamContext, pool: asyncpg.Pool,
         active = projector.active.is_set()
         PROJECTOR_ACTIVE.set(1 if active else 0)
         DEAD_LETTERED.set_total(projector.stats.dead_lettered, kind="event")
-        position = int(await pool.fetchval(READ_CHECKPOINT.format(schema=schema)) or 0)
+        position = await projections.position()
         position = max(position, projector.stats.position)
         PROJECTOR_POSITION.set(position)
         PROJECTOR_LAG_EVENTS.set(max(last_seq - position, 0))
         PROJECTOR_LAG_SECONDS.set(await _oldest_unprojected_age(js, settings, position, last_seq))
         if active:  # one replica reports the runs, so sum() over replicas stays right
-            rows = await pool.fetch(COUNT_RUNS.format(schema=schema))
-            RUNS.replace({(row["status"], row["agent_type"] or ""): row["runs"] for row in rows})
+            RUNS.replace(await projections.counts_by_type())
 
     return collect_projection
 

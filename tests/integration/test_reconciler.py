@@ -19,6 +19,7 @@ from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.projector import Projector
+from tether.adapters.postgres.reads import WATCHED, ProjectionReads
 from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.agent_registry import AgentRegistry
 from tether.child.runner import ChildRunner
@@ -46,7 +47,7 @@ from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
 from tether.reconciler import service as reconciler_service
 from tether.reconciler.control import ChildControl
-from tether.reconciler.service import LOAD_RUNS, Reconciler
+from tether.reconciler.service import Reconciler
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Importer", name="tenant-1")
@@ -624,9 +625,9 @@ async def test_a_new_leader_loads_open_runs_and_owed_deliveries_only(fast, log, 
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SET LOCAL enable_seqscan = off")
             plan = "\n".join(row[0] for row in await conn.fetch(
-                "EXPLAIN " + LOAD_RUNS.format(schema=schema)))
-            picked = {state_from_json(row["state"]).run_id
-                      for row in await conn.fetch(LOAD_RUNS.format(schema=schema))}
+                "EXPLAIN " + ProjectionReads(conn, settings.projection_schema).sql(WATCHED)))
+            picked = {state.run_id for state in
+                      (await ProjectionReads(pool, settings.projection_schema).watched())[1]}
         assert "runs_reconciler_watch" in plan, plan
         assert picked == expected
     finally:

@@ -17,6 +17,7 @@ from ui_server import running_ui
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.devtools import load_tree
 from tether.client import connect
 from tether.config import Settings
@@ -26,7 +27,6 @@ from tether.domain.events import ParentRef
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 from tether.ui.live import ParentStream
-from tether.ui.store import ProjectionStore
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 OTHER = ParentRef(agent="Assistant", name="user-2")
@@ -351,7 +351,7 @@ async def test_nested_runs_come_under_the_run_that_started_them(ui, log, project
 
 async def test_a_quiet_stream_sends_heartbeats(log, pool, settings):
     async with connect(settings=settings) as tether:
-        page = ParentStream(tether, ProjectionStore(pool, settings.projection_schema), PARENT,
+        page = ParentStream(tether, ProjectionReads(pool, settings.projection_schema), PARENT,
                             heartbeat_s=0.05)
         messages = page.messages()
         kinds = [(await anext(messages))["type"] for _ in range(4)]

@@ -16,29 +16,13 @@ from typing import Any, TextIO
 import asyncpg
 import msgspec
 
-from tether.adapters.postgres.migrator import check_schema_name
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.records import AgentStepRecord, usage_of
 from tether.config import Settings
 from tether.contract.messages import UsageView
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState, state_from_json, state_json
+from tether.domain.run_state import RunState, state_json
 
-SELECT_RUN_STATE = """
-    SELECT state::text FROM "{schema}".runs
-    WHERE parent_agent = $1 AND parent_name = $2 AND run_id = $3
-"""
-# The runs below one (the runs it started, theirs, ...), as far as 16 levels down.
-SELECT_DESCENDANTS = """
-    WITH RECURSIVE tree(agent_type, run_id, state, depth) AS (
-        SELECT agent_type, run_id, state, 1 FROM "{schema}".runs
-        WHERE parent_agent = $1 AND parent_name = $2
-        UNION ALL
-        SELECT r.agent_type, r.run_id, r.state, t.depth + 1 FROM "{schema}".runs r
-        JOIN tree t ON r.parent_agent = t.agent_type AND r.parent_name = coalesce(nullif(t.state->>'nested_parent', ''), t.run_id)
-        WHERE t.depth < 16
-    )
-    SELECT state::text FROM tree
-"""
 PREVIEW_CHARS = 120
 
 
@@ -70,20 +54,13 @@ async def load_run(settings: Settings, parent: ParentRef, run_id: str) -> RunSta
 async def load_tree(settings: Settings, parent: ParentRef,
                     run_id: str) -> tuple[RunState | None, list[RunState]]:
     """A run and every run below it, from the projections."""
-    schema = check_schema_name(settings.projection_schema)
     conn = await asyncpg.connect(settings.database_url)
     try:
-        text = await conn.fetchval(SELECT_RUN_STATE.format(schema=schema), parent.agent,
-                                   parent.name, run_id)
-        if text is None:
-            return None, []
-        state = state_from_json(text)
-        owner = state.as_parent()
-        rows = await conn.fetch(SELECT_DESCENDANTS.format(schema=schema), owner.agent,
-                                owner.name)
+        projections = ProjectionReads(conn, settings.projection_schema)
+        state = await projections.run(parent, run_id)
+        return state, [] if state is None else await projections.below(state)
     finally:
         await conn.close()
-    return state, [state_from_json(row[0]) for row in rows]
 
 
 async def show_run(settings: Settings, parent: ParentRef, run_id: str, *, as_json: bool = False,

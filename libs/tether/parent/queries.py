@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from tether.adapters.chat_consumers import ServedChat
 from tether.adapters.event_log import EventLog
 from tether.adapters.hook_consumers import serve_hook
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.config import Settings
 from tether.contract.messages import (
     ChatNextReply,
@@ -51,7 +52,7 @@ from tether.domain.commands import (
     ServeHookQuery,
 )
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState, state_from_json
+from tether.domain.run_state import RunState
 from tether.parent.rate_limit import RequestRates, requester_of
 from tether.run_tree import descendants
 
@@ -60,15 +61,6 @@ REPLIES = {"inspect": InspectReply, "list": ListReply, "has_run": HasRunReply,
            "history": HistoryReply, "serve_hook": ServeHookReply, "chat_next": ChatNextReply}
 # A history reply stays well under NATS's default max_payload (1 MiB).
 HISTORY_REPLY_BYTES = 256 * 1024
-
-LIST_RUNS = """
-    SELECT state::text AS state FROM {schema}.runs
-    WHERE parent_agent = $1 AND parent_name = $2
-      AND ($3::text[] IS NULL OR status = ANY($3::text[]))
-    ORDER BY requested_at DESC, run_id
-    LIMIT $4
-"""
-
 
 def query_subjects(subjects: Subjects, kind: str) -> tuple[str, str]:
     """The short form, and the per-parent form that NATS permissions can scope."""
@@ -84,7 +76,8 @@ class ParentQueries:
         self._settings = settings or Settings()
         self._rates = rates
         self._chat: ServedChat | None = None
-        self._list_sql = LIST_RUNS.format(schema=f'"{projection_schema}"')
+        self._projections = (ProjectionReads(pool, projection_schema)
+                             if pool is not None else None)
 
     def middleware(self) -> ExceptionMiddleware:
         """Turns a request that fails into the query's reply with an `error`."""
@@ -171,12 +164,10 @@ class ParentQueries:
                 and headers.get("Nats-Msg-Id") == message_id)
 
     async def list_runs(self, query: ListQuery, message: NatsMessage) -> ListReply:
-        assert self._pool is not None
+        assert self._projections is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
-        rows = await self._pool.fetch(self._list_sql, query.parent.agent, query.parent.name,
-                                      query.status, query.limit)
-        return ListReply(runs=[RunSnapshot.of(state_from_json(r["state"]))
-                               for r in rows])
+        runs = await self._projections.list_runs(query.parent, query.status, query.limit)
+        return ListReply(runs=[RunSnapshot.of(state) for state in runs])
 
     async def history(self, query: HistoryQuery, message: NatsMessage) -> HistoryReply:
         assert self._log is not None

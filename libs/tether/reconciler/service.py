@@ -30,12 +30,13 @@ import asyncpg
 from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.control import control_broker
 from tether.adapters.event_log import EventLog, until_stopped
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
 from tether.domain import budgets, decide
 from tether.domain.events import ParentRef, RunRequested
-from tether.domain.run_state import RunState, evolve, state_from_json
+from tether.domain.run_state import RunState, evolve
 from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,
@@ -53,26 +54,6 @@ from tether.run_tree import cancel_below
 
 RunKey = tuple[str, str, str]
 
-# What a new term watches: open runs, and finished detached runs whose finish delivery
-# is still owed (`_pending_delivery`, in SQL). A leadership change costs what is open,
-# not every finished run ever: the partial index `runs_reconciler_watch` (migration 002)
-# has this same predicate, and a test holds the two equal.
-LOAD_RUNS = """
-    SELECT state::text AS state FROM {schema}.runs
-    WHERE status IN ('starting', 'running')
-       OR (detached
-           AND status IN ('completed', 'error', 'aborted', 'interrupted')
-           AND NOT (status = 'aborted' AND coalesce(state->>'aborted_cause', '') = 'give-up')
-           AND CASE WHEN state->'detached'->>'on_finish' IS NOT NULL
-                    THEN NOT (coalesce(delivery->'finish', '{{}}'::jsonb)
-                              ? (state->'detached'->>'on_finish' || ':' || status))
-                    ELSE coalesce(state->'detached'->'notify', 'false'::jsonb)
-                             NOT IN ('false'::jsonb, 'null'::jsonb)
-                         AND NOT (coalesce(delivery->'notifications', '{{}}'::jsonb)
-                                  ? ('finish:' || status))
-               END)
-"""
-READ_CHECKPOINT = "SELECT coalesce(max(last_seq), 0) FROM {schema}.checkpoints"
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
 # of the loop whatever its size; under load, waiting gathers the events of many runs
 # into one, and no deadline is that tight.
@@ -182,16 +163,14 @@ class Reconciler:
     # --- the view: projection, then the log -----------------------------------------
 
     async def _load(self) -> int:
-        schema = f'"{self._settings.projection_schema}"'
-        async with self._pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
-            try:
-                checkpoint = int(await conn.fetchval(READ_CHECKPOINT.format(schema=schema)))
-                rows = await conn.fetch(LOAD_RUNS.format(schema=schema))
-            except asyncpg.UndefinedTableError:
-                return 0  # no projection yet: the log from the start is the view
-        for row in rows:
-            self._track(state_from_json(row["state"]))
-        self._logger.info("reconciler.loaded", runs=len(rows), watching=len(self._states),
+        try:
+            checkpoint, watched = await ProjectionReads(
+                self._pool, self._settings.projection_schema).watched()
+        except asyncpg.UndefinedTableError:
+            return 0  # no projection yet: the log from the start is the view
+        for state in watched:
+            self._track(state)
+        self._logger.info("reconciler.loaded", runs=len(watched), watching=len(self._states),
                           checkpoint=checkpoint)
         return checkpoint
 

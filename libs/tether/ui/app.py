@@ -23,6 +23,7 @@ try:
 except ModuleNotFoundError:
     raise MissingExtra("ui") from None
 
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.devtools import records_of
 from tether.agents.records import usage_of
 from tether.client.connection import Tether, connect
@@ -38,7 +39,6 @@ from tether.log import get_logger
 from tether.runtime import ReadinessCheck, nats_check, postgres_check, run_checks
 from tether.ui.gate import AccessGate
 from tether.ui.live import STOP, ParentStream
-from tether.ui.store import ProjectionStore
 from tether.ui.views import STATUSES, event_documents, run_document, state_as_of, status_counts
 
 FINISHED = ["completed", "error", "aborted", "interrupted"]
@@ -48,7 +48,7 @@ STATIC = resources.files("tether.ui") / "static"
 @dataclass
 class UiState:
     tether: Tether
-    store: ProjectionStore
+    store: ProjectionReads
     gate: AccessGate
     checks: dict[str, ReadinessCheck]
     streams: set[ParentStream] = field(default_factory=set)
@@ -98,7 +98,7 @@ def create_app(settings: Settings, *, frame_ms: int | None = None,
     @asynccontextmanager
     async def _serving(app: Starlette, tether: Tether, pool: asyncpg.Pool
                        ) -> AsyncIterator[None]:
-        state = UiState(tether, ProjectionStore(pool, settings.projection_schema),
+        state = UiState(tether, ProjectionReads(pool, settings.projection_schema),
                         AccessGate(tether),
                         {"nats": nats_check(tether.nc), "postgres": postgres_check(pool)})
         app.state.ui = state
@@ -250,7 +250,7 @@ async def readyz(request: Request) -> Response:
 async def parents_json(request: Request) -> Response:
     ui = _ui(request)
     query = request.query_params.get("q", "").strip().lower()
-    rows = await ui.store.status_counts()
+    rows = await ui.store.counts_by_parent()
     readable = await ui.gate.readable({agent for agent, *_ in rows})
     parents = [entry for entry in status_counts(row for row in rows if row[0] in readable)
                if query in f"{entry['agent']}/{entry['name']}".lower()]

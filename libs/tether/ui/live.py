@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.client.connection import Tether
 from tether.client.feed import FeedMessage
 from tether.contract.codec import EventDecodeError, decode_event
@@ -23,8 +24,11 @@ from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, evolve
 from tether.ports import SYSTEM_CLOCK
-from tether.ui.store import ProjectionStore
 from tether.ui.views import run_document
+
+# How deep a parent's page follows its nested runs at first; a deeper run stays reachable
+# from its own parent's page.
+MAX_NESTING = 4
 
 FRAME_MS = 250
 NESTED_REFRESH_MS = 1_000
@@ -35,7 +39,7 @@ STOP = FeedMessage("stop", 0, "", b"", 0)  # put on a page's queue when the UI s
 
 
 class ParentStream:
-    def __init__(self, tether: Tether, store: ProjectionStore, parent: ParentRef, *,
+    def __init__(self, tether: Tether, store: ProjectionReads, parent: ParentRef, *,
                  frame_ms: int = FRAME_MS, nested_refresh_ms: int = NESTED_REFRESH_MS,
                  heartbeat_s: float = HEARTBEAT_S) -> None:
         self._tether = tether
@@ -51,7 +55,7 @@ class ParentStream:
         self._sent: dict[Any, dict[str, Any]] = {}
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        snapshot = await self._store.snapshot(self._parent)
+        snapshot = await self._store.snapshot(self._parent, MAX_NESTING)
         self._states = {state.run_id: state for state in snapshot.runs}
         self._nested = {_key(state): state for state in snapshot.nested}
         runs = [self._document(run_id) for run_id in self._states]
