@@ -31,7 +31,7 @@ from tether.agents import (
     ToolContext,
     tool,
 )
-from tether.agents.messages import ModelRequest
+from tether.agents.model_messages import ModelRequest
 
 PRICES = PriceTable.of({"demo-small": ModelPrice(input_per_million=0.15, output_per_million=0.6,
                                                  cached_input_per_million=0.075)})

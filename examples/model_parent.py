@@ -22,7 +22,7 @@ import uuid
 from tether import agent_tool, connect
 from tether.agents import AgentDefinition, ModelParent, Reply
 from tether.agents.clients.openai_compatible import OpenAICompatibleClient
-from tether.agents.messages import ModelRequest
+from tether.agents.model_messages import ModelRequest
 
 try:  # a module of the child-runner's agents, or this script run from examples/
     from examples.agents import ImportInput, ResearchInput

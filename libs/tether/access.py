@@ -21,7 +21,7 @@ account exports each of them exactly its share:
 
 No other JetStream API is exported: a consumer's configuration, a direct get's reply
 subject and a put's headers are in places permissions cannot see. The stored part of a timeline
-comes from the parent's `history` query instead (`tether.client.live`), which the client
+comes from the parent's `history` query instead (`tether.client.run_events`), which the client
 uses by itself when its account has no JetStream. Inside each account a user's own
 permissions repeat its imports, so a request for anything else is refused at once.
 

@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 
 from tether.agents.devtools import add_runs_command, run_runs_command
-from tether.client.commands import CLIENT_COMMANDS, add_client_commands, run_client_command
+from tether.client.cli_commands import CLIENT_COMMANDS, add_client_commands, run_client_command
 from tether.config import CONFIG_FILE_VARIABLE, ConfigurationError, Settings, load_config_file
 from tether.diagnose import (
     CannotListen,

@@ -16,7 +16,7 @@ from tether.adapters.postgres.projector import Projector
 from tether.contract.codec import encode_event
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
-from tether.ui.live import FRAME_MS
+from tether.ui.page_stream import FRAME_MS
 from tether.ui.server import serve_ui
 
 PARENT = ParentRef(agent="Assistant", name="big")

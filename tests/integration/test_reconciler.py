@@ -46,7 +46,7 @@ from tether.domain.events import (
 from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
 from tether.reconciler import service as reconciler_service
-from tether.reconciler.control import ChildControl
+from tether.reconciler.runners import ChildControl
 from tether.reconciler.service import Reconciler
 from tether.testing import RunEvents
 

@@ -26,7 +26,7 @@ from tether.domain import events as ev
 from tether.domain.events import ParentRef
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
-from tether.ui.live import ParentStream
+from tether.ui.page_stream import ParentStream
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 OTHER = ParentRef(agent="Assistant", name="user-2")

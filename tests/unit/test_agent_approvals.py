@@ -16,7 +16,7 @@ from tether.agents import (
     ToolContext,
     tool,
 )
-from tether.agents.messages import ModelRequest
+from tether.agents.model_messages import ModelRequest
 
 
 class Payment(BaseModel):

@@ -27,7 +27,7 @@ from tether.agents import (
     tool_called,
 )
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
-from tether.agents.messages import ModelRequest, ModelResponse
+from tether.agents.model_messages import ModelRequest, ModelResponse
 from tether.agents.tools import StateAccessor
 
 

@@ -18,8 +18,8 @@ from tether.agents import (
 )
 from tether.agents.agent import input_messages
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
-from tether.agents.messages import ToolCall
-from tether.agents.records import AgentStepRecord
+from tether.agents.model_messages import ToolCall
+from tether.agents.steps import AgentStepRecord
 from tether.client import tool_run_id
 
 

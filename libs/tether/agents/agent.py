@@ -14,17 +14,17 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from tether.agents.agent_events import AgentEvent, OnEvent, event_callback
 from tether.agents.definition import AgentDefinition, ModelRetry
-from tether.agents.events import AgentEvent, OnEvent, event_callback
 from tether.agents.loop import AgentLoop, CallOutcome, CallPlan, LoopPorts, Session, StepJournal
-from tether.agents.messages import Message, ModelClient
-from tether.agents.records import (
+from tether.agents.model_messages import Message, ModelClient
+from tether.agents.results import AgentRunResult, RunRecord, final_output
+from tether.agents.steps import (
     Decisions,
     pause_of,
     state_after,
     usage_of,
 )
-from tether.agents.results import AgentRunResult, RunRecord, final_output
 from tether.agents.tools import StateAccessor
 from tether.ports import SYSTEM_CLOCK
 

@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar, Union
 
-from tether.agents.messages import Message, Sampling
-from tether.agents.records import Decisions, PendingToolCall
+from tether.agents.model_messages import Message, Sampling
+from tether.agents.steps import Decisions, PendingToolCall
 from tether.agents.stop import StopCondition
 from tether.agents.tools import Tool
 from tether.agents.usage import PriceTable

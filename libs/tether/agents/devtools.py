@@ -17,7 +17,7 @@ import asyncpg
 import msgspec
 
 from tether.adapters.postgres.reads import ProjectionReads
-from tether.agents.records import AgentStepRecord, usage_of
+from tether.agents.steps import AgentStepRecord, usage_of
 from tether.config import Settings
 from tether.contract.messages import UsageView
 from tether.domain.events import ParentRef

@@ -1,6 +1,6 @@
 """Keeping a conversation acceptable to a model: tool-history repair and output truncation."""
 
-from tether.agents.messages import Message
+from tether.agents.model_messages import Message
 
 UNANSWERED_TOOL_CALL = "This tool call was not answered (the run was interrupted before it ran)."
 

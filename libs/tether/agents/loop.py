@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from tether import tracing
+from tether.agents.agent_events import AgentEvent
 from tether.agents.definition import (
     AgentDefinition,
     DynamicContext,
@@ -31,16 +32,15 @@ from tether.agents.errors import (
     is_retryable,
     retry_after_ms,
 )
-from tether.agents.events import AgentEvent
 from tether.agents.history import repair_tool_history
-from tether.agents.messages import (
+from tether.agents.model_messages import (
     Message,
     ModelClient,
     ModelRequest,
     ModelResponse,
     unique_call_ids,
 )
-from tether.agents.records import (
+from tether.agents.steps import (
     AgentStepRecord,
     Decisions,
     ModelTurn,

@@ -28,9 +28,9 @@ from tether.agents.agent import build_result, input_messages
 from tether.agents.clients.scripted import Entry, ScriptedModelClient
 from tether.agents.definition import AgentDefinition
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
-from tether.agents.messages import Message, ModelClient
-from tether.agents.records import AgentStepRecord, Decisions, state_after
+from tether.agents.model_messages import Message, ModelClient
 from tether.agents.results import AgentRunResult
+from tether.agents.steps import AgentStepRecord, Decisions, state_after
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunContext

@@ -5,8 +5,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from tether.agents.messages import Frozen, Message, TokenUsage, ToolCall
-from tether.agents.records import (
+from tether.agents.model_messages import Frozen, Message, TokenUsage, ToolCall
+from tether.agents.steps import (
     AgentStepRecord,
     HumanPause,
     RunStatus,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tether.agents.records import AgentStepRecord
+    from tether.agents.steps import AgentStepRecord
     from tether.agents.usage import UsageSummary
 
 

@@ -13,8 +13,8 @@ from tether import tracing
 from tether.agents.definition import AgentDefinition
 from tether.agents.errors import describe
 from tether.agents.history import truncate_tool_output
-from tether.agents.messages import ToolCall
-from tether.agents.records import (
+from tether.agents.model_messages import ToolCall
+from tether.agents.steps import (
     Decisions,
     PendingToolCall,
     ToolDecision,

@@ -8,7 +8,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from tether.agents.messages import ToolSpec
+from tether.agents.model_messages import ToolSpec
 from tether.child.context import report_progress as report_current_progress
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier

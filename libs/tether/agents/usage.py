@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import Field
 
-from tether.agents.messages import Frozen, TokenUsage
+from tether.agents.model_messages import Frozen, TokenUsage
 
 MILLION = 1_000_000
 

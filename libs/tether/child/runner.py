@@ -40,7 +40,6 @@ from tether.adapters.control import control_broker, start_control
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import Pull, durable_pull
 from tether.adapters.requests import scatter
-from tether.adapters.streams import StreamSettings, key_value
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.child.execution import Execution
@@ -57,8 +56,7 @@ from tether.contract.messages import (
     read_work_item,
 )
 from tether.delivery.deliverer import Deliverer
-from tether.delivery.formatters import ByParentClass, load_formatters
-from tether.delivery.registered_hooks import RegisteredHooks
+from tether.delivery.formatters import parent_formatters
 from tether.domain.events import ParentRef
 from tether.domain.versions import versions_serving
 from tether.log import get_logger
@@ -181,11 +179,10 @@ class ChildRunner:
     async def start(self) -> None:
         """Create (or bring up to date) the consumers and listen for cancel signals."""
         settings = self._settings
-        registry = await key_value(self._js, settings.subjects.registry_bucket,
-                                   StreamSettings.of(settings))
-        formatters = ByParentClass(self._registry, load_formatters(settings.formatters))
-        self._env = replace(self._env, deliverer=Deliverer.of(
-            settings, self._env.log, RegisteredHooks(registry), formatters, self._logger))
+        # (The runner keeps no delivery records: the parent and the reconciler do.)
+        self._env = replace(self._env, deliverer=await Deliverer.open(
+            settings, self._env.log, parent_formatters(settings.formatters, self._registry),
+            self._logger, records=False))
         stream = self._settings.subjects.work_stream
         for agent_type in self._registry.agent_types:
             # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.

@@ -8,6 +8,7 @@ async with connect() as tether:
 """
 
 from tether.client.awaiting import RunWaiter
+from tether.client.child_tool import AgentTool, agent_tool, tool_run_id
 from tether.client.connection import Tether, connect
 from tether.client.errors import (
     InputTooLarge,
@@ -20,7 +21,6 @@ from tether.client.errors import (
 from tether.client.hooks import HookRegistry
 from tether.client.parent import ParentHandle
 from tether.client.timeline import ProgressView, RunView, TimelineView
-from tether.client.tools import AgentTool, agent_tool, tool_run_id
 
 __all__ = [
     "AgentTool",

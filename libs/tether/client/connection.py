@@ -31,8 +31,8 @@ from tether.client.errors import (
 from tether.client.feed import OrderedFeed, ServedFeed, open_feed
 from tether.client.hooks import HookRegistry
 from tether.client.link import RunReads
-from tether.client.live import DirectReads, ServedReads
 from tether.client.parent import ParentHandle, parent_handle
+from tether.client.run_events import DirectReads, ServedReads
 from tether.config import Settings
 from tether.contract.messages import HasRunReply, ObservabilityEvent
 from tether.contract.subjects import Subjects
@@ -67,7 +67,7 @@ class Tether:
     `served`: the connection's account has no JetStream of its own, as an application in
     an account of its own (`tether.access`): stored messages are read through the parent
     service's `history` query and new ones on the live subjects the streams republish
-    them on, hooks are consumed from consumers the parent makes (`tether.client.live`).
+    them on, hooks are consumed from consumers the parent makes (`tether.client.run_events`).
     `connect` finds out which by asking the server.
     """
 

@@ -28,9 +28,9 @@ from typing import Any, cast
 
 from pydantic import Field, ValidationError
 
-from tether.agents.messages import Message
-from tether.agents.records import AgentStepRecord
-from tether.agents.records import conversation as folded_conversation
+from tether.agents.model_messages import Message
+from tether.agents.steps import AgentStepRecord
+from tether.agents.steps import conversation as folded_conversation
 from tether.client.chat import drop_chat_reader, follow_chat
 from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link

@@ -25,7 +25,7 @@ Reply = TypeVar("Reply", bound=BaseModel)
 
 class RunReads(Protocol):
     """A run's stored messages: straight from the stream, or, for an application in an
-    account without JetStream, through the parent service (`tether.client.live`)."""
+    account without JetStream, through the parent service (`tether.client.run_events`)."""
 
     async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
         """The subject's stored messages from `start_seq`, in order, up to its end as of
@@ -46,7 +46,7 @@ class Link(Protocol):
     log: EventLog
     js: JetStreamContext
     # The account has no JetStream of its own: stored messages are read through the
-    # parent service (`tether.client.live`).
+    # parent service (`tether.client.run_events`).
     served: bool
     run_reads: RunReads
 

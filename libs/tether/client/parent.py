@@ -15,11 +15,11 @@ from tether import tracing
 from tether.adapters.requests import subscribe_routed
 from tether.client.awaiting import Answer, LiveEvent, RunFold, RunWaiter
 from tether.client.chat import follow_chat
+from tether.client.child_tool import AgentTool, agent_tool
 from tether.client.errors import ServiceUnavailable
 from tether.client.link import Link
-from tether.client.live import live_event
+from tether.client.run_events import live_event
 from tether.client.timeline import RunView, TimelineView, follow_timeline
-from tether.client.tools import AgentTool, agent_tool
 from tether.contract.messages import (
     RUN_SEQUENCE_HEADER,
     AgentToolFailure,
@@ -292,7 +292,7 @@ class ParentHandle:
     def agent_tool(self, agent_type: Any, *, description: str | None = None,
                    display_name: str | None = None, input_model: type[BaseModel] | None = None,
                    name: str | None = None) -> "AgentTool":
-        """An `AgentTool` bound to this parent (see `tether.client.tools.agent_tool`)."""
+        """An `AgentTool` bound to this parent (see `tether.client.child_tool.agent_tool`)."""
         return agent_tool(agent_type, description=description, display_name=display_name,
                           input_model=input_model, name=name).bind(self)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
+from tether.adapters.streams import StreamSettings, key_value
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     GLOBAL_FINISH_HOOK,
@@ -86,6 +87,24 @@ class Deliverer:
         self._records = records or DeliveryRecords(None)
         self._clock = clock
         self.delivered = 0
+
+    @classmethod
+    async def open(cls, settings: "Settings", log: EventLog, formatters: Formatters, logger, *,
+                   records: bool = True) -> "Deliverer":
+        """The services' deliverer, one way wherever it is needed: the installation's hook
+        registry, its delivery records (`records`: kept by the parent and the reconciler)
+        and `formatters` (`formatters.parent_formatters`)."""
+        js = log.jetstream
+        hooks = RegisteredHooks(await key_value(js, settings.subjects.registry_bucket,
+                                                StreamSettings.of(settings)))
+        kept = (await DeliveryRecords.open(js, settings.subjects.deliveries_bucket)
+                if records else None)
+        return cls.of(settings, log, hooks, formatters, logger, kept)
+
+    @property
+    def hooks(self) -> RegisteredHooks:
+        """The hook registry it delivers by."""
+        return self._hooks
 
     @classmethod
     def of(cls, settings: "Settings", log: EventLog, hooks: RegisteredHooks,

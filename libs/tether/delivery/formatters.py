@@ -87,3 +87,10 @@ def load_formatters(path: str | None) -> Formatters:
     if target is None:
         raise ValueError(f"TETHER_FORMATTERS={path!r}: {module_name} has no {attribute}")
     return _Layered(target() if isinstance(target, type) else target)
+
+
+def parent_formatters(formatters_path: str | None, parents: Any) -> ByParentClass:
+    """The services' formatters: the parent classes `parents` (an agent registry: the
+    services' `TETHER_AGENTS`) word their own runs' messages where they override a
+    method, `TETHER_FORMATTERS` (`formatters_path`) or the defaults every other's."""
+    return ByParentClass(parents, load_formatters(formatters_path))

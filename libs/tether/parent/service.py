@@ -22,19 +22,17 @@ from nats.js.errors import NotFoundError
 from tether import tracing
 from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.control import control_broker, start_control
-from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import delivery_of, durable_pull
 from tether.adapters.streams import StreamSettings, key_value
 from tether.agent_registry import AgentRegistry
 from tether.config import Settings
 from tether.delivery.deliverer import Deliverer
-from tether.delivery.formatters import ByParentClass, load_formatters
-from tether.delivery.registered_hooks import RegisteredHooks
+from tether.delivery.formatters import parent_formatters
 from tether.domain import decide
 from tether.domain.commands import overdue_ms
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
-from tether.parent.commands import CommandHandlers, Payload, UnparseableCommand
+from tether.parent.handlers import CommandHandlers, Payload, UnparseableCommand
 from tether.parent.queries import ParentQueries
 from tether.parent.rate_limit import RequestRates
 from tether.parent.slots import SlotKeeper
@@ -68,14 +66,12 @@ class ParentService:
         return self._deliverer
 
     async def start(self) -> None:
-        stream_settings = StreamSettings.of(self._settings)
-        self._hooks = RegisteredHooks(
-            await key_value(self._js, self._subjects.registry_bucket, stream_settings))
-        slots = await key_value(self._js, self._subjects.slots_bucket, stream_settings)
-        records = await DeliveryRecords.open(self._js, self._subjects.deliveries_bucket)
-        formatters = ByParentClass(self._agents, load_formatters(self._settings.formatters))
-        self._deliverer = Deliverer.of(self._settings, self._log, self._hooks, formatters,
-                                       self._logger, records)
+        self._deliverer = await Deliverer.open(
+            self._settings, self._log,
+            parent_formatters(self._settings.formatters, self._agents), self._logger)
+        self._hooks = self._deliverer.hooks
+        slots = await key_value(self._js, self._subjects.slots_bucket,
+                                StreamSettings.of(self._settings))
         await _remove_former_deliveries_consumer(self._js, self._subjects.events_stream)
         self._handlers = CommandHandlers(
             self._log, self._agents,

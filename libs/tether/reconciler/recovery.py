@@ -45,7 +45,7 @@ from tether.domain.events import Event, InterruptedReason
 from tether.domain.run_state import RunState, evolve
 from tether.leadership import LeadershipLost
 from tether.ports import SYSTEM_CLOCK
-from tether.reconciler.control import ChildControl, Inspection, Observability, awaiter_present
+from tether.reconciler.runners import ChildControl, Inspection, Observability, awaiter_present
 from tether.resilience import sleep_unless_stopped
 from tether.run_tree import Deliver, cancel_below
 

@@ -46,9 +46,9 @@ from tether.metrics import (
     HANDLER_SECONDS,
 )
 from tether.ports import SYSTEM_CLOCK
-from tether.reconciler.control import ChildControl, Observability
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
+from tether.reconciler.runners import ChildControl, Observability
 from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervise, unless_stopped
 from tether.run_tree import cancel_below
 

@@ -25,7 +25,7 @@ except ModuleNotFoundError:
 
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.devtools import records_of
-from tether.agents.records import usage_of
+from tether.agents.steps import usage_of
 from tether.client.connection import Tether, connect
 from tether.client.errors import TetherError
 from tether.client.parent import build_run_command
@@ -38,7 +38,7 @@ from tether.domain.run_state import RunState, as_builtins
 from tether.log import get_logger
 from tether.runtime import ReadinessCheck, nats_check, postgres_check, run_checks
 from tether.ui.gate import AccessGate
-from tether.ui.live import STOP, ParentStream
+from tether.ui.page_stream import STOP, ParentStream
 from tether.ui.views import STATUSES, event_documents, run_document, state_as_of, status_counts
 
 FINISHED = ["completed", "error", "aborted", "interrupted"]

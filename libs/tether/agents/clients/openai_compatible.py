@@ -20,7 +20,7 @@ except ModuleNotFoundError:
     raise MissingExtra("openai") from None
 
 from tether.agents.errors import ModelError, kind_for_status, parse_retry_after
-from tether.agents.messages import (
+from tether.agents.model_messages import (
     Message,
     ModelRequest,
     ModelResponse,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.agents.errors import ModelError
-from tether.agents.messages import (
+from tether.agents.model_messages import (
     Message,
     ModelRequest,
     ModelResponse,

@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field
 from tether.adapters.requests import subscribe_routed
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
-from tether.agents.records import AgentStepRecord, Decisions, pause_of, state_after
+from tether.agents.steps import AgentStepRecord, Decisions, pause_of, state_after
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AwaitingInput
 from tether.child.context import RunCancelled, RunContext

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from tether.agents.messages import Frozen, Message, ModelResponse, ToolCall
+from tether.agents.model_messages import Frozen, Message, ModelResponse, ToolCall
 from tether.agents.usage import UsageSummary
 
 RunStatus = Literal["queued", "running", "waiting_for_tools", "waiting_for_human", "completed",

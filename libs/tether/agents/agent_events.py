@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from tether.agents.messages import Frozen
+from tether.agents.model_messages import Frozen
 
 AgentEventType = Literal[
     "run_started",      # a run or continue call began
