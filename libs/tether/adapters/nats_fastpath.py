@@ -227,7 +227,7 @@ class FastClient(NATS):
     async def _send_publish(self, subject: str, reply: str, payload: bytes, payload_size: int,
                             headers: dict[str, str] | None) -> None:
         """nats-py's, with the header block built in one join (every event, work item and
-        hook carries some): the same bytes, for about half the time."""
+        hook carries some): the same bytes."""
         if not headers or not subject:
             await super()._send_publish(subject, reply, payload, payload_size, headers)
             return

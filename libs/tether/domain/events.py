@@ -166,8 +166,8 @@ class RunRejectedData(Record, frozen=True, kw_only=True):
 
 
 class RunStartedData(Record, frozen=True, kw_only=True):
-    """The run was handed to the child-runners' work queue. Parents no longer write it
-    (a run's dispatch is its `run.requested`); logs written before still hold it."""
+    """The run was handed to the child-runners' work queue. Read from logs that hold it;
+    no parent writes it (a run's dispatch is its `run.requested`)."""
 
     work_subject: str
 

@@ -2,7 +2,7 @@
 
 A record is a frozen `msgspec.Struct`. Every process builds, writes and reads several
 per run, and a struct is built, copied (`msgspec.structs.replace`), encoded and decoded
-in C, at a fraction of a pydantic model's cost. Building one from Python checks only its
+in C. Building one from Python checks only its
 identifiers (`tether.domain.ids.check_identifier`, in its `__post_init__`); a record is
 checked when it is decoded, and an event also when it is encoded
 (`tether.contract.codec.encode_event`). Records that users build by hand check all

@@ -247,9 +247,9 @@ FORMER_DELIVERIES_CONSUMER = "parent-deliverer"
 
 
 async def _remove_former_deliveries_consumer(js, events_stream: str) -> None:
-    """Parents once followed the whole log with a durable consumer of this name to deliver
-    hooks; the writers of outcomes deliver them now, and a consumer nobody reads would
-    keep every event after it pending on the server."""
+    """Remove the durable consumer `parent-deliverer` where an installation still has it
+    (the writers of outcomes deliver hooks; CHANGELOG.md says since when): nobody reads
+    it, and it would keep every event after it pending on the server."""
     with suppress(NotFoundError):
         await js.delete_consumer(events_stream, FORMER_DELIVERIES_CONSUMER)
 
