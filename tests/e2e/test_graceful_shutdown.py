@@ -14,9 +14,10 @@ from contextlib import aclosing
 from eventually import eventually
 
 from tether.adapters.event_log import EventLog
-from tether.contract.messages import WorkItem, read_work_item, work_item_json, work_message_id
+from tether.contract.messages import WorkItem, read_work_item, work_item_json
 from tether.domain.commands import RunCommand
 from tether.domain.events import ParentRef
+from tether.domain.ids import work_message_id
 from tether.domain.run_state import evolve
 from tether.testing import RunEvents, append_finished_runs
 

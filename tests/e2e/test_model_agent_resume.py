@@ -10,8 +10,9 @@ from contextlib import aclosing
 
 from tether.adapters.event_log import EventLog
 from tether.agents.clients.scripted import read_calls
-from tether.contract.messages import WorkItem, work_item_json, work_message_id
+from tether.contract.messages import WorkItem, work_item_json
 from tether.domain.events import ParentRef
+from tether.domain.ids import work_message_id
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-9")

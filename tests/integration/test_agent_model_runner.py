@@ -40,15 +40,10 @@ from tether.agents.clients.scripted import read_calls
 from tether.agents.devtools import show_run
 from tether.child.runner import ChildRunner, consumer_name
 from tether.child.work import Outcome
-from tether.contract.messages import (
-    CancelSignal,
-    InspectReply,
-    WorkItem,
-    work_item_json,
-    work_message_id,
-)
+from tether.contract.messages import CancelSignal, InspectReply, WorkItem, work_item_json
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
+from tether.domain.ids import work_message_id
 from tether.domain.run_state import RunState, evolve
 from tether.log import get_logger
 from tether.parent.service import ParentService

@@ -35,11 +35,10 @@ from tether.contract.messages import (
     HookMessage,
     ProgressSignal,
     WorkItem,
-    finish_message_id,
     work_item_json,
-    work_message_id,
 )
 from tether.domain.events import DetachedOptions, Event, ParentRef, RunCancelRequested
+from tether.domain.ids import finish_message_id, work_message_id
 from tether.ports import RunHistory
 from tether.testing import RunEvents
 

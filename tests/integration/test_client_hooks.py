@@ -18,19 +18,13 @@ from tether.adapters.event_log import EventLog
 from tether.client import ServiceUnavailable, Tether, connect
 from tether.client import hooks as hooks_module
 from tether.client.hooks import consumer_config, consumer_name
-from tether.contract.messages import (
-    FIRST_PUBLICATION_HEADER,
-    GLOBAL_FINISH_HOOK,
-    HookMessage,
-    LifecycleResult,
-    RunInfo,
-    finish_message_id,
-)
+from tether.contract.messages import FIRST_PUBLICATION_HEADER, HookMessage, LifecycleResult, RunInfo
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import load_formatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.commands import DeliveredCommand
 from tether.domain.events import DetachedOptions, ParentRef, RunFinishDelivered
+from tether.domain.ids import GLOBAL_FINISH_HOOK, finish_message_id
 from tether.domain.run_state import RunState
 from tether.log import get_logger
 from tether.testing import RunEvents

@@ -25,15 +25,10 @@ from tether.client import InputTooLarge, ServiceUnavailable, Tether, connect
 from tether.client import parent as client_parent
 from tether.client.awaiting import RunWaiter
 from tether.client.feed import OrderedFeed
-from tether.contract.messages import (
-    AgentToolFailure,
-    AgentToolSuccess,
-    ChatMessage,
-    DetachedHandle,
-    run_message_id,
-)
+from tether.contract.messages import AgentToolFailure, AgentToolSuccess, ChatMessage, DetachedHandle
 from tether.domain.commands import CancelCommand, RunCommand, parse_command
 from tether.domain.events import Event, ParentRef, RunRejected
+from tether.domain.ids import run_message_id
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-1")

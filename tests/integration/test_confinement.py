@@ -25,15 +25,10 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, RateLimited, RequestFailed, connect
 from tether.config import Settings
-from tether.contract.messages import (
-    DetachedHandle,
-    ObservabilityEvent,
-    finish_message_id,
-    run_message_id,
-)
+from tether.contract.messages import DetachedHandle, ObservabilityEvent
 from tether.domain import events as ev
 from tether.domain.commands import DeliveredCommand, MessageCommand
-from tether.domain.ids import nested_parent_name
+from tether.domain.ids import finish_message_id, nested_parent_name, run_message_id
 from tether.testing import RunEvents
 from tether_services import parent as parent_service
 

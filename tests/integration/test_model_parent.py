@@ -39,10 +39,10 @@ from tether.child.execution import Execution
 from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
 from tether.client.conversation import ConversationEnded
-from tether.contract.messages import ChatMessage, UsageView, chat_finish_id, user_message_id
+from tether.contract.messages import ChatMessage, UsageView
 from tether.domain import decide
 from tether.domain.events import ParentRef
-from tether.domain.ids import nested_parent_name
+from tether.domain.ids import chat_finish_id, nested_parent_name, user_message_id
 from tether.log import get_logger
 from tether.parent.service import ParentService
 

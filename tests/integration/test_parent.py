@@ -23,10 +23,10 @@ from tether.contract.messages import (
     HookMessage,
     InspectReply,
     WorkItem,
-    finish_message_id,
     read_work_item,
 )
 from tether.domain.events import ParentRef
+from tether.domain.ids import finish_message_id
 from tether.domain.run_state import RunState, evolve, fold
 from tether.log import get_logger
 from tether.parent.service import ParentService

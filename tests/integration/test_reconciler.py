@@ -24,13 +24,7 @@ from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.agent_registry import AgentRegistry
 from tether.child.runner import ChildRunner
 from tether.client import connect
-from tether.contract.messages import (
-    HookMessage,
-    ObservabilityEvent,
-    WorkItem,
-    work_item_json,
-    work_message_id,
-)
+from tether.contract.messages import HookMessage, ObservabilityEvent, WorkItem, work_item_json
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.delivery.registered_hooks import RegisteredHooks
@@ -43,6 +37,7 @@ from tether.domain.events import (
     RunProgressPersisted,
     RunRef,
 )
+from tether.domain.ids import work_message_id
 from tether.domain.run_state import evolve, state_from_json
 from tether.log import get_logger
 from tether.reconciler import service as reconciler_service

@@ -14,8 +14,9 @@ from in_process_services import all_ready
 from tether.access_jwt import generate
 from tether.client import connect
 from tether.config import Settings
-from tether.contract.messages import AgentToolSuccess, run_message_id
+from tether.contract.messages import AgentToolSuccess
 from tether.domain.commands import RunCommand
+from tether.domain.ids import run_message_id
 from tether_services import child_runner, parent, projector, reconciler
 
 AGENTS = ("examples.agents:Sleeper", "examples.agents:Researcher")

@@ -20,7 +20,7 @@ from tether.agents.agent import input_messages
 from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
 from tether.agents.model_messages import ToolCall
 from tether.agents.steps import AgentStepRecord
-from tether.client import tool_run_id
+from tether.domain.ids import tool_run_id
 
 
 class Topic(BaseModel):

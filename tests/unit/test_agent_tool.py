@@ -6,9 +6,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tether.child.agent import ChildAgent
-from tether.client.child_tool import AgentTool, agent_tool, tool_run_id
+from tether.client.child_tool import AgentTool, agent_tool
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess
-from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.domain.ids import InvalidIdentifier, check_identifier, tool_run_id
 
 
 class ResearchInput(BaseModel):

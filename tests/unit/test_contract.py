@@ -13,22 +13,15 @@ from pydantic import BaseModel, ValidationError
 from tether.child.context import RunContext, check_progress
 from tether.contract.codec import decode_event, encode_event
 from tether.contract.messages import (
-    GLOBAL_FINISH_HOOK,
     HookMessage,
     LifecycleResult,
     ProgressSignal,
     RunInfo,
     WorkItem,
-    chat_finish_id,
-    delivery_entry_of_report,
-    finish_message_id,
     hook_message_json,
-    names_this_life,
     progress_signal_json,
     read_work_item,
-    run_message_id,
     work_item_json,
-    work_message_id,
 )
 from tether.contract.subjects import Subjects
 from tether.domain import decide
@@ -47,6 +40,7 @@ from tether.domain.commands import (
     RunCommand,
     parse_command,
 )
+from tether.domain.decide import delivery_entry_of_report
 from tether.domain.events import (
     DetachedOptions,
     MilestoneNotifyOptions,
@@ -54,7 +48,17 @@ from tether.domain.events import (
     ParentRef,
     RunMilestone,
 )
-from tether.domain.ids import IDENTIFIER_PATTERN, InvalidIdentifier, check_identifier
+from tether.domain.ids import (
+    GLOBAL_FINISH_HOOK,
+    IDENTIFIER_PATTERN,
+    InvalidIdentifier,
+    chat_finish_id,
+    check_identifier,
+    finish_message_id,
+    names_this_life,
+    run_message_id,
+    work_message_id,
+)
 from tether.domain.run_state import evolve, fold
 from tether.generate import schemas
 from tether.testing import RunEvents

@@ -8,15 +8,14 @@ import pytest
 
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
-    GLOBAL_FINISH_HOOK,
     ChatMessage,
     HookMessage,
     LifecycleResult,
-    finish_message_id,
 )
 from tether.delivery.deliverer import OUTCOMES, Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.domain.events import TERMINAL_EVENT_STATUS, DetachedOptions, ParentRef
+from tether.domain.ids import GLOBAL_FINISH_HOOK, finish_message_id
 from tether.log import get_logger
 from tether.testing import InMemoryEventLog, RunEvents
 

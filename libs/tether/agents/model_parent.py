@@ -47,9 +47,9 @@ from tether.contract.messages import (
     MilestoneView,
     ProgressSignal,
     RunInfo,
-    reply_message_id,
 )
 from tether.delivery.formatters import DefaultFormatters, default_format
+from tether.domain.ids import reply_message_id
 from tether.domain.run_state import RunState
 from tether.log import get_logger
 from tether.ports import SYSTEM_CLOCK

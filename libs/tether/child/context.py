@@ -7,8 +7,6 @@ warning per process for `report_progress()` outside a run.
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import math
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -18,7 +16,12 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
 from tether.domain.events import ParentRef, RunRef
-from tether.domain.ids import check_identifier, nested_parent_name
+from tether.domain.ids import (
+    check_identifier,
+    nested_call_digest,
+    nested_parent_name,
+    nested_run_id,
+)
 from tether.domain.run_state import evolve
 from tether.domain.waiting import waiting_below
 from tether.log import get_logger
@@ -254,16 +257,10 @@ class RunContext:
         again, with or without the calls before this one, gets the same ids, so a
         repeated call finds the grandchild's run instead of starting a second turn.
         """
-        canonical = json.dumps([agent_type, to_jsonable_python(input)], sort_keys=True,
-                               separators=(",", ":"))
-        call = hashlib.sha256(canonical.encode()).hexdigest()[:12]
+        call = nested_call_digest(agent_type, input)
         n = self._nested_calls.get(call, 0)
         self._nested_calls[call] = n + 1
-        suffix = f":{call}:{n}"
-        owner = self.run_id
-        if len(owner) + len(suffix) > 128:
-            owner = hashlib.sha256(owner.encode()).hexdigest()[:16]
-        return check_identifier(owner + suffix, "run id")
+        return nested_run_id(self.run_id, call, n)
 
     async def run_agent_tool(self, agent_type: str, input: dict[str, Any], **options: Any) -> Any:
         """Delegate to another child agent, with this run as its parent; without a

@@ -8,7 +8,7 @@ async with connect() as tether:
 """
 
 from tether.client.awaiting import RunWaiter
-from tether.client.child_tool import AgentTool, agent_tool, tool_run_id
+from tether.client.child_tool import AgentTool, agent_tool
 from tether.client.connection import Tether, connect
 from tether.client.errors import (
     InputTooLarge,
@@ -21,6 +21,7 @@ from tether.client.errors import (
 from tether.client.hooks import HookRegistry
 from tether.client.parent import ParentHandle
 from tether.client.timeline import ProgressView, RunView, TimelineView
+from tether.domain.ids import tool_run_id
 
 __all__ = [
     "AgentTool",

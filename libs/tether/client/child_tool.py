@@ -7,7 +7,6 @@ returns the child's summary on success and the `AgentToolFailure` as a dict othe
 both ready to go back to the model as the tool result.
 """
 
-import hashlib
 import json
 import re
 from typing import Any, Protocol
@@ -19,13 +18,10 @@ from tether.child.agent import AnyInput
 from tether.child.context import current_context
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
 from tether.domain.events import DetachedOptions
-from tether.domain.ids import check_identifier
+from tether.domain.ids import check_identifier, tool_run_id
 
-RUN_ID_PREFIX = "agent-tool:"
 _TOOL_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_:-]")
 _MAX_TOOL_NAME = 64  # what OpenAI-style function names allow
-_MAX_RUN_ID = 128
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True}
 
 
@@ -39,22 +35,6 @@ class ToolParent(Protocol):
         detached: bool | dict[str, Any] | DetachedOptions = False,
         timeout: float | None = None,
     ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle: ...
-
-
-def tool_run_id(tool_call_id: str) -> str:
-    """`agent-tool:<tool_call_id>`, made safe for a subject when the id is not.
-
-    An id that had to be changed (or shortened) gets a hash of the original, so two
-    different tool calls never share a run id.
-    """
-    if not tool_call_id:
-        raise ValueError("a tool call id is required")
-    safe = _RUN_ID_UNSAFE.sub("-", tool_call_id)
-    run_id = RUN_ID_PREFIX + safe
-    if safe != tool_call_id or len(run_id) > _MAX_RUN_ID:
-        digest = hashlib.sha256(tool_call_id.encode()).hexdigest()[:16]
-        run_id = f"{RUN_ID_PREFIX}{safe[:_MAX_RUN_ID - len(RUN_ID_PREFIX) - 17]}-{digest}"
-    return check_identifier(run_id, "run id")
 
 
 def tool_name(agent_type: str) -> str:

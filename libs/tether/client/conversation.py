@@ -36,11 +36,11 @@ from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle
 from tether.contract.codec import EventDecodeError, decode_event
-from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot, user_message_id
+from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot
 from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
-from tether.domain.ids import check_identifier, nested_parent_name
+from tether.domain.ids import check_identifier, nested_parent_name, user_message_id
 from tether.domain.run_state import RunState, evolve
 
 # The shared owner of conversations started without one: `Conversations/<agent type>`.

@@ -53,17 +53,19 @@ from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.link import Link
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
-    GLOBAL_FINISH_HOOK,
     HookMessage,
     LifecycleResult,
     RunInfo,
     ServeHookReply,
-    names_this_life,
-    record_delivery_of_this_life,
-    unknown_life_finish_id,
 )
 from tether.domain.commands import DeliveredCommand, DeliveryReport, ServeHookQuery
-from tether.domain.ids import check_identifier
+from tether.domain.decide import record_delivery_of_this_life
+from tether.domain.ids import (
+    GLOBAL_FINISH_HOOK,
+    check_identifier,
+    names_this_life,
+    unknown_life_finish_id,
+)
 from tether.log import get_logger
 from tether.ports import SYSTEM_CLOCK
 from tether.resilience import (

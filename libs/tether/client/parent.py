@@ -30,7 +30,6 @@ from tether.contract.messages import (
     InspectReply,
     ListReply,
     RunSnapshot,
-    run_message_id,
 )
 from tether.domain.commands import (
     MAX_EXPIRES_IN_MS,
@@ -43,7 +42,7 @@ from tether.domain.commands import (
     RunCommand,
 )
 from tether.domain.events import DetachedOptions, ParentRef, RunRef
-from tether.domain.ids import check_identifier
+from tether.domain.ids import check_identifier, run_message_id
 from tether.log import get_logger
 from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS

@@ -10,13 +10,10 @@ import msgspec
 from pydantic import Field
 from pydantic_core import to_json
 
-from tether.domain import decide
-from tether.domain.chat import ChatKey
-from tether.domain.commands import DeliveredCommand, Model
+from tether.domain.commands import Model
 from tether.domain.events import (
     Count,
     DetachedOptions,
-    Event,
     InterruptedReason,
     NonNegative,
     ParentRef,
@@ -26,8 +23,6 @@ from tether.domain.events import (
 from tether.domain.ids import Identifier, check_identifier
 from tether.domain.records import Record
 from tether.domain.run_state import RunState, as_builtins
-
-GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
 
 
 class WorkItem(Record, frozen=True, kw_only=True, forbid_unknown_fields=False):
@@ -422,92 +417,11 @@ class ServeHookReply(Model):
     error: str | None = None
 
 
-# Message ids end with the run's incarnation (`RunState.incarnation`): a run id cleared and
-# requested again is a new life of it, whose messages the streams' duplicate windows must
-# not drop as repeats of the earlier life's.
-
-def _life(incarnation: str) -> str:
-    return f":{incarnation}" if incarnation else ""
-
-
 # On the parent's notice that a run request found its run already there: an empty core
 # message on the run's live subject (`<prefix>.live.evt.<agent>.<name>.<run_id>`), whose
 # header gives the run's last stream sequence when the request found it. Unlike a
 # republished event, it has no `Nats-Sequence`.
 RUN_SEQUENCE_HEADER = "Tether-Run-Sequence"
-
-
-def run_message_id(run_id: str, vacated_at: int = 0, parent: ParentRef | None = None) -> str:
-    """A run request's id: `run:<parent_agent>/<parent_name>/<run_id>` (`run:<run_id>`
-    without a parent), with `:<seq>` after it when the run id has events but no run (the
-    last was a rejection or a clear, at stream sequence `seq`). Requests for one run
-    repeated inside the duplicate window make one command, two parents' runs of one run
-    id are two, and a request after a rejection or a clear is a new one that reaches the
-    parent."""
-    key = run_id if parent is None else f"{parent.agent}/{parent.name}/{run_id}"
-    return f"run:{key}:{vacated_at}" if vacated_at else f"run:{key}"
-
-
-def work_message_id(run_id: str, dispatch: int, why: str = "start", incarnation: str = "") -> str:
-    """`work:<run_id>:<why>:<n>:<incarnation>`: a re-dispatch for a new reason is never
-    mistaken for a retry of an earlier one inside the stream's duplicate window."""
-    return f"work:{run_id}:{why}:{dispatch}{_life(incarnation)}"
-
-
-def finish_message_id(state: RunState, status: str, method: str) -> str:
-    """`finish:<run_id>:<status>:<incarnation>` (`finish-global:...` for the parent's
-    global finish hook); a retry after the lease adds `:retry<n>`."""
-    return _finish_id(state.run_id, status, method) + _life(state.incarnation)
-
-
-def _finish_id(run_id: str, status: str, method: str) -> str:
-    prefix = "finish-global" if method == GLOBAL_FINISH_HOOK else "finish"
-    return f"{prefix}:{run_id}:{status}"
-
-
-def unknown_life_finish_id(run_id: str, status: str, method: str) -> str:
-    """The id of a hook message that came without one: it names no life of the run."""
-    return _finish_id(run_id, status, method)
-
-
-def names_this_life(message_id: str, state: RunState, status: str, method: str) -> bool:
-    """Whether a hook's message id names this life of the run, not a cleared earlier one.
-    An id without an incarnation (from an earlier version) names no life, and passes."""
-    head = _finish_id(state.run_id, status, method)
-    return any(message_id == head + life or message_id.startswith(f"{head}{life}:retry")
-               for life in (_life(state.incarnation), ""))
-
-
-def delivery_entry_of_report(command: DeliveredCommand, now: int) -> Event | None:
-    """The ledger entry of a delivery report, from the report alone: the hook's message
-    id names the run's life (`finish_message_id`), and so does the entry's id, so it
-    needs no read of the run. None when the id names no life (a hook published by an
-    earlier version, or one that came without an id)."""
-    head = _finish_id(command.run_id, command.status, command.method) + ":"
-    if not command.message_id.startswith(head):
-        return None
-    life = command.message_id[len(head):].partition(":")[0]
-    if not life or life.startswith("retry"):
-        return None
-    return decide.delivery_entry(command, life, now)
-
-
-def record_delivery_of_this_life(state: RunState | None, command: DeliveredCommand,
-                                 now: int) -> list[Event]:
-    """`decide.record_delivery`, unless the hook reported on was an earlier life's of the
-    run id (cleared since, and requested again): the new run's ledger is its own."""
-    if state is not None and not names_this_life(command.message_id, state, command.status,
-                                                 command.method):
-        return []
-    return decide.record_delivery(state, command, now)
-
-
-def chat_finish_id(state: RunState, status: str) -> str:
-    return f"detached-finish:{state.run_id}:{status}{_life(state.incarnation)}"
-
-
-def chat_milestone_id(state: RunState, name: str) -> str:
-    return f"detached-ms:{state.run_id}:{name}{_life(state.incarnation)}"
 
 
 class ChildRecord(Model):
@@ -560,20 +474,3 @@ class ObservabilityEvent(Model):
     reason: str | None = None
     at: int
     details: dict[str, Any] = Field(default_factory=dict)
-
-
-def user_message_id(chat: ChatKey, message_id: str) -> str:
-    """The chat message id of a conversation's user message (a `message` command),
-    `user:<parent_agent>/<parent_name>[/<run_id>]/<message_id>`: the chat stream's
-    duplicate window is the whole stream's, so the id names the conversation (its parent
-    instance and, for a run's conversation, the run; `/` is in no identifier, so no two
-    conversations' ids read alike), and another application's message with the same
-    `message_id` is another message."""
-    run = "" if chat.run_id is None else f"/{chat.run_id}"
-    return f"user:{chat.parent.agent}/{chat.parent.name}{run}/{message_id}"
-
-
-def reply_message_id(run_id: str, incarnation: str, call: int) -> str:
-    """The chat message id of a model parent's answer to one conversation call,
-    `reply:<run_id>:<incarnation>:<call>`: the run's life names it among every parent's."""
-    return f"reply:{run_id}:{incarnation}:{call}"

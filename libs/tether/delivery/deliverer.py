@@ -22,22 +22,17 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, key_value
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
-    GLOBAL_FINISH_HOOK,
     ChatMessage,
     LifecycleResult,
     MilestoneView,
     RunInfo,
-    chat_finish_id,
-    chat_milestone_id,
-    finish_message_id,
     hook_message_json,
-    record_delivery_of_this_life,
 )
 from tether.delivery.formatters import Formatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.chat import notice_chat
 from tether.domain.commands import DeliveredCommand
-from tether.domain.decide import GIVE_UP
+from tether.domain.decide import GIVE_UP, record_delivery_of_this_life
 from tether.domain.events import (
     Event,
     NotifyOptions,
@@ -47,6 +42,12 @@ from tether.domain.events import (
     RunInterrupted,
     RunNotified,
     RunNotifiedData,
+)
+from tether.domain.ids import (
+    GLOBAL_FINISH_HOOK,
+    chat_finish_id,
+    chat_milestone_id,
+    finish_message_id,
 )
 from tether.domain.run_state import Milestone, RunState
 from tether.ports import SYSTEM_CLOCK, Clock

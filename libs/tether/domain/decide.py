@@ -36,7 +36,13 @@ from tether.domain.events import (
     RunResumed,
     RunResumedData,
 )
-from tether.domain.ids import derived_event_id, nested_parent_name, parent_scope
+from tether.domain.ids import (
+    derived_event_id,
+    finish_id_head,
+    names_this_life,
+    nested_parent_name,
+    parent_scope,
+)
 from tether.domain.run_state import RunState
 
 
@@ -387,3 +393,27 @@ def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
         elif event.type == "run.running":
             count += 1
     return count
+
+
+def delivery_entry_of_report(command: DeliveredCommand, now: int) -> Event | None:
+    """The ledger entry of a delivery report, from the report alone: the hook's message
+    id names the run's life (`finish_message_id`), and so does the entry's id, so it
+    needs no read of the run. None when the id names no life (a hook published by an
+    earlier version, or one that came without an id)."""
+    head = finish_id_head(command.run_id, command.status, command.method) + ":"
+    if not command.message_id.startswith(head):
+        return None
+    life = command.message_id[len(head):].partition(":")[0]
+    if not life or life.startswith("retry"):
+        return None
+    return delivery_entry(command, life, now)
+
+
+def record_delivery_of_this_life(state: RunState | None, command: DeliveredCommand,
+                                 now: int) -> list[Event]:
+    """`record_delivery`, unless the hook reported on was an earlier life's of the
+    run id (cleared since, and requested again): the new run's ledger is its own."""
+    if state is not None and not names_this_life(command.message_id, state, command.status,
+                                                 command.method):
+        return []
+    return record_delivery(state, command, now)

@@ -5,13 +5,22 @@ A run id, an agent or parent name and a hook method name all travel inside subje
 whitespace is refused before it reaches one.
 """
 
+from __future__ import annotations
+
 import hashlib
+import json
 import re
 from functools import lru_cache
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 from pydantic import StringConstraints
+from pydantic_core import to_jsonable_python
+
+if TYPE_CHECKING:
+    from tether.domain.chat import ChatKey
+    from tether.domain.events import ParentRef
+    from tether.domain.run_state import RunState
 
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_:-]{0,127}$"
 _IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
@@ -99,3 +108,126 @@ def incarnation_of(requested_event_id: str) -> str:
     (events, work items, hooks, chat messages) carries the token, so the streams' duplicate
     windows never mistake it for the earlier life's."""
     return hashlib.blake2b(requested_event_id.encode(), digest_size=5).hexdigest()
+
+
+# --- idempotency: the ids that make a retry harmless ------------------------------------
+#
+# Event ids derive from the run and the decision's cause (`derived_event_id`, `Cause`),
+# so the log keeps one copy of an event appended twice; the message ids below are what
+# the streams' duplicate windows deduplicate publishes by. Every such id is made here.
+
+GLOBAL_FINISH_HOOK = "on_agent_tool_finish"
+TOOL_RUN_ID_PREFIX = "agent-tool:"
+_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_:-]")
+_MAX_RUN_ID = 128
+
+
+def tool_run_id(tool_call_id: str) -> str:
+    """`agent-tool:<tool_call_id>`, made safe for a subject when the id is not.
+
+    An id that had to be changed (or shortened) gets a hash of the original, so two
+    different tool calls never share a run id.
+    """
+    if not tool_call_id:
+        raise ValueError("a tool call id is required")
+    safe = _RUN_ID_UNSAFE.sub("-", tool_call_id)
+    run_id = TOOL_RUN_ID_PREFIX + safe
+    if safe != tool_call_id or len(run_id) > _MAX_RUN_ID:
+        digest = hashlib.sha256(tool_call_id.encode()).hexdigest()[:16]
+        run_id = f"{TOOL_RUN_ID_PREFIX}{safe[:_MAX_RUN_ID - len(TOOL_RUN_ID_PREFIX) - 17]}-{digest}"
+    return check_identifier(run_id, "run id")
+
+
+# Message ids end with the run's incarnation (`RunState.incarnation`): a run id cleared and
+# requested again is a new life of it, whose messages the streams' duplicate windows must
+# not drop as repeats of the earlier life's.
+
+def _life(incarnation: str) -> str:
+    return f":{incarnation}" if incarnation else ""
+
+
+
+
+def nested_call_digest(agent_type: str, input: Any) -> str:
+    """What makes a nested call the same call again: a digest of its agent type and its
+    input (as JSON, keys sorted)."""
+    canonical = json.dumps([agent_type, to_jsonable_python(input)], sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def nested_run_id(run_id: str, call: str, n: int) -> str:
+    """`<run_id>:<call>:<n>`: the `n`-th nested call alike (`nested_call_digest`) of run
+    `run_id`; a run id too long for it is hashed."""
+    suffix = f":{call}:{n}"
+    owner = run_id
+    if len(owner) + len(suffix) > 128:
+        owner = hashlib.sha256(owner.encode()).hexdigest()[:16]
+    return check_identifier(owner + suffix, "run id")
+
+
+def run_message_id(run_id: str, vacated_at: int = 0, parent: ParentRef | None = None) -> str:
+    """A run request's id: `run:<parent_agent>/<parent_name>/<run_id>` (`run:<run_id>`
+    without a parent), with `:<seq>` after it when the run id has events but no run (the
+    last was a rejection or a clear, at stream sequence `seq`). Requests for one run
+    repeated inside the duplicate window make one command, two parents' runs of one run
+    id are two, and a request after a rejection or a clear is a new one that reaches the
+    parent."""
+    key = run_id if parent is None else f"{parent.agent}/{parent.name}/{run_id}"
+    return f"run:{key}:{vacated_at}" if vacated_at else f"run:{key}"
+
+
+def work_message_id(run_id: str, dispatch: int, why: str = "start", incarnation: str = "") -> str:
+    """`work:<run_id>:<why>:<n>:<incarnation>`: a re-dispatch for a new reason is never
+    mistaken for a retry of an earlier one inside the stream's duplicate window."""
+    return f"work:{run_id}:{why}:{dispatch}{_life(incarnation)}"
+
+
+def finish_message_id(state: RunState, status: str, method: str) -> str:
+    """`finish:<run_id>:<status>:<incarnation>` (`finish-global:...` for the parent's
+    global finish hook); a retry after the lease adds `:retry<n>`."""
+    return finish_id_head(state.run_id, status, method) + _life(state.incarnation)
+
+
+def finish_id_head(run_id: str, status: str, method: str) -> str:
+    """A finish hook's message id without the run's life: what every life's shares."""
+    prefix = "finish-global" if method == GLOBAL_FINISH_HOOK else "finish"
+    return f"{prefix}:{run_id}:{status}"
+
+
+def unknown_life_finish_id(run_id: str, status: str, method: str) -> str:
+    """The id of a hook message that came without one: it names no life of the run."""
+    return finish_id_head(run_id, status, method)
+
+
+def names_this_life(message_id: str, state: RunState, status: str, method: str) -> bool:
+    """Whether a hook's message id names this life of the run, not a cleared earlier one.
+    An id without an incarnation (from an earlier version) names no life, and passes."""
+    head = finish_id_head(state.run_id, status, method)
+    return any(message_id == head + life or message_id.startswith(f"{head}{life}:retry")
+               for life in (_life(state.incarnation), ""))
+
+
+def chat_finish_id(state: RunState, status: str) -> str:
+    return f"detached-finish:{state.run_id}:{status}{_life(state.incarnation)}"
+
+
+def chat_milestone_id(state: RunState, name: str) -> str:
+    return f"detached-ms:{state.run_id}:{name}{_life(state.incarnation)}"
+
+
+def user_message_id(chat: ChatKey, message_id: str) -> str:
+    """The chat message id of a conversation's user message (a `message` command),
+    `user:<parent_agent>/<parent_name>[/<run_id>]/<message_id>`: the chat stream's
+    duplicate window is the whole stream's, so the id names the conversation (its parent
+    instance and, for a run's conversation, the run; `/` is in no identifier, so no two
+    conversations' ids read alike), and another application's message with the same
+    `message_id` is another message."""
+    run = "" if chat.run_id is None else f"/{chat.run_id}"
+    return f"user:{chat.parent.agent}/{chat.parent.name}{run}/{message_id}"
+
+
+def reply_message_id(run_id: str, incarnation: str, call: int) -> str:
+    """The chat message id of a model parent's answer to one conversation call,
+    `reply:<run_id>:<incarnation>:<call>`: the run's life names it among every parent's."""
+    return f"reply:{run_id}:{incarnation}:{call}"

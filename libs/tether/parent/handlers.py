@@ -25,12 +25,7 @@ from tether.contract.messages import (
     CancelSignal,
     ChatMessage,
     WorkItem,
-    delivery_entry_of_report,
-    names_this_life,
-    record_delivery_of_this_life,
-    user_message_id,
     work_item_json,
-    work_message_id,
 )
 from tether.domain import decide
 from tether.domain.chat import ChatKey, chat_of, chat_of_new_run, started_by_error
@@ -43,8 +38,9 @@ from tether.domain.commands import (
     RunCommand,
     parse_command,
 )
+from tether.domain.decide import delivery_entry_of_report, record_delivery_of_this_life
 from tether.domain.events import Event, ParentRef, RunRequested
-from tether.domain.ids import check_identifier
+from tether.domain.ids import check_identifier, names_this_life, user_message_id, work_message_id
 from tether.domain.run_state import RunState, fold
 from tether.parent.slots import SlotKeeper
 from tether.ports import SYSTEM_CLOCK, Clock

@@ -30,10 +30,9 @@ from tether.client.connection import Tether, connect
 from tether.client.errors import TetherError
 from tether.client.parent import build_run_command
 from tether.config import Settings
-from tether.contract.messages import run_message_id
 from tether.domain.commands import ContinueCommand
 from tether.domain.events import ParentRef
-from tether.domain.ids import check_identifier
+from tether.domain.ids import check_identifier, run_message_id
 from tether.domain.run_state import RunState, as_builtins
 from tether.log import get_logger
 from tether.runtime import ReadinessCheck, nats_check, postgres_check, run_checks
