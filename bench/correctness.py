@@ -39,7 +39,8 @@ from tether.domain.events import (
     RunRunning,
     RunStarted,
 )
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 
 EXPECTED_HEADER = "Nats-Expected-Last-Subject-Sequence"
 CHECKS = ("lost", "chain_broken", "fold_refused", "fold_order", "duplicate_turn",

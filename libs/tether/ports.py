@@ -29,7 +29,8 @@ from typing import Protocol
 from tether.contract.codec import EventDecodeError
 from tether.contract.subjects import Subjects
 from tether.domain.events import Event, ParentRef
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 from tether.recent_runs import RecentRuns
 
 Decide = Callable[[RunState | None], Sequence[Event]]

@@ -15,8 +15,9 @@ from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
+from tether.domain.fold import evolve
 from tether.domain.ids import nested_parent_name
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState
 from tether.ports import (
     ConcurrencyConflict,
     Decide,

@@ -17,8 +17,8 @@ from tether.adapters.event_log import EventLog
 from tether.contract.messages import WorkItem, read_work_item, work_item_json
 from tether.domain.commands import RunCommand
 from tether.domain.events import ParentRef
+from tether.domain.fold import evolve
 from tether.domain.ids import work_message_id
-from tether.domain.run_state import evolve
 from tether.testing import RunEvents, append_finished_runs
 
 PARENT = ParentRef(agent="Assistant", name="drain")

@@ -17,7 +17,8 @@ from skewed_clock import faketime_env
 
 from tether.client.connection import connect
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 
 PARENT = ParentRef(agent="Assistant", name="user-9")
 SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where stubborn_agents is

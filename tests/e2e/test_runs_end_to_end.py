@@ -16,7 +16,7 @@ from tether.adapters.event_log import EventLog
 from tether.client import Tether, TimelineView, connect
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle, RunInfo
 from tether.domain.events import ParentRef
-from tether.domain.run_state import evolve
+from tether.domain.fold import evolve
 
 AGENTS = ("examples.agents:Researcher,examples.agents:Summarizer,"
           "examples.agents:Failing,examples.agents:Sleeper,examples.nested:Coordinator")

@@ -43,8 +43,9 @@ from tether.child.work import Outcome
 from tether.contract.messages import CancelSignal, InspectReply, WorkItem, work_item_json
 from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
+from tether.domain.fold import evolve
 from tether.domain.ids import work_message_id
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState
 from tether.log import get_logger
 from tether.parent.service import ParentService
 from tether.testing import RunEvents

@@ -14,7 +14,7 @@ from tether.adapters.event_log import WRONG_LAST_SEQUENCE, EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams, stream_configs
 from tether.domain import decide
 from tether.domain.events import ParentRef, RunCompleted
-from tether.domain.run_state import fold
+from tether.domain.fold import fold
 from tether.ports import ConcurrencyConflict
 from tether.testing import RunEvents
 

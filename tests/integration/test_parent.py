@@ -26,8 +26,9 @@ from tether.contract.messages import (
     read_work_item,
 )
 from tether.domain.events import ParentRef
+from tether.domain.fold import evolve, fold
 from tether.domain.ids import finish_message_id
-from tether.domain.run_state import RunState, evolve, fold
+from tether.domain.run_state import RunState
 from tether.log import get_logger
 from tether.parent.service import ParentService
 from tether.testing import RunEvents

@@ -24,7 +24,7 @@ from tether.adapters.postgres.replay import PipelinedReplay
 from tether.adapters.postgres.statements import Statements
 from tether.contract.codec import encode_event
 from tether.domain.events import DetachedOptions
-from tether.domain.run_state import fold
+from tether.domain.fold import fold
 from tether.ports import StoredEvent
 from tether.recent_runs import RecentlyProjected
 from tether.testing import RunEvents, append_finished_runs

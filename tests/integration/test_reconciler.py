@@ -37,8 +37,9 @@ from tether.domain.events import (
     RunProgressPersisted,
     RunRef,
 )
+from tether.domain.fold import evolve
 from tether.domain.ids import work_message_id
-from tether.domain.run_state import evolve, state_from_json
+from tether.domain.run_state import state_from_json
 from tether.log import get_logger
 from tether.reconciler import service as reconciler_service
 from tether.reconciler.runners import ChildControl

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from tether.domain.events import Event
 
 OUTCOMES = ("run.completed", "run.failed", "run.aborted", "run.interrupted")
-# What moves a run's no-progress deadline (`run_state._with_signal`), and its start.
+# What moves a run's no-progress deadline (`fold._with_signal`), and its start.
 SIGNALS = ("run.requested", "run.running", "run.milestone", "run.progress_persisted",
            "run.resumed")
 # How far apart two clocks' readings of one instant may be after the offset correction

@@ -6,7 +6,7 @@ import time
 
 from tether.child.work import Hold, StallWatch
 from tether.domain import attempts
-from tether.domain.run_state import fold
+from tether.domain.fold import fold
 from tether.testing import RunEvents
 
 

@@ -5,8 +5,8 @@ import pytest
 from tether.domain import decide
 from tether.domain.chat import ChatKey, chat_of, notice_chat, started_by_error
 from tether.domain.events import ParentRef, RunRef
+from tether.domain.fold import evolve
 from tether.domain.ids import check_identifier, nested_parent_name
-from tether.domain.run_state import evolve
 from tether.testing import RunEvents
 
 ALICE = ParentRef(agent="Assistant", name="alice")

@@ -48,6 +48,7 @@ from tether.domain.events import (
     ParentRef,
     RunMilestone,
 )
+from tether.domain.fold import evolve, fold
 from tether.domain.ids import (
     GLOBAL_FINISH_HOOK,
     IDENTIFIER_PATTERN,
@@ -59,7 +60,6 @@ from tether.domain.ids import (
     run_message_id,
     work_message_id,
 )
-from tether.domain.run_state import evolve, fold
 from tether.generate import schemas
 from tether.testing import RunEvents
 

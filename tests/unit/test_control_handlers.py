@@ -15,7 +15,7 @@ from tether.child.runner import ChildRunner
 from tether.config import Settings
 from tether.contract.messages import ChildInspectReply, HasRunReply, InspectReply, ListReply
 from tether.domain.events import ParentRef
-from tether.domain.run_state import fold
+from tether.domain.fold import fold
 from tether.log import get_logger
 from tether.parent.queries import ParentQueries
 from tether.testing import RunEvents

@@ -25,9 +25,9 @@ from tether.domain.events import (
     RunRequested,
     data_class,
 )
+from tether.domain.fold import evolve
 from tether.domain.ids import Identifier, InvalidIdentifier, nested_parent_name
 from tether.domain.records import Record
-from tether.domain.run_state import evolve
 from tether.domain.upcasting import registered_upcasters, upcast
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "events"

@@ -5,7 +5,7 @@ from tether.client.render import run_line
 from tether.client.timeline import run_view
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef
-from tether.domain.run_state import evolve
+from tether.domain.fold import evolve
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-1")

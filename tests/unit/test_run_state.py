@@ -1,4 +1,4 @@
-"""The run state machine (`tether.domain.run_state.evolve`), one rule per test.
+"""The run state machine (`tether.domain.fold.evolve`), one rule per test.
 
 Rules from DESIGN.md ("Run statuses") and seeds/agents-as-tools: statuses, soft
 `interrupted`, back-fill of a completed run, milestones, progress, detached budgets as
@@ -39,16 +39,14 @@ from tether.domain.events import (
     RunStarted,
     RunStepRecorded,
 )
+from tether.domain.fold import Evolved, evolve, fold
 from tether.domain.ids import incarnation_of, nested_parent_name
 from tether.domain.run_state import (
     DeliveryLedger,
-    Evolved,
     Milestone,
     ProgressSnapshot,
     RunState,
     StateDecodeError,
-    evolve,
-    fold,
     state_from_json,
     state_json,
 )

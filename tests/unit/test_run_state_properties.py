@@ -39,7 +39,8 @@ from tether.domain.events import (
     RunStarted,
     RunStepRecorded,
 )
-from tether.domain.run_state import RunState, evolve, fold, state_from_json, state_json
+from tether.domain.fold import evolve, fold
+from tether.domain.run_state import RunState, state_from_json, state_json
 
 RUN_ID = "r1"
 PARENT = ParentRef(agent="Assistant", name="user-42")

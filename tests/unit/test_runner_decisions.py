@@ -5,7 +5,8 @@ import pytest
 
 from tether.domain import decide
 from tether.domain import events as ev
-from tether.domain.run_state import RunState, fold
+from tether.domain.fold import fold
+from tether.domain.run_state import RunState
 from tether.testing import RunEvents
 
 

@@ -5,7 +5,7 @@ from tether.domain import attempts
 from tether.domain import events as ev
 from tether.domain.attempts import Verdict
 from tether.domain.decide import GIVE_UP
-from tether.domain.run_state import fold
+from tether.domain.fold import fold
 from tether.testing import RunEvents
 
 

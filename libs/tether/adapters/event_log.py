@@ -30,7 +30,8 @@ from tether.adapters.requests import RoutedRequests
 from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
 from tether.domain.events import Event, ParentRef
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 from tether.ports import ConcurrencyConflict, EventTooLarge, RunHistory, StoredEvent, run_history
 from tether.recent_runs import RECENT_RUNS, Recent, RecentRuns
 

@@ -16,13 +16,13 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
 from tether.domain.events import ParentRef, RunRef
+from tether.domain.fold import evolve
 from tether.domain.ids import (
     check_identifier,
     nested_call_digest,
     nested_parent_name,
     nested_run_id,
 )
-from tether.domain.run_state import evolve
 from tether.domain.waiting import waiting_below
 from tether.log import get_logger
 

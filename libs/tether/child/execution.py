@@ -61,8 +61,9 @@ from tether.domain.events import (
     RunRunning,
     RunRunningData,
 )
+from tether.domain.fold import evolve
 from tether.domain.ids import derived_event_id
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState
 from tether.domain.versions import on_other_version
 from tether.log import get_logger
 from tether.loop_watch import child_task_name

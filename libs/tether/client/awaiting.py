@@ -33,7 +33,8 @@ from tether.domain.events import (
     RunRejected,
     RunRequested,
 )
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 
 if TYPE_CHECKING:
     from tether.ports import StoredEvent

@@ -40,8 +40,9 @@ from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot
 from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
+from tether.domain.fold import evolve
 from tether.domain.ids import check_identifier, nested_parent_name, user_message_id
-from tether.domain.run_state import RunState, evolve
+from tether.domain.run_state import RunState
 
 # The shared owner of conversations started without one: `Conversations/<agent type>`.
 CONVERSATIONS = "Conversations"

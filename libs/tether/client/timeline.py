@@ -28,7 +28,8 @@ from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import MilestoneView, ProgressSignal
 from tether.domain.commands import Model
 from tether.domain.events import Event, ParentRef, RunCleared
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 from tether.domain.waiting import waiting_below
 
 

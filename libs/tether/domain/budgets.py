@@ -1,10 +1,11 @@
 """The budgets of a detached run: the deadlines it has, which has run out, and which wins
 when several have (the first of `BUDGETS`).
 
-Deadlines are epoch ms on the broker's clock (`RunState` counts them from when the stream
-stored the events). Adding a budget: its deadline in the fold (`domain/run_state.py`), an
-entry here in its place of precedence, its reason (`events.InterruptedReason`) and error
-(`decide.INTERRUPTED_ERRORS`), the projection's column if shown, and the docs.
+Deadlines are epoch ms on the broker's clock (the fold counts them from when the stream
+stored the events). Adding a budget: its deadline in the state (`domain/run_state.py`)
+and the fold (`domain/fold.py`), an entry here in its place of precedence, its reason
+(`events.InterruptedReason`) and error (`decide.INTERRUPTED_ERRORS`), the projection's
+column if shown, and the docs.
 """
 
 from collections.abc import Callable

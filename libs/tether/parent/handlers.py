@@ -40,8 +40,9 @@ from tether.domain.commands import (
 )
 from tether.domain.decide import delivery_entry_of_report, record_delivery_of_this_life
 from tether.domain.events import Event, ParentRef, RunRequested
+from tether.domain.fold import fold
 from tether.domain.ids import check_identifier, names_this_life, user_message_id, work_message_id
-from tether.domain.run_state import RunState, fold
+from tether.domain.run_state import RunState
 from tether.parent.slots import SlotKeeper
 from tether.ports import SYSTEM_CLOCK, Clock
 from tether.run_tree import TreeCancel, cancel_tree, cancels_below, descendants

@@ -42,7 +42,8 @@ from tether.adapters.event_log import EventLog
 from tether.config import Settings
 from tether.domain import decide
 from tether.domain.events import Event, InterruptedReason
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 from tether.leadership import LeadershipLost
 from tether.ports import SYSTEM_CLOCK
 from tether.reconciler.runners import ChildControl, Inspection, Observability, awaiter_present

@@ -36,7 +36,8 @@ from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
 from tether.domain import budgets, decide
 from tether.domain.events import ParentRef, RunRequested
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,

@@ -22,7 +22,8 @@ from tether.client.feed import FeedMessage
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState
 from tether.ports import SYSTEM_CLOCK
 from tether.ui.views import run_document
 

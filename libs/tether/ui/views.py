@@ -5,7 +5,8 @@ from typing import Any
 
 from tether.client.timeline import run_view
 from tether.contract.messages import ProgressSignal
-from tether.domain.run_state import RunState, as_builtins, evolve
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState, as_builtins
 from tether.ports import StoredEvent
 
 # The tail of a run's streamed output a timeline carries; the run page has all of it.

@@ -29,7 +29,8 @@ from tether.adapters.postgres.statements import (
     RUN_COLUMNS,
     Statements,
 )
-from tether.domain.run_state import RunState, evolve, state_from_json, state_json
+from tether.domain.fold import evolve
+from tether.domain.run_state import RunState, state_from_json, state_json
 from tether.leadership import LeadershipLost
 from tether.ports import StoredEvent
 from tether.recent_runs import UNKNOWN, RecentlyProjected, RunKey
