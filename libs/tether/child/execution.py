@@ -24,24 +24,24 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from tether.adapters.pull import delivery_of
 from tether.agent_registry import agent_version
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
+from tether.child.held_item import HeldItem
 from tether.child.recorder import RunRecorder
 from tether.child.work import (
     MAX_ERROR_CHARS,
+    ChildResult,
     Hold,
     Outcome,
     OutcomeKind,
     RunnerEnvironment,
+    child_result,
     explain_validation,
     safe_error,
 )
@@ -62,13 +62,11 @@ from tether.domain.events import (
     RunRunningData,
 )
 from tether.domain.fold import evolve
-from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState
 from tether.domain.versions import on_other_version
 from tether.log import get_logger
 from tether.loop_watch import child_task_name
 from tether.ports import SYSTEM_CLOCK, EventTooLarge, RunHistory
-from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
 if TYPE_CHECKING:
     from tether.delivery.deliverer import Deliverer
@@ -87,20 +85,15 @@ def _new_process() -> None:
 os.register_at_fork(after_in_child=_new_process)
 
 
-@dataclass(frozen=True, slots=True)
-class _Result:
-    summary: str
-    output: Any
-    pause: AwaitingInput | None = None
-
-
 class Execution:
     def __init__(self, env: RunnerEnvironment, agent_cls: type[ChildAgent], msg: Msg,
                  item: WorkItem, hold: Hold | None = None) -> None:
-        self._env, self._agent_cls, self._msg, self.item = env, agent_cls, msg, item
+        self._env, self._agent_cls, self.item = env, agent_cls, item
         self.run_id, self.parent = item.run_id, item.parent
         self.attempt = 0
-        self._hold = hold or Hold(time.monotonic(), env.settings.work_ack_wait_ms / 1000)
+        ack_wait_s = env.settings.work_ack_wait_ms / 1000
+        self._item = HeldItem(msg, hold or Hold(time.monotonic(), ack_wait_s), env.log,
+                              item.parent, item.run_id, renew_every_s=ack_wait_s / 3)
         # Names this execution's events: two runners (or two items in one runner) that
         # decide the same thing from the same history never take each other's stored
         # event for their own, and a retry of this execution's append is stored once.
@@ -109,7 +102,7 @@ class Execution:
         self._started = time.monotonic()
         self._ctx: RunContext | None = None
         self._recorder: RunRecorder | None = None
-        self._child: asyncio.Task[_Result] | None = None
+        self._child: asyncio.Task[ChildResult] | None = None
         self._hard_cancel: asyncio.TimerHandle | None = None
         self._beating: asyncio.Task[None] | None = None  # the heartbeat, once its first is due
         self._causation_id = f"work:{item.run_id}:{item.dispatch}"
@@ -118,18 +111,14 @@ class Execution:
         self._stop_reason: attempts.StopReason | None = None
         self._cancel_detail: str | None = None
         self.finished = asyncio.Event()
-        self._released = asyncio.Event()  # the process is stopping: give the item back
 
     def holds(self, msg: Msg) -> bool:
         """Whether `msg` is another delivery of this execution's own work item."""
-        return (not self.finished.is_set()
-                and delivery_of(msg).stream_seq == delivery_of(self._msg).stream_seq)
+        return not self.finished.is_set() and self._item.same_item(msg)
 
     def adopt(self, msg: Msg, hold: Hold) -> None:
-        """The server delivered this execution's item again: settle it through the
-        newest delivery, which is the one the server now waits on."""
-        self._msg = msg
-        self._hold.confirmed(hold.renewed_at)
+        """The server delivered this execution's item again (`HeldItem.adopt`)."""
+        self._item.adopt(msg, hold)
 
     # --- stopping the child, from the runner --------------------------------------------
 
@@ -156,7 +145,7 @@ class Execution:
         """The process is stopping: stop the child now and give the item back."""
         if self._stop_reason is None:
             self._stop_reason = "shutdown"
-        self._released.set()
+        self._item.release()
         if self._child is not None:
             self._child.cancel()
 
@@ -181,7 +170,7 @@ class Execution:
 
     async def _run(self) -> Outcome:
         log = self._env.log
-        first_delivery = delivery_of(self._msg).delivered == 1
+        first_delivery = self._item.first_delivery
         history = ((self._history_from_item() if first_delivery else None)
                    or await log.read_run(self.parent, self.run_id))
         state = history.state
@@ -204,20 +193,17 @@ class Execution:
         if (refused := await self._refused(state, history, version)) is not None:
             return refused
 
-        if not self._hold.fresh:
+        if not self._item.hold.fresh:
             # Stopped (paused) past the item's ack wait before its child started: the
             # server may have handed the item to another runner, which may be about to
             # take the run. Start nothing; the item comes back if nobody took it.
-            return self._outcome("superseded", self._lapsed("before its child started"))
+            return self._outcome("superseded", self._item.lapsed("before its child started"))
         expected, incarnation = state.attempt, state.incarnation
-        running = RunRunning(
-            event_id=self._event_id("running", expected + 1, self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
-            causation_id=self._causation_id,
-            data=RunRunningData(attempt=expected + 1, runner_id=self._env.runner_id,
-                                agent_version=version))
+        running = self._event(RunRunning, RunRunningData(
+            attempt=expected + 1, runner_id=self._env.runner_id, agent_version=version),
+            "running", expected + 1, self._owner)
 
-        state, appended = await self._update(
+        state, appended = await self._item.update(
             lambda current: decide.start_attempt(current, running, expected_attempt=expected,
                                                  incarnation=incarnation))
         if state is not None:
@@ -243,19 +229,15 @@ class Execution:
 
     async def _refused(self, state: RunState, history: RunHistory, version: str
                        ) -> Outcome | None:
-        """A run that failed to finish too many times, or one begun under another version
-        of its agent's code (resumed with a warning, or refused, as
-        TETHER_RESUME_OTHER_VERSIONS says), fails here, saying why; None: it starts."""
+        """A run not to be started again (`attempts.not_resumed`) fails here, saying why;
+        one begun under another version of its agent's code that may resume is resumed
+        with a warning. None: it starts."""
         settings = self._env.settings
-        if (attempts := attempts_since_resume(history.events)) >= settings.max_attempts:
-            return await self._fail(f"gave up after {attempts} attempts: the child's "
-                                    f"runner stopped each time before the run finished")
         change = on_other_version(state.agent_version, version, settings.resume_other_versions)
-        if change == "refuse":
-            return await self._fail(
-                f"run {self.run_id} began under version {state.agent_version} of "
-                f"{state.agent_type}; this runner runs version {version}, and "
-                "TETHER_RESUME_OTHER_VERSIONS=refuse: it is not resumed by other code")
+        made = attempts_since_resume(history.events)
+        if (error := attempts.not_resumed(state, made, settings.max_attempts, version,
+                                          change)) is not None:
+            return await self._fail(error)
         if change == "resume":
             get_logger(run_id=self.run_id).warning(
                 "run.version_changed", agent_type=state.agent_type,
@@ -290,8 +272,9 @@ class Execution:
         if (verdict := attempts.stopped_before_start(self._stop_reason,
                                                      self._cancel_detail)) is not None:
             return await self._carry_out(verdict)
-        if not self._hold.fresh:  # stopped since `run.running`: is the attempt still ours?
-            current, standing, _ = await self._confirm_persistently()
+        if not self._item.hold.fresh:  # stopped since `run.running`: is the attempt still ours?
+            current, standing, _ = await self._item.confirm_persistently(self.attempt,
+                                                                         self._incarnation)
             if standing == "ended":
                 await self._deliver(current)  # what the end owes: its writer may have died
             if standing != "current":
@@ -323,9 +306,9 @@ class Execution:
                            coalesce_ms=self._env.settings.progress_coalesce_ms,
                            persist_ms=self._env.settings.progress_persist_ms,
                            causation_id=self._causation_id, deliverer=self._env.deliverer,
-                           hold=self._hold, confirm=self._ensure_current)
+                           hold=self._item.hold, confirm=self._ensure_current)
 
-    async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> _Result:
+    async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> ChildResult:
         bind_context(ctx)
         # The task's first step, which a pause can also delay: the child starts only while
         # this runner surely holds the item, or the log says the attempt is still current.
@@ -336,23 +319,9 @@ class Execution:
             # A cooperative child that stopped early was cancelled. After a give-up, what
             # the child returns is its result: a late completion repairs the interruption.
             ctx.raise_if_cancelled()
-        if isinstance(returned, AwaitingInput):
-            return _Result(summary="", output=None, pause=returned)
-        final_text = returned if isinstance(returned, str) else None
-        output = None if isinstance(returned, str) else returned
-        override = await agent.get_output(self.run_id)
-        if override is not None:
-            output = override
-        try:
-            output = to_jsonable_python(output)
-        except PydanticSerializationError as error:
-            raise TypeError(f"the child's output is not JSON-serialisable: {error}") from None
-        summary = await agent.get_summary(self.run_id, output)
-        if summary is None:
-            summary = final_text if final_text is not None else recorder.output_text
-        return _Result(summary=str(summary), output=output)
+        return await child_result(agent, self.run_id, returned, recorder)
 
-    async def _settle(self, child: asyncio.Task[_Result]) -> Outcome:
+    async def _settle(self, child: asyncio.Task[ChildResult]) -> Outcome:
         error = None if child.cancelled() else child.exception()
         if isinstance(error, RunSuperseded) and self._stop_reason is None:
             # The child found out before the heartbeat did.
@@ -366,11 +335,8 @@ class Execution:
         result = child.result()
         if result.pause is not None:
             return await self._pause(result.pause)
-        completed = RunCompleted(
-            event_id=self._event_id("completed", self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
-            causation_id=self._causation_id,
-            data=RunCompletedData(summary=result.summary, output=result.output))
+        completed = self._event(RunCompleted, RunCompletedData(
+            summary=result.summary, output=result.output), "completed", self._owner)
         try:
             state, ended = await self._end(completed)
         except EventTooLarge as too_large:
@@ -394,76 +360,33 @@ class Execution:
         if verdict.action == "abort":
             return await self._abort(verdict.detail, cause=verdict.cause)
         if verdict.action == "release":
-            await self._settle_item(self._msg.nak(), "nak")
+            await self._item.nak()
             return self._outcome("released", verdict.detail)
         return self._outcome("superseded", verdict.detail)
 
     def _start_heartbeat(self, interval: float) -> None:
-        self._beating = asyncio.ensure_future(self._heartbeat(interval))
+        self._beating = asyncio.ensure_future(self._item.heartbeat(
+            interval, self.attempt, self._incarnation, self._looked))
 
-    async def _heartbeat(self, interval: float) -> None:
-        """Keep the work item ours while the child runs, and notice what we were not told:
-        a beat now, then one each `interval`.
-
-        A cancel signal is only a nudge on core NATS; the durable fact is in the log, so
-        each beat also looks at the run when its subject moved.
-        """
-        known_seq = -1
-        while True:
-            known_seq = await self._beat(known_seq)
-            await asyncio.sleep(interval)
-
-    async def _beat(self, known_seq: int) -> int:
-        """One beat; returns the run's last sequence it has looked at."""
-        log = self._env.log
-        try:
-            if self._hold.fresh:
-                await self._hold.renew(self._msg)
-                seq = await log.last_seq(self.parent, self.run_id)
-                if seq == known_seq:
-                    return known_seq
-                state = (await log.read_run(self.parent, self.run_id)).state
-            else:  # stopped past the hold: only a read after this beat's ack renews it
-                state, _, seq = await self._confirm()
-        except Exception as error:  # noqa: BLE001 - a missed beat is retried at the next
-            get_logger(run_id=self.run_id).warning(
-                "child.heartbeat_failed", error=f"{type(error).__name__}: {error}")
-            return known_seq
+    def _looked(self, state: RunState | None) -> None:
+        """What a heartbeat saw of the run: an attempt no longer current stops its child,
+        and so does a cancel the signal did not bring."""
         standing = attempts.standing(state, self.attempt, self._incarnation)
         if standing != "current":
             self._moved_on(state, standing)
         elif state is not None and state.cancel_requested_at is not None:
             self.cancel(state.cancel_reason)
-        return seq
 
     # --- the hold on the item, and the attempt's standing --------------------------------
-
-    async def _confirm(self) -> tuple[RunState | None, attempts.Standing, int]:
-        """Renew the item and read the run: where this attempt stands now, and the run's
-        last sequence. A current attempt's hold is fresh again from the renewal."""
-        sent = time.monotonic()
-        with suppress(*TRANSIENT_ERRORS):
-            await self._msg.in_progress()
-        history = await self._env.log.read_run(self.parent, self.run_id)
-        standing = attempts.standing(history.state, self.attempt, self._incarnation)
-        if standing == "current":
-            self._hold.confirmed(sent)
-        return history.state, standing, history.last_seq
-
-    async def _confirm_persistently(self) -> tuple[RunState | None, attempts.Standing, int]:
-        """`_confirm`, retried across a broker restart: a hiccup is no failure of the
-        child (a shutdown's release gives up)."""
-        return await persistently(self._confirm, what="child.confirm",
-                                  logger=lambda: get_logger(run_id=self.run_id),
-                                  give_up=self._released)
 
     async def _ensure_current(self) -> None:
         """Before the child reports anything: a stale hold (the runner was stopped past
         it) is confirmed against the log first, and an attempt that is no longer the
         run's current one stops its child (`RunSuperseded`) instead of reporting."""
-        if self._hold.fresh:
+        if self._item.hold.fresh:
             return
-        state, standing, _ = await self._confirm_persistently()
+        state, standing, _ = await self._item.confirm_persistently(self.attempt,
+                                                                   self._incarnation)
         if standing != "current":
             raise self._moved_on(state, standing)
 
@@ -476,10 +399,6 @@ class Execution:
         self._stop(reason, detail)
         return RunSuperseded(detail, reason=reason)
 
-    def _lapsed(self, when: str) -> str:
-        return (f"the runner held the work item for {self._hold.age_s:.1f}s without renewing "
-                f"it (stopped or paused) {when}: left to its redelivery")
-
     # --- outcomes ----------------------------------------------------------------------
 
     async def _pause(self, pause: AwaitingInput) -> Outcome:
@@ -488,13 +407,10 @@ class Execution:
         The pause's event id derives from the child's key, so a successor that resumes
         after a crash and pauses at the same point appends nothing new.
         """
-        paused = RunPaused(
-            event_id=self._event_id("paused", pause.key), run_id=self.run_id,
-            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
-            causation_id=self._causation_id,
-            data=RunPausedData(reason=pause.reason, pending=pause.pending))
+        paused = self._event(RunPaused, RunPausedData(reason=pause.reason, pending=pause.pending),
+                             "paused", pause.key)
 
-        state, _ = await self._update(
+        state, _ = await self._item.update(
             lambda current: decide.pause_attempt(current, paused, attempt=self.attempt,
                                                  incarnation=self._incarnation))
         verdict = attempts.not_paused(state, self.attempt, self._incarnation)
@@ -508,35 +424,33 @@ class Execution:
     async def _abort(self, reason: str | None,
                      cause: Literal["cancel", "child"] = "cancel") -> Outcome:
         error = "cancelled" if reason in (None, "", "cancelled") else f"cancelled: {reason}"
-        aborted = RunAborted(
-            event_id=self._event_id("aborted", self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
-            causation_id=self._causation_id, data=RunAbortedData(error=error, cause=cause))
+        aborted = self._event(RunAborted, RunAbortedData(error=error, cause=cause),
+                              "aborted", self._owner)
         state, ended = await self._end(aborted)
         if not ended:
             return await self._not_recorded(state, f"the run was to end aborted ({error})")
         return await self._ack("aborted", error)
 
     async def _fail(self, error: str, exception: BaseException | None = None) -> Outcome:
-        failed = RunFailed(
-            event_id=self._event_id("failed", self._owner), run_id=self.run_id,
-            parent=self.parent, occurred_at=SYSTEM_CLOCK.now(), correlation_id=self.run_id,
-            causation_id=self._causation_id, data=RunFailedData(error=error))
+        failed = self._event(RunFailed, RunFailedData(error=error), "failed", self._owner)
         state, ended = await self._end(failed)
         if not ended:
             return await self._not_recorded(state, f"the run was to end failed ({error})")
-        await self._settle_item(self._msg.ack(), "ack")
+        await self._item.ack()
         return self._outcome("failed", error, exception)
 
-    def _event_id(self, *parts: object) -> str:
-        return derived_event_id(self.run_id, self._incarnation, *parts)
+    def _event(self, cls: "type[attempts.E]", data: Any, *key: object) -> "attempts.E":
+        return attempts.attempt_event(cls, data, run_id=self.run_id, parent=self.parent,
+                                      incarnation=self._incarnation, key=key,
+                                      causation_id=self._causation_id,
+                                      now=SYSTEM_CLOCK.now())
 
     async def _end(self, outcome: Event) -> tuple[RunState | None, bool]:
         """Append the run's outcome, while this attempt is the run's current one, and
         deliver its hooks; False when it was not appended. A run that had ended already
         gets what that end still owes (its writer may have died first); a run a newer
         attempt took over is left to that attempt."""
-        state, appended = await self._update(self._finish(outcome))
+        state, appended = await self._item.update(self._finish(outcome))
         if appended or attempts.standing(state, self.attempt, self._incarnation) == "ended":
             await self._deliver(state, appended)
         return state, bool(appended)
@@ -565,15 +479,9 @@ class Execution:
     async def _delivering(self, state: RunState | None,
                           deliver: "Callable[[Deliverer], Awaitable[int]]") -> None:
         deliverer = self._env.deliverer
-        if (deliverer is None or state is None or state.detached is None
-                or state.incarnation != self._incarnation):
-            return
-
-        interval = self._env.settings.work_ack_wait_ms / 1000 / 3
-        await persistently(lambda: deliver(deliverer), what="run.deliver",
-                           logger=lambda: get_logger(run_id=self.run_id),
-                           give_up=self._released,
-                           while_retrying=lambda: self._keep_item(interval))
+        if (deliverer is not None and state is not None and state.detached is not None
+                and state.incarnation == self._incarnation):
+            await self._item.persist(lambda: deliver(deliverer), "run.deliver")
 
     def _finish(self, outcome: Event) -> Callable[[RunState | None], list[Event]]:
         attempt, incarnation = self.attempt, self._incarnation
@@ -581,34 +489,8 @@ class Execution:
                                                    incarnation=incarnation)
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
-        await self._settle_item(self._msg.ack(), "ack")
+        await self._item.ack()
         return self._outcome(kind, detail)
-
-    async def _settle_item(self, settlement, what: str) -> None:
-        # A lost ack redelivers the item, whose run the log then shows ended: skipped.
-        await settle(settlement, what=f"work_item.{what}", run_id=self.run_id)
-
-    async def _update(self, decision: Callable[[RunState | None], list[Event]]
-                      ) -> tuple[RunState | None, list[Event]]:
-        """The log's `update`, retried across a broker restart until it lands.
-
-        What this execution appends (its start, its outcome) is decided from the run's
-        events with deterministic ids, so a retry is stored once. An outcome the child
-        already produced is appended, however long the broker is away, and never
-        recomputed by running the child again: the item is kept ours meanwhile, and only
-        a shutdown's release gives up (the item then goes back to the queue).
-        """
-        log, interval = self._env.log, self._env.settings.work_ack_wait_ms / 1000 / 3
-        return await persistently(lambda: log.update(self.parent, self.run_id, decision),
-                                  what="run.append", logger=lambda: get_logger(run_id=self.run_id),
-                                  give_up=self._released,
-                                  while_retrying=lambda: self._keep_item(interval))
-
-    async def _keep_item(self, interval: float) -> None:
-        while True:
-            with suppress(*TRANSIENT_ERRORS):
-                await self._hold.renew(self._msg)
-            await asyncio.sleep(interval)
 
     def _outcome(self, kind: OutcomeKind, detail: str | None = None,
                  exception: BaseException | None = None) -> Outcome:

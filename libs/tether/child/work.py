@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from nats.aio.msg import Msg
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from tether.adapters.event_log import EventLog
+from tether.child.agent import AwaitingInput, ChildAgent
 from tether.config import Settings
 from tether.domain.attempts import delivered_no_earlier_than, hold_fresh
 from tether.domain.events import ParentRef
 
 if TYPE_CHECKING:
+    from tether.child.recorder import RunRecorder
     from tether.delivery.deliverer import Deliverer
 
 MAX_ERROR_CHARS = 500
@@ -139,3 +142,34 @@ def safe_error(error: BaseException) -> str:
 def explain_validation(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in problem['loc']) or 'input'}: {problem['msg']}"
                      for problem in error.errors())
+
+
+@dataclass(frozen=True, slots=True)
+class ChildResult:
+    """What a child's run came to: a summary and an output, or a pause."""
+
+    summary: str
+    output: Any
+    pause: AwaitingInput | None = None
+
+
+async def child_result(agent: ChildAgent, run_id: str, returned: Any,
+                       recorder: "RunRecorder") -> ChildResult:
+    """What `agent.run` returned, as the run's result: a pause (`AwaitingInput`), or the
+    output (`get_output`'s, else what it returned unless that was its final text) as JSON
+    and the summary (`get_summary`'s, else the final text, else the output it streamed)."""
+    if isinstance(returned, AwaitingInput):
+        return ChildResult(summary="", output=None, pause=returned)
+    final_text = returned if isinstance(returned, str) else None
+    output = None if isinstance(returned, str) else returned
+    override = await agent.get_output(run_id)
+    if override is not None:
+        output = override
+    try:
+        output = to_jsonable_python(output)
+    except PydanticSerializationError as error:
+        raise TypeError(f"the child's output is not JSON-serialisable: {error}") from None
+    summary = await agent.get_summary(run_id, output)
+    if summary is None:
+        summary = final_text if final_text is not None else recorder.output_text
+    return ChildResult(summary=str(summary), output=output)

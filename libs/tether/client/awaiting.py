@@ -6,7 +6,7 @@ stream order (`RunFold`). The *mark* is where the run's subject ended before the
 0 for a new run id, whose first event arrives live with nothing before it; otherwise the
 previous sequence of the first live event, the sequence in the parent's notice that the
 run was already there, or the end of a read made before the request is published again
-(client/parent.py, `_Request`). Anything at or below the mark happened before this
+(client/placing.py, `RunRequest`). Anything at or below the mark happened before this
 request: a stored outcome there is the answer (a repeated run id never starts a second
 child turn), but a rejection or an interruption there answered someone else's earlier
 request. Nothing is decided before the replay has reached the mark, so a run that was

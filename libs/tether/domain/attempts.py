@@ -13,10 +13,14 @@ stopped: its `Verdict`, decided here from the run and the reason it was stopped.
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from tether.domain.decide import GIVE_UP
+from tether.domain.events import EventEnvelope, ParentRef
+from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState
+
+E = TypeVar("E", bound=EventEnvelope)
 
 # The share of the ack wait a runner counts as its own: the rest is margin for the
 # server's redelivery timer and for the moment between a check and what it guards.
@@ -149,4 +153,33 @@ def not_paused(state: RunState | None, attempt: int, incarnation: str) -> Verdic
         if state.cancel_reason == GIVE_UP:
             return Verdict("skip", "the reconciler gave up on the run")
         return Verdict("abort", state.cancel_reason)
+    return None
+
+
+def attempt_event(cls: type[E], data: Any, *, run_id: str, parent: ParentRef,
+                  incarnation: str, key: tuple[object, ...], causation_id: str,
+                  now: int) -> E:
+    """An event an attempt writes about its run: its id derives from the run's life and
+    `key` (what it is, and whose: the attempt's owner token, or the child's pause key),
+    so a retried append is stored once and two runners never take each other's."""
+    envelope: dict[str, Any] = {
+        "event_id": derived_event_id(run_id, incarnation, *key), "run_id": run_id,
+        "parent": parent, "occurred_at": now, "correlation_id": run_id,
+        "causation_id": causation_id, "data": data}
+    return cls(**envelope)  # (each class's own `schema_version`)
+
+
+def not_resumed(state: RunState, made: int, max_attempts: int, version: str,
+                change: Literal["same", "resume", "refuse"]) -> str | None:
+    """Why a run is not started again, as the error it fails with: its runners stopped
+    `made` times (since it last resumed) before it finished, or it began under another
+    version of its agent's code, which `change` (`versions.on_other_version`) refuses.
+    None: it starts."""
+    if made >= max_attempts:
+        return (f"gave up after {made} attempts: the child's runner stopped each time "
+                "before the run finished")
+    if change == "refuse":
+        return (f"run {state.run_id} began under version {state.agent_version} of "
+                f"{state.agent_type}; this runner runs version {version}, and "
+                "TETHER_RESUME_OTHER_VERSIONS=refuse: it is not resumed by other code")
     return None
