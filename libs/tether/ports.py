@@ -196,3 +196,14 @@ class EventLog(Protocol):
                       stream: str) -> Ack:
         """A publish the stream acknowledges; `Nats-Msg-Id` in `headers` deduplicates."""
         ...
+
+    async def notify(self, subject: str, payload: bytes,
+                     headers: dict[str, str] | None = None) -> None:
+        """A publish nobody acknowledges, at most once: a signal or a notice that the next
+        one supersedes or a read makes up for (a cancel signal, a progress frame)."""
+        ...
+
+    async def purge(self, stream: str, subject: str, *, keep_from_seq: int | None = None
+                    ) -> None:
+        """Drop `stream`'s messages on `subject` (those before `keep_from_seq`, if given)."""
+        ...

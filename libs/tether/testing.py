@@ -301,6 +301,14 @@ class InMemoryEventLog:
 
     # --- publishing -----------------------------------------------------------------------
 
+    async def notify(self, subject: str, payload: bytes,
+                     headers: dict[str, str] | None = None) -> None:
+        await self.nats.publish(subject, payload, headers=headers)
+
+    async def purge(self, stream: str, subject: str, *, keep_from_seq: int | None = None
+                    ) -> None:
+        await self.jetstream.purge_stream(stream, seq=keep_from_seq, subject=subject)
+
     async def publish(self, subject: str, payload: bytes, *, headers: dict[str, str],
                       stream: str) -> PubAck:
         await asyncio.sleep(0)

@@ -117,6 +117,14 @@ class EventLog:
                 raise
             return None
 
+    async def notify(self, subject: str, payload: bytes,
+                     headers: dict[str, str] | None = None) -> None:
+        await self.nats.publish(subject, payload, headers=headers)
+
+    async def purge(self, stream: str, subject: str, *, keep_from_seq: int | None = None
+                    ) -> None:
+        await self.jetstream.purge_stream(stream, seq=keep_from_seq, subject=subject)
+
     async def publish(self, subject: str, payload: bytes, *, headers: dict[str, str],
                       stream: str) -> js_api.PubAck:
         """A JetStream publish that waits for the stream's ack, as nats-py's

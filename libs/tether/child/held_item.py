@@ -15,13 +15,13 @@ from typing import TypeVar
 
 from nats.aio.msg import Msg
 
-from tether.adapters.event_log import EventLog
 from tether.adapters.pull import delivery_of
 from tether.child.work import Hold
 from tether.domain import attempts
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState
 from tether.log import get_logger
+from tether.ports import EventLog
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle
 
 T = TypeVar("T")

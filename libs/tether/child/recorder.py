@@ -25,7 +25,6 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.adapters.event_log import EventLog
 from tether.child.agent import PAUSE_MILESTONES
 from tether.child.context import RunSuperseded
 from tether.contract.messages import progress_signal_json
@@ -43,7 +42,7 @@ from tether.domain.events import (
 )
 from tether.domain.run_state import PauseInfo, RunState
 from tether.log import get_logger
-from tether.ports import SYSTEM_CLOCK
+from tether.ports import SYSTEM_CLOCK, EventLog
 from tether.resilience import persistently
 
 if TYPE_CHECKING:
@@ -447,10 +446,9 @@ class RunRecorder:
         # is awaited for a signal the next one supersedes (the log has the snapshot).
         # Data not asked to persist is live only: the stream lets it go at once.
         if update.data is not None and not update.persist:
-            await self._log.nats.publish(self._progress_subject, signal,
-                                         headers=LIVE_ONLY_HEADERS)
+            await self._log.notify(self._progress_subject, signal, headers=LIVE_ONLY_HEADERS)
         else:
-            await self._log.nats.publish(self._progress_subject, signal)
+            await self._log.notify(self._progress_subject, signal)
 
     def _next_at(self) -> int:
         self._last_at = max(SYSTEM_CLOCK.now(), self._last_at + 1)

@@ -147,7 +147,8 @@ class ChildRunner:
         self._js: JetStreamContext = nc.jetstream()
         if cancel_grace_s is None:
             cancel_grace_s = settings.cancel_grace_ms / 1000
-        self._env = RunnerEnvironment(log=EventLog(nc, settings.subjects), settings=settings,
+        self._log = EventLog(nc, settings.subjects)
+        self._env = RunnerEnvironment(log=self._log, settings=settings,
                                       runner_id=self.runner_id, cancel_grace_s=cancel_grace_s,
                                       parent_client=parent_client)
         self._shutdown_grace_s = shutdown_grace_s
@@ -181,7 +182,7 @@ class ChildRunner:
         settings = self._settings
         # (The runner keeps no delivery records: the parent and the reconciler do.)
         self._env = replace(self._env, deliverer=await Deliverer.open(
-            settings, self._env.log, parent_formatters(settings.formatters, self._registry),
+            settings, self._log, parent_formatters(settings.formatters, self._registry),
             self._logger, records=False))
         stream = self._settings.subjects.work_stream
         for agent_type in self._registry.agent_types:

@@ -12,11 +12,11 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from tether.adapters.event_log import EventLog
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.config import Settings
 from tether.domain.attempts import delivered_no_earlier_than, hold_fresh
 from tether.domain.events import ParentRef
+from tether.ports import EventLog
 
 if TYPE_CHECKING:
     from tether.child.recorder import RunRecorder

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords
-from tether.adapters.event_log import EventLog
+from tether.adapters.event_log import EventLog as JetStreamEventLog
 from tether.adapters.streams import StreamSettings, key_value
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
@@ -50,7 +50,7 @@ from tether.domain.ids import (
     finish_message_id,
 )
 from tether.domain.run_state import Milestone, RunState
-from tether.ports import SYSTEM_CLOCK, Clock
+from tether.ports import SYSTEM_CLOCK, Clock, EventLog
 
 if TYPE_CHECKING:
     from tether.config import Settings
@@ -90,7 +90,8 @@ class Deliverer:
         self.delivered = 0
 
     @classmethod
-    async def open(cls, settings: "Settings", log: EventLog, formatters: Formatters, logger, *,
+    async def open(cls, settings: "Settings", log: JetStreamEventLog, formatters: Formatters,
+                   logger, *,
                    records: bool = True) -> "Deliverer":
         """The services' deliverer, one way wherever it is needed: the installation's hook
         registry, its delivery records (`records`: kept by the parent and the reconciler)

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from pydantic import ValidationError
 
-from tether.adapters.event_log import EventLog
 from tether.agent_registry import AgentRegistry
 from tether.contract.messages import (
     RUN_SEQUENCE_HEADER,
@@ -44,7 +43,7 @@ from tether.domain.fold import fold
 from tether.domain.ids import check_identifier, names_this_life, user_message_id, work_message_id
 from tether.domain.run_state import RunState
 from tether.parent.slots import SlotKeeper
-from tether.ports import SYSTEM_CLOCK, Clock
+from tether.ports import SYSTEM_CLOCK, Clock, EventLog
 from tether.run_tree import TreeCancel, cancel_tree, cancels_below, descendants
 
 if TYPE_CHECKING:
@@ -77,7 +76,6 @@ class CommandHandlers:
         cancel's); None where nothing is to be delivered (tests of the decisions).
         `clock`: the time of the causes of what they decide."""
         self._log = log
-        self._js = log.jetstream
         self._subjects = log.subjects
         self._agents = agents
         self._budgets = budgets
@@ -182,8 +180,8 @@ class CommandHandlers:
         the request without reading the run first reads it now, and takes `seq` as the
         run's end before its request (client/awaiting.py). Core NATS, at most once: a
         client that misses it reads the run after a second without an answer."""
-        await self._log.nats.publish(self._subjects.run_live(state.parent, state.run_id), b"",
-                                     headers={RUN_SEQUENCE_HEADER: str(seq)})
+        await self._log.notify(self._subjects.run_live(state.parent, state.run_id), b"",
+                               headers={RUN_SEQUENCE_HEADER: str(seq)})
 
     async def _answer_existing(self, state: RunState, cause: decide.Cause) -> RunOutcome:
         if state.status == "starting":
@@ -402,13 +400,13 @@ class CommandHandlers:
         # Keep only the tombstone (ours or another clear's, the last event now), so a
         # rebuild does not bring the run back: everything before it, not "all but the
         # last", since the run id may be requested again at once.
-        await self._js.purge_stream(self._subjects.events_stream, seq=last_seq,
-                                    subject=self._subjects.run_events(parent, run_id))
-        await self._js.purge_stream(self._subjects.progress_stream,
-                                    subject=self._subjects.run_progress(parent, run_id))
+        await self._log.purge(self._subjects.events_stream,
+                              self._subjects.run_events(parent, run_id), keep_from_seq=last_seq)
+        await self._log.purge(self._subjects.progress_stream,
+                              self._subjects.run_progress(parent, run_id))
         # Its chat too (a conversation's messages): a new life of the run id starts empty.
-        await self._js.purge_stream(self._subjects.chat_stream,
-                                    subject=self._subjects.chat(*chat_of(state)))
+        await self._log.purge(self._subjects.chat_stream,
+                              self._subjects.chat(*chat_of(state)))
         if self._slots is not None:
             await self._slots.release(parent, run_id)
         return True
@@ -418,8 +416,8 @@ class CommandHandlers:
 
     async def _signal_cancel(self, state: RunState) -> None:
         signal = CancelSignal(run_id=state.run_id, parent=state.parent, reason="cancelled")
-        await self._log.nats.publish(self._subjects.cancel_signal(state.agent_type),
-                                   signal.model_dump_json().encode())
+        await self._log.notify(self._subjects.cancel_signal(state.agent_type),
+                               signal.model_dump_json().encode())
 
     def _parse(self, model: type, kind: str, payload: Payload):
         try:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from tether.adapters.event_log import EventLog
 from tether.domain.events import ParentRef
+from tether.ports import EventLog
 
 # A slot taken this recently is kept even if its run is not in the log yet: the parent
 # that took it may be about to append `run.requested`.
