@@ -5,14 +5,15 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from tether.agents.devtools import add_runs_command, run_runs_command
-from tether.client.cli_commands import CLIENT_COMMANDS, add_client_commands, run_client_command
+from tether.agents.devtools import RUNS
+from tether.client.cli_commands import COMMANDS as CLIENT_COMMANDS
+from tether.command_line import Command
 from tether.config import CONFIG_FILE_VARIABLE, ConfigurationError, Settings, load_config_file
 from tether.diagnose import (
     CannotListen,
@@ -64,24 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tether", description=__doc__)
     _global_flags(parser, None)
     commands = parser.add_subparsers(dest="command", required=True)
-
-    services = commands.add_parser("services", help="run Tether services")
-    services.add_argument("name", choices=[*sorted(SERVICE_MODULES), "all"])
-    services.add_argument("--agents", help="child agents, module:Class[,module:Class] "
-                                           "(default: $TETHER_AGENTS)")
-
-    projections = commands.add_parser("projections", help="manage the Postgres projections")
-    projections.add_argument("action", choices=["migrate", "rebuild", "verify"])
-    projections.add_argument("--batch-size", type=int, default=5000)
-    add_client_commands(commands)
-    add_runs_command(commands)
-    ui = commands.add_parser("ui", help="serve the web timeline of parents and their runs")
-    ui.add_argument("--host", help="default: $TETHER_UI_HOST or 127.0.0.1")
-    ui.add_argument("--port", type=_port, help="default: $TETHER_UI_PORT or 8090")
-
-    # The global flags are taken after a command too (`tether inspect A/b --nats-url ...`).
-    for command in commands.choices.values():
-        _accept_global_flags(command)
+    for command in COMMANDS:
+        # The global flags are taken after a command too (`tether inspect A/b --nats-url ...`).
+        _accept_global_flags(command.register(commands))
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env(config_file=args.config, nats_url=args.nats_url,
@@ -89,23 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                                      agents=getattr(args, "agents", None),
                                      ui_host=getattr(args, "host", None),
                                      ui_port=getattr(args, "port", None))
-        loop_factory = event_loop_factory(settings.event_loop)
+        event_loop_factory(settings.event_loop)
     except ConfigurationError as error:
         print(f"tether: {error}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
     try:
-        if args.command in CLIENT_COMMANDS:
-            return run_client_command(args, settings)
-        if args.command == "runs":
-            return run_runs_command(args, settings)
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            if args.command == "services":
-                return runner.run(_run_services(settings, args.name))
-            if args.command == "ui":
-                require("ui")
-                return runner.run(_run_ui(settings, _ui_listener(settings, _ui_port_asked(args))))
-            return runner.run(_projections(settings, args.action, args.batch_size))
+        return BY_NAME[args.command].run(args, settings)
     except MissingExtra as error:
         print(f"tether: {error}", file=sys.stderr)
         return 2
@@ -121,6 +97,33 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _in_loop(settings: Settings, coroutine: Coroutine[Any, Any, int]) -> int:
+    """A service command's coroutine, on the event loop the settings choose."""
+    with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
+        return runner.run(coroutine)
+
+
+def _services_arguments(services: argparse.ArgumentParser) -> None:
+    services.add_argument("name", choices=[*sorted(SERVICE_MODULES), "all"])
+    services.add_argument("--agents", help="child agents, module:Class[,module:Class] "
+                                           "(default: $TETHER_AGENTS)")
+
+
+def _projections_arguments(projections: argparse.ArgumentParser) -> None:
+    projections.add_argument("action", choices=["migrate", "rebuild", "verify"])
+    projections.add_argument("--batch-size", type=int, default=5000)
+
+
+def _ui_arguments(ui: argparse.ArgumentParser) -> None:
+    ui.add_argument("--host", help="default: $TETHER_UI_HOST or 127.0.0.1")
+    ui.add_argument("--port", type=_port, help="default: $TETHER_UI_PORT or 8090")
+
+
+def _ui(args: argparse.Namespace, settings: Settings) -> int:
+    require("ui")
+    return _in_loop(settings, _run_ui(settings, _ui_listener(settings, _ui_port_asked(args))))
 
 
 def _global_flags(parser: argparse.ArgumentParser, default: object) -> None:
@@ -366,6 +369,19 @@ def _print_digests(live: dict[str, tuple[int, str]],
             other = replayed.get(table)
             line += "  ==" if other == (rows, digest) else f"  != replay {other}"
         print(line)
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("services", "run Tether services", _services_arguments,
+            lambda args, settings: _in_loop(settings, _run_services(settings, args.name))),
+    Command("projections", "manage the Postgres projections", _projections_arguments,
+            lambda args, settings: _in_loop(settings, _projections(settings, args.action,
+                                                                   args.batch_size))),
+    *CLIENT_COMMANDS,
+    RUNS,
+    Command("ui", "serve the web timeline of parents and their runs", _ui_arguments, _ui),
+)
+BY_NAME = {command.name: command for command in COMMANDS}
 
 
 if __name__ == "__main__":

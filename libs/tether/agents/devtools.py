@@ -18,6 +18,7 @@ import msgspec
 
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.steps import AgentStepRecord, usage_of
+from tether.command_line import Command
 from tether.config import Settings
 from tether.contract.messages import UsageView
 from tether.domain.events import ParentRef
@@ -26,8 +27,7 @@ from tether.domain.run_state import RunState, state_json
 PREVIEW_CHARS = 120
 
 
-def add_runs_command(commands: "argparse._SubParsersAction") -> None:
-    runs = commands.add_parser("runs", help="a run's recorded steps (DevTools)")
+def _runs_arguments(runs: argparse.ArgumentParser) -> None:
     actions = runs.add_subparsers(dest="runs_action", required=True)
     show = actions.add_parser("show", help="steps, tool calls, usage and timings of one run, "
                                            "from the projections")
@@ -36,7 +36,7 @@ def add_runs_command(commands: "argparse._SubParsersAction") -> None:
     show.add_argument("--json", action="store_true", help="the projected run state as JSON")
 
 
-def run_runs_command(args: argparse.Namespace, settings: Settings) -> int:
+def _run_runs(args: argparse.Namespace, settings: Settings) -> int:
     agent, _, name = args.parent.partition("/")
     try:
         parent = ParentRef(agent=agent, name=name)
@@ -44,6 +44,9 @@ def run_runs_command(args: argparse.Namespace, settings: Settings) -> int:
         print(f"tether: --parent must be AGENT/NAME, not {args.parent!r}", file=sys.stderr)
         return 2
     return asyncio.run(show_run(settings, parent, args.run_id, as_json=args.json))
+
+
+RUNS = Command("runs", "a run's recorded steps (DevTools)", _runs_arguments, _run_runs)
 
 
 async def load_run(settings: Settings, parent: ParentRef, run_id: str) -> RunState | None:

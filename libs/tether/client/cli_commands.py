@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any, TextIO
 
@@ -20,12 +21,12 @@ from tether.client.hooks import consumer_name
 from tether.client.parent import ParentHandle, build_run_command, new_run_id
 from tether.client.render import FINAL_STATUSES, Board, run_line, timeline_lines, timeline_rows
 from tether.client.timeline import TimelineView
+from tether.command_line import Command
 from tether.config import Settings
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.ports import SYSTEM_CLOCK
 
-CLIENT_COMMANDS = ("run", "watch", "inspect", "cancel", "clear", "hooks")
 STATUSES = ("starting", "running", "completed", "error", "aborted", "interrupted")
 
 
@@ -47,8 +48,7 @@ def _connect(settings: Settings):
     return connect(settings=settings, name="tether-cli", connect_timeout=CLI_CONNECT_TIMEOUT_S)
 
 
-def add_client_commands(commands: "argparse._SubParsersAction") -> None:
-    run = commands.add_parser("run", help="run a child agent and print its result as JSON")
+def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("agent_type")
     run.add_argument("--parent", required=True, metavar="AGENT/NAME")
     run.add_argument("--input", default="{}", metavar="JSON",
@@ -60,30 +60,35 @@ def add_client_commands(commands: "argparse._SubParsersAction") -> None:
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
     _expiry_argument(run, "a run request")
 
-    watch = commands.add_parser("watch", help="follow a parent's runs live until Ctrl-C")
+
+def _watch_arguments(watch: argparse.ArgumentParser) -> None:
     watch.add_argument("parent", metavar="AGENT/NAME")
     watch.add_argument("--run-id", help="only this run")
     watch.add_argument("--once", action="store_true", help="print the current view and exit")
 
-    inspect = commands.add_parser("inspect", help="one run as JSON, or the parent's runs")
+
+def _inspect_arguments(inspect: argparse.ArgumentParser) -> None:
     inspect.add_argument("parent", metavar="AGENT/NAME")
     inspect.add_argument("run_id", nargs="?")
     inspect.add_argument("--status", help="when listing: only these statuses, comma-separated")
     inspect.add_argument("--limit", type=int, default=100)
 
-    cancel = commands.add_parser("cancel", help="cancel a run")
+
+def _cancel_arguments(cancel: argparse.ArgumentParser) -> None:
     cancel.add_argument("parent", metavar="AGENT/NAME")
     cancel.add_argument("run_id")
     _expiry_argument(cancel, "the cancel")
 
-    clear = commands.add_parser("clear", help="clear retained runs (open ones are cancelled)")
+
+def _clear_arguments(clear: argparse.ArgumentParser) -> None:
     clear.add_argument("parent", metavar="AGENT/NAME")
     clear.add_argument("--status", help="only these statuses, comma-separated")
     clear.add_argument("--older-than-ms", type=int, metavar="N",
                        help="only runs requested more than N ms ago")
     _expiry_argument(clear, "the clear")
 
-    hooks = commands.add_parser("hooks", help="registered finish hooks of a parent agent")
+
+def _hooks_arguments(hooks: argparse.ArgumentParser) -> None:
     hooks.add_argument("parent_agent", metavar="AGENT")
 
 
@@ -100,22 +105,24 @@ def _expires_in(args: argparse.Namespace) -> float | None:
     return args.expires_in or None
 
 
-def run_client_command(args: argparse.Namespace, settings: Settings) -> int:
-    handlers = {"run": _run, "watch": _watch, "inspect": _inspect, "cancel": _cancel,
-                "clear": _clear, "hooks": _hooks}
-    try:
-        coroutine = handlers[args.command](args, settings)
-    except (ValueError, TypeError) as error:
-        print(f"tether {args.command}: {error}", file=sys.stderr)
-        return 2
-    try:
-        return asyncio.run(coroutine)
-    except TetherError as error:
-        print(f"tether {args.command}: {error}", file=sys.stderr)
-        return 1
-    except (TimeoutError, nats.errors.Error) as error:
-        print(f"tether {args.command}: {error or type(error).__name__}", file=sys.stderr)
-        return 1
+def _client_command(handler) -> "Callable[[argparse.Namespace, Settings], int]":
+    """A client command's `run`: its coroutine, with the CLI's exit codes."""
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        try:
+            coroutine = handler(args, settings)
+        except (ValueError, TypeError) as error:
+            print(f"tether {args.command}: {error}", file=sys.stderr)
+            return 2
+        try:
+            return asyncio.run(coroutine)
+        except TetherError as error:
+            print(f"tether {args.command}: {error}", file=sys.stderr)
+            return 1
+        except (TimeoutError, nats.errors.Error) as error:
+            print(f"tether {args.command}: {error or type(error).__name__}", file=sys.stderr)
+            return 1
+
+    return run
 
 
 def parse_parent(text: str) -> ParentRef:
@@ -419,3 +426,18 @@ def _hooks(args: argparse.Namespace, settings: Settings):
         return 0
 
     return hooks()
+
+
+COMMANDS = (
+    Command("run", "run a child agent and print its result as JSON", _run_arguments,
+            _client_command(_run)),
+    Command("watch", "follow a parent's runs live until Ctrl-C", _watch_arguments,
+            _client_command(_watch)),
+    Command("inspect", "one run as JSON, or the parent's runs", _inspect_arguments,
+            _client_command(_inspect)),
+    Command("cancel", "cancel a run", _cancel_arguments, _client_command(_cancel)),
+    Command("clear", "clear retained runs (open ones are cancelled)", _clear_arguments,
+            _client_command(_clear)),
+    Command("hooks", "registered finish hooks of a parent agent", _hooks_arguments,
+            _client_command(_hooks)),
+)
