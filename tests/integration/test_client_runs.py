@@ -22,9 +22,10 @@ from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import InputTooLarge, ServiceUnavailable, Tether, connect
-from tether.client import parent as client_parent
 from tether.client.awaiting import RunWaiter
 from tether.client.feed import OrderedFeed
+from tether.client.link import AwaitTiming
+from tether.client.parent import ParentHandle, parent_handle
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, ChatMessage, DetachedHandle
 from tether.domain.commands import CancelCommand, RunCommand, parse_command
 from tether.domain.events import Event, ParentRef, RunRejected
@@ -325,36 +326,65 @@ async def test_awaiting_and_fanning_out_create_no_consumer(log, tether):
 
 
 class RecordedReads:
-    """The client's reads of the log, with an optional action before the first one."""
+    """The client's reads of the log (its `run_reads`), recorded: where each began, when,
+    and what failed; with an optional action before the first one and after each."""
 
-    def __init__(self, reads, before_first=None) -> None:
-        self._reads, self._before_first = reads, before_first
+    def __init__(self, reads, before_first=None, after_each=None) -> None:
+        self._reads, self._before_first, self._after_each = reads, before_first, after_each
         self.starts: list[int] = []
         self.times: list[float] = []  # when each read began (monotonic)
+        self.failures: list[Exception] = []
 
     async def read(self, subject: str, start_seq: int = 1):
         if not self.starts and self._before_first is not None:
             await self._before_first()
         self.starts.append(start_seq)
         self.times.append(time.monotonic())
-        return await self._reads.read(subject, start_seq)
+        try:
+            stored = await self._reads.read(subject, start_seq)
+        except Exception as error:
+            self.failures.append(error)
+            raise
+        if self._after_each is not None:
+            self._after_each()
+        return stored
 
 
-def lose_live(tether: Tether, monkeypatch, event_type: str) -> None:
-    """Drop the run's live messages of one event type, as a slow consumer would."""
-    subscribe = client_parent.subscribe_routed
+def recorded_reads(client: Tether, **options) -> RecordedReads:
+    """The client's reads, from now on recorded (its `run_reads`, a seam of its `Link`)."""
+    reads = client.run_reads = RecordedReads(client.run_reads, **options)
+    return reads
 
-    async def lossy_subscribe(nc, subject: str, route):
+
+class Seam:
+    """The client's `Link` as a test changes it: the run's live messages of one event type
+    lost (`lose`), as a slow consumer would lose them; the commands it publishes recorded
+    (`published`, their message ids). Everything else is the client's own."""
+
+    def __init__(self, client: Tether, *, lose: str | None = None) -> None:
+        self._client, self._lose = client, lose
+        self.published: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def handle(self) -> ParentHandle:
+        return parent_handle(self, PARENT.agent, PARENT.name)
+
+    async def subscribe_live(self, subject: str, route):
+        if self._lose is None or subject.startswith(f"{self.subjects.prefix}.ctl.awaiter."):
+            return await self._client.subscribe_live(subject, route)  # not a run's events
+        assert subject.startswith(f"{self.subjects.prefix}.live."), subject
+
         def deliver(msg) -> None:
-            if json.loads(msg.data)["type"] != event_type:
+            if json.loads(msg.data)["type"] != self._lose:
                 route(msg)
 
-        if subject.startswith(f"{tether.subjects.prefix}.ctl.awaiter."):
-            return await subscribe(nc, subject, route)  # not a run's events
-        assert subject.startswith(f"{tether.subjects.prefix}.live."), subject
-        return await subscribe(nc, subject, deliver)
+        return await self._client.subscribe_live(subject, deliver)
 
-    monkeypatch.setattr(client_parent, "subscribe_routed", lossy_subscribe)
+    async def publish_command(self, kind: str, command, msg_id: str, **options):
+        self.published.append(msg_id)
+        return await self._client.publish_command(kind, command, msg_id, **options)
 
 
 async def watch_has_run(log: EventLog, tether: Tether):
@@ -389,8 +419,7 @@ async def reading(request, log: EventLog, settings) -> AsyncIterator[Tether]:
 
 
 async def test_a_new_run_id_is_requested_without_reading_the_run(log, reading, monkeypatch):
-    reads = RecordedReads(reading.run_reads)
-    monkeypatch.setattr(reading, "run_reads", reads)
+    reads = recorded_reads(reading)
     folded = record_folds(monkeypatch)
     me = reading.parent(PARENT.agent, PARENT.name)
     async with ScriptedParent(log, completes):
@@ -409,8 +438,7 @@ async def test_events_both_read_and_received_live_are_folded_once(log, reading, 
     # run is read then, while its next events arrive live as well.
     await log.append(old.make(RunRejected, agent_type="Researcher", code="cap",
                               error="too many agent tools"), expected_last_seq=None)
-    reads = RecordedReads(reading.run_reads)
-    monkeypatch.setattr(reading, "run_reads", reads)
+    reads = recorded_reads(reading)
     folded = record_folds(monkeypatch)
     async with ScriptedParent(log, completes):
         result = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
@@ -422,13 +450,11 @@ async def test_events_both_read_and_received_live_are_folded_once(log, reading, 
 
 async def test_a_lost_live_event_is_read_when_the_next_one_reveals_it(log, reading,
                                                                       monkeypatch):
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 60.0)  # only the gap can tell
-    lose_live(reading, monkeypatch, "run.running")
-    reads = RecordedReads(reading.run_reads)
-    monkeypatch.setattr(reading, "run_reads", reads)
+    reading.awaiting = AwaitTiming(live_idle_s=60.0)  # only the gap can tell
+    reads = recorded_reads(reading)
     folded = record_folds(monkeypatch)
     async with ScriptedParent(log, completes):
-        result = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        result = await Seam(reading, lose="run.running").handle().run_agent_tool(
             "Researcher", {}, run_id="gap", timeout=10)
     assert result.ok and result.summary == "done"
     assert reads.starts == [3], "read from the lost run.running on (a new run is not read first)"
@@ -436,23 +462,19 @@ async def test_a_lost_live_event_is_read_when_the_next_one_reveals_it(log, readi
 
 
 async def test_a_lost_last_event_is_found_by_reading_again_when_nothing_comes(
-        log, reading, monkeypatch):
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.1)
-    lose_live(reading, monkeypatch, "run.completed")
-    reads = RecordedReads(reading.run_reads)
-    monkeypatch.setattr(reading, "run_reads", reads)
+        log, reading):
+    reading.awaiting = AwaitTiming(live_idle_s=0.1)
+    reads = recorded_reads(reading)
     async with ScriptedParent(log, completes):
-        result = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        result = await Seam(reading, lose="run.completed").handle().run_agent_tool(
             "Researcher", {}, run_id="quiet", timeout=10)
     assert result.ok and result.summary == "done"
     assert reads.starts and set(reads.starts) == {4}, "read after what came live, only"
 
 
-async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading, monkeypatch):
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_MAX_S", 0.2)
-    reads = RecordedReads(reading.run_reads)
-    monkeypatch.setattr(reading, "run_reads", reads)
+async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading):
+    reading.awaiting = AwaitTiming(live_idle_s=0.05, live_idle_max_s=0.2)
+    reads = recorded_reads(reading)
     # No parent answers: the request stays unanswered until the timeout.
     with pytest.raises(TimeoutError, match="gave no answer within 2s"):
         await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
@@ -466,30 +488,14 @@ async def test_a_quiet_run_is_read_again_less_and_less_often(log, reading, monke
 
 async def test_a_request_its_parent_is_slow_to_handle_costs_the_parent_no_query(
         log, reading, monkeypatch):
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
-    reads = RecordedReads(reading.run_reads)
-    monkeypatch.setattr(reading, "run_reads", reads)
+    reading.awaiting = AwaitTiming(live_idle_s=0.05)
     quiet_twice = asyncio.Event()
-    read = reads.read
-
-    async def read_and_tell(subject: str, start_seq: int = 1):
-        stored = await read(subject, start_seq)
-        if len(reads.starts) >= 2:
-            quiet_twice.set()
-        return stored
-
-    monkeypatch.setattr(reads, "read", read_and_tell)
-    published: list[str] = []
-    publish_command = reading.publish_command
-
-    async def recorded_publish(kind: str, command, msg_id: str, **options):
-        published.append(msg_id)
-        return await publish_command(kind, command, msg_id, **options)
-
-    monkeypatch.setattr(reading, "publish_command", recorded_publish)
+    reads = recorded_reads(
+        reading, after_each=lambda: len(reads.starts) >= 2 and quiet_twice.set())
+    seam = Seam(reading)
     queries, asked = await watch_has_run(log, reading)
     folded = record_folds(monkeypatch)
-    me = reading.parent(PARENT.agent, PARENT.name)
+    me = seam.handle()
     waiting = asyncio.create_task(me.run_agent_tool("Researcher", {}, run_id="slow-parent",
                                                     timeout=10))
     # No parent yet: each quiet second reads the run, finds nothing and repeats the request.
@@ -499,6 +505,7 @@ async def test_a_request_its_parent_is_slow_to_handle_costs_the_parent_no_query(
     await asyncio.wait_for(log.nats.flush(), 5)
     await asked.unsubscribe()
     assert result.ok and result.summary == "done"
+    published = seam.published
     assert len(published) >= 2 and len(set(published)) == 1, "repeats under the request's id"
     assert queries == [], "a repeat of its own stored request is not the parent's question"
     assert len(parent.commands) == 1, "the stream dropped the repeats"
@@ -506,16 +513,15 @@ async def test_a_request_its_parent_is_slow_to_handle_costs_the_parent_no_query(
 
 
 async def test_a_request_whose_first_live_event_was_lost_is_read_without_a_query(
-        log, reading, monkeypatch):
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
-    lose_live(reading, monkeypatch, "run.requested")
+        log, reading):
+    reading.awaiting = AwaitTiming(live_idle_s=0.05)
     queries, asked = await watch_has_run(log, reading)
 
     def requested_only(run: RunEvents, command: RunCommand) -> list[Event]:
         return [run.requested(command.agent_type, input=command.input)]
 
     async with ScriptedParent(log, requested_only) as parent:
-        handle = await reading.parent(PARENT.agent, PARENT.name).run_agent_tool(
+        handle = await Seam(reading, lose="run.requested").handle().run_agent_tool(
             "Researcher", {}, run_id="first-lost", detached=True, timeout=10)
     await asyncio.wait_for(log.nats.flush(), 5)
     await asked.unsubscribe()
@@ -525,12 +531,10 @@ async def test_a_request_whose_first_live_event_was_lost_is_read_without_a_query
 
 
 async def test_a_request_the_broker_lost_is_sent_again_and_answered(devstack, settings,
-                                                                    tmp_path, monkeypatch):
+                                                                    tmp_path):
     """A broker of its own loses its store while a request waits for its parent (killed,
     its disk gone, started again empty): the quiet looks that fail while it is away do
     not end the wait, and the next one finds no run and publishes the request again."""
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 0.05)
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_MAX_S", 0.2)
     port, store = devstack.free_port(), tmp_path / "store"
 
     def start():
@@ -549,19 +553,8 @@ async def test_a_request_the_broker_lost_is_sent_again_and_answered(devstack, se
     await ensure_streams(log.jetstream, own.subjects, StreamSettings())
     try:
         async with connect(settings=own) as client:
-            reads = RecordedReads(client.run_reads)
-            failed: list[Exception] = []
-            read = reads.read
-
-            async def read_or_fail(subject: str, start_seq: int = 1):
-                try:
-                    return await read(subject, start_seq)
-                except Exception as error:
-                    failed.append(error)
-                    raise
-
-            monkeypatch.setattr(reads, "read", read_or_fail)
-            monkeypatch.setattr(client, "run_reads", reads)
+            client.awaiting = AwaitTiming(live_idle_s=0.05, live_idle_max_s=0.2)
+            reads = recorded_reads(client)
             waiting = asyncio.create_task(client.parent(PARENT.agent, PARENT.name).run_agent_tool(
                 "Researcher", {}, run_id="lost", timeout=90))
             await eventually(lambda: len(reads.starts) >= 1, timeout=10)
@@ -569,7 +562,7 @@ async def test_a_request_the_broker_lost_is_sent_again_and_answered(devstack, se
             server.wait(timeout=10)
             shutil.rmtree(store)
             # A look on the broker that is away fails (when its request times out).
-            await eventually(lambda: failed, timeout=30)
+            await eventually(lambda: reads.failures, timeout=30)
             assert not waiting.done(), "a look that failed while the broker was away ends nothing"
             server = start()
             await asyncio.wait_for(back.wait(), 10)

@@ -16,7 +16,7 @@ from tether.adapters.event_log import EventLog
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.client import connect
-from tether.client import parent as client_parent
+from tether.client.link import AwaitTiming
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     RUN_SEQUENCE_HEADER,
@@ -382,15 +382,15 @@ async def test_a_request_that_finds_its_run_there_tells_the_requester_where_it_s
 
 
 async def test_a_client_requesting_a_finished_run_again_is_answered_by_the_notice(
-        parent, log, settings, monkeypatch):
-    # Only the parent's notice can answer: the client's read after a quiet second is
-    # pushed out of the test's reach.
-    monkeypatch.setattr(client_parent, "LIVE_IDLE_S", 60.0)
+        parent, log, settings):
     run = RunEvents("done-3", PARENT)
     for event in (run.requested("Researcher"), run.started(), run.running(),
                   run.completed("stored")):
         await log.append(event, expected_last_seq=None)
     async with connect(settings=settings) as client:
+        # Only the parent's notice can answer: the client's read after a quiet second is
+        # pushed out of the test's reach.
+        client.awaiting = AwaitTiming(live_idle_s=60.0)
         me = client.parent(PARENT.agent, PARENT.name)
         again = await me.run_agent_tool("Researcher", {"query": "again"}, run_id="done-3",
                                         timeout=10)

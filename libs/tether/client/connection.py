@@ -3,7 +3,7 @@
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -18,6 +18,7 @@ from tether import tracing
 from tether.adapters.denials import PublishDenied, refusal_of, unless_refused
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import NatsRefused, connect_nats
+from tether.adapters.requests import subscribe_routed
 from tether.client.chat import drop_chat_reader, follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import (
@@ -30,7 +31,7 @@ from tether.client.errors import (
 )
 from tether.client.feed import OrderedFeed, ServedFeed, open_feed
 from tether.client.hooks import HookRegistry
-from tether.client.link import RunReads
+from tether.client.link import AwaitTiming, RunReads
 from tether.client.parent import ParentHandle, parent_handle
 from tether.client.run_events import DirectReads, ServedReads
 from tether.config import Settings
@@ -81,6 +82,7 @@ class Tether:
         self.rpc_timeout = rpc_timeout
         self.served = served
         self.run_reads: RunReads = ServedReads(self) if served else DirectReads(self.log)
+        self.awaiting = AwaitTiming()
         self._answers: set[asyncio.Task] = set()
         # (when asked, on the loop's clock; the answer) of the last presence look
         self._presence: tuple[float, str | None] | None = None
@@ -95,6 +97,9 @@ class Tether:
         if not self.served:
             return await self.log.read_run(parent, run_id)
         return run_history(await self.run_reads.read(self.subjects.run_events(parent, run_id)))
+
+    async def subscribe_live(self, subject: str, route: Callable[[Msg], Any]) -> Any:
+        return await subscribe_routed(self.nc, subject, route)
 
     def answer_present(self, msg: Msg) -> None:
         """Answer the reconciler's question whether an awaited run is still awaited."""

@@ -6,6 +6,8 @@ feature imports the connection module, and the connection imports every feature 
 a cycle.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from nats.aio.client import Client as NATS
@@ -37,6 +39,24 @@ class RunReads(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class AwaitTiming:
+    """How a caller awaiting a run paces what it does while the run says nothing.
+
+    Live delivery is at most once: after `live_idle_s` without a live event the run's
+    subject is read again, in case its last event was lost on the way; each quiet read
+    doubles the wait, up to `live_idle_max_s`, so a long run costs few reads, and a live
+    event starts it over. A request no parent has taken after `presence_after_s` makes
+    the caller look whether any parent service answers at all; one that expired is
+    taken as never taken `expiry_grace_s` after its expiry (a parent that took it just
+    in time has appended its first event by then)."""
+
+    live_idle_s: float = 1.0
+    live_idle_max_s: float = 30.0
+    presence_after_s: float = 2.0
+    expiry_grace_s: float = 2.0
+
+
 class Link(Protocol):
     """One connection to one Tether installation, as its features use it."""
 
@@ -49,9 +69,15 @@ class Link(Protocol):
     # parent service (`tether.client.run_events`).
     served: bool
     run_reads: RunReads
+    awaiting: AwaitTiming
 
     async def read_run(self, parent: ParentRef, run_id: str) -> RunHistory:
         """Every stored event of one run, and the state they fold to."""
+        ...
+
+    async def subscribe_live(self, subject: str, route: Callable[[Msg], Any]) -> Any:
+        """Route the core messages on `subject` (a run's live events, its awaiter
+        question) to `route`, until the returned subscription is unsubscribed."""
         ...
 
     def answer_present(self, msg: Msg) -> None:

@@ -11,7 +11,6 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
-from tether.adapters.requests import subscribe_routed
 from tether.client.awaiting import Answer
 from tether.client.chat import follow_chat
 from tether.client.child_tool import AgentTool, agent_tool
@@ -43,12 +42,6 @@ from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
-# Live delivery is at most once; after this long without a live event the awaited run's
-# subject is read again, in case its last event was lost on the way. Each quiet read
-# doubles the wait, up to LIVE_IDLE_MAX_S, so a long run costs few reads; a live event
-# starts it over.
-LIVE_IDLE_S = 1.0
-LIVE_IDLE_MAX_S = 30.0
 
 def parent_handle(tether: Link, agent: str, name: str) -> "ParentHandle":
     """The parent agent instance (`agent` class, `name` instance) runs are made for."""
@@ -123,13 +116,12 @@ class ParentHandle:
         already has events is read.
         """
         live: asyncio.Queue[Msg] = asyncio.Queue()
-        subscription = await subscribe_routed(
-            self.tether.nc, self.tether.subjects.run_live(self.ref, command.run_id), live.put_nowait)
+        subscription = await self.tether.subscribe_live(
+            self.tether.subjects.run_live(self.ref, command.run_id), live.put_nowait)
         # Present as the run's awaiter while waiting: the reconciler recovers an awaited
         # run only once nobody answers here (docs/recovery.md).
-        awaiter = None if detached else await subscribe_routed(
-            self.tether.nc, self.tether.subjects.awaiter(self.ref, command.run_id),
-            self.tether.answer_present)
+        awaiter = None if detached else await self.tether.subscribe_live(
+            self.tether.subjects.awaiter(self.ref, command.run_id), self.tether.answer_present)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         try:
@@ -137,12 +129,13 @@ class ParentHandle:
             answer = await request.publish()
             unserved = Unserved(self.tether, self.ref, command, detached, report,
                                 published_at=loop.time())
-            idle = LIVE_IDLE_S
+            timing = self.tether.awaiting
+            idle = timing.live_idle_s
             while answer is None:
                 remaining = None if deadline is None else max(deadline - loop.time(), 0)
                 wait = idle if remaining is None else min(remaining, idle)
                 if not request.placed:
-                    wait = min(wait, unserved.next_look_in(loop.time(), LIVE_IDLE_MAX_S))
+                    wait = min(wait, unserved.next_look_in(loop.time(), timing.live_idle_max_s))
                 try:
                     # Only the wait is bounded: a timeout must not look like a cancellation.
                     # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns a
@@ -157,9 +150,9 @@ class ParentHandle:
                     answer = await request.on_quiet()
                     if answer is None and not request.placed:
                         answer = await unserved.look(loop.time())
-                    idle = min(idle * 2, LIVE_IDLE_MAX_S)
+                    idle = min(idle * 2, timing.live_idle_max_s)
                     continue
-                idle = LIVE_IDLE_S
+                idle = timing.live_idle_s
                 answer = await request.on_message(message)
             return answer
         except asyncio.CancelledError:

@@ -19,13 +19,6 @@ from tether.domain.ids import run_message_id
 from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS
 
-# How long an expired request's caller waits past its expiry before it takes the request
-# as never taken: a parent that took it just in time has appended its first event by then.
-EXPIRY_GRACE_S = 2.0
-# How long a request may wait untaken before its caller looks whether any parent service
-# answers at all (most are taken well within it, at no cost to the parent).
-PRESENCE_AFTER_S = 2.0
-
 WaitingReport = Callable[[str], None]
 
 
@@ -158,9 +151,9 @@ class RunRequest:
 
 class Unserved:
     """A request that no parent has taken yet (its run shows nothing in the log): once it
-    has waited `PRESENCE_AFTER_S`, the caller is told once if no parent service answers
-    at all, and once it has expired it is answered as such, since a parent that takes it
-    later refuses it `expired`."""
+    has waited `AwaitTiming.presence_after_s`, the caller is told once if no parent
+    service answers at all, and once it has expired it is answered as such, since a
+    parent that takes it later refuses it `expired`."""
 
     def __init__(self, tether: Link, parent: ParentRef, command: RunCommand, detached: bool,
                  report: WaitingReport, *, published_at: float) -> None:
@@ -168,10 +161,11 @@ class Unserved:
         self._command = command
         self._detached = detached
         self._report = report
-        self._look_at = published_at + PRESENCE_AFTER_S
+        timing = tether.awaiting
+        self._look_at = published_at + timing.presence_after_s
         expires_in_ms = command.expires_in_ms
         self._expired_at = (None if expires_in_ms is None else
-                            published_at + expires_in_ms / 1000 + EXPIRY_GRACE_S)
+                            published_at + expires_in_ms / 1000 + timing.expiry_grace_s)
         self._told = False
 
     def next_look_in(self, now: float, otherwise: float) -> float:
