@@ -32,6 +32,8 @@ ALL_SERVICES_HEALTH_PORT = 8080
 # `tether ui` on the default port, taken: the next free one of these, else any.
 UI_PORT_TRIES = 10
 NATS_CONNECT_TIMEOUT_S = 5.0
+# When one of `tether services all` fails, how long the others get to stop on their own.
+ALL_STOP_S = 3.0
 
 
 class CommandFailed(Exception):
@@ -189,14 +191,17 @@ async def _run_services(settings: Settings, name: str) -> int:
             "ui.not_installed", detail=f"{MissingExtra('ui')}; the other services run")
 
     async def run_all(stop: asyncio.Event, checks: dict) -> None:
-        # The first to fail (a dependency unreachable at start) stops the others: its
-        # error is the one the command says.
+        # The first to fail (a dependency unreachable at start) stops the others, as a
+        # SIGTERM would, and its error is the one the command says. One that has not
+        # stopped within ALL_STOP_S (a start-up still waiting on a server) is cancelled.
         running = [asyncio.ensure_future(available[service](settings, stop, checks))
                    for service in chosen]
         try:
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
         finally:
-            for task in running:
+            stop.set()
+            _, stopping = await asyncio.wait(running, timeout=ALL_STOP_S)
+            for task in stopping:
                 task.cancel()
             await asyncio.gather(*running, return_exceptions=True)
         for task in done:

@@ -869,3 +869,23 @@ async def test_report_progress_outside_a_run_is_a_no_op_with_one_warning(monkeyp
         await report_progress(fraction=1.5)
     with pytest.raises(ValueError, match="invalid milestone name"):
         await RunContext.standalone().report_progress(milestone="has spaces")
+
+
+async def test_a_runner_cancelled_instead_of_stopped_ends_at_once_and_gives_its_item_back(
+        nc, log, settings):
+    """`tether services all` cancels the services that have not stopped when another one
+    failed: a cancelled runner ends its fetch loops and gives its running children's work
+    items back at once, instead of waiting for a stop that never comes."""
+    outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+    runner = ChildRunner(nc, settings.model_copy(update={"work_ack_wait_ms": 1000}),
+                         AgentRegistry([Stubborn]), on_outcome=outcomes.put_nowait,
+                         fetch_timeout_s=0.3, cancel_grace_s=0.2)
+    await runner.start()
+    task = asyncio.create_task(runner.run(asyncio.Event()))  # a stop nobody sets
+    run = await dispatch(log, "Stubborn", {})
+    await event_of(log, run, lambda e: e.type == "run.running")
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=5)  # the shutdown grace is 20 s
+    assert done == {task} and task.cancelled()
+    outcome = await asyncio.wait_for(outcomes.get(), 5)
+    assert (outcome.run_id, outcome.kind) == (run.run_id, "released")

@@ -237,9 +237,14 @@ class ChildRunner:
             self._stalls.stop()
             await self._slots.close()
             # Each loop ends after its current fetch (at most `fetch_timeout_s`), which
-            # does not leave a pull request behind to swallow an item after we are gone.
+            # does not leave a pull request behind to swallow an item after we are gone;
+            # a runner cancelled instead of stopped ends them now.
+            cancelled = not stop.is_set()
+            if cancelled:
+                for loop in loops:
+                    loop.cancel()
             await asyncio.gather(*loops, return_exceptions=True)
-            await self._drain()
+            await self._drain(grace=not cancelled)
             with suppress(*TRANSIENT_ERRORS):
                 await self._control.stop()
             for pull in self._pulls.values():
@@ -285,12 +290,16 @@ class ChildRunner:
             detail="runners with different code serve this agent type: a run begun by one "
                    "may be resumed by another (TETHER_RESUME_OTHER_VERSIONS)")
 
-    async def _drain(self) -> None:
+    async def _drain(self, *, grace: bool = True) -> None:
+        """Let the running children finish within the shutdown grace, then give their
+        work items back; without `grace` (the runner was cancelled), give them back now."""
         if not self._handlers:
             return
         self._logger.info("child_runner.draining", running=len(self._handlers),
-                          grace_s=self._shutdown_grace_s)
-        _, unfinished = await asyncio.wait(set(self._handlers), timeout=self._shutdown_grace_s)
+                          grace_s=self._shutdown_grace_s if grace else 0)
+        unfinished = set(self._handlers)
+        if grace:
+            _, unfinished = await asyncio.wait(unfinished, timeout=self._shutdown_grace_s)
         if unfinished:
             for executions in list(self._active.values()):
                 for execution in executions:
