@@ -6,6 +6,8 @@ import sys
 import time
 from datetime import datetime
 
+from eventually import eventually
+
 
 class ServiceProcess:
     """`tether services NAME` in a child process, with its JSON log lines collected."""
@@ -96,11 +98,10 @@ async def http_status(port: int, path: str) -> int:
 
 async def ready(service: ServiceProcess, timeout: float = 30) -> None:
     """Until the service's /readyz answers 200 (its health port polled every 50 ms)."""
-    async with asyncio.timeout(timeout):
-        while True:
-            try:
-                if await http_status(service.health_port, "/readyz") == 200:
-                    return
-            except (OSError, IndexError, ValueError):
-                pass  # not listening yet, or a reply cut short
-            await asyncio.sleep(0.05)
+    async def answers_ready() -> bool:
+        try:
+            return await http_status(service.health_port, "/readyz") == 200
+        except (OSError, IndexError, ValueError):
+            return False  # not listening yet, or a reply cut short
+
+    await eventually(answers_ready, timeout=timeout)
