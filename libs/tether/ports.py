@@ -22,7 +22,7 @@ What every implementation guarantees, and callers rely on:
 """
 
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -197,10 +197,12 @@ class EventLog(Protocol):
         """A publish the stream acknowledges; `Nats-Msg-Id` in `headers` deduplicates."""
         ...
 
-    async def notify(self, subject: str, payload: bytes,
-                     headers: dict[str, str] | None = None) -> None:
+    def notify(self, subject: str, payload: bytes,
+               headers: dict[str, str] | None = None) -> Awaitable[None]:
         """A publish nobody acknowledges, at most once: a signal or a notice that the next
-        one supersedes or a read makes up for (a cancel signal, a progress frame)."""
+        one supersedes or a read makes up for (a cancel signal, a progress frame). (Not a
+        coroutine of its own: it hands back the client's publish, one frame less for
+        every progress frame.)"""
         ...
 
     async def purge(self, stream: str, subject: str, *, keep_from_seq: int | None = None

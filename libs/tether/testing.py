@@ -5,7 +5,7 @@ import asyncio
 import bisect
 import itertools
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -301,9 +301,9 @@ class InMemoryEventLog:
 
     # --- publishing -----------------------------------------------------------------------
 
-    async def notify(self, subject: str, payload: bytes,
-                     headers: dict[str, str] | None = None) -> None:
-        await self.nats.publish(subject, payload, headers=headers)
+    def notify(self, subject: str, payload: bytes,
+               headers: dict[str, str] | None = None) -> Awaitable[None]:
+        return self.nats.publish(subject, payload, headers=headers)
 
     async def purge(self, stream: str, subject: str, *, keep_from_seq: int | None = None
                     ) -> None:

@@ -88,12 +88,3 @@ def test_a_run_is_not_resumed_past_its_attempts_or_by_a_version_that_refuses_it(
     assert refused is not None and "this runner runs version v2" in refused
     assert "TETHER_RESUME_OTHER_VERSIONS=refuse" in refused
 
-
-def test_an_attempts_events_have_ids_of_the_runs_life_and_their_key():
-    aborted = attempts.attempt_event(
-        ev.RunAborted, ev.RunAbortedData(error="cancelled"), run_id="r1",
-        parent=RunEvents("r1").parent, incarnation="L1", key=("aborted", "owner-1"),
-        causation_id="work:r1:1", now=1_000)
-    assert (aborted.event_id, aborted.occurred_at, aborted.causation_id) == (
-        "r1:L1:aborted:owner-1", 1_000, "work:r1:1")
-    assert aborted.schema_version == 1 and aborted.correlation_id == "r1"

@@ -11,7 +11,7 @@ import asyncio
 import calendar
 import json
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from datetime import datetime
 from typing import TypeVar
@@ -117,9 +117,9 @@ class EventLog:
                 raise
             return None
 
-    async def notify(self, subject: str, payload: bytes,
-                     headers: dict[str, str] | None = None) -> None:
-        await self.nats.publish(subject, payload, headers=headers)
+    def notify(self, subject: str, payload: bytes,
+               headers: dict[str, str] | None = None) -> Awaitable[None]:
+        return self.nats.publish(subject, payload, headers=headers)
 
     async def purge(self, stream: str, subject: str, *, keep_from_seq: int | None = None
                     ) -> None:

@@ -24,7 +24,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
@@ -62,6 +62,7 @@ from tether.domain.events import (
     RunRunningData,
 )
 from tether.domain.fold import evolve
+from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState
 from tether.domain.versions import on_other_version
 from tether.log import get_logger
@@ -70,6 +71,8 @@ from tether.ports import SYSTEM_CLOCK, EventTooLarge, RunHistory
 
 if TYPE_CHECKING:
     from tether.delivery.deliverer import Deliverer
+
+E = TypeVar("E", bound=Event)
 
 
 # An execution's token: this process's (random, drawn again in a forked child) and a
@@ -439,18 +442,20 @@ class Execution:
         await self._item.ack()
         return self._outcome("failed", error, exception)
 
-    def _event(self, cls: "type[attempts.E]", data: Any, *key: object) -> "attempts.E":
-        return attempts.attempt_event(cls, data, run_id=self.run_id, parent=self.parent,
-                                      incarnation=self._incarnation, key=key,
-                                      causation_id=self._causation_id,
-                                      now=SYSTEM_CLOCK.now())
+    def _event(self, cls: Callable[..., E], data: Any, *key: object) -> E:
+        """An event of this attempt, its id from the run's life and `key` (what, and whose)."""
+        return cls(event_id=derived_event_id(self.run_id, self._incarnation, *key),
+                   run_id=self.run_id, parent=self.parent, occurred_at=SYSTEM_CLOCK.now(),
+                   correlation_id=self.run_id, causation_id=self._causation_id, data=data)
 
     async def _end(self, outcome: Event) -> tuple[RunState | None, bool]:
         """Append the run's outcome, while this attempt is the run's current one, and
         deliver its hooks; False when it was not appended. A run that had ended already
         gets what that end still owes (its writer may have died first); a run a newer
         attempt took over is left to that attempt."""
-        state, appended = await self._item.update(self._finish(outcome))
+        attempt, incarnation = self.attempt, self._incarnation
+        state, appended = await self._item.update(lambda current: decide.finish_attempt(
+            current, outcome, attempt=attempt, incarnation=incarnation))
         if appended or attempts.standing(state, self.attempt, self._incarnation) == "ended":
             await self._deliver(state, appended)
         return state, bool(appended)
@@ -482,11 +487,6 @@ class Execution:
         if (deliverer is not None and state is not None and state.detached is not None
                 and state.incarnation == self._incarnation):
             await self._item.persist(lambda: deliver(deliverer), "run.deliver")
-
-    def _finish(self, outcome: Event) -> Callable[[RunState | None], list[Event]]:
-        attempt, incarnation = self.attempt, self._incarnation
-        return lambda state: decide.finish_attempt(state, outcome, attempt=attempt,
-                                                   incarnation=incarnation)
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
         await self._item.ack()

@@ -13,14 +13,10 @@ stopped: its `Verdict`, decided here from the run and the reason it was stopped.
 """
 
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from tether.domain.decide import GIVE_UP
-from tether.domain.events import EventEnvelope, ParentRef
-from tether.domain.ids import derived_event_id
 from tether.domain.run_state import RunState
-
-E = TypeVar("E", bound=EventEnvelope)
 
 # The share of the ack wait a runner counts as its own: the rest is margin for the
 # server's redelivery timer and for the moment between a check and what it guards.
@@ -154,19 +150,6 @@ def not_paused(state: RunState | None, attempt: int, incarnation: str) -> Verdic
             return Verdict("skip", "the reconciler gave up on the run")
         return Verdict("abort", state.cancel_reason)
     return None
-
-
-def attempt_event(cls: type[E], data: Any, *, run_id: str, parent: ParentRef,
-                  incarnation: str, key: tuple[object, ...], causation_id: str,
-                  now: int) -> E:
-    """An event an attempt writes about its run: its id derives from the run's life and
-    `key` (what it is, and whose: the attempt's owner token, or the child's pause key),
-    so a retried append is stored once and two runners never take each other's."""
-    envelope: dict[str, Any] = {
-        "event_id": derived_event_id(run_id, incarnation, *key), "run_id": run_id,
-        "parent": parent, "occurred_at": now, "correlation_id": run_id,
-        "causation_id": causation_id, "data": data}
-    return cls(**envelope)  # (each class's own `schema_version`)
 
 
 def not_resumed(state: RunState, made: int, max_attempts: int, version: str,

@@ -8,7 +8,6 @@ and the fold (`domain/fold.py`), an entry here in its place of precedence, its r
 column if shown, and the docs.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tether.domain.events import InterruptedReason
@@ -19,33 +18,39 @@ from tether.domain.run_state import RunState
 class Budget:
     kind: str  # its deadline's name: the reconciler's timers and metrics
     reason: InterruptedReason  # why a run given up on it is interrupted
-    deadline: Callable[[RunState], int | None]
+    field: str  # the `RunState` field that holds its deadline
 
 
 # In precedence order: the absolute budget wins over the no-progress budget.
 BUDGETS: tuple[Budget, ...] = (
-    Budget("budget", "budget-exceeded", lambda state: state.max_budget_deadline),
-    Budget("no-progress", "no-progress", lambda state: state.no_progress_deadline),
+    Budget("budget", "budget-exceeded", "max_budget_deadline"),
+    Budget("no-progress", "no-progress", "no_progress_deadline"),
 )
+KINDS: tuple[str, ...] = tuple(budget.kind for budget in BUDGETS)
+# (kind, `RunState` field) of each budget: what a caller that tracks every event reads.
+FIELDS: tuple[tuple[str, str], ...] = tuple((budget.kind, budget.field) for budget in BUDGETS)
 
 
-def _watched(state: RunState) -> bool:
+def watched(state: RunState) -> bool:
+    """Whether the run's budgets run: an open detached run's (an awaited run's caller is
+    there to stop waiting itself)."""
     return state.is_open and state.detached is not None
 
 
-def deadlines(state: RunState) -> dict[str, int | None]:
-    """Each budget's deadline, by kind; None for every one while the run is not an open
-    detached run (an awaited run's caller is there to stop waiting itself)."""
-    return {b.kind: b.deadline(state) if _watched(state) else None for b in BUDGETS}
+def deadlines(state: RunState) -> list[tuple[str, int | None]]:
+    """Each budget's (kind, deadline); every deadline None while the run is not watched."""
+    if not watched(state):
+        return [(kind, None) for kind in KINDS]
+    return [(budget.kind, getattr(state, budget.field)) for budget in BUDGETS]
 
 
 def run_out(state: RunState, now: int) -> Budget | None:
     """The budget of an open detached run that has run out at `now`, the first in
     precedence when several have; None while none has."""
-    if not _watched(state):
+    if not watched(state):
         return None
     for budget in BUDGETS:
-        due = budget.deadline(state)
+        due = getattr(state, budget.field)
         if due is not None and due <= now:
             return budget
     return None

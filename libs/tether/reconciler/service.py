@@ -54,6 +54,7 @@ from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervis
 from tether.run_tree import cancel_below
 
 RunKey = tuple[str, str, str]
+_KINDS = (*budgets.KINDS, "delivery")  # a run's deadlines
 
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
 # of the loop whatever its size; under load, waiting gathers the events of many runs
@@ -211,8 +212,10 @@ class Reconciler:
             self._untrack(key)
             return
         self._states[key] = state
-        for kind, deadline in budgets.deadlines(state).items():
-            self._index.set((key, kind), deadline)
+        # `budgets.deadlines(state)`, inline: this runs for every event of every run.
+        watched = state.detached is not None and state.is_open
+        for kind, field in budgets.FIELDS:
+            self._index.set((key, kind), getattr(state, field) if watched else None)
         if pending and self._index.get((key, "delivery")) is None:
             attempts = self._delivery_attempts.get(key, 0)
             # (`ended_at` is the writer's clock: never later than now on the broker's.)
@@ -233,7 +236,7 @@ class Reconciler:
     def _untrack(self, key: RunKey) -> None:
         self._states.pop(key, None)
         self._delivery_attempts.pop(key, None)
-        for kind in (*(budget.kind for budget in budgets.BUDGETS), "delivery"):
+        for kind in _KINDS:
             self._index.set((key, kind), None)
 
     def _pending_delivery(self, state: RunState) -> bool:
