@@ -1,8 +1,9 @@
 """The child agents of the chaos scenarios (tests/chaos): each logs the start of its turn.
 
-A `chaos.turn_started` line (run id, attempt) in the child-runner's log is what lets a
-scenario check that no child turn started for a run that had moved on: an attempt
-superseded by a newer one, or a run that had already ended.
+A `chaos.turn_started` line (run id, attempt, and when the runner let the turn start:
+`ctx.started_at`) in the child-runner's log is what lets a scenario check that no child
+turn started for a run that had moved on: an attempt superseded by a newer one, or a run
+that had already ended.
 """
 
 import asyncio
@@ -17,7 +18,7 @@ from tether.log import get_logger
 
 def log_turn_started(ctx: RunContext) -> None:
     get_logger().info("chaos.turn_started", run_id=ctx.run_id, attempt=ctx.attempt,
-                      agent_type=ctx.agent_type)
+                      agent_type=ctx.agent_type, started_at=ctx.started_at)
 
 
 class TracedResearcher(Researcher):

@@ -39,7 +39,7 @@ from tether.contract.messages import (
 )
 from tether.domain.events import DetachedOptions, Event, ParentRef, RunCancelRequested
 from tether.domain.ids import finish_message_id, work_message_id
-from tether.ports import RunHistory
+from tether.ports import SYSTEM_CLOCK, RunHistory
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-42")
@@ -889,3 +889,18 @@ async def test_a_runner_cancelled_instead_of_stopped_ends_at_once_and_gives_its_
     assert done == {task} and task.cancelled()
     outcome = await asyncio.wait_for(outcomes.get(), 5)
     assert (outcome.run_id, outcome.kind) == (run.run_id, "released")
+
+
+class Dated(ChildAgent):
+    """Returns when its runner let it start, and when its first line ran (epoch ms)."""
+
+    async def run(self, ctx: RunContext, input: Any) -> dict:
+        return {"started_at": ctx.started_at, "first_line_at": SYSTEM_CLOCK.now()}
+
+
+async def test_a_child_knows_when_its_runner_let_it_start(log, start_runner):
+    await start_runner(Dated)
+    before = SYSTEM_CLOCK.now()
+    run = await dispatch(log, "Dated", {})
+    output = (await finished(log, run)).state.output
+    assert before <= output["started_at"] <= output["first_line_at"]

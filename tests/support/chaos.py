@@ -405,7 +405,11 @@ class System:
         return found
 
     def _turn_starts(self) -> list[TurnStart]:
-        return [TurnStart(line.line["run_id"], line.line["attempt"], line.at, who)
+        """When each child turn started: when its runner let it start (`started_at`, read
+        before the runner's last check), not when its first line was logged, which a
+        process stopped (SIGSTOP) between the two logs only after it is continued."""
+        return [TurnStart(line.line["run_id"], line.line["attempt"],
+                          line.at - (_at(line.line) - line.line["started_at"] / 1000), who)
                 for who, lines in self._lines("child-runner").items()
                 for line in lines if line.event == "chaos.turn_started"]
 

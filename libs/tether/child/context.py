@@ -142,6 +142,10 @@ class RunContext:
         # A finer status for inspect while the child runs (the agent runtime's
         # running / waiting_for_human ...); None: the runner's own.
         self.child_status: str | None = None
+        # When the runner let this attempt's child start (epoch ms, this machine's clock),
+        # read before it checked that the attempt was still the run's: a process stopped
+        # after the check started its child then, whenever the child's first line runs.
+        self.started_at: int | None = None
         self._recorder = recorder
         self._nested_calls: dict[str, int] = {}
 

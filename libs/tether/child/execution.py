@@ -313,8 +313,8 @@ class Execution:
 
     async def _invoke(self, ctx: RunContext, payload: BaseModel, recorder: RunRecorder) -> ChildResult:
         bind_context(ctx)
-        # The task's first step, which a pause can also delay: the child starts only while
-        # this runner surely holds the item, or the log says the attempt is still current.
+        # First step, which a pause can delay: start only on a sure hold or a current attempt.
+        ctx.started_at = SYSTEM_CLOCK.now()
         await self._ensure_current()
         agent = self._agent_cls()
         returned = await agent.run(ctx, payload)
