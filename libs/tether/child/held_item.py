@@ -68,10 +68,8 @@ class HeldItem:
     async def update(self, decision: Callable[[RunState | None], list[Event]]
                      ) -> tuple[RunState | None, list[Event]]:
         """The log's `update` of the run, persisted."""
-        log, parent, run_id = self._log, self._parent, self._run_id
-        return await persistently(lambda: log.update(parent, run_id, decision),
-                                  what="run.append", logger=lambda: get_logger(run_id=run_id),
-                                  give_up=self.released, while_retrying=self._keep)
+        return await self.persist(
+            lambda: self._log.update(self._parent, self._run_id, decision), "run.append")
 
     async def _keep(self) -> None:
         while True:

@@ -27,7 +27,7 @@ BUDGETS: tuple[Budget, ...] = (
     Budget("no-progress", "no-progress", "no_progress_deadline"),
 )
 KINDS: tuple[str, ...] = tuple(budget.kind for budget in BUDGETS)
-# (kind, `RunState` field) of each budget: what a caller that tracks every event reads.
+# (kind, `RunState` field) of each budget: a run's deadlines, while it is `watched`.
 FIELDS: tuple[tuple[str, str], ...] = tuple((budget.kind, budget.field) for budget in BUDGETS)
 
 
@@ -35,13 +35,6 @@ def watched(state: RunState) -> bool:
     """Whether the run's budgets run: an open detached run's (an awaited run's caller is
     there to stop waiting itself)."""
     return state.is_open and state.detached is not None
-
-
-def deadlines(state: RunState) -> list[tuple[str, int | None]]:
-    """Each budget's (kind, deadline); every deadline None while the run is not watched."""
-    if not watched(state):
-        return [(kind, None) for kind in KINDS]
-    return [(budget.kind, getattr(state, budget.field)) for budget in BUDGETS]
 
 
 def run_out(state: RunState, now: int) -> Budget | None:

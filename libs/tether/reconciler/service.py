@@ -212,9 +212,8 @@ class Reconciler:
             self._untrack(key)
             return
         self._states[key] = state
-        # `budgets.deadlines(state)`, inline: this runs for every event of every run.
-        watched = state.detached is not None and state.is_open
-        for kind, field in budgets.FIELDS:
+        watched = budgets.watched(state)
+        for kind, field in budgets.FIELDS:  # (attributes read here: for every event)
             self._index.set((key, kind), getattr(state, field) if watched else None)
         if pending and self._index.get((key, "delivery")) is None:
             attempts = self._delivery_attempts.get(key, 0)
