@@ -31,7 +31,6 @@ from tether.contract.subjects import Subjects
 from tether.domain.events import Event, ParentRef
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
-from tether.recent_runs import RecentRuns
 
 Decide = Callable[[RunState | None], Sequence[Event]]
 
@@ -120,6 +119,27 @@ class Ack(Protocol):
     def duplicate(self) -> bool | None: ...
 
 
+class RecentLog(Protocol):
+    """The log's updates that decide from a cache of what this process last read or
+    appended of each run (`tether.recent_runs`), read only when the run is not in it.
+
+    A hint, never the truth: an append decided from it expects the sequence remembered,
+    so a wrong hint costs a conflict and a read, and a decision to append nothing is
+    only taken from a fresh read. The result is the plain `EventLog.update`'s."""
+
+    async def update(self, parent: ParentRef, run_id: str, decide: Decide, *,
+                     attempts: int = 20) -> tuple[RunState | None, list[Event]]: ...
+
+    async def update_at(self, parent: ParentRef, run_id: str, decide: Decide, *,
+                        attempts: int = 20) -> tuple[RunState | None, list[Event], int]: ...
+
+    def remember_run(self, parent: ParentRef, run_id: str, state: RunState | None,
+                     seq: int) -> None:
+        """What a reader that folded the run itself saw: its state after the message at
+        stream sequence `seq`, a hint for the next `update`."""
+        ...
+
+
 class EventLog(Protocol):
     """Append to and read from the run-events stream; publish to the contract's other
     streams (work items, hooks, chat) with the same acknowledged publish."""
@@ -154,11 +174,9 @@ class EventLog(Protocol):
         ...
 
     @property
-    def recent_runs(self) -> RecentRuns:
-        """What this process last read or appended of each run (`tether.recent_runs`):
-        `update` may decide from it; its append expects the sequence remembered, so a
-        wrong hint costs a re-read. A reader that folded a run itself tells it with
-        `recent_runs.remember_run`."""
+    def recent(self) -> "RecentLog":
+        """`update` deciding from what this process last read or appended of the run
+        when it has it, without a read: a caller that may skip the read says so."""
         ...
 
     async def read_run(self, parent: ParentRef, run_id: str, *,

@@ -7,9 +7,10 @@ the runs seen:
 - `RecentRuns`, the event log's: the state and last sequence of each run this process
   last read or appended to. A hint, never the truth: an append decided from it expects
   its sequence, so a run someone else moved meanwhile is refused (a conflict) and read
-  again. The log's `update` decides from it (`EventLog.recent_runs`); a reader of the
-  log that folded a run itself (a child's execution, from its work item) tells it what
-  it saw with `remember_run`.
+  again. The log writes through to it whatever it reads of a whole run or appends, and
+  consults it only where the caller names it: `log.recent.update(...)`
+  (`tether.ports.RecentLog`). A reader of the log that folded a run itself (a child's
+  execution, from its work item) tells it what it saw with `log.recent.remember_run`.
 - `RecentlyProjected`, the projector's: the projected states of the runs it last wrote,
   as committed at a checkpoint, so a batch need not load them back from the table.
   Trusted only while the table's checkpoint is that one.

@@ -67,13 +67,13 @@ async def cancel_tree(log: EventLog, tree: Sequence[TreeCancel], *,
     state after it."""
     asked = []
     for run in tree:
-        _, appended = await log.update(
+        _, appended = await log.recent.update(
             run.parent, run.run_id,
             partial(decide.request_cancel, cause=run.cause, reason=run.reason))
         asked.append(bool(appended))
     state = None
     for run, was_asked in zip(tree, asked, strict=True):
-        state, appended = await log.update(
+        state, appended = await log.recent.update(
             run.parent, run.run_id, partial(decide.cancel, cause=run.cause, reason=run.reason))
         if state is not None and (was_asked or appended):
             await signal(state)

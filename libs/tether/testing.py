@@ -26,7 +26,6 @@ from tether.ports import (
     StoredEvent,
     run_history,
 )
-from tether.recent_runs import RecentRuns
 
 if TYPE_CHECKING:
     from tether import ports
@@ -277,8 +276,8 @@ class InMemoryEventLog:
 
     Every read and publish yields to the event loop once, as a round trip to the server
     would, so concurrent writers interleave between their read and their append.
-    Unlike the JetStream log it keeps no state between calls: every `update` reads the
-    run, and its `recent_runs` (of size 0) remembers nothing. Messages for the other streams (work items,
+    Unlike the JetStream log it keeps no state between calls: `recent` is the log itself,
+    so every update reads the run. Messages for the other streams (work items,
     hooks, chat) are kept too: `messages(stream)` lists them.
     """
 
@@ -292,7 +291,6 @@ class InMemoryEventLog:
                                              clock=clock) for name in names}
         self.nats = InMemoryNats()
         self.jetstream = InMemoryJetStream(self.streams)
-        self.recent_runs = RecentRuns(self.subjects, size=0)
         self._events = self.streams[self.subjects.events_stream]
         self._stored = asyncio.Event()  # set, and replaced, at each message stored
 
@@ -363,6 +361,14 @@ class InMemoryEventLog:
         state = evolve(None, event).state
         assert state is not None  # a run's first event makes the run
         return state, ack.seq
+
+    @property
+    def recent(self) -> "InMemoryEventLog":
+        return self  # no cache: every update reads the run
+
+    def remember_run(self, parent: ParentRef, run_id: str, state: RunState | None,
+                     seq: int) -> None:
+        pass  # nothing is remembered
 
     async def update(self, parent: ParentRef, run_id: str, decide: Decide, *,
                      attempts: int = 20) -> tuple[RunState | None, list[Event]]:

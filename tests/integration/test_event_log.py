@@ -120,11 +120,12 @@ async def test_a_run_this_process_just_read_or_wrote_is_decided_on_without_readi
         nc, log: EventLog):
     mine = CountingLog(nc, log.subjects)
     run = RunEvents("r-known")
-    await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
-    await mine.update(run.parent, run.run_id, _append_if_missing(run.milestone("one")))
-    await mine.update(run.parent, run.run_id, _append_if_missing(run.milestone("two")))
-    state, appended = await mine.update(run.parent, run.run_id,
-                                        lambda s: [run.completed("ok")] if s.milestones else [])
+    await mine.recent.update(run.parent, run.run_id,
+                             lambda s: [run.requested()] if s is None else [])
+    await mine.recent.update(run.parent, run.run_id, _append_if_missing(run.milestone("one")))
+    await mine.recent.update(run.parent, run.run_id, _append_if_missing(run.milestone("two")))
+    state, appended = await mine.recent.update(
+        run.parent, run.run_id, lambda s: [run.completed("ok")] if s.milestones else [])
     assert mine.reads == 1, "only the first decision read the run"
     assert appended and state.status == "completed"
     assert [m.name for m in state.milestones] == ["one", "two"]
@@ -134,18 +135,36 @@ async def test_a_run_this_process_just_read_or_wrote_is_decided_on_without_readi
     assert fold(fresh.events) == state
 
 
+async def test_a_plain_update_reads_the_run_every_time_even_one_this_process_knows(
+        nc, log: EventLog):
+    mine = CountingLog(nc, log.subjects)
+    run = RunEvents("r-plain")
+    requested, _ = await mine.recent.update(run.parent, run.run_id,
+                                            lambda s: [run.requested()] if s is None else [])
+    seen = []
+    await mine.update(run.parent, run.run_id,
+                      lambda s: seen.append(s.status) or [run.milestone("one")])
+    await mine.update_at(run.parent, run.run_id, _append_if_missing(run.milestone("two")))
+    assert mine.reads == 3, "each plain update read the run, though it was remembered"
+    # What they read and appended is written through: the next `recent` update needs no read.
+    state, _ = await mine.recent.update(run.parent, run.run_id,
+                                        lambda s: [run.completed("ok")])
+    assert mine.reads == 3
+    assert [m.name for m in state.milestones] == ["one", "two"] and seen == [requested.status]
+
+
 async def test_an_append_expecting_no_sequence_is_unconditional_and_forgets_the_run(
         nc, log: EventLog):
     mine = CountingLog(nc, log.subjects)
     run = RunEvents("r-unconditional")
     subject = log.subjects.run_events(run.parent, run.run_id)
     await mine.update(run.parent, run.run_id, lambda s: [run.requested()] if s is None else [])
-    assert mine.recent_runs.get(subject) is not None
+    assert mine.recent_runs.get(subject) is not None, "what it appended is written through"
     seq = await mine.append(run.milestone("fact"), expected_last_seq=None)
     stored, _ = await log.read_stored(log.subjects.events_stream, subject, start_seq=seq, size=1)
     assert "Nats-Expected-Last-Subject-Sequence" not in (stored[0].headers or {})
     assert mine.recent_runs.get(subject) is None, "the run after it is unknown without a read"
-    state, _ = await mine.update(run.parent, run.run_id, lambda s: [])
+    state, _ = await mine.recent.update(run.parent, run.run_id, lambda s: [])
     assert mine.reads == 2
     assert [m.name for m in state.milestones] == ["fact"]
 
@@ -169,7 +188,7 @@ async def test_what_another_writer_appended_meanwhile_is_read_before_deciding_ag
             return []
         return [run.completed(f"after {[m.name for m in state.milestones]}")]
 
-    state, appended = await mine.update(run.parent, run.run_id, complete_after_theirs)
+    state, appended = await mine.recent.update(run.parent, run.run_id, complete_after_theirs)
     assert [e.type for e in appended] == ["run.completed"]
     assert state.summary == "after ['theirs']", "the conflict made it decide on the fresh run"
     assert mine.reads == 2
@@ -185,7 +204,7 @@ async def test_nothing_to_do_is_only_concluded_from_a_fresh_read(nc, log: EventL
             return [run.completed("reacted")]
         return []  # what the stale state says: nothing to do
 
-    state, appended = await mine.update(run.parent, run.run_id, react_to_needed)
+    state, appended = await mine.recent.update(run.parent, run.run_id, react_to_needed)
     assert [e.type for e in appended] == ["run.completed"]
     assert state.status == "completed"
 
@@ -194,7 +213,7 @@ async def test_an_unconditional_append_lands_even_when_the_run_moved_elsewhere(
         nc, log: EventLog):
     mine, run = await known_then_moved(nc, log, "r-fact", theirs="theirs")
     await mine.append(run.milestone("mine"), expected_last_seq=None)
-    state, _ = await mine.update(run.parent, run.run_id, lambda s: [])
+    state, _ = await mine.recent.update(run.parent, run.run_id, lambda s: [])
     assert [m.name for m in state.milestones] == ["theirs", "mine"]
     assert mine.reads >= 2, "what it knew was dropped, and the run read again"
 

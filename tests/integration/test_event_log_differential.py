@@ -70,6 +70,15 @@ async def _scenario(log) -> list[object]:
     state, appended, at = await log.update_at(a.parent, a.run_id, lambda s: [])
     seen.append(("nothing to decide", state.status, appended, at,
                  await log.last_seq(a.parent, a.run_id)))
+    # The same through `recent`: a writer deciding from what it remembers of the run,
+    # after another moved it, is refused and decides again from what the run is now.
+    other = a.make(ev.RunOutput, index=1, text="other")
+    await log.append(other, expected_last_seq=None)
+    state, appended = await log.recent.update(
+        a.parent, a.run_id, lambda s: [] if 1 in s.output_parts else [other])
+    seen.append(("recent update after a move", state.output_text, appended))
+    state, appended, at = await log.recent.update_at(a.parent, a.run_id, lambda s: [])
+    seen.append(("recent, nothing to decide", state.output_text, appended, at))
     completed = a.completed("done")
     state, appended, at = await log.update_at(a.parent, a.run_id, lambda s: [completed])
     seen.append(("completed", state.status, [e.event_id for e in appended], at))

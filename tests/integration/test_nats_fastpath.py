@@ -9,6 +9,7 @@ from contextlib import aclosing, suppress
 import pytest
 from nats.aio.client import Client as NATS
 
+from tether.adapters import arrivals as arrivals_module
 from tether.adapters import event_log as event_log_module
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
@@ -185,7 +186,7 @@ async def test_a_full_follower_answers_flow_control_only_once_it_took_some(
     fast, _ = clients
     monkeypatch.setattr(event_log_module, "FOLLOW_BUFFER", 40)
     held, released = [], []
-    hold, release = event_log_module._Arrivals.hold_flow_control, event_log_module._Arrivals.release
+    hold, release = arrivals_module.Arrivals.hold_flow_control, arrivals_module.Arrivals.release
 
     def recording_hold(self, reply: str) -> bool:
         kept = hold(self, reply)
@@ -198,8 +199,8 @@ async def test_a_full_follower_answers_flow_control_only_once_it_took_some(
         if pending is not None and self._held is None:
             released.append(pending)
 
-    monkeypatch.setattr(event_log_module._Arrivals, "hold_flow_control", recording_hold)
-    monkeypatch.setattr(event_log_module._Arrivals, "release", recording_release)
+    monkeypatch.setattr(arrivals_module.Arrivals, "hold_flow_control", recording_hold)
+    monkeypatch.setattr(arrivals_module.Arrivals, "release", recording_release)
     ids = await append_runs(log, 3000)
     got = await follow_all(EventLog(fast, log.subjects), log.subjects.all_events, 3000,
                            max_batch=20, pause_s=0.002)

@@ -10,10 +10,10 @@ the loser gets `ConcurrencyConflict`, re-reads and decides again.
 import asyncio
 import calendar
 import json
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from datetime import datetime
+from functools import partial
 from typing import TypeVar
 
 from nats.aio.client import Client as NATS
@@ -24,8 +24,8 @@ from nats.js.errors import APIError, NoStreamResponseError
 from pydantic_core import from_json
 
 from tether import tracing
+from tether.adapters.arrivals import Arrivals
 from tether.adapters.nats_fastpath import FastClient
-from tether.adapters.pull import delivery_of
 from tether.adapters.requests import RoutedRequests
 from tether.contract.codec import EventDecodeError, decode_event, encode_event
 from tether.contract.subjects import Subjects
@@ -44,15 +44,18 @@ FOLLOW_BUFFER = 20_000  # events a follower holds before the server waits for it
 class EventLog:
     """Append to and read from the run-events stream.
 
-    `recent_runs` is what this process last read or appended of each run
-    (`tether.recent_runs`): `update` and `update_at` decide from it without a read, and
-    `read_run`, `append_new` and every append expecting a sequence keep it current.
+    `update` and `read_run` read the run from the stream, every time. `recent.update` is
+    the same update deciding from the cache of what this process last read or appended of
+    each run (`recent_runs`, `tether.recent_runs`) when it has the run, so a caller that
+    may decide from it says so at the call site. Whatever the log reads of a whole run or
+    appends to one it writes through to the cache; only `recent` consults it.
     """
 
     def __init__(self, nc: NATS, subjects: Subjects, *, timeout: float = 5.0,
                  recent_runs: int = RECENT_RUNS) -> None:
         self._timeout = timeout
         self.recent_runs = RecentRuns(subjects, recent_runs)
+        self.recent = RecentRunsLog(partial(self._update_at, recent=True), self.recent_runs)
         self.requests = RoutedRequests(nc, timeout)
         self._nc = nc
         self._js = nc.jetstream(timeout=timeout)
@@ -172,12 +175,6 @@ class EventLog:
         conflict part of an earlier decision may already be in the log: `decide` must
         look at the state it is given, not at what it returned before. Returns the state
         after the appended events and the events this call appended.
-
-        A run in `recent_runs` (this process last read or appended to it) is decided
-        from without a read: an append from it expects its sequence, so a run someone else
-        moved meanwhile comes back as a conflict and is read. Deciding that nothing is
-        needed appends nothing the server could refuse, so that answer is only given
-        from a fresh read.
         """
         state, appended, _ = await self.update_at(parent, run_id, decide, attempts=attempts)
         return state, appended
@@ -187,15 +184,23 @@ class EventLog:
                         attempts: int = 20) -> tuple[RunState | None, list[Event], int]:
         """`update`, and the run's last stream sequence it knows of: the last appended
         event's, or the one its decision to append nothing was read at."""
+        return await self._update_at(parent, run_id, decide, attempts, recent=False)
+
+    async def _update_at(self, parent: ParentRef, run_id: str,
+                         decide: Callable[[RunState | None], Sequence[Event]],
+                         attempts: int, *, recent: bool
+                         ) -> tuple[RunState | None, list[Event], int]:
+        """`update_at`; with `recent`, a run in `recent_runs` is decided from without a
+        read (see `RecentRunsLog.update`)."""
         subject = self.subjects.run_events(parent, run_id)
         appended: list[Event] = []
         seq = 0
         for _ in range(attempts):
-            recent = self.recent_runs.get(subject)
-            if recent is not None:
-                state, seq, fresh = recent.state, recent.seq, False
+            known = self.recent_runs.get(subject) if recent else None
+            if known is not None:
+                state, seq, fresh = known.state, known.seq, False
             else:
-                history = await self.read_run(parent, run_id)
+                history = await self._read_run(subject)
                 state, seq, fresh = history.state, history.last_seq, True
             try:
                 events = list(decide(state))
@@ -212,7 +217,7 @@ class EventLog:
                              else evolve(state, event).state)
                 return state, appended, seq
             except ConcurrencyConflict:
-                continue  # the conflict's read is what we know now
+                continue  # read again (or, from `recent_runs`, what the conflict's read saw)
         raise ConcurrencyConflict(subject, seq)
 
     async def append_new(self, event: Event) -> tuple[RunState, int] | None:
@@ -269,9 +274,14 @@ class EventLog:
         returned `last_seq` still covers them so an append after this read is consistent.
         """
         subject = self.subjects.run_events(parent, run_id)
-        history = run_history(await self.read_subject(subject, before_seq=before_seq))
-        if before_seq is None:
-            self.recent_runs.remember(subject, history.state, history.last_seq)
+        if before_seq is not None:
+            return run_history(await self.read_subject(subject, before_seq=before_seq))
+        return await self._read_run(subject)
+
+    async def _read_run(self, subject: str) -> RunHistory:
+        """The run on `subject`, read, and written through to `recent_runs`."""
+        history = run_history(await self.read_subject(subject))
+        self.recent_runs.remember(subject, history.state, history.last_seq)
         return history
 
     async def read_subject(self, subject: str, *, start_seq: int = 1,
@@ -350,7 +360,7 @@ class EventLog:
         delivered sequence after a gap, so no message is skipped; the stream sequence is
         the deduplication key, never a counter that restarts.
         """
-        arrivals = _Arrivals(max(FOLLOW_BUFFER, 2 * max_batch))
+        arrivals = Arrivals(max(FOLLOW_BUFFER, 2 * max_batch))
         config = js_api.ConsumerConfig(
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=max(start_seq, 1),
@@ -386,59 +396,6 @@ class EventLog:
     async def stream_last_seq(self) -> int:
         info = await self._js.stream_info(self.subjects.events_stream)
         return int(info.state.last_seq)
-
-
-class _Arrivals:
-    """A follower's deliveries not taken yet, in stream order: (seq, subject, data,
-    pending, logged_at). Bounded, so a replay of a long log is never all in memory: once `capacity`
-    wait, the server's flow-control request is answered only after the follower took
-    some (the server sends no more than its flow-control window meanwhile; on nats-py's
-    own client, its callback waits instead)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.arrived = asyncio.Event()
-        self._items: deque[tuple[int, str, bytes, int, int]] = deque()
-        self._room = asyncio.Event()
-        self._room.set()
-        self._held: str | None = None  # a flow-control request to answer once there is room
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def deliver(self, seq: int, subject: str, data: bytes, pending: int,
-                logged_at: int) -> None:
-        self._items.append((seq, subject, data, pending, logged_at))
-        self.arrived.set()
-        if len(self._items) >= self.capacity:
-            self._room.clear()
-
-    def hold_flow_control(self, reply: str) -> bool:
-        if len(self._items) < self.capacity:
-            return False
-        self._held = reply
-        return True
-
-    async def enqueue(self, msg: Msg) -> None:
-        """nats-py's callback: a delivery that took its path (waits while full)."""
-        await self._room.wait()
-        seq, _, pending, logged_at = delivery_of(msg)
-        self.deliver(seq, msg.subject, msg.data, pending, logged_at)
-
-    def take(self, most: int) -> list[tuple[int, str, bytes, int, int]]:
-        items = self._items
-        taken = [items.popleft() for _ in range(min(most, len(items)))]
-        if not items:
-            self.arrived.clear()
-        if len(items) < self.capacity:
-            self._room.set()
-        return taken
-
-    async def release(self, nc: NATS) -> None:
-        """Answer a flow-control request held while full, now that there is room."""
-        if self._held is not None and len(self._items) < self.capacity:
-            reply, self._held = self._held, None
-            await nc.publish(reply)
 
 
 async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event) -> AsyncIterator[T]:
@@ -478,3 +435,36 @@ def log_time_ms(stamp: str | None) -> int | None:
         fraction = stamp[20:-1] if stamp[19] == "." else ""
         return seconds * 1000 + int((fraction + "000")[:3])
     return int(datetime.fromisoformat(stamp).timestamp() * 1000)
+
+
+class RecentRunsLog:
+    """`EventLog.update` and `update_at` deciding from what this process last read or
+    appended of the run (`EventLog.recent_runs`) when it has it, without a read.
+
+    A hint, never the truth: an append decided from it expects the sequence remembered,
+    so a run someone else moved meanwhile comes back as a conflict and is read. Deciding
+    that nothing is needed appends nothing the server could refuse, so that answer is
+    only given from a fresh read. The result is the plain update's; only the reads
+    differ. A reader that folded a run itself (a child's execution, from its work item)
+    tells the cache what it saw with `remember_run`.
+    """
+
+    def __init__(self, update_at: Callable[..., Awaitable[tuple[RunState | None, list[Event],
+                                                                  int]]],
+                 runs: RecentRuns) -> None:
+        self._update_at, self._runs = update_at, runs
+
+    async def update(self, parent: ParentRef, run_id: str,
+                     decide: Callable[[RunState | None], Sequence[Event]], *,
+                     attempts: int = 20) -> tuple[RunState | None, list[Event]]:
+        state, appended, _ = await self._update_at(parent, run_id, decide, attempts)
+        return state, appended
+
+    async def update_at(self, parent: ParentRef, run_id: str,
+                        decide: Callable[[RunState | None], Sequence[Event]], *,
+                        attempts: int = 20) -> tuple[RunState | None, list[Event], int]:
+        return await self._update_at(parent, run_id, decide, attempts)
+
+    def remember_run(self, parent: ParentRef, run_id: str, state: RunState | None,
+                     seq: int) -> None:
+        self._runs.remember_run(parent, run_id, state, seq)

@@ -256,7 +256,7 @@ class Execution:
                 or requested.parent != self.parent):
             return None
         state = evolve(None, requested).state
-        self._env.log.recent_runs.remember_run(self.parent, self.run_id, state, seq)
+        self._env.log.recent.remember_run(self.parent, self.run_id, state, seq)
         return RunHistory((requested,), seq, state)
 
     async def _not_to_start(self, state: RunState | None) -> Outcome | None:

@@ -69,7 +69,7 @@ class HeldItem:
                      ) -> tuple[RunState | None, list[Event]]:
         """The log's `update` of the run, persisted."""
         return await self.persist(
-            lambda: self._log.update(self._parent, self._run_id, decision), "run.append")
+            lambda: self._log.recent.update(self._parent, self._run_id, decision), "run.append")
 
     async def _keep(self) -> None:
         while True:

@@ -145,7 +145,7 @@ class RunRecorder:
         async def update() -> tuple[RunState | None, list[Event]]:
             if self._stale() and self._confirm is not None:
                 await self._confirm()
-            return await self._log.update(self.parent, self.run_id, decision)
+            return await self._log.recent.update(self.parent, self.run_id, decision)
 
         return await persistently(update, what="child.report", logger=self._logger)
 

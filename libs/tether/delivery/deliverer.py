@@ -214,7 +214,7 @@ class Deliverer:
             return False
         command = DeliveredCommand(run_id=state.run_id, parent=state.parent, status=status,
                                    method=method, message_id=message_id)
-        await self._log.update(state.parent, state.run_id,
+        await self._log.recent.update(state.parent, state.run_id,
                                lambda s: record_delivery_of_this_life(s, command, self._clock.now()))
         self._logger.info("delivery.recorded_by_handler", run_id=state.run_id, method=method,
                           status=status)
@@ -291,7 +291,7 @@ class Deliverer:
                 causation_id=message_id, correlation_id=state.run_id,
                 data=RunNotifiedData(kind=kind, key=key, mode=mode, message_id=message_id))]
 
-        await self._log.update(state.parent, state.run_id, decide)
+        await self._log.recent.update(state.parent, state.run_id, decide)
 
 
 def _source(state: RunState) -> str:

@@ -159,7 +159,7 @@ class CommandHandlers:
 
     async def _create(self, command: RunCommand, cause: decide.Cause) -> RunOutcome:
         requested = decide.request_run(command, self._budgets, cause)
-        state, appended, requested_seq = await self._log.update_at(
+        state, appended, requested_seq = await self._log.recent.update_at(
             command.parent, command.run_id, lambda s: [requested] if s is None else [])
         assert state is not None  # ours, or another replica's created between read and append
         if not appended:
@@ -192,7 +192,7 @@ class CommandHandlers:
             await self._dispatch(state)
             return RunOutcome("redispatched", status=state.status)
         if state.status == "interrupted":
-            after, appended = await self._log.update(
+            after, appended = await self._log.recent.update(
                 state.parent, state.run_id, lambda s: decide.reattach(s, cause))
             if not appended:  # given up for good (`RunState.resumable`), or repaired
                 return RunOutcome("existing", status=state.status)
@@ -293,7 +293,7 @@ class CommandHandlers:
             if above is None:
                 return "no such run"
             parent, run_id = above.as_parent(), below
-        state, appended = await self._log.update(parent, run_id,
+        state, appended = await self._log.recent.update(parent, run_id,
                                                  lambda s: decide.resume(s, command, cause))
         if appended and state is not None:
             await self._publish_work(state, dispatch=len(state.resumptions), why="resume")
@@ -343,7 +343,7 @@ class CommandHandlers:
             # fold ignores a later repeat and an earlier life's entry.
             await self._log.append(entry, expected_last_seq=None)
             return "appended"
-        state, appended = await self._log.update(
+        state, appended = await self._log.recent.update(
             command.parent, command.run_id,
             lambda s: record_delivery_of_this_life(s, command, self._clock.now()))
         if appended:
@@ -376,7 +376,7 @@ class CommandHandlers:
             tree.append((state, cause))
             for run, mine in tree:
                 if run.is_open:
-                    await self._log.update(run.parent, run.run_id, partial(
+                    await self._log.recent.update(run.parent, run.run_id, partial(
                         decide.request_cancel, cause=mine, reason="cleared"))
             for run, mine in tree[:-1]:
                 await self._clear_run(run, mine)
@@ -390,7 +390,7 @@ class CommandHandlers:
         parent, run_id = state.parent, state.run_id
         if state.is_open:
             await self._signal_cancel(state)
-        after, appended, last_seq = await self._log.update_at(
+        after, appended, last_seq = await self._log.recent.update_at(
             parent, run_id, _clear_life(state.incarnation, cause))
         if after is not None:
             return False

@@ -227,7 +227,7 @@ class Recovery:
                 return
             if announce:
                 cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
-                current, _ = await self._log.update(
+                current, _ = await self._log.recent.update(
                     state.parent, state.run_id,
                     lambda s: decide.reattach_started(s, cause, "recovery"))
                 history = await self._log.read_run(state.parent, state.run_id)
@@ -337,10 +337,8 @@ class Recovery:
         timings_ms = {k: v for k, v in timings.items() if v is not None}
         timings_ms["waited_ms"] = int((time.monotonic() - started) * 1000)
         await self.lease_fresh()
-        # Decided from a read made after the gate, not from what this process knew of the
-        # run before it: the read refreshes the log's recent runs, which `update` decides
-        # from, and its append expects the read's last sequence.
-        await self._log.read_run(state.parent, state.run_id)
+        # Decided from a read made after the gate (a plain `update`), not from what this
+        # process knew of the run before it.
         cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
         _, appended = await self._log.update(
             state.parent, state.run_id,

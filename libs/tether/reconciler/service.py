@@ -331,7 +331,7 @@ class Reconciler:
         # attempt): the cancel to its runner follows the give-up, not before it.
         child_running = state.status == "running"
         cause = decide.timer_cause(SYSTEM_CLOCK.now(), self.origin)
-        final, appended = await self._log.update(
+        final, appended = await self._log.recent.update(
             state.parent, state.run_id,
             lambda s: decide.give_up(s, cause, reason, decide.INTERRUPTED_ERRORS[reason],
                                      child_still_running=child_running))
