@@ -31,11 +31,11 @@ from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.migrator import migrate
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.agent_registry import AgentRegistry
-from tether.child.runner import ChildRunner
 from tether.client import connect
 from tether.config import Settings
 from tether.log import get_logger
-from tether.parent.service import ParentService
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
 
 PARENT_AGENT = "Bench"
 LAYERS = tomllib.loads((Path(__file__).parents[1] / "libs/tether/layers.toml").read_text())
@@ -104,12 +104,10 @@ async def main(show: bool) -> int:
     async with pool.acquire() as conn:
         await migrate(conn, settings.projection_schema)
     registry = AgentRegistry([BenchChild])
-    runner = ChildRunner(nc, settings, registry, fetch_timeout_s=0.3)
-    parent = ParentService(settings, EventLog(nc, settings.subjects), pool, registry,
+    runner = await open_runner(nc, settings, registry, fetch_timeout_s=0.3)
+    parent = await open_parent(settings, EventLog(nc, settings.subjects), pool, registry,
                            get_logger(service="module-path"))
     stop = asyncio.Event()
-    await runner.start()
-    await parent.start()
     services = [asyncio.create_task(runner.run(stop)), asyncio.create_task(parent.run(stop))]
     tracer = PathTracer()
     try:

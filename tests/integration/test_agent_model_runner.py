@@ -38,7 +38,7 @@ from tether.agents import (
 )
 from tether.agents.clients.scripted import read_calls
 from tether.agents.devtools import show_run
-from tether.child.runner import ChildRunner, consumer_name
+from tether.child.runner import consumer_name
 from tether.child.work import Outcome
 from tether.contract.messages import CancelSignal, InspectReply, WorkItem, work_item_json
 from tether.domain import events as ev
@@ -47,8 +47,9 @@ from tether.domain.fold import evolve
 from tether.domain.ids import work_message_id
 from tether.domain.run_state import RunState
 from tether.log import get_logger
-from tether.parent.service import ParentService
 from tether.testing import RunEvents
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
 
 PARENT = ParentRef(agent="Assistant", name="user-7")
 TERMINAL = {"run.completed", "run.failed", "run.aborted"}
@@ -90,11 +91,10 @@ def scripted(monkeypatch) -> Callable[..., ScriptedModelClient]:
 @pytest.fixture
 async def runner(nc, log, settings):
     outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
-    child_runner = ChildRunner(nc, settings.model_copy(update={"work_ack_wait_ms": 1500}),
+    child_runner = await open_runner(nc, settings.model_copy(update={"work_ack_wait_ms": 1500}),
                                AgentRegistry(AGENTS), on_outcome=outcomes.put_nowait,
                                fetch_timeout_s=0.3, cancel_grace_s=0.2)
     stop = asyncio.Event()
-    await child_runner.start()
     task = asyncio.create_task(child_runner.run(stop))
     child_runner.outcomes = outcomes
     yield child_runner
@@ -104,9 +104,8 @@ async def runner(nc, log, settings):
 
 @pytest.fixture
 async def parent(settings, log, pool):
-    service = ParentService(settings, log, pool, AgentRegistry(AGENTS),
+    service = await open_parent(settings, log, pool, AgentRegistry(AGENTS),
                             get_logger(service="parent-test"))
-    await service.start()
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     yield service

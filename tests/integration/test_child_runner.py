@@ -41,6 +41,7 @@ from tether.domain.events import DetachedOptions, Event, ParentRef, RunCancelReq
 from tether.domain.ids import finish_message_id, work_message_id
 from tether.ports import SYSTEM_CLOCK, RunHistory
 from tether.testing import RunEvents
+from tether_services.child_runner import open_runner
 
 PARENT = ParentRef(agent="Assistant", name="user-42")
 TERMINAL = {"run.completed", "run.failed", "run.aborted"}
@@ -67,10 +68,9 @@ async def start_runner(nc, log, settings):
         if "cancel_grace_ms" not in overrides:  # else the runner takes the setting's
             options.setdefault("cancel_grace_s", 0.2)
         outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
-        runner = ChildRunner(nc, settings.model_copy(update=overrides), AgentRegistry(agents),
+        runner = await open_runner(nc, settings.model_copy(update=overrides), AgentRegistry(agents),
                              on_outcome=outcomes.put_nowait, fetch_timeout_s=0.3, **options)
         stop = asyncio.Event()
-        await runner.start()
         running = RunningRunner(runner, stop, asyncio.create_task(runner.run(stop)), outcomes)
         started.append(running)
         return running
@@ -877,10 +877,9 @@ async def test_a_runner_cancelled_instead_of_stopped_ends_at_once_and_gives_its_
     failed: a cancelled runner ends its fetch loops and gives its running children's work
     items back at once, instead of waiting for a stop that never comes."""
     outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
-    runner = ChildRunner(nc, settings.model_copy(update={"work_ack_wait_ms": 1000}),
+    runner = await open_runner(nc, settings.model_copy(update={"work_ack_wait_ms": 1000}),
                          AgentRegistry([Stubborn]), on_outcome=outcomes.put_nowait,
                          fetch_timeout_s=0.3, cancel_grace_s=0.2)
-    await runner.start()
     task = asyncio.create_task(runner.run(asyncio.Event()))  # a stop nobody sets
     run = await dispatch(log, "Stubborn", {})
     await event_of(log, run, lambda e: e.type == "run.running")

@@ -36,7 +36,6 @@ from tether.agents import (
 )
 from tether.agents.devtools import render_run, show_run
 from tether.child.execution import Execution
-from tether.child.runner import ChildRunner
 from tether.client import Tether, connect
 from tether.client.conversation import ConversationEnded
 from tether.contract.messages import ChatMessage, UsageView
@@ -44,7 +43,8 @@ from tether.domain import decide
 from tether.domain.events import ParentRef
 from tether.domain.ids import chat_finish_id, nested_parent_name, user_message_id
 from tether.log import get_logger
-from tether.parent.service import ParentService
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
 
 DEADLINE_S = 10
 
@@ -145,11 +145,10 @@ class Runners:
 
     async def start(self) -> tuple[asyncio.Event, asyncio.Task]:
         tether = self._tether
-        runner = ChildRunner(tether.nc, self._settings.model_copy(update={"work_ack_wait_ms": 1500}),
+        runner = await open_runner(tether.nc, self._settings.model_copy(update={"work_ack_wait_ms": 1500}),
                              AgentRegistry(AGENTS), fetch_timeout_s=0.3, cancel_grace_s=0.2,
                              shutdown_grace_s=0.5,
                              parent_client=lambda ref: tether.parent(ref.agent, ref.name))
-        await runner.start()
         stop = asyncio.Event()
         handle = (stop, asyncio.create_task(runner.run(stop)))
         self._running.append(handle)
@@ -169,9 +168,8 @@ class Runners:
 @pytest.fixture
 async def runners(settings, log, pool, tether) -> AsyncIterator[Runners]:
     """The parent service, and child-runners the test starts."""
-    parent = ParentService(settings, log, pool, AgentRegistry(AGENTS),
+    parent = await open_parent(settings, log, pool, AgentRegistry(AGENTS),
                            get_logger(service="parent-test"))
-    await parent.start()
     stop = asyncio.Event()
     task = asyncio.create_task(parent.run(stop))
     started = Runners(settings, tether)

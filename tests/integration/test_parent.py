@@ -30,8 +30,8 @@ from tether.domain.fold import evolve, fold
 from tether.domain.ids import finish_message_id
 from tether.domain.run_state import RunState
 from tether.log import get_logger
-from tether.parent.service import ParentService
 from tether.testing import RunEvents
+from tether_services.parent import open_parent
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 
@@ -51,9 +51,8 @@ class Helper(ChildAgent):
 @pytest.fixture
 async def parent(settings, log, pool):
     configured = settings.model_copy(update={"max_concurrent_agent_tools": None})
-    service = ParentService(configured, log, pool, AgentRegistry([Researcher, Helper]),
+    service = await open_parent(configured, log, pool, AgentRegistry([Researcher, Helper]),
                             get_logger(service="parent-test"))
-    await service.start()
     stop = asyncio.Event()
     task = asyncio.create_task(service.run(stop))
     yield service

@@ -22,7 +22,6 @@ from tether.adapters.postgres.projector import Projector
 from tether.adapters.postgres.reads import WATCHED, ProjectionReads
 from tether.adapters.streams import StreamSettings, ensure_streams, key_value
 from tether.agent_registry import AgentRegistry
-from tether.child.runner import ChildRunner
 from tether.client import connect
 from tether.contract.messages import HookMessage, ObservabilityEvent, WorkItem, work_item_json
 from tether.delivery.deliverer import Deliverer
@@ -45,6 +44,7 @@ from tether.reconciler import service as reconciler_service
 from tether.reconciler.runners import ChildControl
 from tether.reconciler.service import Reconciler
 from tether.testing import RunEvents
+from tether_services.child_runner import open_runner
 
 PARENT = ParentRef(agent="Importer", name="tenant-1")
 
@@ -635,10 +635,9 @@ async def test_a_new_leader_loads_open_runs_and_owed_deliveries_only(fast, log, 
 @contextlib.asynccontextmanager
 async def sleeper_runner(nc, settings):
     """A child-runner of `Sleeper` for the test's length."""
-    runner = ChildRunner(nc, settings, AgentRegistry([Sleeper]), fetch_timeout_s=0.3,
+    runner = await open_runner(nc, settings, AgentRegistry([Sleeper]), fetch_timeout_s=0.3,
                          cancel_grace_s=0.2, shutdown_grace_s=0.2)
     stop_runner = asyncio.Event()
-    await runner.start()
     running = asyncio.create_task(runner.run(stop_runner))
     try:
         yield runner

@@ -17,10 +17,10 @@ from tether.agent_registry import AgentRegistry
 from tether.agents import AgentDefinition, ModelAgent, Reply, ScriptedModelClient, TokenUsage
 from tether.agents import tool as as_tool
 from tether.agents.tools import ToolContext
-from tether.child.runner import ChildRunner
 from tether.client import connect
 from tether.log import get_logger
-from tether.parent.service import ParentService
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
 
 PARENT_AGENT = "Assistant"
 
@@ -50,11 +50,9 @@ def script() -> list[Reply]:
 async def services(settings, log, pool, nc, monkeypatch):
     monkeypatch.setattr(Cashier, "model_client", ScriptedModelClient(script()))
     registry = AgentRegistry([Cashier])
-    runner = ChildRunner(nc, settings, registry, fetch_timeout_s=0.3, cancel_grace_s=0.2)
-    parent = ParentService(settings, log, pool, registry, get_logger(service="parent-test"))
+    runner = await open_runner(nc, settings, registry, fetch_timeout_s=0.3, cancel_grace_s=0.2)
+    parent = await open_parent(settings, log, pool, registry, get_logger(service="parent-test"))
     stop = asyncio.Event()
-    await runner.start()
-    await parent.start()
     tasks = [asyncio.create_task(runner.run(stop)), asyncio.create_task(parent.run(stop))]
     yield
     stop.set()

@@ -11,14 +11,15 @@ from nats.aio.client import Client as NATS
 from tether.adapters.control import control_broker
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
-from tether.child.runner import ChildRunner
+from tether.child.runner import ChildRunner, runner_control
+from tether.child.work import RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import ChildInspectReply, HasRunReply, InspectReply, ListReply
 from tether.domain.events import ParentRef
 from tether.domain.fold import fold
 from tether.log import get_logger
 from tether.parent.queries import ParentQueries
-from tether.testing import RunEvents
+from tether.testing import InMemoryEventLog, RunEvents
 
 SETTINGS = Settings()
 SUBJECTS = SETTINGS.subjects
@@ -121,7 +122,10 @@ class Researcher(ChildAgent):
 
 @pytest.fixture
 async def runner():
-    child_runner = ChildRunner(NATS(), SETTINGS, AgentRegistry([Researcher]))
+    env = RunnerEnvironment(log=InMemoryEventLog(SETTINGS.subjects), settings=SETTINGS,
+                            runner_id="runner-1", cancel_grace_s=0.2)
+    child_runner = ChildRunner(NATS(), env, AgentRegistry([Researcher]),
+                               control=runner_control(SETTINGS), pulls={})
     child_runner.subscribe_control()
     async with TestNatsBroker(child_runner.control) as test_broker:
         yield test_broker

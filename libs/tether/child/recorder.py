@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tether.child.agent import PAUSE_MILESTONES
@@ -40,7 +39,7 @@ from tether.domain.events import (
     RunStepRecorded,
     RunStepRecordedData,
 )
-from tether.domain.run_state import PauseInfo, RunState
+from tether.domain.run_state import PauseInfo, ProgressSnapshot, RunState
 from tether.log import get_logger
 from tether.ports import SYSTEM_CLOCK, EventLog
 from tether.resilience import persistently
@@ -54,15 +53,6 @@ if TYPE_CHECKING:
 # republished and handed to the followers already there (`Nats-TTL`, nats-server 2.11+).
 LIVE_ONLY_HEADERS = {"Nats-TTL": "1s"}
 
-
-
-@dataclass(frozen=True, slots=True)
-class _Progress:
-    fraction: float | None
-    message: str | None
-    phase: str | None
-    data: Any
-    persist: bool
 
 
 class RunRecorder:
@@ -105,12 +95,14 @@ class RunRecorder:
         # recorder writes gets a strictly later `at` than the one before, even within 1 ms.
         self._last_at = state.progress.at if state.progress else 0
         self._progress_count = 0
-        self._pending: _Progress | None = None
+        # A reported value waiting for its window, and whether its data is to persist.
+        self._pending: ProgressSnapshot | None = None
+        self._pending_persist = False
         # Timers are loop callbacks, not tasks: most are cancelled by a flush before they
         # fire (a milestone, the final signal), and a task costs several loop turns.
         self._timer: asyncio.TimerHandle | None = None
         self._last_send = -float("inf")
-        self._unpersisted: tuple[_Progress, int] | None = None  # sent, not yet in the log
+        self._unpersisted: ProgressSnapshot | None = None  # sent, not yet in the log
         self._persist_timer: asyncio.TimerHandle | None = None
         self._fired: set[asyncio.Task[None]] = set()  # sends a timer started, until done
         # The attempt's `run.running`, just appended, is its first sign of life in the
@@ -186,8 +178,9 @@ class RunRecorder:
                 self._snapshot_recorded()
                 # Live subscribers see the milestone on the progress subject too, marked
                 # by `milestone`, so a progress bar and an onProgress hook need one feed.
-                await self._publish_signal(_Progress(fraction, message, phase, data, True), at,
-                                           milestone=name)
+                await self._publish_signal(ProgressSnapshot(
+                    fraction=fraction, message=message, phase=phase, milestone=name,
+                    data=data, at=at), persist=True)
             await self._notify(state, name)
             return True
 
@@ -233,8 +226,9 @@ class RunRecorder:
 
         state, appended = await self._update(milestone_if_owed)
         if appended:
-            await self._publish_signal(_Progress(None, message, pause.reason, data, True),
-                                       appended[0].occurred_at, milestone=name)
+            await self._publish_signal(ProgressSnapshot(
+                message=message, phase=pause.reason, milestone=name, data=data,
+                at=appended[0].occurred_at), persist=True)
             await self._notify(state, name)
         return bool(appended)
 
@@ -314,16 +308,19 @@ class RunRecorder:
         that a milestone (itself a later snapshot) follows before then is not written:
         the run's state after the milestone is the same with or without it.
         """
-        update = _Progress(fraction, message, phase, data, persist)
+        # Dated when reported: values are sent in the order reported, each later than
+        # the one before (`_next_at`), whenever its window lets it go.
+        update = ProgressSnapshot(fraction=fraction, message=message, phase=phase, data=data,
+                                  at=self._next_at())
         if fraction is not None and fraction >= 1:
             self._drop_pending()
-            await self._send(update)  # after any send already under way (the send lock)
+            await self._send(update, persist)  # after any send under way (the send lock)
             return
         elapsed = time.monotonic() - self._last_send
         if self._pending is None and self._timer is None and elapsed >= self._window_s:
-            await self._send(update)
+            await self._send(update, persist)
             return
-        self._pending = update
+        self._pending, self._pending_persist = update, persist
         if self._timer is None:
             delay = max(0.0, self._window_s - elapsed)
             self._timer = asyncio.get_running_loop().call_later(delay, self._send_when_due)
@@ -368,18 +365,17 @@ class RunRecorder:
     async def _send_pending(self) -> None:
         pending, self._pending = self._pending, None
         if pending is not None:
-            await self._send(pending)
+            await self._send(pending, self._pending_persist)
 
-    async def _send(self, update: _Progress) -> None:
+    async def _send(self, update: ProgressSnapshot, persist: bool) -> None:
         async with self._send_lock:
             self._last_send = time.monotonic()
-            at = self._next_at()
             try:
-                await self._publish_signal(update, at)
-                if self._persist_due(update):
-                    await self._persist(update, at)
+                await self._publish_signal(update, persist)
+                if persist or time.monotonic() - self._last_persist >= self._persist_window_s:
+                    await self._persist(update, persist)
                 else:
-                    self._unpersisted = (update, at)
+                    self._unpersisted = update
                     if self._persist_timer is None:
                         delay = self._last_persist + self._persist_window_s - time.monotonic()
                         self._persist_timer = asyncio.get_running_loop().call_later(
@@ -388,9 +384,6 @@ class RunRecorder:
                 raise  # the attempt may report no more: its child is being stopped
             except Exception as error:  # noqa: BLE001 - progress is best effort; the run goes on
                 self._warn_send_failure(error)
-
-    def _persist_due(self, update: _Progress) -> bool:
-        return update.persist or time.monotonic() - self._last_persist >= self._persist_window_s
 
     def _snapshot_recorded(self) -> None:
         """A milestone just reached the log: it supersedes the snapshot waiting for its
@@ -410,22 +403,23 @@ class RunRecorder:
             if self._unpersisted is None:
                 return
             try:
-                await self._persist(*self._unpersisted)
+                await self._persist(self._unpersisted, persist=False)
             except RunSuperseded:
                 raise
             except Exception as error:  # noqa: BLE001 - as in `_send`
                 self._warn_send_failure(error)
 
-    async def _persist(self, update: _Progress, at: int) -> None:
-        """The snapshot of a signal already sent, with the signal's own time."""
+    async def _persist(self, update: ProgressSnapshot, persist: bool) -> None:
+        """The snapshot of a signal already sent, with the signal's own time; its data
+        only when the child asked for it to persist."""
         self._progress_count += 1
         await self._append(RunProgressPersisted(
             event_id=self._event_id("progress", self._attempt, self._progress_count),
-            run_id=self.run_id, parent=self.parent, occurred_at=at,
+            run_id=self.run_id, parent=self.parent, occurred_at=update.at,
             correlation_id=self.run_id, causation_id=self._causation_id,
             data=RunProgressPersistedData(
                 fraction=update.fraction, message=update.message, phase=update.phase,
-                data=update.data if update.persist else None),
+                data=update.data if persist else None),
         ))
         self._unpersisted = None
         self._last_persist = time.monotonic()
@@ -436,16 +430,17 @@ class RunRecorder:
             self._logger().warning("child.progress_not_sent",
                                    error=f"{type(error).__name__}: {error}")
 
-    async def _publish_signal(self, update: _Progress, at: int, milestone: str | None = None) -> None:
+    async def _publish_signal(self, update: ProgressSnapshot, persist: bool) -> None:
         if self._stale() and self._confirm is not None:
             await self._confirm()
         signal = progress_signal_json(self.run_id, self.parent, fraction=update.fraction,
                                       message=update.message, phase=update.phase,
-                                      milestone=milestone, data=update.data, at=at)
+                                      milestone=update.milestone, data=update.data,
+                                      at=update.at)
         # A plain publish: the progress stream keeps it for late subscribers, and no ack
         # is awaited for a signal the next one supersedes (the log has the snapshot).
         # Data not asked to persist is live only: the stream lets it go at once.
-        if update.data is not None and not update.persist:
+        if update.data is not None and not persist:
             await self._log.notify(self._progress_subject, signal, headers=LIVE_ONLY_HEADERS)
         else:
             await self._log.notify(self._progress_subject, signal)

@@ -20,9 +20,8 @@ import asyncio
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import aclosing, suppress
-from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -31,14 +30,12 @@ from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js import api as js_api
 from pydantic import ValidationError
 
 from tether import tracing
-from tether.adapters.control import control_broker, start_control
-from tether.adapters.event_log import EventLog
-from tether.adapters.pull import Pull, durable_pull
+from tether.adapters.control import control_broker
+from tether.adapters.pull import Pull
 from tether.adapters.requests import scatter
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
@@ -55,9 +52,6 @@ from tether.contract.messages import (
     WorkItem,
     read_work_item,
 )
-from tether.delivery.deliverer import Deliverer
-from tether.delivery.formatters import parent_formatters
-from tether.domain.events import ParentRef
 from tether.domain.versions import versions_serving
 from tether.log import get_logger
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS, RUNNER_SLOTS_IN_USE, WORK_ITEMS
@@ -131,66 +125,61 @@ class _Slots:
         self._freed.set()
 
 
+def consumer_config(settings: Settings, agent_type: str) -> js_api.ConsumerConfig:
+    """The work consumer of one agent type, as every runner of it creates or updates it
+    (so a changed ack wait or attempt limit takes effect on deploy)."""
+    return js_api.ConsumerConfig(
+        name=consumer_name(agent_type), durable_name=consumer_name(agent_type),
+        filter_subject=settings.subjects.work(agent_type),
+        ack_policy=js_api.AckPolicy.EXPLICIT, deliver_policy=js_api.DeliverPolicy.ALL,
+        ack_wait=settings.work_ack_wait_ms / 1000,
+        max_deliver=settings.max_attempts + MAX_DELIVER_MARGIN,
+        max_ack_pending=-1)
+
+
+def runner_control(settings: Settings) -> NatsBroker:
+    """The faststream broker of a runner's cancel, inspect and versions handlers (declared
+    by `ChildRunner.subscribe_control`); a request that is not one gets no answer."""
+    return control_broker(settings, "tether-child-runner-control",
+                          middlewares=[ExceptionMiddleware(
+                              handlers={ValidationError: _unreadable})])
+
+
+def _unreadable(error: ValidationError, message: NatsMessage) -> None:
+    get_logger(service="child-runner").warning(
+        "control.unreadable", subject=message.raw_message.subject,
+        error=str(error).splitlines()[0])
+
+
 class ChildRunner:
-    def __init__(self, nc: NATS, settings: Settings, registry: "AgentRegistry[ChildAgent]", *,
-                 runner_id: str | None = None,
+    def __init__(self, nc: NATS, env: RunnerEnvironment,
+                 registry: "AgentRegistry[ChildAgent]", *,
+                 control: NatsBroker, pulls: Mapping[str, Pull],
                  shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
-                 cancel_grace_s: float | None = None,
                  fetch_timeout_s: float = 1.0,
-                 parent_client: Callable[[ParentRef], Any] | None = None,
                  on_outcome: Callable[[Outcome], None] | None = None) -> None:
+        """The parts come made (`tether_services.child_runner.open_runner`, the runner's
+        one wiring): `nc`, its connection; `env`, what its executions share; `control`, the broker of its
+        control handlers (`runner_control`); `pulls`, a work consumer per agent type."""
         if not registry:
             raise ValueError("the child-runner needs at least one agent (TETHER_AGENTS or "
                              "--agents module:Class)")
-        self._nc, self._settings, self._registry = nc, settings, registry
-        self.runner_id = runner_id or new_runner_id()
-        self._js: JetStreamContext = nc.jetstream()
-        if cancel_grace_s is None:
-            cancel_grace_s = settings.cancel_grace_ms / 1000
-        self._log = EventLog(nc, settings.subjects)
-        self._env = RunnerEnvironment(log=self._log, settings=settings,
-                                      runner_id=self.runner_id, cancel_grace_s=cancel_grace_s,
-                                      parent_client=parent_client)
+        self._env, self._settings, self._registry = env, env.settings, registry
+        self._nc = nc
+        self.runner_id = env.runner_id
         self._shutdown_grace_s = shutdown_grace_s
         self._fetch_timeout_s = fetch_timeout_s
         self._on_outcome = on_outcome
         self._logger = get_logger(service="child-runner", runner_id=self.runner_id)
-        self._slots = _Slots(settings.runner_concurrency)
+        self._slots = _Slots(env.settings.runner_concurrency)
         # Each run's executions in this process, oldest first: usually one, but a second
         # item for the run can arrive while the first still runs it.
         self._active: dict[tuple[str, str, str], list[Execution]] = {}
         self._handlers: set[asyncio.Task[None]] = set()
-        self._control = control_broker(settings, "tether-child-runner-control",
-                                       middlewares=[ExceptionMiddleware(
-                                           handlers={ValidationError: self._unreadable})])
-        self._pulls: dict[str, Pull] = {}
+        self._control = control
+        self._pulls = dict(pulls)
         self._stalls = StallWatch()  # a pause of this process voids its holds on items
         self.consuming = False
-
-    def consumer_config(self, agent_type: str) -> js_api.ConsumerConfig:
-        settings = self._settings
-        return js_api.ConsumerConfig(
-            name=consumer_name(agent_type), durable_name=consumer_name(agent_type),
-            filter_subject=settings.subjects.work(agent_type),
-            ack_policy=js_api.AckPolicy.EXPLICIT, deliver_policy=js_api.DeliverPolicy.ALL,
-            ack_wait=settings.work_ack_wait_ms / 1000,
-            max_deliver=settings.max_attempts + MAX_DELIVER_MARGIN,
-            max_ack_pending=-1)
-
-    async def start(self) -> None:
-        """Create (or bring up to date) the consumers and listen for cancel signals."""
-        settings = self._settings
-        # (The runner keeps no delivery records: the parent and the reconciler do.)
-        self._env = replace(self._env, deliverer=await Deliverer.open(
-            settings, self._log, parent_formatters(settings.formatters, self._registry),
-            self._logger, records=False))
-        stream = self._settings.subjects.work_stream
-        for agent_type in self._registry.agent_types:
-            # Create-or-update, so a changed ack wait or attempt limit takes effect on deploy.
-            self._pulls[agent_type] = await durable_pull(self._js, self._nc, stream,
-                                                         self.consumer_config(agent_type))
-        self.subscribe_control()
-        await start_control(self._control)
 
     @property
     def control(self) -> NatsBroker:
@@ -216,8 +205,6 @@ class ChildRunner:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then shut down gracefully (see the module doc)."""
-        if not self._pulls:
-            await self.start()
         # Each loop holds the slots it fetches for while its fetch waits, so no agent type
         # may take them all and keep the others waiting for a fetch timeout.
         batch = max(1, min(FETCH_BATCH, self._settings.runner_concurrency // len(self._pulls)))
@@ -420,11 +407,6 @@ class ChildRunner:
             self._logger.warning("work_item.done", exc_info=outcome.exception, **fields)
         else:
             self._logger.info("work_item.done", **fields)
-
-    def _unreadable(self, error: ValidationError, message: NatsMessage) -> None:
-        """A cancel or inspect request that is not one gets no answer."""
-        self._logger.warning("control.unreadable", subject=message.raw_message.subject,
-                             error=str(error).splitlines()[0])
 
     async def _on_cancel(self, signal: CancelSignal, message: NatsMessage) -> None:
         executions = list(self._active.get(

@@ -52,7 +52,7 @@ class RunnerEnvironment:
     runner_id: str
     cancel_grace_s: float
     parent_client: Callable[[ParentRef], Any] | None = None
-    # Delivers the hooks and notifications of what its executions record (`start()`).
+    # Delivers the hooks and notifications of what its executions record.
     deliverer: "Deliverer | None" = None
 
 

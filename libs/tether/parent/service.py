@@ -13,7 +13,6 @@ import json
 from collections import defaultdict
 from contextlib import suppress
 
-import asyncpg
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import api as js_api
@@ -21,21 +20,13 @@ from nats.js.errors import NotFoundError
 
 from tether import tracing
 from tether.adapters.broker_clock import BrokerClock
-from tether.adapters.control import control_broker, start_control
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import delivery_of, durable_pull
-from tether.adapters.streams import StreamSettings, key_value
-from tether.agent_registry import AgentRegistry
 from tether.config import Settings
 from tether.delivery.deliverer import Deliverer
-from tether.delivery.formatters import parent_formatters
-from tether.domain import decide
 from tether.domain.commands import overdue_ms
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.handlers import CommandHandlers, Payload, UnparseableCommand
-from tether.parent.queries import ParentQueries
-from tether.parent.rate_limit import RequestRates
-from tether.parent.slots import SlotKeeper
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
 COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
@@ -44,58 +35,32 @@ CLOCK_SAMPLE_WAIT_S = 5.0
 
 
 class ParentService:
-    def __init__(self, settings: Settings, log: EventLog, pool: asyncpg.Pool,
-                 agents: AgentRegistry, logger, clock: BrokerClock | None = None) -> None:
-        """`clock`: the broker's, which commands' expiries are counted on (default: one
-        of this service's own, sampled as it runs)."""
+    def __init__(self, settings: Settings, log: EventLog, handlers: CommandHandlers,
+                 queries: NatsBroker, deliverer: Deliverer, logger,
+                 clock: BrokerClock | None = None) -> None:
+        """The parts come made (`tether_services.parent.open_parent`, the parent's one
+        wiring): `handlers` decide each command, `queries` is the started broker that
+        answers inspect/list/has-run, `deliverer` the handlers' (hooks of what they
+        append). `clock`: the broker's, which commands' expiries are
+        counted on (default: one of this service's own, sampled as it runs)."""
         self._settings = settings
         self._log = log
         self._js = log.jetstream
         self._subjects = log.subjects
-        self._pool = pool
-        self._agents = agents
+        self._handlers = handlers
+        self._queries = queries
+        self._deliverer = deliverer
         self._logger = logger
         self._clock = clock
         self.handled = 0
-        self._handlers: CommandHandlers | None = None
-        self._deliverer: Deliverer | None = None
 
     @property
     def deliverer(self) -> Deliverer:
-        assert self._deliverer is not None, "start() first"
         return self._deliverer
-
-    async def start(self) -> None:
-        self._deliverer = await Deliverer.open(
-            self._settings, self._log,
-            parent_formatters(self._settings.formatters, self._agents), self._logger)
-        self._hooks = self._deliverer.hooks
-        slots = await key_value(self._js, self._subjects.slots_bucket,
-                                StreamSettings.of(self._settings))
-        await _remove_former_deliveries_consumer(self._js, self._subjects.events_stream)
-        self._handlers = CommandHandlers(
-            self._log, self._agents,
-            budgets=decide.Budgets(self._settings.detached_max_budget_ms,
-                                   self._settings.detached_no_progress_budget_ms),
-            slots=SlotKeeper(slots, self._log),
-            default_cap=self._settings.max_concurrent_agent_tools,
-            max_input_bytes=self._settings.max_input_bytes,
-            hook_registered=self._hook_registered,
-            deliverer=self._deliverer,
-        )
-        queries = ParentQueries(self._log, self._pool, self._settings.projection_schema,
-                                self._logger, rates=RequestRates(
-                                    self._settings.tenant_query_rate_per_s,
-                                    self._settings.tenant_query_burst),
-                                settings=self._settings)
-        self._queries = control_broker(self._settings, "tether-parent-queries",
-                                       middlewares=[queries.middleware()])
-        queries.subscribe(self._queries, self._subjects)
-        await start_control(self._queries)
 
     @property
     def queries(self) -> NatsBroker:
-        """The faststream broker answering the queries (started by `start()`)."""
+        """The faststream broker answering the queries."""
         return self._queries
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -173,7 +138,6 @@ class ParentService:
             return await self._handle(msg, payload, stop)
 
     async def _handle(self, msg: Msg, payload: Payload, stop: asyncio.Event) -> None:
-        assert self._handlers is not None
         seq, delivered, _, stored_at = delivery_of(msg)
         kind = msg.subject.split(".")[2]
         clock = HANDLER_SECONDS.start()
@@ -211,7 +175,6 @@ class ParentService:
 
     async def _dispatch(self, kind: str, payload: Payload, seq: int, log,
                         overdue: int | None = None) -> None:
-        assert self._handlers is not None
         if kind == "run":
             outcome = await self._handlers.run(payload, seq, overdue=overdue)
             log.info("command.run", decision=outcome.decision, status=outcome.status,
@@ -239,14 +202,11 @@ class ParentService:
             "Tether-Stream-Seq": str(msg.metadata.sequence.stream)},
             stream=self._subjects.commands_stream)
 
-    async def _hook_registered(self, parent_agent: str, method: str) -> bool:
-        return await self._hooks.has(parent_agent, method, recheck_absent=True)
-
 
 FORMER_DELIVERIES_CONSUMER = "parent-deliverer"
 
 
-async def _remove_former_deliveries_consumer(js, events_stream: str) -> None:
+async def remove_former_deliveries_consumer(js, events_stream: str) -> None:
     """Remove the durable consumer `parent-deliverer` where an installation still has it
     (the writers of outcomes deliver hooks; CHANGELOG.md says since when): nobody reads
     it, and it would keep every event after it pending on the server."""
