@@ -124,7 +124,11 @@ def next_steps(user: str, environ: Mapping[str, str]) -> str:
              f"  tether inspect Assistant/{user}",
              "      its runs, as JSON",
              f"  tether run Researcher --parent Assistant/{user} --input '{{\"query\": \"NATS\"}}'",
-             "      one more run, from the command line"]
+             "      one more run, from the command line",
+             "  TETHER_GATEWAY_CALLERS_FILE=examples/interop/callers.toml tether gateway "
+             "--agents examples.agents:Researcher &",
+             "  python examples/interop/mcp_client.py --token demo-token 'HTTP/3'",
+             "      the Researcher as an MCP tool, through the gateway (docs/interop.md)"]
     services = dict(item.split("=", 1) for item in
                     environ.get("TETHER_DEVSTACK_SERVICE_URLS", "").split(",") if "=" in item)
     for name, url in services.items():

@@ -27,7 +27,7 @@ from tether.extras import MissingExtra, installed, require
 from tether.log import configure_logging, get_logger
 
 SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084,
-                        "ui": 8085}
+                        "ui": 8085, "gateway": 8086}
 ALL_SERVICES_HEALTH_PORT = 8080
 # `tether ui` on the default port, taken: the next free one of these, else any.
 UI_PORT_TRIES = 10
@@ -44,7 +44,8 @@ SERVICE_MODULES = {"parent": "tether_services.parent",
                    "child-runner": "tether_services.child_runner",
                    "reconciler": "tether_services.reconciler",
                    "projector": "tether_services.projector",
-                   "ui": "tether_services.ui"}
+                   "ui": "tether_services.ui",
+                   "gateway": "tether_services.gateway"}
 
 
 def _services() -> dict[str, Callable[..., Awaitable[None]]]:
@@ -123,6 +124,11 @@ def _ui_arguments(ui: argparse.ArgumentParser) -> None:
     ui.add_argument("--port", type=_port, help="default: $TETHER_UI_PORT or 8090")
 
 
+def _gateway_arguments(gateway: argparse.ArgumentParser) -> None:
+    gateway.add_argument("--agents", help="the child agents to serve, module:Class[,...] "
+                                          "(default: $TETHER_AGENTS)")
+
+
 def _ui(args: argparse.Namespace, settings: Settings) -> int:
     require("ui")
     return _in_loop(settings, _run_ui(settings, _ui_listener(settings, _ui_port_asked(args))))
@@ -171,21 +177,25 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
     return uvloop.new_event_loop
 
 
-def services_to_run(name: str) -> list[str]:
-    """What `tether services NAME` runs. The web timeline is an extra: without it, `ui` is
-    refused (`MissingExtra`) before anything starts, and `all` runs the other services
-    (the caller says so), since an install for running agents need not serve a web page."""
+def services_to_run(name: str, settings: Settings | None = None) -> list[str]:
+    """What `tether services NAME` runs. The web timeline and the gateway are extras:
+    without one, asking for its service is refused (`MissingExtra`) before anything
+    starts, and `all` runs the others (the caller says so), since an install for running
+    agents need not serve a web page. `all` runs the gateway only where its callers file
+    is set (`settings`): it lets nobody in without one."""
     if name != "all":
-        if name == "ui":
-            require("ui")
+        if name in ("ui", "gateway"):
+            require(name)
         return [name]
+    gateway = (settings is not None and settings.gateway_callers_file is not None
+               and installed("gateway"))
     return [service for service in sorted(SERVICE_MODULES)
-            if service != "ui" or installed("ui")]
+            if (service != "ui" or installed("ui")) and (service != "gateway" or gateway)]
 
 
 async def _run_services(settings: Settings, name: str) -> int:
     available = _services()
-    chosen = services_to_run(name)
+    chosen = services_to_run(name, settings)
     if name == "all" and "ui" not in chosen:
         get_logger(service="all").warning(
             "ui.not_installed", detail=f"{MissingExtra('ui')}; the other services run")
@@ -385,6 +395,9 @@ COMMANDS: tuple[Command, ...] = (
     *CLIENT_COMMANDS,
     RUNS,
     Command("ui", "serve the web timeline of parents and their runs", _ui_arguments, _ui),
+    Command("gateway", "serve the child agents as MCP tools to the callers of "
+                       "TETHER_GATEWAY_CALLERS_FILE", _gateway_arguments,
+            lambda args, settings: _in_loop(settings, _run_services(settings, "gateway"))),
 )
 BY_NAME = {command.name: command for command in COMMANDS}
 

@@ -129,6 +129,12 @@ class Settings(BaseModel):
     # The web timeline (`tether ui`, or the `ui` service): where it listens.
     ui_host: str = "127.0.0.1"
     ui_port: int = Field(default=8090, ge=0, le=65535)
+    # The MCP and A2A gateway (`tether gateway`, or the `gateway` service): where it
+    # listens, and the callers it lets in (`tether.gateway.callers`; none: it refuses to
+    # start, so that nobody is let in by default).
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8092, ge=0, le=65535)
+    gateway_callers_file: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     # The services' event loop: uvloop (faster I/O) where it is installed, else asyncio's.

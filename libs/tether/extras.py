@@ -13,6 +13,8 @@ EXTRAS = {
     "ui": (("starlette", "uvicorn"), "the web timeline (`tether ui`, the `ui` service)"),
     "openai": (("httpx",), "the OpenAI-compatible model client"),
     "otel": (("opentelemetry.sdk",), "OpenTelemetry traces"),
+    "gateway": (("mcp", "a2a", "starlette", "uvicorn"),
+                "the MCP and A2A gateway (`tether gateway`, the `gateway` service)"),
 }
 
 

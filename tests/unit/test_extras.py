@@ -12,6 +12,7 @@ from tether.agent_registry import AgentConfigurationError
 from tether.agents import AgentDefinition, ModelAgent
 from tether.agents.model_agent import MODEL_CLIENT_VARIABLE, client_for
 from tether.cli import SERVICE_MODULES, services_to_run
+from tether.config import Settings
 from tether.extras import MissingExtra, installed, require
 
 WITHOUT_UI = ("the web timeline (`tether ui`, the `ui` service) needs the 'ui' extra: "
@@ -37,12 +38,21 @@ def forget(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
 
 def test_an_installed_extra_is_taken_as_it_is() -> None:
     assert installed("ui") and installed("openai") and installed("otel")
+    assert installed("gateway")
     require("ui")
-    assert services_to_run("all") == sorted(SERVICE_MODULES)
+    with_callers = Settings(gateway_callers_file="callers.toml")
+    assert services_to_run("all", with_callers) == sorted(SERVICE_MODULES)
     assert services_to_run("ui") == ["ui"]
+    assert services_to_run("gateway") == ["gateway"]
+
+
+def test_all_runs_the_gateway_only_where_its_callers_are_set() -> None:
+    assert "gateway" not in services_to_run("all", Settings())
+    assert "gateway" not in services_to_run("all")
 
 
 @pytest.mark.parametrize(("extra", "package"), [("ui", "uvicorn"), ("ui", "starlette"),
+                                                ("gateway", "mcp"), ("gateway", "a2a"),
                                                 ("openai", "httpx"), ("otel", "opentelemetry")])
 def test_a_missing_extra_is_named_with_how_to_install_it(monkeypatch, extra, package) -> None:
     uninstall(monkeypatch, package)
@@ -56,11 +66,21 @@ def test_a_missing_extra_is_named_with_how_to_install_it(monkeypatch, extra, pac
 @pytest.mark.parametrize(("module", "package"), [("tether.ui.server", "uvicorn"),
                                                  ("tether.ui.app", "starlette")])
 def test_the_ui_modules_name_their_extra(monkeypatch, module, package) -> None:
-    forget(monkeypatch, "tether.ui.server", "tether.ui.app")
+    forget(monkeypatch, "tether.ui.server", "tether.ui.app", "tether.asgi_serving")
     uninstall(monkeypatch, package)
     with pytest.raises(MissingExtra) as missing:
         importlib.import_module(module)
     assert str(missing.value) == WITHOUT_UI
+
+
+def test_the_gateway_names_its_extra(monkeypatch) -> None:
+    forget(monkeypatch, "tether.gateway.server", "tether.gateway.mcp_tools")
+    uninstall(monkeypatch, "mcp")
+    with pytest.raises(MissingExtra) as missing:
+        importlib.import_module("tether.gateway.server")
+    assert str(missing.value).endswith("pip install 'tether[gateway]'")
+    with pytest.raises(MissingExtra):
+        services_to_run("gateway")
 
 
 def test_the_services_run_without_the_ui_and_the_ui_service_alone_is_refused(monkeypatch):

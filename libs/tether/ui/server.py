@@ -1,16 +1,16 @@
-"""Serving the UI with uvicorn inside a Tether service's event loop."""
+"""Serving the UI with uvicorn inside a Tether service's event loop (`tether.asgi_serving`)."""
+
+__all__ = ["GRACEFUL_SHUTDOWN_S", "listen_on", "serve", "serve_ui"]
 
 import asyncio
 import socket
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 
 import asyncpg
 
 from tether.extras import MissingExtra
 
 try:
-    import uvicorn
+    from tether.asgi_serving import GRACEFUL_SHUTDOWN_S, listen_on, serve_app
 except ModuleNotFoundError:
     raise MissingExtra("ui") from None
 
@@ -24,37 +24,6 @@ from tether.ui.app import create_app, ui_inbox
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8090
-# Pages' live streams end when the UI stops; this bounds what is left (a slow client).
-GRACEFUL_SHUTDOWN_S = 5
-BACKLOG = 2048  # uvicorn's
-
-
-def listen_on(host: str, port: int) -> socket.socket:
-    """A socket listening on host:port (0: a free port), for `serve_ui`.
-
-    Bound before the UI connects to NATS and Postgres, so that a taken port is said at
-    once, and listening at once, so that the port is this process's from then on (two
-    sockets with SO_REUSEADDR may both bind one port; only one of them may listen).
-    """
-    family, kind, proto, _, address = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio's servers do
-        sock.bind(address)
-        sock.listen(BACKLOG)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-class EmbeddedServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the service's (`run_service`) set `stop`."""
-
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 async def _connect(settings: Settings, stop: asyncio.Event) -> Tether | None:
@@ -118,39 +87,19 @@ async def _serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Read
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
     app = create_app(settings, connected=connected)
-    config = uvicorn.Config(app, log_config=None, access_log=False, backlog=BACKLOG,
-                            lifespan="on", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-    server = EmbeddedServer(config)
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    stopping = asyncio.create_task(stop.wait())
-    try:
-        while not server.started:
-            done, _ = await asyncio.wait({serving, stopping}, timeout=0.02)
-            if serving in done:
-                serving.result()  # a failure to start surfaces here
-                raise RuntimeError(f"the UI did not start on {host}:{port}")
-            if stopping in done:
-                break
-        if server.started:
-            checks.update(app.state.ui.checks)
-            logger.info("ui.listening", host=host, port=port, url=url)
-            if started is not None and not started.done():
-                started.set_result(port)
-        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not serving.done() and not server.started:
-            # Stopped before it started: nothing to drain.
-            serving.cancel()
-            with suppress(asyncio.CancelledError):
-                await serving
-        elif not serving.done():
-            if hasattr(app.state, "ui"):
-                app.state.ui.stop_streams()
-            server.should_exit = True
-            await serving
-        stopping.cancel()
-    if not serving.cancelled():
-        serving.result()
+
+    def listening(port: int) -> None:
+        checks.update(app.state.ui.checks)
+        logger.info("ui.listening", host=host, port=port, url=url)
+        if started is not None and not started.done():
+            started.set_result(port)
+
+    def stopping() -> None:
+        if hasattr(app.state, "ui"):
+            app.state.ui.stop_streams()
+
+    await serve_app(app, listener, stop, what="the UI", listening=listening,
+                    stopping=stopping)
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:

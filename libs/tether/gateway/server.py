@@ -1,0 +1,204 @@
+"""The gateway's HTTP app and its service: the child agents as MCP tools at `/mcp`, for
+the callers of the callers file only.
+
+Every request but `/healthz` carries a caller's bearer token; an unknown or missing one
+is refused with 401 before any protocol sees it. Each caller's calls go to Tether over
+its own NATS identity when it has one (its application's, so the broker checks them as
+it checks the application), else over the gateway's.
+"""
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tether.extras import MissingExtra
+
+try:
+    from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend
+    from mcp.server.auth.provider import AccessToken
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Mount, Route
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from tether.asgi_serving import listen_on, serve_app
+    from tether.gateway.mcp_tools import McpTools
+except ModuleNotFoundError:
+    raise MissingExtra("gateway") from None
+
+from tether.agent_registry import AgentConfigurationError, AgentRegistry
+from tether.child.loading import load_agents
+from tether.client.connection import Tether, connect
+from tether.client.errors import ServiceUnavailable
+from tether.client.parent import ParentHandle
+from tether.config import Settings
+from tether.diagnose import CannotListen, StartupFailed, is_address_in_use
+from tether.gateway.callers import Caller, Callers, CallersFileError, load_callers
+from tether.log import get_logger
+from tether.runtime import ReadinessCheck, nats_check
+
+OPEN_PATHS = frozenset({"/healthz"})
+SCOPE = "tether"
+
+
+class CallersVerifier:
+    """The MCP SDK's token verifier over the callers file: a token is a caller's or
+    nobody's."""
+
+    def __init__(self, callers: Callers) -> None:
+        self._callers = callers
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        caller = self._callers.by_token(token)
+        if caller is None:
+            return None
+        return AccessToken(token="", client_id=caller.name, scopes=[SCOPE])
+
+
+class RequireCaller:
+    """Refuses every request without a known caller (401), but the open paths."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["path"] not in OPEN_PATHS
+                and not isinstance(scope.get("user"), AuthenticatedUser)):
+            response = JSONResponse(
+                {"error": "invalid_token",
+                 "error_description": "a bearer token of a caller of this gateway is "
+                                      "required (Authorization: Bearer <token>)"},
+                status_code=401, headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class Connections:
+    """One Tether connection per NATS identity the callers use (the gateway's own for
+    those without one), opened at start."""
+
+    def __init__(self, settings: Settings, callers: Callers) -> None:
+        self._settings = settings
+        self._identities = {caller.identity for caller in callers.all}
+        self._open: dict[tuple[str | None, str | None], Tether] = {}
+
+    async def open(self) -> None:
+        for identity in sorted(self._identities, key=lambda i: (i[0] or "", i[1] or "")):
+            if identity in self._open:
+                continue
+            seed, creds = identity
+            settings = self._settings
+            if seed or creds:
+                settings = settings.model_copy(update={
+                    "nats_nkey_seed_file": seed, "nats_creds_file": creds,
+                    "nats_user": None, "nats_password": None})
+            self._open[identity] = await connect(
+                settings=settings, name="tether-gateway",
+                connect_timeout=settings.startup_timeout_ms / 1000)
+
+    def parent_of(self, caller: Caller) -> ParentHandle:
+        return self._open[caller.identity].parent(caller.parent.agent, caller.parent.name)
+
+    def checks(self) -> dict[str, ReadinessCheck]:
+        return {f"gateway_nats_{index}": nats_check(tether.nc)
+                for index, tether in enumerate(self._open.values())}
+
+    async def close(self) -> None:
+        for tether in self._open.values():
+            with contextlib.suppress(Exception):
+                await tether.close()
+        self._open.clear()
+
+
+def create_app(settings: Settings, agents: AgentRegistry, callers: Callers,
+               connections: Connections, logger) -> Starlette:
+    mcp = McpTools(agents, callers, connections.parent_of, logger)
+    mcp_app = mcp.server.streamable_http_app(streamable_http_path="/mcp",
+                                             host=settings.gateway_host)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with mcp.server.session_manager.run():
+            yield
+
+    async def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    return Starlette(
+        routes=[Route("/healthz", healthz), Mount("/", app=mcp_app)],
+        middleware=[Middleware(AuthenticationMiddleware,
+                               backend=BearerAuthBackend(CallersVerifier(callers))),
+                    Middleware(AuthContextMiddleware), Middleware(RequireCaller)],
+        lifespan=lifespan)
+
+
+def _configuration(settings: Settings, logger) -> tuple[AgentRegistry, Callers]:
+    """The agent types served and the callers let in; what is wrong stops the gateway
+    with one line naming the setting."""
+    try:
+        agents = load_agents(settings.agents)
+        if not agents:
+            raise AgentConfigurationError(
+                "no agent types to serve: set TETHER_AGENTS or pass --agents module:Class")
+        if settings.gateway_callers_file is None:
+            raise CallersFileError(
+                "no callers: set TETHER_GATEWAY_CALLERS_FILE to the callers file (the "
+                "gateway lets nobody in without one)")
+        callers = load_callers(settings.gateway_callers_file)
+    except (AgentConfigurationError, CallersFileError) as error:
+        logger.error("gateway.misconfigured", error=str(error))
+        raise SystemExit(2) from None
+    return agents, callers
+
+
+async def serve_gateway(settings: Settings, stop: asyncio.Event,
+                        checks: dict[str, ReadinessCheck], *,
+                        listener: socket.socket | None = None,
+                        started: asyncio.Future | None = None) -> None:
+    """Serve until `stop` is set; `started` gets the bound port once it serves."""
+    logger = get_logger(service="gateway")
+    agents, callers = _configuration(settings, logger)
+    host, port = settings.gateway_host, settings.gateway_port
+    if listener is None:
+        try:
+            listener = listen_on(host, port)
+        except OSError as error:
+            raise CannotListen(
+                f"cannot serve the gateway on {host}:{port}: "
+                + ("the port is in use; set TETHER_GATEWAY_PORT to a free port, or 0 for any"
+                   if is_address_in_use(error) else
+                   f"{error.strerror or error}; check TETHER_GATEWAY_HOST and "
+                   "TETHER_GATEWAY_PORT")) from None
+    connections = Connections(settings, callers)
+    try:
+        try:
+            await connections.open()
+        except ServiceUnavailable as error:
+            raise StartupFailed(str(error)) from None
+        app = create_app(settings, agents, callers, connections, logger)
+        bound_host = listener.getsockname()[0]
+
+        def listening(port: int) -> None:
+            checks.update(connections.checks())
+            logger.info("gateway.listening", host=bound_host, port=port,
+                        mcp=f"http://{bound_host}:{port}/mcp", agents=agents.agent_types,
+                        callers=len(callers))
+            if started is not None and not started.done():
+                started.set_result(port)
+
+        await serve_app(app, listener, stop, what="the gateway", listening=listening)
+    finally:
+        listener.close()
+        await connections.close()
+
+
+async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Any]) -> None:
+    """The `gateway` service of `tether services`."""
+    await serve_gateway(settings, stop, checks)

@@ -1,0 +1,340 @@
+"""The gateway's MCP side against the official SDK's client, over real HTTP, with the
+parent service and a child-runner on real NATS: each tool call is a durable Tether run."""
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from pydantic import ConfigDict
+
+import gateway_agents
+from eventually import eventually
+from tether.agent_registry import AgentRegistry
+from tether.asgi_serving import listen_on
+from tether.domain.events import ParentRef
+from tether.gateway.mcp_tools import RUN_ID_META, TASKS_EXTENSION
+from tether.gateway.server import serve_gateway
+from tether.log import get_logger
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
+
+AGENTS = [gateway_agents.Researcher, gateway_agents.Waiter, gateway_agents.Failing,
+          gateway_agents.Held, gateway_agents.Approver]
+DESKTOP, LIMITED = "desktop-token", "limited-token"
+DESKTOP_PARENT = ParentRef(agent="Gateway", name="desktop")
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@pytest.fixture
+def gateway_settings(settings, tmp_path):
+    callers = tmp_path / "callers.toml"
+    callers.write_text(f'''
+[[caller]]
+name = "desktop"
+token_sha256 = "{_sha(DESKTOP)}"
+
+[[caller]]
+name = "limited"
+parent_agent = "Assistant"
+token_sha256 = "{_sha(LIMITED)}"
+agents = ["Researcher"]
+''')
+    return settings.model_copy(update={
+        "agents": tuple(f"gateway_agents:{cls.__name__}" for cls in AGENTS),
+        "gateway_callers_file": str(callers), "work_ack_wait_ms": 1500})
+
+
+@pytest.fixture
+async def services(gateway_settings, log, pool, nc):
+    """The parent service and a child-runner of the agents, in this process."""
+    registry = AgentRegistry(AGENTS)
+    runner = await open_runner(nc, gateway_settings, registry, fetch_timeout_s=0.3,
+                               cancel_grace_s=0.2, shutdown_grace_s=0.2)
+    parent = await open_parent(gateway_settings, log, pool, registry,
+                               get_logger(service="parent-test"))
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(runner.run(stop)), asyncio.create_task(parent.run(stop))]
+    gateway_agents.RELEASE.clear()
+    yield
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(settings) -> AsyncIterator[str]:
+    """A gateway for the test's block; its MCP endpoint's URL."""
+    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(serve_gateway(settings, stop, {},
+                                                listener=listen_on("127.0.0.1", 0),
+                                                started=started))
+    done, _ = await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
+    if serving in done:
+        serving.result()
+    try:
+        yield f"http://127.0.0.1:{started.result()}/mcp"
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, timeout=10)
+
+
+@pytest.fixture
+async def gateway(services, gateway_settings) -> AsyncIterator[str]:
+    async with running_gateway(gateway_settings) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url: str, token: str, **options: Any) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                  timeout=httpx2.Timeout(30, read=300)) as http:
+        async with Client(streamable_http_client(url, http_client=http), **options) as client:
+            yield client
+
+
+async def _run_events(log, parent: ParentRef, run_id: str) -> list[str]:
+    return [event.type for event in (await log.read_run(parent, run_id)).events]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_caller_sees_one_tool_per_agent_type_it_may_call(gateway, mode):
+    async with mcp_client(gateway, DESKTOP, mode=mode) as client:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert sorted(tools) == ["Approver", "Failing", "Held", "Researcher", "Waiter"]
+    researcher = tools["Researcher"]
+    assert researcher.description == "Looks a question up and says what it found"
+    assert researcher.input_schema["properties"]["query"]["description"] == "what to look into"
+    assert researcher.input_schema["required"] == ["query"]
+    async with mcp_client(gateway, LIMITED, mode=mode) as client:
+        assert [tool.name for tool in (await client.list_tools()).tools] == ["Researcher"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_call_is_a_run_of_the_callers_parent_with_progress_and_the_summary(
+        gateway, log, mode):
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async with mcp_client(gateway, DESKTOP, mode=mode) as client:
+        result = await client.call_tool("Researcher", {"query": "HTTP/3"},
+                                        progress_callback=on_progress)
+    assert not result.is_error
+    assert result.content[0].text == "HTTP/3: two sources agree"
+    structured = result.structured_content
+    assert structured["summary"] == "HTTP/3: two sources agree"
+    assert structured["agent_type"] == "Researcher"
+    run_id = structured["run_id"]
+    events = await _run_events(log, DESKTOP_PARENT, run_id)
+    assert [e for e in events if e != "run.progress_persisted"] == [
+        "run.requested", "run.running", "run.milestone", "run.completed"]
+    values = [value for value, _, _ in progress]
+    assert values == sorted(set(values)), "each notification is a step further"
+    assert any(message and "sources-gathered" in message for _, _, message in progress)
+
+
+async def test_a_call_that_names_its_run_id_runs_once_however_often_it_is_sent(gateway, log):
+    meta = {RUN_ID_META: "mcp-named-1"}
+    async with mcp_client(gateway, DESKTOP) as client:
+        first = await client.call_tool("Researcher", {"query": "once"}, meta=meta)
+        again = await client.call_tool("Researcher", {"query": "once"}, meta=meta)
+    assert first.structured_content == again.structured_content
+    assert first.structured_content["run_id"] == "mcp-named-1"
+    events = await _run_events(log, DESKTOP_PARENT, "mcp-named-1")
+    assert events.count("run.running") == 1 and events.count("run.completed") == 1
+
+
+async def test_the_same_run_id_from_two_callers_is_two_runs(gateway, log):
+    meta = {RUN_ID_META: "mcp-shared"}
+    async with mcp_client(gateway, DESKTOP) as desktop, mcp_client(gateway, LIMITED) as limited:
+        mine = await desktop.call_tool("Researcher", {"query": "mine"}, meta=meta)
+        theirs = await limited.call_tool("Researcher", {"query": "theirs"}, meta=meta)
+    assert mine.content[0].text == "mine: two sources agree"
+    assert theirs.content[0].text == "theirs: two sources agree"
+    assert "run.completed" in await _run_events(
+        log, ParentRef(agent="Assistant", name="limited"), "mcp-shared")
+
+
+async def test_a_failed_child_is_a_tool_error_with_the_structured_failure(gateway):
+    async with mcp_client(gateway, DESKTOP) as client:
+        result = await client.call_tool("Failing", {})
+    assert result.is_error
+    failure = result.structured_content
+    assert failure["ok"] is False and failure["status"] == "error"
+    assert failure["retryable"] is False
+    assert result.content[0].text == failure["error"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_cancelling_a_call_cancels_its_run(gateway, log, mode):
+    waiting = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        waiting.set()
+
+    meta = {RUN_ID_META: f"mcp-cancel-{mode}"}
+    async with mcp_client(gateway, DESKTOP, mode=mode) as client:
+        async with anyio.create_task_group() as group:
+            async def call() -> None:
+                await client.call_tool("Waiter", {}, progress_callback=on_progress, meta=meta)
+
+            group.start_soon(call)
+            await waiting.wait()  # the child is at work
+            group.cancel_scope.cancel()
+
+    async def aborted() -> bool:
+        events = await _run_events(log, DESKTOP_PARENT, meta[RUN_ID_META])
+        return "run.cancel_requested" in events and events[-1] == "run.aborted"
+
+    await eventually(aborted, timeout=15)
+
+
+async def test_a_caller_is_refused_a_tool_it_was_not_granted_and_a_stranger_everything(
+        gateway):
+    async with mcp_client(gateway, LIMITED) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("Waiter", {})
+    assert "no tool 'Waiter'" in refused.value.error.message
+    async with httpx2.AsyncClient() as http:
+        for headers in ({}, {"Authorization": "Bearer not-a-caller"}):
+            answer = await http.post(gateway, headers=headers, json={
+                "jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+            assert answer.status_code == 401
+            assert answer.headers["www-authenticate"].startswith("Bearer")
+
+
+async def test_an_input_the_agent_refuses_is_a_tool_error_naming_the_field(gateway):
+    async with mcp_client(gateway, DESKTOP) as client:
+        result = await client.call_tool("Researcher", {"query": ""})
+    assert result.is_error
+    assert "query" in result.content[0].text
+
+
+# --- tasks (MCP 2026-07-28, the io.modelcontextprotocol/tasks extension) -------------
+
+class CreatedTask(types.Result):
+    model_config = ConfigDict(extra="allow")
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    poll_interval_ms: int | None = None
+
+
+class TaskState(types.Result):
+    model_config = ConfigDict(extra="allow")
+    task_id: str
+    status: str
+    status_message: str | None = None
+    result: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = None
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str
+
+
+class TaskUpdateParams(TaskIdParams):
+    input_responses: dict[str, Any]
+
+
+class TasksGet(types.Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param = "taskId"
+
+
+class TasksCancel(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"
+
+
+class TasksUpdate(types.Request[TaskUpdateParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    name_param = "taskId"
+
+
+class Tasks(ClientExtension):
+    """The client side of the tasks extension: a call answered with a task hands the
+    task back as it is (the test polls it)."""
+
+    identifier = TASKS_EXTENSION
+
+    def claims(self) -> list[ResultClaim]:
+        async def as_is(created: CreatedTask, ctx: ClaimContext) -> CreatedTask:
+            return created
+
+        return [ResultClaim(result_type="task", model=CreatedTask, resolve=as_is)]
+
+
+async def _task(client: Client, task_id: str) -> TaskState:
+    return await client.session.send_request(TasksGet(params=TaskIdParams(task_id=task_id)),
+                                             TaskState)
+
+
+async def _task_when(client: Client, task_id: str, status: str) -> TaskState:
+    async def reached() -> TaskState | None:
+        task = await _task(client, task_id)
+        return task if task.status == status else None
+
+    return await eventually(reached, timeout=15)
+
+
+async def test_a_task_call_answers_at_once_and_the_task_outlives_the_gateway(
+        services, gateway_settings):
+    async with running_gateway(gateway_settings) as url:
+        async with mcp_client(url, DESKTOP, extensions=[Tasks()]) as client:
+            created = await client.session.call_tool("Held", {}, allow_claimed=True,
+                                                     meta={RUN_ID_META: "mcp-task-1"})
+            assert isinstance(created, CreatedTask)
+            assert created.task_id == "mcp-task-1" and created.status == "working"
+            await _task_when(client, "mcp-task-1", "working")
+    gateway_agents.RELEASE.set()  # the run finishes while no gateway runs
+    async with running_gateway(gateway_settings) as url:
+        async with mcp_client(url, DESKTOP, extensions=[Tasks()]) as client:
+            done = await _task_when(client, "mcp-task-1", "completed")
+            assert done.result["structuredContent"]["summary"] == "released"
+        async with mcp_client(url, LIMITED, extensions=[Tasks()]) as stranger:
+            with pytest.raises(MCPError):  # another caller's run id names another run
+                await _task(stranger, "mcp-task-1")
+
+
+async def test_a_task_waiting_for_a_human_is_input_required_and_its_answer_resumes_it(
+        gateway):
+    async with mcp_client(gateway, DESKTOP, extensions=[Tasks()]) as client:
+        created = await client.session.call_tool("Approver", {}, allow_claimed=True)
+        waiting = await _task_when(client, created.task_id, "input_required")
+        form = waiting.input_requests["publish"]
+        assert form["method"] == "elicitation/create"
+        assert form["params"]["message"] == "Approve publish({})?"
+        with pytest.raises(MCPError) as refused:
+            await client.session.send_request(TasksUpdate(params=TaskUpdateParams(
+                task_id=created.task_id, input_responses={"deploy": {"action": "accept"}})),
+                types.EmptyResult)
+        assert "asked for no such input" in refused.value.error.message
+        await client.session.send_request(TasksUpdate(params=TaskUpdateParams(
+            task_id=created.task_id, input_responses={
+                "publish": {"action": "accept", "content": {"approve": True}}})),
+            types.EmptyResult)
+        done = await _task_when(client, created.task_id, "completed")
+    assert done.result["content"][0]["text"] == "published"
+
+
+async def test_a_cancelled_task_is_cancelled(gateway):
+    async with mcp_client(gateway, DESKTOP, extensions=[Tasks()]) as client:
+        created = await client.session.call_tool("Waiter", {}, allow_claimed=True)
+        await _task_when(client, created.task_id, "working")
+        await client.session.send_request(
+            TasksCancel(params=TaskIdParams(task_id=created.task_id)), types.EmptyResult)
+        await _task_when(client, created.task_id, "cancelled")
