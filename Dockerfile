@@ -10,11 +10,11 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Dependencies change far less often than the code, so their wheels are built from
 # pyproject.toml alone: this layer stays cached across edits to libs/ and services/.
-# The runtime's and the extras a deployment serves: the UI, the OpenAI-compatible model
-# client and OpenTelemetry.
+# The runtime's and the extras a deployment serves: the UI, the MCP gateway, the
+# OpenAI-compatible model client and OpenTelemetry.
 COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
-print('\n'.join(p['dependencies'] + [r for e in ('ui', 'openai', 'otel') for r in p['optional-dependencies'][e]]))" \
+print('\n'.join(p['dependencies'] + [r for e in ('ui', 'gateway', 'openai', 'otel') for r in p['optional-dependencies'][e]]))" \
         > requirements.txt \
     && pip wheel --wheel-dir /wheels/deps -r requirements.txt \
     && cp requirements.txt /wheels/deps/
@@ -33,7 +33,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TETHER_HEALTH_PORT=8084
 # TETHER_HEALTH_PORT is pinned: each container runs one service, so every service listens
 # on the same port here and the HEALTHCHECK, compose and Kubernetes probes need no per-service
-# port (outside containers the CLI keeps its per-service defaults 8081..8084).
+# port (outside containers the CLI keeps its per-service defaults 8081..8086).
 RUN groupadd --system --gid 10001 tether \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin tether

@@ -135,6 +135,9 @@ class Settings(BaseModel):
     gateway_host: str = "127.0.0.1"
     gateway_port: int = Field(default=8092, ge=0, le=65535)
     gateway_callers_file: str | None = None
+    # Where callers reach the gateway, when not at its own address (behind a proxy or an
+    # ingress): the A2A agent cards name it.
+    gateway_public_url: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     # The services' event loop: uvloop (faster I/O) where it is installed, else asyncio's.

@@ -8,6 +8,7 @@ installed into the venv's bin/).
 """
 
 import atexit
+import base64
 import functools
 import re
 import shutil
@@ -24,6 +25,7 @@ from test_certs import make_certificates
 
 from tether.access import USERS, Application, new_nkey, nkey_variable
 from tether.dev_secrets import generate
+from tether.gateway.callers import load_callers
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ("dev", "prod")
@@ -37,7 +39,17 @@ TETHER_EGRESS = {(4222, "TCP"), (5432, "TCP"), (53, "UDP"), (53, "TCP")}
 TETHER_SERVICES = ("parent", "child-runner", "reconciler", "projector")
 # The web timeline: a Tether deployment too, connected as the operator (it sees every parent).
 UI, UI_USER, UI_PORT = "ui", "operator", 8090
-DEPLOYMENTS = (*TETHER_SERVICES, UI)
+# The MCP gateway: connected as the demo application, so its callers command that
+# application's parents only; NATS only, no Postgres.
+GATEWAY, GATEWAY_USER, GATEWAY_PORT = "gateway", "demo", 8092
+GATEWAY_CALLERS = "/etc/tether/gateway/callers.toml"
+# Compose's callers file, and the dev overlay's copy its Secret is made from.
+COMPOSE_CALLERS = ROOT / "deploy" / "gateway" / "callers.toml"
+DEV_CALLERS = ROOT / "deploy" / "k8s" / "overlays" / "dev" / "gateway-callers.toml"
+DEPLOYMENTS = (*TETHER_SERVICES, UI, GATEWAY)
+# The NATS user each deployment signs in as, where it is not its own name.
+NATS_USERS = {UI: UI_USER, GATEWAY: GATEWAY_USER}
+NATS_EGRESS = {(4222, "TCP"), (53, "UDP"), (53, "TCP")}
 # Children finish, then the stopped ones hand their work back: two shutdown graces.
 CHILD_RUNNER_GRACE_S = 45
 
@@ -253,6 +265,58 @@ def test_compose_serves_the_web_timeline_on_its_own_port():
     assert ui["depends_on"]["projector"] == {"condition": "service_healthy"}
 
 
+def _compose_applications(compose: dict) -> dict[str, Application]:
+    """The applications compose's `secrets` service makes NKeys for, by user."""
+    command = compose["services"]["secrets"]["command"]
+    applications = [Application.parse(command[i + 1]) for i, word in enumerate(command)
+                    if word == "--application"]
+    return {app.user: app for app in applications}
+
+
+def _check_callers(path: Path, application: Application) -> None:
+    """A callers file the gateway accepts, whose callers run under parents the gateway's
+    application owns (the broker refuses it any other parent's commands)."""
+    callers = load_callers(str(path))
+    assert len(callers) >= 1, path
+    for caller in callers.all:
+        assert caller.parent.agent in application.parent_agents, (path, caller.name)
+        # The gateway's own identity: the seed's path differs in compose and Kubernetes.
+        assert caller.identity == (None, None), (path, caller.name)
+
+
+def test_compose_serves_the_gateway_as_the_demo_application():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    gateway = compose["services"][GATEWAY]
+    assert gateway["build"] == "." and gateway["image"] == "tether:dev"
+    assert gateway["command"] == ["services", GATEWAY]
+    assert gateway["read_only"] is True and gateway["cap_drop"] == ["ALL"]
+    assert "/readyz" in " ".join(gateway["healthcheck"]["test"])
+    environment = gateway["environment"]
+    assert (environment["TETHER_GATEWAY_HOST"], environment["TETHER_GATEWAY_PORT"]) == (
+        "0.0.0.0", str(GATEWAY_PORT))
+    assert environment["TETHER_NATS_NKEY_SEED_FILE"] == f"/secrets/nkeys/{GATEWAY_USER}.nk"
+    assert environment["TETHER_NATS_URL"] == "tls://nats:4222"
+    assert environment["TETHER_NATS_TLS_CA_FILE"] == "/secrets/ca.crt"
+    assert gateway["ports"] == [
+        f"127.0.0.1:${{TETHER_COMPOSE_GATEWAY_PORT:-{GATEWAY_PORT}}}:{GATEWAY_PORT}"]
+    # NATS only: it waits neither for Postgres nor for the projector.
+    assert set(gateway["depends_on"]) == {"nats"}
+    # The callers file, bind-mounted read-only where TETHER_GATEWAY_CALLERS_FILE says.
+    assert environment["TETHER_GATEWAY_CALLERS_FILE"] == GATEWAY_CALLERS
+    assert "tether-secrets:/secrets:ro" in gateway["volumes"]
+    (callers,) = [v for v in gateway["volumes"] if v.endswith(f":{GATEWAY_CALLERS}:ro")]
+    source = re.fullmatch(r"\$\{TETHER_COMPOSE_GATEWAY_CALLERS_FILE:-(.+)\}",
+                          callers.removesuffix(f":{GATEWAY_CALLERS}:ro"))
+    assert source is not None, callers
+    assert (ROOT / source[1]).resolve() == COMPOSE_CALLERS
+    _check_callers(COMPOSE_CALLERS, _compose_applications(compose)[GATEWAY_USER])
+
+
+def test_the_dev_overlay_has_the_callers_of_compose():
+    assert DEV_CALLERS.read_text() == COMPOSE_CALLERS.read_text(), (
+        "cp deploy/gateway/callers.toml deploy/k8s/overlays/dev/gateway-callers.toml")
+
+
 # --- Kubernetes -----------------------------------------------------------------------
 
 
@@ -315,8 +379,12 @@ def test_tether_containers_share_one_contract(rendered):
         (config_ref,) = container["envFrom"]
         assert config_ref["configMapRef"]["name"].startswith("tether-config"), where
         _find(objects, "ConfigMap", config_ref["configMapRef"]["name"])
-        database = next(e for e in container["env"] if e["name"] == "TETHER_DATABASE_URL")
-        assert database["valueFrom"]["secretKeyRef"] == {"name": "tether-database", "key": "url"}
+        database = [e for e in container["env"] if e["name"] == "TETHER_DATABASE_URL"]
+        if workload["metadata"]["name"] == GATEWAY:
+            assert database == [], where  # NATS only
+        else:
+            assert database[0]["valueFrom"]["secretKeyRef"] == {"name": "tether-database",
+                                                                "key": "url"}, where
         if workload["kind"] == "Deployment":
             name = workload["metadata"]["name"]
             env = {e["name"]: e for e in container["env"]}
@@ -332,7 +400,7 @@ def test_tether_containers_share_one_contract(rendered):
             assert any(p["name"] == "health" for p in container["ports"]), where
             annotations = workload["spec"]["template"]["metadata"]["annotations"]
             assert annotations["prometheus.io/path"] == "/metrics", where
-            user = UI_USER if name == UI else name
+            user = NATS_USERS.get(name, name)
             # Its own seed only, from the users' Secret.
             assert env["TETHER_NATS_NKEY_SEED_FILE"]["value"] == (
                 f"/etc/tether/nats-nkey/{user}.nk"), where
@@ -384,17 +452,53 @@ def test_the_web_timeline_listens_on_its_port_behind_its_service(rendered):
     (container,) = _find(objects, "Deployment", UI)["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert (env["TETHER_UI_HOST"], env["TETHER_UI_PORT"]) == ("0.0.0.0", str(UI_PORT))
+    _check_http_service(objects, UI, container, UI_PORT, TETHER_EGRESS, overlay)
+
+
+def _check_http_service(objects: list[dict], name: str, container: dict, port: int,
+                        egress: set, overlay: str) -> None:
+    """Its health port and its HTTP port, both behind its Service and let in by its
+    NetworkPolicy, which lets out `egress` only."""
     assert {(p["name"], p["containerPort"]) for p in container["ports"]} == {
-        ("health", 8084), ("http", UI_PORT)}
-    service = _find(objects, "Service", UI)
+        ("health", 8084), ("http", port)}
+    service = _find(objects, "Service", name)
     assert {(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        ("health", 8084, "health"), ("http", UI_PORT, "http")}
-    policy = _find(objects, "NetworkPolicy", UI)
+        ("health", 8084, "health"), ("http", port, "http")}
+    policy = _find(objects, "NetworkPolicy", name)
     ingress = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
     assert ingress == ["health", "http"], overlay
-    egress = {(p["port"], p["protocol"])
-              for rule in policy["spec"]["egress"] for p in rule["ports"]}
-    assert egress == TETHER_EGRESS, overlay
+    allowed = {(p["port"], p["protocol"])
+               for rule in policy["spec"]["egress"] for p in rule["ports"]}
+    assert allowed == egress, overlay
+
+
+def test_the_gateway_serves_its_callers_file_as_the_demo_application(rendered):
+    overlay, objects = rendered
+    pod = _find(objects, "Deployment", GATEWAY)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["TETHER_GATEWAY_HOST"], env["TETHER_GATEWAY_PORT"]) == ("0.0.0.0",
+                                                                        str(GATEWAY_PORT))
+    # NATS only: no Postgres port, no database URL.
+    _check_http_service(objects, GATEWAY, container, GATEWAY_PORT, NATS_EGRESS, overlay)
+    # Sessions live in one replica: a client's connections stay on it.
+    assert _find(objects, "Service", GATEWAY)["spec"]["sessionAffinity"] == "ClientIP"
+    # The callers file: key callers.toml of Secret tether-gateway-callers, read-only.
+    assert env["TETHER_GATEWAY_CALLERS_FILE"] == GATEWAY_CALLERS
+    mount = next(m for m in container["volumeMounts"]
+                 if m["mountPath"] == str(Path(GATEWAY_CALLERS).parent))
+    assert mount["readOnly"] is True
+    secret = next(v for v in pod["volumes"] if v["name"] == mount["name"])["secret"]
+    assert secret["items"] == [{"key": "callers.toml", "path": Path(GATEWAY_CALLERS).name}]
+    if overlay == "dev":
+        # Made from the copy of compose's callers file (test_the_dev_overlay_has_the_callers_of_compose).
+        assert secret["secretName"].startswith("tether-gateway-callers-")
+        generated = _find(objects, "Secret", secret["secretName"])
+        callers = base64.b64decode(generated["data"]["callers.toml"]).decode()
+        assert callers == DEV_CALLERS.read_text()
+    else:
+        # Created outside git (overlays/prod/kustomization.yaml).
+        assert secret["secretName"] == "tether-gateway-callers"
 
 
 def test_child_runners_scale_by_an_autoscaler_that_owns_their_count(rendered):
@@ -436,7 +540,7 @@ def test_nats_runs_with_the_shipped_users_and_their_public_keys(rendered):
 
 def test_dev_overlay_runs_one_of_everything_in_cluster():
     objects = _render("dev")
-    for name in ("parent", "reconciler", "projector", UI):
+    for name in ("parent", "reconciler", "projector", UI, GATEWAY):
         assert _find(objects, "Deployment", name)["spec"]["replicas"] == 1
     for name in ("nats", "postgres"):
         assert _find(objects, "StatefulSet", name)["spec"]["replicas"] == 1
@@ -457,7 +561,7 @@ def test_dev_overlay_runs_one_of_everything_in_cluster():
 def test_prod_overlay_replicates_everything_three_ways():
     objects = _render("prod")
     assert _tether_config(objects)["TETHER_STREAM_REPLICAS"] == "3"
-    for name in ("parent", "reconciler", "projector", UI):
+    for name in ("parent", "reconciler", "projector", UI, GATEWAY):
         assert _find(objects, "Deployment", name)["spec"]["replicas"] == 2
     for name in DEPLOYMENTS:
         assert _find(objects, "PodDisruptionBudget", name)["spec"]["minAvailable"] == 1

@@ -3,26 +3,33 @@ and `auth.conf`, Postgres with compose's TLS settings and `deploy/postgres/pg_hb
 the secrets `python -m tether.dev_secrets` makes (as compose's `secrets` service does),
 and the four services with compose's own settings, where `/secrets` is the generated
 directory and the hosts are local. Everything goes over TLS, every NATS user signs in
-with its NKey, and the demo application runs a child through its own account."""
+with its NKey, and the demo application runs a child through its own account, directly
+and through the MCP gateway (compose's, signed in as the demo with compose's callers
+file)."""
 
 import asyncio
 import contextlib
 import re
 from pathlib import Path
 
+import httpx2
 import nats
 import pytest
 import yaml
 from authorized_nats import running_nats_server
 from eventually import eventually
 from in_process_services import all_ready
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from tls_postgres import tls_postgres
 
 from tether.access import Application
+from tether.asgi_serving import listen_on
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess
 from tether.dev_secrets import generate
+from tether.gateway.server import serve_gateway
 from tether_services import child_runner, parent, projector, reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,13 +95,9 @@ def stack(tmp_path: Path, devstack):
         yield settings_of, secrets, log
 
 
-async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
-    settings_of, secrets, server_log = stack
-    for service in SERVICES:
-        settings = settings_of(service)
-        assert settings.nats_url.startswith("tls://") and settings.nats_password is None
-        assert settings.nats_nkey_seed_file == str(secrets / "nkeys" / f"{service}.nk")
-        assert "sslmode=verify-full" in settings.database_url
+@contextlib.asynccontextmanager
+async def serving(settings_of):
+    """The four services with compose's settings, ready."""
     stop = asyncio.Event()
     checks: list[dict] = [{} for _ in SERVICES]
     tasks = [asyncio.create_task(module.serve(settings_of(role), stop, role_checks))
@@ -102,6 +105,20 @@ async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
     try:
         for service_checks in checks:
             await eventually(lambda c=service_checks: all_ready([c]), timeout=60, interval=0.05)
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
+    settings_of, secrets, server_log = stack
+    for service in SERVICES:
+        settings = settings_of(service)
+        assert settings.nats_url.startswith("tls://") and settings.nats_password is None
+        assert settings.nats_nkey_seed_file == str(secrets / "nkeys" / f"{service}.nk")
+        assert "sslmode=verify-full" in settings.database_url
+    async with serving(settings_of):
         # The demo application, with its own seed, in its own account.
         demo = settings_of("parent").model_copy(update={
             "nats_nkey_seed_file": str(secrets / "nkeys" / "demo.nk")})
@@ -115,8 +132,46 @@ async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
         with pytest.raises((nats.errors.Error, OSError, asyncio.TimeoutError)):
             await nats.connect(url, allow_reconnect=False, connect_timeout=2,
                                nkeys_seed=demo.nats_nkey_seed_file)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
+    assert not violations, violations
+
+
+async def test_the_compose_gateway_runs_its_callers_tools_in_the_demos_account(stack):
+    """Compose's gateway: signed in with the demo's seed, letting in the callers of
+    deploy/gateway/callers.toml (its development token), whose runs are the demo
+    application's parents; the broker lets every step through."""
+    settings_of, secrets, server_log = stack
+    environment = COMPOSE["services"]["gateway"]["environment"]
+    mounted = environment["TETHER_GATEWAY_CALLERS_FILE"]
+    # Where compose mounts the callers file from: the repository's, unless replaced.
+    (volume,) = [v for v in COMPOSE["services"]["gateway"]["volumes"]
+                 if v.endswith(f":{mounted}:ro")]
+    callers_file = ROOT / _defaults(volume.removesuffix(f":{mounted}:ro"))
+    settings = settings_of("gateway", gateway_callers_file=str(callers_file))
+    assert settings.nats_nkey_seed_file == str(secrets / "nkeys" / "demo.nk")
+    async with serving(settings_of):
+        stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
+        checks: dict = {}
+        gateway = asyncio.create_task(serve_gateway(
+            settings, stop, checks, listener=listen_on("127.0.0.1", 0), started=started))
+        try:
+            done, _ = await asyncio.wait({gateway, started}, timeout=60,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if gateway in done:
+                gateway.result()
+            assert started.done(), "the gateway did not start"
+            await eventually(lambda: all_ready([checks]), timeout=30, interval=0.05)
+            url = f"http://127.0.0.1:{started.result()}/mcp"
+            async with asyncio.timeout(60), httpx2.AsyncClient(
+                    headers={"Authorization": "Bearer demo-token"},
+                    timeout=httpx2.Timeout(30, read=60)) as http, Client(
+                    streamable_http_client(url, http_client=http)) as client:
+                assert "Researcher" in {tool.name for tool in (await client.list_tools()).tools}
+                result = await client.call_tool("Researcher", {"query": "QUIC"})
+            assert not result.is_error, result
+            assert result.structured_content["agent_type"] == "Researcher"
+        finally:
+            stop.set()
+            await asyncio.wait_for(gateway, timeout=10)
     violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
     assert not violations, violations

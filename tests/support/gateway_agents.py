@@ -7,7 +7,8 @@ from pydantic import BaseModel, Field
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunContext
 
-# Set by a test to let `Held` runs finish (they run in the test's own runner).
+# Set by a test to let `Held` and `Streamer` runs go on (they run in the test's own
+# runner); the test's fixture makes a new one for its event loop.
 RELEASE = asyncio.Event()
 
 
@@ -62,3 +63,15 @@ class Approver(ChildAgent):
                  "reason": "approval"}])
         approved = "publish" in resumptions[-1].decisions.get("approvals", [])
         return "published" if approved else "not published"
+
+
+class Streamer(ChildAgent):
+    """Writes one piece of output, waits for the test, writes another."""
+
+    description = "Writes its output in two pieces"
+
+    async def run(self, ctx: RunContext, input: dict) -> str:
+        await ctx.output("first piece. ")
+        await RELEASE.wait()
+        await ctx.output("second piece.")
+        return "streamed"

@@ -16,8 +16,8 @@ def test_a_held_stack_gets_commands_with_its_url_and_every_metrics_endpoint() ->
         "      its runs, as JSON",
         "  tether run Researcher --parent Assistant/demo-abc123 --input '{\"query\": \"NATS\"}'",
         "      one more run, from the command line",
-        "  TETHER_GATEWAY_CALLERS_FILE=examples/interop/callers.toml tether gateway "
-        "--agents examples.agents:Researcher &",
+        ("  TETHER_GATEWAY_CALLERS_FILE=examples/interop/callers.toml tether gateway "
+         "--agents examples.agents:Researcher &"),
         "  python examples/interop/mcp_client.py --token demo-token 'HTTP/3'",
         "      the Researcher as an MCP tool, through the gateway (docs/interop.md)",
         "  curl -s http://127.0.0.1:5001/metrics    # parent's metrics",

@@ -10,7 +10,7 @@ the loser gets `ConcurrencyConflict`, re-reads and decides again.
 import asyncio
 import calendar
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from datetime import datetime
 from functools import partial
@@ -398,7 +398,8 @@ class EventLog:
         return int(info.state.last_seq)
 
 
-async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event) -> AsyncIterator[T]:
+async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event
+                        ) -> AsyncGenerator[T, None]:
     """`items` until `stop` is set; the item being awaited then is abandoned, and `items`
     is closed, so a follower stops between batches, never halfway through one."""
     stopping = asyncio.ensure_future(stop.wait())

@@ -75,6 +75,7 @@ class ParentHandle:
         detached: bool | dict[str, Any] | DetachedOptions = False,
         timeout: float | None = None, started_by: RunRef | None = None,
         expires_in: float | None = None, on_waiting: WaitingReport | None = None,
+        cancel_with_caller: bool = True,
     ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
         """Run a child agent; idempotent by `run_id` (default: a new one).
 
@@ -88,6 +89,9 @@ class ParentHandle:
         applied (a parent that finds it later refuses it `expired`), and the call returns
         that failure. While no parent service answers, `on_waiting` is told once, in
         words (default: a `run.unserved` warning in the client's log).
+        `cancel_with_caller=False`: cancelling the awaiting task only stops the wait; the
+        run goes on, still awaited, so a request under the same run id awaits it again
+        (and the reconciler recovers it if none comes: docs/recovery.md).
         """
         command = build_run_command(self.ref, agent_type, input, run_id=run_id,
                                     parent_tool_call_id=parent_tool_call_id,
@@ -96,16 +100,18 @@ class ParentHandle:
                                     expires_in=expires_in)
         report = on_waiting or _log_unserved
         if not tracing.ENABLED:
-            return await self._run(command, command.detached is not False, timeout, report)
+            return await self._run(command, command.detached is not False, timeout, report,
+                                   cancel_with_caller)
         with tracing.span(f"invoke_agent {command.agent_type}", tracing.CLIENT,
                           attributes=tracing.invoke_agent_attributes(
                               command.agent_type, command.run_id, self.ref)) as span:
-            answer = await self._run(command, command.detached is not False, timeout, report)
+            answer = await self._run(command, command.detached is not False, timeout, report,
+                                     cancel_with_caller)
             span.set_attribute("tether.run.status", _status_of(answer))
             return answer
 
     async def _run(self, command: RunCommand, detached: bool, timeout: float | None,
-                   report: WaitingReport) -> Answer:
+                   report: WaitingReport, cancel_with_caller: bool = True) -> Answer:
         """Publish the request and fold the run's events until they answer it.
 
         The live subscription comes first: the server handles one connection's messages in
@@ -156,7 +162,7 @@ class ParentHandle:
                 answer = await request.on_message(message)
             return answer
         except asyncio.CancelledError:
-            if not detached:
+            if not detached and cancel_with_caller:
                 # The caller gave up on an awaited run (whose request may have reached the
                 # stream by now): the run must not outlive it.
                 await asyncio.shield(self._cancel_quietly(command.run_id))

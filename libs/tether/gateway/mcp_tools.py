@@ -42,7 +42,12 @@ from mcp.shared.exceptions import MCPError
 from tether.agent_registry import AgentRegistry
 from tether.client.child_tool import ANY_OBJECT_SCHEMA, tool_name
 from tether.client.parent import ParentHandle
-from tether.contract.messages import AgentToolFailure, AgentToolSuccess, RunSnapshot
+from tether.contract.messages import (
+    AgentToolFailure,
+    AgentToolSuccess,
+    DetachedHandle,
+    RunSnapshot,
+)
 from tether.domain.events import OPEN_STATUSES
 from tether.domain.ids import InvalidIdentifier, check_identifier
 from tether.gateway.callers import Caller, Callers
@@ -65,8 +70,12 @@ class McpTools:
     `parent_of(caller)` is the caller's parent on its Tether connection."""
 
     def __init__(self, agents: AgentRegistry, callers: Callers,
-                 parent_of: Callable[[Caller], ParentHandle], logger) -> None:
+                 parent_of: Callable[[Caller], ParentHandle], logger, *,
+                 stopping: asyncio.Event | None = None) -> None:
+        """`stopping`: set when the gateway stops; the calls under way then end with an
+        error that says how to get their run's result, and their runs go on."""
         self._agents = agents
+        self._stopping = stopping or asyncio.Event()
         self._callers = callers
         self._parent_of = parent_of
         self._logger = logger
@@ -128,10 +137,19 @@ class McpTools:
             return await self._start_task(parent, agent_type, arguments, run_id)
         progress = _Progress(ctx)
         watching = asyncio.create_task(progress.follow(parent, run_id))
+        # The run is awaited in a task of its own, so that the gateway stopping ends the
+        # wait and leaves the run, and only the caller's own cancellation cancels it.
+        waiting = asyncio.create_task(parent.run_agent_tool(
+            agent_type, arguments, run_id=run_id, display=f"MCP {caller.name}",
+            on_waiting=progress.waiting, cancel_with_caller=False))
+        stopping = asyncio.create_task(self._stopping.wait())
         try:
-            answer = await parent.run_agent_tool(
-                agent_type, arguments, run_id=run_id, display=f"MCP {caller.name}",
-                on_waiting=progress.waiting)
+            await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not waiting.done():
+                raise MCPError(code=types.INTERNAL_ERROR, message=(
+                    f"the gateway is stopping; run {run_id} goes on: call again with "
+                    f"_meta {{{RUN_ID_META!r}: {run_id!r}}} for its result"))
+            answer = waiting.result()
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 with suppress(Exception):
@@ -142,8 +160,9 @@ class McpTools:
         except ValueError as error:  # the input or the run id, as the client checks them
             raise MCPError(code=types.INVALID_PARAMS, message=str(error)) from None
         finally:
-            watching.cancel()
-            await asyncio.gather(watching, return_exceptions=True)
+            for task in (watching, waiting, stopping):
+                task.cancel()
+            await asyncio.gather(watching, waiting, stopping, return_exceptions=True)
         return tool_result(answer)
 
     # --- tasks ----------------------------------------------------------------------
@@ -151,10 +170,13 @@ class McpTools:
     async def _start_task(self, parent: ParentHandle, agent_type: str,
                           arguments: dict[str, Any], run_id: str) -> dict[str, Any]:
         try:
-            await parent.run_agent_tool(agent_type, arguments, run_id=run_id, detached=True)
+            handle = await parent.run_agent_tool(agent_type, arguments, run_id=run_id,
+                                                 detached=True)
         except ValueError as error:
             raise MCPError(code=types.INVALID_PARAMS, message=str(error)) from None
         snapshot = await parent.inspect(run_id)
+        if snapshot is None and isinstance(handle, DetachedHandle) and handle.status == "error":
+            raise MCPError(code=types.INVALID_PARAMS, message=handle.error or "refused")
         if snapshot is None:
             raise MCPError(code=types.INTERNAL_ERROR,
                            message=f"run {run_id} was accepted but cannot be read back yet")

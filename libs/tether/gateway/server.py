@@ -1,7 +1,7 @@
-"""The gateway's HTTP app and its service: the child agents as MCP tools at `/mcp`, for
-the callers of the callers file only.
+"""The gateway's HTTP app and its service: the child agents as MCP tools at `/mcp` and as
+A2A agents under `/a2a/<agent type>/`, for the callers of the callers file only.
 
-Every request but `/healthz` carries a caller's bearer token; an unknown or missing one
+Every request but `/healthz` and the A2A agent cards carries a caller's bearer token; an unknown or missing one
 is refused with 401 before any protocol sees it. Each caller's calls go to Tether over
 its own NATS identity when it has one (its application's, so the broker checks them as
 it checks the application), else over the gateway's.
@@ -16,6 +16,11 @@ from typing import Any
 from tether.extras import MissingExtra
 
 try:
+    from a2a.server.routes import (
+        create_agent_card_routes,
+        create_jsonrpc_routes,
+        create_rest_routes,
+    )
     from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
     from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend
     from mcp.server.auth.provider import AccessToken
@@ -28,6 +33,7 @@ try:
     from starlette.types import ASGIApp, Receive, Scope, Send
 
     from tether.asgi_serving import listen_on, serve_app
+    from tether.gateway.a2a_agents import TetherAgentHandler, agent_card
     from tether.gateway.mcp_tools import McpTools
 except ModuleNotFoundError:
     raise MissingExtra("gateway") from None
@@ -44,6 +50,7 @@ from tether.log import get_logger
 from tether.runtime import ReadinessCheck, nats_check
 
 OPEN_PATHS = frozenset({"/healthz"})
+CARD_PATH = "/.well-known/agent-card.json"  # each A2A agent's, readable by anyone
 SCOPE = "tether"
 
 
@@ -68,7 +75,9 @@ class RequireCaller:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] == "http" and scope["path"] not in OPEN_PATHS
+        path = scope.get("path", "")
+        if (scope["type"] == "http" and path not in OPEN_PATHS
+                and not path.endswith(CARD_PATH)
                 and not isinstance(scope.get("user"), AuthenticatedUser)):
             response = JSONResponse(
                 {"error": "invalid_token",
@@ -117,9 +126,28 @@ class Connections:
         self._open.clear()
 
 
+def a2a_routes(agents: AgentRegistry, callers: Callers, connections: Connections,
+               base_url: str, logger, stopping: asyncio.Event) -> list[Mount]:
+    """Each agent type as an A2A agent under `/a2a/<agent type>`."""
+    mounts = []
+    for agent_type in agents.agent_types:
+        cls = agents.get(agent_type)
+        handler = TetherAgentHandler(agent_type, cls, callers, connections.parent_of, logger,
+                                     stopping=stopping)
+        mounts.append(Mount(f"/a2a/{agent_type}", routes=[
+            *create_agent_card_routes(agent_card(agent_type, cls, base_url)),
+            *create_jsonrpc_routes(handler, rpc_url="/jsonrpc"),
+            *create_rest_routes(handler, path_prefix="/rest")]))
+    return mounts
+
+
 def create_app(settings: Settings, agents: AgentRegistry, callers: Callers,
-               connections: Connections, logger) -> Starlette:
-    mcp = McpTools(agents, callers, connections.parent_of, logger)
+               connections: Connections, logger, *, base_url: str,
+               stopping: asyncio.Event) -> Starlette:
+    """`base_url`: where callers reach the gateway (the A2A cards name it); `stopping`,
+    set when the gateway stops, ends the calls and streams under way (their runs go
+    on)."""
+    mcp = McpTools(agents, callers, connections.parent_of, logger, stopping=stopping)
     mcp_app = mcp.server.streamable_http_app(streamable_http_path="/mcp",
                                              host=settings.gateway_host)
 
@@ -132,7 +160,9 @@ def create_app(settings: Settings, agents: AgentRegistry, callers: Callers,
         return JSONResponse({"status": "ok"})
 
     return Starlette(
-        routes=[Route("/healthz", healthz), Mount("/", app=mcp_app)],
+        routes=[Route("/healthz", healthz),
+                *a2a_routes(agents, callers, connections, base_url, logger, stopping),
+                Mount("/", app=mcp_app)],
         middleware=[Middleware(AuthenticationMiddleware,
                                backend=BearerAuthBackend(CallersVerifier(callers))),
                     Middleware(AuthContextMiddleware), Middleware(RequireCaller)],
@@ -182,18 +212,25 @@ async def serve_gateway(settings: Settings, stop: asyncio.Event,
             await connections.open()
         except ServiceUnavailable as error:
             raise StartupFailed(str(error)) from None
-        app = create_app(settings, agents, callers, connections, logger)
-        bound_host = listener.getsockname()[0]
+        bound_host, bound_port = listener.getsockname()[:2]
+        base_url = (settings.gateway_public_url
+                    or f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}"
+                       f":{bound_port}").rstrip("/")
+        stopping = asyncio.Event()
+        app = create_app(settings, agents, callers, connections, logger, base_url=base_url,
+                         stopping=stopping)
 
         def listening(port: int) -> None:
             checks.update(connections.checks())
             logger.info("gateway.listening", host=bound_host, port=port,
-                        mcp=f"http://{bound_host}:{port}/mcp", agents=agents.agent_types,
+                        mcp=f"{base_url}/mcp", a2a=f"{base_url}/a2a/<agent type>",
+                        agents=agents.agent_types,
                         callers=len(callers))
             if started is not None and not started.done():
                 started.set_result(port)
 
-        await serve_app(app, listener, stop, what="the gateway", listening=listening)
+        await serve_app(app, listener, stop, what="the gateway", listening=listening,
+                        stopping=stopping.set)
     finally:
         listener.close()
         await connections.close()

@@ -3,105 +3,32 @@ parent service and a child-runner on real NATS: each tool call is a durable Teth
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import anyio
+import gateway_agents
 import httpx2
 import mcp_types as types
 import pytest
+from eventually import eventually
+from gateway_stack import DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
 from mcp import Client
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ConfigDict
 
-import gateway_agents
-from eventually import eventually
-from tether.agent_registry import AgentRegistry
-from tether.asgi_serving import listen_on
 from tether.domain.events import ParentRef
 from tether.gateway.mcp_tools import RUN_ID_META, TASKS_EXTENSION
-from tether.gateway.server import serve_gateway
-from tether.log import get_logger
-from tether_services.child_runner import open_runner
-from tether_services.parent import open_parent
-
-AGENTS = [gateway_agents.Researcher, gateway_agents.Waiter, gateway_agents.Failing,
-          gateway_agents.Held, gateway_agents.Approver]
-DESKTOP, LIMITED = "desktop-token", "limited-token"
-DESKTOP_PARENT = ParentRef(agent="Gateway", name="desktop")
-
-
-def _sha(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-@pytest.fixture
-def gateway_settings(settings, tmp_path):
-    callers = tmp_path / "callers.toml"
-    callers.write_text(f'''
-[[caller]]
-name = "desktop"
-token_sha256 = "{_sha(DESKTOP)}"
-
-[[caller]]
-name = "limited"
-parent_agent = "Assistant"
-token_sha256 = "{_sha(LIMITED)}"
-agents = ["Researcher"]
-''')
-    return settings.model_copy(update={
-        "agents": tuple(f"gateway_agents:{cls.__name__}" for cls in AGENTS),
-        "gateway_callers_file": str(callers), "work_ack_wait_ms": 1500})
-
-
-@pytest.fixture
-async def services(gateway_settings, log, pool, nc):
-    """The parent service and a child-runner of the agents, in this process."""
-    registry = AgentRegistry(AGENTS)
-    runner = await open_runner(nc, gateway_settings, registry, fetch_timeout_s=0.3,
-                               cancel_grace_s=0.2, shutdown_grace_s=0.2)
-    parent = await open_parent(gateway_settings, log, pool, registry,
-                               get_logger(service="parent-test"))
-    stop = asyncio.Event()
-    tasks = [asyncio.create_task(runner.run(stop)), asyncio.create_task(parent.run(stop))]
-    gateway_agents.RELEASE.clear()
-    yield
-    stop.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
-
-
-@contextlib.asynccontextmanager
-async def running_gateway(settings) -> AsyncIterator[str]:
-    """A gateway for the test's block; its MCP endpoint's URL."""
-    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
-    serving = asyncio.create_task(serve_gateway(settings, stop, {},
-                                                listener=listen_on("127.0.0.1", 0),
-                                                started=started))
-    done, _ = await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
-    if serving in done:
-        serving.result()
-    try:
-        yield f"http://127.0.0.1:{started.result()}/mcp"
-    finally:
-        stop.set()
-        await asyncio.wait_for(serving, timeout=10)
-
-
-@pytest.fixture
-async def gateway(services, gateway_settings) -> AsyncIterator[str]:
-    async with running_gateway(gateway_settings) as url:
-        yield url
 
 
 @contextlib.asynccontextmanager
 async def mcp_client(url: str, token: str, **options: Any) -> AsyncIterator[Client]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                  timeout=httpx2.Timeout(30, read=300)) as http:
-        async with Client(streamable_http_client(url, http_client=http), **options) as client:
-            yield client
+    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                   timeout=httpx2.Timeout(30, read=300)) as http,
+                Client(streamable_http_client(url, http_client=http), **options) as client):
+        yield client
 
 
 async def _run_events(log, parent: ParentRef, run_id: str) -> list[str]:
@@ -112,7 +39,7 @@ async def _run_events(log, parent: ParentRef, run_id: str) -> list[str]:
 async def test_a_caller_sees_one_tool_per_agent_type_it_may_call(gateway, mode):
     async with mcp_client(gateway, DESKTOP, mode=mode) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert sorted(tools) == ["Approver", "Failing", "Held", "Researcher", "Waiter"]
+    assert sorted(tools) == ["Approver", "Failing", "Held", "Researcher", "Streamer", "Waiter"]
     researcher = tools["Researcher"]
     assert researcher.description == "Looks a question up and says what it found"
     assert researcher.input_schema["properties"]["query"]["description"] == "what to look into"
@@ -186,14 +113,14 @@ async def test_cancelling_a_call_cancels_its_run(gateway, log, mode):
         waiting.set()
 
     meta = {RUN_ID_META: f"mcp-cancel-{mode}"}
-    async with mcp_client(gateway, DESKTOP, mode=mode) as client:
-        async with anyio.create_task_group() as group:
-            async def call() -> None:
-                await client.call_tool("Waiter", {}, progress_callback=on_progress, meta=meta)
+    async def call(client: Client) -> None:
+        await client.call_tool("Waiter", {}, progress_callback=on_progress, meta=meta)
 
-            group.start_soon(call)
-            await waiting.wait()  # the child is at work
-            group.cancel_scope.cancel()
+    async with (mcp_client(gateway, DESKTOP, mode=mode) as client,
+                anyio.create_task_group() as group):
+        group.start_soon(call, client)
+        await waiting.wait()  # the child is at work
+        group.cancel_scope.cancel()
 
     async def aborted() -> bool:
         events = await _run_events(log, DESKTOP_PARENT, meta[RUN_ID_META])
@@ -293,13 +220,13 @@ async def _task_when(client: Client, task_id: str, status: str) -> TaskState:
 
 async def test_a_task_call_answers_at_once_and_the_task_outlives_the_gateway(
         services, gateway_settings):
-    async with running_gateway(gateway_settings) as url:
-        async with mcp_client(url, DESKTOP, extensions=[Tasks()]) as client:
-            created = await client.session.call_tool("Held", {}, allow_claimed=True,
-                                                     meta={RUN_ID_META: "mcp-task-1"})
-            assert isinstance(created, CreatedTask)
-            assert created.task_id == "mcp-task-1" and created.status == "working"
-            await _task_when(client, "mcp-task-1", "working")
+    async with (running_gateway(gateway_settings) as url,
+                mcp_client(url, DESKTOP, extensions=[Tasks()]) as client):
+        created = await client.session.call_tool("Held", {}, allow_claimed=True,
+                                                 meta={RUN_ID_META: "mcp-task-1"})
+        assert isinstance(created, CreatedTask)
+        assert created.task_id == "mcp-task-1" and created.status == "working"
+        await _task_when(client, "mcp-task-1", "working")
     gateway_agents.RELEASE.set()  # the run finishes while no gateway runs
     async with running_gateway(gateway_settings) as url:
         async with mcp_client(url, DESKTOP, extensions=[Tasks()]) as client:

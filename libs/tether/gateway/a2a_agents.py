@@ -1,0 +1,525 @@
+"""Tether's child agents as A2A agents (the official `a2a-sdk`, A2A 1.0).
+
+Each agent type is an agent of its own under `/a2a/<agent type>/`: its card at the
+well-known path (`.well-known/agent-card.json`, readable without a token), JSON-RPC at
+`jsonrpc` and HTTP+JSON at `rest`. Its request handler keeps nothing in memory: every
+task is a Tether run of the caller's parent, read from the log and the projections.
+
+- **A message** starts a run (its task id is the run id, made from the caller and the
+  message id, so a message sent again starts nothing new; its context id is the caller's
+  parent, `agent/name`), or, naming a task that waits for input, answers it: a data part
+  `{"approvals": [...], "rejections": [...], "tool_outputs": {...}}` or text (the human's
+  words). The run's input is the message's data part, or its text for an agent whose
+  input has one text field.
+- **A task's state** is the run's: `submitted` until a runner takes it, `working`,
+  `input-required` while it waits for a human or a tool's output, `completed`, `failed`,
+  `canceled` (a cancelled run), `rejected` (a request the parent refused).
+- **Streaming** (`SendStreamingMessage`, `SubscribeToTask`) sends the task first, then a
+  status update per change of state or progress and an artifact update per piece of
+  output, from the run's events as the log holds them; it ends at a final state or when
+  input is required. A client that subscribes again, to this gateway or another one,
+  gets the task as it is then and what follows: nothing missed, nothing twice.
+- **ListTasks** lists the caller's runs of the agent type from the projections.
+"""
+
+import asyncio
+import hashlib
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from a2a.server.context import ServerCallContext
+from a2a.server.request_handlers import RequestHandler
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Artifact,
+    CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetExtendedAgentCardRequest,
+    GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
+    HTTPAuthSecurityScheme,
+    ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    Part,
+    Role,
+    SecurityRequirement,
+    SecurityScheme,
+    SendMessageRequest,
+    StringList,
+    SubscribeToTaskRequest,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskPushNotificationConfig,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import (
+    InvalidParamsError,
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+from google.protobuf.json_format import MessageToDict, ParseDict
+from google.protobuf.struct_pb2 import Struct, Value
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from tether.adapters.event_log import until_stopped
+from tether.client.child_tool import ANY_OBJECT_SCHEMA
+from tether.client.parent import ParentHandle
+from tether.client.timeline import RunView
+from tether.contract.messages import DetachedHandle, RunSnapshot
+from tether.domain.events import OPEN_STATUSES
+from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.gateway.callers import Caller, Callers
+
+Event = Task | Message | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
+FINAL = frozenset({TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED,
+                   TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_REJECTED})
+STOPS_STREAM = FINAL | {TaskState.TASK_STATE_INPUT_REQUIRED}
+OUTPUT_ARTIFACT, RESULT_ARTIFACT = "output", "result"
+MAX_LISTED = 100
+RUN_ID_PREFIX = "a2a-"
+
+
+def agent_card(agent_type: str, cls: Any, base_url: str) -> AgentCard:
+    """The card of one agent type: one skill, its input as the skill's example schema,
+    streaming on, a bearer token required."""
+    description = (getattr(cls, "description", "") or "").strip() or f"The {agent_type} agent"
+    url = f"{base_url}/a2a/{agent_type}"
+    model = getattr(cls, "input_model", None)
+    schema = model.model_json_schema() if model is not None else ANY_OBJECT_SCHEMA
+    text_field = text_input_field(schema)
+    return AgentCard(
+        name=agent_type, description=description, version="1",
+        supported_interfaces=[
+            AgentInterface(protocol_binding="JSONRPC", protocol_version="1.0",
+                           url=f"{url}/jsonrpc"),
+            AgentInterface(protocol_binding="HTTP+JSON", protocol_version="1.0",
+                           url=f"{url}/rest")],
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        default_input_modes=["application/json", *(["text/plain"] if text_field else [])],
+        default_output_modes=["text/plain", "application/json"],
+        skills=[AgentSkill(
+            id=agent_type, name=agent_type, description=description, tags=["tether"],
+            input_modes=["application/json", *(["text/plain"] if text_field else [])],
+            output_modes=["text/plain", "application/json"],
+            examples=[f"a data part matching {_compact(schema)}"])],
+        security_schemes={"bearer": SecurityScheme(
+            http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer"))},
+        security_requirements=[SecurityRequirement(schemes={"bearer": StringList()})])
+
+
+def text_input_field(schema: dict[str, Any]) -> str | None:
+    """The one field a text message fills: an input of exactly one required string."""
+    properties = schema.get("properties") or {}
+    required = schema.get("required") or []
+    if not properties and schema.get("additionalProperties") is True:
+        return "text"  # any object: the text is its one field
+    if len(required) == 1 and (properties.get(required[0]) or {}).get("type") == "string":
+        return required[0]
+    return None
+
+
+class TetherAgentHandler(RequestHandler):
+    """The A2A requests of one agent type, answered from Tether."""
+
+    def __init__(self, agent_type: str, cls: Any, callers: Callers, parent_of: Any, logger,
+                 *, stopping: asyncio.Event | None = None) -> None:
+        """`stopping`: set when the gateway stops; streams under way then end (a client
+        subscribes again, to this gateway's successor, and misses nothing)."""
+        self._agent_type = agent_type
+        self._stopping = stopping or asyncio.Event()
+        model = getattr(cls, "input_model", None)
+        schema = model.model_json_schema() if model is not None else ANY_OBJECT_SCHEMA
+        self._text_field = text_input_field(schema)
+        self._callers = callers
+        self._parent_of = parent_of
+        self._logger = logger
+
+    # --- who is calling -------------------------------------------------------------
+
+    def _caller(self, context: ServerCallContext) -> Caller:
+        user = context.user
+        caller = self._callers.by_name(user.user_name) if user.is_authenticated else None
+        if caller is None or not caller.may_call(self._agent_type):
+            # An agent the caller was not granted does not exist for it.
+            raise TaskNotFoundError(message=f"no agent {self._agent_type} for this caller")
+        return caller
+
+    def _parent(self, context: ServerCallContext) -> tuple[Caller, ParentHandle]:
+        caller = self._caller(context)
+        return caller, self._parent_of(caller)
+
+    async def _snapshot(self, parent: ParentHandle, task_id: str) -> RunSnapshot:
+        try:
+            check_identifier(task_id, "task id")
+        except InvalidIdentifier as error:
+            raise InvalidParamsError(message=str(error)) from None
+        snapshot = await parent.inspect(task_id)
+        if snapshot is None or snapshot.agent_type != self._agent_type:
+            raise TaskNotFoundError(message=f"no task {task_id}")
+        return snapshot
+
+    # --- messages -------------------------------------------------------------------
+
+    async def _send(self, params: SendMessageRequest, context: ServerCallContext
+                    ) -> tuple[ParentHandle, RunSnapshot | Task]:
+        """The run the message starts or answers, as it is now (an answered one: as it was
+        before the answer); a request the parent refused is a rejected task that never
+        ran."""
+        caller, parent = self._parent(context)
+        message = params.message
+        if not message.message_id:
+            raise InvalidParamsError(message="message.message_id is required")
+        if message.task_id:
+            return parent, await self._answer(parent, message)
+        run_id = _run_id(caller, message.message_id)
+        handle = await self._start(parent, run_id, self._input(message))
+        snapshot = await parent.inspect(run_id)
+        if snapshot is None:
+            if handle.status == "error":
+                context_id = _parent_context(caller)
+                return parent, Task(id=run_id, context_id=context_id, status=_status(
+                    TaskState.TASK_STATE_REJECTED, handle.error or "refused", run_id,
+                    context_id))
+            raise InvalidParamsError(message=f"run {run_id} was accepted but cannot be read")
+        return parent, snapshot
+
+    async def _start(self, parent: ParentHandle, run_id: str,
+                     input: dict[str, Any]) -> DetachedHandle:
+        try:
+            handle = await parent.run_agent_tool(self._agent_type, input, run_id=run_id,
+                                                 detached=True, display="A2A")
+        except ValueError as error:
+            raise InvalidParamsError(message=str(error)) from None
+        assert isinstance(handle, DetachedHandle)
+        return handle
+
+    def _input(self, message: Message) -> dict[str, Any]:
+        data = [part.data for part in message.parts if part.WhichOneof("content") == "data"]
+        if data:
+            value = MessageToDict(data[0])
+            if not isinstance(value, dict):
+                raise InvalidParamsError(message="the message's data part must be an object "
+                                                 "(the agent's input)")
+            return value
+        text = "".join(part.text for part in message.parts
+                       if part.WhichOneof("content") == "text")
+        if self._text_field is None:
+            raise InvalidParamsError(message=f"{self._agent_type} takes a data part with its "
+                                             "input (see its card), not text")
+        return {self._text_field: text}
+
+    async def _answer(self, parent: ParentHandle, message: Message) -> RunSnapshot:
+        snapshot = await self._snapshot(parent, message.task_id)
+        if message.context_id and message.context_id != _context_id(snapshot):
+            raise InvalidParamsError(message=f"task {snapshot.run_id} is not of context "
+                                             f"{message.context_id}")
+        if snapshot.waiting_for is None or snapshot.status not in OPEN_STATUSES:
+            raise UnsupportedOperationError(
+                message=f"task {snapshot.run_id} is {a2a_state_name(snapshot)}: it takes no "
+                        "more messages")
+        data = [MessageToDict(part.data) for part in message.parts
+                if part.WhichOneof("content") == "data"]
+        text = "".join(part.text for part in message.parts
+                       if part.WhichOneof("content") == "text")
+        answers = data[0] if data and isinstance(data[0], dict) else {}
+        unknown = set(answers) - {"approvals", "rejections", "tool_outputs", "human_input"}
+        if unknown:
+            raise InvalidParamsError(message=f"unknown answer {min(unknown)!r}: a data part "
+                                             "may hold approvals, rejections, tool_outputs, "
+                                             "human_input")
+        await parent.continue_run(
+            snapshot.run_id, approvals=answers.get("approvals") or [],
+            rejections=answers.get("rejections") or [],
+            tool_outputs=answers.get("tool_outputs") or {},
+            human_input=answers.get("human_input") or text or None)
+        return snapshot
+
+    async def on_message_send(self, params: SendMessageRequest,
+                              context: ServerCallContext) -> Task | Message:
+        parent, snapshot = await self._send(params, context)
+        if isinstance(snapshot, Task):
+            return snapshot
+        if params.configuration.return_immediately or _stops(snapshot, params):
+            return task_of(snapshot)
+        async with aclosing(self._follow(parent, snapshot)) as events:
+            async for _ in events:
+                pass
+        return task_of(await self._snapshot(parent, snapshot.run_id))
+
+    async def on_message_send_stream(self, params: SendMessageRequest,
+                                     context: ServerCallContext) -> AsyncGenerator[Event]:
+        parent, snapshot = await self._send(params, context)
+        if isinstance(snapshot, Task):
+            yield snapshot
+            return
+        yield task_of(snapshot)
+        if not _stops(snapshot, params):
+            async with aclosing(self._follow(parent, snapshot)) as events:
+                async for event in events:
+                    yield event
+
+    async def on_subscribe_to_task(self, params: SubscribeToTaskRequest,
+                                   context: ServerCallContext) -> AsyncGenerator[Event]:
+        _, parent = self._parent(context)
+        snapshot = await self._snapshot(parent, params.id)
+        yield task_of(snapshot)
+        if a2a_state(snapshot) not in STOPS_STREAM:
+            async with aclosing(self._follow(parent, snapshot)) as events:
+                async for event in events:
+                    yield event
+
+    async def _follow(self, parent: ParentHandle,
+                      since: RunSnapshot) -> AsyncGenerator[Event]:
+        """What happens to the run after `since`, as A2A updates, from the run's events;
+        until a final state, or input is required (after a change since `since`)."""
+        sent = _Sent(state=a2a_state(since), words=_words_of(since),
+                     output=len(since.output_text))
+        context_id = _context_id(since)
+        views = until_stopped(parent.timeline(run_id=since.run_id), self._stopping)
+        async with aclosing(views):
+            async for view in views:
+                run = view.runs.get(since.run_id)
+                if run is None:
+                    continue
+                for event in sent.updates(run, context_id):
+                    yield event
+                state = view_state(run)
+                if state in FINAL:
+                    snapshot = await parent.inspect(since.run_id)
+                    if snapshot is not None and snapshot.status == "completed":
+                        yield TaskArtifactUpdateEvent(
+                            task_id=since.run_id, context_id=context_id,
+                            artifact=_result_artifact(snapshot), last_chunk=True)
+                    yield sent.status(run, context_id, force=True)
+                    return
+                if state == TaskState.TASK_STATE_INPUT_REQUIRED and sent.moved:
+                    return
+
+    # --- tasks ----------------------------------------------------------------------
+
+    async def on_get_task(self, params: GetTaskRequest,
+                          context: ServerCallContext) -> Task | None:
+        _, parent = self._parent(context)
+        return task_of(await self._snapshot(parent, params.id))
+
+    async def on_list_tasks(self, params: ListTasksRequest,
+                            context: ServerCallContext) -> ListTasksResponse:
+        caller, parent = self._parent(context)
+        if params.context_id and params.context_id != _parent_context(caller):
+            return ListTasksResponse(tasks=[], total_size=0, page_size=0)
+        limit = min(params.page_size or MAX_LISTED, MAX_LISTED)
+        runs = [run for run in await parent.list_runs(limit=MAX_LISTED)
+                if run.agent_type == self._agent_type]
+        tasks = [task_of(run) for run in runs]
+        if params.status:
+            tasks = [task for task in tasks if task.status.state == params.status]
+        return ListTasksResponse(tasks=tasks[:limit], total_size=len(tasks),
+                                 page_size=len(tasks[:limit]))
+
+    async def on_cancel_task(self, params: CancelTaskRequest,
+                             context: ServerCallContext) -> Task | None:
+        _, parent = self._parent(context)
+        snapshot = await self._snapshot(parent, params.id)
+        if _final(snapshot):
+            raise TaskNotCancelableError(message=f"task {params.id} is already "
+                                                 f"{a2a_state_name(snapshot)}")
+        await parent.cancel(snapshot.run_id)
+        async with aclosing(self._follow(parent, snapshot)) as events:
+            async for _ in events:
+                pass
+        return task_of(await self._snapshot(parent, snapshot.run_id))
+
+    # --- what it does not offer -----------------------------------------------------
+
+    async def on_create_task_push_notification_config(
+            self, params: TaskPushNotificationConfig,
+            context: ServerCallContext) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError
+
+    async def on_get_task_push_notification_config(
+            self, params: GetTaskPushNotificationConfigRequest,
+            context: ServerCallContext) -> TaskPushNotificationConfig:
+        raise PushNotificationNotSupportedError
+
+    async def on_list_task_push_notification_configs(
+            self, params: ListTaskPushNotificationConfigsRequest,
+            context: ServerCallContext) -> ListTaskPushNotificationConfigsResponse:
+        raise PushNotificationNotSupportedError
+
+    async def on_delete_task_push_notification_config(
+            self, params: DeleteTaskPushNotificationConfigRequest,
+            context: ServerCallContext) -> None:
+        raise PushNotificationNotSupportedError
+
+    async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
+                                         context: ServerCallContext) -> AgentCard:
+        raise UnsupportedOperationError(message="no extended agent card")
+
+
+class _Sent:
+    """What a stream has sent of one run, so each update says only what is new."""
+
+    def __init__(self, *, state: TaskState, words: str, output: int) -> None:
+        self.state, self.words, self.output = state, words, output
+        self.moved = False
+
+    def updates(self, run: RunView, context_id: str) -> list[Event]:
+        events: list[Event] = []
+        text = run.output_text
+        if len(text) > self.output:
+            events.append(TaskArtifactUpdateEvent(
+                task_id=run.run_id, context_id=context_id, append=self.output > 0,
+                artifact=Artifact(artifact_id=OUTPUT_ARTIFACT, name="output",
+                                  parts=[Part(text=text[self.output:])])))
+            self.output = len(text)
+        state = view_state(run)
+        if state not in FINAL and (state != self.state or _view_words(run) != self.words):
+            events.append(self.status(run, context_id))
+        return events
+
+    def status(self, run: RunView, context_id: str, *, force: bool = False
+               ) -> TaskStatusUpdateEvent:
+        state, words = view_state(run), _view_words(run)
+        self.moved = self.moved or state != self.state or words != self.words or force
+        self.state, self.words = state, words
+        return TaskStatusUpdateEvent(task_id=run.run_id, context_id=context_id,
+                                     status=_status(state, words, run.run_id, context_id))
+
+
+# --- runs as tasks --------------------------------------------------------------------
+
+def a2a_state(run: RunSnapshot) -> TaskState:
+    return _state(run.status, run.waiting_for, run.cancel_requested)
+
+
+def view_state(run: RunView) -> TaskState:
+    return _state(run.status, run.waiting_for, run.cancel_requested)
+
+
+def _state(status: str, waiting_for: str | None, cancel_requested: bool) -> TaskState:
+    if status == "starting":
+        return TaskState.TASK_STATE_SUBMITTED
+    if status == "running":
+        return (TaskState.TASK_STATE_INPUT_REQUIRED if waiting_for
+                else TaskState.TASK_STATE_WORKING)
+    if status == "completed":
+        return TaskState.TASK_STATE_COMPLETED
+    if status == "aborted" and cancel_requested:
+        return TaskState.TASK_STATE_CANCELED
+    return TaskState.TASK_STATE_FAILED
+
+
+def a2a_state_name(run: RunSnapshot) -> str:
+    return TaskState.Name(a2a_state(run)).removeprefix("TASK_STATE_").lower()
+
+
+def _final(run: RunSnapshot) -> bool:
+    return a2a_state(run) in FINAL
+
+
+def _stops(run: RunSnapshot, params: SendMessageRequest) -> bool:
+    """Whether the answer to a message is the run as it is: at a final state, or waiting
+    for input when the message did not just answer it (an answered run is followed
+    until it moves)."""
+    state = a2a_state(run)
+    return state in FINAL or (state == TaskState.TASK_STATE_INPUT_REQUIRED
+                              and not params.message.task_id)
+
+
+def _words_of(run: RunSnapshot) -> str:
+    return _words(run.status, run.waiting_for, run.error or run.summary,
+                  (run.progress or {}).get("message"),
+                  run.milestones[-1].name if run.milestones else None)
+
+
+def _view_words(run: RunView) -> str:
+    return _words(run.status, run.waiting_for, run.error or run.summary,
+                  run.progress.message if run.progress else None,
+                  run.milestones[-1].name if run.milestones else None)
+
+
+def _words(status: str, waiting_for: str | None, outcome: str | None, message: str | None,
+           milestone: str | None) -> str:
+    """A task status's message: the outcome, what the run waits for, or its progress."""
+    if status not in OPEN_STATUSES:
+        return outcome or ""
+    if waiting_for:
+        return f"waiting for {waiting_for}"
+    return " - ".join(word for word in (milestone, message) if word)
+
+
+def task_of(run: RunSnapshot) -> Task:
+    context_id = _context_id(run)
+    task = Task(id=run.run_id, context_id=context_id,
+                status=_status(a2a_state(run), _words_of(run), run.run_id, context_id))
+    if run.output_text:
+        task.artifacts.append(Artifact(artifact_id=OUTPUT_ARTIFACT, name="output",
+                                       parts=[Part(text=run.output_text)]))
+    if run.status == "completed":
+        task.artifacts.append(_result_artifact(run))
+    metadata: dict[str, Any] = {"run_id": run.run_id, "agent_type": run.agent_type,
+                                "milestones": [m.name for m in run.milestones]}
+    if run.waiting_for:
+        metadata["pending"] = run.pending
+    if run.reason:
+        metadata["reason"] = run.reason
+    task.metadata.CopyFrom(_struct(metadata))
+    return task
+
+
+def _result_artifact(run: RunSnapshot) -> Artifact:
+    parts = [Part(text=run.summary or "")]
+    if run.output is not None:
+        parts.append(Part(data=ParseDict(run.output, Value())))
+    return Artifact(artifact_id=RESULT_ARTIFACT, name="result", parts=parts)
+
+
+def _status(state: TaskState, words: str, task_id: str, context_id: str) -> TaskStatus:
+    status = TaskStatus(state=state)
+    status.timestamp.CopyFrom(_now())
+    if words:
+        status.message.CopyFrom(Message(
+            role=Role.ROLE_AGENT, message_id=uuid.uuid4().hex, task_id=task_id,
+            context_id=context_id, parts=[Part(text=words)]))
+    return status
+
+
+def _now() -> Timestamp:
+    stamp = Timestamp()
+    stamp.GetCurrentTime()
+    return stamp
+
+
+def _struct(value: dict[str, Any]) -> Struct:
+    return ParseDict(value, Struct())
+
+
+def _compact(schema: dict[str, Any]) -> str:
+    properties = schema.get("properties") or {}
+    return "{" + ", ".join(f"{name}: {spec.get('type', 'any')}"
+                           for name, spec in properties.items()) + "}"
+
+
+def _parent_context(caller: Caller) -> str:
+    return f"{caller.parent.agent}/{caller.parent.name}"
+
+
+def _context_id(run: RunSnapshot) -> str:
+    return f"{run.parent.agent}/{run.parent.name}"
+
+
+def _run_id(caller: Caller, message_id: str) -> str:
+    digest = hashlib.sha256(f"{caller.name}\0{message_id}".encode()).hexdigest()
+    return f"{RUN_ID_PREFIX}{digest[:32]}"

@@ -1,0 +1,38 @@
+"""The gateway's tests' callers and agents, and a gateway started and stopped at will."""
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
+
+import gateway_agents
+
+from tether.asgi_serving import listen_on
+from tether.domain.events import ParentRef
+from tether.gateway.server import serve_gateway
+
+AGENTS = [gateway_agents.Researcher, gateway_agents.Waiter, gateway_agents.Failing,
+          gateway_agents.Held, gateway_agents.Approver, gateway_agents.Streamer]
+DESKTOP, LIMITED = "desktop-token", "limited-token"
+DESKTOP_PARENT = ParentRef(agent="Gateway", name="desktop")
+
+
+def sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(settings) -> AsyncIterator[str]:
+    """A gateway for the test's block; its MCP endpoint's URL."""
+    stop, started = asyncio.Event(), asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(serve_gateway(settings, stop, {},
+                                                listener=listen_on("127.0.0.1", 0),
+                                                started=started))
+    done, _ = await asyncio.wait({serving, started}, return_when=asyncio.FIRST_COMPLETED)
+    if serving in done:
+        serving.result()
+    try:
+        yield f"http://127.0.0.1:{started.result()}/mcp"
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, timeout=10)
