@@ -125,8 +125,8 @@ def next_steps(user: str, environ: Mapping[str, str]) -> str:
              "      its runs, as JSON",
              f"  tether run Researcher --parent Assistant/{user} --input '{{\"query\": \"NATS\"}}'",
              "      one more run, from the command line",
-             "  TETHER_GATEWAY_CALLERS_FILE=examples/interop/callers.toml tether gateway "
-             "--agents examples.agents:Researcher &",
+             ("  TETHER_GATEWAY_CALLERS_FILE=examples/interop/callers.toml tether gateway "
+              "--agents examples.agents:Researcher &"),
              "  python examples/interop/mcp_client.py --token demo-token 'HTTP/3'",
              "      the Researcher as an MCP tool, through the gateway (docs/interop.md)"]
     services = dict(item.split("=", 1) for item in

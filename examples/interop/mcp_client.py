@@ -20,13 +20,13 @@ async def main(url: str, token: str, query: str) -> None:
     async def progress(value: float, total: float | None, message: str | None) -> None:
         print(f"  {value:5.1f}{'%' if total else ''}  {message or ''}")
 
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                  timeout=httpx2.Timeout(30, read=300)) as http:
-        async with Client(streamable_http_client(url, http_client=http)) as client:
-            tools = [tool.name for tool in (await client.list_tools()).tools]
-            print(f"tools: {', '.join(tools)}")
-            result = await client.call_tool("Researcher", {"query": query},
-                                            progress_callback=progress)
+    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                   timeout=httpx2.Timeout(30, read=300)) as http,
+                Client(streamable_http_client(url, http_client=http)) as client):
+        tools = [tool.name for tool in (await client.list_tools()).tools]
+        print(f"tools: {', '.join(tools)}")
+        result = await client.call_tool("Researcher", {"query": query},
+                                        progress_callback=progress)
     run = result.structured_content or {}
     print(f"run {run.get('run_id')}: {result.content[0].text}")
 

@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import gateway_agents
-from eventually import eventually
 import httpx
 import pytest
 from a2a.client import ClientConfig, ClientFactory
@@ -27,6 +26,7 @@ from a2a.types import (
     TaskState,
 )
 from a2a.utils.errors import A2AError
+from eventually import eventually
 from gateway_stack import DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Value
