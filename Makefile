@@ -60,10 +60,13 @@ down:
 env:
 	@$(PYTHON) scripts/devstack.py env
 
-# The JSON Schemas and the AsyncAPI document under schemas/, and its page under docs/.
+# The JSON Schemas and the AsyncAPI document under schemas/, and its page under docs/;
+# the gateway's A2A cards and MCP tool list of the example agents the compose stack serves.
+GATEWAY_DOC_AGENTS = examples.agents:Researcher,examples.agents:Importer,examples.agents:Summarizer
 schemas: venv
 	$(PY) -m tether.generate.schemas --write
 	$(PY) -m tether.generate.asyncapi --write
+	$(PY) -m tether.generate.gateway --agents $(GATEWAY_DOC_AGENTS) --write
 
 # The Kubernetes dev overlay's secrets (deploy/k8s/overlays/dev/secrets/, not in git): a
 # CA, NATS's and Postgres's certificates, every NATS user's NKey. Kept once made; compose

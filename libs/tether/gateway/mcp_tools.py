@@ -110,20 +110,8 @@ class McpTools:
     async def _list_tools(self, ctx: ServerRequestContext,
                           params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         caller = self._caller()
-        tools = []
-        for agent_type in self._agents.agent_types:
-            if not caller.may_call(agent_type):
-                continue
-            cls = self._agents.get(agent_type)
-            description = (getattr(cls, "description", "") or "").strip()
-            model = getattr(cls, "input_model", None)
-            schema = model.model_json_schema() if model is not None else dict(ANY_OBJECT_SCHEMA)
-            if schema.get("type") != "object":
-                schema = dict(ANY_OBJECT_SCHEMA)
-            tools.append(types.Tool(
-                name=tool_name(agent_type), title=agent_type,
-                description=description or f"Run the {agent_type} agent durably.",
-                input_schema=schema))
+        tools = [tool_of(agent_type, self._agents.get(agent_type))
+                 for agent_type in self._agents.agent_types if caller.may_call(agent_type)]
         return types.ListToolsResult(tools=tools)
 
     async def _call_tool(self, ctx: ServerRequestContext,
@@ -260,6 +248,18 @@ class _Progress:
         with suppress(Exception):  # a client gone is the call's cancellation, not this
             await self._ctx.session.report_progress(
                 self._value, 100.0 if fraction is not None else None, message)
+
+
+def tool_of(agent_type: str, cls: Any) -> types.Tool:
+    """An agent type as an MCP tool: its name, description and input schema."""
+    description = (getattr(cls, "description", "") or "").strip()
+    model = getattr(cls, "input_model", None)
+    schema = model.model_json_schema() if model is not None else dict(ANY_OBJECT_SCHEMA)
+    if schema.get("type") != "object":
+        schema = dict(ANY_OBJECT_SCHEMA)
+    return types.Tool(name=tool_name(agent_type), title=agent_type,
+                      description=description or f"Run the {agent_type} agent durably.",
+                      input_schema=schema)
 
 
 def tool_result(answer: Any) -> types.CallToolResult:

@@ -27,9 +27,12 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 from eventually import eventually
-from gateway_stack import DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
+from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Value
+
+from tether.agent_registry import AgentRegistry
+from tether.generate.gateway import generate as gateway_documents
 
 
 @pytest.fixture
@@ -100,6 +103,9 @@ async def test_each_agent_type_has_a_card_anyone_may_read(base):
         "HTTP+JSON": f"{base}/a2a/Researcher/rest"}
     assert "bearer" in card["securitySchemes"]
     assert refused.status_code == 401
+    # What `make schemas` checks in is what the gateway serves.
+    assert card == gateway_documents(AgentRegistry(AGENTS), base)[
+        "a2a/Researcher.agent-card.json"]
 
 
 async def test_a_streamed_message_is_a_run_from_submitted_to_completed(base, log):

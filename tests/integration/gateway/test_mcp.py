@@ -12,15 +12,17 @@ import httpx2
 import mcp_types as types
 import pytest
 from eventually import eventually
-from gateway_stack import DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
+from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
 from mcp import Client
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import ConfigDict
 
+from tether.agent_registry import AgentRegistry
 from tether.domain.events import ParentRef
 from tether.gateway.mcp_tools import RUN_ID_META, TASKS_EXTENSION
+from tether.generate.gateway import generate as gateway_documents
 
 
 @contextlib.asynccontextmanager
@@ -38,7 +40,11 @@ async def _run_events(log, parent: ParentRef, run_id: str) -> list[str]:
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_a_caller_sees_one_tool_per_agent_type_it_may_call(gateway, mode):
     async with mcp_client(gateway, DESKTOP, mode=mode) as client:
-        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        listed = await client.list_tools()
+        tools = {tool.name: tool for tool in listed.tools}
+    # What `make schemas` checks in is what the gateway serves.
+    assert listed.model_dump(by_alias=True, mode="json", exclude_none=True)["tools"] == \
+        gateway_documents(AgentRegistry(AGENTS))["mcp-tools.json"]["tools"]
     assert sorted(tools) == ["Approver", "Failing", "Held", "Researcher", "Streamer", "Waiter"]
     researcher = tools["Researcher"]
     assert researcher.description == "Looks a question up and says what it found"
