@@ -214,6 +214,8 @@ def table(report: dict) -> str:
     w1, w2, c = report["w1"], report.get("w2") or {}, report.get("ceilings") or {}
     rb, r, t = report.get("rebuild") or {}, report["ratios"], report["targets"]
     pl, rt = w1["progress_latency"], w2.get("round_trip") or {}
+    w2_mcp = report.get("w2_mcp") or {}
+    mt = w2_mcp.get("round_trip") or {}
     rows = [
         ("W1 runs", f"{w1['finished']}/{w1['runs']}", (f"statuses {w1['statuses']}, submit errors {w1.get('submit_errors', 0)}, "
          f"rejected {w1['rejected_count']}, duplicate hook calls {w1['duplicate_hook_calls']}; "
@@ -231,6 +233,9 @@ def table(report: dict) -> str:
          f"max {_n(pl['max_ms'], 1)} ms over {pl['count']} signals")),
         ("W2 round trip", f"p50 {_n(rt.get('p50_ms'), 1)} ms",
          f"p99 {_n(rt.get('p99_ms'), 1)} ms over {w2.get('runs', 0)} awaited runs"),
+        ("W2 over MCP", f"p50 {_n(mt.get('p50_ms'), 1)} ms",
+         (f"p99 {_n(mt.get('p99_ms'), 1)} ms over {w2_mcp.get('runs', 0)} tool calls through "
+          f"the gateway, {w2_mcp.get('failures', 0)} failed")),
         ("rebuild", _n(rb.get("events_per_s"), 0, " ev/s"),
          (f"{rb.get('events', '-')} events in {_n(rb.get('seconds'), 2)} s; "
          f"{_x(r['rebuild_vs_fetch_ack'])} of fetch+ack, {_x(r['rebuild_vs_ordered_replay'])} of replay")),

@@ -25,6 +25,7 @@ import nats
 from bench import ceilings, chart, report, stages
 from bench.callgrind import Callgrind
 from bench.correctness import verify_w1
+from bench.gateway import gateway_w2
 from bench.peers.sweep import complete, run_point
 from bench.profile import Profiler, render
 from bench.stack import REPO, SERVICES, ServiceSet, server_pids, servers
@@ -338,6 +339,8 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
                 await asyncio.sleep(1.0)  # W2 on an idle system
                 if args.w2_runs:
                     result["w2"] = await w2(tether, runs=args.w2_runs, tag=tag)
+                    result["w2_mcp"] = await gateway_w2(env, out_dir / f"{stamp}-logs",
+                                                        runs=args.w2_runs, tag=tag)
                 await positions.wait_caught_up(60)
                 services.sample("final")
                 result["memory"] = report.memory_verdict(
