@@ -271,3 +271,32 @@ async def test_a_cancelled_task_is_cancelled(gateway):
         await client.session.send_request(
             TasksCancel(params=TaskIdParams(task_id=created.task_id)), types.EmptyResult)
         await _task_when(client, created.task_id, "cancelled")
+
+
+async def test_a_gateway_stopping_ends_its_calls_at_once_and_leaves_their_runs_going(
+        services, gateway_settings, log):
+    at_work = asyncio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        at_work.set()
+
+    meta = {RUN_ID_META: "mcp-outlives"}
+    async with contextlib.AsyncExitStack() as client_side:
+        gateway = running_gateway(gateway_settings)
+        url = await gateway.__aenter__()
+        client = await client_side.enter_async_context(mcp_client(url, DESKTOP))
+        call = asyncio.create_task(client.call_tool("Held", {}, meta=meta,
+                                                    progress_callback=on_progress))
+        await at_work.wait()
+        async with asyncio.timeout(2):  # at once, not after the server's drain timeout
+            await gateway.__aexit__(None, None, None)  # stopped under the call
+        with pytest.raises(MCPError) as ended:
+            await call
+    assert "call again with _meta {'io.tether/run_id': 'mcp-outlives'}" in \
+        ended.value.error.message
+    events = await _run_events(log, DESKTOP_PARENT, "mcp-outlives")
+    assert "run.cancel_requested" not in events and events[-1] == "run.running"
+    gateway_agents.RELEASE.set()
+    async with running_gateway(gateway_settings) as url, mcp_client(url, DESKTOP) as client:
+        again = await client.call_tool("Held", {}, meta=meta)
+    assert again.structured_content["summary"] == "released"
