@@ -60,7 +60,7 @@ from tether.domain.ids import (
     run_message_id,
     work_message_id,
 )
-from tether.generate import schemas
+from tether.generate import documents, schemas
 from tether.testing import RunEvents
 
 REPO = Path(__file__).resolve().parents[2]
@@ -294,7 +294,7 @@ def test_checked_in_schemas_match_the_models() -> None:
 def test_schema_drift_is_reported(tmp_path: Path) -> None:
     for path, document in schemas.generate().items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(schemas.render(document))
+        (tmp_path / path).write_text(documents.render(document))
     assert schemas.differences(tmp_path) == []
 
     changed = tmp_path / "events" / "run.completed.v1.json"

@@ -58,6 +58,9 @@ def test_a_file_that_is_not_toml_or_missing_is_named(tmp_path):
         load_callers(str(broken))
     with pytest.raises(CallersFileError, match=r"TETHER_GATEWAY_CALLERS_FILE.*cannot be read"):
         load_callers(str(tmp_path / "absent.toml"))
+    broken.write_bytes(b"\xff\xfe[[caller]]")
+    with pytest.raises(CallersFileError, match="not UTF-8 text"):
+        load_callers(str(broken))
     broken.write_text('callers = 1\n')
     with pytest.raises(CallersFileError, match="unknown key 'callers'"):
         load_callers(str(broken))

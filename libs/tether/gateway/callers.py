@@ -149,6 +149,8 @@ def load_callers(path: str) -> Callers:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise CallersFileError(f"{source}: cannot be read: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise CallersFileError(f"{source}: not UTF-8 text: {error.reason}") from None
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:

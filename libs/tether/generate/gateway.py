@@ -9,7 +9,6 @@ Kubernetes manifests serve) under `schemas/gateway/`, at the compose stack's add
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from tether.agent_registry import AgentRegistry
 from tether.child.loading import load_agents
 from tether.gateway.a2a_agents import agent_card
 from tether.gateway.mcp_tools import tool_of
+from tether.generate import documents
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8092"
 
@@ -38,29 +38,13 @@ def generate(agents: AgentRegistry, base_url: str = DEFAULT_BASE_URL) -> dict[st
     return documents
 
 
-def render(document: Any) -> str:
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+def differences(directory: Path, generated: dict[str, Any]) -> list[str]:
+    return documents.differences(directory, generated, directory.rglob("*.json"),
+                                 unknown="not served by the gateway")
 
 
-def differences(directory: Path, documents: dict[str, Any]) -> list[str]:
-    expected = {path: render(document) for path, document in documents.items()}
-    found = {str(p.relative_to(directory)): p.read_text() for p in directory.rglob("*.json")}
-    problems = [f"missing: {p}" for p in sorted(expected.keys() - found.keys())]
-    problems += [f"not served by the gateway: {p}"
-                 for p in sorted(found.keys() - expected.keys())]
-    problems += [f"differs: {p}" for p in sorted(expected.keys() & found.keys())
-                 if expected[p] != found[p]]
-    return problems
-
-
-def write(directory: Path, documents: dict[str, Any]) -> None:
-    for path, document in documents.items():
-        target = directory / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(render(document))
-    for stale in directory.rglob("*.json"):
-        if str(stale.relative_to(directory)) not in documents:
-            stale.unlink()
+def write(directory: Path, generated: dict[str, Any]) -> None:
+    documents.write(directory, generated, list(directory.rglob("*.json")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,17 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     action.add_argument("--write", action="store_true", help="regenerate the files")
     action.add_argument("--check", action="store_true", help="fail when the files drift")
     args = parser.parse_args(argv)
-    documents = generate(load_agents(tuple(args.agents.split(","))), args.base_url)
+    generated = generate(load_agents(tuple(args.agents.split(","))), args.base_url)
     if args.write:
-        write(args.dir, documents)
-        print(f"wrote {len(documents)} gateway documents under {args.dir}/")
+        write(args.dir, generated)
+        print(f"wrote {len(generated)} gateway documents under {args.dir}/")
         return 0
-    problems = differences(args.dir, documents)
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if problems:
-        print("run `make schemas` to regenerate", file=sys.stderr)
-    return 1 if problems else 0
+    return documents.report(differences(args.dir, generated))
 
 
 if __name__ == "__main__":
