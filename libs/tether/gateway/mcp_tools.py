@@ -213,6 +213,7 @@ class _Progress:
         self._token: str | int | None = token
         self._value = 0.0
         self._sent: tuple[Any, ...] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def follow(self, parent: ParentHandle, run_id: str) -> None:
         if self._token is None:
@@ -237,7 +238,9 @@ class _Progress:
 
     def waiting(self, words: str) -> None:
         if self._token is not None:
-            asyncio.get_running_loop().create_task(self._send(None, words))
+            sending = asyncio.get_running_loop().create_task(self._send(None, words))
+            self._sending.add(sending)  # held until sent, so the loop cannot drop it
+            sending.add_done_callback(self._sending.discard)
 
     async def _send(self, fraction: float | None, message: str) -> None:
         if self._token is None:

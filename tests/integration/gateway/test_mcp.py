@@ -23,6 +23,9 @@ from tether.agent_registry import AgentRegistry
 from tether.domain.events import ParentRef
 from tether.gateway.mcp_tools import RUN_ID_META, TASKS_EXTENSION
 from tether.generate.gateway import generate as gateway_documents
+from tether.log import get_logger
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
 
 
 @contextlib.asynccontextmanager
@@ -300,3 +303,32 @@ async def test_a_gateway_stopping_ends_its_calls_at_once_and_leaves_their_runs_g
     async with running_gateway(gateway_settings) as url, mcp_client(url, DESKTOP) as client:
         again = await client.call_tool("Held", {}, meta=meta)
     assert again.structured_content["summary"] == "released"
+
+
+async def test_a_call_no_parent_service_takes_says_so_and_ends_once_one_does(
+        gateway_settings, log, pool):
+    told = asyncio.Event()
+    messages: list[str] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message or "")
+        told.set()
+
+    async with running_gateway(gateway_settings) as url, mcp_client(url, DESKTOP) as client:
+        call = asyncio.create_task(client.call_tool(
+            "Researcher", {"query": "served late"}, progress_callback=on_progress))
+        await told.wait()  # no parent service runs yet
+        assert "parent" in messages[0], messages
+        registry = AgentRegistry(AGENTS)
+        parent = await open_parent(gateway_settings, log, pool, registry,
+                                   get_logger(service="parent-test"))
+        runner = await open_runner(log.nats, gateway_settings, registry,
+                                   fetch_timeout_s=0.3, shutdown_grace_s=0.2)
+        stop = asyncio.Event()
+        serving = [asyncio.create_task(parent.run(stop)), asyncio.create_task(runner.run(stop))]
+        try:
+            result = await call
+        finally:
+            stop.set()
+            await asyncio.gather(*serving)
+    assert result.content[0].text == "served late: two sources agree"
