@@ -24,7 +24,6 @@ task is a Tether run of the caller's parent, read from the log and the projectio
 
 import asyncio
 import hashlib
-import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
@@ -36,7 +35,6 @@ from a2a.types import (
     AgentCard,
     AgentInterface,
     AgentSkill,
-    Artifact,
     CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
     GetExtendedAgentCardRequest,
@@ -48,8 +46,6 @@ from a2a.types import (
     ListTasksRequest,
     ListTasksResponse,
     Message,
-    Part,
-    Role,
     SecurityRequirement,
     SecurityScheme,
     SendMessageRequest,
@@ -59,8 +55,6 @@ from a2a.types import (
     TaskArtifactUpdateEvent,
     TaskPushNotificationConfig,
     TaskState,
-    TaskStatus,
-    TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import (
     InvalidParamsError,
@@ -69,24 +63,31 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-from google.protobuf.json_format import MessageToDict, ParseDict
-from google.protobuf.struct_pb2 import Struct, Value
-from google.protobuf.timestamp_pb2 import Timestamp
+from google.protobuf.json_format import MessageToDict
 
 from tether.adapters.event_log import until_stopped
 from tether.client.child_tool import ANY_OBJECT_SCHEMA
 from tether.client.parent import ParentHandle
-from tether.client.timeline import RunView
 from tether.contract.messages import DetachedHandle, RunSnapshot
 from tether.domain.events import OPEN_STATUSES
 from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.gateway.a2a_tasks import (
+    FINAL,
+    STOPS_STREAM,
+    Event,
+    StreamState,
+    a2a_state,
+    a2a_state_name,
+    context_id_of,
+    is_final,
+    result_artifact,
+    task_of,
+    task_status,
+    view_state,
+    words_of,
+)
 from tether.gateway.callers import Caller, Callers
 
-Event = Task | Message | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
-FINAL = frozenset({TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED,
-                   TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_REJECTED})
-STOPS_STREAM = FINAL | {TaskState.TASK_STATE_INPUT_REQUIRED}
-OUTPUT_ARTIFACT, RESULT_ARTIFACT = "output", "result"
 MAX_LISTED = 100
 RUN_ID_PREFIX = "a2a-"
 
@@ -189,7 +190,7 @@ class TetherAgentHandler(RequestHandler):
         if snapshot is None:
             if handle.status == "error":
                 context_id = _parent_context(caller)
-                return parent, Task(id=run_id, context_id=context_id, status=_status(
+                return parent, Task(id=run_id, context_id=context_id, status=task_status(
                     TaskState.TASK_STATE_REJECTED, handle.error or "refused", run_id,
                     context_id))
             raise InvalidParamsError(message=f"run {run_id} was accepted but cannot be read")
@@ -222,7 +223,7 @@ class TetherAgentHandler(RequestHandler):
 
     async def _answer(self, parent: ParentHandle, message: Message) -> RunSnapshot:
         snapshot = await self._snapshot(parent, message.task_id)
-        if message.context_id and message.context_id != _context_id(snapshot):
+        if message.context_id and message.context_id != context_id_of(snapshot):
             raise InvalidParamsError(message=f"task {snapshot.run_id} is not of context "
                                              f"{message.context_id}")
         if snapshot.waiting_for is None or snapshot.status not in OPEN_STATUSES:
@@ -284,9 +285,9 @@ class TetherAgentHandler(RequestHandler):
                       since: RunSnapshot) -> AsyncGenerator[Event]:
         """What happens to the run after `since`, as A2A updates, from the run's events;
         until a final state, or input is required (after a change since `since`)."""
-        sent = _Sent(state=a2a_state(since), words=_words_of(since),
+        sent = StreamState(state=a2a_state(since), words=words_of(since),
                      output=len(since.output_text))
-        context_id = _context_id(since)
+        context_id = context_id_of(since)
         views = until_stopped(parent.timeline(run_id=since.run_id), self._stopping)
         async with aclosing(views):
             async for view in views:
@@ -301,7 +302,7 @@ class TetherAgentHandler(RequestHandler):
                     if snapshot is not None and snapshot.status == "completed":
                         yield TaskArtifactUpdateEvent(
                             task_id=since.run_id, context_id=context_id,
-                            artifact=_result_artifact(snapshot), last_chunk=True)
+                            artifact=result_artifact(snapshot), last_chunk=True)
                     yield sent.status(run, context_id, force=True)
                     return
                 if state == TaskState.TASK_STATE_INPUT_REQUIRED and sent.moved:
@@ -332,7 +333,7 @@ class TetherAgentHandler(RequestHandler):
                              context: ServerCallContext) -> Task | None:
         _, parent = self._parent(context)
         snapshot = await self._snapshot(parent, params.id)
-        if _final(snapshot):
+        if is_final(snapshot):
             raise TaskNotCancelableError(message=f"task {params.id} is already "
                                                  f"{a2a_state_name(snapshot)}")
         await parent.cancel(snapshot.run_id)
@@ -368,67 +369,6 @@ class TetherAgentHandler(RequestHandler):
         raise UnsupportedOperationError(message="no extended agent card")
 
 
-class _Sent:
-    """What a stream has sent of one run, so each update says only what is new."""
-
-    def __init__(self, *, state: TaskState, words: str, output: int) -> None:
-        self.state, self.words, self.output = state, words, output
-        self.moved = False
-
-    def updates(self, run: RunView, context_id: str) -> list[Event]:
-        events: list[Event] = []
-        text = run.output_text
-        if len(text) > self.output:
-            events.append(TaskArtifactUpdateEvent(
-                task_id=run.run_id, context_id=context_id, append=self.output > 0,
-                artifact=Artifact(artifact_id=OUTPUT_ARTIFACT, name="output",
-                                  parts=[Part(text=text[self.output:])])))
-            self.output = len(text)
-        state = view_state(run)
-        if state not in FINAL and (state != self.state or _view_words(run) != self.words):
-            events.append(self.status(run, context_id))
-        return events
-
-    def status(self, run: RunView, context_id: str, *, force: bool = False
-               ) -> TaskStatusUpdateEvent:
-        state, words = view_state(run), _view_words(run)
-        self.moved = self.moved or state != self.state or words != self.words or force
-        self.state, self.words = state, words
-        return TaskStatusUpdateEvent(task_id=run.run_id, context_id=context_id,
-                                     status=_status(state, words, run.run_id, context_id))
-
-
-# --- runs as tasks --------------------------------------------------------------------
-
-def a2a_state(run: RunSnapshot) -> TaskState:
-    return _state(run.status, run.waiting_for, run.cancel_requested)
-
-
-def view_state(run: RunView) -> TaskState:
-    return _state(run.status, run.waiting_for, run.cancel_requested)
-
-
-def _state(status: str, waiting_for: str | None, cancel_requested: bool) -> TaskState:
-    if status == "starting":
-        return TaskState.TASK_STATE_SUBMITTED
-    if status == "running":
-        return (TaskState.TASK_STATE_INPUT_REQUIRED if waiting_for
-                else TaskState.TASK_STATE_WORKING)
-    if status == "completed":
-        return TaskState.TASK_STATE_COMPLETED
-    if status == "aborted" and cancel_requested:
-        return TaskState.TASK_STATE_CANCELED
-    return TaskState.TASK_STATE_FAILED
-
-
-def a2a_state_name(run: RunSnapshot) -> str:
-    return TaskState.Name(a2a_state(run)).removeprefix("TASK_STATE_").lower()
-
-
-def _final(run: RunSnapshot) -> bool:
-    return a2a_state(run) in FINAL
-
-
 def _stops(run: RunSnapshot, params: SendMessageRequest) -> bool:
     """Whether the answer to a message is the run as it is: at a final state, or waiting
     for input when the message did not just answer it (an answered run is followed
@@ -436,74 +376,6 @@ def _stops(run: RunSnapshot, params: SendMessageRequest) -> bool:
     state = a2a_state(run)
     return state in FINAL or (state == TaskState.TASK_STATE_INPUT_REQUIRED
                               and not params.message.task_id)
-
-
-def _words_of(run: RunSnapshot) -> str:
-    return _words(run.status, run.waiting_for, run.error or run.summary,
-                  (run.progress or {}).get("message"),
-                  run.milestones[-1].name if run.milestones else None)
-
-
-def _view_words(run: RunView) -> str:
-    return _words(run.status, run.waiting_for, run.error or run.summary,
-                  run.progress.message if run.progress else None,
-                  run.milestones[-1].name if run.milestones else None)
-
-
-def _words(status: str, waiting_for: str | None, outcome: str | None, message: str | None,
-           milestone: str | None) -> str:
-    """A task status's message: the outcome, what the run waits for, or its progress."""
-    if status not in OPEN_STATUSES:
-        return outcome or ""
-    if waiting_for:
-        return f"waiting for {waiting_for}"
-    return " - ".join(word for word in (milestone, message) if word)
-
-
-def task_of(run: RunSnapshot) -> Task:
-    context_id = _context_id(run)
-    task = Task(id=run.run_id, context_id=context_id,
-                status=_status(a2a_state(run), _words_of(run), run.run_id, context_id))
-    if run.output_text:
-        task.artifacts.append(Artifact(artifact_id=OUTPUT_ARTIFACT, name="output",
-                                       parts=[Part(text=run.output_text)]))
-    if run.status == "completed":
-        task.artifacts.append(_result_artifact(run))
-    metadata: dict[str, Any] = {"run_id": run.run_id, "agent_type": run.agent_type,
-                                "milestones": [m.name for m in run.milestones]}
-    if run.waiting_for:
-        metadata["pending"] = run.pending
-    if run.reason:
-        metadata["reason"] = run.reason
-    task.metadata.CopyFrom(_struct(metadata))
-    return task
-
-
-def _result_artifact(run: RunSnapshot) -> Artifact:
-    parts = [Part(text=run.summary or "")]
-    if run.output is not None:
-        parts.append(Part(data=ParseDict(run.output, Value())))
-    return Artifact(artifact_id=RESULT_ARTIFACT, name="result", parts=parts)
-
-
-def _status(state: TaskState, words: str, task_id: str, context_id: str) -> TaskStatus:
-    status = TaskStatus(state=state)
-    status.timestamp.CopyFrom(_now())
-    if words:
-        status.message.CopyFrom(Message(
-            role=Role.ROLE_AGENT, message_id=uuid.uuid4().hex, task_id=task_id,
-            context_id=context_id, parts=[Part(text=words)]))
-    return status
-
-
-def _now() -> Timestamp:
-    stamp = Timestamp()
-    stamp.GetCurrentTime()
-    return stamp
-
-
-def _struct(value: dict[str, Any]) -> Struct:
-    return ParseDict(value, Struct())
 
 
 def _compact(schema: dict[str, Any]) -> str:
@@ -514,10 +386,6 @@ def _compact(schema: dict[str, Any]) -> str:
 
 def _parent_context(caller: Caller) -> str:
     return f"{caller.parent.agent}/{caller.parent.name}"
-
-
-def _context_id(run: RunSnapshot) -> str:
-    return f"{run.parent.agent}/{run.parent.name}"
 
 
 def _run_id(caller: Caller, message_id: str) -> str:
