@@ -294,11 +294,10 @@ def task_of(run: RunSnapshot) -> dict[str, Any]:
     elif run.progress and run.progress.get("message"):
         task["statusMessage"] = run.progress["message"]
     if run.status == "completed":
-        task["result"] = types.CallToolResult(
-            content=[types.TextContent(type="text", text=run.summary or "")],
-            structured_content={"run_id": run.run_id, "agent_type": run.agent_type,
-                                "summary": run.summary, "output": run.output},
-        ).model_dump(by_alias=True, mode="json", exclude_none=True)
+        # The result an awaited call of the same run answers with.
+        task["result"] = tool_result(AgentToolSuccess(
+            run_id=run.run_id, agent_type=run.agent_type, summary=run.summary or "",
+            output=run.output)).model_dump(by_alias=True, mode="json", exclude_none=True)
     elif task["status"] == "failed":
         task["result"] = types.CallToolResult(
             content=[types.TextContent(type="text", text=run.error or run.status)],
