@@ -298,13 +298,14 @@ NATS_LOGS: dict[str, Path] = {}
 
 
 @contextlib.contextmanager
-def temporary_postgres(dbname: str = "tether_test") -> Iterator[str]:
-    """A PostgreSQL on a free port in a temp dir with database `dbname`; yields its URL."""
+def temporary_postgres(dbname: str = "tether_test", port: int | None = None) -> Iterator[str]:
+    """A PostgreSQL on `port` (else a free one) in a temp dir with database `dbname`;
+    yields its URL."""
     tmp = Path(tempfile.mkdtemp(prefix="tether-pg-"))
     os.chmod(tmp, 0o755)  # the postgres user must reach its data dir
     proc = None
     try:
-        port = free_port()
+        port = port or free_port()
         proc, bindir = start_postgres(tmp / "data", port, tmp / "postgres.log", daemon=False)
         create_database(bindir, port, dbname)
         yield f"postgresql://postgres@127.0.0.1:{port}/{dbname}"

@@ -194,6 +194,8 @@ def services_to_run(name: str, settings: Settings | None = None) -> list[str]:
 
 
 async def _run_services(settings: Settings, name: str) -> int:
+    from tether.runtime import one_service_of_many
+
     available = _services()
     chosen = services_to_run(name, settings)
     if name == "all" and "ui" not in chosen:
@@ -204,7 +206,12 @@ async def _run_services(settings: Settings, name: str) -> int:
         # The first to fail (a dependency unreachable at start) stops the others, as a
         # SIGTERM would, and its error is the one the command says. One that has not
         # stopped within ALL_STOP_S (a start-up still waiting on a server) is cancelled.
-        running = [asyncio.ensure_future(available[service](settings, stop, checks))
+        own = {service: checks for service in chosen}
+        if name == "all":  # each fills its own checks once started: till all have, not ready
+            own = {service: {} for service in chosen}
+            checks.update({service: one_service_of_many(service, own[service])
+                           for service in chosen})
+        running = [asyncio.ensure_future(available[service](settings, stop, own[service]))
                    for service in chosen]
         try:
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)

@@ -165,6 +165,20 @@ async def run_checks(checks: dict[str, ReadinessCheck]) -> dict[str, tuple[bool,
     return answers
 
 
+def one_service_of_many(name: str, checks: dict[str, ReadinessCheck]) -> ReadinessCheck:
+    """The readiness of one of the services sharing a process (`tether services all`):
+    failing while `checks`, which that service fills once it is started, is empty; else
+    its checks' answers in one."""
+    async def check() -> tuple[bool, str]:
+        if not checks:
+            return False, f"{name} is starting (not connected yet)"
+        answers = await run_checks(checks)
+        return (all(ok for ok, _ in answers.values()),
+                "; ".join(f"{check} {'ok' if ok else 'failing'}: {detail}"
+                          for check, (ok, detail) in answers.items()))
+    return check
+
+
 async def _read_line(reader: asyncio.StreamReader) -> bytes:
     async with asyncio.timeout(5.0):
         return await reader.readline()

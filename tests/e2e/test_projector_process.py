@@ -1,10 +1,11 @@
 """The projector service as a process: killed mid-batch, restarted, rebuilt, verified."""
 
 import asyncio
-import json
 import os
 import signal
 import sys
+
+from service_processes import http_get
 
 from tether.adapters.postgres.projector import verify
 from tether.testing import append_finished_runs
@@ -28,16 +29,6 @@ async def wait_for_checkpoint(pool, schema: str, seq: int, timeout: float = 60) 
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"the projector did not reach sequence {seq} in {timeout}s")
         await asyncio.sleep(0.05)
-
-
-async def http_get(port: int, path: str) -> tuple[int, dict]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    await writer.drain()
-    response = await reader.read()
-    writer.close()
-    head, _, body = response.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body)
 
 
 async def projected_counts(pool, schema: str) -> tuple[int, int, int, int]:

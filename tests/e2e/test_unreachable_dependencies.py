@@ -11,7 +11,7 @@ import time
 
 import pytest
 from authorized_nats import nats_server
-from service_processes import ready
+from service_processes import http_get, ready
 
 from tether.client import connect
 from tether.client.errors import ServiceUnavailable
@@ -153,8 +153,7 @@ async def test_servers_stopped_under_running_services_are_said_once_each(service
         every = await services("all", TETHER_NATS_URL=nats_url,
                                TETHER_DATABASE_URL=database_url, TETHER_UI_PORT="0",
                                TETHER_AGENTS="examples.agents:Researcher")
-        await every.logged("child_runner.consuming", timeout=30)
-        await every.logged("ui.listening", timeout=30)
+        await ready(every)  # every service started
         before = len(every.lines)
         await asyncio.to_thread(servers.close)  # both servers stopped, as `make down` does
 
@@ -171,3 +170,22 @@ async def test_servers_stopped_under_running_services_are_said_once_each(service
     every.signal(signal.SIGTERM)
     assert await every.wait(timeout=15) == 0
 
+
+
+async def test_all_is_ready_only_once_every_service_is_started(services, devstack):
+    """A child runner needs no Postgres and starts; the services that need one are still
+    waiting for it: `/readyz` of `all` says which, until Postgres comes up."""
+    port = dead_port()
+    every = await services("all", TETHER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/late",
+                           TETHER_STARTUP_TIMEOUT_MS="60000", TETHER_UI_PORT="0",
+                           TETHER_AGENTS="examples.agents:Researcher")
+    await every.logged("child_runner.consuming", timeout=30)
+    status, body = await http_get(every.health_port, "/readyz")
+    assert status == 503 and body["ready"] is False
+    assert body["checks"]["child-runner"].startswith("ok: nats ok: ")
+    for waiting in ("parent", "projector", "reconciler", "ui"):
+        assert body["checks"][waiting] == f"failing: {waiting} is starting (not connected yet)"
+    with devstack.temporary_postgres("late", port=port):
+        await ready(every, timeout=60)
+        every.signal(signal.SIGTERM)
+        assert await every.wait(timeout=15) == 0

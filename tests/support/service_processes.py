@@ -96,6 +96,17 @@ async def http_status(port: int, path: str) -> int:
     return int(head.split()[1])
 
 
+async def http_get(port: int, path: str) -> tuple[int, dict]:
+    """The status and JSON body of a GET on a health port."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
 async def ready(service: ServiceProcess, timeout: float = 30) -> None:
     """Until the service's /readyz answers 200 (its health port polled every 50 ms)."""
     async def answers_ready() -> bool:
