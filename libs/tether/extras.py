@@ -15,6 +15,8 @@ EXTRAS = {
     "otel": (("opentelemetry.sdk",), "OpenTelemetry traces"),
     "gateway": (("mcp", "a2a", "starlette", "uvicorn"),
                 "the MCP and A2A gateway (`tether gateway`, the `gateway` service)"),
+    "remote": (("mcp", "a2a", "httpx"),
+               "remote A2A agents and MCP tools as child agents (tether.remote)"),
 }
 
 

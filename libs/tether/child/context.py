@@ -126,9 +126,11 @@ class RunContext:
     def __init__(self, *, run_id: str, parent: ParentRef, agent_type: str, attempt: int,
                  recorder: "RunRecorder | None", client: Any = None,
                  client_factory: Callable[[ParentRef], Any] | None = None,
-                 history: "RunState | None" = None) -> None:
+                 history: "RunState | None" = None,
+                 stop_reason: Callable[[], str | None] | None = None) -> None:
         """`client_factory`: makes `client` (given `as_parent()`) when a child first asks
-        for it; most children never do."""
+        for it; most children never do. `stop_reason`: why the runner stops this attempt
+        (`RunContext.stop_reason`)."""
         self.run_id = run_id
         self.parent = parent
         self.agent_type = agent_type
@@ -148,6 +150,17 @@ class RunContext:
         self.started_at: int | None = None
         self._recorder = recorder
         self._nested_calls: dict[str, int] = {}
+        self._stop_reason = stop_reason
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the runner stops this attempt; None while it runs. `"cancel"` (the run was
+        cancelled) and `"give-up"` (a budget ran out) end the run, so what the child
+        started elsewhere should be stopped too; `"superseded"` (another attempt holds the
+        run), `"gone"` (it ended elsewhere) and `"shutdown"` (this runner is stopping and
+        gives the run back) leave the run to another attempt, which should pick up what
+        this one started."""
+        return None if self._stop_reason is None else self._stop_reason()
 
     @classmethod
     def standalone(cls, agent_type: str = "standalone",

@@ -267,10 +267,10 @@ class Execution:
     async def _run_child(self, state: RunState, payload: BaseModel) -> Outcome:
         env = self._env
         recorder = self._recorder = self._new_recorder(state)
-        ctx = RunContext(run_id=self.run_id, parent=self.parent, agent_type=state.agent_type,
-                         attempt=self.attempt, recorder=recorder, history=state,
-                         client_factory=env.parent_client)
-        self._ctx = ctx
+        ctx = self._ctx = RunContext(
+            run_id=self.run_id, parent=self.parent, agent_type=state.agent_type,
+            attempt=self.attempt, recorder=recorder, history=state,
+            client_factory=env.parent_client, stop_reason=lambda: self._stop_reason)
         # Stopped while we prepared: do not start a child only to stop it.
         if (verdict := attempts.stopped_before_start(self._stop_reason,
                                                      self._cancel_detail)) is not None:

@@ -1,0 +1,295 @@
+"""A remote A2A agent as a Tether child, against the official SDK's own server (its
+`DefaultRequestHandler` and in-memory task store, `remote_a2a_server.py`, a process of its
+own) over real HTTP, with the parent service and child-runners on real NATS: one run is
+one remote task, followed again by the runner that takes the run over, paused for a human
+when the remote asks, cancelled with the run, waited for while the remote is down."""
+
+import asyncio
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from eventually import eventually
+
+from tether.agent_registry import AgentConfigurationError, AgentRegistry
+from tether.client import Tether, connect
+from tether.log import get_logger
+from tether.remote.a2a_agent import a2a_agent
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
+
+SERVER = Path(__file__).parents[1] / "support" / "remote_a2a_server.py"
+TOKEN = "remote-secret"
+DEADLINE_S = 30
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RemoteServer:
+    """The SDK's A2A server as a process on a fixed port: started, stopped, restarted."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            sys.executable, str(SERVER), str(self.port), TOKEN)
+
+        async def answers() -> bool:
+            try:
+                async with httpx.AsyncClient() as http:
+                    return (await http.get(f"{self.url}/control/stats")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await eventually(answers, timeout=20)
+
+    async def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            await asyncio.wait_for(self.process.wait(), timeout=10)
+            self.process = None
+
+    async def stats(self) -> dict:
+        async with httpx.AsyncClient() as http:
+            return (await http.get(f"{self.url}/control/stats")).json()
+
+    async def release(self) -> None:
+        async with httpx.AsyncClient() as http:
+            await http.post(f"{self.url}/control/release")
+
+
+@pytest.fixture
+async def remote() -> AsyncIterator[RemoteServer]:
+    server = RemoteServer()
+    try:
+        yield server
+    finally:
+        await server.kill()
+
+
+@pytest.fixture
+def echo(remote, monkeypatch):
+    monkeypatch.setenv("ECHO_TOKEN", TOKEN)
+    return a2a_agent("Echo", remote.url, token_variable="ECHO_TOKEN", unreachable_for_s=20,
+                     description="Says back what it is told")
+
+
+class Stack:
+    """The parent service in this process, and child-runners the test starts and stops
+    (a stopped one gives its runs back, as on SIGTERM)."""
+
+    def __init__(self, settings, log, pool, tether: Tether, agents: list) -> None:
+        self.settings, self.log, self.pool, self.tether = settings, log, pool, tether
+        self.registry = AgentRegistry(agents)
+        self.stops: list[tuple[asyncio.Event, asyncio.Task]] = []
+        self.parent = tether.parent("Assistant", "remote")
+
+    async def start_parent(self) -> None:
+        parent = await open_parent(self.settings, self.log, self.pool, self.registry,
+                                   get_logger(service="parent-test"))
+        stop = asyncio.Event()
+        self.stops.append((stop, asyncio.create_task(parent.run(stop))))
+
+    async def start_runner(self) -> tuple[asyncio.Event, asyncio.Task]:
+        runner = await open_runner(
+            self.tether.nc, self.settings.model_copy(update={"work_ack_wait_ms": 1500}),
+            self.registry, fetch_timeout_s=0.3, cancel_grace_s=2.0, shutdown_grace_s=0.2)
+        handle = (asyncio.Event(), None)
+        task = asyncio.create_task(runner.run(handle[0]))
+        self.stops.append((handle[0], task))
+        return handle[0], task
+
+    async def stop_runner(self, handle) -> None:
+        stop, task = handle
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+        self.stops = [(s, t) for s, t in self.stops if t is not task]
+
+    async def state(self, run_id: str):
+        return (await self.tether.read_run(self.parent.ref, run_id)).state
+
+    async def close(self) -> None:
+        for stop, _ in self.stops:
+            stop.set()
+        await asyncio.wait_for(asyncio.gather(*(task for _, task in self.stops)), timeout=10)
+
+
+@pytest.fixture
+async def stack(settings, log, pool, echo) -> AsyncIterator[Stack]:
+    async with connect(settings=settings) as tether:
+        started = Stack(settings, log, pool, tether, [echo])
+        await started.start_parent()
+        try:
+            yield started
+        finally:
+            await started.close()
+
+
+async def test_a_run_is_one_remote_task_whose_artifacts_are_its_output(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    result = await asyncio.wait_for(
+        stack.parent.run_agent_tool("Echo", {"text": "echo hello world"}, run_id="hello"),
+        DEADLINE_S)
+    assert result.ok, result
+    assert result.summary == "echo: hello world"
+    [execution] = (await remote.stats())["executions"]
+    assert result.output["task_id"] == execution["task_id"]
+    assert result.output["message"] == "done"
+    assert [(a["name"], a["parts"]) for a in result.output["artifacts"]] == [
+        ("echo", [{"text": "echo: hello world"}]), ("count", [{"data": {"words": 2.0}}])]
+    state = await stack.state("hello")
+    assert state.steps[0] == {"kind": "a2a.task", "url": remote.url,
+                              "task_id": execution["task_id"],
+                              "context_id": result.output["context_id"]}
+
+
+async def test_a_remote_that_fails_the_task_fails_the_run_with_its_message(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    result = await asyncio.wait_for(
+        stack.parent.run_agent_tool("Echo", {"text": "fail"}, run_id="failing"), DEADLINE_S)
+    assert not result.ok and result.status == "error"
+    [execution] = (await remote.stats())["executions"]
+    assert result.error == (f"RemoteAgentError: task {execution['task_id']} of the A2A agent "
+                            f"at {remote.url} failed: no such thing")
+
+
+async def test_a_remote_question_is_a_human_pause_whose_answer_goes_to_the_same_task(
+        remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Echo", {"text": "ask"}, run_id="asking"))
+
+    async def paused():
+        state = await stack.state("asking")
+        return state is not None and state.paused is not None and state
+
+    state = await eventually(paused, timeout=DEADLINE_S)
+    [execution] = (await remote.stats())["executions"]
+    assert state.paused.reason == "waiting_for_human"
+    assert state.paused.pending == [{
+        "tool_call_id": "a2a-question-0", "tool_name": "Echo", "reason": "input",
+        "input": {"question": "Which language?", "task_id": execution["task_id"]}}]
+    await stack.parent.continue_run("asking", human_input="French")
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "in French"
+    executions = (await remote.stats())["executions"]
+    assert [e["task_id"] for e in executions] == [execution["task_id"]] * 2
+    assert executions[1]["text"] == "French"
+
+
+async def test_cancelling_the_run_cancels_the_remote_task(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Echo", {"text": "hold on"}, run_id="held"))
+
+    async def named():
+        state = await stack.state("held")
+        return state is not None and 0 in state.steps and state.steps[0]["task_id"]
+
+    task_id = await eventually(named, timeout=DEADLINE_S)
+    await stack.parent.cancel("held")
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert not result.ok and result.status == "aborted"
+    assert (await remote.stats())["cancels"] == [task_id]
+
+
+async def test_a_runner_that_stops_leaves_the_task_to_the_next_which_follows_it(
+        remote, stack):
+    await remote.start()
+    first = await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Echo", {"text": "hold on"}, run_id="handed-over"))
+
+    async def named():
+        state = await stack.state("handed-over")
+        return state is not None and 0 in state.steps and state
+
+    await eventually(named, timeout=DEADLINE_S)
+    await stack.stop_runner(first)  # gives the run back; the remote task goes on
+    await stack.start_runner()
+
+    async def second_attempt():
+        state = await stack.state("handed-over")
+        return state.attempt == 2
+
+    await eventually(second_attempt, timeout=DEADLINE_S)
+    await remote.release()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "echo: on"
+    stats = await remote.stats()
+    assert len(stats["executions"]) == 1, "the input was sent once: one remote task"
+    assert stats["cancels"] == []
+
+
+async def test_a_remote_that_is_down_is_waited_for_and_said_so(remote, stack):
+    await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Echo", {"text": "echo late"}, run_id="late"))
+
+    async def waiting():
+        state = await stack.state("late")
+        return (state is not None and state.progress is not None
+                and state.progress.phase == "waiting_for_remote" and state)
+
+    state = await eventually(waiting, timeout=DEADLINE_S)
+    assert state.progress.message.startswith(
+        f"the A2A agent at {remote.url} does not answer (reading its agent card: ConnectError")
+    assert state.progress.message.endswith("trying again for up to 20s")
+    await remote.start()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "echo: late"
+
+
+async def test_a_remote_that_lost_the_task_fails_the_run_saying_so(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Echo", {"text": "hold on"}, run_id="lost"))
+
+    async def named():
+        state = await stack.state("lost")
+        return state is not None and 0 in state.steps and state.steps[0]["task_id"]
+
+    task_id = await eventually(named, timeout=DEADLINE_S)
+    await remote.kill()  # its tasks were in memory
+    await remote.start()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert not result.ok
+    assert result.error == (f"RemoteAgentError: the A2A agent at {remote.url} no longer "
+                            f"knows task {task_id} (it may keep its tasks in memory and have "
+                            "restarted)")
+    assert (await remote.stats())["executions"] == [], "the input was not sent again"
+
+
+async def test_a_wrong_token_fails_the_run_naming_the_variable(remote, stack, monkeypatch):
+    await remote.start()
+    monkeypatch.setenv("ECHO_TOKEN", "wrong")
+    await stack.start_runner()
+    result = await asyncio.wait_for(
+        stack.parent.run_agent_tool("Echo", {"text": "echo x"}, run_id="refused"), DEADLINE_S)
+    assert not result.ok
+    assert result.error == (f"RemoteAgentError: the A2A agent at {remote.url} refused the "
+                            "call (HTTP 401): check the token in ECHO_TOKEN")
+
+
+def test_a_remote_agent_without_its_token_or_url_is_refused_at_start(monkeypatch):
+    monkeypatch.delenv("NO_SUCH_TOKEN", raising=False)
+    agent = a2a_agent("Lacking", "http://127.0.0.1:1", token_variable="NO_SUCH_TOKEN")
+    with pytest.raises(AgentConfigurationError, match="NO_SUCH_TOKEN"):
+        agent.check_configuration()
+    with pytest.raises(AgentConfigurationError, match="url must be"):
+        a2a_agent("Nowhere", "ftp://x").check_configuration()
