@@ -5,72 +5,22 @@ one remote task, followed again by the runner that takes the run over, paused fo
 when the remote asks, cancelled with the run, waited for while the remote is down."""
 
 import asyncio
-import socket
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
-import httpx
 import pytest
 from eventually import eventually
+from remote_servers import TOKEN, RemoteServer, Stack
 
-from tether.agent_registry import AgentConfigurationError, AgentRegistry
-from tether.client import Tether, connect
-from tether.log import get_logger
+from tether.agent_registry import AgentConfigurationError
+from tether.client import connect
 from tether.remote.a2a_agent import a2a_agent
-from tether_services.child_runner import open_runner
-from tether_services.parent import open_parent
 
-SERVER = Path(__file__).parents[1] / "support" / "remote_a2a_server.py"
-TOKEN = "remote-secret"
 DEADLINE_S = 30
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class RemoteServer:
-    """The SDK's A2A server as a process on a fixed port: started, stopped, restarted."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, str(SERVER), str(self.port), TOKEN)
-
-        async def answers() -> bool:
-            try:
-                async with httpx.AsyncClient() as http:
-                    return (await http.get(f"{self.url}/control/stats")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await eventually(answers, timeout=20)
-
-    async def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            await asyncio.wait_for(self.process.wait(), timeout=10)
-            self.process = None
-
-    async def stats(self) -> dict:
-        async with httpx.AsyncClient() as http:
-            return (await http.get(f"{self.url}/control/stats")).json()
-
-    async def release(self) -> None:
-        async with httpx.AsyncClient() as http:
-            await http.post(f"{self.url}/control/release")
 
 
 @pytest.fixture
 async def remote() -> AsyncIterator[RemoteServer]:
-    server = RemoteServer()
+    server = RemoteServer("remote_a2a_server.py")
     try:
         yield server
     finally:
@@ -82,46 +32,6 @@ def echo(remote, monkeypatch):
     monkeypatch.setenv("ECHO_TOKEN", TOKEN)
     return a2a_agent("Echo", remote.url, token_variable="ECHO_TOKEN", unreachable_for_s=20,
                      description="Says back what it is told")
-
-
-class Stack:
-    """The parent service in this process, and child-runners the test starts and stops
-    (a stopped one gives its runs back, as on SIGTERM)."""
-
-    def __init__(self, settings, log, pool, tether: Tether, agents: list) -> None:
-        self.settings, self.log, self.pool, self.tether = settings, log, pool, tether
-        self.registry = AgentRegistry(agents)
-        self.stops: list[tuple[asyncio.Event, asyncio.Task]] = []
-        self.parent = tether.parent("Assistant", "remote")
-
-    async def start_parent(self) -> None:
-        parent = await open_parent(self.settings, self.log, self.pool, self.registry,
-                                   get_logger(service="parent-test"))
-        stop = asyncio.Event()
-        self.stops.append((stop, asyncio.create_task(parent.run(stop))))
-
-    async def start_runner(self) -> tuple[asyncio.Event, asyncio.Task]:
-        runner = await open_runner(
-            self.tether.nc, self.settings.model_copy(update={"work_ack_wait_ms": 1500}),
-            self.registry, fetch_timeout_s=0.3, cancel_grace_s=2.0, shutdown_grace_s=0.2)
-        handle = (asyncio.Event(), None)
-        task = asyncio.create_task(runner.run(handle[0]))
-        self.stops.append((handle[0], task))
-        return handle[0], task
-
-    async def stop_runner(self, handle) -> None:
-        stop, task = handle
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
-        self.stops = [(s, t) for s, t in self.stops if t is not task]
-
-    async def state(self, run_id: str):
-        return (await self.tether.read_run(self.parent.ref, run_id)).state
-
-    async def close(self) -> None:
-        for stop, _ in self.stops:
-            stop.set()
-        await asyncio.wait_for(asyncio.gather(*(task for _, task in self.stops)), timeout=10)
 
 
 @pytest.fixture

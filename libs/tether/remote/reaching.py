@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import httpx
+import httpx2
+from mcp.shared.exceptions import MCPError
 
 from tether.child.context import RunCancelled, RunContext
 from tether.resilience import Backoff, sleep_unless_stopped
@@ -22,15 +24,25 @@ class RemoteAgentError(Exception):
     """The remote agent failed, refused or lost the run's task: the run fails with this."""
 
 
+# MCP's error for a stream the server closed before it answered (it went away mid-call).
+MCP_STREAM_ENDED = -32000
+
+
 def unreachable(error: BaseException) -> bool:
     """An error that says the server is not there now (not that it refused): a failed
-    connection, a timeout, a busy answer, anywhere in the chain of causes."""
+    connection, a timeout, a busy answer, a stream cut short, anywhere in the chain of
+    causes or in a group."""
+    if isinstance(error, BaseExceptionGroup):
+        return any(unreachable(inner) for inner in error.exceptions)
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, (httpx.TransportError, ConnectionError, TimeoutError)):
+        if isinstance(seen, (httpx.TransportError, httpx2.TransportError, ConnectionError,
+                             TimeoutError)):
             return True
-        if isinstance(seen, httpx.HTTPStatusError):
+        if isinstance(seen, (httpx.HTTPStatusError, httpx2.HTTPStatusError)):
             return seen.response.status_code in BUSY_STATUSES
+        if isinstance(seen, MCPError):
+            return seen.code == MCP_STREAM_ENDED
         seen = seen.__cause__ or seen.__context__
     return False
 
@@ -101,6 +113,8 @@ class Reaching:
 def describe(error: BaseException) -> str:
     """The innermost cause's type and message: what actually went wrong."""
     inner: BaseException = error
+    while isinstance(inner, BaseExceptionGroup):
+        inner = inner.exceptions[0]
     while inner.__cause__ is not None:
         inner = inner.__cause__
     return f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__

@@ -1,0 +1,276 @@
+"""One tool of a remote MCP server as a Tether child: each run is one call of the tool.
+
+    Search = mcp_tool_agent("Search", server="https://tools.example/mcp", tool="search",
+                            token_variable="SEARCH_TOKEN")
+
+A run calls the tool with its input as the arguments, over streamable HTTP (MCP
+`2026-07-28`, the official SDK's client), declaring the tasks extension
+(`io.modelcontextprotocol/tasks`) and naming the run in `_meta["io.tether/run_id"]`.
+- A server that answers with a task: the task id is recorded as the run's step 0, and the
+  run follows the task with `tasks/get` (its status message as progress) to its result;
+  the attempt that takes the run over (the runner that followed it died) follows the
+  recorded task instead of calling again. Cancelling the run (or a budget running out)
+  sends `tasks/cancel`.
+- A server that answers the call itself: progress notifications are progress, the result
+  is the outcome; cancelling the run cancels the call. A runner that dies during such a
+  call leaves nothing to follow: the next attempt calls the tool again (a Tether gateway
+  recognises the run id and answers with the same run).
+The result's structured content (else its content blocks) is the run's output and its
+text the summary; a tool error fails the run with its text. A server that does not answer
+is tried again for `unreachable_for_s`.
+"""
+
+import asyncio
+import os
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tether.agent_registry import AgentConfigurationError
+from tether.child.agent import AnyInput, ChildAgent
+from tether.child.context import RunCancelled, RunContext
+from tether.extras import MissingExtra
+
+try:
+    import httpx2
+    import mcp_types as types
+    from mcp import Client
+    from mcp.client import ClientExtension, ResultClaim
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPError
+except ImportError as missing:  # pragma: no cover - the extra is installed in the tests
+    raise MissingExtra("remote") from missing
+
+from tether.remote.reaching import Reaching, RemoteAgentError, first_of
+
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
+RUN_ID_META = "io.tether/run_id"
+TASK_STEP = 0
+ENDED = ("completed", "failed", "cancelled")
+
+
+class MCPToolAgent(ChildAgent):
+    """A child whose runs are calls of `tool` on the MCP server at `server` (its
+    streamable HTTP endpoint); `mcp_tool_agent` makes one."""
+
+    server: ClassVar[str] = ""
+    tool: ClassVar[str] = ""
+    # The environment variable holding the bearer token the server asks for ("": none).
+    token_variable: ClassVar[str] = ""
+    # How long a run tries a server that does not answer before it fails.
+    unreachable_for_s: ClassVar[float] = 300.0
+    # How often a run asks about its task when the server suggests no interval.
+    poll_s: ClassVar[float] = 1.0
+
+    @classmethod
+    def check_configuration(cls) -> None:
+        if not cls.server.startswith(("http://", "https://")):
+            raise AgentConfigurationError(
+                f"{cls.agent_type}: server must be the MCP server's http(s) URL, not "
+                f"{cls.server!r}")
+        if not cls.tool:
+            raise AgentConfigurationError(f"{cls.agent_type}: tool names no tool")
+        if cls.token_variable and not os.environ.get(cls.token_variable):
+            raise AgentConfigurationError(
+                f"{cls.agent_type}: the environment variable {cls.token_variable} (its "
+                "token_variable) holds no token for the MCP server")
+
+    def __init__(self) -> None:
+        self._summary: str | None = None
+
+    async def run(self, ctx: RunContext, input: Any) -> Any:
+        call = _ToolCall(type(self), ctx)
+        done, output = await first_of(call.follow(_arguments(input)), ctx)
+        if not done:
+            await call.stop_remote()
+            raise RunCancelled(f"run {ctx.run_id} was cancelled")
+        self._summary = call.summary
+        return output
+
+    async def get_summary(self, run_id: str, output: Any) -> str | None:
+        return self._summary
+
+
+def mcp_tool_agent(agent_type: str, server: str, tool: str, *, token_variable: str = "",
+                   description: str = "", unreachable_for_s: float = 300.0,
+                   poll_s: float = 1.0, input_model: type = AnyInput) -> type[MCPToolAgent]:
+    """A child agent type whose runs are calls of `tool` on the MCP server at `server`."""
+    return type(agent_type, (MCPToolAgent,), {
+        "agent_type": agent_type, "server": server, "tool": tool,
+        "token_variable": token_variable,
+        "description": description or f"The tool {tool} of the MCP server at {server}",
+        "unreachable_for_s": unreachable_for_s, "poll_s": poll_s, "input_model": input_model,
+        # Its code is the server's: a run begun against another tool is another agent's.
+        "version": f"mcp {server} {tool}"})
+
+
+class _CreatedTask(types.Result):
+    """What a call answers when the server runs it as a task."""
+
+    model_config = ConfigDict(extra="allow")
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    poll_interval_ms: int | None = None
+
+
+class _Task(types.Result):
+    """`tasks/get`'s answer: the task, with its result once it has ended."""
+
+    model_config = ConfigDict(extra="allow")
+    task_id: str
+    status: str
+    status_message: str | None = None
+    poll_interval_ms: int | None = None
+    result: dict[str, Any] | None = None
+
+
+class _TaskId(types.RequestParams):
+    task_id: str
+
+
+class _TasksGet(types.Request[_TaskId, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param = "taskId"
+
+
+class _TasksCancel(types.Request[_TaskId, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"
+
+
+class _Tasks(ClientExtension):
+    """Declares the tasks extension; a call answered with a task returns it as it is."""
+
+    identifier = TASKS_EXTENSION
+
+    def claims(self) -> list[ResultClaim]:
+        async def as_is(created: _CreatedTask, context: Any) -> Any:
+            return created
+
+        return [ResultClaim(result_type="task", model=_CreatedTask, resolve=as_is)]
+
+
+class _ToolCall:
+    """One run's call: made, or its task found again, and followed to its result."""
+
+    def __init__(self, agent: type[MCPToolAgent], ctx: RunContext) -> None:
+        self.agent, self.ctx = agent, ctx
+        self.reach = Reaching(ctx, "MCP server", agent.server, agent.unreachable_for_s,
+                              refused=self._refused)
+        recorded = ctx.history.steps.get(TASK_STEP) if ctx.history is not None else None
+        self.task_id: str | None = recorded["task_id"] if recorded else None
+        self.poll_s = agent.poll_s
+        self.summary = ""
+        self._said: str | None = None
+
+    def _refused(self, error: BaseException) -> str | None:
+        errors = _leaves(error)
+        mcp_errors = [e for e in errors if isinstance(e, MCPError)]
+        if not mcp_errors:
+            return None
+        error = mcp_errors[0]
+        hint = (f"; check the token in {self.agent.token_variable}"
+                if self.agent.token_variable else "")
+        where = f"task {self.task_id}" if self.task_id else f"the call of {self.agent.tool}"
+        return (f"the MCP server at {self.agent.server} refused {where}: {error} "
+                f"(code {error.code}){hint if error.code == types.INTERNAL_ERROR else ''}")
+
+    def _client(self, http: "httpx2.AsyncClient") -> "Client":
+        return Client(streamable_http_client(self.agent.server, http_client=http),
+                      extensions=[_Tasks()])
+
+    def _http(self) -> "httpx2.AsyncClient":
+        variable = self.agent.token_variable
+        headers = {"Authorization": f"Bearer {os.environ[variable]}"} if variable else {}
+        return httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=None))
+
+    async def follow(self, arguments: dict[str, Any]) -> Any:
+        async def connected() -> Any:
+            try:
+                async with self._http() as http, self._client(http) as client:
+                    if self.task_id is None:
+                        answer = await self._call(client, arguments)
+                        if not isinstance(answer, _CreatedTask):
+                            return answer
+                        self.task_id = answer.task_id
+                        self.poll_s = (answer.poll_interval_ms or self.poll_s * 1000) / 1000
+                        await self.ctx.record_step(TASK_STEP, {
+                            "kind": "mcp.task", "server": self.agent.server,
+                            "tool": self.agent.tool, "task_id": answer.task_id})
+                    return await self._follow_task(client)
+            except BaseExceptionGroup as group:  # the client's task groups wrap what failed
+                if len(leaves := _leaves(group)) == 1:
+                    raise leaves[0]  # noqa: B904 - the group is its context
+                raise
+
+        return self._ended(await self.reach.call(connected, f"calling {self.agent.tool}"))
+
+    async def _call(self, client: "Client", arguments: dict[str, Any]) -> Any:
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            fraction = min(max(done / total, 0.0), 1.0) if total else None
+            await self.ctx.report_progress(fraction=fraction, message=message)
+
+        meta: Any = {RUN_ID_META: self.ctx.run_id}  # (the SDK's type names its own keys)
+        return await client.session.call_tool(
+            self.agent.tool, arguments, progress_callback=progress, allow_claimed=True,
+            meta=meta)
+
+    async def _follow_task(self, client: "Client") -> Any:
+        assert self.task_id is not None
+        while True:
+            task = await client.session.send_request(
+                _TasksGet(params=_TaskId(task_id=self.task_id)), _Task)
+            if task.status_message and task.status_message != self._said:
+                self._said = task.status_message
+                await self.ctx.report_progress(message=task.status_message,
+                                               phase=task.status.replace("_", "-"))
+            if task.status in ENDED:
+                if task.result is None:
+                    raise RemoteAgentError(
+                        f"task {task.task_id} of the MCP server at {self.agent.server} "
+                        f"{task.status}" + (f": {task.status_message}"
+                                            if task.status_message else ""))
+                return types.CallToolResult.model_validate(task.result, by_name=False)
+            if task.status == "input_required":
+                raise RemoteAgentError(
+                    f"task {task.task_id} of the MCP server at {self.agent.server} asks for "
+                    "input, which a Tether child calling it cannot give yet")
+            await asyncio.sleep((task.poll_interval_ms or self.poll_s * 1000) / 1000)
+
+    def _ended(self, result: Any) -> Any:
+        if not isinstance(result, types.CallToolResult):
+            raise RemoteAgentError(f"the MCP server at {self.agent.server} answered the call "
+                                   f"of {self.agent.tool} with {type(result).__name__}")
+        texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+        if result.is_error:
+            raise RemoteAgentError(f"the tool {self.agent.tool} of the MCP server at "
+                                   f"{self.agent.server} failed: {' '.join(texts)}")
+        self.summary = "\n".join(texts)
+        if result.structured_content is not None:
+            return result.structured_content
+        return {"content": [block.model_dump(mode="json", by_alias=True, exclude_none=True)
+                            for block in result.content]}
+
+    async def stop_remote(self) -> None:
+        """The run is cancelled: a cancel or a give-up ends the remote task too (a plain
+        call was cancelled with this attempt); an attempt that lost the run, or a runner
+        stopping, leaves the task to the next attempt."""
+        if self.task_id is None or self.ctx.stop_reason not in ("cancel", "give-up"):
+            return
+        async with self._http() as http, self._client(http) as client:
+            await client.session.send_request(
+                _TasksCancel(params=_TaskId(task_id=self.task_id)), types.EmptyResult)
+
+
+def _arguments(input: Any) -> dict[str, Any]:
+    if isinstance(input, BaseModel):
+        return input.model_dump(mode="json")
+    return dict(input)
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions of a group, all the way down; the error itself otherwise."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]

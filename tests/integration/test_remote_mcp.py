@@ -1,0 +1,148 @@
+"""One tool of a remote MCP server as a Tether child, against a server made with the
+official SDK (`remote_mcp_server.py`, a process of its own, with and without the tasks
+extension) over real HTTP, with the parent service and child-runners on real NATS: a call
+answered with a task is followed by its recorded id (again by the runner that takes the
+run over), a plain call by its progress; a cancel reaches the server; a server that is
+down is waited for."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from eventually import eventually
+from remote_servers import TOKEN, RemoteServer, Stack
+
+from tether.client import connect
+from tether.remote.mcp_tool import mcp_tool_agent
+
+DEADLINE_S = 30
+
+
+@pytest.fixture(params=["tasks", "plain"])
+async def remote(request) -> AsyncIterator[RemoteServer]:
+    server = RemoteServer("remote_mcp_server.py", *(["plain"] if request.param == "plain" else []))
+    server.tasks = request.param == "tasks"
+    try:
+        yield server
+    finally:
+        await server.kill()
+
+
+@pytest.fixture
+async def stack(settings, log, pool, remote, monkeypatch) -> AsyncIterator[Stack]:
+    monkeypatch.setenv("TOOLS_TOKEN", TOKEN)
+    agents = [mcp_tool_agent(name, f"{remote.url}/mcp", tool, token_variable="TOOLS_TOKEN",
+                             unreachable_for_s=20)
+              for name, tool in (("Count", "count"), ("Hold", "hold"), ("Boom", "boom"))]
+    async with connect(settings=settings) as tether:
+        started = Stack(settings, log, pool, tether, agents)
+        await started.start_parent()
+        try:
+            yield started
+        finally:
+            await started.close()
+
+
+async def test_a_call_is_a_run_whose_output_is_the_structured_result(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    result = await asyncio.wait_for(
+        stack.parent.run_agent_tool("Count", {"words": "one two three"}, run_id="counted"),
+        DEADLINE_S)
+    assert result.ok, result
+    assert result.output == {"words": 3}
+    assert (await remote.stats())["calls"] == [{"tool": "count", "words": "one two three"}]
+    state = await stack.state("counted")
+    if remote.tasks:
+        assert state.steps[0]["kind"] == "mcp.task"
+        assert state.steps[0]["tool"] == "count"
+    else:
+        assert state.steps == {}
+
+
+async def test_a_tool_error_fails_the_run_with_its_text(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    result = await asyncio.wait_for(
+        stack.parent.run_agent_tool("Boom", {}, run_id="boom"), DEADLINE_S)
+    assert not result.ok
+    assert result.error == (f"RemoteAgentError: the tool boom of the MCP server at "
+                            f"{remote.url}/mcp failed: Error executing tool boom: boom failed")
+
+
+async def test_cancelling_the_run_cancels_the_call(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Hold", {"words": "a b"}, run_id="held"))
+
+    async def called():
+        return (await remote.stats())["calls"] != []
+
+    await eventually(called, timeout=DEADLINE_S)
+    if remote.tasks:
+        async def named():
+            return 0 in (await stack.state("held")).steps
+        await eventually(named, timeout=DEADLINE_S)
+    await stack.parent.cancel("held")
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert not result.ok and result.status == "aborted"
+
+    async def cancelled():
+        return (await remote.stats())["cancels"] != []
+
+    await eventually(cancelled, timeout=DEADLINE_S)
+    if remote.tasks:
+        state = await stack.state("held")
+        assert (await remote.stats())["cancels"][0] == state.steps[0]["task_id"]
+
+
+async def test_a_runner_that_stops_leaves_a_task_to_the_next_and_a_plain_call_is_made_again(
+        remote, stack):
+    await remote.start()
+    first = await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Hold", {"words": "x y"}, run_id="handed-over"))
+
+    async def under_way():
+        state = await stack.state("handed-over")
+        return (await remote.stats())["calls"] != [] and (not remote.tasks or 0 in state.steps)
+
+    await eventually(under_way, timeout=DEADLINE_S)
+    await stack.stop_runner(first)
+    await stack.start_runner()
+
+    async def second_attempt():
+        return (await stack.state("handed-over")).attempt == 2
+
+    await eventually(second_attempt, timeout=DEADLINE_S)
+    if not remote.tasks:
+        async def called_again():
+            return len((await remote.stats())["calls"]) == 2
+        await eventually(called_again, timeout=DEADLINE_S)
+    await remote.release()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.output == {"words": 2}
+    stats = await remote.stats()
+    if remote.tasks:  # the next attempt followed the task
+        assert len(stats["calls"]) == 1 and stats["cancels"] == []
+    else:  # the stopped attempt's call was cancelled with it, and the tool called again
+        assert len(stats["calls"]) == 2 and stats["cancels"] == ["call"]
+
+
+async def test_a_server_that_is_down_is_waited_for_and_said_so(remote, stack):
+    await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Count", {"words": "late"}, run_id="late"))
+
+    async def waiting():
+        state = await stack.state("late")
+        return (state is not None and state.progress is not None
+                and state.progress.phase == "waiting_for_remote" and state)
+
+    state = await eventually(waiting, timeout=DEADLINE_S)
+    assert state.progress.message.startswith(
+        f"the MCP server at {remote.url}/mcp does not answer (calling count: ConnectError")
+    await remote.start()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.output == {"words": 1}

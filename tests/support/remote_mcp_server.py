@@ -1,0 +1,175 @@
+"""A remote MCP server for the tests, made with the official SDK (`MCPServer`, streamable
+HTTP at /mcp), as a process of its own: `python remote_mcp_server.py PORT TOKEN [plain]`.
+
+Tools: `count(words)` reports progress per word and answers `{"words": n}`; `hold(words)`
+waits until `POST /control/release`, then as `count`; `boom()` is a tool error. With the
+tasks extension (`io.modelcontextprotocol/tasks`, in memory, as a server would add it to
+the SDK) unless `plain`: a call from a client that declares it is a task, followed with
+`tasks/get` (its result inlined once ended) and cancelled with `tasks/cancel`.
+
+`GET /control/stats` says what it saw: every call (tool and arguments), every cancel.
+Every call needs `Authorization: Bearer TOKEN`, but /control.
+"""
+
+import asyncio
+import json
+import sys
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import mcp_types as types
+import uvicorn
+from mcp.server.context import ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel
+
+TASKS = "io.modelcontextprotocol/tasks"
+SEEN: dict[str, list] = {"calls": [], "cancels": []}
+RELEASE = asyncio.Event()
+
+
+class Counted(BaseModel):
+    words: int
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+class TaskContext(Context):
+    """A tool run as a task: its progress is the task's status message."""
+
+    def __init__(self, task: dict[str, Any], **kw: Any) -> None:
+        super().__init__(**kw)
+        object.__setattr__(self, "_task", task)
+
+    async def report_progress(self, progress: float, total: float | None = None,
+                              message: str | None = None) -> None:
+        self._task.update(statusMessage=message or f"{progress}/{total}", lastUpdatedAt=now())
+
+
+class TaskId(types.RequestParams):
+    task_id: str
+
+
+class Tasks(Extension):
+    identifier = TASKS
+
+    def __init__(self) -> None:
+        self.server: MCPServer | None = None
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.running: dict[str, asyncio.Task] = {}
+
+    def methods(self):
+        return [MethodBinding("tasks/get", TaskId, self.get),
+                MethodBinding("tasks/cancel", TaskId, self.cancel)]
+
+    async def intercept_tool_call(self, params, ctx: ServerRequestContext, call_next):
+        capabilities = (ctx.meta or {}).get(types.CLIENT_CAPABILITIES_META_KEY) or {}
+        if TASKS not in (capabilities.get("extensions") or {}):
+            return await call_next(ctx)
+        task_id = uuid.uuid4().hex
+        task = {"taskId": task_id, "status": "working", "createdAt": now(),
+                "lastUpdatedAt": now(), "ttl": None, "pollIntervalMs": 100}
+        self.tasks[task_id] = task
+        self.running[task_id] = asyncio.create_task(
+            self.run(task, params.name, params.arguments or {}))
+        return {"resultType": "task", **task}
+
+    async def run(self, task, name, arguments) -> None:
+        try:
+            result = await self.server.call_tool(name, arguments,
+                                                 TaskContext(task, mcp_server=self.server))
+            task.update(status="completed",
+                        result=result.model_dump(by_alias=True, mode="json", exclude_none=True))
+        except asyncio.CancelledError:
+            task.update(status="cancelled")
+        except Exception as error:  # noqa: BLE001 - a failed tool is a failed task
+            task.update(status="failed", statusMessage=str(error), result={
+                "content": [{"type": "text", "text": str(error)}], "isError": True})
+        task["lastUpdatedAt"] = now()
+
+    def task(self, task_id: str) -> dict[str, Any]:
+        if task_id not in self.tasks:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"no task {task_id}")
+        return self.tasks[task_id]
+
+    async def get(self, ctx, params: TaskId):
+        return {"resultType": "complete", **self.task(params.task_id)}
+
+    async def cancel(self, ctx, params: TaskId):
+        self.task(params.task_id)
+        SEEN["cancels"].append(params.task_id)
+        running = self.running.get(params.task_id)
+        if running is not None and not running.done():
+            running.cancel()
+        return {}
+
+
+def server(plain: bool) -> MCPServer:
+    tasks = Tasks()
+    mcp = MCPServer("remote-tools", extensions=[] if plain else [tasks])
+    tasks.server = mcp
+
+    async def count_words(words: str, ctx: Context) -> Counted:
+        split = words.split()
+        for n, word in enumerate(split, 1):
+            await ctx.report_progress(n, len(split), f"counted {word}")
+        return Counted(words=len(split))
+
+    @mcp.tool()
+    async def count(words: str, ctx: Context) -> Counted:
+        """Counts the words it is given."""
+        SEEN["calls"].append({"tool": "count", "words": words})
+        return await count_words(words, ctx)
+
+    @mcp.tool()
+    async def hold(words: str, ctx: Context) -> Counted:
+        """Counts the words once released."""
+        SEEN["calls"].append({"tool": "hold", "words": words})
+        try:
+            await RELEASE.wait()
+        except asyncio.CancelledError:
+            SEEN["cancels"].append("call")
+            raise
+        return await count_words(words, ctx)
+
+    @mcp.tool()
+    async def boom() -> str:
+        """Always fails."""
+        SEEN["calls"].append({"tool": "boom"})
+        raise ToolError("boom failed")
+
+    return mcp
+
+
+def app(token: str, plain: bool):
+    inner = server(plain).streamable_http_app()
+
+    async def respond(send, status: int, body: dict) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+    async def asgi(scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/control/stats":
+            return await respond(send, 200, SEEN)
+        if scope["type"] == "http" and scope["path"] == "/control/release":
+            RELEASE.set()
+            return await respond(send, 200, {"released": True})
+        if scope["type"] == "http" and dict(scope["headers"]).get(
+                b"authorization", b"").decode() != f"Bearer {token}":
+            return await respond(send, 401, {"error": "unauthorized"})
+        await inner(scope, receive, send)
+
+    return asgi
+
+
+if __name__ == "__main__":
+    port, token = int(sys.argv[1]), sys.argv[2]
+    uvicorn.run(app(token, plain="plain" in sys.argv[3:]), host="127.0.0.1", port=port,
+                log_level="warning")
