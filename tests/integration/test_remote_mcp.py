@@ -12,6 +12,8 @@ import pytest
 from eventually import eventually
 from remote_servers import TOKEN, RemoteServer, Stack
 
+from tether import agent_tool
+from tether.agents import AgentDefinition, ModelAgent, Reply, ScriptedModelClient
 from tether.client import connect
 from tether.remote.mcp_tool import mcp_tool_agent
 
@@ -29,13 +31,27 @@ async def remote(request) -> AsyncIterator[RemoteServer]:
 
 
 @pytest.fixture
-async def stack(settings, log, pool, remote, monkeypatch) -> AsyncIterator[Stack]:
+def agents(remote, monkeypatch) -> dict[str, type]:
+    """A child per tool of the server, and a model parent with the counting one as its
+    agent tool."""
     monkeypatch.setenv("TOOLS_TOKEN", TOKEN)
-    agents = [mcp_tool_agent(name, f"{remote.url}/mcp", tool, token_variable="TOOLS_TOKEN",
-                             unreachable_for_s=20)
-              for name, tool in (("Count", "count"), ("Hold", "hold"), ("Boom", "boom"))]
+    tools = {name: mcp_tool_agent(name, f"{remote.url}/mcp", tool, token_variable="TOOLS_TOKEN",
+                                  unreachable_for_s=20)
+             for name, tool in (("Count", "count"), ("Hold", "hold"), ("Boom", "boom"))}
+
+    class Desk(ModelAgent):
+        definition = AgentDefinition(
+            id="desk", model="scripted", max_steps=3, instructions="Count with the tool.",
+            tools=(agent_tool(tools["Count"], description="Counts words, remotely."),))
+        script = ()
+
+    return {**tools, "Desk": Desk}
+
+
+@pytest.fixture
+async def stack(settings, log, pool, agents) -> AsyncIterator[Stack]:
     async with connect(settings=settings) as tether:
-        started = Stack(settings, log, pool, tether, agents)
+        started = Stack(settings, log, pool, tether, list(agents.values()))
         await started.start_parent()
         try:
             yield started
@@ -146,3 +162,19 @@ async def test_a_server_that_is_down_is_waited_for_and_said_so(remote, stack):
     await remote.start()
     result = await asyncio.wait_for(call, DEADLINE_S)
     assert result.ok and result.output == {"words": 1}
+
+
+async def test_a_model_parent_delegates_to_the_remote_tool_through_agent_tool(
+        remote, stack, agents, monkeypatch):
+    await remote.start()
+    await stack.start_runner()
+    model = ScriptedModelClient([Reply("Counting.", [("Count", {"words": "to be or not"})]),
+                                 Reply("Four words.")])
+    monkeypatch.setattr(agents["Desk"], "model_client", model)
+    result = await asyncio.wait_for(
+        stack.parent.run_agent_tool("Desk", {"input": "How many words?"}, run_id="desk"),
+        DEADLINE_S)
+    assert result.ok and result.summary == "Four words."
+    [shown] = [m.content for m in model.requests[1].messages if m.role == "tool"]
+    assert '"words": 4' in shown  # the remote tool's result, as the model saw it
+    assert (await remote.stats())["calls"] == [{"tool": "count", "words": "to be or not"}]

@@ -83,7 +83,8 @@ class Stack:
     async def start_runner(self) -> tuple[asyncio.Event, asyncio.Task]:
         runner = await open_runner(
             self.tether.nc, self.settings.model_copy(update={"work_ack_wait_ms": 1500}),
-            self.registry, fetch_timeout_s=0.3, cancel_grace_s=2.0, shutdown_grace_s=0.2)
+            self.registry, fetch_timeout_s=0.3, cancel_grace_s=2.0, shutdown_grace_s=0.2,
+            parent_client=lambda ref: self.tether.parent(ref.agent, ref.name))
         handle = (asyncio.Event(), None)
         task = asyncio.create_task(runner.run(handle[0]))
         self.stops.append((handle[0], task))

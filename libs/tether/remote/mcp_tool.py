@@ -22,7 +22,7 @@ is tried again for `unreachable_for_s`.
 
 import asyncio
 import os
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -207,14 +207,13 @@ class _ToolCall:
         return self._ended(await self.reach.call(connected, f"calling {self.agent.tool}"))
 
     async def _call(self, client: "Client", arguments: dict[str, Any]) -> Any:
-        async def progress(done: float, total: float | None, message: str | None) -> None:
-            fraction = min(max(done / total, 0.0), 1.0) if total else None
+        async def report(progress: float, total: float | None, message: str | None) -> None:
+            fraction = min(max(progress / total, 0.0), 1.0) if total else None
             await self.ctx.report_progress(fraction=fraction, message=message)
 
-        meta: Any = {RUN_ID_META: self.ctx.run_id}  # (the SDK's type names its own keys)
         return await client.session.call_tool(
-            self.agent.tool, arguments, progress_callback=progress, allow_claimed=True,
-            meta=meta)
+            self.agent.tool, arguments, progress_callback=report, allow_claimed=True,
+            meta=cast(types.RequestParamsMeta, {RUN_ID_META: self.ctx.run_id}))
 
     async def _follow_task(self, client: "Client") -> Any:
         assert self.task_id is not None
