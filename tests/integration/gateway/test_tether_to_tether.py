@@ -1,0 +1,85 @@
+"""One Tether's gateway serving its Researcher, and the same agent used back as a remote
+child through each protocol (`tether.remote`): the remote side is a Tether run of the
+caller's parent, and an MCP call names its run so the gateway's run has the caller's run
+id (a call made again after a crash finds the same run)."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import gateway_agents
+import pytest
+from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, running_gateway
+from pydantic import BaseModel
+
+from tether.agent_registry import AgentRegistry
+from tether.client import connect
+from tether.log import get_logger
+from tether.remote.a2a_agent import a2a_agent
+from tether.remote.mcp_tool import mcp_tool_agent
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
+
+DEADLINE_S = 30
+
+
+class Query(BaseModel):
+    query: str
+
+
+# Their URLs are the gateway's, known once it listens.
+RemoteResearcher = a2a_agent("RemoteResearcher", "http://127.0.0.1:1/a2a/Researcher",
+                             token_variable="GATEWAY_TOKEN", input_model=Query)
+ResearchTool = mcp_tool_agent("ResearchTool", "http://127.0.0.1:1/mcp", "Researcher",
+                              token_variable="GATEWAY_TOKEN", input_model=Query)
+
+
+@pytest.fixture
+async def services(gateway_settings, log, pool, nc, monkeypatch):
+    """The parent service and a child-runner of the gateway's agents and of the remote
+    ones, in this process."""
+    monkeypatch.setenv("GATEWAY_TOKEN", DESKTOP)
+    registry = AgentRegistry([*AGENTS, RemoteResearcher, ResearchTool])
+    runner = await open_runner(nc, gateway_settings, registry, fetch_timeout_s=0.3,
+                               cancel_grace_s=0.2, shutdown_grace_s=0.2)
+    parent = await open_parent(gateway_settings, log, pool, registry,
+                               get_logger(service="parent-test"))
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(runner.run(stop)), asyncio.create_task(parent.run(stop))]
+    gateway_agents.RELEASE = asyncio.Event()
+    yield
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+
+
+@pytest.fixture
+async def tether(services, gateway_settings, monkeypatch) -> AsyncIterator:
+    async with running_gateway(gateway_settings) as mcp_url:
+        base = mcp_url.removesuffix("/mcp")
+        monkeypatch.setattr(RemoteResearcher, "url", f"{base}/a2a/Researcher")
+        monkeypatch.setattr(ResearchTool, "server", mcp_url)
+        async with connect(settings=gateway_settings) as client:
+            yield client
+
+
+async def test_a_tether_agent_served_over_a2a_is_a_remote_child_of_another_run(tether):
+    me = tether.parent("Assistant", "far")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("RemoteResearcher", {"query": "HTTP/3"}, run_id="over-a2a"),
+        DEADLINE_S)
+    assert result.ok, result
+    task_id = result.output["task_id"]
+    served = (await tether.read_run(DESKTOP_PARENT, task_id)).state
+    assert served.agent_type == "Researcher" and served.status == "completed"
+    assert served.input == {"query": "HTTP/3"}
+    assert result.summary.startswith("HTTP/3: two sources agree")
+
+
+async def test_a_tether_agent_served_over_mcp_is_a_remote_child_with_the_same_run_id(tether):
+    me = tether.parent("Assistant", "far")
+    result = await asyncio.wait_for(
+        me.run_agent_tool("ResearchTool", {"query": "gRPC"}, run_id="over-mcp"), DEADLINE_S)
+    assert result.ok, result
+    assert result.summary == "gRPC: two sources agree"
+    served = (await tether.read_run(DESKTOP_PARENT, "over-mcp")).state
+    assert served.agent_type == "Researcher" and served.status == "completed"
+    assert result.output["summary"] == served.summary
