@@ -1,11 +1,14 @@
 """Remote agents as Tether children: the Researcher that a Tether gateway serves, used back
 through each protocol as a child of this Tether (any A2A agent or MCP server would do).
 
-    # with the services running (make demo), and the gateway of examples/interop/mcp_client.py:
+    # NATS and Postgres up (make up); the parent and a child-runner that know them:
     export GATEWAY_TOKEN=demo-token
-    tether services child-runner --agents examples.interop.remote_children:RemoteResearcher,examples.interop.remote_children:ResearchTool &
-    tether run RemoteResearcher --input '{"query": "HTTP/3"}'
-    tether run ResearchTool --input '{"query": "HTTP/3"}'
+    export TETHER_AGENTS=examples.agents:Researcher,examples.interop.remote_children:RemoteResearcher,examples.interop.remote_children:ResearchTool
+    tether services parent & tether services child-runner &
+    TETHER_GATEWAY_CALLERS_FILE=examples/interop/callers.toml \
+        tether gateway --agents examples.agents:Researcher &
+    tether run RemoteResearcher --parent Assistant/me --input '{"query": "HTTP/3"}'
+    tether run ResearchTool --parent Assistant/me --input '{"query": "HTTP/3"}'
 
 Each run is one remote task, recorded in its log: stop the child-runner while it waits
 and start it again, and the run follows the same remote task to its end.

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 AGENTS = "examples.agents:Researcher"
 CALLERS_FILE = ROOT / "examples" / "interop" / "callers.toml"
 CLIENT = ROOT / "examples" / "interop" / "mcp_client.py"
+REMOTE = "examples.interop.remote_children"
 TOKEN = "demo-token"  # the one caller of CALLERS_FILE, "demo"
 CALLER_PARENT = ParentRef(agent="Gateway", name="demo")  # its parent: the default agent
 EXIT_WITHIN_S = 10.0
@@ -96,6 +97,36 @@ async def test_the_example_mcp_client_calls_the_researcher_through_tether_gatewa
         assert code == 0 and took < GRACEFUL_SHUTDOWN_S / 2, (code, took)
         assert gateway.lines[-1]["event"] == "service.stopped", gateway.lines[-5:]
         assert not [line for line in gateway.lines if line.get("level") == "error"]
+    finally:
+        await gateway.stop()
+
+
+async def test_the_remote_children_example_calls_the_gateway_back_over_a2a_and_mcp(
+        log, pool, services, service_env, devstack):
+    """examples/interop/remote_children.py as its docstring runs it: the Researcher the
+    gateway serves is a remote child of this Tether, over each protocol."""
+    port, health_port = devstack.free_port(), devstack.free_port()
+    env = {"TETHER_AGENTS": f"{AGENTS},{REMOTE}:RemoteResearcher,{REMOTE}:ResearchTool",
+           "GATEWAY_TOKEN": TOKEN, "GATEWAY_URL": f"http://127.0.0.1:{port}"}
+    parent, runner = await asyncio.gather(services("parent", **env),
+                                          services("child-runner", **env))
+    gateway = GatewayProcess({**service_env, "TETHER_GATEWAY_CALLERS_FILE": str(CALLERS_FILE),
+                              "TETHER_GATEWAY_PORT": str(port),
+                              "TETHER_HEALTH_PORT": str(health_port)}, "--agents", AGENTS)
+    try:
+        await gateway.start()
+        await asyncio.gather(ready(parent), ready(runner), ready(gateway))
+        for agent_type in ("RemoteResearcher", "ResearchTool"):
+            run = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tether.cli", "run", agent_type, "--parent", "Assistant/me",
+                "--input", '{"query": "HTTP/3"}', "--quiet", cwd=ROOT,
+                env={**service_env, **env}, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(run.communicate(), timeout=60)
+            assert run.returncode == 0, (agent_type, out.decode(), err.decode())
+            result = json.loads(out)
+            assert result["ok"] is True, result
+            assert result["summary"] == "HTTP/3: the two sources agree on the essentials.", result
     finally:
         await gateway.stop()
 

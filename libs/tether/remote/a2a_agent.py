@@ -318,8 +318,8 @@ class _RemoteTask:
             raise RemoteAgentError(f"task {self.task.id} of the A2A agent at {self.url} "
                                    f"{how}" + (f": {message}" if message else ""))
         artifacts = [MessageToDict(artifact) for artifact in self.task.artifacts]
-        texts = [_text(artifact.parts) for artifact in self.task.artifacts]
-        self.summary = "\n".join(text for text in texts if text) or message
+        texts = [text for artifact in self.task.artifacts if (text := _text(artifact.parts))]
+        self.summary = texts[-1] if texts else message  # the last word, else the message
         return {"task_id": self.task.id, "context_id": self.task.context_id,
                 "message": message, "artifacts": artifacts}
 
