@@ -138,6 +138,9 @@ class Settings(BaseModel):
     # Where callers reach the gateway, when not at its own address (behind a proxy or an
     # ingress): the A2A agent cards name it.
     gateway_public_url: str | None = None
+    # Whether A2A push notifications may go to private, loopback and link-local addresses
+    # (off: a caller cannot make the gateway call into its own network).
+    gateway_push_private_urls: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     # The services' event loop: uvloop (faster I/O) where it is installed, else asyncio's.

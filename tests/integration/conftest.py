@@ -39,6 +39,6 @@ async def pool(settings: Settings):
     async with created.acquire() as conn:
         await migrate(conn, settings.projection_schema)
     yield created
-    for suffix in ("", "_rebuild", "_verify", "_retired"):
+    for suffix in ("", "_rebuild", "_verify", "_retired", "_gateway"):
         await created.execute(f'DROP SCHEMA IF EXISTS "{settings.projection_schema}{suffix}" CASCADE')
     await created.close()

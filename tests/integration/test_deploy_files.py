@@ -49,7 +49,6 @@ DEV_CALLERS = ROOT / "deploy" / "k8s" / "overlays" / "dev" / "gateway-callers.to
 DEPLOYMENTS = (*TETHER_SERVICES, UI, GATEWAY)
 # The NATS user each deployment signs in as, where it is not its own name.
 NATS_USERS = {UI: UI_USER, GATEWAY: GATEWAY_USER}
-NATS_EGRESS = {(4222, "TCP"), (53, "UDP"), (53, "TCP")}
 # Children finish, then the stopped ones hand their work back: two shutdown graces.
 CHILD_RUNNER_GRACE_S = 45
 
@@ -299,8 +298,9 @@ def test_compose_serves_the_gateway_as_the_demo_application():
     assert environment["TETHER_NATS_TLS_CA_FILE"] == "/secrets/ca.crt"
     assert gateway["ports"] == [
         f"127.0.0.1:${{TETHER_COMPOSE_GATEWAY_PORT:-{GATEWAY_PORT}}}:{GATEWAY_PORT}"]
-    # NATS only: it waits neither for Postgres nor for the projector.
-    assert set(gateway["depends_on"]) == {"nats"}
+    # NATS and Postgres (the push configs), as every service; not the projector.
+    assert set(gateway["depends_on"]) == {"nats", "postgres"}
+    assert environment["TETHER_DATABASE_URL"].startswith("postgresql://")
     # The callers file, bind-mounted read-only where TETHER_GATEWAY_CALLERS_FILE says.
     assert environment["TETHER_GATEWAY_CALLERS_FILE"] == GATEWAY_CALLERS
     assert "tether-secrets:/secrets:ro" in gateway["volumes"]
@@ -380,11 +380,8 @@ def test_tether_containers_share_one_contract(rendered):
         assert config_ref["configMapRef"]["name"].startswith("tether-config"), where
         _find(objects, "ConfigMap", config_ref["configMapRef"]["name"])
         database = [e for e in container["env"] if e["name"] == "TETHER_DATABASE_URL"]
-        if workload["metadata"]["name"] == GATEWAY:
-            assert database == [], where  # NATS only
-        else:
-            assert database[0]["valueFrom"]["secretKeyRef"] == {"name": "tether-database",
-                                                                "key": "url"}, where
+        assert database[0]["valueFrom"]["secretKeyRef"] == {"name": "tether-database",
+                                                            "key": "url"}, where
         if workload["kind"] == "Deployment":
             name = workload["metadata"]["name"]
             env = {e["name"]: e for e in container["env"]}
@@ -479,8 +476,9 @@ def test_the_gateway_serves_its_callers_file_as_the_demo_application(rendered):
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert (env["TETHER_GATEWAY_HOST"], env["TETHER_GATEWAY_PORT"]) == ("0.0.0.0",
                                                                         str(GATEWAY_PORT))
-    # NATS only: no Postgres port, no database URL.
-    _check_http_service(objects, GATEWAY, container, GATEWAY_PORT, NATS_EGRESS, overlay)
+    # NATS, Postgres (the push configs) and HTTPS (the push notifications).
+    _check_http_service(objects, GATEWAY, container, GATEWAY_PORT,
+                        TETHER_EGRESS | {(443, "TCP")}, overlay)
     # Sessions live in one replica: a client's connections stay on it.
     assert _find(objects, "Service", GATEWAY)["spec"]["sessionAffinity"] == "ClientIP"
     # The callers file: key callers.toml of Secret tether-gateway-callers, read-only.

@@ -6,6 +6,9 @@ import hashlib
 from collections.abc import AsyncIterator
 
 import gateway_agents
+import httpx
+from a2a.client import ClientConfig, ClientFactory
+from a2a.client.client import Client
 
 from tether.asgi_serving import listen_on
 from tether.domain.events import ParentRef
@@ -36,3 +39,17 @@ async def running_gateway(settings) -> AsyncIterator[str]:
     finally:
         stop.set()
         await asyncio.wait_for(serving, timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def a2a_client(base: str, agent_type: str, token: str = DESKTOP, *,
+                     streaming: bool = True) -> AsyncIterator[Client]:
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                 timeout=30) as http:
+        client = await ClientFactory(ClientConfig(
+            streaming=streaming, httpx_client=http, supported_protocol_bindings=["JSONRPC"])
+        ).create_from_url(f"{base}/a2a/{agent_type}")
+        try:
+            yield client
+        finally:
+            await client.close()

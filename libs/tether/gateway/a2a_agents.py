@@ -20,6 +20,8 @@ task is a Tether run of the caller's parent, read from the log and the projectio
   input is required. A client that subscribes again, to this gateway or another one,
   gets the task as it is then and what follows: nothing missed, nothing twice.
 - **ListTasks** lists the caller's runs of the agent type from the projections.
+- **Push notification configs** (set on a message, or on a task) are kept in Postgres and
+  sent from there at each change of the task's state (`tether.gateway.a2a_push`).
 """
 
 import asyncio
@@ -71,6 +73,7 @@ from tether.client.parent import ParentHandle
 from tether.contract.messages import DetachedHandle, RunSnapshot
 from tether.domain.events import OPEN_STATUSES
 from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.gateway.a2a_push import Pushes
 from tether.gateway.a2a_tasks import (
     FINAL,
     STOPS_STREAM,
@@ -107,7 +110,7 @@ def agent_card(agent_type: str, cls: Any, base_url: str) -> AgentCard:
                            url=f"{url}/jsonrpc"),
             AgentInterface(protocol_binding="HTTP+JSON", protocol_version="1.0",
                            url=f"{url}/rest")],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=True),
         default_input_modes=["application/json", *(["text/plain"] if text_field else [])],
         default_output_modes=["text/plain", "application/json"],
         skills=[AgentSkill(
@@ -135,9 +138,12 @@ class TetherAgentHandler(RequestHandler):
     """The A2A requests of one agent type, answered from Tether."""
 
     def __init__(self, agent_type: str, cls: Any, callers: Callers, parent_of: Any, logger,
-                 *, stopping: asyncio.Event | None = None) -> None:
+                 *, stopping: asyncio.Event | None = None,
+                 pushes: Pushes | None = None) -> None:
         """`stopping`: set when the gateway stops; streams under way then end (a client
-        subscribes again, to this gateway's successor, and misses nothing)."""
+        subscribes again, to this gateway's successor, and misses nothing). `pushes`:
+        where push notification configs are kept (None: not offered)."""
+        self._pushes = pushes
         self._agent_type = agent_type
         self._stopping = stopping or asyncio.Event()
         model = getattr(cls, "input_model", None)
@@ -185,7 +191,17 @@ class TetherAgentHandler(RequestHandler):
         if message.task_id:
             return parent, await self._answer(parent, message)
         run_id = _run_id(caller, message.message_id)
+        push = None
+        if params.configuration.HasField("task_push_notification_config"):
+            if self._pushes is None:
+                raise PushNotificationNotSupportedError
+            push = TaskPushNotificationConfig()
+            push.CopyFrom(params.configuration.task_push_notification_config)
+            push.task_id = run_id
+            await self._pushes.check_url(push.url)  # before the run starts
         handle = await self._start(parent, run_id, self._input(message))
+        if push is not None and self._pushes is not None and handle.status != "error":
+            await self._pushes.set(caller.name, push)
         snapshot = await parent.inspect(run_id)
         if snapshot is None:
             if handle.status == "error":
@@ -342,27 +358,46 @@ class TetherAgentHandler(RequestHandler):
                 pass
         return task_of(await self._snapshot(parent, snapshot.run_id))
 
-    # --- what it does not offer -----------------------------------------------------
+    # --- push notifications (durable: `tether.gateway.a2a_push`) ----------------------
+
+    async def _pushes_of(self, context: ServerCallContext, task_id: str
+                         ) -> tuple[Caller, Pushes]:
+        if self._pushes is None:
+            raise PushNotificationNotSupportedError
+        caller, parent = self._parent(context)
+        await self._snapshot(parent, task_id)  # the caller's task of this agent, or not found
+        return caller, self._pushes
 
     async def on_create_task_push_notification_config(
             self, params: TaskPushNotificationConfig,
             context: ServerCallContext) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError
+        caller, pushes = await self._pushes_of(context, params.task_id)
+        return await pushes.set(caller.name, params)
 
     async def on_get_task_push_notification_config(
             self, params: GetTaskPushNotificationConfigRequest,
             context: ServerCallContext) -> TaskPushNotificationConfig:
-        raise PushNotificationNotSupportedError
+        caller, pushes = await self._pushes_of(context, params.task_id)
+        found = await pushes.get(caller.name, params.task_id, params.id)
+        if found is None:
+            raise TaskNotFoundError(message=f"task {params.task_id} has no push notification "
+                                            f"config {params.id or 'default'!r}")
+        return found
 
     async def on_list_task_push_notification_configs(
             self, params: ListTaskPushNotificationConfigsRequest,
             context: ServerCallContext) -> ListTaskPushNotificationConfigsResponse:
-        raise PushNotificationNotSupportedError
+        caller, pushes = await self._pushes_of(context, params.task_id)
+        return ListTaskPushNotificationConfigsResponse(
+            configs=await pushes.of_task(caller.name, params.task_id))
 
     async def on_delete_task_push_notification_config(
             self, params: DeleteTaskPushNotificationConfigRequest,
             context: ServerCallContext) -> None:
-        raise PushNotificationNotSupportedError
+        caller, pushes = await self._pushes_of(context, params.task_id)
+        await pushes.delete(caller.name, params.task_id, params.id)
+
+    # --- what it does not offer -----------------------------------------------------
 
     async def on_get_extended_agent_card(self, params: GetExtendedAgentCardRequest,
                                          context: ServerCallContext) -> AgentCard:

@@ -10,12 +10,14 @@ it checks the application), else over the gateway's.
 import asyncio
 import contextlib
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from tether.extras import MissingExtra
 
 try:
+    import httpx
     from a2a.server.routes import (
         create_agent_card_routes,
         create_jsonrpc_routes,
@@ -34,10 +36,12 @@ try:
 
     from tether.asgi_serving import listen_on, serve_app
     from tether.gateway.a2a_agents import TetherAgentHandler, agent_card
+    from tether.gateway.a2a_push import Pusher, Pushes
     from tether.gateway.mcp_tools import McpTools
 except ModuleNotFoundError:
     raise MissingExtra("gateway") from None
 
+from tether.adapters.postgres.push_configs import PushConfigs
 from tether.agent_registry import AgentConfigurationError, AgentRegistry
 from tether.child.loading import load_agents
 from tether.client.connection import Tether, connect
@@ -47,7 +51,14 @@ from tether.config import Settings
 from tether.diagnose import CannotListen, StartupFailed, is_address_in_use
 from tether.gateway.callers import Caller, Callers, CallersFileError, load_callers
 from tether.log import get_logger
-from tether.runtime import ReadinessCheck, nats_check
+from tether.runtime import (
+    ReadinessCheck,
+    close_quietly,
+    nats_check,
+    open_postgres,
+    postgres_check,
+    while_starting,
+)
 
 OPEN_PATHS = frozenset({"/healthz"})
 CARD_PATH = "/.well-known/agent-card.json"  # each A2A agent's, readable by anyone
@@ -127,13 +138,14 @@ class Connections:
 
 
 def a2a_routes(agents: AgentRegistry, callers: Callers, connections: Connections,
-               base_url: str, logger, stopping: asyncio.Event) -> list[Mount]:
+               base_url: str, logger, stopping: asyncio.Event,
+               pushes: Pushes | None) -> list[Mount]:
     """Each agent type as an A2A agent under `/a2a/<agent type>`."""
     mounts = []
     for agent_type in agents.agent_types:
         cls = agents.get(agent_type)
         handler = TetherAgentHandler(agent_type, cls, callers, connections.parent_of, logger,
-                                     stopping=stopping)
+                                     stopping=stopping, pushes=pushes)
         mounts.append(Mount(f"/a2a/{agent_type}", routes=[
             *create_agent_card_routes(agent_card(agent_type, cls, base_url)),
             *create_jsonrpc_routes(handler, rpc_url="/jsonrpc"),
@@ -143,10 +155,10 @@ def a2a_routes(agents: AgentRegistry, callers: Callers, connections: Connections
 
 def create_app(settings: Settings, agents: AgentRegistry, callers: Callers,
                connections: Connections, logger, *, base_url: str,
-               stopping: asyncio.Event) -> Starlette:
+               stopping: asyncio.Event, pushes: Pushes | None = None) -> Starlette:
     """`base_url`: where callers reach the gateway (the A2A cards name it); `stopping`,
     set when the gateway stops, ends the calls and streams under way (their runs go
-    on)."""
+    on); `pushes`: where A2A push notification configs are kept."""
     mcp = McpTools(agents, callers, connections.parent_of, logger, stopping=stopping)
     mcp_app = mcp.server.streamable_http_app(streamable_http_path="/mcp",
                                              host=settings.gateway_host)
@@ -161,7 +173,7 @@ def create_app(settings: Settings, agents: AgentRegistry, callers: Callers,
 
     return Starlette(
         routes=[Route("/healthz", healthz),
-                *a2a_routes(agents, callers, connections, base_url, logger, stopping),
+                *a2a_routes(agents, callers, connections, base_url, logger, stopping, pushes),
                 Mount("/", app=mcp_app)],
         middleware=[Middleware(AuthenticationMiddleware,
                                backend=BearerAuthBackend(CallersVerifier(callers))),
@@ -207,21 +219,34 @@ async def serve_gateway(settings: Settings, stop: asyncio.Event,
                    f"{error.strerror or error}; check TETHER_GATEWAY_HOST and "
                    "TETHER_GATEWAY_PORT")) from None
     connections = Connections(settings, callers)
+    pool = None
     try:
         try:
             await connections.open()
         except ServiceUnavailable as error:
             raise StartupFailed(str(error)) from None
+        pool = await open_postgres(settings, stop, min_size=1, max_size=4)
+        if pool is None:
+            return
+        store = PushConfigs(pool, settings.projection_schema)
+        if not await while_starting(settings, stop, "creating the push configs table",
+                                    store.prepare):
+            return
         bound_host, bound_port = listener.getsockname()[:2]
         base_url = (settings.gateway_public_url
                     or f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}"
                        f":{bound_port}").rstrip("/")
         stopping = asyncio.Event()
+        pusher = Pusher(store, callers, connections.parent_of, logger,
+                        owner=f"gateway-{uuid.uuid4().hex[:12]}",
+                        http=httpx.AsyncClient(timeout=30.0))
+        pushes = Pushes(store, pusher, private_urls=settings.gateway_push_private_urls)
         app = create_app(settings, agents, callers, connections, logger, base_url=base_url,
-                         stopping=stopping)
+                         stopping=stopping, pushes=pushes)
 
         def listening(port: int) -> None:
             checks.update(connections.checks())
+            checks["gateway_postgres"] = postgres_check(pool)
             logger.info("gateway.listening", host=bound_host, port=port,
                         mcp=f"{base_url}/mcp", a2a=f"{base_url}/a2a/<agent type>",
                         agents=agents.agent_types,
@@ -229,10 +254,18 @@ async def serve_gateway(settings: Settings, stop: asyncio.Event,
             if started is not None and not started.done():
                 started.set_result(port)
 
-        await serve_app(app, listener, stop, what="the gateway", listening=listening,
-                        stopping=stopping.set)
+        pushing = asyncio.create_task(pusher.run(stopping))
+        try:
+            await serve_app(app, listener, stop, what="the gateway", listening=listening,
+                            stopping=stopping.set)
+        finally:
+            stopping.set()
+            await pushing
+            await pusher.http.aclose()
     finally:
         listener.close()
+        if pool is not None:
+            await close_quietly(pool.close())
         await connections.close()
 
 

@@ -4,14 +4,11 @@ stream read again after a gateway restart misses nothing and repeats nothing."""
 
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import gateway_agents
 import httpx
 import pytest
-from a2a.client import ClientConfig, ClientFactory
-from a2a.client.client import Client
 from a2a.client.errors import A2AClientError
 from a2a.types import (
     CancelTaskRequest,
@@ -27,7 +24,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 from eventually import eventually
-from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
+from gateway_stack import AGENTS, DESKTOP_PARENT, LIMITED, a2a_client, running_gateway
 from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Value
 
@@ -39,20 +36,6 @@ from tether.generate.gateway import generate as gateway_documents
 async def base(services, gateway_settings) -> AsyncIterator[str]:
     async with running_gateway(gateway_settings) as mcp_url:
         yield mcp_url.removesuffix("/mcp")
-
-
-@asynccontextmanager
-async def a2a_client(base: str, agent_type: str, token: str = DESKTOP, *,
-                     streaming: bool = True) -> AsyncIterator[Client]:
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                 timeout=30) as http:
-        client = await ClientFactory(ClientConfig(
-            streaming=streaming, httpx_client=http, supported_protocol_bindings=["JSONRPC"])
-        ).create_from_url(f"{base}/a2a/{agent_type}")
-        try:
-            yield client
-        finally:
-            await client.close()
 
 
 def message(*, text: str | None = None, data: dict[str, Any] | None = None,

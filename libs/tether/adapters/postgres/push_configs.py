@@ -1,0 +1,166 @@
+"""The A2A push notification configs the gateway keeps (`tether.gateway.a2a_push`), each
+with the outbox of its next notification.
+
+They live in a schema of their own, `<projection schema>_gateway`, which a rebuild of the
+projections leaves alone (it swaps the projection schema whole). A config is claimed by
+one gateway at a time for `lease_s` (a replica that dies leaves it to another once the
+lease runs out). The notification a config owes is written before it is sent
+(`owe`) and cleared once the receiver took it (`sent`), so whoever sends it next sends
+the same one, with the same id: at least once, deduplicable by the receiver.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from tether.adapters.postgres.migrator import check_schema_name
+
+_TABLE = """
+CREATE TABLE IF NOT EXISTS {s}.push_configs (
+    caller text NOT NULL,
+    task_id text NOT NULL,
+    config_id text NOT NULL,
+    url text NOT NULL,
+    token text NOT NULL DEFAULT '',
+    auth_scheme text NOT NULL DEFAULT '',
+    auth_credentials text NOT NULL DEFAULT '',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    sent_state text,
+    sent_count integer NOT NULL DEFAULT 0,
+    pending_id text,
+    pending_state text,
+    pending_body jsonb,
+    done boolean NOT NULL DEFAULT false,
+    claimed_by text,
+    claimed_until timestamptz,
+    failures integer NOT NULL DEFAULT 0,
+    last_error text,
+    PRIMARY KEY (caller, task_id, config_id)
+)
+"""
+_COLUMNS = ("caller, task_id, config_id, url, token, auth_scheme, auth_credentials, "
+            "sent_state, sent_count, pending_id, pending_state, pending_body::text, done")
+
+
+@dataclass(frozen=True)
+class PushConfig:
+    caller: str
+    task_id: str
+    config_id: str
+    url: str
+    token: str = ""
+    auth_scheme: str = ""
+    auth_credentials: str = ""
+    sent_state: str | None = None  # the task state last notified
+    sent_count: int = 0
+    pending_id: str | None = None  # the notification owed, not yet taken by the receiver
+    pending_state: str | None = None
+    pending_body: dict[str, Any] | None = None
+    done: bool = False  # a final state was notified
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.caller, self.task_id, self.config_id
+
+
+def _config(row: asyncpg.Record) -> PushConfig:
+    values = dict(row)
+    body = values.pop("pending_body")
+    return PushConfig(**values, pending_body=json.loads(body) if body else None)
+
+
+class PushConfigs:
+    def __init__(self, pool: asyncpg.Pool, projection_schema: str) -> None:
+        self._pool = pool
+        self.schema = check_schema_name(f"{projection_schema}_gateway")
+        self._s = f'"{self.schema}"'
+
+    async def prepare(self) -> None:
+        """Create the schema and the table, once among gateways starting together."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))",
+                               f"tether-migrate:{self.schema}")
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}")
+            await conn.execute(_TABLE.format(s=self._s))
+
+    async def put(self, config: PushConfig) -> None:
+        """Add a config, or change where and how an existing one is sent (what it has
+        sent and owes stays)."""
+        await self._pool.execute(
+            f"INSERT INTO {self._s}.push_configs (caller, task_id, config_id, url, token, "
+            "auth_scheme, auth_credentials) VALUES ($1, $2, $3, $4, $5, $6, $7) "
+            "ON CONFLICT (caller, task_id, config_id) DO UPDATE SET url = $4, token = $5, "
+            "auth_scheme = $6, auth_credentials = $7",
+            config.caller, config.task_id, config.config_id, config.url, config.token,
+            config.auth_scheme, config.auth_credentials)
+
+    async def get(self, caller: str, task_id: str, config_id: str) -> PushConfig | None:
+        row = await self._pool.fetchrow(
+            f"SELECT {_COLUMNS} FROM {self._s}.push_configs "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", caller, task_id, config_id)
+        return None if row is None else _config(row)
+
+    async def of_task(self, caller: str, task_id: str) -> list[PushConfig]:
+        rows = await self._pool.fetch(
+            f"SELECT {_COLUMNS} FROM {self._s}.push_configs "
+            "WHERE caller = $1 AND task_id = $2 ORDER BY created_at, config_id", caller, task_id)
+        return [_config(row) for row in rows]
+
+    async def delete(self, caller: str, task_id: str, config_id: str) -> bool:
+        deleted = await self._pool.execute(
+            f"DELETE FROM {self._s}.push_configs "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", caller, task_id, config_id)
+        return deleted != "DELETE 0"
+
+    async def claim(self, owner: str, lease_s: float, limit: int = 100) -> list[PushConfig]:
+        """The configs with something still to send that nobody else holds, now held by
+        `owner` for `lease_s` (its own are renewed)."""
+        rows = await self._pool.fetch(
+            f"UPDATE {self._s}.push_configs SET claimed_by = $1, "
+            "claimed_until = now() + make_interval(secs => $2) "
+            f"WHERE (caller, task_id, config_id) IN (SELECT caller, task_id, config_id "
+            f"FROM {self._s}.push_configs WHERE NOT done AND (claimed_by = $1 OR "
+            "claimed_until IS NULL OR claimed_until < now()) "
+            "ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) "
+            f"RETURNING {_COLUMNS}", owner, lease_s, limit)
+        return [_config(row) for row in rows]
+
+    async def release(self, owner: str) -> None:
+        """A gateway stopping lets go of what it held, for the others to take at once."""
+        await self._pool.execute(
+            f"UPDATE {self._s}.push_configs SET claimed_by = NULL, claimed_until = NULL "
+            "WHERE claimed_by = $1", owner)
+
+    async def owe(self, config: PushConfig, state: str, body: dict[str, Any]) -> PushConfig:
+        """Write the next notification into the config's outbox."""
+        pending_id = f"{config.task_id}:{config.config_id}:{config.sent_count + 1}"
+        await self._pool.execute(
+            f"UPDATE {self._s}.push_configs SET pending_id = $4, pending_state = $5, "
+            "pending_body = $6::jsonb WHERE caller = $1 AND task_id = $2 AND config_id = $3",
+            *config.key, pending_id, state, json.dumps(body))
+        return PushConfig(**{**config.__dict__, "pending_id": pending_id,
+                             "pending_state": state, "pending_body": body})
+
+    async def sent(self, config: PushConfig, final: bool) -> PushConfig:
+        """The receiver took the owed notification."""
+        await self._pool.execute(
+            f"UPDATE {self._s}.push_configs SET sent_state = pending_state, "
+            "sent_count = sent_count + 1, pending_id = NULL, pending_state = NULL, "
+            "pending_body = NULL, done = $4, failures = 0, last_error = NULL "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", *config.key, final)
+        return PushConfig(**{**config.__dict__, "sent_state": config.pending_state,
+                             "sent_count": config.sent_count + 1, "pending_id": None,
+                             "pending_state": None, "pending_body": None, "done": final})
+
+    async def failed(self, config: PushConfig, error: str) -> None:
+        await self._pool.execute(
+            f"UPDATE {self._s}.push_configs SET failures = failures + 1, last_error = $4 "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", *config.key, error)
+
+    async def finish(self, config: PushConfig, why: str) -> None:
+        """Nothing more to send (the task is gone): done, saying why."""
+        await self._pool.execute(
+            f"UPDATE {self._s}.push_configs SET done = true, last_error = $4 "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", *config.key, why)

@@ -1,0 +1,190 @@
+"""A2A push notifications against the official SDK's client, over real HTTP, to a receiver
+of the test's: a config set with a message or on a task is kept in Postgres, each change
+of the task's state is POSTed to it, and a receiver that is down, through a gateway that
+restarts, still gets every notification, the same one with the same id."""
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Self
+
+import gateway_agents
+import pytest
+from a2a.types import (
+    AuthenticationInfo,
+    DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest,
+    ListTaskPushNotificationConfigsRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    TaskPushNotificationConfig,
+)
+from a2a.utils.errors import A2AError
+from eventually import eventually
+from gateway_stack import LIMITED, a2a_client, running_gateway
+
+from tether.gateway.a2a_push import NOTIFICATION_ID_HEADER
+
+
+class Receiver:
+    """An HTTP server that records each POST (headers and JSON body), answering 200, or
+    503 while `down`."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[dict[str, str], dict]] = []
+        self.refused = 0
+        self.down = False
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Self:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readline()
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = await reader.readexactly(int(headers.get("content-length", 0)))
+        if self.down:
+            self.refused += 1
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+        else:
+            self.received.append((headers, json.loads(body)))
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    def states(self) -> list[str]:
+        return [body["task"]["status"]["state"] for _, body in self.received]
+
+
+@pytest.fixture
+def gateway_settings(gateway_settings):
+    return gateway_settings.model_copy(update={"gateway_push_private_urls": True})
+
+
+@pytest.fixture
+async def base(services, gateway_settings) -> AsyncIterator[str]:
+    async with running_gateway(gateway_settings) as mcp_url:
+        yield mcp_url.removesuffix("/mcp")
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    async with Receiver() as started:
+        yield started
+
+
+def message(text: str, push: TaskPushNotificationConfig | None = None) -> SendMessageRequest:
+    configuration = SendMessageConfiguration(return_immediately=True)
+    if push is not None:
+        configuration.task_push_notification_config.CopyFrom(push)
+    return SendMessageRequest(message=Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex,
+                                              parts=[Part(text=text)]),
+                              configuration=configuration)
+
+
+async def send(base: str, agent_type: str, request: SendMessageRequest) -> str:
+    async with a2a_client(base, agent_type, streaming=False) as client:
+        [response] = [r async for r in client.send_message(request)]
+    return response.task.id
+
+
+async def test_a_config_set_with_the_message_gets_each_state_to_the_end(base, receiver):
+    push = TaskPushNotificationConfig(
+        url=receiver.url, token="receiver-token",
+        authentication=AuthenticationInfo(scheme="Bearer", credentials="for-the-receiver"))
+    task_id = await send(base, "Researcher", message("HTTP/3", push))
+
+    async def completed():
+        return receiver.states()[-1:] == ["TASK_STATE_COMPLETED"]
+
+    await eventually(completed, timeout=20)
+    states = receiver.states()
+    assert states == sorted(set(states), key=states.index), "each state once"
+    ids = [headers[NOTIFICATION_ID_HEADER.lower()] for headers, _ in receiver.received]
+    assert ids == [f"{task_id}:default:{n}" for n in range(1, len(ids) + 1)]
+    for headers, body in receiver.received:
+        assert headers["x-a2a-notification-token"] == "receiver-token"
+        assert headers["authorization"] == "Bearer for-the-receiver"
+        assert body["task"]["id"] == task_id
+    final = receiver.received[-1][1]["task"]
+    assert [a["name"] for a in final["artifacts"]][-1] == "result"
+
+
+async def test_a_receiver_that_is_down_gets_it_later_through_a_gateway_restart(
+        services, gateway_settings, receiver):
+    receiver.down = True
+    async with running_gateway(gateway_settings) as mcp_url:
+        base = mcp_url.removesuffix("/mcp")
+        task_id = await send(base, "Held", message("hold"))
+        async with a2a_client(base, "Held") as client:
+            await client.create_task_push_notification_config(TaskPushNotificationConfig(
+                task_id=task_id, id="mine", url=receiver.url))
+
+        async def refused():
+            return receiver.refused >= 2  # tried, and tried again
+
+        await eventually(refused, timeout=20)
+    gateway_agents.RELEASE.set()  # the task ends while no gateway runs
+    receiver.down = False
+    async with running_gateway(gateway_settings):
+        async def completed():
+            return receiver.states()[-1:] == ["TASK_STATE_COMPLETED"]
+
+        await eventually(completed, timeout=30)
+    ids = [headers[NOTIFICATION_ID_HEADER.lower()] for headers, _ in receiver.received]
+    # The notification refused before the restart is the first taken after it.
+    assert ids[0] == f"{task_id}:mine:1" and receiver.states()[0] == "TASK_STATE_WORKING"
+    assert len(ids) == len(set(ids))
+
+
+async def test_configs_are_the_callers_own(base, receiver):
+    task_id = await send(base, "Researcher", message("gRPC"))
+    async with a2a_client(base, "Researcher") as client:
+        made = await client.create_task_push_notification_config(TaskPushNotificationConfig(
+            task_id=task_id, id="one", url=receiver.url, token="t"))
+        assert (made.id, made.task_id, made.url, made.token) == ("one", task_id,
+                                                                 receiver.url, "t")
+        got = await client.get_task_push_notification_config(
+            GetTaskPushNotificationConfigRequest(task_id=task_id, id="one"))
+        assert got == made
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=task_id))
+        assert list(listed.configs) == [made]
+    async with a2a_client(base, "Researcher", LIMITED) as other:
+        with pytest.raises(A2AError, match=f"no task {task_id}"):
+            await other.list_task_push_notification_configs(
+                ListTaskPushNotificationConfigsRequest(task_id=task_id))
+    async with a2a_client(base, "Researcher") as client:
+        await client.delete_task_push_notification_config(
+            DeleteTaskPushNotificationConfigRequest(task_id=task_id, id="one"))
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=task_id))
+        assert list(listed.configs) == []
+        with pytest.raises(A2AError, match="url: a push notification URL is http"):
+            await client.create_task_push_notification_config(TaskPushNotificationConfig(
+                task_id=task_id, id="two", url="ftp://example.com/x"))
+
+
+async def test_private_addresses_are_refused_unless_allowed(services, gateway_settings, receiver):
+    closed = gateway_settings.model_copy(update={"gateway_push_private_urls": False})
+    async with running_gateway(closed) as mcp_url:
+        base = mcp_url.removesuffix("/mcp")
+        with pytest.raises(A2AError, match="TETHER_GATEWAY_PUSH_PRIVATE_URLS"):
+            await send(base, "Researcher", message("x", TaskPushNotificationConfig(
+                url=receiver.url)))
