@@ -141,6 +141,11 @@ class Settings(BaseModel):
     # Whether A2A push notifications may go to private, loopback and link-local addresses
     # (off: a caller cannot make the gateway call into its own network).
     gateway_push_private_urls: bool = False
+    # HTTPS: the gateway's certificate and key (PEM); with a client CA it also asks callers
+    # for certificates that CA signed, and a caller may be let in by its certificate.
+    gateway_tls_cert_file: str | None = None
+    gateway_tls_key_file: str | None = None
+    gateway_tls_client_ca_file: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["auto", "json", "console"] = "auto"
     # The services' event loop: uvloop (faster I/O) where it is installed, else asyncio's.

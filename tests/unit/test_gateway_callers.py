@@ -1,11 +1,18 @@
 """The gateway's callers file: who may call, as which parent; what is wrong is named."""
 
 import hashlib
+import ssl
 
 import pytest
 
 from tether.domain.events import ParentRef
-from tether.gateway.callers import CallersFileError, load_callers, parse_callers, token_hash
+from tether.gateway.callers import (
+    CallersFileError,
+    load_callers,
+    main,
+    parse_callers,
+    token_hash,
+)
 
 SHA = hashlib.sha256(b"secret").hexdigest()
 
@@ -34,6 +41,8 @@ def test_a_caller_is_found_by_its_token_and_runs_under_its_own_parent():
     ({"name": "x", "token_sha256": SHA, "parent_agent": ""}, "invalid parent_agent"),
     ({"name": "x", "token_sha256": SHA, "nats_creds_file": "/no/such.creds"},
      "nats_creds_file '/no/such.creds' is not a readable file"),
+    ({"name": "x"}, "set token_sha256 (its bearer token's SHA-256) or client_cert_sha256"),
+    ({"name": "x", "client_cert_sha256": "AB:CD"}, "client_cert_sha256 must be the SHA-256"),
 ])
 def test_a_wrong_caller_is_refused_naming_the_field(entry, named):
     with pytest.raises(CallersFileError) as refused:
@@ -49,6 +58,24 @@ def test_two_callers_may_not_share_a_name_or_a_token():
     with pytest.raises(CallersFileError, match="the same token_sha256"):
         parse_callers({"caller": [{"name": "x", "token_sha256": SHA},
                                   {"name": "y", "token_sha256": SHA.upper()}]}, "f")
+    with pytest.raises(CallersFileError, match="the same client_cert_sha256"):
+        parse_callers({"caller": [{"name": "x", "client_cert_sha256": SHA},
+                                  {"name": "y", "client_cert_sha256": SHA}]}, "f")
+
+
+def test_a_caller_is_found_by_its_certificate_fingerprint_with_or_without_colons(tmp_path):
+    pem = ssl.DER_cert_to_PEM_cert(b"not really a certificate, but DER bytes all the same")
+    fingerprint = hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+    colons = ":".join(fingerprint[i:i + 2] for i in range(0, 64, 2)).upper()
+    callers = parse_callers({"caller": [{"name": "robot", "client_cert_sha256": colons}]}, "f")
+    robot = callers.by_certificate(pem)
+    assert robot is not None and robot.token_sha256 is None and callers.with_certificates
+    assert callers.by_certificate(ssl.DER_cert_to_PEM_cert(b"another")) is None
+    (tmp_path / "robot.pem").write_text(pem)
+    assert main(["--cert", str(tmp_path / "robot.pem")]) == fingerprint
+    assert main(["secret"]) == SHA
+    with pytest.raises(SystemExit, match="usage"):
+        main([])
 
 
 def test_a_file_that_is_not_toml_or_missing_is_named(tmp_path):

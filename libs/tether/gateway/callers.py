@@ -1,7 +1,8 @@
 """Who may call the gateway, and as which parent: the callers file.
 
-Each caller is a bearer token (its SHA-256, never the token itself) and the Tether parent
-its calls run under: a parent agent and a parent name, so one caller's runs, tasks and
+Each caller is a bearer token (its SHA-256, never the token itself), or a TLS client
+certificate (its SHA-256 fingerprint; the gateway serving HTTPS with
+`TETHER_GATEWAY_TLS_CLIENT_CA_FILE`), or both, and the Tether parent its calls run under: a parent agent and a parent name, so one caller's runs, tasks and
 timeline are its own, and another caller naming the same run id names another run. A
 caller may be limited to some agent types, and may have a NATS identity of its own (an
 application's NKey seed or credentials file), so that its calls reach the broker with
@@ -11,15 +12,18 @@ that application's permissions, in that application's account, as its own code w
     [[caller]]
     name = "desktop"                    # the parent name of its runs
     token_sha256 = "5e88...42d8"        # sha256 of its bearer token, in hex
+    client_cert_sha256 = "9f3a...01bc"  # or: sha256 of its client certificate (DER)
     parent_agent = "Assistant"          # default: "Gateway"
     agents = ["Researcher"]             # default: every agent type the gateway serves
     nats_nkey_seed_file = "/secrets/demo.nk"   # default: the gateway's own identity
 
-`python -m tether.gateway.callers TOKEN` prints the hash of a token.
+`python -m tether.gateway.callers TOKEN` prints the hash of a token,
+`python -m tether.gateway.callers --cert CERT.pem` a certificate's fingerprint.
 """
 
 import hashlib
 import hmac
+import ssl
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -30,8 +34,8 @@ from tether.domain.events import ParentRef
 from tether.domain.ids import InvalidIdentifier, check_identifier
 
 DEFAULT_PARENT_AGENT = "Gateway"
-_FIELDS = {"name", "token_sha256", "parent_agent", "agents", "nats_nkey_seed_file",
-           "nats_creds_file"}
+_FIELDS = {"name", "token_sha256", "client_cert_sha256", "parent_agent", "agents",
+           "nats_nkey_seed_file", "nats_creds_file"}
 
 
 class CallersFileError(ValueError):
@@ -42,11 +46,12 @@ class CallersFileError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Caller:
     name: str
-    token_sha256: str
+    token_sha256: str | None  # None: it calls with its client certificate only
     parent: ParentRef
     agents: frozenset[str] | None  # None: every agent type served
     nats_nkey_seed_file: str | None = None
     nats_creds_file: str | None = None
+    client_cert_sha256: str | None = None
 
     def may_call(self, agent_type: str) -> bool:
         return self.agents is None or agent_type in self.agents
@@ -61,11 +66,20 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def certificate_fingerprint(pem: str) -> str:
+    """The SHA-256 of a certificate's DER form, in hex (what `openssl x509 -fingerprint
+    -sha256` prints, without the colons)."""
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest()
+
+
 class Callers:
     """The callers, found by their bearer token."""
 
     def __init__(self, callers: list[Caller]) -> None:
-        self._by_hash = {caller.token_sha256: caller for caller in callers}
+        self._by_hash = {caller.token_sha256: caller for caller in callers
+                         if caller.token_sha256 is not None}
+        self._by_certificate = {caller.client_cert_sha256: caller for caller in callers
+                                if caller.client_cert_sha256 is not None}
         self.all = tuple(callers)
 
     def __len__(self) -> int:
@@ -75,9 +89,17 @@ class Callers:
         digest = token_hash(token)
         found = self._by_hash.get(digest)
         # The lookup is by hash already; the comparison keeps to constant time anyway.
-        if found is not None and hmac.compare_digest(found.token_sha256, digest):
+        if found is not None and hmac.compare_digest(found.token_sha256 or "", digest):
             return found
         return None
+
+    def by_certificate(self, pem: str) -> Caller | None:
+        """The caller whose client certificate this is (the TLS handshake verified it)."""
+        return self._by_certificate.get(certificate_fingerprint(pem))
+
+    @property
+    def with_certificates(self) -> bool:
+        return bool(self._by_certificate)
 
     def by_name(self, name: str) -> Caller | None:
         return next((caller for caller in self.all if caller.name == name), None)
@@ -100,9 +122,11 @@ def parse_callers(document: dict[str, Any], source: str) -> Callers:
         twice = next(name for name in names if names.count(name) > 1)
         raise CallersFileError(f"{source}: two callers are named {twice!r}; each caller's "
                                "name is the parent name of its runs, so it must be unique")
-    hashes = [caller.token_sha256 for caller in callers]
-    if len(set(hashes)) != len(hashes):
-        raise CallersFileError(f"{source}: two callers have the same token_sha256")
+    for field in ("token_sha256", "client_cert_sha256"):
+        hashes = [getattr(caller, field) for caller in callers
+                  if getattr(caller, field) is not None]
+        if len(set(hashes)) != len(hashes):
+            raise CallersFileError(f"{source}: two callers have the same {field}")
     return Callers(callers)
 
 
@@ -118,12 +142,18 @@ def _caller(entry: dict[str, Any], where: str) -> Caller:
     except InvalidIdentifier as error:
         raise CallersFileError(f"{where}: {error}") from None
     where = f"{where} ({name})"
-    digest = entry.get("token_sha256")
-    if not isinstance(digest, str) or len(digest) != 64 or any(
-            c not in "0123456789abcdef" for c in digest.lower()):
+    digest, fingerprint = entry.get("token_sha256"), entry.get("client_cert_sha256")
+    if digest is None and fingerprint is None:
+        raise CallersFileError(f"{where}: set token_sha256 (its bearer token's SHA-256) or "
+                               "client_cert_sha256 (its client certificate's), or both")
+    if digest is not None and not _is_sha256(digest):
         raise CallersFileError(f"{where}: token_sha256 must be the SHA-256 of the caller's "
                                "bearer token, 64 hex digits (python -m "
                                "tether.gateway.callers TOKEN prints it)")
+    if fingerprint is not None and not _is_sha256(fingerprint.replace(":", "")):
+        raise CallersFileError(f"{where}: client_cert_sha256 must be the SHA-256 of the "
+                               "caller's client certificate, 64 hex digits (python -m "
+                               "tether.gateway.callers --cert CERT.pem prints it)")
     agents = entry.get("agents")
     if agents is not None and (not isinstance(agents, list)
                                or not all(isinstance(a, str) for a in agents)):
@@ -137,9 +167,16 @@ def _caller(entry: dict[str, Any], where: str) -> Caller:
     if files["nats_nkey_seed_file"] and files["nats_creds_file"]:
         raise CallersFileError(f"{where}: set nats_nkey_seed_file or nats_creds_file, "
                                "not both")
-    return Caller(name=name, token_sha256=digest.lower(),
+    return Caller(name=name, token_sha256=digest.lower() if digest else None,
+                  client_cert_sha256=(fingerprint.replace(":", "").lower()
+                                      if fingerprint else None),
                   parent=ParentRef(agent=parent_agent, name=name),
                   agents=None if agents is None else frozenset(agents), **files)
+
+
+def _is_sha256(value: Any) -> bool:
+    return (isinstance(value, str) and len(value) == 64
+            and all(c in "0123456789abcdef" for c in value.lower()))
 
 
 def load_callers(path: str) -> Callers:
@@ -158,7 +195,15 @@ def load_callers(path: str) -> Callers:
     return parse_callers(document, source)
 
 
+def main(arguments: list[str]) -> str:
+    """What `python -m tether.gateway.callers` prints: a token's hash, or with `--cert
+    PATH` the fingerprint of a PEM certificate."""
+    if len(arguments) == 2 and arguments[0] == "--cert":
+        return certificate_fingerprint(Path(arguments[1]).read_text(encoding="ascii"))
+    if len(arguments) != 1:
+        raise SystemExit("usage: python -m tether.gateway.callers TOKEN | --cert CERT.pem")
+    return token_hash(arguments[0])
+
+
 if __name__ == "__main__":  # pragma: no cover - a one-line helper
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m tether.gateway.callers TOKEN")
-    print(token_hash(sys.argv[1]))
+    print(main(sys.argv[1:]))

@@ -9,6 +9,7 @@ it checks the application), else over the gateway's.
 
 import asyncio
 import contextlib
+import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -27,14 +28,15 @@ try:
     from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend
     from mcp.server.auth.provider import AccessToken
     from starlette.applications import Starlette
+    from starlette.authentication import AuthCredentials
     from starlette.middleware import Middleware
     from starlette.middleware.authentication import AuthenticationMiddleware
-    from starlette.requests import Request
+    from starlette.requests import HTTPConnection, Request
     from starlette.responses import JSONResponse
     from starlette.routing import Mount, Route
     from starlette.types import ASGIApp, Receive, Scope, Send
 
-    from tether.asgi_serving import listen_on, serve_app
+    from tether.asgi_serving import ServerTLS, listen_on, serve_app
     from tether.gateway.a2a_agents import TetherAgentHandler, agent_card
     from tether.gateway.a2a_push import Pusher, Pushes
     from tether.gateway.mcp_tools import McpTools
@@ -77,6 +79,25 @@ class CallersVerifier:
         if caller is None:
             return None
         return AccessToken(token="", client_id=caller.name, scopes=[SCOPE])
+
+
+class CallersBackend(BearerAuthBackend):
+    """A caller by its bearer token, or, for a request without one, by the client
+    certificate the TLS handshake verified."""
+
+    def __init__(self, callers: Callers) -> None:
+        super().__init__(CallersVerifier(callers))
+        self._callers = callers
+
+    async def authenticate(self, conn: HTTPConnection):
+        if "authorization" in conn.headers:
+            return await super().authenticate(conn)  # a wrong token is not made good
+        chain = ((conn.scope.get("extensions") or {}).get("tls") or {}).get("client_cert_chain")
+        caller = self._callers.by_certificate(chain[0]) if chain else None
+        if caller is None:
+            return None
+        return (AuthCredentials([SCOPE]),
+                AuthenticatedUser(AccessToken(token="", client_id=caller.name, scopes=[SCOPE])))
 
 
 class RequireCaller:
@@ -175,8 +196,7 @@ def create_app(settings: Settings, agents: AgentRegistry, callers: Callers,
         routes=[Route("/healthz", healthz),
                 *a2a_routes(agents, callers, connections, base_url, logger, stopping, pushes),
                 Mount("/", app=mcp_app)],
-        middleware=[Middleware(AuthenticationMiddleware,
-                               backend=BearerAuthBackend(CallersVerifier(callers))),
+        middleware=[Middleware(AuthenticationMiddleware, backend=CallersBackend(callers)),
                     Middleware(AuthContextMiddleware), Middleware(RequireCaller)],
         lifespan=lifespan)
 
@@ -194,10 +214,41 @@ def _configuration(settings: Settings, logger) -> tuple[AgentRegistry, Callers]:
                 "no callers: set TETHER_GATEWAY_CALLERS_FILE to the callers file (the "
                 "gateway lets nobody in without one)")
         callers = load_callers(settings.gateway_callers_file)
-    except (AgentConfigurationError, CallersFileError) as error:
+        server_tls(settings, callers)
+    except (AgentConfigurationError, CallersFileError, GatewaySettingsError) as error:
         logger.error("gateway.misconfigured", error=str(error))
         raise SystemExit(2) from None
     return agents, callers
+
+
+class GatewaySettingsError(ValueError):
+    """A gateway setting that cannot be used; the message names it."""
+
+
+def server_tls(settings: Settings, callers: Callers) -> ServerTLS | None:
+    """The gateway's HTTPS, from its settings; `GatewaySettingsError` names a setting that
+    is missing or a file that cannot be read."""
+    cert, key = settings.gateway_tls_cert_file, settings.gateway_tls_key_file
+    client_ca = settings.gateway_tls_client_ca_file
+    if (cert is None) != (key is None):
+        raise GatewaySettingsError("set TETHER_GATEWAY_TLS_CERT_FILE and TETHER_GATEWAY_TLS_KEY_FILE "
+                               "together (the gateway's certificate and its key)")
+    if client_ca is not None and cert is None:
+        raise GatewaySettingsError("TETHER_GATEWAY_TLS_CLIENT_CA_FILE asks for client "
+                               "certificates over HTTPS: set TETHER_GATEWAY_TLS_CERT_FILE and "
+                               "TETHER_GATEWAY_TLS_KEY_FILE too")
+    if callers.with_certificates and client_ca is None:
+        raise GatewaySettingsError("a caller has client_cert_sha256, but the gateway asks for no "
+                               "client certificates: set TETHER_GATEWAY_TLS_CLIENT_CA_FILE to "
+                               "the CA that signs them")
+    for variable, path in (("TETHER_GATEWAY_TLS_CERT_FILE", cert),
+                           ("TETHER_GATEWAY_TLS_KEY_FILE", key),
+                           ("TETHER_GATEWAY_TLS_CLIENT_CA_FILE", client_ca)):
+        if path is not None and not os.access(path, os.R_OK):
+            raise GatewaySettingsError(f"{variable}: {path} is not a readable file")
+    if cert is None or key is None:
+        return None
+    return ServerTLS(cert, key, client_ca)
 
 
 async def serve_gateway(settings: Settings, stop: asyncio.Event,
@@ -232,9 +283,11 @@ async def serve_gateway(settings: Settings, stop: asyncio.Event,
         if not await while_starting(settings, stop, "creating the push configs table",
                                     store.prepare):
             return
+        tls = server_tls(settings, callers)
         bound_host, bound_port = listener.getsockname()[:2]
         base_url = (settings.gateway_public_url
-                    or f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}"
+                    or f"{'https' if tls else 'http'}://"
+                       f"{f'[{bound_host}]' if ':' in bound_host else bound_host}"
                        f":{bound_port}").rstrip("/")
         stopping = asyncio.Event()
         pusher = Pusher(store, callers, connections.parent_of, logger,
@@ -257,7 +310,7 @@ async def serve_gateway(settings: Settings, stop: asyncio.Event,
         pushing = asyncio.create_task(pusher.run(stopping))
         try:
             await serve_app(app, listener, stop, what="the gateway", listening=listening,
-                            stopping=stopping.set)
+                            stopping=stopping.set, tls=tls)
         finally:
             stopping.set()
             await pushing
