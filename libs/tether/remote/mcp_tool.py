@@ -9,8 +9,10 @@ A run calls the tool with its input as the arguments, over streamable HTTP (MCP
 - A server that answers with a task: the task id is recorded as the run's step 0, and the
   run follows the task with `tasks/get` (its status message as progress) to its result;
   the attempt that takes the run over (the runner that followed it died) follows the
-  recorded task instead of calling again. Cancelling the run (or a budget running out)
-  sends `tasks/cancel`.
+  recorded task instead of calling again. A task that asks for input (its elicitation
+  forms) pauses the run `waiting_for_human`, one pending item per form, and the answers
+  go back with `tasks/update`, once. Cancelling the run (or a budget running out) sends
+  `tasks/cancel`.
 - A server that answers the call itself: progress notifications are progress, the result
   is the outcome; cancelling the run cancels the call. A runner that dies during such a
   call leaves nothing to follow: the next attempt calls the tool again (a Tether gateway
@@ -27,7 +29,7 @@ from typing import Any, ClassVar, Literal, cast
 from pydantic import BaseModel, ConfigDict
 
 from tether.agent_registry import AgentConfigurationError
-from tether.child.agent import AnyInput, ChildAgent
+from tether.child.agent import AnyInput, AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext
 from tether.extras import MissingExtra
 
@@ -84,6 +86,8 @@ class MCPToolAgent(ChildAgent):
         if not done:
             await call.stop_remote()
             raise RunCancelled(f"run {ctx.run_id} was cancelled")
+        if isinstance(output, AwaitingInput):
+            return output
         self._summary = call.summary
         return output
 
@@ -123,6 +127,7 @@ class _Task(types.Result):
     status_message: str | None = None
     poll_interval_ms: int | None = None
     result: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = None  # its elicitation forms, while it asks
 
 
 class _TaskId(types.RequestParams):
@@ -136,6 +141,15 @@ class _TasksGet(types.Request[_TaskId, Literal["tasks/get"]]):
 
 class _TasksCancel(types.Request[_TaskId, Literal["tasks/cancel"]]):
     method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"
+
+
+class _TaskAnswers(_TaskId):
+    input_responses: dict[str, Any]
+
+
+class _TasksUpdate(types.Request[_TaskAnswers, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
     name_param = "taskId"
 
 
@@ -217,9 +231,11 @@ class _ToolCall:
 
     async def _follow_task(self, client: "Client") -> Any:
         assert self.task_id is not None
+        task = await self._get(client)
+        if task.status == "input_required":
+            await self._answer_if_owed(client, task)
         while True:
-            task = await client.session.send_request(
-                _TasksGet(params=_TaskId(task_id=self.task_id)), _Task)
+            task = await self._get(client)
             if task.status_message and task.status_message != self._said:
                 self._said = task.status_message
                 await self.ctx.report_progress(message=task.status_message,
@@ -232,12 +248,51 @@ class _ToolCall:
                                             if task.status_message else ""))
                 return types.CallToolResult.model_validate(task.result, by_name=False)
             if task.status == "input_required":
-                raise RemoteAgentError(
-                    f"task {task.task_id} of the MCP server at {self.agent.server} asks for "
-                    "input, which a Tether child calling it cannot give yet")
+                return self._pause(task)
             await asyncio.sleep((task.poll_interval_ms or self.poll_s * 1000) / 1000)
 
+    async def _get(self, client: "Client") -> "_Task":
+        assert self.task_id is not None
+        return await client.session.send_request(
+            _TasksGet(params=_TaskId(task_id=self.task_id)), _Task)
+
+    def _pause(self, task: "_Task") -> AwaitingInput:
+        """The server asks (its elicitation forms): the run waits for a human, one pending
+        item per form; an approval form (one yes/no field) is an approval."""
+        history = self.ctx.history
+        n = len(history.resumptions) if history is not None else 0
+        requests = task.input_requests or {}
+        pending = []
+        for key, request in requests.items():
+            params = request.get("params") or {}
+            schema = params.get("requestedSchema") or {}
+            pending.append({"tool_call_id": key, "tool_name": self.agent.agent_type,
+                            "reason": "approval" if _yes_no(schema) else "input",
+                            "input": {"message": params.get("message", ""),
+                                      "requested_schema": schema, "task_id": task.task_id}})
+        return AwaitingInput(reason="waiting_for_human", key=f"mcp-{task.task_id}-{n}",
+                             pending=pending)
+
+    async def _answer_if_owed(self, client: "Client", task: "_Task") -> None:
+        """A resumed run answers the server's forms once: not when this run's log says it
+        did, nor when the task no longer asks."""
+        history = self.ctx.history
+        if history is None or not history.resumptions:
+            return
+        n = len(history.resumptions) - 1
+        if 1 + n in history.steps:
+            return
+        requests = task.input_requests or {}
+        responses = _responses(history.resumptions[-1].decisions, requests)
+        if not responses:
+            return  # answered nothing: it asks again
+        await client.session.send_request(_TasksUpdate(params=_TaskAnswers(
+            task_id=task.task_id, input_responses=responses)), types.EmptyResult)
+        await self.ctx.record_step(1 + n, {"kind": "mcp.answer", "pause": n})
+
     def _ended(self, result: Any) -> Any:
+        if isinstance(result, AwaitingInput):
+            return result
         if not isinstance(result, types.CallToolResult):
             raise RemoteAgentError(f"the MCP server at {self.agent.server} answered the call "
                                    f"of {self.agent.tool} with {type(result).__name__}")
@@ -260,6 +315,51 @@ class _ToolCall:
         async with self._http() as http, self._client(http) as client:
             await client.session.send_request(
                 _TasksCancel(params=_TaskId(task_id=self.task_id)), types.EmptyResult)
+
+
+def _yes_no(schema: dict[str, Any]) -> str | None:
+    """The one boolean field of an approval form, if the form is one."""
+    properties = schema.get("properties") or {}
+    if len(properties) == 1:
+        (name, spec), = properties.items()
+        if (spec or {}).get("type") == "boolean":
+            return name
+    return None
+
+
+def _one_text_field(schema: dict[str, Any]) -> str | None:
+    properties = schema.get("properties") or {}
+    if len(properties) == 1:
+        (name, spec), = properties.items()
+        if (spec or {}).get("type") == "string":
+            return name
+    return None
+
+
+def _responses(decisions: dict[str, Any], requests: dict[str, Any]) -> dict[str, Any]:
+    """A human's answers as elicitation results, per form: an approval accepts a yes/no
+    form with yes, a rejection declines it; a tool output fills a form (an object as its
+    fields, text as its one text field); `human_input` fills the one text field of the
+    only form."""
+    approvals = set(decisions.get("approvals") or ())
+    rejections = set(decisions.get("rejections") or ())
+    outputs = decisions.get("tool_outputs") or {}
+    text = decisions.get("human_input")
+    responses: dict[str, Any] = {}
+    for key, request in requests.items():
+        schema = (request.get("params") or {}).get("requestedSchema") or {}
+        yes_no, text_field = _yes_no(schema), _one_text_field(schema)
+        if key in rejections:
+            responses[key] = {"action": "decline"}
+        elif key in approvals and yes_no:
+            responses[key] = {"action": "accept", "content": {yes_no: True}}
+        elif isinstance(outputs.get(key), dict):
+            responses[key] = {"action": "accept", "content": outputs[key]}
+        elif key in outputs and text_field:
+            responses[key] = {"action": "accept", "content": {text_field: str(outputs[key])}}
+        elif text and text_field and len(requests) == 1:
+            responses[key] = {"action": "accept", "content": {text_field: text}}
+    return responses
 
 
 def _arguments(input: Any) -> dict[str, Any]:

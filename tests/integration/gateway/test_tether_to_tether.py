@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import gateway_agents
 import pytest
+from eventually import eventually
 from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, running_gateway
 from pydantic import BaseModel
 
@@ -31,6 +32,9 @@ RemoteResearcher = a2a_agent("RemoteResearcher", "http://127.0.0.1:1/a2a/Researc
                              token_variable="GATEWAY_TOKEN", input_model=Query)
 ResearchTool = mcp_tool_agent("ResearchTool", "http://127.0.0.1:1/mcp", "Researcher",
                               token_variable="GATEWAY_TOKEN", input_model=Query)
+ApproveTool = mcp_tool_agent("ApproveTool", "http://127.0.0.1:1/mcp", "Approver",
+                             token_variable="GATEWAY_TOKEN")
+REMOTE = (RemoteResearcher, ResearchTool, ApproveTool)
 
 
 @pytest.fixture
@@ -38,7 +42,7 @@ async def services(gateway_settings, log, pool, nc, monkeypatch):
     """The parent service and a child-runner of the gateway's agents and of the remote
     ones, in this process."""
     monkeypatch.setenv("GATEWAY_TOKEN", DESKTOP)
-    registry = AgentRegistry([*AGENTS, RemoteResearcher, ResearchTool])
+    registry = AgentRegistry([*AGENTS, *REMOTE])
     runner = await open_runner(nc, gateway_settings, registry, fetch_timeout_s=0.3,
                                cancel_grace_s=0.2, shutdown_grace_s=0.2)
     parent = await open_parent(gateway_settings, log, pool, registry,
@@ -57,6 +61,7 @@ async def tether(services, gateway_settings, monkeypatch) -> AsyncIterator:
         base = mcp_url.removesuffix("/mcp")
         monkeypatch.setattr(RemoteResearcher, "url", f"{base}/a2a/Researcher")
         monkeypatch.setattr(ResearchTool, "server", mcp_url)
+        monkeypatch.setattr(ApproveTool, "server", mcp_url)
         async with connect(settings=gateway_settings) as client:
             yield client
 
@@ -83,3 +88,23 @@ async def test_a_tether_agent_served_over_mcp_is_a_remote_child_with_the_same_ru
     served = (await tether.read_run(DESKTOP_PARENT, "over-mcp")).state
     assert served.agent_type == "Researcher" and served.status == "completed"
     assert result.output["summary"] == served.summary
+
+
+async def test_a_remote_mcp_task_that_asks_pauses_the_run_and_the_answer_reaches_it(tether):
+    me = tether.parent("Assistant", "far")
+    call = asyncio.create_task(me.run_agent_tool("ApproveTool", {}, run_id="asks"))
+
+    async def paused():
+        state = (await tether.read_run(me.ref, "asks")).state
+        return state is not None and state.paused is not None and state
+
+    state = await eventually(paused, timeout=DEADLINE_S)
+    [item] = state.paused.pending
+    assert (item["tool_call_id"], item["reason"]) == ("publish", "approval")
+    assert item["input"]["message"] == "Approve publish({})?"
+    await me.continue_run("asks", approvals=["publish"])
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "published", result
+    served = (await tether.read_run(DESKTOP_PARENT, "asks")).state
+    assert served.agent_type == "Approver" and served.status == "completed"
+    assert served.resumptions[-1].decisions["approvals"] == ["publish"]

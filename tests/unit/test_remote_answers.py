@@ -1,0 +1,55 @@
+"""How a human's answer to a paused remote child becomes what the remote takes: MCP
+elicitation results per form, A2A message parts; and how an input becomes a message."""
+
+from a2a.types import Part
+from google.protobuf.json_format import MessageToDict
+from pydantic import BaseModel
+
+from tether.remote.a2a_agent import _answer, _parts
+from tether.remote.mcp_tool import _responses
+
+APPROVE = {"params": {"message": "Approve?", "requestedSchema": {
+    "type": "object", "properties": {"approve": {"type": "boolean"}}}}}
+OUTPUT = {"params": {"message": "Output?", "requestedSchema": {
+    "type": "object", "properties": {"output": {"type": "string"}}}}}
+FORM = {"params": {"message": "Who?", "requestedSchema": {
+    "type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}}}
+
+
+def test_approvals_accept_yes_no_forms_and_rejections_decline_any():
+    requests = {"a": APPROVE, "b": APPROVE, "c": FORM}
+    assert _responses({"approvals": ["a"], "rejections": ["b", "c"]}, requests) == {
+        "a": {"action": "accept", "content": {"approve": True}},
+        "b": {"action": "decline"}, "c": {"action": "decline"}}
+
+
+def test_outputs_fill_forms_and_human_input_the_only_text_form():
+    assert _responses({"tool_outputs": {"c": {"name": "Ada", "age": 36}, "o": 7}},
+                      {"c": FORM, "o": OUTPUT}) == {
+        "c": {"action": "accept", "content": {"name": "Ada", "age": 36}},
+        "o": {"action": "accept", "content": {"output": "7"}}}
+    assert _responses({"human_input": "yes please"}, {"o": OUTPUT}) == {
+        "o": {"action": "accept", "content": {"output": "yes please"}}}
+    # Text cannot say which of two forms it answers, nor fill a form of two fields.
+    assert _responses({"human_input": "x"}, {"o": OUTPUT, "p": OUTPUT}) == {}
+    assert _responses({"human_input": "x"}, {"c": FORM}) == {}
+
+
+def test_an_a2a_answer_is_the_text_and_the_items_output():
+    parts = _answer({"human_input": "French", "tool_outputs": {"a2a-question-0": {"k": 1}}},
+                    "a2a-question-0")
+    assert [MessageToDict(part) for part in parts] == [{"text": "French"},
+                                                       {"data": {"k": 1.0}}]
+    assert _answer({}, "a2a-question-0") == []
+
+
+def test_an_input_of_one_string_is_text_and_any_other_data():
+    class Query(BaseModel):
+        query: str
+
+    class Pair(BaseModel):
+        a: str
+        b: int
+
+    assert _parts(Query(query="HTTP/3")) == [Part(text="HTTP/3")]
+    assert MessageToDict(_parts(Pair(a="x", b=2))[0]) == {"data": {"a": "x", "b": 2.0}}
