@@ -62,6 +62,9 @@ async def test_a_run_is_one_remote_task_whose_artifacts_are_its_output(remote, s
     assert state.steps[0] == {"kind": "a2a.task", "url": remote.url,
                               "task_id": execution["task_id"],
                               "context_id": result.output["context_id"]}
+    [milestone] = state.milestones
+    assert milestone.name == "remote-task"
+    assert milestone.data == {"task_id": execution["task_id"], "url": remote.url}
 
 
 async def test_a_remote_that_fails_the_task_fails_the_run_with_its_message(remote, stack):

@@ -72,8 +72,9 @@ async def test_a_call_is_a_run_whose_output_is_the_structured_result(remote, sta
     if remote.tasks:
         assert state.steps[0]["kind"] == "mcp.task"
         assert state.steps[0]["tool"] == "count"
+        assert [m.name for m in state.milestones] == ["remote-task"]
     else:
-        assert state.steps == {}
+        assert state.steps == {} and state.milestones == ()
 
 
 async def test_a_tool_error_fails_the_run_with_its_text(remote, stack):

@@ -5,7 +5,8 @@
 
 registered like any child (`TETHER_AGENTS=myapp.remote:Translator`). A run sends its input
 as the task's first message (a text part for an input of one string, else a data part),
-records the remote task's id as its step 0 as soon as the remote names it, and follows
+records the remote task's id as its step 0 (and a milestone, `remote-task`) as soon as
+the remote names it, and follows
 the task (its stream, or `GetTask` every `poll_s` where the card offers no streaming):
 status messages become progress, text artifacts output, `input-required` and
 `auth-required` a `waiting_for_human` pause whose answer (`human_input`, or a tool output
@@ -55,6 +56,7 @@ except ImportError as missing:  # pragma: no cover - the extra is installed in t
     raise MissingExtra("remote") from missing
 
 from tether.remote.reaching import (
+    REMOTE_TASK_MILESTONE,
     Reaching,
     RemoteAgentError,
     first_of,
@@ -279,6 +281,9 @@ class _RemoteTask:
             await self.ctx.record_step(TASK_STEP, {
                 "kind": "a2a.task", "url": self.url, "task_id": self.task.id,
                 "context_id": self.task.context_id})
+            await self.ctx.report_progress(milestone=REMOTE_TASK_MILESTONE,
+                                           message=f"task {self.task.id} of {self.url}",
+                                           data={"task_id": self.task.id, "url": self.url})
 
     async def _answer_if_owed(self) -> None:
         """A resumed run sends the answer to the remote's question once: not when this

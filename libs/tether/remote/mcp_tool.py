@@ -6,7 +6,8 @@
 A run calls the tool with its input as the arguments, over streamable HTTP (MCP
 `2026-07-28`, the official SDK's client), declaring the tasks extension
 (`io.modelcontextprotocol/tasks`) and naming the run in `_meta["io.tether/run_id"]`.
-- A server that answers with a task: the task id is recorded as the run's step 0, and the
+- A server that answers with a task: the task id is recorded as the run's step 0 (and a
+  milestone, `remote-task`), and the
   run follows the task with `tasks/get` (its status message as progress) to its result;
   the attempt that takes the run over (the runner that followed it died) follows the
   recorded task instead of calling again. A task that asks for input (its elicitation
@@ -43,7 +44,7 @@ try:
 except ImportError as missing:  # pragma: no cover - the extra is installed in the tests
     raise MissingExtra("remote") from missing
 
-from tether.remote.reaching import Reaching, RemoteAgentError, first_of
+from tether.remote.reaching import REMOTE_TASK_MILESTONE, Reaching, RemoteAgentError, first_of
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 RUN_ID_META = "io.tether/run_id"
@@ -212,6 +213,10 @@ class _ToolCall:
                         await self.ctx.record_step(TASK_STEP, {
                             "kind": "mcp.task", "server": self.agent.server,
                             "tool": self.agent.tool, "task_id": answer.task_id})
+                        await self.ctx.report_progress(
+                            milestone=REMOTE_TASK_MILESTONE,
+                            message=f"task {answer.task_id} of {self.agent.server}",
+                            data={"task_id": answer.task_id, "url": self.agent.server})
                     return await self._follow_task(client)
             except BaseExceptionGroup as group:  # the client's task groups wrap what failed
                 if len(leaves := _leaves(group)) == 1:

@@ -16,6 +16,8 @@ from tether.resilience import Backoff, sleep_unless_stopped
 
 T = TypeVar("T")
 
+# The milestone of a run whose remote task is named: the parent hears of it at once.
+REMOTE_TASK_MILESTONE = "remote-task"
 # Answers of a server that is there but cannot serve yet.
 BUSY_STATUSES = frozenset({429, 502, 503, 504})
 
