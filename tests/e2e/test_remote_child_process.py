@@ -27,9 +27,9 @@ async def test_a_runner_killed_while_it_follows_a_remote_task_leaves_it_to_the_o
                "REMOTE_A2A_URL": remote.url, "ECHO_TOKEN": TOKEN,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
                                                            os.environ.get("PYTHONPATH")]))}
-        parent, *runners = await asyncio.gather(services("parent", **env),
-                                                services("child-runner", **env),
-                                                services("child-runner", **env))
+        _, *runners = await asyncio.gather(services("parent", **env),
+                                           services("child-runner", **env),
+                                           services("child-runner", **env))
         by_pid = {str(runner.process.pid): runner for runner in runners}
         async with connect(settings=settings) as tether:
             me = tether.parent(PARENT.agent, PARENT.name)

@@ -51,18 +51,14 @@ from tether.contract.messages import (
 from tether.domain.events import OPEN_STATUSES
 from tether.domain.ids import InvalidIdentifier, check_identifier
 from tether.gateway.callers import Caller, Callers
+from tether.remote.mcp_tasks import (
+    RUN_ID_META,
+    TASKS_EXTENSION,
+    TaskIdParams,
+    TaskUpdateParams,
+)
 
-RUN_ID_META = "io.tether/run_id"
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 TASK_POLL_MS = 500
-
-
-class TaskIdParams(types.RequestParams):
-    task_id: str
-
-
-class TaskUpdateParams(TaskIdParams):
-    input_responses: dict[str, Any] | None = None
 
 
 class McpTools:

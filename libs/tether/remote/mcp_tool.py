@@ -25,9 +25,9 @@ is tried again for `unreachable_for_s`.
 
 import asyncio
 import os
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, cast
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from tether.agent_registry import AgentConfigurationError
 from tether.child.agent import AnyInput, AwaitingInput, ChildAgent
@@ -38,16 +38,24 @@ try:
     import httpx2
     import mcp_types as types
     from mcp import Client
-    from mcp.client import ClientExtension, ResultClaim
     from mcp.client.streamable_http import streamable_http_client
     from mcp.shared.exceptions import MCPError
 except ImportError as missing:  # pragma: no cover - the extra is installed in the tests
     raise MissingExtra("remote") from missing
 
+from tether.remote.mcp_tasks import (
+    RUN_ID_META,
+    CreatedTask,
+    TaskIdParams,
+    TasksCancel,
+    TasksExtension,
+    TasksGet,
+    TaskState,
+    TasksUpdate,
+    TaskUpdateParams,
+)
 from tether.remote.reaching import REMOTE_TASK_MILESTONE, Reaching, RemoteAgentError, first_of
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-RUN_ID_META = "io.tether/run_id"
 TASK_STEP = 0
 ENDED = ("completed", "failed", "cancelled")
 
@@ -109,63 +117,6 @@ def mcp_tool_agent(agent_type: str, server: str, tool: str, *, token_variable: s
         "version": f"mcp {server} {tool}"})
 
 
-class _CreatedTask(types.Result):
-    """What a call answers when the server runs it as a task."""
-
-    model_config = ConfigDict(extra="allow")
-    result_type: Literal["task"] = "task"
-    task_id: str
-    status: str
-    poll_interval_ms: int | None = None
-
-
-class _Task(types.Result):
-    """`tasks/get`'s answer: the task, with its result once it has ended."""
-
-    model_config = ConfigDict(extra="allow")
-    task_id: str
-    status: str
-    status_message: str | None = None
-    poll_interval_ms: int | None = None
-    result: dict[str, Any] | None = None
-    input_requests: dict[str, Any] | None = None  # its elicitation forms, while it asks
-
-
-class _TaskId(types.RequestParams):
-    task_id: str
-
-
-class _TasksGet(types.Request[_TaskId, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    name_param = "taskId"
-
-
-class _TasksCancel(types.Request[_TaskId, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    name_param = "taskId"
-
-
-class _TaskAnswers(_TaskId):
-    input_responses: dict[str, Any]
-
-
-class _TasksUpdate(types.Request[_TaskAnswers, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    name_param = "taskId"
-
-
-class _Tasks(ClientExtension):
-    """Declares the tasks extension; a call answered with a task returns it as it is."""
-
-    identifier = TASKS_EXTENSION
-
-    def claims(self) -> list[ResultClaim]:
-        async def as_is(created: _CreatedTask, context: Any) -> Any:
-            return created
-
-        return [ResultClaim(result_type="task", model=_CreatedTask, resolve=as_is)]
-
-
 class _ToolCall:
     """One run's call: made, or its task found again, and followed to its result."""
 
@@ -193,7 +144,7 @@ class _ToolCall:
 
     def _client(self, http: "httpx2.AsyncClient") -> "Client":
         return Client(streamable_http_client(self.agent.server, http_client=http),
-                      extensions=[_Tasks()])
+                      extensions=[TasksExtension()])
 
     def _http(self) -> "httpx2.AsyncClient":
         variable = self.agent.token_variable
@@ -206,7 +157,7 @@ class _ToolCall:
                 async with self._http() as http, self._client(http) as client:
                     if self.task_id is None:
                         answer = await self._call(client, arguments)
-                        if not isinstance(answer, _CreatedTask):
+                        if not isinstance(answer, CreatedTask):
                             return answer
                         self.task_id = answer.task_id
                         self.poll_s = (answer.poll_interval_ms or self.poll_s * 1000) / 1000
@@ -256,12 +207,12 @@ class _ToolCall:
                 return self._pause(task)
             await asyncio.sleep((task.poll_interval_ms or self.poll_s * 1000) / 1000)
 
-    async def _get(self, client: "Client") -> "_Task":
+    async def _get(self, client: "Client") -> TaskState:
         assert self.task_id is not None
         return await client.session.send_request(
-            _TasksGet(params=_TaskId(task_id=self.task_id)), _Task)
+            TasksGet(params=TaskIdParams(task_id=self.task_id)), TaskState)
 
-    def _pause(self, task: "_Task") -> AwaitingInput:
+    def _pause(self, task: TaskState) -> AwaitingInput:
         """The server asks (its elicitation forms): the run waits for a human, one pending
         item per form; an approval form (one yes/no field) is an approval."""
         history = self.ctx.history
@@ -278,7 +229,7 @@ class _ToolCall:
         return AwaitingInput(reason="waiting_for_human", key=f"mcp-{task.task_id}-{n}",
                              pending=pending)
 
-    async def _answer_if_owed(self, client: "Client", task: "_Task") -> None:
+    async def _answer_if_owed(self, client: "Client", task: TaskState) -> None:
         """A resumed run answers the server's forms once: not when this run's log says it
         did, nor when the task no longer asks."""
         history = self.ctx.history
@@ -291,7 +242,7 @@ class _ToolCall:
         responses = _responses(history.resumptions[-1].decisions, requests)
         if not responses:
             return  # answered nothing: it asks again
-        await client.session.send_request(_TasksUpdate(params=_TaskAnswers(
+        await client.session.send_request(TasksUpdate(params=TaskUpdateParams(
             task_id=task.task_id, input_responses=responses)), types.EmptyResult)
         await self.ctx.record_step(1 + n, {"kind": "mcp.answer", "pause": n})
 
@@ -319,7 +270,7 @@ class _ToolCall:
             return
         async with self._http() as http, self._client(http) as client:
             await client.session.send_request(
-                _TasksCancel(params=_TaskId(task_id=self.task_id)), types.EmptyResult)
+                TasksCancel(params=TaskIdParams(task_id=self.task_id)), types.EmptyResult)
 
 
 def _yes_no(schema: dict[str, Any]) -> str | None:

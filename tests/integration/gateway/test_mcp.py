@@ -4,7 +4,7 @@ parent service and a child-runner on real NATS: each tool call is a durable Teth
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import gateway_agents
@@ -14,16 +14,24 @@ import pytest
 from eventually import eventually
 from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
 from mcp import Client
-from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from pydantic import ConfigDict
 
 from tether.agent_registry import AgentRegistry
 from tether.domain.events import ParentRef
-from tether.gateway.mcp_tools import RUN_ID_META, TASKS_EXTENSION
 from tether.generate.gateway import generate as gateway_documents
 from tether.log import get_logger
+from tether.remote.mcp_tasks import (
+    RUN_ID_META,
+    CreatedTask,
+    TaskIdParams,
+    TasksCancel,
+    TasksExtension,
+    TasksGet,
+    TaskState,
+    TasksUpdate,
+    TaskUpdateParams,
+)
 from tether_services.child_runner import open_runner
 from tether_services.parent import open_parent
 
@@ -161,59 +169,6 @@ async def test_an_input_the_agent_refuses_is_a_tool_error_naming_the_field(gatew
 
 # --- tasks (MCP 2026-07-28, the io.modelcontextprotocol/tasks extension) -------------
 
-class CreatedTask(types.Result):
-    model_config = ConfigDict(extra="allow")
-    result_type: Literal["task"] = "task"
-    task_id: str
-    status: str
-    poll_interval_ms: int | None = None
-
-
-class TaskState(types.Result):
-    model_config = ConfigDict(extra="allow")
-    task_id: str
-    status: str
-    status_message: str | None = None
-    result: dict[str, Any] | None = None
-    input_requests: dict[str, Any] | None = None
-
-
-class TaskIdParams(types.RequestParams):
-    task_id: str
-
-
-class TaskUpdateParams(TaskIdParams):
-    input_responses: dict[str, Any]
-
-
-class TasksGet(types.Request[TaskIdParams, Literal["tasks/get"]]):
-    method: Literal["tasks/get"] = "tasks/get"
-    name_param = "taskId"
-
-
-class TasksCancel(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
-    method: Literal["tasks/cancel"] = "tasks/cancel"
-    name_param = "taskId"
-
-
-class TasksUpdate(types.Request[TaskUpdateParams, Literal["tasks/update"]]):
-    method: Literal["tasks/update"] = "tasks/update"
-    name_param = "taskId"
-
-
-class Tasks(ClientExtension):
-    """The client side of the tasks extension: a call answered with a task hands the
-    task back as it is (the test polls it)."""
-
-    identifier = TASKS_EXTENSION
-
-    def claims(self) -> list[ResultClaim]:
-        async def as_is(created: CreatedTask, ctx: ClaimContext) -> CreatedTask:
-            return created
-
-        return [ResultClaim(result_type="task", model=CreatedTask, resolve=as_is)]
-
-
 async def _task(client: Client, task_id: str) -> TaskState:
     return await client.session.send_request(TasksGet(params=TaskIdParams(task_id=task_id)),
                                              TaskState)
@@ -230,7 +185,7 @@ async def _task_when(client: Client, task_id: str, status: str) -> TaskState:
 async def test_a_task_call_answers_at_once_and_the_task_outlives_the_gateway(
         services, gateway_settings):
     async with (running_gateway(gateway_settings) as url,
-                mcp_client(url, DESKTOP, extensions=[Tasks()]) as client):
+                mcp_client(url, DESKTOP, extensions=[TasksExtension()]) as client):
         created = await client.session.call_tool("Held", {}, allow_claimed=True,
                                                  meta={RUN_ID_META: "mcp-task-1"})
         assert isinstance(created, CreatedTask)
@@ -238,17 +193,17 @@ async def test_a_task_call_answers_at_once_and_the_task_outlives_the_gateway(
         await _task_when(client, "mcp-task-1", "working")
     gateway_agents.RELEASE.set()  # the run finishes while no gateway runs
     async with running_gateway(gateway_settings) as url:
-        async with mcp_client(url, DESKTOP, extensions=[Tasks()]) as client:
+        async with mcp_client(url, DESKTOP, extensions=[TasksExtension()]) as client:
             done = await _task_when(client, "mcp-task-1", "completed")
             assert done.result["structuredContent"]["summary"] == "released"
-        async with mcp_client(url, LIMITED, extensions=[Tasks()]) as stranger:
+        async with mcp_client(url, LIMITED, extensions=[TasksExtension()]) as stranger:
             with pytest.raises(MCPError):  # another caller's run id names another run
                 await _task(stranger, "mcp-task-1")
 
 
 async def test_a_task_waiting_for_a_human_is_input_required_and_its_answer_resumes_it(
         gateway):
-    async with mcp_client(gateway, DESKTOP, extensions=[Tasks()]) as client:
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
         created = await client.session.call_tool("Approver", {}, allow_claimed=True)
         waiting = await _task_when(client, created.task_id, "input_required")
         form = waiting.input_requests["publish"]
@@ -268,7 +223,7 @@ async def test_a_task_waiting_for_a_human_is_input_required_and_its_answer_resum
 
 
 async def test_a_cancelled_task_is_cancelled(gateway):
-    async with mcp_client(gateway, DESKTOP, extensions=[Tasks()]) as client:
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
         created = await client.session.call_tool("Waiter", {}, allow_claimed=True)
         await _task_when(client, created.task_id, "working")
         await client.session.send_request(
