@@ -206,3 +206,20 @@ def test_a_remote_agent_without_its_token_or_url_is_refused_at_start(monkeypatch
         agent.check_configuration()
     with pytest.raises(AgentConfigurationError, match="url must be"):
         a2a_agent("Nowhere", "ftp://x").check_configuration()
+
+
+async def test_a_cancel_the_remote_cannot_hear_still_ends_the_run_cancelled(remote, stack):
+    await remote.start()
+    await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Echo", {"text": "hold on"}, run_id="unheard"))
+
+    async def named():
+        state = await stack.state("unheard")
+        return state is not None and 0 in state.steps
+
+    await eventually(named, timeout=DEADLINE_S)
+    await remote.kill()  # the cancel cannot reach it
+    await stack.parent.cancel("unheard")
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert not result.ok and result.status == "aborted", result

@@ -18,7 +18,7 @@ from ui_server import running_ui
 from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
 from tether.adapters.postgres.reads import ProjectionReads
-from tether.agents.devtools import load_tree
+from tether.agents.devtools import load_tree, render_run
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.codec import encode_event
@@ -178,6 +178,28 @@ async def test_a_burst_reaches_the_page_coalesced_per_frame(log, pool, settings,
     assert all(len(m["runs"]) == 1 for m in frames), "one document per run per frame"
     gaps = [b["sent_at"] - a["sent_at"] for a, b in itertools.pairwise(frames)]
     assert all(gap >= 240 for gap in gaps), gaps
+
+
+async def test_the_run_page_shows_steps_a_child_recorded_in_its_own_shape(ui, log, projector):
+    """A remote child's or a framework child's steps are not a model agent's records: the
+    page lists them as they are, and counts the usage they carry."""
+    run = a_run("r-own")
+    task = {"kind": "a2a.task", "url": "http://agents.example/x", "task_id": "t-1"}
+    call = {"kind": "model", "key": "0:model:0", "turn": {"usage": {
+        "input_tokens": 7, "output_tokens": 3}}}
+    seqs = [await append(log, event) for event in (
+        run.requested(), run.started(), run.running(),
+        run.make(ev.RunStepRecorded, index=0, step=task),
+        run.make(ev.RunStepRecorded, index=1, step=call), run.completed("ok"))]
+    await asyncio.wait_for(projector.wait_for_position(seqs[-1]), 10)
+    detail = (await ui.get("/api/runs/Assistant/user-1/r-own")).json()
+    assert [(s["index"], s["kind"], s["step"]) for s in detail["steps"]] == [
+        (0, "a2a.task", task), (1, "model", call)]
+    assert detail["usage"] == {"input_tokens": 7, "output_tokens": 3, "cached_tokens": 0,
+                               "total_tokens": 10, "cost": None}
+    shown = render_run((await log.read_run(PARENT, "r-own")).state)
+    assert "step 0    a2a.task  " in shown and "t-1" in shown
+    assert "usage     in 7  out 3  cached 0  total 10  cost unknown" in shown
 
 
 async def test_the_run_page_folds_its_events_up_to_any_sequence(ui, log, projector):

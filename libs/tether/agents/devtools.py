@@ -17,7 +17,7 @@ import asyncpg
 import msgspec
 
 from tether.adapters.postgres.reads import ProjectionReads
-from tether.agents.steps import AgentStepRecord, usage_of
+from tether.agents.steps import AgentStepRecord
 from tether.command_line import Command
 from tether.config import Settings
 from tether.contract.messages import UsageView
@@ -94,16 +94,15 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
              f"status    {_status(state)}  attempt {state.attempt}"
              + (f"  version {state.agent_version}" if state.agent_version else ""),
              f"timings   {timings}"]
-    if not records:
+    if not state.steps:
         lines.append("steps     none recorded (a child that records no steps, or not started)")
     inputs = {call.id: call.input for record in records for call in record.tool_calls}
     for record in records:
         lines += _step(record, inputs, state.requested_at)
-    if records:
-        usage = usage_of(records)
-        cost = "unknown" if usage.cost is None else f"${usage.cost:.6f}"
-        lines.append(f"usage     in {usage.input_tokens:,}  out {usage.output_tokens:,}  "
-                     f"cached {usage.cached_tokens:,}  total {usage.total_tokens:,}  cost {cost}")
+    for index, step in other_steps(state):
+        lines.append(f"step {index:<4} {step.get('kind', 'step')}  {_compact(step)}")
+    if any(step.get("turn") for step in state.steps.values()):
+        lines.append(_usage_line("usage", UsageView.of_steps(state.steps)))
     if below:
         subtree = UsageView.of_steps(state.steps)
         for run in below:
@@ -180,5 +179,18 @@ def _preview(text: str, limit: int = PREVIEW_CHARS) -> str:
     return flat if len(flat) <= limit else flat[:limit - 1] + "…"
 
 
+# The kinds of the steps a model agent records (`AgentStepRecord`); a child of another
+# kind records steps of its own shape (a remote task, a framework's model call).
+AGENT_STEP_KINDS = frozenset({"model_turn", "continuation"})
+
+
 def records_of(state: RunState) -> Sequence[AgentStepRecord]:
-    return [AgentStepRecord.model_validate(state.steps[i]) for i in sorted(state.steps)]
+    """The run's model-agent step records, in order."""
+    return [AgentStepRecord.model_validate(state.steps[i]) for i in sorted(state.steps)
+            if state.steps[i].get("kind") in AGENT_STEP_KINDS]
+
+
+def other_steps(state: RunState) -> list[tuple[int, dict[str, Any]]]:
+    """The run's steps of other shapes, in order, as the child recorded them."""
+    return [(i, state.steps[i]) for i in sorted(state.steps)
+            if state.steps[i].get("kind") not in AGENT_STEP_KINDS]

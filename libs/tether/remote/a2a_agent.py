@@ -59,6 +59,7 @@ from tether.remote.reaching import (
     REMOTE_TASK_MILESTONE,
     Reaching,
     RemoteAgentError,
+    cancel_remote,
     first_of,
     http_status,
 )
@@ -206,12 +207,18 @@ class _RemoteTask:
         request = SendMessageRequest(message=message, configuration=SendMessageConfiguration(
             return_immediately=not self.streaming))
 
-        answered = False
+        answered = tried = False
 
         async def send() -> None:
-            nonlocal answered
+            nonlocal answered, tried
             if answered:
                 return  # taken, then the stream broke: the task is followed from here on
+            if tried and message.task_id:
+                # Cut off before any answer: the remote may have taken it all the same.
+                self.task = await self.client.get_task(GetTaskRequest(id=message.task_id))
+                if self.state not in ASKING:
+                    return
+            tried = True
             async for response in self.client.send_message(request):
                 answered = True
                 await self._take(response)
@@ -302,14 +309,10 @@ class _RemoteTask:
         await self.ctx.record_step(1 + n, {"kind": "a2a.answer", "pause": n})
 
     async def _stop_remote(self) -> None:
-        """The run is cancelled: a cancel or a give-up ends the remote task too; an
-        attempt that lost the run, or a runner stopping, leaves it to the next attempt."""
-        if self.task is None or self.ctx.stop_reason not in ("cancel", "give-up"):
-            return
-        try:
-            await self.client.cancel_task(CancelTaskRequest(id=self.task.id))
-        except TaskNotCancelableError:
-            pass  # it ended meanwhile
+        task_id = self.task.id if self.task is not None else None
+        await cancel_remote(self.ctx, "A2A agent", self.url, task_id,
+                            lambda: self.client.cancel_task(CancelTaskRequest(id=task_id)),
+                            ended=(TaskNotCancelableError,))
 
     # --- ends ----------------------------------------------------------------------------
 

@@ -54,7 +54,13 @@ from tether.remote.mcp_tasks import (
     TasksUpdate,
     TaskUpdateParams,
 )
-from tether.remote.reaching import REMOTE_TASK_MILESTONE, Reaching, RemoteAgentError, first_of
+from tether.remote.reaching import (
+    REMOTE_TASK_MILESTONE,
+    Reaching,
+    RemoteAgentError,
+    cancel_remote,
+    first_of,
+)
 
 TASK_STEP = 0
 ENDED = ("completed", "failed", "cancelled")
@@ -263,14 +269,13 @@ class _ToolCall:
                             for block in result.content]}
 
     async def stop_remote(self) -> None:
-        """The run is cancelled: a cancel or a give-up ends the remote task too (a plain
-        call was cancelled with this attempt); an attempt that lost the run, or a runner
-        stopping, leaves the task to the next attempt."""
-        if self.task_id is None or self.ctx.stop_reason not in ("cancel", "give-up"):
-            return
-        async with self._http() as http, self._client(http) as client:
-            await client.session.send_request(
-                TasksCancel(params=TaskIdParams(task_id=self.task_id)), types.EmptyResult)
+        """A plain call was cancelled with this attempt; a task is cancelled here."""
+        async def cancel() -> None:
+            async with self._http() as http, self._client(http) as client:
+                await client.session.send_request(
+                    TasksCancel(params=TaskIdParams(task_id=self.task_id)), types.EmptyResult)
+
+        await cancel_remote(self.ctx, "MCP server", self.agent.server, self.task_id, cancel)
 
 
 def _yes_no(schema: dict[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ import httpx2
 from mcp.shared.exceptions import MCPError
 
 from tether.child.context import RunCancelled, RunContext
+from tether.log import get_logger
 from tether.resilience import Backoff, sleep_unless_stopped
 
 T = TypeVar("T")
@@ -139,3 +140,26 @@ async def first_of(work: Awaitable[T], ctx: RunContext) -> tuple[bool, Any]:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     return False, None
+
+
+# Why a run stops for good: what it started elsewhere is stopped too (`ctx.stop_reason`).
+ENDS_THE_RUN = ("cancel", "give-up")
+
+
+async def cancel_remote(ctx: RunContext, what: str, url: str, task_id: str | None,
+                        cancel: Callable[[], Awaitable[Any]],
+                        ended: tuple[type[BaseException], ...] = ()) -> None:
+    """The run is cancelled: a cancel or a give-up cancels its remote task too; an attempt
+    that lost the run, or a runner stopping, leaves the task to the next attempt. A remote
+    that cannot be told is said in the log (the task may go on); the run ends cancelled
+    all the same. `ended`: the errors that say the task had ended already."""
+    if task_id is None or ctx.stop_reason not in ENDS_THE_RUN:
+        return
+    try:
+        await cancel()
+    except ended:
+        pass
+    except Exception as error:  # noqa: BLE001 - said; the run's own end is what matters
+        get_logger(run_id=ctx.run_id).warning(
+            "remote.cancel_failed", url=url, task_id=task_id, error=describe(error),
+            detail=f"the {what}'s task may go on")

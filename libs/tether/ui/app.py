@@ -24,12 +24,12 @@ except ModuleNotFoundError:
     raise MissingExtra("ui") from None
 
 from tether.adapters.postgres.reads import ProjectionReads
-from tether.agents.devtools import records_of
-from tether.agents.steps import usage_of
+from tether.agents.devtools import other_steps, records_of
 from tether.client.connection import Tether, connect
 from tether.client.errors import TetherError
 from tether.client.parent import build_run_command
 from tether.config import Settings
+from tether.contract.messages import UsageView
 from tether.domain.commands import ContinueCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier, run_message_id
@@ -293,12 +293,17 @@ async def run_json(request: Request) -> Response:
     # The log's fold, which the projection may lag: the run as its events list shows it.
     if events and (folded := state_as_of(events, events[-1].seq)) is not None:
         state = folded
-    records = records_of(state)
-    usage = usage_of(records).model_dump(mode="json") if records else None
+    steps = {record.index: record.model_dump(mode="json") for record in records_of(state)}
+    for index, step in other_steps(state):  # a row of the steps table, as far as it has one
+        steps[index] = {"index": index, "kind": step.get("kind", "step"), "call": 0,
+                        "status": "recorded", "turn": step.get("turn"),
+                        "cost": step.get("cost"), "step": step}
+    counted = any(step.get("turn") for step in state.steps.values())
+    usage = UsageView.of_steps(state.steps).model_dump(mode="json") if counted else None
     return JSONResponse({
         "run": run_document(state, output_chars=None),
         "input": state.input,
-        "steps": [record.model_dump(mode="json") for record in records],
+        "steps": [steps[index] for index in sorted(steps)],
         "usage": usage,
         "resumptions": as_builtins(state.resumptions),
         "reattach_decisions": as_builtins(state.reattach_decisions),
