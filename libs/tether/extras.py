@@ -15,6 +15,12 @@ EXTRAS = {
     "otel": (("opentelemetry.sdk",), "OpenTelemetry traces"),
     "gateway": (("mcp", "a2a", "starlette", "uvicorn"),
                 "the MCP and A2A gateway (`tether gateway`, the `gateway` service)"),
+    "pydantic-ai": (("pydantic_ai",),
+                    "Pydantic AI agents as children (tether.integrations.pydantic_ai)"),
+    "openai-agents": (("agents",),
+                      "Agents SDK agents as children (tether.integrations.openai_agents)"),
+    "langgraph": (("langgraph", "langchain_core"),
+                  "LangGraph graphs as children (tether.integrations.langgraph)"),
     "remote": (("mcp", "a2a", "httpx"),
                "remote A2A agents and MCP tools as child agents (tether.remote)"),
 }

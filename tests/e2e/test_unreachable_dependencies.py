@@ -176,7 +176,9 @@ async def test_all_is_ready_only_once_every_service_is_started(services, devstac
     """A child runner needs no Postgres and starts; the services that need one are still
     waiting for it: `/readyz` of `all` says which, until Postgres comes up."""
     port = dead_port()
-    every = await services("all", TETHER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/late",
+    # The server's own database: one made after it starts could be missed by a service
+    # connecting in between (a database that does not exist ends the start at once).
+    every = await services("all", TETHER_DATABASE_URL=f"postgresql://postgres@127.0.0.1:{port}/postgres",
                            TETHER_STARTUP_TIMEOUT_MS="60000", TETHER_UI_PORT="0",
                            TETHER_AGENTS="examples.agents:Researcher")
     await every.logged("child_runner.consuming", timeout=30)

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from eventually import eventually
-from remote_servers import TOKEN, RemoteServer, Stack
+from remote_servers import TOKEN, RemoteServer
+from runner_stack import Stack
 
 from tether.agent_registry import AgentConfigurationError
 from tether.client import connect

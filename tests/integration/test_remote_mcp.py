@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from eventually import eventually
-from remote_servers import TOKEN, RemoteServer, Stack
+from remote_servers import TOKEN, RemoteServer
+from runner_stack import Stack
 
 from tether import agent_tool
 from tether.agents import AgentDefinition, ModelAgent, Reply, ScriptedModelClient

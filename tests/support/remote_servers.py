@@ -1,6 +1,5 @@
 """Remote agents for the tests of `tether.remote`: a server of the official SDK as a
-process of its own (`remote_a2a_server.py`, `remote_mcp_server.py`), and the Tether
-stack that runs the child agents calling it."""
+process of its own (`remote_a2a_server.py`, `remote_mcp_server.py`)."""
 
 import asyncio
 import socket
@@ -9,12 +8,6 @@ from pathlib import Path
 
 import httpx
 from eventually import eventually
-
-from tether.agent_registry import AgentRegistry
-from tether.client import Tether
-from tether.log import get_logger
-from tether_services.child_runner import open_runner
-from tether_services.parent import open_parent
 
 SUPPORT = Path(__file__).parent
 TOKEN = "remote-secret"
@@ -62,44 +55,3 @@ class RemoteServer:
     async def release(self) -> None:
         async with httpx.AsyncClient() as http:
             await http.post(f"{self.url}/control/release")
-
-
-class Stack:
-    """The parent service in this process, and child-runners the test starts and stops
-    (a stopped one gives its runs back, as on SIGTERM)."""
-
-    def __init__(self, settings, log, pool, tether: Tether, agents: list) -> None:
-        self.settings, self.log, self.pool, self.tether = settings, log, pool, tether
-        self.registry = AgentRegistry(agents)
-        self.stops: list[tuple[asyncio.Event, asyncio.Task]] = []
-        self.parent = tether.parent("Assistant", "remote")
-
-    async def start_parent(self) -> None:
-        parent = await open_parent(self.settings, self.log, self.pool, self.registry,
-                                   get_logger(service="parent-test"))
-        stop = asyncio.Event()
-        self.stops.append((stop, asyncio.create_task(parent.run(stop))))
-
-    async def start_runner(self) -> tuple[asyncio.Event, asyncio.Task]:
-        runner = await open_runner(
-            self.tether.nc, self.settings.model_copy(update={"work_ack_wait_ms": 1500}),
-            self.registry, fetch_timeout_s=0.3, cancel_grace_s=2.0, shutdown_grace_s=0.2,
-            parent_client=lambda ref: self.tether.parent(ref.agent, ref.name))
-        handle = (asyncio.Event(), None)
-        task = asyncio.create_task(runner.run(handle[0]))
-        self.stops.append((handle[0], task))
-        return handle[0], task
-
-    async def stop_runner(self, handle) -> None:
-        stop, task = handle
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
-        self.stops = [(s, t) for s, t in self.stops if t is not task]
-
-    async def state(self, run_id: str):
-        return (await self.tether.read_run(self.parent.ref, run_id)).state
-
-    async def close(self) -> None:
-        for stop, _ in self.stops:
-            stop.set()
-        await asyncio.wait_for(asyncio.gather(*(task for _, task in self.stops)), timeout=10)

@@ -8,7 +8,7 @@ warning per process for `report_progress()` outside a run.
 import asyncio
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,25 @@ class RunSuperseded(RunCancelled):
 def current_context() -> "RunContext | None":
     """The context of the agent-tool run this task belongs to; None outside a run."""
     return _current.get()
+
+
+async def first_of(work: Awaitable[Any], ctx: "RunContext") -> tuple[bool, Any]:
+    """(True, result) when `work` ends first, (False, None) when the run is cancelled
+    first (`work` is then cancelled): a child's way to stop what it awaits on a cancel."""
+    task = asyncio.ensure_future(work)
+    cancelled = asyncio.ensure_future(ctx.cancelled.wait())
+    try:
+        await asyncio.wait({task, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()  # this child's own task was cancelled (the runner is stopping)
+        raise
+    finally:
+        cancelled.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False, None
 
 
 def bind_context(ctx: "RunContext") -> None:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from tether.agent_registry import AgentConfigurationError
 from tether.child.agent import AnyInput, AwaitingInput, ChildAgent
-from tether.child.context import RunCancelled, RunContext
+from tether.child.context import RunCancelled, RunContext, first_of
 from tether.extras import MissingExtra
 
 try:
@@ -60,7 +60,6 @@ from tether.remote.reaching import (
     Reaching,
     RemoteAgentError,
     cancel_remote,
-    first_of,
     http_status,
 )
 

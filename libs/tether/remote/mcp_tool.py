@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from tether.agent_registry import AgentConfigurationError
 from tether.child.agent import AnyInput, AwaitingInput, ChildAgent
-from tether.child.context import RunCancelled, RunContext
+from tether.child.context import RunCancelled, RunContext, first_of
 from tether.extras import MissingExtra
 
 try:
@@ -59,7 +59,6 @@ from tether.remote.reaching import (
     Reaching,
     RemoteAgentError,
     cancel_remote,
-    first_of,
 )
 
 TASK_STEP = 0

@@ -2,7 +2,6 @@
 once in the run's progress, for the agent's `unreachable_for_s`; then the run fails
 naming the URL."""
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -121,25 +120,6 @@ def describe(error: BaseException) -> str:
     while inner.__cause__ is not None:
         inner = inner.__cause__
     return f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__
-
-
-async def first_of(work: Awaitable[T], ctx: RunContext) -> tuple[bool, Any]:
-    """(True, result) when `work` ends first, (False, None) when the run is cancelled
-    first (`work` is then cancelled)."""
-    task = asyncio.ensure_future(work)
-    cancelled = asyncio.ensure_future(ctx.cancelled.wait())
-    try:
-        await asyncio.wait({task, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()  # this child's own task was cancelled (the runner is stopping)
-        raise
-    finally:
-        cancelled.cancel()
-    if task.done():
-        return True, task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    return False, None
 
 
 # Why a run stops for good: what it started elsewhere is stopped too (`ctx.stop_reason`).

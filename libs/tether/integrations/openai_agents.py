@@ -1,0 +1,238 @@
+"""OpenAI Agents SDK agents as durable Tether children, and Tether children as their tools.
+
+    Researcher = child(research_agent, description="Looks a question up")   # a child type
+    parent_agent = Agent(name="Desk", tools=[tether_tool("Researcher", description="...")])
+
+**As a child** (`child(agent, ...)`): a run runs the agent (`Runner.run`) with the run's
+input as its prompt. The agent, and every agent it hands off to, runs with its model
+wrapped (the SDK's `Model` interface, as its Temporal integration does) and its function
+tools wrapped, so that every model response and every tool result is a step of the run
+(`tether.integrations.journal`): a runner killed mid-run is replaced by one that replays
+them, asking the model and calling the tools only for what was not recorded. The
+model's token usage is the run's, and rolls up the tree; text the model says is the
+run's output, each tool it calls a progress message. A tool with `needs_approval` pauses
+the run `waiting_for_human` (the SDK's interruptions, its `RunState` kept in the run's
+log); `continue` approves or rejects each call and the run goes on from there.
+Cancelling the run cancels the agent's run and its model request in flight.
+
+**As a parent** (`tether_tool(agent_type, ...)`): a `FunctionTool` that delegates to a
+Tether child: a nested run inside a Tether run, else a run of the `parent` it is given.
+The model gets the child's summary and output, or its structured failure; the child's
+usage, and its subtree's, is added to the calling run's usage.
+"""
+
+import dataclasses
+import json
+from typing import Any
+
+from pydantic import BaseModel, TypeAdapter
+from pydantic_core import to_jsonable_python
+
+from tether.child.agent import AwaitingInput, ChildAgent
+from tether.child.context import RunCancelled, RunContext, current_context, first_of
+from tether.extras import MissingExtra
+from tether.integrations.journal import MISSING, StepJournal
+
+try:
+    from agents import Agent, FunctionTool, Model, ModelResponse, Runner, RunState, Usage
+    from agents.models.multi_provider import MultiProvider
+    from agents.tool_context import ToolContext
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+except ImportError as missing:  # pragma: no cover - the extra is installed in the tests
+    raise MissingExtra("openai-agents") from missing
+
+FRAMEWORK = "openai_agents"
+RESPONSE = TypeAdapter(ModelResponse)
+
+
+class Prompt(BaseModel):
+    """The input of a child made from an agent without an input model: its prompt."""
+
+    prompt: str
+
+
+class OpenAIAgentsChild(ChildAgent):
+    """A child whose runs run an Agents SDK agent (`child` makes one)."""
+
+    agent: Any = None  # the Agents SDK `Agent`
+
+    def prompt(self, input: BaseModel) -> str:
+        """The agent's prompt for an input: its one text field, else the input as JSON."""
+        data = input.model_dump(mode="json")
+        if len(data) == 1 and isinstance(text := next(iter(data.values())), str):
+            return text
+        return json.dumps(data)
+
+    async def run(self, ctx: RunContext, input: Any) -> Any:
+        journal = StepJournal(ctx, FRAMEWORK)
+        agent = recorded_agent(self.agent, journal, ctx)
+        start: Any = self.prompt(input)
+        if journal.segment > 0:  # answered: go on from the pause, with the answers
+            paused = journal.recorded(journal.key("pause", "state", journal.segment - 1))
+            if paused is MISSING or ctx.history is None:
+                raise RuntimeError(f"run {ctx.run_id} was answered, but its pause is not in "
+                                   "its log")
+            start = await RunState.from_string(agent, paused["state"])
+            decide(start, ctx.history.resumptions[-1].decisions)
+        done, result = await first_of(Runner.run(agent, start), ctx)
+        if not done:
+            raise RunCancelled(f"run {ctx.run_id} was cancelled")
+        if result.interruptions:
+            return await pause(journal, result)
+        output = result.final_output
+        return output if isinstance(output, str) else to_jsonable_python(output)
+
+
+def child(agent: "Agent[Any]", *, agent_type: str | None = None, description: str = "",
+          input_model: type[BaseModel] = Prompt) -> type[OpenAIAgentsChild]:
+    """A child agent type whose runs run `agent`; its name is the agent's unless
+    `agent_type` says otherwise (an agent type is an identifier: no spaces)."""
+    name = agent_type or agent.name
+    return type(name, (OpenAIAgentsChild,), {
+        "agent_type": name, "agent": agent, "input_model": input_model,
+        "description": description or agent.handoff_description or f"The agent {name}"})
+
+
+class RecordedModel(Model):
+    """An agent's model whose responses are the run's steps."""
+
+    def __init__(self, wrapped: "Model", journal: StepJournal, ctx: RunContext) -> None:
+        self.wrapped, self.journal, self.ctx = wrapped, journal, ctx
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> "ModelResponse":
+        key = self.journal.next_key("model")
+        if (recorded := self.journal.recorded(key)) is not MISSING:
+            return RESPONSE.validate_python(recorded["response"])
+        response = await self.wrapped.get_response(*args, **kwargs)
+        usage = response.usage
+        await self.journal.record(
+            key, "model", {"response": RESPONSE.dump_python(
+                response, mode="json", by_alias=True)},
+            usage={"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+                   "cached_tokens": usage.input_tokens_details.cached_tokens or 0})
+        for item in response.output:  # what it said and what it calls, as it happens
+            if isinstance(item, ResponseOutputMessage):
+                text = "".join(getattr(part, "text", "") for part in item.content)
+                if text:
+                    await self.ctx.output(text)
+            elif isinstance(item, ResponseFunctionToolCall):
+                await self.ctx.report_progress(message=f"calling {item.name}")
+        return response
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("a Tether child runs its agent with Runner.run: its model "
+                                  "is asked for whole responses")
+
+
+def recorded_agent(agent: "Agent[Any]", journal: StepJournal, ctx: RunContext,
+                   seen: dict[int, "Agent[Any]"] | None = None) -> "Agent[Any]":
+    """A copy of `agent` (and of the agents it hands off to) whose model responses and
+    function tool results are the run's steps."""
+    seen = {} if seen is None else seen
+    if id(agent) in seen:
+        return seen[id(agent)]
+    model = agent.model if isinstance(agent.model, Model) else MultiProvider().get_model(
+        agent.model)
+    copy = agent.clone(model=RecordedModel(model, journal, ctx))
+    seen[id(agent)] = copy
+    copy.tools = [recorded_tool(tool, journal) if isinstance(tool, FunctionTool) else tool
+                  for tool in agent.tools]
+    copy.handoffs = [recorded_agent(handoff, journal, ctx, seen)
+                     if isinstance(handoff, Agent) else handoff for handoff in agent.handoffs]
+    return copy
+
+
+def recorded_tool(tool: "FunctionTool", journal: StepJournal) -> "FunctionTool":
+    invoke = tool.on_invoke_tool
+
+    async def recorded(context: "ToolContext[Any]", arguments: str) -> Any:
+        key = journal.key("tool", context.tool_call_id)
+        if (step := journal.recorded(key)) is not MISSING:
+            if step.get("usage"):
+                context.usage.add(Usage(**step["usage"]))  # what it added, again
+            return step["result"]
+        before = (context.usage.requests, context.usage.input_tokens,
+                  context.usage.output_tokens)
+        result = await invoke(context, arguments)
+        added = {"requests": context.usage.requests - before[0],
+                 "input_tokens": context.usage.input_tokens - before[1],
+                 "output_tokens": context.usage.output_tokens - before[2]}
+        if any(added.values()):
+            added["total_tokens"] = added["input_tokens"] + added["output_tokens"]
+        await journal.record(key, "tool", {"tool": tool.name,
+                                           "result": to_jsonable_python(result),
+                                           "usage": added if any(added.values()) else {}})
+        return result
+
+    return dataclasses.replace(tool, on_invoke_tool=recorded)
+
+
+async def pause(journal: StepJournal, result: Any) -> AwaitingInput:
+    """Tool calls wait for approval: the run waits for a human, the SDK's state kept in
+    its log to go on from."""
+    pending = [{"tool_call_id": _call_id(item), "tool_name": item.tool_name,
+                "input": json.loads(item.arguments or "{}"), "reason": "approval"}
+               for item in result.interruptions]
+    key = journal.key("pause", "state")
+    if journal.recorded(key) is MISSING:
+        await journal.record(key, "pause", {"state": result.to_state().to_string(),
+                                            "pending": pending})
+    return AwaitingInput(reason="waiting_for_human", key=f"openai-agents-{journal.segment}",
+                         pending=pending)
+
+
+def decide(state: "RunState[Any]", decisions: dict[str, Any]) -> None:
+    """The answers of a `continue` on the SDK's state: approve what was approved, reject
+    the rest (saying whether a human rejected it)."""
+    approvals = set(decisions.get("approvals") or ())
+    rejections = set(decisions.get("rejections") or ())
+    for item in state.get_interruptions():
+        call_id = _call_id(item)
+        if call_id in approvals:
+            state.approve(item)
+        else:
+            state.reject(item, rejection_message=("rejected by a human" if call_id in rejections
+                                                  else "not approved"))
+
+
+def _call_id(item: Any) -> str:
+    """The call id of an interruption's tool call (an object, or its dict)."""
+    raw = item.raw_item
+    return raw.get("call_id", "") if isinstance(raw, dict) else getattr(raw, "call_id", "")
+
+
+def tether_tool(agent_type: str, *, description: str, name: str | None = None,
+                input_model: type[BaseModel] | None = None, parent: Any = None) -> "FunctionTool":
+    """A function tool that delegates to the Tether child `agent_type` (its input:
+    `input_model`'s schema, else any object). Inside a Tether run, the call is a nested
+    run; elsewhere it runs under `parent` (`tether.parent(agent, name)`)."""
+    schema = (input_model.model_json_schema() if input_model is not None
+              else {"type": "object", "additionalProperties": True})
+
+    async def delegate(context: "ToolContext[Any]", arguments: str) -> str:
+        input = json.loads(arguments or "{}")
+        if input_model is not None:
+            input = input_model.model_validate(input).model_dump(mode="json")
+        run_ctx = current_context()
+        if run_ctx is not None and run_ctx.in_run:
+            result, owner = await run_ctx.run_agent_tool(agent_type, input), run_ctx.client
+        elif parent is not None:
+            result = await parent.run_agent_tool(
+                agent_type, input, run_id=f"openai-agents-{context.tool_call_id}")
+            owner = parent
+        else:
+            raise RuntimeError(f"tether_tool({agent_type!r}) is called outside a Tether run: "
+                               "give it the parent to run under (parent=tether.parent(...))")
+        snapshot = await owner.inspect(result.run_id)
+        usage = getattr(snapshot, "subtree_usage", None)
+        if usage is not None:
+            context.usage.add(Usage(requests=0, input_tokens=usage.input_tokens,
+                                    output_tokens=usage.output_tokens,
+                                    total_tokens=usage.total_tokens))
+        answer = ({"summary": result.summary, "output": result.output} if result.ok
+                  else result.model_dump(mode="json"))
+        return json.dumps(answer)
+
+    return FunctionTool(name=name or agent_type, description=description,
+                        params_json_schema=schema, on_invoke_tool=delegate,
+                        strict_json_schema=False)

@@ -1,0 +1,51 @@
+"""The Tether side of a test of child agents: the parent service in the test's process,
+and child-runners the test starts and stops."""
+
+import asyncio
+
+from tether.agent_registry import AgentRegistry
+from tether.client import Tether
+from tether.log import get_logger
+from tether_services.child_runner import open_runner
+from tether_services.parent import open_parent
+
+
+class Stack:
+    """The parent service in this process, and child-runners the test starts and stops
+    (a stopped one gives its runs back, as on SIGTERM)."""
+
+    def __init__(self, settings, log, pool, tether: Tether, agents: list) -> None:
+        self.settings, self.log, self.pool, self.tether = settings, log, pool, tether
+        self.registry = AgentRegistry(agents)
+        self.stops: list[tuple[asyncio.Event, asyncio.Task]] = []
+        self.parent = tether.parent("Assistant", "remote")
+
+    async def start_parent(self) -> None:
+        parent = await open_parent(self.settings, self.log, self.pool, self.registry,
+                                   get_logger(service="parent-test"))
+        stop = asyncio.Event()
+        self.stops.append((stop, asyncio.create_task(parent.run(stop))))
+
+    async def start_runner(self) -> tuple[asyncio.Event, asyncio.Task]:
+        runner = await open_runner(
+            self.tether.nc, self.settings.model_copy(update={"work_ack_wait_ms": 1500}),
+            self.registry, fetch_timeout_s=0.3, cancel_grace_s=2.0, shutdown_grace_s=0.2,
+            parent_client=lambda ref: self.tether.parent(ref.agent, ref.name))
+        handle = (asyncio.Event(), None)
+        task = asyncio.create_task(runner.run(handle[0]))
+        self.stops.append((handle[0], task))
+        return handle[0], task
+
+    async def stop_runner(self, handle) -> None:
+        stop, task = handle
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+        self.stops = [(s, t) for s, t in self.stops if t is not task]
+
+    async def state(self, run_id: str):
+        return (await self.tether.read_run(self.parent.ref, run_id)).state
+
+    async def close(self) -> None:
+        for stop, _ in self.stops:
+            stop.set()
+        await asyncio.wait_for(asyncio.gather(*(task for _, task in self.stops)), timeout=10)
