@@ -187,11 +187,7 @@ async def test_an_interrupt_pauses_the_run_and_the_answer_resumes_the_graph(stac
     call = asyncio.create_task(
         stack.parent.run_agent_tool("Reviewer", {"topic": "QUIC"}, run_id="review"))
 
-    async def paused():
-        state = await stack.state("review")
-        return state is not None and state.paused is not None and state
-
-    state = await eventually(paused, timeout=DEADLINE_S)
+    state = await stack.until_paused("review")
     [item] = state.paused.pending
     assert (item["tool_name"], item["reason"]) == ("Reviewer", "input")
     assert item["input"] == {"question": "publish?", "draft": ["plan: outline"]}

@@ -177,11 +177,7 @@ async def test_a_tool_that_needs_approval_pauses_the_run_until_a_human_answers(s
     call_ = asyncio.create_task(
         stack.parent.run_agent_tool("OaiPublisher", {"prompt": "go"}, run_id="approve"))
 
-    async def paused():
-        state = await stack.state("approve")
-        return state is not None and state.paused is not None and state
-
-    state = await eventually(paused, timeout=DEADLINE_S)
+    state = await stack.until_paused("approve")
     assert state.paused.pending == [{"tool_call_id": "pub-1", "tool_name": "publish",
                                      "input": {"text": "hello"}, "reason": "approval"}]
     assert CALLS.tools == []

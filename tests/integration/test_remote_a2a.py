@@ -86,11 +86,7 @@ async def test_a_remote_question_is_a_human_pause_whose_answer_goes_to_the_same_
     call = asyncio.create_task(
         stack.parent.run_agent_tool("Echo", {"text": "ask"}, run_id="asking"))
 
-    async def paused():
-        state = await stack.state("asking")
-        return state is not None and state.paused is not None and state
-
-    state = await eventually(paused, timeout=DEADLINE_S)
+    state = await stack.until_paused("asking")
     [execution] = (await remote.stats())["executions"]
     assert state.paused.reason == "waiting_for_human"
     assert state.paused.pending == [{

@@ -3,6 +3,8 @@ and child-runners the test starts and stops."""
 
 import asyncio
 
+from eventually import eventually
+
 from tether.agent_registry import AgentRegistry
 from tether.client import Tether
 from tether.log import get_logger
@@ -44,6 +46,14 @@ class Stack:
 
     async def state(self, run_id: str):
         return (await self.tether.read_run(self.parent.ref, run_id)).state
+
+    async def until_paused(self, run_id: str, timeout: float = 30):
+        """The run's state once it waits for an answer."""
+        async def paused():
+            state = await self.state(run_id)
+            return state is not None and state.paused is not None and state
+
+        return await eventually(paused, timeout=timeout)
 
     async def close(self) -> None:
         for stop, _ in self.stops:

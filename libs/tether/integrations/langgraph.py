@@ -39,8 +39,9 @@ from pydantic import BaseModel, create_model
 from pydantic_core import to_jsonable_python
 
 from tether.child.agent import AwaitingInput, ChildAgent
-from tether.child.context import RunCancelled, RunContext, current_context, first_of
+from tether.child.context import RunCancelled, RunContext, first_of
 from tether.extras import MissingExtra
+from tether.integrations.delegation import ChildCall, Prompt, answer
 from tether.integrations.journal import StepJournal
 
 try:
@@ -59,12 +60,6 @@ except ImportError as missing:  # pragma: no cover - the extra is installed in t
     raise MissingExtra("langgraph") from missing
 
 FRAMEWORK = "langgraph"
-
-
-class Prompt(BaseModel):
-    """The input of a child made from a graph without an input model: its prompt."""
-
-    prompt: str
 
 
 class LangGraphChild(ChildAgent):
@@ -301,30 +296,20 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
 
     async def delegate(**input: Any) -> str:
         input = schema.model_validate(input).model_dump(mode="json")
-        run_ctx = current_context()
-        if run_ctx is not None and run_ctx.in_run:
-            owner, run_id = run_ctx.client, run_ctx.nested_run_id(agent_type, input)
-            run = run_ctx.run_agent_tool(agent_type, input, run_id=run_id)
-        elif parent is not None:
-            owner, run_id = parent, f"langgraph-{uuid.uuid4().hex}"
-            run = parent.run_agent_tool(agent_type, input, run_id=run_id)
-        else:
-            raise RuntimeError(f"tether_tool({agent_type!r}) is called outside a Tether run: "
-                               "give it the parent to run under (parent=tether.parent(...))")
         write = _stream_writer()
-        relay = asyncio.create_task(_relay(owner, run_id, agent_type, write))
+        call = ChildCall.of(agent_type, input, parent=parent,
+                            run_id=f"langgraph-{uuid.uuid4().hex}")
+        relay = asyncio.create_task(_relay(call.owner, call.run_id, agent_type, write))
         try:
-            result = await run
+            result = await call.run()
         finally:
             relay.cancel()
             await asyncio.gather(relay, return_exceptions=True)
         if write is not None:  # its end, whatever the relay saw of it
-            write({"tether": {"run_id": run_id, "agent_type": agent_type,
+            write({"tether": {"run_id": result.run_id, "agent_type": agent_type,
                               "status": "completed" if result.ok else result.status,
                               "summary": result.summary if result.ok else result.error}})
-        answer = ({"summary": result.summary, "output": result.output} if result.ok
-                  else result.model_dump(mode="json"))
-        return json.dumps(answer)
+        return json.dumps(answer(result))
 
     return StructuredTool.from_function(coroutine=delegate, name=name or agent_type,
                                         description=description, args_schema=schema)

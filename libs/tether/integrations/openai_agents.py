@@ -29,8 +29,15 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from tether.child.agent import AwaitingInput, ChildAgent
-from tether.child.context import RunCancelled, RunContext, current_context, first_of
+from tether.child.context import RunCancelled, RunContext, first_of
 from tether.extras import MissingExtra
+from tether.integrations.delegation import (
+    ChildCall,
+    Prompt,
+    answer,
+    prompt_of,
+    subtree_usage,
+)
 from tether.integrations.journal import MISSING, StepJournal
 
 try:
@@ -45,23 +52,14 @@ FRAMEWORK = "openai_agents"
 RESPONSE = TypeAdapter(ModelResponse)
 
 
-class Prompt(BaseModel):
-    """The input of a child made from an agent without an input model: its prompt."""
-
-    prompt: str
-
-
 class OpenAIAgentsChild(ChildAgent):
     """A child whose runs run an Agents SDK agent (`child` makes one)."""
 
     agent: Any = None  # the Agents SDK `Agent`
 
     def prompt(self, input: BaseModel) -> str:
-        """The agent's prompt for an input: its one text field, else the input as JSON."""
-        data = input.model_dump(mode="json")
-        if len(data) == 1 and isinstance(text := next(iter(data.values())), str):
-            return text
-        return json.dumps(data)
+        """The agent's prompt for a run's input (`prompt_of`)."""
+        return prompt_of(input)
 
     async def run(self, ctx: RunContext, input: Any) -> Any:
         journal = StepJournal(ctx, FRAMEWORK)
@@ -213,25 +211,14 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
         input = json.loads(arguments or "{}")
         if input_model is not None:
             input = input_model.model_validate(input).model_dump(mode="json")
-        run_ctx = current_context()
-        if run_ctx is not None and run_ctx.in_run:
-            result, owner = await run_ctx.run_agent_tool(agent_type, input), run_ctx.client
-        elif parent is not None:
-            result = await parent.run_agent_tool(
-                agent_type, input, run_id=f"openai-agents-{context.tool_call_id}")
-            owner = parent
-        else:
-            raise RuntimeError(f"tether_tool({agent_type!r}) is called outside a Tether run: "
-                               "give it the parent to run under (parent=tether.parent(...))")
-        snapshot = await owner.inspect(result.run_id)
-        usage = getattr(snapshot, "subtree_usage", None)
-        if usage is not None:
+        call = ChildCall.of(agent_type, input, parent=parent,
+                            run_id=f"openai-agents-{context.tool_call_id}")
+        result = await call.run()
+        if (usage := await subtree_usage(call.owner, result.run_id)) is not None:
             context.usage.add(Usage(requests=0, input_tokens=usage.input_tokens,
                                     output_tokens=usage.output_tokens,
                                     total_tokens=usage.total_tokens))
-        answer = ({"summary": result.summary, "output": result.output} if result.ok
-                  else result.model_dump(mode="json"))
-        return json.dumps(answer)
+        return json.dumps(answer(result))
 
     return FunctionTool(name=name or agent_type, description=description,
                         params_json_schema=schema, on_invoke_tool=delegate,

@@ -30,8 +30,15 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from tether.child.agent import AwaitingInput, ChildAgent
-from tether.child.context import RunCancelled, RunContext, current_context, first_of
+from tether.child.context import RunCancelled, RunContext, first_of
 from tether.extras import MissingExtra
+from tether.integrations.delegation import (
+    ChildCall,
+    Prompt,
+    answer,
+    prompt_of,
+    subtree_usage,
+)
 from tether.integrations.journal import MISSING, StepJournal
 
 try:
@@ -58,23 +65,14 @@ FRAMEWORK = "pydantic_ai"
 RESPONSE = TypeAdapter(ModelResponse)
 
 
-class Prompt(BaseModel):
-    """The input of a child made from an agent without an input model: its prompt."""
-
-    prompt: str
-
-
 class PydanticAIChild(ChildAgent):
     """A child whose runs run a Pydantic AI agent (`child` makes one)."""
 
     agent: Any = None  # the Pydantic AI `Agent`
 
     def prompt(self, input: BaseModel) -> str:
-        """The agent's prompt for an input: its one text field, else the input as JSON."""
-        data = input.model_dump(mode="json")
-        if len(data) == 1 and isinstance(text := next(iter(data.values())), str):
-            return text
-        return json.dumps(data)
+        """The agent's prompt for a run's input (`prompt_of`)."""
+        return prompt_of(input)
 
     async def run(self, ctx: RunContext, input: Any) -> Any:
         journal = StepJournal(ctx, FRAMEWORK)
@@ -203,37 +201,19 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
     async def delegate(ctx: "AgentRunContext[Any]", **input: Any) -> Any:
         if input_model is not None:
             input = input_model.model_validate(input).model_dump(mode="json")
-        run_ctx = current_context()
         options: dict[str, Any] = {"detached": detached or on_finish is not None}
         if on_finish is not None:
             options["on_finish"] = on_finish
-        if run_ctx is not None and run_ctx.in_run:
-            result = await run_ctx.run_agent_tool(agent_type, input, **options)
-            owner = run_ctx.client
-        elif parent is not None:
-            options["run_id"] = f"pydantic-ai-{ctx.run_id}-{ctx.tool_call_id}"
-            result = await parent.run_agent_tool(agent_type, input, **options)
-            owner = parent
-        else:
-            raise RuntimeError(f"tether_tool({agent_type!r}) is called outside a Tether run: "
-                               "give it the parent to run under (parent=tether.parent(...))")
+        call = ChildCall.of(agent_type, input, parent=parent,
+                            run_id=f"pydantic-ai-{ctx.run_id}-{ctx.tool_call_id}")
+        result = await call.run(**options)
         if options["detached"]:
-            return {"run_id": result.run_id, "status": result.status,
-                    "detached": True}
-        await _count_usage(ctx, owner, result)
-        if result.ok:
-            return {"summary": result.summary, "output": result.output}
-        return result.model_dump(mode="json")  # the structured failure, for the model
+            return {"run_id": result.run_id, "status": result.status, "detached": True}
+        if (usage := await subtree_usage(call.owner, result.run_id)) is not None:
+            ctx.usage.incr(RunUsage(input_tokens=usage.input_tokens,
+                                    output_tokens=usage.output_tokens,
+                                    cache_read_tokens=usage.cached_tokens))
+        return answer(result)
 
     return Tool.from_schema(delegate, name=name or agent_type, description=description,
                             json_schema=schema, takes_ctx=True)
-
-
-async def _count_usage(ctx: "AgentRunContext[Any]", owner: Any, result: Any) -> None:
-    """Add the child run's usage, and its subtree's, to the calling agent's run."""
-    snapshot = await owner.inspect(result.run_id) if owner is not None else None
-    usage = getattr(snapshot, "subtree_usage", None) if snapshot is not None else None
-    if usage is not None:
-        ctx.usage.incr(RunUsage(input_tokens=usage.input_tokens,
-                                output_tokens=usage.output_tokens,
-                                cache_read_tokens=usage.cached_tokens))
