@@ -235,3 +235,39 @@ async def test_a_tool_node_delegates_to_a_tether_child_whose_progress_reaches_th
             CALLS.gate.set()  # the child's milestone reached the stream while it ran
     assert CALLS.gate.is_set()
     assert events[-1]["status"] == "completed" and events[-1]["summary"] == "echo hi"
+
+
+async def fanning_out(state: MessagesState) -> dict:
+    if state["messages"][-1].type == "tool":
+        answers = [json.loads(m.content)["summary"] for m in state["messages"]
+                   if m.type == "tool"]
+        return {"messages": [AIMessage(" and ".join(sorted(answers)))]}
+    return {"messages": [AIMessage("", tool_calls=[
+        {"name": "Echoer", "args": {"prompt": word}, "id": f"call-{word}", "type": "tool_call"}
+        for word in ("one", "two")])]}
+
+
+async def test_a_graph_fans_out_two_children_at_once_and_sees_the_progress_of_each(stack):
+    await stack.start_runner()
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", fanning_out)
+    graph.add_node("tools", ToolNode([tether_tool("Echoer", description="Echoes",
+                                                  parent=stack.parent)]))
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", tools_condition)
+    graph.add_edge("tools", "model")
+    seen: dict[str, list[str]] = {}
+    final = None
+    async with asyncio.timeout(DEADLINE_S):  # one child after the other would wait forever
+        async for mode, chunk in graph.compile().astream(
+                {"messages": [("user", "fan out")]}, stream_mode=["custom", "values"]):
+            if mode == "values":
+                final = chunk
+                continue
+            event = chunk["tether"]
+            seen.setdefault(event["run_id"], []).extend(event.get("milestones", ()))
+            both = [run for run, milestones in seen.items() if "echoing" in milestones]
+            if len(both) == 2:
+                CALLS.gate.set()  # both children ran at once, and the stream showed each
+    assert CALLS.gate.is_set()
+    assert final["messages"][-1].content == "echo one and echo two"

@@ -6,20 +6,21 @@ calling agent's limits."""
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from eventually import eventually
 from pydantic import BaseModel
 from pydantic_ai import Agent, UsageLimits
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from pydantic_ai.usage import RequestUsage
 from runner_stack import Stack
 
 from tether import ChildAgent, RunContext
 from tether.client import connect
 from tether.contract.messages import UsageView
-from tether.integrations.pydantic_ai import child, tether_tool
+from tether.integrations.pydantic_ai import TetherRunEvent, child, tether_tool
 
 DEADLINE_S = 30
 
@@ -82,15 +83,22 @@ def publish(text: str) -> str:
     return f"published {text}"
 
 
-class Echoer(ChildAgent):
-    """A plain Tether child the Pydantic AI parent delegates to."""
-
-    async def run(self, ctx: RunContext, input: dict) -> str:
-        return f"echo {input['text']}"
-
-
 class Words(BaseModel):
     text: str
+
+
+class Echoer(ChildAgent):
+    """A plain Tether child the Pydantic AI parent delegates to: a milestone, then (once
+    the test saw it) its answer."""
+
+    input_model = Words
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        await ctx.report_progress(milestone="echoing", message="echoing")
+        await CALLS.gate.wait()
+        return f"echo {input.text}"
+
+
 
 
 async def delegating(messages, info: AgentInfo) -> ModelResponse:
@@ -226,3 +234,32 @@ async def test_the_delegated_usage_counts_against_the_parents_usage_limits(stack
     assert result.usage.input_tokens == 220  # 2 x 100 of its own, 2 x 10 of the child
     with pytest.raises(Exception, match="total_tokens_limit of 130"):
         await agent.run("research", usage_limits=UsageLimits(total_tokens_limit=130))
+
+
+async def echoing(messages, info: AgentInfo):
+    """Streamed (an event stream asks for it): the call, then what the child said."""
+    if isinstance(last := last_part(messages), ToolReturnPart):
+        yield f"it said {last.content['summary']}"
+    else:
+        yield {0: DeltaToolCall(name="Echoer", json_args='{"text": "hi"}', tool_call_id="e-1")}
+
+
+async def test_the_delegated_runs_progress_is_in_the_agents_event_stream(stack):
+    await stack.start_runner()
+    agent = Agent(FunctionModel(stream_function=echoing), tools=[tether_tool(
+        "Echoer", description="Echoes", input_model=Words, parent=stack.parent)])
+    events: list[TetherRunEvent] = []
+
+    async def handle(ctx, stream) -> None:
+        async for event in stream:
+            if isinstance(event, TetherRunEvent):
+                events.append(event)
+                if "echoing" in event.milestones:
+                    CALLS.gate.set()  # the child's milestone reached the stream while it ran
+
+    result = await asyncio.wait_for(agent.run("echo hi", event_stream_handler=handle),
+                                    DEADLINE_S)
+    assert result.output == "it said echo hi"
+    assert CALLS.gate.is_set()
+    assert (events[-1].status, events[-1].summary, events[-1].tool_call_id) == (
+        "completed", "echo hi", "e-1")

@@ -1,7 +1,10 @@
 """What the frameworks' children and their Tether tools share: a run's prompt from its
 input, and a call of a Tether child from inside a framework's tool."""
 
+import asyncio
+import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +58,44 @@ class ChildCall:
         runner = self.ctx if self.ctx is not None else self.owner
         return await runner.run_agent_tool(self.agent_type, self.input, run_id=self.run_id,
                                            **options)
+
+    async def run_telling(self, tell: Callable[[dict[str, Any]], Any] | None,
+                          **options: Any) -> Any:
+        """`run`, telling `tell` (a function, or a coroutine function) the child's status,
+        progress message and milestones at each change, then its end (with its summary
+        or its error): the framework's own stream of events."""
+        if tell is None:
+            return await self.run(**options)
+        relay = asyncio.create_task(self._relay(tell))
+        try:
+            result = await self.run(**options)
+        finally:
+            relay.cancel()
+            await asyncio.gather(relay, return_exceptions=True)
+        await _told(tell, {"run_id": self.run_id, "agent_type": self.agent_type,
+                           "status": "completed" if result.ok else result.status,
+                           "summary": result.summary if result.ok else result.error})
+        return result
+
+    async def _relay(self, tell: Callable[[dict[str, Any]], Any]) -> None:
+        said = None
+        async for view in self.owner.timeline(run_id=self.run_id):
+            run = view.runs.get(self.run_id)
+            if run is None:
+                continue
+            event = {"run_id": self.run_id, "agent_type": self.agent_type,
+                     "status": run.status,
+                     "progress": run.progress.message if run.progress else None,
+                     "milestones": [milestone.name for milestone in run.milestones]}
+            if event != said:
+                said = event
+                await _told(tell, event)
+
+
+async def _told(tell: Callable[[dict[str, Any]], Any], event: dict[str, Any]) -> None:
+    told = tell(event)
+    if inspect.isawaitable(told):
+        await told
 
 
 async def subtree_usage(owner: Any, run_id: str) -> UsageView | None:

@@ -27,7 +27,6 @@ to the graph's custom stream (`stream_mode="custom"`) as `{"tether": {...}}` eve
 summary or its error).
 """
 
-import asyncio
 import base64
 import copy
 import json
@@ -296,19 +295,11 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
 
     async def delegate(**input: Any) -> str:
         input = schema.model_validate(input).model_dump(mode="json")
-        write = _stream_writer()
         call = ChildCall.of(agent_type, input, parent=parent,
                             run_id=f"langgraph-{uuid.uuid4().hex}")
-        relay = asyncio.create_task(_relay(call.owner, call.run_id, agent_type, write))
-        try:
-            result = await call.run()
-        finally:
-            relay.cancel()
-            await asyncio.gather(relay, return_exceptions=True)
-        if write is not None:  # its end, whatever the relay saw of it
-            write({"tether": {"run_id": result.run_id, "agent_type": agent_type,
-                              "status": "completed" if result.ok else result.status,
-                              "summary": result.summary if result.ok else result.error}})
+        write = _stream_writer()
+        result = await call.run_telling(
+            None if write is None else lambda event: write({"tether": event}))
         return json.dumps(answer(result))
 
     return StructuredTool.from_function(coroutine=delegate, name=name or agent_type,
@@ -321,20 +312,3 @@ def _stream_writer() -> Any:
         return get_stream_writer()
     except RuntimeError:
         return None
-
-
-async def _relay(owner: Any, run_id: str, agent_type: str, write: Any) -> None:
-    """The child run's progress, as the graph's custom stream events, at each change."""
-    if write is None:
-        return
-    said = None
-    async for view in owner.timeline(run_id=run_id):
-        run = view.runs.get(run_id)
-        if run is None:
-            continue
-        event = {"run_id": run_id, "agent_type": agent_type, "status": run.status,
-                 "progress": run.progress.message if run.progress else None,
-                 "milestones": [milestone.name for milestone in run.milestones]}
-        if event != said:
-            said = event
-            write({"tether": event})

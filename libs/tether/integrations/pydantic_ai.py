@@ -19,11 +19,14 @@ stopped. Cancelling the run cancels the agent's run, and its model request in fl
 Tether child. Inside a Tether run it is a nested run of that run; elsewhere it runs under
 the `parent` it is given. The model gets the child's summary (and output), or its
 structured failure as JSON; the child's usage, and its subtree's, is added to the run's
-`RunUsage`, so `UsageLimits` count it. With `detached=True` it starts the run and returns
-its handle at once.
+`RunUsage`, so `UsageLimits` count it; while the child runs, its status, progress and
+milestones are `TetherRunEvent`s in the agent's event stream (`run_stream_events`,
+`event_stream_handler`). With `detached=True` it starts the run and returns its handle at
+once.
 """
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, TypeAdapter
@@ -44,6 +47,7 @@ from tether.integrations.journal import MISSING, StepJournal
 try:
     from pydantic_ai import (
         Agent,
+        CustomEvent,
         DeferredToolRequests,
         DeferredToolResults,
         Tool,
@@ -188,6 +192,19 @@ def answers(decisions: dict[str, Any], pending: list[dict[str, Any]]) -> "Deferr
     return results
 
 
+@dataclass(kw_only=True)
+class TetherRunEvent(CustomEvent):
+    """A delegated Tether run's status, progress and milestones, at each change, then its
+    end (its summary or error), in the calling agent's event stream."""
+
+    run_id: str
+    agent_type: str
+    status: str
+    progress: str | None = None
+    milestones: list[str] = field(default_factory=list)
+    summary: str | None = None
+
+
 def tether_tool(agent_type: str, *, description: str, name: str | None = None,
                 input_model: type[BaseModel] | None = None, parent: Any = None,
                 detached: bool = False, on_finish: str | None = None) -> "Tool[Any]":
@@ -206,7 +223,10 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
             options["on_finish"] = on_finish
         call = ChildCall.of(agent_type, input, parent=parent,
                             run_id=f"pydantic-ai-{ctx.run_id}-{ctx.tool_call_id}")
-        result = await call.run(**options)
+        if options["detached"]:
+            result = await call.run(**options)
+        else:
+            result = await call.run_telling(lambda event: ctx.emit(TetherRunEvent(**event)))
         if options["detached"]:
             return {"run_id": result.run_id, "status": result.status, "detached": True}
         if (usage := await subtree_usage(call.owner, result.run_id)) is not None:
