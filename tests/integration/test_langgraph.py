@@ -271,3 +271,17 @@ async def test_a_graph_fans_out_two_children_at_once_and_sees_the_progress_of_ea
                 CALLS.gate.set()  # both children ran at once, and the stream showed each
     assert CALLS.gate.is_set()
     assert final["messages"][-1].content == "echo one and echo two"
+
+
+async def test_a_detached_delegation_answers_with_the_runs_handle_and_the_run_goes_on(stack):
+    await stack.start_runner()
+    CALLS.gate.set()
+    tool = tether_tool("Echoer", description="Echoes", parent=stack.parent, detached=True)
+    handle = json.loads(await tool.ainvoke({"prompt": "later"}))
+    assert handle["detached"] is True
+
+    async def completed():
+        snapshot = await stack.parent.inspect(handle["run_id"])
+        return snapshot is not None and snapshot.status == "completed" and snapshot
+
+    assert (await eventually(completed, timeout=DEADLINE_S)).summary == "echo later"

@@ -218,3 +218,25 @@ async def test_an_agents_sdk_parent_delegates_to_tether_children_and_counts_thei
     outside = await Runner.run(agent, "research")
     assert outside.final_output == "it said found: two sources on QUIC"
     assert outside.context_wrapper.usage.input_tokens == 220
+
+
+async def starting(input) -> list:
+    if outputs := tool_outputs(input):
+        return [said(f"started {json.loads(outputs[-1])['run_id']}")]
+    return [call("OaiResearcher", {"prompt": "later"}, "later-1")]
+
+
+async def test_a_detached_delegation_answers_with_the_runs_handle_and_the_run_goes_on(stack):
+    await stack.start_runner()
+    CALLS.gate.set()
+    agent = Agent(name="Starter", model=Scripted(starting), tools=[tether_tool(
+        "OaiResearcher", description="Researches", parent=stack.parent, detached=True)])
+    result = await asyncio.wait_for(Runner.run(agent, "start it"), DEADLINE_S)
+    run_id = result.final_output.removeprefix("started ")
+
+    async def completed():
+        snapshot = await stack.parent.inspect(run_id)
+        return snapshot is not None and snapshot.status == "completed" and snapshot
+
+    assert (await eventually(completed, timeout=DEADLINE_S)).summary == (
+        "found: two sources on later")

@@ -263,3 +263,26 @@ async def test_the_delegated_runs_progress_is_in_the_agents_event_stream(stack):
     assert CALLS.gate.is_set()
     assert (events[-1].status, events[-1].summary, events[-1].tool_call_id) == (
         "completed", "echo hi", "e-1")
+
+
+async def starting(messages, info: AgentInfo) -> ModelResponse:
+    if isinstance(last := last_part(messages), ToolReturnPart):
+        return ModelResponse(parts=[TextPart(f"started {last.content['run_id']}")])
+    return ModelResponse(parts=[ToolCallPart("PydResearcher", {"prompt": "later"},
+                                             tool_call_id="later-1")])
+
+
+async def test_a_detached_delegation_answers_with_the_runs_handle_and_the_run_goes_on(stack):
+    await stack.start_runner()
+    CALLS.gate.set()
+    agent = Agent(FunctionModel(starting), tools=[tether_tool(
+        "PydResearcher", description="Researches", parent=stack.parent, detached=True)])
+    result = await asyncio.wait_for(agent.run("start it"), DEADLINE_S)
+    run_id = result.output.removeprefix("started ")
+
+    async def completed():
+        snapshot = await stack.parent.inspect(run_id)
+        return snapshot is not None and snapshot.status == "completed" and snapshot
+
+    assert (await eventually(completed, timeout=DEADLINE_S)).summary == (
+        "found: two sources on later")

@@ -59,6 +59,15 @@ class ChildCall:
         return await runner.run_agent_tool(self.agent_type, self.input, run_id=self.run_id,
                                            **options)
 
+    async def start_detached(self, on_finish: str | None = None) -> dict[str, Any]:
+        """Start the run and answer with its handle at once (with `on_finish`, the finish
+        hook method its parent's application serves)."""
+        options: dict[str, Any] = {"detached": True}
+        if on_finish is not None:
+            options["on_finish"] = on_finish
+        handle = await self.run(**options)
+        return {"run_id": handle.run_id, "status": handle.status, "detached": True}
+
     async def run_telling(self, tell: Callable[[dict[str, Any]], Any] | None,
                           **options: Any) -> Any:
         """`run`, telling `tell` (a function, or a coroutine function) the child's status,

@@ -287,16 +287,19 @@ class RunLog(BaseCheckpointSaver[int]):
 
 
 def tether_tool(agent_type: str, *, description: str, name: str | None = None,
-                input_model: type[BaseModel] | None = None, parent: Any = None
-                ) -> "StructuredTool":
+                input_model: type[BaseModel] | None = None, parent: Any = None,
+                detached: bool = False, on_finish: str | None = None) -> "StructuredTool":
     """A LangChain tool that delegates to the Tether child `agent_type` (its input:
-    `input_model`, else a `prompt`)."""
+    `input_model`, else a `prompt`). With `detached=True` (or `on_finish=`) it starts the
+    run and answers with its handle."""
     schema = input_model or create_model(f"{agent_type}Input", prompt=(str, ...))
 
     async def delegate(**input: Any) -> str:
         input = schema.model_validate(input).model_dump(mode="json")
         call = ChildCall.of(agent_type, input, parent=parent,
                             run_id=f"langgraph-{uuid.uuid4().hex}")
+        if detached or on_finish is not None:
+            return json.dumps(await call.start_detached(on_finish))
         write = _stream_writer()
         result = await call.run_telling(
             None if write is None else lambda event: write({"tether": event}))

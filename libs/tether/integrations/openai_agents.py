@@ -200,10 +200,12 @@ def _call_id(item: Any) -> str:
 
 
 def tether_tool(agent_type: str, *, description: str, name: str | None = None,
-                input_model: type[BaseModel] | None = None, parent: Any = None) -> "FunctionTool":
+                input_model: type[BaseModel] | None = None, parent: Any = None,
+                detached: bool = False, on_finish: str | None = None) -> "FunctionTool":
     """A function tool that delegates to the Tether child `agent_type` (its input:
     `input_model`'s schema, else any object). Inside a Tether run, the call is a nested
-    run; elsewhere it runs under `parent` (`tether.parent(agent, name)`)."""
+    run; elsewhere it runs under `parent` (`tether.parent(agent, name)`). With
+    `detached=True` (or `on_finish=`) it starts the run and answers with its handle."""
     schema = (input_model.model_json_schema() if input_model is not None
               else {"type": "object", "additionalProperties": True})
 
@@ -213,6 +215,8 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
             input = input_model.model_validate(input).model_dump(mode="json")
         call = ChildCall.of(agent_type, input, parent=parent,
                             run_id=f"openai-agents-{context.tool_call_id}")
+        if detached or on_finish is not None:
+            return json.dumps(await call.start_detached(on_finish))
         result = await call.run()
         if (usage := await subtree_usage(call.owner, result.run_id)) is not None:
             context.usage.add(Usage(requests=0, input_tokens=usage.input_tokens,

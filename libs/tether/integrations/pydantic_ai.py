@@ -218,17 +218,11 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
     async def delegate(ctx: "AgentRunContext[Any]", **input: Any) -> Any:
         if input_model is not None:
             input = input_model.model_validate(input).model_dump(mode="json")
-        options: dict[str, Any] = {"detached": detached or on_finish is not None}
-        if on_finish is not None:
-            options["on_finish"] = on_finish
         call = ChildCall.of(agent_type, input, parent=parent,
                             run_id=f"pydantic-ai-{ctx.run_id}-{ctx.tool_call_id}")
-        if options["detached"]:
-            result = await call.run(**options)
-        else:
-            result = await call.run_telling(lambda event: ctx.emit(TetherRunEvent(**event)))
-        if options["detached"]:
-            return {"run_id": result.run_id, "status": result.status, "detached": True}
+        if detached or on_finish is not None:
+            return await call.start_detached(on_finish)
+        result = await call.run_telling(lambda event: ctx.emit(TetherRunEvent(**event)))
         if (usage := await subtree_usage(call.owner, result.run_id)) is not None:
             ctx.usage.incr(RunUsage(input_tokens=usage.input_tokens,
                                     output_tokens=usage.output_tokens,
