@@ -13,6 +13,7 @@ usage (`UsageView.of_steps`), up the tree.
 
 from typing import Any
 
+from tether.child.agent import AwaitingInput
 from tether.child.context import RunContext
 
 MISSING = object()
@@ -49,6 +50,25 @@ class StepJournal:
             return MISSING
         self.replayed += 1
         return step
+
+    async def pause(self, state: Any, pending: list[dict[str, Any]]) -> AwaitingInput:
+        """Pause the run for `pending` (`waiting_for_human`), the framework's `state` at
+        the pause kept in the log for the answered run to go on from."""
+        key = self.key("pause", "state")
+        if self.recorded(key) is MISSING:
+            await self.record(key, "pause", {"state": state, "pending": pending})
+        return AwaitingInput(reason="waiting_for_human", key=f"{self.framework}-{self.segment}",
+                             pending=pending)
+
+    def answered(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """For a run answered after a pause (segment > 0): the pause as `pause` recorded
+        it, and the answers of the `continue`."""
+        paused = self.recorded(self.key("pause", "state", self.segment - 1))
+        history = self.ctx.history
+        if paused is MISSING or history is None or not history.resumptions:
+            raise RuntimeError(f"run {self.ctx.run_id} was answered, but its pause is not in "
+                               "its log")
+        return paused, history.resumptions[-1].decisions
 
     def of_kind(self, *kinds: str) -> list[dict[str, Any]]:
         """The recorded steps of these kinds, in the order they were recorded."""

@@ -66,12 +66,9 @@ class OpenAIAgentsChild(ChildAgent):
         agent = recorded_agent(self.agent, journal, ctx)
         start: Any = self.prompt(input)
         if journal.segment > 0:  # answered: go on from the pause, with the answers
-            paused = journal.recorded(journal.key("pause", "state", journal.segment - 1))
-            if paused is MISSING or ctx.history is None:
-                raise RuntimeError(f"run {ctx.run_id} was answered, but its pause is not in "
-                                   "its log")
+            paused, decisions = journal.answered()
             start = await RunState.from_string(agent, paused["state"])
-            decide(start, ctx.history.resumptions[-1].decisions)
+            decide(start, decisions)
         done, result = await first_of(Runner.run(agent, start), ctx)
         if not done:
             raise RunCancelled(f"run {ctx.run_id} was cancelled")
@@ -171,12 +168,7 @@ async def pause(journal: StepJournal, result: Any) -> AwaitingInput:
     pending = [{"tool_call_id": _call_id(item), "tool_name": item.tool_name,
                 "input": json.loads(item.arguments or "{}"), "reason": "approval"}
                for item in result.interruptions]
-    key = journal.key("pause", "state")
-    if journal.recorded(key) is MISSING:
-        await journal.record(key, "pause", {"state": result.to_state().to_string(),
-                                            "pending": pending})
-    return AwaitingInput(reason="waiting_for_human", key=f"openai-agents-{journal.segment}",
-                         pending=pending)
+    return await journal.pause(result.to_state().to_string(), pending)
 
 
 def decide(state: "RunState[Any]", decisions: dict[str, Any]) -> None:

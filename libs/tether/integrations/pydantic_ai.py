@@ -85,14 +85,10 @@ class PydanticAIChild(ChildAgent):
         if journal.segment == 0:
             options["user_prompt"] = self.prompt(input)
         else:  # answered: go on from the pause, with the answers
-            paused = journal.recorded(journal.key("pause", "messages", journal.segment - 1))
-            if paused is MISSING or ctx.history is None:
-                raise RuntimeError(f"run {ctx.run_id} was answered, but its pause is not in "
-                                   "its log")
+            paused, decisions = journal.answered()
             options["message_history"] = ModelMessagesTypeAdapter.validate_python(
-                paused["messages"])
-            options["deferred_tool_results"] = answers(ctx.history.resumptions[-1].decisions,
-                                                       paused["pending"])
+                paused["state"])
+            options["deferred_tool_results"] = answers(decisions, paused["pending"])
         done, result = await first_of(self.agent.run(**options), ctx)
         if not done:
             raise RunCancelled(f"run {ctx.run_id} was cancelled")
@@ -166,12 +162,7 @@ async def pause(journal: StepJournal, result: Any) -> AwaitingInput:
                + [{"tool_call_id": call.tool_call_id, "tool_name": call.tool_name,
                    "input": call.args_as_dict(), "reason": "external"}
                   for call in requests.calls])
-    key = journal.key("pause", "messages")
-    if journal.recorded(key) is MISSING:
-        await journal.record(key, "pause", {
-            "messages": json.loads(result.all_messages_json()), "pending": pending})
-    return AwaitingInput(reason="waiting_for_human", key=f"pydantic-ai-{journal.segment}",
-                         pending=pending)
+    return await journal.pause(json.loads(result.all_messages_json()), pending)
 
 
 def answers(decisions: dict[str, Any], pending: list[dict[str, Any]]) -> "DeferredToolResults":
