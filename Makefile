@@ -89,6 +89,9 @@ clean:
 # ends with examples/model_parent.py's conversation);
 # everything stops when the demo ends (on a terminal: after Enter) or on Ctrl-C.
 DEMO_AGENTS := examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner
+DEMO_AGENTS := $(DEMO_AGENTS),examples.integrations.pydantic_ai_research:PydanticResearcher
+DEMO_AGENTS := $(DEMO_AGENTS),examples.integrations.openai_agents_research:AgentsSdkResearcher
+DEMO_AGENTS := $(DEMO_AGENTS),examples.integrations.langgraph_research:LangGraphResearcher
 demo: venv
 	$(PY) scripts/devstack.py run --hold --agents $(DEMO_AGENTS) \
 		--service projector --service parent --service child-runner --service reconciler \

@@ -26,6 +26,9 @@ except ImportError:
     from examples.model_parent import main as converse
 
 QUERIES = ("HTTP/3 and QUIC", "gRPC streaming", "WebTransport")
+# The same research agent written with each framework (examples/integrations/).
+FRAMEWORKS = {"PydanticResearcher": "Pydantic AI", "AgentsSdkResearcher": "OpenAI Agents SDK",
+              "LangGraphResearcher": "LangGraph"}
 IMPORT_INPUT = {"source": "s3://demo/customers.csv", "rows": 20_000, "batch": 1_000,
                 "pace_s": 0.2}
 DONE_WITHIN_S = 120
@@ -53,6 +56,7 @@ async def main() -> int:
     user = f"demo-{uuid.uuid4().hex[:6]}"
     with Board(sys.stdout) as board:
         await delegate(board, user)
+    await frameworks(user)
     # The same children as the tools of a parent model (examples/model_parent.py).
     print()
     await converse()
@@ -106,13 +110,35 @@ async def delegate(board: Board, user: str) -> None:
                     task.cancel()
                 await asyncio.gather(progress, chat, return_exceptions=True)
 
+async def frameworks(user: str) -> None:
+    """The research agent of each framework, as children like any other: in parallel,
+    each model call a recorded step, its usage the run's."""
+    print("\nThe same research agent written with Pydantic AI, the OpenAI Agents SDK and "
+          "LangGraph, as Tether children:")
+    async with connect(name="tether-demo") as tether:
+        me = tether.parent("Assistant", user)
+        results = await asyncio.gather(*(
+            me.run_agent_tool(agent_type, {"prompt": "HTTP/3"}, display=framework)
+            for agent_type, framework in FRAMEWORKS.items()))
+        for (agent_type, framework), result in zip(FRAMEWORKS.items(), results, strict=True):
+            if not result.ok:
+                print(f"  ✘ {agent_type} ({framework}): {result.error}")
+                continue
+            snapshot = await me.inspect(result.run_id)
+            tokens = snapshot.usage.total_tokens if snapshot else 0
+            print(f"  ✔ {agent_type} ({framework}): {result.summary} ({tokens} tokens)")
+
+
 def next_steps(user: str, environ: Mapping[str, str]) -> str:
     """What to try next, as commands that work as printed, while the stack is still up."""
     if environ.get("TETHER_DEVSTACK_HELD") == "0":
         return ("\nDone. The services and servers stop now. To explore one that stays up: "
                 "`eval \"$(make -s up)\"`, then `tether services all --agents "
                 "examples.agents:Researcher,examples.agents:Importer,"
-                "examples.model_parent:Planner` and "
+                "examples.model_parent:Planner,"
+                "examples.integrations.pydantic_ai_research:PydanticResearcher,"
+                "examples.integrations.openai_agents_research:AgentsSdkResearcher,"
+                "examples.integrations.langgraph_research:LangGraphResearcher` and "
                 "`python examples/demo.py`.")
     nats_url = environ.get("TETHER_NATS_URL", "nats://127.0.0.1:4222")
     lines = ["", "Done. Where to look next, in another terminal, from this directory:",

@@ -5,6 +5,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+AGENTS = ("examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner,"
+          "examples.integrations.pydantic_ai_research:PydanticResearcher,"
+          "examples.integrations.openai_agents_research:AgentsSdkResearcher,"
+          "examples.integrations.langgraph_research:LangGraphResearcher")
 
 
 async def test_the_demo_runs_every_kind_of_delegation_and_stops_what_it_started(
@@ -14,7 +18,7 @@ async def test_the_demo_runs_every_kind_of_delegation_and_stops_what_it_started(
                 for arg in ("--service", name)]
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(ROOT / "scripts" / "devstack.py"), "run", "--hold",
-        "--agents", "examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner",
+        "--agents", AGENTS,
         *services,
         "--", sys.executable, str(ROOT / "examples" / "demo.py"),
         cwd=ROOT, env=service_env, stdin=asyncio.subprocess.DEVNULL,
@@ -26,6 +30,12 @@ async def test_the_demo_runs_every_kind_of_delegation_and_stops_what_it_started(
     assert "💬 chat (assistant): Importer" in text and "reached half-imported" in text
     assert "🪝 finish hook on_import_done: Importer" in text
     assert "completed: imported 20,000 rows" in text
+    # The research agent of each framework, each run's usage its two model calls'.
+    for agent_type, framework in (("PydanticResearcher", "Pydantic AI"),
+                                  ("AgentsSdkResearcher", "OpenAI Agents SDK"),
+                                  ("LangGraphResearcher", "LangGraph")):
+        assert (f"✔ {agent_type} ({framework}): HTTP/3: the two sources agree. (124 tokens)"
+                in text), text
     # The model parent: two Researchers in one turn, a detached Importer, and the answer
     # the model gives to the importer's completion message.
     planner = text[text.index("Conversation Planner/"):]

@@ -1,12 +1,14 @@
-"""A Pydantic AI agent as the child of runs on child-runner processes: the runner is killed
-(SIGKILL) while the model's second request is in flight, the other runner takes the run
-over and replays the recorded request and tool call: neither is made again."""
+"""An agent of each framework (Pydantic AI, the OpenAI Agents SDK, LangGraph) as the child of
+runs on child-runner processes: the runner is killed (SIGKILL) while the model's second
+request is in flight, the other runner takes the run over and replays the recorded
+request and tool call (LangGraph: the finished nodes): neither is made again."""
 
 import asyncio
 import os
 import signal
 from pathlib import Path
 
+import pytest
 from eventually import eventually
 
 from tether.client import connect
@@ -37,12 +39,14 @@ class Calls:
         return [what for _, what in self.said]
 
 
+@pytest.mark.parametrize("agent_type", ["KilledResearcher", "KilledSdkResearcher",
+                                        "KilledGraphResearcher"])
 async def test_a_runner_killed_mid_run_leaves_the_recorded_calls_to_be_replayed(
-        log, services, settings, tmp_path):
+        agent_type, log, services, settings, tmp_path):
     calls = Calls()
     socket = tmp_path / "calls.sock"
     server = await asyncio.start_unix_server(calls.handle, path=str(socket))
-    env = {"TETHER_AGENTS": "framework_agents:KilledResearcher",
+    env = {"TETHER_AGENTS": f"framework_agents:{agent_type}",
            "TETHER_WORK_ACK_WAIT_MS": "1500", "FRAMEWORK_SOCKET": str(socket),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
                                                        os.environ.get("PYTHONPATH")]))}
@@ -54,7 +58,7 @@ async def test_a_runner_killed_mid_run_leaves_the_recorded_calls_to_be_replayed(
         async with connect(settings=settings) as tether:
             me = tether.parent(PARENT.agent, PARENT.name)
             call = asyncio.create_task(me.run_agent_tool(
-                "KilledResearcher", {"prompt": "QUIC"}, run_id="killed"))
+                agent_type, {"prompt": "QUIC"}, run_id="killed"))
             await eventually(lambda: calls.calls() == ["look up", "tool", "answer"],
                              timeout=30)
             victim = by_pid[calls.said[-1][0]]

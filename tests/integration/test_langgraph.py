@@ -277,8 +277,19 @@ async def test_a_detached_delegation_answers_with_the_runs_handle_and_the_run_go
     await stack.start_runner()
     CALLS.gate.set()
     tool = tether_tool("Echoer", description="Echoes", parent=stack.parent, detached=True)
-    handle = json.loads(await tool.ainvoke({"prompt": "later"}))
-    assert handle["detached"] is True
+    call = {"name": "Echoer", "args": {"prompt": "later"}, "id": "call-later",
+            "type": "tool_call"}
+    config = {"configurable": {"thread_id": "thread-1"}}
+    handle = json.loads((await tool.ainvoke(call, config)).content)
+    assert handle["detached"] is True and handle["run_id"] == "langgraph-thread-1-call-later"
+    # The same tool call again (a graph resumed from its checkpoint): the same run.
+    again = json.loads((await tool.ainvoke(call, config)).content)
+    assert again["run_id"] == handle["run_id"]
+    # The same tool call id in another thread is another run.
+    other = json.loads((await tool.ainvoke(call, {"configurable": {"thread_id": "2"}})).content)
+    assert other["run_id"] == "langgraph-2-call-later"
+    with pytest.raises(ValueError, match="ToolCall"):
+        await tool.ainvoke({"prompt": "no tool call"})  # its id names the run
 
     async def completed():
         snapshot = await stack.parent.inspect(handle["run_id"])

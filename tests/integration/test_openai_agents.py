@@ -240,3 +240,24 @@ async def test_a_detached_delegation_answers_with_the_runs_handle_and_the_run_go
 
     assert (await eventually(completed, timeout=DEADLINE_S)).summary == (
         "found: two sources on later")
+
+
+async def test_the_tools_on_stream_is_told_the_childs_progress_while_it_runs(stack):
+    await stack.start_runner()
+    told = []
+
+    async def on_stream(event) -> None:
+        told.append(event)
+        if event["event"].get("progress") == "calling lookup":
+            CALLS.gate.set()  # the child waits for this: its progress came while it ran
+
+    agent = Agent(name="Desk", model=Scripted(delegating), tools=[tether_tool(
+        "OaiResearcher", description="Researches", parent=stack.parent, on_stream=on_stream)])
+    result = await asyncio.wait_for(Runner.run(agent, "research"), DEADLINE_S)
+    assert result.final_output == "it said found: two sources on QUIC"
+    assert CALLS.gate.is_set()
+    assert {event["agent_type"] for event in told} == {"OaiResearcher"}
+    assert {event["tool_call"].call_id for event in told} == {"del-1"}
+    assert told[-1]["event"]["status"] == "completed"
+    assert told[-1]["event"]["summary"] == "found: two sources on QUIC"
+    assert told[-1]["event"]["run_id"] == "openai-agents-del-1"

@@ -276,7 +276,8 @@ async def test_a_detached_delegation_answers_with_the_runs_handle_and_the_run_go
     await stack.start_runner()
     CALLS.gate.set()
     agent = Agent(FunctionModel(starting), tools=[tether_tool(
-        "PydResearcher", description="Researches", parent=stack.parent, detached=True)])
+        "PydResearcher", description="Researches", parent=stack.parent,
+        detached={"notify": True})])
     result = await asyncio.wait_for(agent.run("start it"), DEADLINE_S)
     run_id = result.output.removeprefix("started ")
 
@@ -286,3 +287,10 @@ async def test_a_detached_delegation_answers_with_the_runs_handle_and_the_run_go
 
     assert (await eventually(completed, timeout=DEADLINE_S)).summary == (
         "found: two sources on later")
+    # Its end is a chat message in the parent's conversation, for the application to
+    # give its agent on the next turn.
+    async with asyncio.timeout(DEADLINE_S):
+        async for message in stack.parent.chat():
+            if message.metadata.get("run_id") == run_id:
+                break
+    assert "found: two sources on later" in message.content

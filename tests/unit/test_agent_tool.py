@@ -8,7 +8,12 @@ from pydantic import BaseModel, Field
 from tether.child.agent import ChildAgent
 from tether.client.child_tool import AgentTool, agent_tool
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess
-from tether.domain.ids import InvalidIdentifier, check_identifier, tool_run_id
+from tether.domain.ids import (
+    InvalidIdentifier,
+    check_identifier,
+    framework_run_id,
+    tool_run_id,
+)
 
 
 class ResearchInput(BaseModel):
@@ -96,6 +101,19 @@ def test_tool_run_ids_keep_safe_ids_and_never_collide_when_sanitised() -> None:
     assert tool_run_id("call.1") == tool_run_id("call.1")
     with pytest.raises(ValueError):
         tool_run_id("")
+
+
+def test_a_framework_tools_run_id_is_its_call_in_its_thread_and_never_collides() -> None:
+    assert framework_run_id("langgraph", "thread-1", "call-1") == "langgraph-thread-1-call-1"
+    # The same tool call id in another thread, or the same pair said differently, is
+    # another run.
+    assert framework_run_id("langgraph", "thread-2", "call-1") != framework_run_id(
+        "langgraph", "thread-1", "call-1")
+    assert framework_run_id("langgraph", "a.b", "c") != framework_run_id("langgraph", "a-b", "c")
+    long = framework_run_id("openai-agents", "x" * 300, "call/1")
+    assert check_identifier(long) == long and long.startswith("openai-agents-")
+    with pytest.raises(ValueError, match="tool call id"):
+        framework_run_id("langgraph", "thread-1", "")
 
 
 async def test_execute_runs_the_child_for_the_tool_call_and_returns_the_summary() -> None:

@@ -130,11 +130,27 @@ def tool_run_id(tool_call_id: str) -> str:
     """
     if not tool_call_id:
         raise ValueError("a tool call id is required")
-    safe = _RUN_ID_UNSAFE.sub("-", tool_call_id)
-    run_id = TOOL_RUN_ID_PREFIX + safe
-    if safe != tool_call_id or len(run_id) > _MAX_RUN_ID:
-        digest = hashlib.sha256(tool_call_id.encode()).hexdigest()[:16]
-        run_id = f"{TOOL_RUN_ID_PREFIX}{safe[:_MAX_RUN_ID - len(TOOL_RUN_ID_PREFIX) - 17]}-{digest}"
+    return _safe_run_id(TOOL_RUN_ID_PREFIX, tool_call_id)
+
+
+def framework_run_id(framework: str, *scope: str) -> str:
+    """`<framework>-<scope>`: the id of the run a framework's Tether tool starts outside a
+    Tether run, from what names the call there (its agent run or thread, then its tool
+    call id), so the same call made again finds the same run; made safe like
+    `tool_run_id`."""
+    if not all(scope):
+        raise ValueError(f"a {framework} tool call is named by its run and its tool call id")
+    return _safe_run_id(f"{framework}-", "-".join(scope))
+
+
+def _safe_run_id(prefix: str, raw: str) -> str:
+    """`prefix + raw`, with what a subject cannot carry replaced and a hash of `raw` added
+    when it had to be changed or shortened."""
+    safe = _RUN_ID_UNSAFE.sub("-", raw)
+    run_id = prefix + safe
+    if safe != raw or len(run_id) > _MAX_RUN_ID:
+        digest = hashlib.sha256(raw.encode()).hexdigest()[:16]
+        run_id = f"{prefix}{safe[:_MAX_RUN_ID - len(prefix) - 17]}-{digest}"
     return check_identifier(run_id, "run id")
 
 

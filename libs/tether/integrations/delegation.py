@@ -4,14 +4,16 @@ input, and a call of a Tether child from inside a framework's tool."""
 import asyncio
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel
 
 from tether.child.context import current_context
 from tether.contract.messages import UsageView
+from tether.domain.events import DetachedOptions
 
 
 class Prompt(BaseModel):
@@ -59,13 +61,10 @@ class ChildCall:
         return await runner.run_agent_tool(self.agent_type, self.input, run_id=self.run_id,
                                            **options)
 
-    async def start_detached(self, on_finish: str | None = None) -> dict[str, Any]:
-        """Start the run and answer with its handle at once (with `on_finish`, the finish
-        hook method its parent's application serves)."""
-        options: dict[str, Any] = {"detached": True}
-        if on_finish is not None:
-            options["on_finish"] = on_finish
-        handle = await self.run(**options)
+    async def start_detached(self, options: Any) -> dict[str, Any]:
+        """Start the run and answer with its handle at once; `options`: `run_agent_tool`'s
+        `detached` (True, or a finish hook, notifications, budgets)."""
+        handle = await self.run(detached=options)
         return {"run_id": handle.run_id, "status": handle.status, "detached": True}
 
     async def run_telling(self, tell: Callable[[dict[str, Any]], Any] | None,
@@ -105,6 +104,16 @@ async def _told(tell: Callable[[dict[str, Any]], Any], event: dict[str, Any]) ->
     told = tell(event)
     if inspect.isawaitable(told):
         await told
+
+
+def detached_options(detached: Any, on_finish: str | None) -> Any:
+    """What a framework tool's `detached=` and `on_finish=` ask for: None (the call awaits
+    the run), or `run_agent_tool`'s `detached` (with `on_finish` added to it)."""
+    if on_finish is None:
+        return detached or None
+    if isinstance(detached, DetachedOptions):
+        return msgspec.structs.replace(detached, on_finish=on_finish)
+    return {**(detached if isinstance(detached, Mapping) else {}), "on_finish": on_finish}
 
 
 async def subtree_usage(owner: Any, run_id: str) -> UsageView | None:

@@ -32,20 +32,22 @@ import copy
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, create_model
 from pydantic_core import to_jsonable_python
 
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, first_of
+from tether.domain.ids import framework_run_id
 from tether.extras import MissingExtra
-from tether.integrations.delegation import ChildCall, Prompt, answer
+from tether.integrations.delegation import ChildCall, Prompt, answer, detached_options
 from tether.integrations.journal import StepJournal
 
 try:
     from langchain_core.callbacks import AsyncCallbackHandler
-    from langchain_core.tools import StructuredTool
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.tools import InjectedToolCallId, StructuredTool
     from langgraph.checkpoint.base import (
         WRITES_IDX_MAP,
         BaseCheckpointSaver,
@@ -288,18 +290,23 @@ class RunLog(BaseCheckpointSaver[int]):
 
 def tether_tool(agent_type: str, *, description: str, name: str | None = None,
                 input_model: type[BaseModel] | None = None, parent: Any = None,
-                detached: bool = False, on_finish: str | None = None) -> "StructuredTool":
+                detached: Any = False, on_finish: str | None = None) -> "StructuredTool":
     """A LangChain tool that delegates to the Tether child `agent_type` (its input:
-    `input_model`, else a `prompt`). With `detached=True` (or `on_finish=`) it starts the
-    run and answers with its handle."""
-    schema = input_model or create_model(f"{agent_type}Input", prompt=(str, ...))
+    `input_model`, else a `prompt`). `detached` (True, or `run_agent_tool`'s detached options:
+    `{"notify": True}`, `on_finish`, budgets) starts the run and answers with its handle. It is called with a model's tool call (a `ToolNode`
+    does so): outside a Tether run, the run's id is the graph's thread and the tool call's
+    id, so a graph resumed from its checkpoint finds the run it had started."""
+    fields = input_model or create_model(f"{agent_type}Input", prompt=(str, ...))
+    schema = create_model(f"{fields.__name__}Call", __base__=fields,
+                          tool_call_id=(Annotated[str, InjectedToolCallId], ...))
 
-    async def delegate(**input: Any) -> str:
-        input = schema.model_validate(input).model_dump(mode="json")
+    async def delegate(config: RunnableConfig, tool_call_id: str, **input: Any) -> str:
+        input = fields.model_validate(input).model_dump(mode="json")
+        thread = (config.get("configurable") or {}).get("thread_id") or uuid.uuid4().hex
         call = ChildCall.of(agent_type, input, parent=parent,
-                            run_id=f"langgraph-{uuid.uuid4().hex}")
-        if detached or on_finish is not None:
-            return json.dumps(await call.start_detached(on_finish))
+                            run_id=framework_run_id(FRAMEWORK, str(thread), tool_call_id))
+        if (options := detached_options(detached, on_finish)) is not None:
+            return json.dumps(await call.start_detached(options))
         write = _stream_writer()
         result = await call.run_telling(
             None if write is None else lambda event: write({"tether": event}))

@@ -18,23 +18,28 @@ Cancelling the run cancels the agent's run and its model request in flight.
 **As a parent** (`tether_tool(agent_type, ...)`): a `FunctionTool` that delegates to a
 Tether child: a nested run inside a Tether run, else a run of the `parent` it is given.
 The model gets the child's summary and output, or its structured failure; the child's
-usage, and its subtree's, is added to the calling run's usage.
+usage, and its subtree's, is added to the calling run's usage. Its `on_stream` callback
+is told the child's events while it runs (`TetherToolStreamEvent`), the SDK's own way
+for a nested agent's events (`Agent.as_tool(on_stream=...)`).
 """
 
 import dataclasses
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, first_of
+from tether.domain.ids import framework_run_id
 from tether.extras import MissingExtra
 from tether.integrations.delegation import (
     ChildCall,
     Prompt,
     answer,
+    detached_options,
     prompt_of,
     subtree_usage,
 )
@@ -191,13 +196,32 @@ def _call_id(item: Any) -> str:
     return raw.get("call_id", "") if isinstance(raw, dict) else getattr(raw, "call_id", "")
 
 
+class TetherToolStreamEvent(TypedDict):
+    """What `tether_tool(on_stream=...)` is told while its Tether child runs: as the
+    SDK's `Agent.as_tool(on_stream=...)` tells the events of a nested agent run."""
+
+    event: dict[str, Any]
+    """The child's status, progress message and milestones at a change; at its end, its
+    summary or its error."""
+
+    agent_type: str
+    """The Tether child's agent type."""
+
+    tool_call: "ResponseFunctionToolCall | None"
+    """The originating tool call, if available."""
+
+
 def tether_tool(agent_type: str, *, description: str, name: str | None = None,
                 input_model: type[BaseModel] | None = None, parent: Any = None,
-                detached: bool = False, on_finish: str | None = None) -> "FunctionTool":
+                detached: Any = False, on_finish: str | None = None,
+                on_stream: Callable[[TetherToolStreamEvent], Any] | None = None
+                ) -> "FunctionTool":
     """A function tool that delegates to the Tether child `agent_type` (its input:
     `input_model`'s schema, else any object). Inside a Tether run, the call is a nested
-    run; elsewhere it runs under `parent` (`tether.parent(agent, name)`). With
-    `detached=True` (or `on_finish=`) it starts the run and answers with its handle."""
+    run; elsewhere it runs under `parent` (`tether.parent(agent, name)`), its id the tool
+    call's. `detached` (True, or `run_agent_tool`'s detached options:
+    `{"notify": True}`, `on_finish`, budgets) starts the run and answers with its handle. `on_stream` (a function or a coroutine function) is told the child's events
+    while it runs, as the SDK's `as_tool(on_stream=...)` is a nested agent's."""
     schema = (input_model.model_json_schema() if input_model is not None
               else {"type": "object", "additionalProperties": True})
 
@@ -206,10 +230,12 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
         if input_model is not None:
             input = input_model.model_validate(input).model_dump(mode="json")
         call = ChildCall.of(agent_type, input, parent=parent,
-                            run_id=f"openai-agents-{context.tool_call_id}")
-        if detached or on_finish is not None:
-            return json.dumps(await call.start_detached(on_finish))
-        result = await call.run()
+                            run_id=framework_run_id("openai-agents", context.tool_call_id))
+        if (options := detached_options(detached, on_finish)) is not None:
+            return json.dumps(await call.start_detached(options))
+        tell = None if on_stream is None else lambda event: on_stream(TetherToolStreamEvent(
+            event=event, agent_type=agent_type, tool_call=context.tool_call))
+        result = await call.run_telling(tell)
         if (usage := await subtree_usage(call.owner, result.run_id)) is not None:
             context.usage.add(Usage(requests=0, input_tokens=usage.input_tokens,
                                     output_tokens=usage.output_tokens,

@@ -21,8 +21,9 @@ the `parent` it is given. The model gets the child's summary (and output), or it
 structured failure as JSON; the child's usage, and its subtree's, is added to the run's
 `RunUsage`, so `UsageLimits` count it; while the child runs, its status, progress and
 milestones are `TetherRunEvent`s in the agent's event stream (`run_stream_events`,
-`event_stream_handler`). With `detached=True` it starts the run and returns its handle at
-once.
+`event_stream_handler`). With `detached=True` (or `run_agent_tool`'s detached options,
+`{"notify": True}` for a chat message when it ends) it starts the run and returns its
+handle at once.
 """
 
 import json
@@ -34,11 +35,13 @@ from pydantic_core import to_jsonable_python
 
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, first_of
+from tether.domain.ids import framework_run_id
 from tether.extras import MissingExtra
 from tether.integrations.delegation import (
     ChildCall,
     Prompt,
     answer,
+    detached_options,
     prompt_of,
     subtree_usage,
 )
@@ -198,11 +201,13 @@ class TetherRunEvent(CustomEvent):
 
 def tether_tool(agent_type: str, *, description: str, name: str | None = None,
                 input_model: type[BaseModel] | None = None, parent: Any = None,
-                detached: bool = False, on_finish: str | None = None) -> "Tool[Any]":
+                detached: Any = False, on_finish: str | None = None) -> "Tool[Any]":
     """A Pydantic AI tool that delegates to the Tether child `agent_type` (its input:
     `input_model`'s schema, else any object). Inside a Tether run, the call is a nested
     run; elsewhere it runs under `parent` (a `ParentHandle`: `tether.parent(agent,
-    name)`). The child's usage counts against the calling run's usage limits."""
+    name)`). The child's usage counts against the calling run's usage limits.
+    `detached` (True, or `run_agent_tool`'s detached options: `{"notify": True}`,
+    `on_finish`, budgets) starts the run and answers with its handle."""
     schema = (input_model.model_json_schema() if input_model is not None
               else {"type": "object", "additionalProperties": True})
 
@@ -210,9 +215,10 @@ def tether_tool(agent_type: str, *, description: str, name: str | None = None,
         if input_model is not None:
             input = input_model.model_validate(input).model_dump(mode="json")
         call = ChildCall.of(agent_type, input, parent=parent,
-                            run_id=f"pydantic-ai-{ctx.run_id}-{ctx.tool_call_id}")
-        if detached or on_finish is not None:
-            return await call.start_detached(on_finish)
+                            run_id=framework_run_id("pydantic-ai", ctx.run_id or "",
+                                                   ctx.tool_call_id or ""))
+        if (options := detached_options(detached, on_finish)) is not None:
+            return await call.start_detached(options)
         result = await call.run_telling(lambda event: ctx.emit(TetherRunEvent(**event)))
         if (usage := await subtree_usage(call.owner, result.run_id)) is not None:
             ctx.usage.incr(RunUsage(input_tokens=usage.input_tokens,
