@@ -5,6 +5,7 @@ that takes a run over; approvals pause the run; usage is the run's and counts ag
 calling agent's limits."""
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -263,6 +264,37 @@ async def test_the_delegated_runs_progress_is_in_the_agents_event_stream(stack):
     assert CALLS.gate.is_set()
     assert (events[-1].status, events[-1].summary, events[-1].tool_call_id) == (
         "completed", "echo hi", "e-1")
+
+
+async def fanning_out(messages, info: AgentInfo) -> AsyncIterator:
+    """Two delegations in one response; then what both children said."""
+    if isinstance(last_part(messages), ToolReturnPart):
+        returns = [part.content["summary"] for part in messages[-1].parts
+                   if isinstance(part, ToolReturnPart)]
+        yield " and ".join(sorted(returns))
+    else:
+        yield {index: DeltaToolCall(name="Echoer", json_args=json.dumps({"text": word}),
+                                    tool_call_id=f"e-{word}")
+               for index, word in enumerate(("one", "two"))}
+
+
+async def test_an_agent_fans_out_two_children_at_once_and_sees_the_progress_of_each(stack):
+    await stack.start_runner()
+    agent = Agent(FunctionModel(stream_function=fanning_out), tools=[tether_tool(
+        "Echoer", description="Echoes", input_model=Words, parent=stack.parent)])
+    echoing: set[str] = set()
+
+    async def handle(ctx, stream) -> None:
+        async for event in stream:
+            if isinstance(event, TetherRunEvent) and "echoing" in event.milestones:
+                echoing.add(event.tool_call_id)
+                if len(echoing) == 2:
+                    CALLS.gate.set()  # both children ran at once, the stream showed each
+
+    result = await asyncio.wait_for(  # one child after the other would wait forever
+        agent.run("fan out", event_stream_handler=handle), DEADLINE_S)
+    assert echoing == {"e-one", "e-two"}
+    assert result.output == "echo one and echo two"
 
 
 async def starting(messages, info: AgentInfo) -> ModelResponse:
