@@ -49,7 +49,7 @@ from tether.contract.subjects import Subjects
 from tether.domain.ids import check_identifier
 
 SERVICE_ROLES = ("parent", "child-runner", "reconciler", "projector")
-COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
+COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message", "send")
 QUERY_KINDS = ("inspect", "list", "has_run", "history", "chat_next")
 LIVE_KINDS = ("evt", "progress", "chat")
 SERVICE_ACCOUNT = "TETHER"
@@ -144,7 +144,7 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
     common = _provision(subjects) + _read_log(subjects)
     if role == "parent":
         publish = [f"{p}.evt.>", f"{p}.work.>", f"{p}.hook.>", f"{p}.chat.>",
-                   subjects.command_dead_letters, f"{p}.ctl.cancel.>",
+                   subjects.command_dead_letters, f"{p}.ctl.cancel.>", f"{p}.ctl.message.>",
                    # The notice that a run request found its run already there.
                    subjects.all_live_events,
                    f"$KV.{subjects.slots_bucket}.>",
@@ -194,7 +194,7 @@ def service_permissions(subjects: Subjects, role: str) -> Permissions:
         # as their awaiter.
         return Permissions(tuple(common + publish),
                            (f"{p}.ctl.cancel.>", f"{p}.ctl.inspect.>", f"{p}.ctl.versions.>",
-                            subjects.all_live_events,
+                            f"{p}.ctl.message.>", subjects.all_live_events,
                             f"{p}.ctl.awaiter.>", "_INBOX.>",
                             # A model parent's on_progress follows its runs' progress.
                             f"{p}.progress.>"), True)

@@ -9,10 +9,9 @@ a recorded step.
 """
 
 import asyncio
-import contextlib
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -46,18 +45,20 @@ from tether.agents.steps import (
     ModelTurn,
     PendingToolCall,
     RunStatus,
+    SteeringInput,
     ToolResult,
     conversation,
     open_pending,
     pause_of,
     starting_runs,
+    steering_text,
     turns_in_call,
     usage_of,
 )
 from tether.agents.stop import StopState
 from tether.agents.tool_calls import ToolRunner
 from tether.agents.tools import ProgressReporter, StateAccessor, ToolContext
-from tether.child.context import RunCancelled
+from tether.child.context import RunCancelled, unless_set
 from tether.domain.events import ParentRef
 from tether.ports import SYSTEM_CLOCK
 
@@ -69,6 +70,18 @@ class StepJournal(Protocol):
     appended to the run's log), and returns it as stored."""
 
     async def record(self, record: AgentStepRecord) -> AgentStepRecord: ...
+
+
+class Inbox(Protocol):
+    """Where the parent's steering messages arrive (for Tether: the run's context): those
+    handed over and not taken in, taking them in, and whether an `interrupt` one waits."""
+
+    interrupted: asyncio.Event
+
+    @property
+    def waiting_messages(self) -> tuple[Any, ...]: ...
+
+    async def consume(self, message_ids: Iterable[str]) -> None: ...
 
 
 class TextSink(Protocol):
@@ -115,6 +128,7 @@ class LoopPorts:
     text: TextSink | None = None
     progress: ProgressReporter | None = None  # the Tether child API's report_progress
     cancelled: asyncio.Event | None = None
+    inbox: Inbox | None = None  # the parent's steering messages (`Inbox`)
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     on_status: Callable[[RunStatus], None] | None = None
 
@@ -126,6 +140,11 @@ class CallOutcome:
     stop_reason: str | None = None
     error: str | None = None
     error_details: dict[str, Any] | None = None
+
+
+class _Interrupted(Exception):
+    """An `interrupt` steering message came while the model was asked: the call is given
+    up, and the loop takes the message in and asks again."""
 
 
 class _ModelCallFailed(Exception):
@@ -205,7 +224,7 @@ class AgentLoop:
             # Resumed after the call's outcome was recorded: nothing is left to do.
             last = this_call[-1]
             return CallOutcome(last.status, last.model or self._model, last.stop_reason)
-        answered = any(r.kind == "continuation" for r in this_call)
+        answered = any(r.kind == "continuation" and not r.steering for r in this_call)
         if decisions is not None and not answered and not decisions.empty:
             await self._continuation(session, plan, decisions)
         if starting_runs(records):
@@ -219,7 +238,11 @@ class AgentLoop:
         turns = turns_in_call(records, plan.call)
         while turns < plan.max_steps:
             self._check_cancelled()
-            record = await self._model_step(session, plan, turns)
+            await self._take_messages(session, plan)
+            try:
+                record = await self._model_step(session, plan, turns)
+            except _Interrupted:
+                continue  # the message goes to the model in the next turn
             turns += 1
             if record.status != "running":
                 return CallOutcome(record.status, self._model, record.stop_reason)
@@ -243,6 +266,27 @@ class AgentLoop:
             tool_results=tuple(results), pending=tuple(remaining),
             human_input=decisions.human_input, inbox=plan.inbox, resumes=plan.resumes,
             state=session.state.snapshot(), started_at=started, ended_at=SYSTEM_CLOCK.now()))
+
+    # --- the parent's steering messages ---------------------------------------------------
+
+    async def _take_messages(self, session: Session, plan: CallPlan) -> None:
+        """At a step boundary, the steering messages that arrived: recorded (the model is
+        shown each as a user message), then taken in. A message a crashed attempt
+        recorded and did not take in is taken in, not recorded again."""
+        inbox = self._ports.inbox
+        if inbox is None or not (waiting := inbox.waiting_messages):
+            return
+        recorded = {m.message_id for r in session.records for m in r.steering}
+        new = tuple(SteeringInput(message_id=m.message_id, content=steering_text(m),
+                                  mode=m.mode)
+                    for m in waiting if m.message_id not in recorded)
+        if new:
+            now = SYSTEM_CLOCK.now()
+            await self._store(session, plan, AgentStepRecord(
+                index=len(session.records), call=plan.call, kind="continuation",
+                status="running", steering=new, state=session.state.snapshot(),
+                started_at=now, ended_at=now))
+        await inbox.consume(m.message_id for m in waiting)
 
     # --- one model turn -----------------------------------------------------------------
 
@@ -400,8 +444,8 @@ class AgentLoop:
             self._status("running")
             try:
                 response = await self._until_cancelled(
-                    self._ports.client.complete(request, on_delta))
-            except (RunCancelled, asyncio.CancelledError):
+                    self._ports.client.complete(request, on_delta), interruptible=True)
+            except (RunCancelled, asyncio.CancelledError, _Interrupted):
                 raise
             except Exception as error:  # classified: retried, or the call fails with it
                 if (is_context_overflow(error) or not is_retryable(error)
@@ -410,7 +454,8 @@ class AgentLoop:
                 delay_ms = plan.retry.delay_ms(attempt, retry_after_ms(error))
                 await self._emit(plan, "model_retry", index, data={
                     "attempt": attempt, "delay_ms": delay_ms, "error": describe(error)})
-                await self._until_cancelled(self._ports.sleep(delay_ms / 1000))
+                await self._until_cancelled(self._ports.sleep(delay_ms / 1000),
+                                            interruptible=True)
                 continue
             if not text.fed:  # a client that does not stream: the text arrives whole
                 await self._text(plan, index, text.feed(response.message.content))
@@ -428,8 +473,10 @@ class AgentLoop:
         async def emit(kind: str, step: int, data: dict) -> None:
             await self._emit(plan, kind, step, data=data)
 
+        inbox = self._ports.inbox
         return ToolRunner(self._definition, tool_execution=plan.tool_execution,
-                          context_for=context_for, emit=emit)
+                          context_for=context_for, emit=emit,
+                          interrupted=inbox.interrupted if inbox is not None else None)
 
     async def _store(self, session: Session, plan: CallPlan,
                      record: AgentStepRecord) -> AgentStepRecord:
@@ -468,22 +515,18 @@ class AgentLoop:
         if self._ports.cancelled is not None and self._ports.cancelled.is_set():
             raise RunCancelled("the run was cancelled")
 
-    async def _until_cancelled(self, work: Awaitable[Any]) -> Any:
-        """Await `work`, or raise RunCancelled as soon as the run is cancelled."""
-        cancelled = self._ports.cancelled
-        if cancelled is None:
+    async def _until_cancelled(self, work: Awaitable[Any], interruptible: bool = False) -> Any:
+        """Await `work`, or raise RunCancelled as soon as the run is cancelled (and, when
+        `interruptible`, `_Interrupted` as soon as an `interrupt` message arrives)."""
+        events = [event for event in (
+            self._ports.cancelled,
+            self._ports.inbox.interrupted if interruptible and self._ports.inbox else None)
+            if event is not None]
+        if not events:
             return await work
         self._check_cancelled()
-        task = asyncio.ensure_future(work)
-        waiter = asyncio.ensure_future(cancelled.wait())
-        try:
-            done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task  # let the abandoned call unwind before going on
-        if task in done:
-            return task.result()
-        raise RunCancelled("the run was cancelled")
+        done, result = await unless_set(work, *events)
+        if done:
+            return result
+        self._check_cancelled()
+        raise _Interrupted()

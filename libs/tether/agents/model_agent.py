@@ -94,6 +94,10 @@ class _RunJournal:
 
 def step_message(record: AgentStepRecord) -> str:
     tools = ", ".join(dict.fromkeys(r.tool_name for r in record.tool_results)) or "no tools"
+    if record.steering:
+        count = len(record.steering)
+        return f"step {record.index + 1}: took in {count} message{'s' * (count > 1)} " \
+               "from the parent"
     if record.kind == "continuation":
         return f"step {record.index + 1}: answers to paused calls ({tools})"
     if record.status == "completed":
@@ -169,7 +173,7 @@ class ModelAgent(ChildAgent):
 
         ports = LoopPorts(client=client_for(type(self)), journal=_RunJournal(ctx, records),
                           text=text, progress=ctx.report_progress, cancelled=ctx.cancelled,
-                          on_status=status)
+                          inbox=ctx if ctx.in_run else None, on_status=status)
         outcome = await AgentLoop(definition, ports).drive(session, plan, decisions)
         started = history.started_at if history is not None and history.started_at else SYSTEM_CLOCK.now()
         result = self.result = build_result(definition, plan, session, outcome, started)

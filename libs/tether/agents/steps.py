@@ -8,6 +8,7 @@ functions of that list, which is why a run can be resumed from its records in an
 process without calling the model or a tool again for a recorded step.
 """
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -52,6 +53,15 @@ class ModelTurn(ModelResponse):
     duration_ms: int = 0
 
 
+class SteeringInput(Frozen):
+    """A parent's steering message the run took in at a step boundary (`run.message_sent`),
+    as the model is shown it: a user message."""
+
+    message_id: str
+    content: str
+    mode: Literal["queue", "interrupt"] = "queue"
+
+
 class AgentStepRecord(Frozen):
     index: int
     call: int  # 0: the run; n: the n-th continue
@@ -74,6 +84,8 @@ class AgentStepRecord(Frozen):
     # The pause (`run.paused` event id) whose answers this continuation took in, so a
     # runner that takes the run over knows the answers were applied.
     resumes: str | None = None
+    # The parent's steering messages this continuation took in, before the next turn.
+    steering: tuple[SteeringInput, ...] = ()
     started_at: int = 0
     ended_at: int = 0
 
@@ -173,7 +185,17 @@ def conversation(input_messages: Sequence[Message],
         if not record.pending:
             messages.extend(Message.user(text) for text in held)
             held.clear()
+        messages.extend(Message.user(message.content) for message in record.steering)
     return messages
+
+
+def steering_text(message: Any) -> str:
+    """A steering message (`text`, `data`) as the model is shown it: its text, then its
+    data as JSON."""
+    parts = [message.text] if message.text else []
+    if message.data is not None:
+        parts.append(json.dumps(message.data, ensure_ascii=False, sort_keys=True))
+    return "\n\n".join(parts)
 
 
 def open_pending(records: Sequence[AgentStepRecord]) -> tuple[PendingToolCall, ...]:

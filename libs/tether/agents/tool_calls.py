@@ -23,12 +23,22 @@ from tether.agents.steps import (
     ToolResult,
 )
 from tether.agents.tools import Tool, ToolContext
-from tether.child.context import RunCancelled
+from tether.child.context import RunCancelled, unless_set
 from tether.ports import SYSTEM_CLOCK
 
 Emit = Callable[..., Awaitable[None]]
 ContextFactory = Callable[[str], ToolContext]
 
+
+
+INTERRUPTED_WHILE = ("The parent interrupted this tool call with a message (it follows); "
+                     "the call was stopped before it finished.")
+INTERRUPTED_BEFORE = ("The parent interrupted the run with a message (it follows) before "
+                      "this tool call started; it was not run.")
+
+
+class _Stopped(Exception):
+    """An `interrupt` steering message stopped a tool call in flight."""
 
 
 def render_output(output: Any) -> str:
@@ -49,11 +59,15 @@ class ToolRunner:
     """Runs tools for one call of the loop; every answer becomes a ToolResult."""
 
     def __init__(self, definition: AgentDefinition, *, tool_execution: str,
-                 context_for: ContextFactory, emit: Emit) -> None:
+                 context_for: ContextFactory, emit: Emit,
+                 interrupted: asyncio.Event | None = None) -> None:
+        """`interrupted`: set while an `interrupt` steering message waits; a tool call
+        of a model turn in flight then is stopped, and one not started is not started."""
         self._definition = definition
         self._manual = tool_execution == "manual"
         self._context_for = context_for
         self._emit = emit
+        self._interrupted = interrupted
 
     async def run_calls(self, calls: tuple[ToolCall, ...], step: int
                         ) -> tuple[list[ToolResult], list[PendingToolCall]]:
@@ -92,8 +106,11 @@ class ToolRunner:
                 # Run once the turn is recorded (`run_started_calls`), not before.
                 pending.append(PendingToolCall(tool_call_id=call.id, tool_name=call.name,
                                                input=call.input, reason="run"))
+            elif self._interrupted is not None and self._interrupted.is_set():
+                results.append(self.error(call.id, call.name, INTERRUPTED_BEFORE))
             else:
-                results.append(await self.execute(tool, parsed, ctx, call.input, step, "auto"))
+                results.append(await self.execute(tool, parsed, ctx, call.input, step, "auto",
+                                                  interruptible=True))
         return results, pending
 
     async def run_started_calls(self, calls: tuple[PendingToolCall, ...] | list[PendingToolCall],
@@ -148,7 +165,7 @@ class ToolRunner:
         return results, remaining
 
     async def execute(self, tool: Tool, parsed: Any, ctx: ToolContext, raw_input: dict[str, Any],
-                      step: int, decision: str) -> ToolResult:
+                      step: int, decision: str, interruptible: bool = False) -> ToolResult:
         assert tool.execute is not None
         started, clock = SYSTEM_CLOCK.now(), time.monotonic()
         await self._emit("tool_started", step, data={"tool_call_id": ctx.tool_call_id,
@@ -156,13 +173,15 @@ class ToolRunner:
         is_error = False
         try:
             if not tracing.ENABLED:
-                content = render_output(await tool.execute(ctx, parsed))
+                content = await self._output(tool, ctx, parsed, interruptible)
             else:
                 with tracing.span(f"execute_tool {tool.id}", tracing.INTERNAL, attributes={
                         "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool.id,
                         "gen_ai.tool.call.id": ctx.tool_call_id, "gen_ai.tool.type": "function",
                         "gen_ai.agent.name": self._definition.id, "tether.run.id": ctx.run_id}):
-                    content = render_output(await tool.execute(ctx, parsed))
+                    content = await self._output(tool, ctx, parsed, interruptible)
+        except _Stopped:
+            content, is_error = f"Error: {INTERRUPTED_WHILE}", True
         except RunCancelled:
             raise
         except Exception as error:  # noqa: BLE001 - the model sees the failure and may recover
@@ -174,6 +193,18 @@ class ToolRunner:
                             duration_ms=int((time.monotonic() - clock) * 1000))
         await self._emit("tool_finished", step, data=result.model_dump(mode="json"))
         return result
+
+    async def _output(self, tool: Tool, ctx: ToolContext, parsed: Any,
+                      interruptible: bool) -> str:
+        """The tool's output as the model is shown it; `_Stopped` when an `interrupt`
+        steering message stopped it first."""
+        assert tool.execute is not None
+        if not interruptible or self._interrupted is None:
+            return render_output(await tool.execute(ctx, parsed))
+        done, output = await unless_set(tool.execute(ctx, parsed), self._interrupted)
+        if not done:
+            raise _Stopped()
+        return render_output(output)
 
     def error(self, call_id: str, name: str, text: str, decision: str = "auto") -> ToolResult:
         return ToolResult(tool_call_id=call_id, tool_name=name, content=f"Error: {text}",

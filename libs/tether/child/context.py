@@ -8,7 +8,7 @@ warning per process for `report_progress()` outside a run.
 import asyncio
 import contextlib
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ CANCEL_NOTICE_S = 60.0
 
 if TYPE_CHECKING:
     from tether.child.recorder import RunRecorder
-    from tether.domain.run_state import RunState
+    from tether.domain.run_state import RunState, SteeringMessage
 
 _current: ContextVar["RunContext | None"] = ContextVar("tether_run_context", default=None)
 _warned_outside_run = False
@@ -59,15 +59,22 @@ def current_context() -> "RunContext | None":
 async def first_of(work: Awaitable[Any], ctx: "RunContext") -> tuple[bool, Any]:
     """(True, result) when `work` ends first, (False, None) when the run is cancelled
     first (`work` is then cancelled): a child's way to stop what it awaits on a cancel."""
+    return await unless_set(work, ctx.cancelled)
+
+
+async def unless_set(work: Awaitable[Any], *events: asyncio.Event) -> tuple[bool, Any]:
+    """(True, result) when `work` ends first, (False, None) when one of `events` is set
+    first (`work` is then cancelled, and has unwound when this returns)."""
     task = asyncio.ensure_future(work)
-    cancelled = asyncio.ensure_future(ctx.cancelled.wait())
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
     try:
-        await asyncio.wait({task, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, *waiters}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
         task.cancel()  # this child's own task was cancelled (the runner is stopping)
         raise
     finally:
-        cancelled.cancel()
+        for waiter in waiters:
+            waiter.cancel()
     if task.done():
         return True, task.result()
     task.cancel()
@@ -170,6 +177,14 @@ class RunContext:
         self._recorder = recorder
         self._nested_calls: dict[str, int] = {}
         self._stop_reason = stop_reason
+        # Steering messages the runner handed over and the child has not taken in.
+        self._inbox: list[SteeringMessage] = []
+        self._offered: set[str] = set()
+        self._inbox_lock = asyncio.Lock()
+        self._arrived = asyncio.Event()  # set while `_inbox` holds a message
+        # Set while an `interrupt` message waits: the child's current model or tool call
+        # is to stop (`interruptible`) so that the child takes the message in.
+        self.interrupted = asyncio.Event()
 
     @property
     def stop_reason(self) -> str | None:
@@ -251,6 +266,83 @@ class RunContext:
         those steps declares them, so its next milestone of the same name is recorded."""
         if self._recorder is not None:
             self._recorder.replay_milestones(names)
+
+    # --- steering messages ----------------------------------------------------------------
+
+    async def offer(self, messages: "Iterable[SteeringMessage]") -> None:
+        """The runner hands over the run's steering messages not taken in yet (each once,
+        whatever it is offered again): recorded `run.message_delivered`, then waiting in
+        `waiting_messages`; an `interrupt` message sets `interrupted`."""
+        async with self._inbox_lock:
+            for message in messages:
+                if message.message_id in self._offered or message.consumed_at is not None:
+                    continue
+                self._offered.add(message.message_id)
+                if self._recorder is not None and message.delivered_at is None:
+                    await self._recorder.message_receipt("delivered", message.message_id)
+                self._inbox.append(message)
+                if message.mode == "interrupt":
+                    self.interrupted.set()
+            if self._inbox:
+                self._arrived.set()
+
+    @property
+    def offered(self) -> frozenset[str]:
+        """The ids of the messages handed over in this attempt (taken in or not)."""
+        return frozenset(self._offered)
+
+    @property
+    def waiting_messages(self) -> "tuple[SteeringMessage, ...]":
+        """The steering messages handed over and not taken in yet, in the order sent."""
+        return tuple(self._inbox)
+
+    async def consume(self, message_ids: "Iterable[str]") -> None:
+        """Take in these waiting messages: each is recorded `run.message_consumed` and is
+        never handed over again, to this attempt or a later one. A child that needs a
+        message after a crash keeps it in a step of its own first (as the model agent
+        does, in the conversation)."""
+        wanted = set(message_ids)
+        async with self._inbox_lock:
+            for message in [m for m in self._inbox if m.message_id in wanted]:
+                if self._recorder is not None:
+                    await self._recorder.message_receipt("consumed", message.message_id)
+                self._inbox.remove(message)
+            if not any(m.mode == "interrupt" for m in self._inbox):
+                self.interrupted.clear()
+            if not self._inbox:
+                self._arrived.clear()
+
+    async def messages(self) -> "list[SteeringMessage]":
+        """The parent's messages that have arrived and not been taken in, taken in now
+        (`consume`); [] when there are none. Call it at a step boundary."""
+        taken = list(self._inbox)
+        await self.consume(m.message_id for m in taken)
+        return taken
+
+    async def next_message(self, timeout: float | None = None) -> "SteeringMessage | None":
+        """The parent's next message, taken in: at once when one is waiting, else when one
+        arrives; None after `timeout` seconds without one. `RunCancelled` when the run is
+        cancelled meanwhile."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not self._inbox:
+                    arrived, _ = await first_of(self._arrived.wait(), self)
+                    if not arrived:
+                        raise RunCancelled(f"run {self.run_id} was cancelled")
+        except TimeoutError:
+            return None
+        message = self._inbox[0]
+        await self.consume([message.message_id])
+        return message
+
+    async def interruptible(self, work: Awaitable[Any]) -> tuple[bool, Any]:
+        """(True, result) when `work` ends first; (False, None) when an `interrupt`
+        message arrives first (`work` is cancelled: take the message in with
+        `messages()` and go on with it). `RunCancelled` when the run is cancelled first."""
+        done, result = await unless_set(work, self.interrupted, self.cancelled)
+        if not done and self.cancelled.is_set():
+            raise RunCancelled(f"run {self.run_id} was cancelled")
+        return done, result
 
     @property
     def client(self) -> Any:

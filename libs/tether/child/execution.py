@@ -113,6 +113,10 @@ class Execution:
         # vanished elsewhere (nothing to record), a newer attempt took over, a shutdown.
         self._stop_reason: attempts.StopReason | None = None
         self._cancel_detail: str | None = None
+        # Handing steering messages to the child (`look_for_messages`): the task doing it,
+        # and whether another look was asked for meanwhile (or before the child's context).
+        self._looking: asyncio.Task[None] | None = None
+        self._look_again = False
         self.finished = asyncio.Event()
 
     def holds(self, msg: Msg) -> bool:
@@ -133,6 +137,35 @@ class Execution:
         would only hide it.
         """
         self._stop("give-up" if detail == GIVE_UP else "cancel", detail)
+
+    def look_for_messages(self, state: RunState | None = None) -> None:
+        """The run has a steering message for its child (its signal came, or `state`, a
+        heartbeat's read, holds one the child has not had): hand what the child has not
+        had to its context, from `state` or a read of the log. Asked for before the
+        child's context exists, it is done once it does."""
+        if self.finished.is_set():
+            return
+        if self._ctx is None or (self._looking is not None and not self._looking.done()):
+            self._look_again = True
+            return
+        self._looking = asyncio.ensure_future(self._hand_messages(state))
+
+    async def _hand_messages(self, state: RunState | None) -> None:
+        assert self._ctx is not None
+        try:
+            while True:
+                self._look_again = False
+                if state is None:
+                    state = (await self._env.log.read_run(self.parent, self.run_id)).state
+                if state is not None and state.incarnation == self._incarnation:
+                    await self._ctx.offer(state.waiting_messages)
+                if not self._look_again:
+                    return
+                state = None
+        except RunSuperseded:
+            return  # the attempt lost the run: it is being stopped (`_moved_on`)
+        except Exception as error:  # noqa: BLE001 - the next heartbeat looks again
+            get_logger(run_id=self.run_id).warning("run.messages_not_handed", error=repr(error))
 
     @property
     def child_status(self) -> str:
@@ -271,6 +304,8 @@ class Execution:
             run_id=self.run_id, parent=self.parent, agent_type=state.agent_type,
             attempt=self.attempt, recorder=recorder, history=state,
             client_factory=env.parent_client, stop_reason=lambda: self._stop_reason)
+        if self._look_again:  # a message's signal came while we prepared
+            self.look_for_messages()
         # Stopped while we prepared: do not start a child only to stop it.
         if (verdict := attempts.stopped_before_start(self._stop_reason,
                                                      self._cancel_detail)) is not None:
@@ -296,6 +331,8 @@ class Execution:
             first_beat.cancel()
             if self._beating is not None:
                 self._beating.cancel()
+            if self._looking is not None:
+                self._looking.cancel()
             if self._hard_cancel is not None:
                 self._hard_cancel.cancel()
             if not self._child.done():  # this handler itself was cancelled
@@ -316,6 +353,8 @@ class Execution:
         # First step, which a pause can delay: start only on a sure hold or a current attempt.
         ctx.started_at = SYSTEM_CLOCK.now()
         await self._ensure_current()
+        if ctx.history is not None and ctx.history.waiting_messages:
+            await ctx.offer(ctx.history.waiting_messages)  # sent before this attempt began
         agent = self._agent_cls()
         returned = await agent.run(ctx, payload)
         if self._stop_reason != "give-up":
@@ -379,6 +418,9 @@ class Execution:
             self._moved_on(state, standing)
         elif state is not None and state.cancel_requested_at is not None:
             self.cancel(state.cancel_reason)
+        elif state is not None and self._ctx is not None and any(
+                m.message_id not in self._ctx.offered for m in state.waiting_messages):
+            self.look_for_messages(state)  # its signal did not come
 
     # --- the hold on the item, and the attempt's standing --------------------------------
 

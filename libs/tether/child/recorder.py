@@ -259,6 +259,22 @@ class RunRecorder:
             raise RunSuperseded(f"attempt {state.attempt} took over the run")
         # Same attempt and the index is there: our own append, acknowledged late.
 
+    # --- steering messages --------------------------------------------------------------
+
+    async def message_receipt(self, kind: str, message_id: str) -> RunState | None:
+        """`run.message_delivered` or `run.message_consumed` ("delivered", "consumed") of a
+        steering message, once, while this attempt holds the run; the run after it."""
+        def decision(current: RunState | None) -> list[Event]:
+            if current is None:
+                return []
+            receipt = decide.message_receipt_event(current, kind, message_id, self._attempt,
+                                                   SYSTEM_CLOCK.now(), self._causation_id)
+            return decide.message_receipt(current, receipt, attempt=self._attempt,
+                                          incarnation=self._incarnation)
+
+        state, _ = await self._update(decision)
+        return state
+
     # --- output -----------------------------------------------------------------------
 
     async def output(self, text: str) -> None:

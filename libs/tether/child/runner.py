@@ -48,6 +48,7 @@ from tether.contract.messages import (
     ChildInspectReply,
     ChildInspectRequest,
     ChildRecord,
+    MessageSignal,
     RunnerVersion,
     WorkItem,
     read_work_item,
@@ -194,6 +195,10 @@ class ChildRunner:
             self._control.subscriber(subjects.cancel_signal(agent_type), no_reply=True,
                                      title=f"{subjects.cancel_signal(agent_type)}:cancel",
                                      description="Stop this run's child now")(self._on_cancel)
+            self._control.subscriber(subjects.message_signal(agent_type), no_reply=True,
+                                     title=f"{subjects.message_signal(agent_type)}:message",
+                                     description="Hand this run's steering messages to its "
+                                                 "child")(self._on_message)
             self._control.subscriber(subjects.inspect_child(agent_type),
                                      title=f"{subjects.inspect_child(agent_type)}:inspect",
                                      description="The child's record, if this runner holds "
@@ -422,6 +427,12 @@ class ChildRunner:
             replying = asyncio.create_task(self._reply_when_stopped(executions, message))
             self._handlers.add(replying)
             replying.add_done_callback(self._handlers.discard)
+
+    async def _on_message(self, signal: MessageSignal) -> None:
+        """Only the runner holding the run hands its messages over (`Execution.look_for_messages`)."""
+        for execution in self._active.get(
+                (signal.parent.agent, signal.parent.name, signal.run_id), ()):
+            execution.look_for_messages()
 
     async def _reply_when_stopped(self, executions: list[Execution],
                                   message: NatsMessage) -> None:

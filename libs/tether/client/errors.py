@@ -29,3 +29,13 @@ class NotPermitted(TetherError):
 
 class InputTooLarge(TetherError, ValueError):
     """A run's input is over the size limit; nothing was sent."""
+
+
+class MessageRefused(TetherError):
+    """The parent did not record a steering message: the run takes none (it ended, is
+    being cancelled, or is not there), or the message waited past its expiry. `code`
+    says which (`not-running`, `no-such-run`, `expired`)."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code

@@ -5,7 +5,7 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import suppress
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
@@ -14,9 +14,12 @@ from tether import tracing
 from tether.client.awaiting import Answer
 from tether.client.chat import follow_chat
 from tether.client.child_tool import AgentTool, agent_tool
+from tether.client.errors import MessageRefused
+from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
 from tether.client.placing import RunRequest, Unserved, WaitingReport
 from tether.client.timeline import RunView, TimelineView, follow_timeline
+from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import (
     AgentToolFailure,
     AgentToolSuccess,
@@ -36,12 +39,41 @@ from tether.domain.commands import (
     InspectQuery,
     ListQuery,
     RunCommand,
+    SendCommand,
 )
-from tether.domain.events import DetachedOptions, ParentRef, RunRef
+from tether.domain.events import DetachedOptions, ParentRef, RunRef, RunRejected
+from tether.domain.fold import evolve
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
+# How long `send` waits for a parent service to record the message.
+SEND_TIMEOUT_S = 30.0
+
+
+class MessageReceipt(BaseModel):
+    """A steering message the parent recorded in the run's log (`ParentHandle.send`)."""
+
+    run_id: str
+    message_id: str
+    mode: str
+
+
+async def _message_recorded(sink: "asyncio.Queue[FeedMessage]", run_id: str,
+                            message_id: str, command_seq: int) -> MessageReceipt:
+    """Fold the run's events until the message is in them (`MessageReceipt`), or the
+    parent refused this command on the run's subject (`MessageRefused`)."""
+    state = None
+    while True:
+        try:
+            event = decode_event((await sink.get()).data)
+        except EventDecodeError:
+            continue  # not an event this client reads: not the answer
+        if isinstance(event, RunRejected) and event.causation_id == f"cmd:{command_seq}":
+            raise MessageRefused(event.data.error, event.data.code)
+        state = evolve(state, event).state
+        if state is not None and (message := state.message(message_id)) is not None:
+            return MessageReceipt(run_id=run_id, message_id=message_id, mode=message.mode)
 
 def parent_handle(tether: Link, agent: str, name: str) -> "ParentHandle":
     """The parent agent instance (`agent` class, `name` instance) runs are made for."""
@@ -205,6 +237,52 @@ class ParentHandle:
                                   human_input=human_input, expires_in_ms=expires_in_ms(expires_in))
         await self.tether.publish_command("continue", command,
                                           f"continue:{run_id}:{uuid.uuid4().hex}")
+
+    async def send(self, run_id: str, text: str | None = None, *, data: Any = None,
+                   mode: Literal["queue", "interrupt"] = "queue",
+                   message_id: str | None = None, below: Iterable[str] = (),
+                   expires_in: float | None = None,
+                   timeout: float = SEND_TIMEOUT_S) -> MessageReceipt:
+        """Send a message to a running run of this parent (steering): `text`, `data` or
+        both. The parent records it in the run's log, once per `message_id` (default: a
+        new one; send again with the same id and it is recorded once), and the child
+        gets it at its next step boundary (a model child: before its next model call, as
+        a user message; any child: `ctx.messages()`, `ctx.next_message()`). `interrupt`
+        stops the child's current model or tool call first. Returns once the message is
+        in the run's log; its receipts (delivered, consumed) follow there (`inspect`,
+        the timeline). `MessageRefused` when the run takes no message (it ended, is being
+        cancelled, is not there); `TimeoutError` when no parent service took it within
+        `timeout` seconds (it waits in the commands stream and is applied when one
+        does, unless `expires_in` seconds ran out first). `below`: the run ids down the
+        run's tree to the one the message is for (a timeline's `waiting_path`)."""
+        check_identifier(run_id, "run id")
+        message_id = check_identifier(message_id or uuid.uuid4().hex, "message id")
+        command = SendCommand(run_id=run_id, parent=self.ref, below=list(below),
+                              message_id=message_id, text=text, data=data, mode=mode,
+                              expires_in_ms=expires_in_ms(expires_in))
+        parent, target = self.ref, run_id
+        for next_id in command.below:  # where the parent records it: down the tree
+            above = (await self.tether.read_run(parent, target)).state
+            if above is None:
+                raise MessageRefused(f"no run {target!r} of {parent.agent}/{parent.name}",
+                                     "no-such-run")
+            parent, target = above.as_parent(), next_id
+        subjects = self.tether.subjects
+        async with asyncio.timeout(timeout) as deadline:
+            try:
+                async with open_feed(self.tether, subjects.events_stream,
+                                     subjects.run_events(parent, target)) as feed:
+                    ack = await self.tether.publish_command(
+                        "send", command,
+                        f"send:{self.ref.agent}.{self.ref.name}:{run_id}:{message_id}")
+                    return await _message_recorded(feed.sink, target, message_id, ack.seq)
+            except TimeoutError:
+                if deadline.expired():
+                    raise TimeoutError(
+                        f"no parent service recorded message {message_id!r} for run "
+                        f"{target!r} within {timeout}s: it waits in the commands stream and "
+                        "is applied when one runs") from None
+                raise
 
     async def continue_waiting(self, view: "RunView", **answers: Any) -> None:
         """Answer the run a timeline shows waiting: the run itself when it is paused, or

@@ -82,6 +82,15 @@ class CancelSignal(Model):
     reason: str | None = None
 
 
+class MessageSignal(Model):
+    """Core NATS `<prefix>.ctl.message.<agent_type>`: this run has a steering message for
+    its child. Only a nudge; the durable fact is the `run.message_sent` event, which the
+    runner holding the run also looks for when it starts the child and as it heartbeats."""
+
+    run_id: Identifier
+    parent: ParentRef
+
+
 class ProgressSignal(Model):
     """`<prefix>.progress.<parent_agent>.<parent_name>.<run_id>` (the stream keeps the last)."""
 

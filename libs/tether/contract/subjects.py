@@ -119,6 +119,11 @@ class Subjects:
     def cancel_signal(self, agent_type: str) -> str:
         return f"{self.prefix}.ctl.cancel.{check_identifier(agent_type, 'agent type')}"
 
+    def message_signal(self, agent_type: str) -> str:
+        """Core: the runner holding the run has a steering message to hand its child
+        (`MessageSignal`)."""
+        return f"{self.prefix}.ctl.message.{check_identifier(agent_type, 'agent type')}"
+
     def runner_versions(self, agent_type: str) -> str:
         """Core request to the runners of an agent type: which version of its code do you
         run? (`RunnerVersion`; every runner answers.)"""

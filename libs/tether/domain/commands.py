@@ -19,7 +19,14 @@ from pydantic import (
     model_validator,
 )
 
-from tether.domain.events import DetachedOptions, EpochMs, ParentRef, RunRef, RunStatus
+from tether.domain.events import (
+    DetachedOptions,
+    EpochMs,
+    ParentRef,
+    RunRef,
+    RunStatus,
+    SteeringMode,
+)
 from tether.domain.ids import Identifier
 
 
@@ -113,6 +120,35 @@ class ContinueCommand(Model):
     tool_outputs: dict[str, Any] = Field(default_factory=dict)
     human_input: str | None = None
     expires_in_ms: ExpiresIn = None
+
+
+# The longest steering message's text (characters); its data counts toward the
+# command's size, which the parent's `TETHER_MAX_INPUT_BYTES` bounds.
+MAX_STEERING_TEXT = 100_000
+
+
+class SendCommand(Model):
+    """A message to a running run (steering): the parent records it in the run's log
+    (`run.message_sent`, once per `message_id`) and the runner holding the run hands it
+    to the child at its next step boundary; `interrupt` stops the child's current model
+    or tool call first. `text`, `data` or both. `below`, as for `continue`: the run ids
+    down the tree from `run_id` to the run the message is for."""
+
+    type: Literal["send"] = "send"
+    run_id: Identifier
+    parent: ParentRef
+    below: Annotated[list[Identifier], Field(max_length=16)] = Field(default_factory=list)
+    message_id: Identifier
+    text: str | None = Field(default=None, min_length=1, max_length=MAX_STEERING_TEXT)
+    data: Any = None
+    mode: SteeringMode = "queue"
+    expires_in_ms: ExpiresIn = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> "SendCommand":
+        if self.text is None and self.data is None:
+            raise ValueError("a message has text, data or both")
+        return self
 
 
 class MessageCommand(Model):
@@ -271,12 +307,12 @@ class ChatNextQuery(Model):
 
 Command = Annotated[
     RunCommand | CancelCommand | ClearCommand | ContinueCommand | DeliveredCommand
-    | MessageCommand | InspectQuery | ListQuery | HasRunQuery | HistoryQuery | ServeHookQuery
+    | MessageCommand | SendCommand | InspectQuery | ListQuery | HasRunQuery | HistoryQuery | ServeHookQuery
     | ChatNextQuery,
     Field(discriminator="type"),
 ]
 COMMAND_CLASSES = (RunCommand, CancelCommand, ClearCommand, ContinueCommand,
-                   DeliveredCommand, MessageCommand, InspectQuery, ListQuery, HasRunQuery,
+                   DeliveredCommand, MessageCommand, SendCommand, InspectQuery, ListQuery, HasRunQuery,
                    HistoryQuery, ServeHookQuery, ChatNextQuery)
 COMMAND_ADAPTER: TypeAdapter[Command] = TypeAdapter(Command)
 COMMAND_TYPES: frozenset[str] = frozenset(cls.model_fields["type"].default for cls in COMMAND_CLASSES)

@@ -10,7 +10,7 @@ itself. Time and ids come in as arguments.
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand
+from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand, SendCommand
 from tether.domain.events import (
     Event,
     InterruptedReason,
@@ -25,6 +25,11 @@ from tether.domain.events import (
     RunFinishDeliveredData,
     RunInterrupted,
     RunInterruptedData,
+    RunMessageConsumed,
+    RunMessageDelivered,
+    RunMessageReceiptData,
+    RunMessageSent,
+    RunMessageSentData,
     RunReattachDecided,
     RunReattachDecidedData,
     RunReattachStarted,
@@ -190,6 +195,57 @@ def resume(state: RunState | None, command: ContinueCommand, cause: Cause) -> li
                                             "human_input"})
     return [RunResumed(**_envelope(state.run_id, state.parent, cause, "resumed"),
                        data=RunResumedData(pause_id=state.paused.pause_id, decisions=decisions))]
+
+
+def send_message(state: RunState | None, command: SendCommand, cause: Cause) -> list[Event]:
+    """A steering message for an open run (starting, running, or paused: it waits for the
+    child's next step), once per message id. Its event id names the run's life and the
+    message, so the same message sent again is the same event."""
+    if (state is None or not state.is_open or state.cancel_requested_at is not None
+            or state.message(command.message_id) is not None):
+        return []
+    envelope = _envelope(state.run_id, state.parent, cause, "message_sent")
+    envelope["event_id"] = state.event_id("message", command.message_id)
+    return [RunMessageSent(**envelope, data=RunMessageSentData(
+        message_id=command.message_id, mode=command.mode, text=command.text,
+        data=command.data))]
+
+
+def why_not_sent(state: RunState | None, run_id: str) -> str:
+    """What a sender is told when `send_message` takes nothing (the message is not
+    already there)."""
+    if state is None:
+        return f"no run {run_id!r}"
+    if state.cancel_requested_at is not None and state.is_open:
+        return f"run {run_id!r} is being cancelled: it takes no messages"
+    return (f"run {run_id!r} is {state.status}: a message goes to a starting or running run "
+            "(a finished one takes a follow-up turn instead)")
+
+
+def message_receipt(state: RunState | None, receipt: Event, *, attempt: int,
+                    incarnation: str) -> list[Event]:
+    """`run.message_delivered` or `run.message_consumed` for a message of the run, once,
+    while this attempt is the run's current one in the life `incarnation`."""
+    if (state is None or state.incarnation != incarnation or state.attempt != attempt
+            or state.is_hard_terminal):
+        return []
+    assert isinstance(receipt, (RunMessageDelivered, RunMessageConsumed))
+    message = state.message(receipt.data.message_id)
+    if message is None or message.consumed_at is not None or (
+            isinstance(receipt, RunMessageDelivered) and message.delivered_at is not None):
+        return []
+    return [receipt]
+
+
+def message_receipt_event(state: RunState, kind: str, message_id: str, attempt: int,
+                          now: int, causation_id: str | None = None) -> Event:
+    """The receipt `kind` ("delivered" or "consumed") of a message, its id from the run's
+    life and the message (one of each per message)."""
+    cls = RunMessageDelivered if kind == "delivered" else RunMessageConsumed
+    return cls(event_id=state.event_id("message", kind, message_id), run_id=state.run_id,
+               parent=state.parent, occurred_at=now, correlation_id=state.run_id,
+               causation_id=causation_id,
+               data=RunMessageReceiptData(message_id=message_id, attempt=attempt))
 
 
 def record_delivery(state: RunState | None, command: DeliveredCommand,

@@ -221,6 +221,31 @@ class RunResumedData(Record, frozen=True, kw_only=True):
     decisions: dict[str, Any] = field(default_factory=dict)
 
 
+SteeringMode = Literal["queue", "interrupt"]
+
+
+class RunMessageSentData(Record, frozen=True, kw_only=True):
+    """A parent's message to its running child (steering): given to the child at its next
+    step boundary; with `interrupt`, the child's current model or tool call is stopped
+    first (cooperatively) and the child goes on with the message. `text`, `data` or both."""
+
+    message_id: Identifier
+    mode: SteeringMode = "queue"
+    text: str | None = None
+    data: Any = None
+
+    def __post_init__(self) -> None:
+        check_identifier(self.message_id, "message id")
+
+
+class RunMessageReceiptData(Record, frozen=True, kw_only=True):
+    """A steering message reached the child (`run.message_delivered`: the runner holding
+    the run handed it over) or was taken in (`run.message_consumed`), in `attempt`."""
+
+    message_id: Identifier
+    attempt: Count
+
+
 class RunCancelRequestedData(Record, frozen=True, kw_only=True):
     reason: str | None = None
 
@@ -349,6 +374,21 @@ class RunResumed(EventEnvelope, frozen=True, kw_only=True, tag="run.resumed"):
     data: RunResumedData
 
 
+class RunMessageSent(EventEnvelope, frozen=True, kw_only=True, tag="run.message_sent"):
+    schema_version: Literal[1] = 1
+    data: RunMessageSentData
+
+
+class RunMessageDelivered(EventEnvelope, frozen=True, kw_only=True, tag="run.message_delivered"):
+    schema_version: Literal[1] = 1
+    data: RunMessageReceiptData
+
+
+class RunMessageConsumed(EventEnvelope, frozen=True, kw_only=True, tag="run.message_consumed"):
+    schema_version: Literal[1] = 1
+    data: RunMessageReceiptData
+
+
 class RunCancelRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.cancel_requested"):
     schema_version: Literal[1] = 1
     data: RunCancelRequestedData
@@ -410,6 +450,9 @@ EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
     RunStepRecorded,
     RunPaused,
     RunResumed,
+    RunMessageSent,
+    RunMessageDelivered,
+    RunMessageConsumed,
     RunCancelRequested,
     RunCompleted,
     RunFailed,
@@ -426,7 +469,8 @@ for _cls in EVENT_CLASSES:
     _cls.type = str(_cls.__struct_config__.tag)
 
 Event = (RunRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
-         | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunCancelRequested
+         | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunMessageSent
+         | RunMessageDelivered | RunMessageConsumed | RunCancelRequested
          | RunCompleted | RunFailed | RunAborted | RunInterrupted | RunFinishDelivered
          | RunNotified | RunReattachStarted | RunReattachDecided | RunCleared)
 

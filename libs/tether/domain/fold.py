@@ -28,6 +28,9 @@ from tether.domain.events import (
     RunFailed,
     RunFinishDelivered,
     RunInterrupted,
+    RunMessageConsumed,
+    RunMessageDelivered,
+    RunMessageSent,
     RunMilestone,
     RunNotified,
     RunOutput,
@@ -50,6 +53,7 @@ from tether.domain.run_state import (
     ReattachDecision,
     Resumption,
     RunState,
+    SteeringMessage,
     finish_key,
 )
 
@@ -232,6 +236,38 @@ def _resumed(state: RunState, event: RunResumed, logged_at: int) -> Evolved:
                     **_with_signal(state, logged_at))
 
 
+def _message_sent(state: RunState, event: RunMessageSent, logged_at: int) -> Evolved:
+    data = event.data
+    if state.message(data.message_id) is not None:
+        return _ignored(state, f"duplicate: message {data.message_id} was already sent")
+    if state.is_hard_terminal:
+        return _ignored(state, f"a {state.status} run takes no messages")
+    message = SteeringMessage(message_id=data.message_id, mode=data.mode, text=data.text,
+                              data=data.data, sent_at=event.occurred_at)
+    return _applied(state, messages=(*state.messages, message))
+
+
+def _message_receipt(state: RunState, event: RunMessageDelivered | RunMessageConsumed,
+                     logged_at: int) -> Evolved:
+    message_id = event.data.message_id
+    message = state.message(message_id)
+    if message is None:
+        return _ignored(state, f"no message {message_id} was sent to the run")
+    at = event.occurred_at
+    if isinstance(event, RunMessageDelivered):
+        if message.delivered_at is not None:
+            return _ignored(state, f"duplicate: message {message_id} was already delivered")
+        changed = _replace(message, delivered_at=at)
+    else:
+        if message.consumed_at is not None:
+            return _ignored(state, f"duplicate: message {message_id} was already consumed")
+        changed = _replace(message, consumed_at=at,
+                           delivered_at=at if message.delivered_at is None
+                           else message.delivered_at)
+    return _applied(state, messages=tuple(changed if m.message_id == message_id else m
+                                          for m in state.messages))
+
+
 def _cancel_requested(state: RunState, event: RunCancelRequested, logged_at: int) -> Evolved:
     if state.cancel_requested_at is not None:
         return _ignored(state, "duplicate: cancellation already requested")
@@ -337,6 +373,9 @@ _TRANSITIONS: dict[str, Callable[[RunState, Any, int], Evolved]] = {
     "run.step_recorded": _step_recorded,
     "run.paused": _paused,
     "run.resumed": _resumed,
+    "run.message_sent": _message_sent,
+    "run.message_delivered": _message_receipt,
+    "run.message_consumed": _message_receipt,
     "run.cancel_requested": _cancel_requested,
     "run.completed": _finished,
     "run.failed": _finished,

@@ -61,6 +61,19 @@ class Resumption(Record, frozen=True, kw_only=True):
     at: int
 
 
+class SteeringMessage(Record, frozen=True, kw_only=True):
+    """A parent's message to the running child (`run.message_sent`) and its receipts:
+    when the runner handed it to the child, and when the child took it in."""
+
+    message_id: str
+    mode: str
+    text: str | None = None
+    data: Any = None
+    sent_at: int
+    delivered_at: int | None = None
+    consumed_at: int | None = None
+
+
 class DeliveryLedger(Record, frozen=True, kw_only=True):
     """What has been delivered for a run, keyed so a second delivery is recognisable.
 
@@ -129,6 +142,8 @@ class RunState(Record, frozen=True, kw_only=True):
     # so that one of them seen again later is still recognised as a duplicate.
     keyless_event_ids: tuple[str, ...] = ()
     events_applied: int = 1
+    # The parent's steering messages, in the order they were sent.
+    messages: tuple[SteeringMessage, ...] = ()
 
     @property
     def is_hard_terminal(self) -> bool:
@@ -147,6 +162,14 @@ class RunState(Record, frozen=True, kw_only=True):
         cancelled, does not resume: its runner stops it, and a re-dispatched work item
         would be aborted on pickup."""
         return self.status == "interrupted" and self.cancel_requested_at is None
+
+    @property
+    def waiting_messages(self) -> tuple[SteeringMessage, ...]:
+        """The steering messages the child has not taken in yet, in the order sent."""
+        return tuple(m for m in self.messages if m.consumed_at is None)
+
+    def message(self, message_id: str) -> SteeringMessage | None:
+        return next((m for m in self.messages if m.message_id == message_id), None)
 
     @property
     def next_milestone_sequence(self) -> int:

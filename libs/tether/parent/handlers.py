@@ -23,6 +23,7 @@ from tether.contract.messages import (
     RUN_SEQUENCE_HEADER,
     CancelSignal,
     ChatMessage,
+    MessageSignal,
     WorkItem,
     work_item_json,
 )
@@ -35,6 +36,7 @@ from tether.domain.commands import (
     DeliveredCommand,
     MessageCommand,
     RunCommand,
+    SendCommand,
     parse_command,
 )
 from tether.domain.decide import delivery_entry_of_report, record_delivery_of_this_life
@@ -283,16 +285,24 @@ class CommandHandlers:
         if self._deliverer is not None:
             await self._deliverer.deliver_after(state, appended)
 
+    async def _down(self, parent: ParentRef, run_id: str,
+                    below: list[str]) -> tuple[ParentRef, str] | None:
+        """The run `below` leads to from `run_id` of `parent`, down its tree (each run the
+        parent of the next); None when a run on the way is not there."""
+        for next_id in below:
+            above = (await self._log.read_run(parent, run_id)).state
+            if above is None:
+                return None
+            parent, run_id = above.as_parent(), next_id
+        return parent, run_id
+
     async def continue_run(self, payload: Payload, seq: int) -> str:
         """Answers to a paused run resume it in whichever runner picks the work up."""
         command = self._parse(ContinueCommand, "continue", payload)
         cause = decide.Cause(command_seq=seq, now=self._clock.now())
-        parent, run_id = command.parent, command.run_id
-        for below in command.below:  # down the tree, each run the parent of the next
-            above = (await self._log.read_run(parent, run_id)).state
-            if above is None:
-                return "no such run"
-            parent, run_id = above.as_parent(), below
+        if (target := await self._down(command.parent, command.run_id, command.below)) is None:
+            return "no such run"
+        parent, run_id = target
         state, appended = await self._log.recent.update(parent, run_id,
                                                  lambda s: decide.resume(s, command, cause))
         if appended and state is not None:
@@ -307,6 +317,40 @@ class CommandHandlers:
                f"(it is {state.status}{', not paused' if state.is_open else ''})")
         await self._reject(run_id, parent, state.agent_type, "not-paused", why, cause)
         return "not paused"
+
+    async def send(self, payload: Payload, seq: int, *, overdue: int | None = None) -> str:
+        """A steering message: recorded in the run's log once per message id, then the
+        runner holding the run is nudged to hand it to the child. A run that takes no
+        message (ended, being cancelled, not there) refuses it on its subject, saying
+        why, where the sender awaits the answer; so does a message past its expiry."""
+        command = self._parse(SendCommand, "send", payload)
+        cause = decide.Cause(command_seq=seq, now=self._clock.now())
+        if (target := await self._down(command.parent, command.run_id, command.below)) is None:
+            await self._reject(command.run_id, command.parent, None, "no-such-run",
+                               f"no run {command.run_id!r} with runs {command.below} below it",
+                               cause)
+            return "no such run"
+        parent, run_id = target
+        if overdue is not None:
+            assert command.expires_in_ms is not None
+            waited_s = (command.expires_in_ms + overdue) / 1000
+            await self._reject(run_id, parent, None, "expired",
+                               f"the message waited {waited_s:.1f}s for a parent service, "
+                               f"longer than its expires_in_ms ({command.expires_in_ms}): "
+                               "not applied", cause)
+            return "expired"
+        state, appended = await self._log.recent.update(
+            parent, run_id, lambda s: decide.send_message(s, command, cause))
+        if appended and state is not None:
+            signal = MessageSignal(run_id=run_id, parent=parent)
+            await self._log.notify(self._subjects.message_signal(state.agent_type),
+                                   signal.model_dump_json().encode())
+            return "sent"
+        if state is not None and state.message(command.message_id) is not None:
+            return "already sent"
+        await self._reject(run_id, parent, state.agent_type if state else None, "not-running",
+                           decide.why_not_sent(state, run_id), cause)
+        return "refused"
 
     async def message(self, payload: Payload) -> str:
         """A user message goes on the conversation's chat subject, once per message id."""

@@ -19,6 +19,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from tether import tracing
+from tether.access import COMMAND_KINDS
 from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.event_log import EventLog
 from tether.adapters.pull import delivery_of, durable_pull
@@ -29,7 +30,6 @@ from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.handlers import CommandHandlers, Payload, UnparseableCommand
 from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
 
-COMMAND_KINDS = ("run", "cancel", "clear", "continue", "delivered", "message")
 MAX_COMMAND_DELIVERIES = 10
 CLOCK_SAMPLE_WAIT_S = 5.0
 
@@ -146,7 +146,7 @@ class ParentService:
             _check_subject_parent(msg.subject, payload)
             assert self._clock is not None
             overdue = overdue_ms(payload, stored_at, self._clock.now())
-            if overdue is not None and kind != "run":
+            if overdue is not None and kind not in ("run", "send"):
                 log.warning("command.expired", kind=kind, overdue_ms=overdue,
                             run_id=payload.get("run_id") if isinstance(payload, dict) else None)
                 self.handled += 1
@@ -191,6 +191,9 @@ class ParentService:
         elif kind == "message":
             result = await self._handlers.message(payload)
             log.info("command.message", result=result)
+        elif kind == "send":
+            result = await self._handlers.send(payload, seq, overdue=overdue)
+            log.info("command.send", result=result)
         else:
             cleared = await self._handlers.clear(payload, seq)
             log.info("command.clear", cleared=len(cleared))

@@ -1,0 +1,195 @@
+"""Steering a running child, over real NATS and Postgres: a parent's message is recorded
+once per id, handed to the child at its next step boundary with receipts in the run's
+log, taken in once across a runner that stops mid-run, refused by a run that takes no
+message; an `interrupt` stops a model child's tool call and model call in flight, and the
+model goes on with the message."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from eventually import eventually
+from pydantic import BaseModel
+from runner_stack import Stack
+
+from tether import ChildAgent, RunContext
+from tether.agents import AgentDefinition, ModelAgent, ToolContext, tool
+from tether.agents.model_messages import Message, ModelRequest, ModelResponse, ToolCall
+from tether.client import connect
+from tether.client.errors import MessageRefused
+
+DEADLINE_S = 30
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.tool_started = asyncio.Event()
+        self.tool_stopped = False
+        self.model_asked = asyncio.Event()
+        self.requests: list[ModelRequest] = []
+
+
+CALLS = Calls()
+
+
+class Nothing(BaseModel):
+    pass
+
+
+class Listener(ChildAgent):
+    """Takes the parent's first message in and keeps it in a step; waits for the test's
+    gate; then takes the next message in and answers with both."""
+
+    input_model = Nothing
+
+    async def run(self, ctx: RunContext, input: Nothing) -> str:
+        steps = ctx.history.steps if ctx.history is not None else {}
+        if 0 in steps:
+            first = steps[0]["text"]
+        else:
+            message = await ctx.next_message()
+            first = message.text
+            await ctx.record_step(0, {"text": first})
+        await ctx.report_progress(milestone="heard", message=f"heard {first}")
+        await CALLS.gate.wait()
+        second = await ctx.next_message()
+        return f"{first} + {second.text}"
+
+
+@tool
+async def wait_for_data(ctx: ToolContext, input: Nothing) -> str:
+    """Waits for the data to arrive."""
+    CALLS.tool_started.set()
+    try:
+        await asyncio.Event().wait()  # it never arrives: only an interrupt stops it
+    except asyncio.CancelledError:
+        CALLS.tool_stopped = True
+        raise
+    return "never"
+
+
+class Waiting:
+    """A model that first calls `wait_for_data` (or, `hang`, never answers its first
+    request), then answers with the last user message it was given."""
+
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+
+    async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelResponse:
+        CALLS.requests.append(request)
+        if len(CALLS.requests) == 1:
+            CALLS.model_asked.set()
+            if self.hang:
+                await asyncio.Event().wait()
+            return ModelResponse(message=Message.assistant("", (ToolCall(
+                id="call-1", name="wait_for_data", input={}),)))
+        last = [m.content for m in request.messages if m.role == "user"][-1]
+        return ModelResponse(message=Message.assistant(f"went on with: {last}"))
+
+
+class Patient(ModelAgent):
+    definition = AgentDefinition(id="patient", model="m", max_steps=4, tools=(wait_for_data,))
+    model_client = Waiting()
+
+
+class Hanging(ModelAgent):
+    definition = AgentDefinition(id="hanging", model="m", max_steps=4, tools=(wait_for_data,))
+    model_client = Waiting(hang=True)
+
+
+@pytest.fixture
+async def stack(settings, log, pool) -> AsyncIterator[Stack]:
+    global CALLS
+    CALLS = Calls()
+    async with connect(settings=settings) as tether:
+        started = Stack(settings, log, pool, tether, [Listener, Patient, Hanging])
+        await started.start_parent()
+        try:
+            yield started
+        finally:
+            CALLS.gate.set()
+            await started.close()
+
+
+async def events_of(stack: Stack, run_id: str, kind: str) -> list:
+    history = await stack.tether.read_run(stack.parent.ref, run_id)
+    return [event for event in history.events if event.type == kind]
+
+
+async def test_a_message_is_taken_in_once_across_a_runner_that_stops_mid_run(stack):
+    first = await stack.start_runner()
+    call = asyncio.create_task(stack.parent.run_agent_tool("Listener", {}, run_id="steered"))
+    receipt = await stack.parent.send("steered", "focus on QUIC", message_id="m1")
+    assert (receipt.run_id, receipt.message_id, receipt.mode) == ("steered", "m1", "queue")
+    # Sent again (a retry of the same send): recorded once.
+    await stack.parent.send("steered", "focus on QUIC", message_id="m1")
+
+    async def heard():
+        state = await stack.state("steered")
+        return state.milestones and state
+
+    state = await eventually(heard, timeout=DEADLINE_S)
+    assert state.messages[0].consumed_at is not None
+    await stack.stop_runner(first)  # gives the run back mid-run
+    # Sent while no runner holds the run: the next attempt is handed it.
+    await stack.parent.send("steered", "then gRPC", message_id="m2")
+    await stack.start_runner()
+    CALLS.gate.set()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "focus on QUIC + then gRPC", result
+
+    state = await stack.state("steered")
+    assert state.attempt == 2 and state.waiting_messages == ()
+    assert [m.message_id for m in state.messages] == ["m1", "m2"]
+    assert len(await events_of(stack, "steered", "run.message_sent")) == 2
+    consumed = await events_of(stack, "steered", "run.message_consumed")
+    assert [(e.data.message_id, e.data.attempt) for e in consumed] == [("m1", 1), ("m2", 2)]
+    delivered = await events_of(stack, "steered", "run.message_delivered")
+    assert [(e.data.message_id, e.data.attempt) for e in delivered] == [("m1", 1), ("m2", 2)]
+
+
+async def test_a_run_that_takes_no_message_refuses_it_and_says_why(stack):
+    await stack.start_runner()
+    CALLS.gate.set()
+    call = asyncio.create_task(stack.parent.run_agent_tool("Listener", {}, run_id="done"))
+    await stack.parent.send("done", "first")
+    await stack.parent.send("done", "second")
+    assert (await asyncio.wait_for(call, DEADLINE_S)).summary == "first + second"
+    with pytest.raises(MessageRefused, match="completed") as refused:
+        await stack.parent.send("done", "too late")
+    assert refused.value.code == "not-running"
+    with pytest.raises(MessageRefused, match="no run 'nobody'"):
+        await stack.parent.send("nobody", "hello?")
+
+
+async def test_an_interrupt_stops_the_tool_call_in_flight_and_the_model_goes_on(stack):
+    await stack.start_runner()
+    call = asyncio.create_task(stack.parent.run_agent_tool(
+        "Patient", {"input": "fetch the data"}, run_id="patient"))
+    await asyncio.wait_for(CALLS.tool_started.wait(), DEADLINE_S)
+    await stack.parent.send("patient", "stop waiting and answer", mode="interrupt")
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "went on with: stop waiting and answer", result
+    assert CALLS.tool_stopped
+    second = CALLS.requests[1].messages
+    answered = next(m for m in second if m.role == "tool")
+    assert answered.is_error and "interrupted" in answered.content
+    assert second[-1] == Message.user("stop waiting and answer")
+    state = await stack.state("patient")
+    assert state.messages[0].consumed_at is not None
+    assert any(step.get("steering") for step in state.steps.values())
+
+
+async def test_an_interrupt_stops_the_model_call_in_flight_and_asks_again_with_it(stack):
+    await stack.start_runner()
+    call = asyncio.create_task(stack.parent.run_agent_tool(
+        "Hanging", {"input": "think hard"}, run_id="hanging"))
+    await asyncio.wait_for(CALLS.model_asked.wait(), DEADLINE_S)
+    await stack.parent.send("hanging", "answer now", mode="interrupt")
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "went on with: answer now", result
+    assert [m.content for m in CALLS.requests[1].messages if m.role == "user"] == [
+        "think hard", "answer now"]
+    assert not CALLS.tool_started.is_set()  # the first answer never came
