@@ -16,6 +16,8 @@ _EXPORTS: dict[str, str] = {
     "ParentHandle": "tether.client",
     "AgentTool": "tether.client",
     "agent_tool": "tether.client",
+    "message_tool": "tether.client",
+    "MessageRefused": "tether.client",
     "HookRegistry": "tether.client",
     "TimelineView": "tether.client",
     "RunView": "tether.client",
@@ -40,9 +42,10 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AgentTool", "AgentToolFailure", "AgentToolSuccess", "ChatMessage", "ChildAgent",
-    "ConversationEnded", "DetachedHandle", "HookRegistry", "InputTooLarge", "LifecycleResult", "ParentHandle", "RequestFailed",
-    "RunContext", "RunInfo", "RunSnapshot", "RunView", "ServiceUnavailable", "Settings",
-    "Tether", "TetherError", "TimelineView", "agent_tool", "connect",
+    "ConversationEnded", "DetachedHandle", "HookRegistry", "InputTooLarge", "LifecycleResult",
+    "MessageRefused", "ParentHandle", "RequestFailed", "RunContext", "RunInfo", "RunSnapshot",
+    "RunView", "ServiceUnavailable", "Settings", "Tether", "TetherError", "TimelineView",
+    "agent_tool", "connect", "message_tool",
 ]
 
 if TYPE_CHECKING:
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
         AgentTool,
         HookRegistry,
         InputTooLarge,
+        MessageRefused,
         ParentHandle,
         RequestFailed,
         RunView,
@@ -61,6 +65,7 @@ if TYPE_CHECKING:
         TimelineView,
         agent_tool,
         connect,
+        message_tool,
     )
     from tether.client.conversation import ConversationEnded
     from tether.config import Settings

@@ -265,6 +265,31 @@ async def test_cancel_says_what_it_did(stack, service_env, settings):
     assert (code, out) == (0, "run quick is already completed: nothing to cancel\n")
 
 
+async def test_send_records_a_message_for_a_running_run_and_says_why_an_ended_one_refuses(
+        stack, service_env, settings):
+    async with connect(settings=settings) as tether:
+        me = tether.parent("Assistant", "sending")
+        await me.run_agent_tool("Sleeper", {"seconds": 30}, run_id="long", detached=True)
+        code, out, err = await tether_cli(service_env, "send", "Assistant/sending", "long",
+                                          "wrap up", "--data", '{"by": "noon"}',
+                                          "--interrupt", "--id", "m1")
+        assert (code, err) == (0, "")
+        assert out == ("message m1 recorded for run long (interrupt): its child takes it in "
+                       "at its next step\n")
+        state = (await tether.read_run(me.ref, "long")).state
+        (message,) = state.messages
+        assert (message.text, message.data, message.mode) == ("wrap up", {"by": "noon"},
+                                                              "interrupt")
+        await me.cancel("long")
+        await me.run_agent_tool("Researcher", {"query": "quick one"}, run_id="quick")
+    code, out, err = await tether_cli(service_env, "send", "Assistant/sending", "quick", "hi")
+    assert (code, out) == (1, "")
+    assert err == ("tether send: run 'quick' is completed: a message goes to a starting or "
+                   "running run\n")
+    code, _, err = await tether_cli(service_env, "send", "Assistant/sending", "quick")
+    assert (code, err) == (2, "tether send: give the message's text, --data, or both\n")
+
+
 async def test_clear_prints_how_many_runs_it_cleared(stack, service_env, settings):
     async with connect(settings=settings) as tether:
         me = tether.parent("Assistant", "clearing")

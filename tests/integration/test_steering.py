@@ -5,6 +5,7 @@ message; an `interrupt` stops a model child's tool call and model call in flight
 model goes on with the message."""
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from runner_stack import Stack
 from tether import ChildAgent, RunContext
 from tether.agents import AgentDefinition, ModelAgent, ToolContext, tool
 from tether.agents.model_messages import Message, ModelRequest, ModelResponse, ToolCall
-from tether.client import connect
+from tether.client import agent_tool, connect, message_tool
 from tether.client.errors import MessageRefused
 
 DEADLINE_S = 30
@@ -104,7 +105,7 @@ async def stack(settings, log, pool) -> AsyncIterator[Stack]:
     global CALLS
     CALLS = Calls()
     async with connect(settings=settings) as tether:
-        started = Stack(settings, log, pool, tether, [Listener, Patient, Hanging])
+        started = Stack(settings, log, pool, tether, [Listener, Patient, Hanging, Hearer, Delegator])
         await started.start_parent()
         try:
             yield started
@@ -193,3 +194,54 @@ async def test_an_interrupt_stops_the_model_call_in_flight_and_asks_again_with_i
     assert [m.content for m in CALLS.requests[1].messages if m.role == "user"] == [
         "think hard", "answer now"]
     assert not CALLS.tool_started.is_set()  # the first answer never came
+
+
+class Hearer(ChildAgent):
+    input_model = Nothing
+    description = "Waits for a word from its parent"
+
+    async def run(self, ctx: RunContext, input: Nothing) -> str:
+        message = await ctx.next_message()
+        return f"heard: {message.text}"
+
+
+class Steering:
+    """A parent model: starts a Hearer in the background, tells it what to use, answers
+    with what the message tool said."""
+
+    async def complete(self, request: ModelRequest, on_delta: Any = None) -> ModelResponse:
+        results = [m for m in request.messages if m.role == "tool"]
+        if not results:
+            call = ToolCall(id="start", name="Hearer", input={})
+        elif len(results) == 1:
+            handle = json.loads(results[0].content)
+            call = ToolCall(id="tell", name="message_run",
+                            input={"run_id": handle["run_id"], "text": "use QUIC"})
+        else:
+            return ModelResponse(message=Message.assistant(results[-1].content))
+        return ModelResponse(message=Message.assistant("", (call,)))
+
+
+class Delegator(ModelAgent):
+    definition = AgentDefinition(id="delegator", model="m", max_steps=4, tools=(
+        agent_tool(Hearer, detached=True), message_tool()))
+    model_client = Steering()
+
+
+async def test_a_model_parent_steers_a_child_it_started_with_the_message_tool(stack):
+    await stack.start_runner()
+    result = await asyncio.wait_for(stack.parent.run_agent_tool(
+        "Delegator", {"input": "start one and tell it"}, run_id="delegator"), DEADLINE_S)
+    assert result.ok, result
+    assert result.summary == ("sent to run agent-tool:start: its agent takes the message in "
+                              "at its next step")
+    owner = (await stack.state("delegator")).as_parent()
+    me = stack.tether.parent(owner.agent, owner.name)
+
+    async def heard():
+        snapshot = await me.inspect("agent-tool:start")
+        return snapshot is not None and snapshot.status == "completed" and snapshot
+
+    assert (await eventually(heard, timeout=DEADLINE_S)).summary == "heard: use QUIC"
+    state = (await stack.tether.read_run(owner, "agent-tool:start")).state
+    assert [m.message_id for m in state.messages] == ["message-tell"]

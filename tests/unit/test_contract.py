@@ -314,8 +314,8 @@ def test_schemas_cover_every_event_and_command() -> None:
 
     assert {"events/run.requested.v3.json", "events/run.interrupted.v2.json",
             "events/event.json", "commands/run.json"} <= set(generated)
-    assert len([p for p in generated if p.startswith("events/run.")]) == 20
-    assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 12
+    assert len([p for p in generated if p.startswith("events/run.")]) == 23
+    assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 13
 
 
 def test_a_work_item_ignores_fields_a_later_parent_adds_but_checks_its_own() -> None:

@@ -174,7 +174,7 @@ class ModelParent(ModelAgent):
                         inbox=inbox, resumes=resumes)
         ports = LoopPorts(client=client_for(type(self)), journal=self._journal, text=text,
                           progress=ctx.report_progress, cancelled=ctx.cancelled,
-                          on_status=status)
+                          inbox=ctx, on_status=status)
         outcome = await AgentLoop(definition, ports).drive(self._session, plan, decisions)
         self._replayed = True
         if outcome.status == "cancelled":

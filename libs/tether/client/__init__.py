@@ -8,10 +8,11 @@ async with connect() as tether:
 """
 
 from tether.client.awaiting import RunWaiter
-from tether.client.child_tool import AgentTool, agent_tool
+from tether.client.child_tool import AgentTool, agent_tool, message_tool
 from tether.client.connection import Tether, connect
 from tether.client.errors import (
     InputTooLarge,
+    MessageRefused,
     NotPermitted,
     RateLimited,
     RequestFailed,
@@ -19,7 +20,7 @@ from tether.client.errors import (
     TetherError,
 )
 from tether.client.hooks import HookRegistry
-from tether.client.parent import ParentHandle
+from tether.client.parent import MessageReceipt, ParentHandle
 from tether.client.timeline import ProgressView, RunView, TimelineView
 from tether.domain.ids import tool_run_id
 
@@ -27,6 +28,8 @@ __all__ = [
     "AgentTool",
     "HookRegistry",
     "InputTooLarge",
+    "MessageReceipt",
+    "MessageRefused",
     "NotPermitted",
     "ParentHandle",
     "ProgressView",
@@ -40,5 +43,6 @@ __all__ = [
     "TimelineView",
     "agent_tool",
     "connect",
+    "message_tool",
     "tool_run_id",
 ]

@@ -11,14 +11,15 @@ import json
 import re
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from tether.agents.tools import Tool
 from tether.child.agent import AnyInput
 from tether.child.context import current_context
+from tether.client.errors import MessageRefused
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
 from tether.domain.events import DetachedOptions
-from tether.domain.ids import check_identifier, tool_run_id
+from tether.domain.ids import check_identifier, framework_run_id, tool_run_id
 
 _TOOL_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_TOOL_NAME = 64  # what OpenAI-style function names allow
@@ -172,3 +173,38 @@ def agent_tool(agent: Any, *, description: str | None = None, display_name: str 
         agent_type = agent
     return AgentTool(agent_type, description=description or "", name=name,
                      display_name=display_name, input_model=input_model, detached=detached)
+
+
+class MessageInput(BaseModel):
+    """What a model parent's `message_tool` takes."""
+
+    run_id: str = Field(description="the run to tell: the run_id a detached agent tool "
+                                    "answered with")
+    text: str = Field(min_length=1, description="what to tell its agent")
+    interrupt: bool = Field(default=False, description="stop what it is doing now and take "
+                                                       "the message in (default: at its next "
+                                                       "step)")
+
+
+def message_tool(*, name: str = "message_run", description: str | None = None) -> Tool:
+    """A tool a model parent sends its running children messages with (steering): the
+    model names a run it started (a detached agent tool's `run_id`) and what to tell it.
+    The message's id is the tool call's, so a call made again (the model parent's run
+    resumed after a crash) records it once."""
+    async def execute(ctx: Any, input: MessageInput) -> str:
+        run = current_context()
+        if run is None or run.client is None:
+            raise RuntimeError(f"the {name} tool sends a Tether message: it works in a model "
+                               "parent run by a child-runner with a parent client")
+        try:
+            receipt = await run.client.send(
+                input.run_id, input.text, mode="interrupt" if input.interrupt else "queue",
+                message_id=framework_run_id("message", ctx.tool_call_id))
+        except MessageRefused as refused:
+            return f"not sent: {refused}"
+        when = "now" if receipt.mode == "interrupt" else "at its next step"
+        return f"sent to run {input.run_id}: its agent takes the message in {when}"
+
+    return Tool(id=name, input_model=MessageInput, execute=execute, description=description or (
+        "Send a message to a run you started and that is still running (a detached agent "
+        "tool's run_id): to steer it, add to its task or correct it."))

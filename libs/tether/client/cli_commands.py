@@ -80,6 +80,19 @@ def _cancel_arguments(cancel: argparse.ArgumentParser) -> None:
     _expiry_argument(cancel, "the cancel")
 
 
+def _send_arguments(send: argparse.ArgumentParser) -> None:
+    send.add_argument("parent", metavar="AGENT/NAME")
+    send.add_argument("run_id")
+    send.add_argument("text", nargs="?", help="what to tell the run's child")
+    send.add_argument("--data", metavar="JSON", help="data for the child, as a JSON value")
+    send.add_argument("--interrupt", action="store_true",
+                      help="stop the child's current model or tool call first")
+    send.add_argument("--id", dest="message_id", metavar="ID",
+                      help="the message's id (default: a new one); sent again, it is "
+                           "recorded once")
+    _expiry_argument(send, "the message")
+
+
 def _clear_arguments(clear: argparse.ArgumentParser) -> None:
     clear.add_argument("parent", metavar="AGENT/NAME")
     clear.add_argument("--status", help="only these statuses, comma-separated")
@@ -343,6 +356,30 @@ def _cancel(args: argparse.Namespace, settings: Settings):
     return cancel()
 
 
+def _send(args: argparse.Namespace, settings: Settings):
+    ref = parse_parent(args.parent)
+    check_identifier(args.run_id, "run id")
+    try:
+        data = None if args.data is None else json.loads(args.data)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--data is not JSON: {error}") from None
+    if args.text is None and data is None:
+        raise ValueError("give the message's text, --data, or both")
+    expires_in = _expires_in(args)
+
+    async def send() -> int:
+        async with _connect(settings) as tether:  # (a refusal: `MessageRefused`, said)
+            receipt = await _handle(tether, ref).send(
+                args.run_id, args.text, data=data,
+                mode="interrupt" if args.interrupt else "queue",
+                message_id=args.message_id, expires_in=expires_in)
+        print(f"message {receipt.message_id} recorded for run {args.run_id} ({receipt.mode}): "
+              "its child takes it in at its next step")
+        return 0
+
+    return send()
+
+
 def _clear(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
     statuses = parse_statuses(args.status)
@@ -436,6 +473,8 @@ COMMANDS = (
     Command("inspect", "one run as JSON, or the parent's runs", _inspect_arguments,
             _client_command(_inspect)),
     Command("cancel", "cancel a run", _cancel_arguments, _client_command(_cancel)),
+    Command("send", "send a message to a running run's child (steering)", _send_arguments,
+            _client_command(_send)),
     Command("clear", "clear retained runs (open ones are cancelled)", _clear_arguments,
             _client_command(_clear)),
     Command("hooks", "registered finish hooks of a parent agent", _hooks_arguments,

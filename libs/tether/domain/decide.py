@@ -218,8 +218,7 @@ def why_not_sent(state: RunState | None, run_id: str) -> str:
         return f"no run {run_id!r}"
     if state.cancel_requested_at is not None and state.is_open:
         return f"run {run_id!r} is being cancelled: it takes no messages"
-    return (f"run {run_id!r} is {state.status}: a message goes to a starting or running run "
-            "(a finished one takes a follow-up turn instead)")
+    return f"run {run_id!r} is {state.status}: a message goes to a starting or running run"
 
 
 def message_receipt(state: RunState | None, receipt: Event, *, attempt: int,

@@ -245,6 +245,9 @@ class RunMessageReceiptData(Record, frozen=True, kw_only=True):
     message_id: Identifier
     attempt: Count
 
+    def __post_init__(self) -> None:
+        check_identifier(self.message_id, "message id")
+
 
 class RunCancelRequestedData(Record, frozen=True, kw_only=True):
     reason: str | None = None

@@ -36,6 +36,7 @@ from tether.contract.messages import (
     HookMessage,
     InspectReply,
     ListReply,
+    MessageSignal,
     ObservabilityEvent,
     ProgressSignal,
     ServeHookReply,
@@ -54,6 +55,7 @@ from tether.domain.commands import (
     ListQuery,
     MessageCommand,
     RunCommand,
+    SendCommand,
     ServeHookQuery,
 )
 from tether.domain.events import EVENT_MODEL, ParentRef
@@ -131,6 +133,8 @@ COMMANDS = (
      ("`delivered:<parent_agent>.<parent_name>:<method>:<the hook message's id>`; with "
       "`more`, `delivered:<parent_agent>.<parent_name>:batch:<random>`")),
     ("message", MessageCommand, "`message:<parent_agent>:<parent_name>:<message_id>`"),
+    ("send", SendCommand,
+     "`send:<parent_agent>.<parent_name>:<run_id>:<message_id>` (the sender's message id)"),
 )
 QUERIES = (("inspect", InspectQuery, InspectReply), ("list", ListQuery, ListReply),
            ("has_run", HasRunQuery, HasRunReply), ("history", HistoryQuery, HistoryReply),
@@ -241,6 +245,14 @@ def contract_broker() -> NatsBroker:
             no_reply=True)
     send("{reply_to}", CancelReply, f"send:{cancel}:reply",
          "The holding runner's answer: did it hold the run, did the child stop in time.")
+    steer = _template(s.message_signal("AGENTTYPE"), agent_type="AGENTTYPE")
+    send(steer, MessageSignal, f"send:{steer}",
+         "Core: the parent's nudge to every runner of the agent type, after it recorded a "
+         "steering message (`run.message_sent`, the durable fact).")
+    receive(steer, MessageSignal, f"receive:{steer}",
+            "Every runner of the agent type; the one holding the run hands the run's "
+            "messages to its child (and looks for them at each heartbeat too).",
+            no_reply=True)
     inspect = _template(s.inspect_child("AGENTTYPE"), agent_type="AGENTTYPE")
     send(inspect, ChildInspectRequest, f"send:{inspect}",
          "Core request from the reconciler to every runner of the agent type.")
