@@ -16,6 +16,7 @@ from runner_stack import Stack
 
 from tether import ChildAgent, RunContext
 from tether.agents import AgentDefinition, ModelAgent, ToolContext, tool
+from tether.agents.devtools import render_run
 from tether.agents.model_messages import Message, ModelRequest, ModelResponse, ToolCall
 from tether.client import agent_tool, connect, message_tool
 from tether.client.errors import MessageRefused
@@ -180,7 +181,11 @@ async def test_an_interrupt_stops_the_tool_call_in_flight_and_the_model_goes_on(
     assert second[-1] == Message.user("stop waiting and answer")
     state = await stack.state("patient")
     assert state.messages[0].consumed_at is not None
-    assert any(step.get("steering") for step in state.steps.values())
+    # `tether runs show`: the step that took the message in, and the message's receipts.
+    shown = render_run(state)
+    assert "told  [interrupt] stop waiting and answer" in shown, shown
+    message_line = next(line for line in shown.splitlines() if line.startswith("message "))
+    assert "[interrupt]" in message_line and "taken in +" in message_line, message_line
 
 
 async def test_an_interrupt_stops_the_model_call_in_flight_and_asks_again_with_it(stack):

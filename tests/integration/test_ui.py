@@ -10,11 +10,15 @@ import itertools
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import pytest
+from eventually import eventually
+from runner_stack import Stack
 from ui_server import running_ui
 
+from tether import ChildAgent, RunContext
 from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
 from tether.adapters.postgres.reads import ProjectionReads
@@ -396,3 +400,48 @@ async def test_missing_projections_are_a_503_that_names_the_schema(log, nats_url
         assert kind == "failure" and "never_migrated" in failure["error"]
         stream_answer = await ui.get("/runs/Assistant/user-1/r1")
         assert stream_answer.status_code == 503 and "never_migrated" in stream_answer.text
+
+
+class Quiet(ChildAgent):
+    """Registered with the parent only: no runner takes its runs, which stay starting."""
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        raise AssertionError("no runner runs it")
+
+
+async def test_the_run_page_sends_a_message_and_the_run_shows_it(ui, settings, log, pool,
+                                                                 projector):
+    async with connect(settings=settings) as tether:
+        stack = Stack(settings, log, pool, tether, [Quiet])
+        await stack.start_parent()
+        try:
+            me = tether.parent(PARENT.agent, PARENT.name)
+            await me.run_agent_tool("Quiet", {}, run_id="quiet", detached=True)
+            answer = await ui.post("/api/runs/Assistant/user-1/quiet/send",
+                                   json={"text": "use QUIC", "mode": "interrupt"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["message"].endswith("sent to quiet")
+            bad = await ui.post("/api/runs/Assistant/user-1/quiet/send", json={"text": " "})
+            assert bad.status_code == 400 and bad.json()["error"].startswith("text:")
+            bad = await ui.post("/api/runs/Assistant/user-1/quiet/send",
+                                json={"text": "x", "mode": "loud"})
+            assert bad.status_code == 400 and bad.json()["error"].startswith("mode:")
+
+            async def shown():
+                detail = (await ui.get("/api/runs/Assistant/user-1/quiet")).json()
+                return detail["run"]["messages"] or None
+
+            (message,) = await eventually(shown, timeout=10)
+            assert (message["text"], message["mode"], message["consumed_at"]) == (
+                "use QUIC", "interrupt", None)
+            await me.cancel("quiet")
+
+            async def cancelled():
+                detail = (await ui.get("/api/runs/Assistant/user-1/quiet")).json()
+                return detail["run"]["finished"]
+
+            await eventually(cancelled, timeout=10)
+            refused = await ui.post("/api/runs/Assistant/user-1/quiet/send", json={"text": "x"})
+            assert refused.status_code == 409 and "aborted" in refused.json()["error"]
+        finally:
+            await stack.close()

@@ -111,6 +111,15 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
                      + f"  ({len(below)} run{'s' if len(below) != 1 else ''} below)")
     for resumption in state.resumptions:
         lines.append(f"continue  {_clock(resumption.at)}  {_compact(resumption.decisions)}")
+    for message in state.messages:
+        stage = (f"taken in {_after(state.requested_at, message.consumed_at)}"
+                 if message.consumed_at is not None else
+                 f"delivered {_after(state.requested_at, message.delivered_at)}"
+                 if message.delivered_at is not None else "waiting")
+        said = message.text if message.text is not None else _compact(message.data)
+        lines.append(f"message   {message.message_id} [{message.mode}] "
+                     f"sent {_after(state.requested_at, message.sent_at)}, {stage}  "
+                     f"{_preview(said)}")
     if state.summary:
         lines.append(f"summary   {_preview(state.summary)}")
     if state.error:
@@ -156,6 +165,9 @@ def _step(record: AgentStepRecord, inputs: dict[str, dict[str, Any]], origin: in
         lines.append(f"      note  {_preview(record.note)}")
     if record.inbox:
         lines.append(f"      took  {', '.join(record.inbox)}")
+    for message in record.steering:
+        lines.append(f"      told  [{message.mode}] {_preview(message.content)}  "
+                     f"(message {message.message_id})")
     if record.stop_reason:
         lines.append(f"      stop  {record.stop_reason}")
     return lines

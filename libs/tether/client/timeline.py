@@ -43,6 +43,19 @@ class ProgressView(Model):
     source: Literal["signal", "persisted"]
 
 
+class MessageView(Model):
+    """A parent's steering message to the run and its receipts: when the runner handed it
+    to the child (`delivered_at`), when the child took it in (`consumed_at`)."""
+
+    message_id: str
+    mode: str
+    text: str | None = None
+    data: Any = None
+    sent_at: int
+    delivered_at: int | None = None
+    consumed_at: int | None = None
+
+
 class RunView(Model):
     """One child run as a timeline shows it."""
 
@@ -66,6 +79,8 @@ class RunView(Model):
     # being its parent); `ParentHandle.continue_waiting(view, ...)` answers it.
     waiting_for: str | None = None
     waiting_path: tuple[dict[str, str], ...] = ()
+    # The parent's steering messages, in the order sent (`ParentHandle.send`).
+    messages: tuple[MessageView, ...] = ()
     requested_at: int
     started_at: int | None = None
     ended_at: int | None = None
@@ -171,6 +186,7 @@ def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
         cancel_requested=state.cancel_requested_at is not None,
         waiting_for=state.paused.reason if state.paused else _waiting_below(state)[0],
         waiting_path=() if state.paused else _waiting_below(state)[1],
+        messages=tuple(MessageView(**msgspec.structs.asdict(m)) for m in state.messages),
         requested_at=state.requested_at, started_at=state.started_at, ended_at=state.ended_at,
     )
 

@@ -26,7 +26,7 @@ except ModuleNotFoundError:
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.devtools import other_steps, records_of
 from tether.client.connection import Tether, connect
-from tether.client.errors import TetherError
+from tether.client.errors import MessageRefused, TetherError
 from tether.client.parent import build_run_command
 from tether.config import Settings
 from tether.contract.messages import UsageView
@@ -123,6 +123,7 @@ def create_app(settings: Settings, *, frame_ms: int | None = None,
         Route("/api/runs/{agent}/{name}/{run_id}/cancel", cancel_run, methods=["POST"]),
         Route("/api/runs/{agent}/{name}/{run_id}/rerequest", rerequest_run, methods=["POST"]),
         Route("/api/runs/{agent}/{name}/{run_id}/continue", continue_run, methods=["POST"]),
+        Route("/api/runs/{agent}/{name}/{run_id}/send", send_to_run, methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]
     unavailable = dict.fromkeys(UNAVAILABLE, _unavailable)
@@ -331,6 +332,8 @@ async def run_state_json(request: Request) -> Response:
 async def _act(action) -> Response:
     try:
         message = await action
+    except MessageRefused:
+        raise
     except (TetherError, TimeoutError) as error:
         return JSONResponse({"error": str(error) or type(error).__name__}, status_code=503)
     return JSONResponse({"ok": True, "message": message})
@@ -392,6 +395,27 @@ async def continue_run(request: Request) -> Response:
         return f"answered {state.run_id}"
 
     return await _act(resume())
+
+
+async def send_to_run(request: Request) -> Response:
+    """A steering message from the run page: `{"text": ..., "mode": "queue"|"interrupt"}`."""
+    parent, state = await _run(request)
+    body = await _json_body(request)
+    text, mode = body.get("text"), body.get("mode", "queue")
+    if not isinstance(text, str) or not text.strip():
+        raise HTTPException(400, "text: the message to send, a non-empty string")
+    if mode not in ("queue", "interrupt"):
+        raise HTTPException(400, "mode: expected \"queue\" or \"interrupt\"")
+    handle = _ui(request).tether.parent(parent.agent, parent.name)
+
+    async def send() -> str:
+        receipt = await handle.send(state.run_id, text, mode=mode)
+        return f"message {receipt.message_id} sent to {state.run_id}"
+
+    try:
+        return await _act(send())
+    except MessageRefused as refused:  # (the run ended meanwhile, say)
+        return JSONResponse({"error": str(refused)}, status_code=409)
 
 
 async def clear_runs(request: Request) -> Response:

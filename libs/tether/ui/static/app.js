@@ -52,6 +52,10 @@ function parentPage() {
       <button id="clear-finished">Clear finished runs</button>
       <span class="notice" id="notice"></span></div>
     <section class="inbox" id="inbox-section" hidden><h2>Waiting for you</h2><div id="inbox"></div></section>
+    <section class="send" id="send-section" hidden><h2>Send a message</h2>
+      <textarea id="send-text" rows="2" placeholder="What to tell the child: it takes it in at its next step"></textarea>
+      <label><input type="checkbox" id="send-interrupt"> interrupt what it is doing now</label>
+      <button class="send-message" data-send="1">Send</button></section>
     <section id="timeline"></section>`;
   const tree = new Tree();
   const live = document.getElementById("live");
@@ -254,6 +258,10 @@ function runPage() {
     <div class="toolbar"><span class="notice" id="notice"></span></div>
     <section id="current"></section>
     <section class="inbox" id="inbox-section" hidden><h2>Waiting for you</h2><div id="inbox"></div></section>
+    <section class="send" id="send-section" hidden><h2>Send a message</h2>
+      <textarea id="send-text" rows="2" placeholder="What to tell the child: it takes it in at its next step"></textarea>
+      <label><input type="checkbox" id="send-interrupt"> interrupt what it is doing now</label>
+      <button class="send-message" data-send="1">Send</button></section>
     <h2>State as of a sequence</h2>
     <div class="slider"><input type="range" id="slider" min="0" max="0" step="1" value="0">
       <span id="slider-seq"></span></div>
@@ -300,6 +308,7 @@ function runPage() {
       inbox.innerHTML = inboxItem(run);
       inbox.firstElementChild.dataset.sig = JSON.stringify(run.pending);
     }
+    document.getElementById("send-section").hidden = run.finished || run.cancel_requested;
     document.getElementById("steps").innerHTML = stepsTable(detail.steps);
     const usage = detail.usage;
     document.getElementById("usage").textContent = usage
@@ -319,6 +328,14 @@ function runPage() {
     const button = click.target.closest("button");
     if (!button) return;
     if (button.dataset.act) { button.disabled = true; act(`${base}/${button.dataset.act}`); return; }
+    if (button.dataset.send) {
+      const text = document.getElementById("send-text");
+      if (!text.value.trim()) { notice("write the message first", true); return; }
+      act(`${base}/send`, {text: text.value,
+                           mode: document.getElementById("send-interrupt").checked ? "interrupt" : "queue"});
+      text.value = "";
+      return;
+    }
     const item = button.closest(".item");
     if (!item) return;
     const path = `${item.dataset.base}/continue`;  // this run, or the paused one below it

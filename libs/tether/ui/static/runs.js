@@ -123,6 +123,7 @@ function runCard(run, tree, options = {}) {
       ${p.message ? `<span class="message">${esc(p.message)}</span>` : ""}${meta.map((m) => `<span>${m}</span>`).join("")}</div>
     ${waitingPath(run, tree)}
     ${pins ? `<div class="pins">${pins}</div>` : ""}
+    ${messagesBlock(run)}
     ${run.output_text ? `<pre class="output">${run.output_truncated ? "…" : ""}${esc(run.output_text)}</pre>` : ""}
     ${run.summary ? `<div class="summary">${esc(run.summary)}</div>` : ""}
     ${run.error ? `<div class="problem">${esc(run.error)}</div>` : ""}
@@ -131,6 +132,23 @@ function runCard(run, tree, options = {}) {
     ${waterfall(run)}
     ${children.length ? `<div class="children">${children.map((c) => runCard(c, tree, {actions: false})).join("")}</div>` : ""}
   </div>`;
+}
+
+// The parent's steering messages to the run, each with how far it got: sent, handed to
+// the child, taken in.
+function messagesBlock(run) {
+  if (!run.messages || !run.messages.length) return "";
+  const rows = run.messages.map((m) => {
+    const said = m.text ?? "";
+    const data = m.data == null ? "" : ` <code>${esc(JSON.stringify(m.data))}</code>`;
+    const stage = m.consumed_at != null ? `taken in ${clock(m.consumed_at)}`
+      : m.delivered_at != null ? `delivered ${clock(m.delivered_at)}` : "waiting";
+    return `<li class="steer" data-message-id="${esc(m.message_id)}" data-stage="${
+      m.consumed_at != null ? "consumed" : m.delivered_at != null ? "delivered" : "sent"}">
+      <span class="mode">${esc(m.mode)}</span> ${esc(said)}${data}
+      <span class="meta">sent ${esc(clock(m.sent_at))} · ${esc(stage)}</span></li>`;
+  }).join("");
+  return `<ul class="messages">${rows}</ul>`;
 }
 
 // A run that waits because a run below it does: the runs down to the paused one, each a
