@@ -61,7 +61,8 @@ def make(event_cls: type[EventEnvelope], data: dict[str, Any] | None = None, *, 
 
 def requested(at: int = T0, *, detached: dict[str, Any] | None = None,
               max_budget_ms: int | None = None, no_progress_budget_ms: int = 0,
-              input: dict[str, Any] | None = None, **kw: Any) -> RunRequested:
+              input: dict[str, Any] | None = None, max_tokens: int | None = None,
+              max_cost: float | None = None, **kw: Any) -> RunRequested:
     return make(RunRequested, {
         "agent_type": "Researcher",
         "input": input if input is not None else {"query": "HTTP/3"},
@@ -71,6 +72,8 @@ def requested(at: int = T0, *, detached: dict[str, Any] | None = None,
         "detached": detached,
         "max_budget_ms": max_budget_ms,
         "no_progress_budget_ms": no_progress_budget_ms,
+        "max_tokens": max_tokens,
+        "max_cost": max_cost,
         "nested_parent": nested_parent_name(kw.get("parent", PARENT).agent,
                                             kw.get("parent", PARENT).name,
                                             kw.get("run_id", RUN_ID)),

@@ -7,7 +7,10 @@ from eventually import eventually
 
 from tether.agent_registry import AgentRegistry
 from tether.client import Tether
+from tether.delivery.deliverer import Deliverer
+from tether.delivery.formatters import DefaultFormatters
 from tether.log import get_logger
+from tether.reconciler.service import Reconciler
 from tether_services.child_runner import open_runner
 from tether_services.parent import open_parent
 
@@ -27,6 +30,17 @@ class Stack:
                                    get_logger(service="parent-test"))
         stop = asyncio.Event()
         self.stops.append((stop, asyncio.create_task(parent.run(stop))))
+
+    async def start_reconciler(self) -> Reconciler:
+        """The reconciler in this process (budgets: give-ups, charges of usage)."""
+        deliverer = await Deliverer.open(self.settings, self.log, DefaultFormatters(),
+                                         get_logger(service="reconciler-test"))
+        reconciler = Reconciler(self.settings, self.log, self.pool, deliverer,
+                                get_logger(service="reconciler-test"))
+        stop = asyncio.Event()
+        self.stops.append((stop, asyncio.create_task(reconciler.run(stop))))
+        await asyncio.wait_for(reconciler.active.wait(), 10)
+        return reconciler
 
     async def start_runner(self) -> tuple[asyncio.Event, asyncio.Task]:
         runner = await open_runner(

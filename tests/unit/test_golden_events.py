@@ -130,7 +130,7 @@ def test_run_requested_v1_detached_is_upcast_to_options_and_the_v1_default_budge
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 3
+    assert event.schema_version == 4
     assert (event.event_id, event.run_id, event.occurred_at) == (
         original["event_id"], original["run_id"], original["occurred_at"])
     assert (event.parent.agent, event.parent.name) == ("Assistant", "user-42")
@@ -156,7 +156,7 @@ def test_run_requested_v1_awaited_is_upcast_to_no_options_and_no_budgets() -> No
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 3
+    assert event.schema_version == 4
     assert event.event_id == original["event_id"]
     data = event.data
     assert data.agent_type == "Researcher"
@@ -174,15 +174,28 @@ def test_run_requested_v2_is_upcast_owning_its_nested_runs_by_its_run_id_as_they
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 3
+    assert event.schema_version == 4
     assert event.data.nested_parent == original["run_id"]
     assert event.data.detached == decode_event(load("run.requested.v3.json")).data.detached
     assert evolve(None, event).state.as_parent() == ParentRef(agent="Researcher",
                                                              name=original["run_id"])
 
 
+def test_run_requested_v3_is_upcast_with_no_token_or_cost_budget() -> None:
+    original = load("run.requested.v3.json")
+
+    event = decode_event(original)
+
+    assert isinstance(event, RunRequested) and event.schema_version == 4
+    assert (event.data.max_tokens, event.data.max_cost, event.data.budgets_above) == (
+        None, None, [])
+    assert event.data.started_by == decode_event(load("run.requested.v4.json")).data.started_by
+    state = evolve(None, event).state
+    assert (state.max_tokens, state.max_cost, state.budgets_above) == (None, None, ())
+
+
 def test_a_run_requested_now_owns_its_nested_runs_by_a_name_of_its_whole_path() -> None:
-    event = decode_event(load("run.requested.v3.json"))
+    event = decode_event(load("run.requested.v4.json"))
 
     owner = evolve(None, event).state.as_parent()
 

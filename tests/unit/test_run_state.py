@@ -149,6 +149,8 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         "incarnation": incarnation_of(event.event_id),
         "nested_parent": data.nested_parent, "started_by": data.started_by,
         "requested_by_command": None,
+        "max_tokens": data.max_tokens, "max_cost": data.max_cost,
+        "budgets_above": tuple(data.budgets_above),
         "max_budget_deadline": (None if data.max_budget_ms is None
                                 else event.occurred_at + data.max_budget_ms),
         "no_progress_budget_ms": data.no_progress_budget_ms,
@@ -166,7 +168,8 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         "output_parts": {}, "steps": {}, "paused": None, "resumptions": [],
         "no_progress_deadline": None, "ledger": {"finish": {}, "notifications": {}},
         "reattach_attempts": 0, "reattach_decisions": [], "keyless_event_ids": [],
-        "events_applied": 1, "messages": []}
+        "events_applied": 1, "messages": [], "own_tokens": 0, "own_cost": 0.0,
+        "spending": {}}
     assert state.output_parts is not evolve(None, event).state.output_parts  # each its own
 
 

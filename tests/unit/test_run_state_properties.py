@@ -19,6 +19,8 @@ from tether.domain.events import (
     EventEnvelope,
     ParentRef,
     RunAborted,
+    RunBudgetReleased,
+    RunBudgetReserved,
     RunCancelRequested,
     RunCleared,
     RunCompleted,
@@ -41,6 +43,7 @@ from tether.domain.events import (
     RunRunning,
     RunStarted,
     RunStepRecorded,
+    RunUsageCharged,
 )
 from tether.domain.fold import evolve, fold
 from tether.domain.run_state import RunState, state_from_json, state_json
@@ -70,6 +73,10 @@ request_data = st.one_of(
     variants(agent_type=["Researcher"], input=[{"query": "HTTP/3"}, {}],
              parent_tool_call_id=[None, "call-1"], detached=[None],
              nested_parent=["run-1:tree"]),
+    variants(agent_type=["Researcher"], input=[{"query": "HTTP/3"}],
+             max_tokens=[None, 1_000], max_cost=[None, 0.5], nested_parent=["run-1:tree"],
+             budgets_above=[[], [{"parent": {"agent": "Planner", "name": "p"},
+                                  "run_id": "root"}]]),
     variants(agent_type=["Researcher"], input=[{"query": "gRPC"}],
              detached=[{"on_finish": "on_done", "notify": True, "on_milestones": ["drafted"]},
                        {"notify": {"source": "agent-tool"}}],
@@ -78,6 +85,9 @@ request_data = st.one_of(
 )
 
 LATEST_PAUSE, EARLIER_PAUSE = "<latest pause>", "<earlier pause>"
+# Runs below the run, as the budget events name them.
+BELOW = [{"parent": {"agent": "Researcher", "name": "r1:tree"}, "run_id": f"c{n}"}
+         for n in (1, 2)]
 
 # event class -> (name of its per-run key or None, strategy for the rest of its data): one
 # entry per class of the domain (a new event class fails here until it has one).
@@ -102,6 +112,10 @@ EVENT_DATA: dict[type[EventEnvelope], tuple[str | None, st.SearchStrategy[dict]]
                                     text=["stop searching", None], data=[None, {"k": 1}])),
     RunMessageDelivered: (None, variants(message_id=["m1", "m2", "m3"], attempt=[1, 2])),
     RunMessageConsumed: (None, variants(message_id=["m1", "m2", "m3"], attempt=[1, 2])),
+    RunBudgetReserved: (None, variants(run=BELOW, tokens=[0, 500], cost=[0.0, 0.25])),
+    RunUsageCharged: (None, variants(run=BELOW, step=[0, 1, 2], tokens=[0, 120],
+                                     cost=[0.0, 0.01])),
+    RunBudgetReleased: (None, variants(run=BELOW)),
     RunCancelRequested: (None, variants(reason=[None, "user"])),
     RunCompleted: (None, variants(summary=["", "done"], output=SMALL_JSON)),
     RunFailed: (None, variants(error=["boom"])),
@@ -163,6 +177,7 @@ def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
     used_keys: dict[str, set[int]] = {}
     events = []
     pauses: list[str] = []
+    sent: list[str] = []
     for position, (kind, data, offset, elapsed) in enumerate(steps):
         event_cls, key, _ = EVENT_KINDS[kind]
         data = dict(data)
@@ -171,6 +186,11 @@ def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
         if kind == "resumed":
             # A resume names a pause that exists by then (it is caused by it).
             data["pause_id"] = _pause_named(data["pause_id"], pauses)
+        if kind == "message_sent":
+            sent.append(data["message_id"])
+        if kind in ("message_delivered", "message_consumed") and data["message_id"] not in sent:
+            # A receipt names a message sent by then (it is caused by it), or none at all.
+            data["message_id"] = "never-sent"
         if key is not None:
             used = used_keys.setdefault(kind, set())
             expected = min(set(range(FIRST_KEY[key], FIRST_KEY[key] + len(used) + 1)) - used)

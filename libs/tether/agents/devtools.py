@@ -21,6 +21,7 @@ from tether.agents.steps import AgentStepRecord
 from tether.command_line import Command
 from tether.config import Settings
 from tether.contract.messages import UsageView
+from tether.domain import spending
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, state_json
 
@@ -109,6 +110,7 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
             subtree = subtree.plus(UsageView.of_steps(run.steps))
         lines.append(_usage_line("subtree", subtree)
                      + f"  ({len(below)} run{'s' if len(below) != 1 else ''} below)")
+    lines += _budget_lines(state)
     for resumption in state.resumptions:
         lines.append(f"continue  {_clock(resumption.at)}  {_compact(resumption.decisions)}")
     for message in state.messages:
@@ -125,6 +127,21 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
     if state.error:
         lines.append(f"error     {state.error}")
     return "\n".join(lines)
+
+
+def _budget_lines(state: RunState) -> list[str]:
+    """Its budget in tokens and cost over it and the runs below it: spent, reserved by
+    open runs below it, left."""
+    used, held = spending.spent(state), spending.reserved(state)
+    tokens, cost = spending.left(state)
+    lines = []
+    if state.max_tokens is not None and tokens is not None:
+        lines.append(f"budget    {used.tokens:,} of {state.max_tokens:,} tokens spent, "
+                     f"{held.tokens:,} reserved, {tokens:,} left")
+    if state.max_cost is not None and cost is not None:
+        lines.append(f"budget    ${used.cost:.6f} of ${state.max_cost:.6f} spent, "
+                     f"${held.cost:.6f} reserved, ${cost:.6f} left")
+    return lines
 
 
 def _status(state: RunState) -> str:

@@ -65,6 +65,14 @@ class ChildAgent:
     # id or a release. Empty: a digest of the file that defines the class
     # (`tether.agent_registry.agent_version`).
     version: ClassVar[str] = ""
+    # The budget of this agent's runs in model tokens and cost, over each run and the runs
+    # below it, when a request sets none (None: no budget); and what one of its runs
+    # started under a budgeted run reserves of that budget when it has no budget of its
+    # own (`tether.domain.spending`).
+    max_tokens: ClassVar[int | None] = None
+    max_cost: ClassVar[float | None] = None
+    estimated_tokens: ClassVar[int] = 0
+    estimated_cost: ClassVar[float] = 0.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

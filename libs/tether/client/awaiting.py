@@ -35,6 +35,7 @@ from tether.domain.events import (
 )
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
+from tether.domain.spending import BUDGET_EXCEEDED
 
 if TYPE_CHECKING:
     from tether.ports import StoredEvent
@@ -46,6 +47,7 @@ Answer = AgentToolSuccess | AgentToolFailure | DetachedHandle
 class _Rejection:
     seq: int
     error: str
+    code: str = ""
 
 
 class RunWaiter:
@@ -81,7 +83,7 @@ class RunWaiter:
 
     def _fold(self, seq: int, event: Event) -> None:
         if isinstance(event, RunRejected):
-            self._rejection = _Rejection(seq, event.data.error)
+            self._rejection = _Rejection(seq, event.data.error, event.data.code)
             return
         if isinstance(event, RunRequested):
             self._rejection = None
@@ -131,8 +133,11 @@ class RunWaiter:
             rejection = self._answering_rejection()
             if rejection is None:
                 return None
+            # A budget that had no room for it: the reason a model parent can act on.
+            reason = "budget-exceeded" if rejection.code == BUDGET_EXCEEDED else None
             return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
-                                    status="error", error=rejection.error, retryable=False)
+                                    status="error", error=rejection.error, retryable=False,
+                                    reason=reason)
         if state.is_hard_terminal:
             return stored_outcome(state)
         if state.status == "interrupted":

@@ -50,7 +50,9 @@ if TYPE_CHECKING:
 Reply = TypeVar("Reply", bound=BaseModel)
 DEFAULT_RPC_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
-_NO_EXPIRY = {"expires_in_ms"}
+# Fields a command leaves out while they are unset, so that a parent from before them
+# (which refuses fields it does not know) takes the command.
+_LEFT_OUT_UNSET = ("expires_in_ms", "max_tokens", "max_cost")
 # The look whether any parent service answers (`parent_unavailable`): how long it waits
 # for an answer, and how long its answer is kept.
 PRESENCE_LOOK_S = 2.0
@@ -194,11 +196,9 @@ class Tether:
                               stored_at: int | None = None) -> js_api.PubAck:
         # The per-parent subject: what NATS permissions grant to the parent's application.
         subject = self.subjects.command_for(kind, command.parent)
-        # No expiry is left out rather than written null, so that a parent from before
-        # expiries (which refuses fields it does not know) takes the command.
-        payload = command.model_dump_json(
-            exclude=_NO_EXPIRY if getattr(command, "expires_in_ms", 0) is None else None
-        ).encode()
+        # Unset optional fields are left out rather than written null (`_LEFT_OUT_UNSET`).
+        unset = {name for name in _LEFT_OUT_UNSET if getattr(command, name, 0) is None}
+        payload = command.model_dump_json(exclude=unset or None).encode()
         if len(payload) > self.settings.max_input_bytes or len(payload) > self.nc.max_payload:
             self._check_size(kind, command, payload)
         try:

@@ -107,7 +107,8 @@ class ParentHandle:
         detached: bool | dict[str, Any] | DetachedOptions = False,
         timeout: float | None = None, started_by: RunRef | None = None,
         expires_in: float | None = None, on_waiting: WaitingReport | None = None,
-        cancel_with_caller: bool = True,
+        cancel_with_caller: bool = True, max_tokens: int | None = None,
+        max_cost: float | None = None,
     ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
         """Run a child agent; idempotent by `run_id` (default: a new one).
 
@@ -124,12 +125,16 @@ class ParentHandle:
         `cancel_with_caller=False`: cancelling the awaiting task only stops the wait; the
         run goes on, still awaited, so a request under the same run id awaits it again
         (and the reconciler recovers it if none comes: docs/recovery.md).
+        `max_tokens`, `max_cost`: a budget in model tokens and cost over the run and every
+        run below it (default: its agent type's); a run that passes it ends
+        `interrupted` (`budget-exceeded`) and the runs below it are cancelled.
         """
         command = build_run_command(self.ref, agent_type, input, run_id=run_id,
                                     parent_tool_call_id=parent_tool_call_id,
                                     display_order=display_order, display=display,
                                     detached=detached, started_by=started_by,
-                                    expires_in=expires_in)
+                                    expires_in=expires_in, max_tokens=max_tokens,
+                                    max_cost=max_cost)
         report = on_waiting or _log_unserved
         if not tracing.ENABLED:
             return await self._run(command, command.detached is not False, timeout, report,
@@ -365,7 +370,8 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
                       display: str | None,
                       detached: bool | dict[str, Any] | DetachedOptions,
                       started_by: RunRef | None = None,
-                      expires_in: float | None = None) -> RunCommand:
+                      expires_in: float | None = None, max_tokens: int | None = None,
+                      max_cost: float | None = None) -> RunCommand:
     """The run command, with every argument checked here rather than by a rejection."""
     check_identifier(agent_type, "agent type")
     run_id = check_identifier(run_id, "run id") if run_id is not None else new_run_id()
@@ -381,7 +387,8 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
         return RunCommand(run_id=run_id, parent=parent, agent_type=agent_type, input=input,
                           parent_tool_call_id=parent_tool_call_id, display_order=display_order,
                           display=display, detached=detached, started_by=started_by,
-                          expires_in_ms=expires_in_ms(expires_in))
+                          expires_in_ms=expires_in_ms(expires_in), max_tokens=max_tokens,
+                          max_cost=max_cost)
     except ValidationError as error:
         raise ValueError(f"invalid run request: {_first_error(error)}") from None
 

@@ -81,6 +81,10 @@ class RunCommand(Model):
     # `parent` must be that run's name as a parent (`RunState.as_parent`).
     started_by: RunRef | None = None
     expires_in_ms: ExpiresIn = None
+    # A budget in model tokens and cost over the run and the runs below it (default: its
+    # agent type's, else none).
+    max_tokens: Annotated[int, Field(gt=0)] | None = None
+    max_cost: Annotated[float, Field(gt=0)] | None = None
 
     def detached_options(self) -> DetachedOptions | None:
         if self.detached is False:

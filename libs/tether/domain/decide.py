@@ -34,6 +34,7 @@ from tether.domain.events import (
     RunReattachDecidedData,
     RunReattachStarted,
     RunReattachStartedData,
+    RunRef,
     RunRejected,
     RunRejectedData,
     RunRequested,
@@ -107,7 +108,21 @@ def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict[s
             "correlation_id": run_id}
 
 
-def request_run(command: RunCommand, budgets: Budgets, cause: Cause) -> RunRequested:
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """A run's budget in tokens and cost, and the budgeted runs above it, as the parent
+    resolved them (`tether.domain.spending`)."""
+
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    above: tuple[RunRef, ...] = ()
+
+
+NO_SPEND = Spend()
+
+
+def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
+                spend: Spend = NO_SPEND) -> RunRequested:
     detached = command.detached_options()
     max_budget_ms, no_progress_budget_ms = None, 0
     if detached is not None:
@@ -125,6 +140,8 @@ def request_run(command: RunCommand, budgets: Budgets, cause: Cause) -> RunReque
             nested_parent=nested_parent_name(command.parent.agent, command.parent.name,
                                              command.run_id),
             started_by=command.started_by,
+            max_tokens=spend.max_tokens, max_cost=spend.max_cost,
+            budgets_above=list(spend.above),
         ),
     )
 

@@ -43,6 +43,8 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0), Meta(ge=0.0, le=1.0)]
 Positive = Annotated[int, Field(gt=0), Meta(gt=0)]
 NonNegative = Annotated[int, Field(ge=0), Meta(ge=0)]
 Count = Annotated[int, Field(ge=1), Meta(ge=1)]
+Money = Annotated[float, Field(ge=0.0), Meta(ge=0.0)]
+PositiveMoney = Annotated[float, Field(gt=0.0), Meta(gt=0.0)]
 ShortText = Annotated[str, Field(max_length=256), Meta(max_length=256)]
 
 
@@ -153,6 +155,12 @@ class RunRequestedData(Record, frozen=True, kw_only=True):
     # The run that started this one (nested agent tools), whose name as a parent is this
     # run's parent's name: its chat is where this run's notifications go.
     started_by: RunRef | None = None
+    # Its budget in model tokens and in cost, over it and every run below it (None: none);
+    # and the runs above it with such a budget, nearest first, whose budgets its usage
+    # counts against too (v3 events are upcast without them).
+    max_tokens: Positive | None = None
+    max_cost: PositiveMoney | None = None
+    budgets_above: list[RunRef] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_identifier(self.agent_type, "agent_type")
@@ -249,6 +257,31 @@ class RunMessageReceiptData(Record, frozen=True, kw_only=True):
         check_identifier(self.message_id, "message id")
 
 
+class RunBudgetReservedData(Record, frozen=True, kw_only=True):
+    """A run below this one (`run`) reserved a share of this run's token or cost budget
+    as it was requested: its own budget, or its agent type's estimate."""
+
+    run: RunRef
+    tokens: NonNegative = 0
+    cost: Money = 0.0
+
+
+class RunUsageChargedData(Record, frozen=True, kw_only=True):
+    """The model usage of step `step` of a run below this one (`run`), counted against
+    this run's budget."""
+
+    run: RunRef
+    step: NonNegative
+    tokens: NonNegative = 0
+    cost: Money = 0.0
+
+
+class RunBudgetReleasedData(Record, frozen=True, kw_only=True):
+    """A run below this one (`run`) ended: what it reserved and has not used is free."""
+
+    run: RunRef
+
+
 class RunCancelRequestedData(Record, frozen=True, kw_only=True):
     reason: str | None = None
 
@@ -328,7 +361,7 @@ class EventEnvelope(Record, frozen=True, kw_only=True, tag_field="type"):
 
 
 class RunRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.requested"):
-    schema_version: Literal[3] = 3
+    schema_version: Literal[4] = 4
     data: RunRequestedData
 
 
@@ -390,6 +423,21 @@ class RunMessageDelivered(EventEnvelope, frozen=True, kw_only=True, tag="run.mes
 class RunMessageConsumed(EventEnvelope, frozen=True, kw_only=True, tag="run.message_consumed"):
     schema_version: Literal[1] = 1
     data: RunMessageReceiptData
+
+
+class RunBudgetReserved(EventEnvelope, frozen=True, kw_only=True, tag="run.budget_reserved"):
+    schema_version: Literal[1] = 1
+    data: RunBudgetReservedData
+
+
+class RunUsageCharged(EventEnvelope, frozen=True, kw_only=True, tag="run.usage_charged"):
+    schema_version: Literal[1] = 1
+    data: RunUsageChargedData
+
+
+class RunBudgetReleased(EventEnvelope, frozen=True, kw_only=True, tag="run.budget_released"):
+    schema_version: Literal[1] = 1
+    data: RunBudgetReleasedData
 
 
 class RunCancelRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.cancel_requested"):
@@ -456,6 +504,9 @@ EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
     RunMessageSent,
     RunMessageDelivered,
     RunMessageConsumed,
+    RunBudgetReserved,
+    RunUsageCharged,
+    RunBudgetReleased,
     RunCancelRequested,
     RunCompleted,
     RunFailed,
@@ -473,7 +524,8 @@ for _cls in EVENT_CLASSES:
 
 Event = (RunRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
          | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunMessageSent
-         | RunMessageDelivered | RunMessageConsumed | RunCancelRequested
+         | RunMessageDelivered | RunMessageConsumed | RunBudgetReserved | RunUsageCharged
+         | RunBudgetReleased | RunCancelRequested
          | RunCompleted | RunFailed | RunAborted | RunInterrupted | RunFinishDelivered
          | RunNotified | RunReattachStarted | RunReattachDecided | RunCleared)
 

@@ -23,6 +23,8 @@ import msgspec
 from tether.domain.events import (
     Event,
     RunAborted,
+    RunBudgetReleased,
+    RunBudgetReserved,
     RunCancelRequested,
     RunCompleted,
     RunFailed,
@@ -43,6 +45,7 @@ from tether.domain.events import (
     RunRunning,
     RunStarted,
     RunStepRecorded,
+    RunUsageCharged,
 )
 from tether.domain.ids import incarnation_of
 from tether.domain.run_state import (
@@ -53,9 +56,11 @@ from tether.domain.run_state import (
     ReattachDecision,
     Resumption,
     RunState,
+    Spending,
     SteeringMessage,
     finish_key,
 )
+from tether.domain.usage import key_of, step_amount
 
 
 class Evolved(NamedTuple):
@@ -121,7 +126,9 @@ def _new_run(event: RunRequested, logged_at: int) -> RunState:
         requested_by_command=_command_seq(event.causation_id),
         max_budget_deadline=(None if data.max_budget_ms is None
                              else logged_at + data.max_budget_ms),
-        no_progress_budget_ms=data.no_progress_budget_ms)
+        no_progress_budget_ms=data.no_progress_budget_ms,
+        max_tokens=data.max_tokens, max_cost=data.max_cost,
+        budgets_above=tuple(data.budgets_above))
 
 
 def _command_seq(causation_id: str | None) -> int | None:
@@ -211,7 +218,12 @@ def _step_recorded(state: RunState, event: RunStepRecorded, logged_at: int) -> E
         return _ignored(state, f"duplicate: step {index} already recorded")
     if state.is_hard_terminal:
         return _ignored(state, f"a {state.status} run records no more steps")
-    return _applied(state, steps={**state.steps, index: event.data.step})
+    used = step_amount(event.data.step)
+    if not used:
+        return _applied(state, steps={**state.steps, index: event.data.step})
+    return _applied(state, steps={**state.steps, index: event.data.step},
+                    own_tokens=state.own_tokens + used.tokens,
+                    own_cost=round(state.own_cost + used.cost, 10))
 
 
 def _paused(state: RunState, event: RunPaused, logged_at: int) -> Evolved:
@@ -266,6 +278,33 @@ def _message_receipt(state: RunState, event: RunMessageDelivered | RunMessageCon
                            else message.delivered_at)
     return _applied(state, messages=tuple(changed if m.message_id == message_id else m
                                           for m in state.messages))
+
+
+def _budget_reserved(state: RunState, event: RunBudgetReserved, logged_at: int) -> Evolved:
+    key = key_of(event.data.run)
+    if key in state.spending:
+        return _ignored(state, f"duplicate: {key} has reserved already")
+    share = Spending(reserved_tokens=event.data.tokens, reserved_cost=event.data.cost)
+    return _applied(state, spending={**state.spending, key: share})
+
+
+def _usage_charged(state: RunState, event: RunUsageCharged, logged_at: int) -> Evolved:
+    data = event.data
+    key = key_of(data.run)
+    share = state.spending.get(key, Spending())
+    if data.step in share.steps:
+        return _ignored(state, f"duplicate: step {data.step} of {key} was already charged")
+    charged = _replace(share, tokens=share.tokens + data.tokens,
+                       cost=round(share.cost + data.cost, 10), steps=(*share.steps, data.step))
+    return _applied(state, spending={**state.spending, key: charged})
+
+
+def _budget_released(state: RunState, event: RunBudgetReleased, logged_at: int) -> Evolved:
+    key = key_of(event.data.run)
+    share = state.spending.get(key, Spending())  # (one that reserved nothing, or not yet)
+    if share.released:
+        return _ignored(state, f"duplicate: {key} was already released")
+    return _applied(state, spending={**state.spending, key: _replace(share, released=True)})
 
 
 def _cancel_requested(state: RunState, event: RunCancelRequested, logged_at: int) -> Evolved:
@@ -376,6 +415,9 @@ _TRANSITIONS: dict[str, Callable[[RunState, Any, int], Evolved]] = {
     "run.message_sent": _message_sent,
     "run.message_delivered": _message_receipt,
     "run.message_consumed": _message_receipt,
+    "run.budget_reserved": _budget_reserved,
+    "run.usage_charged": _usage_charged,
+    "run.budget_released": _budget_released,
     "run.cancel_requested": _cancel_requested,
     "run.completed": _finished,
     "run.failed": _finished,

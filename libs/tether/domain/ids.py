@@ -74,6 +74,14 @@ def derived_event_id(run_id: str, *parts: object) -> str:
     return ":".join([run_id, *(str(part) for part in parts)])
 
 
+def run_token(agent: str, name: str, run_id: str) -> str:
+    """A short token for one run of one parent (80 bits), for the ids of events one run
+    appends about another (a budget's charges and reservations of a run below it): run
+    ids and names may hold what an event id may not, and are long."""
+    return hashlib.blake2b(f"{agent}/{name}/{run_id}".encode(),
+                           digest_size=_TREE_DIGEST_BYTES).hexdigest()
+
+
 def parent_scope(agent: str, name: str) -> str:
     """A short token for one parent instance, for ids that must not be mistaken for those
     of another parent's run with the same run id."""

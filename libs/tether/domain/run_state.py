@@ -74,6 +74,19 @@ class SteeringMessage(Record, frozen=True, kw_only=True):
     consumed_at: int | None = None
 
 
+class Spending(Record, frozen=True, kw_only=True):
+    """A run below a budgeted run, as its budget sees it: what it reserved as it was
+    requested, what its model steps used (`steps`: the indexes charged), and whether it
+    ended (`released`: what it did not use is free)."""
+
+    reserved_tokens: int = 0
+    reserved_cost: float = 0.0
+    tokens: int = 0
+    cost: float = 0.0
+    steps: tuple[int, ...] = ()
+    released: bool = False
+
+
 class DeliveryLedger(Record, frozen=True, kw_only=True):
     """What has been delivered for a run, keyed so a second delivery is recognisable.
 
@@ -144,6 +157,15 @@ class RunState(Record, frozen=True, kw_only=True):
     events_applied: int = 1
     # The parent's steering messages, in the order they were sent.
     messages: tuple[SteeringMessage, ...] = ()
+    # Its budget in tokens and cost over it and the runs below it (`domain.spending`),
+    # the budgeted runs above it, its own model usage, and the runs below it as its
+    # budget sees them, by `<agent>/<name>/<run_id>`.
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    budgets_above: tuple[RunRef, ...] = ()
+    own_tokens: int = 0
+    own_cost: float = 0.0
+    spending: dict[str, Spending] = msgspec.field(default_factory=dict)
 
     @property
     def is_hard_terminal(self) -> bool:

@@ -90,6 +90,13 @@ def upcast_run_requested_v2_v3(payload: Payload) -> Payload:
     return {**payload, "data": {**payload["data"], "nested_parent": payload["run_id"]}}
 
 
+@upcaster("run.requested", from_version=3)
+def upcast_run_requested_v3_v4(payload: Payload) -> Payload:
+    """v3 had no token or cost budget, and no budgets above it."""
+    return {**payload, "data": {"max_tokens": None, "max_cost": None, "budgets_above": [],
+                                **payload["data"]}}
+
+
 @upcaster("run.interrupted", from_version=1)
 def upcast_run_interrupted_v1_v2(payload: Payload) -> Payload:
     """v1 did not say whether the child was still running; it was never kept alive then."""

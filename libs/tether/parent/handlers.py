@@ -27,7 +27,7 @@ from tether.contract.messages import (
     WorkItem,
     work_item_json,
 )
-from tether.domain import decide
+from tether.domain import decide, spending
 from tether.domain.chat import ChatKey, chat_of, chat_of_new_run, started_by_error
 from tether.domain.commands import (
     CancelCommand,
@@ -40,10 +40,12 @@ from tether.domain.commands import (
     parse_command,
 )
 from tether.domain.decide import delivery_entry_of_report, record_delivery_of_this_life
-from tether.domain.events import Event, ParentRef, RunRequested
+from tether.domain.events import Event, ParentRef, RunRef, RunRequested
 from tether.domain.fold import fold
 from tether.domain.ids import check_identifier, names_this_life, user_message_id, work_message_id
 from tether.domain.run_state import RunState
+from tether.domain.spending import BUDGET_EXCEEDED
+from tether.domain.usage import Amount, key_of
 from tether.parent.slots import SlotKeeper
 from tether.ports import SYSTEM_CLOCK, Clock, EventLog
 from tether.run_tree import TreeCancel, cancel_tree, cancels_below, descendants
@@ -112,13 +114,14 @@ class CommandHandlers:
             return await self._expired(command, overdue, cause)
 
         problem = await self._validate(command)
+        spend = await self._spend(command) if problem is None else decide.NO_SPEND
         cap = self.cap_for(command.parent)
         takes_slot = cap is not None and self._slots is not None
-        if problem is None and not takes_slot:
+        if problem is None and not takes_slot and not spend.above:
             # Most run ids are new: the request is appended expecting the run's subject
             # empty, without reading it first; when it is not, the run is read and
             # answered as below.
-            requested = decide.request_run(command, self._budgets, cause)
+            requested = decide.request_run(command, self._budgets, cause, spend)
             if (created := await self._log.append_new(requested)) is not None:
                 state, requested_seq = created
                 await self._dispatch(state, requested, requested_seq)
@@ -140,7 +143,54 @@ class CommandHandlers:
                                    "concurrency-cap", f"maxConcurrentAgentTools ({cap}) exceeded",
                                    cause)
                 return RunOutcome("rejected", code="concurrency-cap")
-        return await self._create(command, cause)
+        if spend.above and (why := await self._reserve(command, spend, cause)) is not None:
+            if takes_slot:
+                assert self._slots is not None
+                await self._slots.release(command.parent, command.run_id)
+            await self._reject(command.run_id, command.parent, command.agent_type,
+                               BUDGET_EXCEEDED, why, cause)
+            return RunOutcome("rejected", code=BUDGET_EXCEEDED)
+        return await self._create(command, cause, spend)
+
+    async def _spend(self, command: RunCommand) -> decide.Spend:
+        """The run's budget in tokens and cost (the request's, else its agent type's), and
+        the budgeted runs above it: the run that started it, if it has a budget, and the
+        ones above that."""
+        agent = self._agents.get(command.agent_type)
+        max_tokens = command.max_tokens or (agent.max_tokens if agent else None)
+        max_cost = command.max_cost or (agent.max_cost if agent else None)
+        above: tuple[RunRef, ...] = ()
+        if command.started_by is not None:
+            starter = command.started_by
+            state = (await self._log.read_run(starter.parent, starter.run_id)).state
+            if state is not None:
+                above = ((starter,) if spending.has_budget(state) else ()) + state.budgets_above
+        return decide.Spend(max_tokens=max_tokens, max_cost=max_cost, above=above)
+
+    async def _reserve(self, command: RunCommand, spend: decide.Spend,
+                       cause: decide.Cause) -> str | None:
+        """Reserve the run's share of every budget above it (its own budget, else its
+        agent type's estimate), nearest first; None when all had room, else why one had
+        none (what was reserved on the others is freed again)."""
+        agent = self._agents.get(command.agent_type)
+        share = Amount(
+            tokens=spend.max_tokens or (agent.estimated_tokens if agent else 0),
+            cost=spend.max_cost or (agent.estimated_cost if agent else 0.0))
+        run = RunRef(parent=command.parent, run_id=command.run_id)
+        taken: list[RunRef] = []
+        for owner in spend.above:
+            state, appended = await self._log.recent.update(
+                owner.parent, owner.run_id, lambda s: spending.reserve(s, run, share, cause))
+            if appended or (state is not None and key_of(run) in state.spending):
+                taken.append(owner)
+                continue
+            for done in taken:
+                await self._log.recent.update(done.parent, done.run_id,
+                                              lambda s: spending.release(s, run, cause))
+            if state is None:
+                return f"the budgeted run {owner.run_id} above it is gone"
+            return spending.room_for(state, share) or f"run {owner.run_id} had no room"
+        return None
 
     async def _expired(self, command: RunCommand, overdue: int, cause: decide.Cause
                        ) -> RunOutcome:
@@ -159,8 +209,9 @@ class CommandHandlers:
                            cause)
         return RunOutcome("rejected", code="expired")
 
-    async def _create(self, command: RunCommand, cause: decide.Cause) -> RunOutcome:
-        requested = decide.request_run(command, self._budgets, cause)
+    async def _create(self, command: RunCommand, cause: decide.Cause,
+                      spend: decide.Spend = decide.NO_SPEND) -> RunOutcome:
+        requested = decide.request_run(command, self._budgets, cause, spend)
         state, appended, requested_seq = await self._log.recent.update_at(
             command.parent, command.run_id, lambda s: [requested] if s is None else [])
         assert state is not None  # ours, or another replica's created between read and append

@@ -22,7 +22,9 @@ run from the log and appends with optimistic concurrency, so a decision taken tw
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
+from functools import partial
 from typing import cast
 
 import asyncpg
@@ -34,10 +36,19 @@ from tether.adapters.postgres.reads import ProjectionReads
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
-from tether.domain import budgets, decide
-from tether.domain.events import ParentRef, RunRequested
+from tether.domain import budgets, decide, spending
+from tether.domain.events import (
+    TERMINAL_EVENT_STATUS,
+    Event,
+    InterruptedReason,
+    ParentRef,
+    RunRef,
+    RunRequested,
+    RunStepRecorded,
+)
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
+from tether.domain.usage import step_amount
 from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,
@@ -54,7 +65,13 @@ from tether.resilience import TRANSIENT_ERRORS, describe, is_transient, supervis
 from tether.run_tree import cancel_below
 
 RunKey = tuple[str, str, str]
-_KINDS = (*budgets.KINDS, "delivery")  # a run's deadlines
+# A run's deadlines: its time budgets', a delivery's retry, and "spent", due at once
+# when its token or cost budget was passed.
+_KINDS = (*budgets.KINDS, "delivery", "spent")
+
+# The events of a run with budgets above it that the budgets count: its model steps, and
+# its end.
+_SPENDING_EVENTS = frozenset({"run.step_recorded", *TERMINAL_EVENT_STATUS})
 
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
 # of the loop whatever its size; under load, waiting gathers the events of many runs
@@ -201,9 +218,45 @@ class Reconciler:
             self._untrack(key)
             return
         self._track(evolved.state)
+        if evolved.applied and (evolved.state.budgets_above
+                                or spending.has_budget(evolved.state)):
+            await self._count(event, evolved.state, key)
         if event.type == "run.reattach_started" and evolved.state.status == "interrupted":
             # A repeated request re-attached to an interrupted run: follow it again.
             self.recovery.watch(evolved.state, announce=False)
+
+    async def _count(self, event: Event, state: RunState, key: RunKey) -> None:
+        """Budgets in tokens and cost (`tether.domain.spending`): a model step of a run
+        with budgets above it is charged to each; its end settles what it reserved there
+        (and any charge a reconciler did not live to append); a budgeted run whose usage
+        passed its budget is due to be given up."""
+        if state.budgets_above and event.type in _SPENDING_EVENTS:
+            run = RunRef(parent=state.parent, run_id=state.run_id)
+            cause = decide.timer_cause(SYSTEM_CLOCK.now(), self.origin)
+            if isinstance(event, RunStepRecorded):
+                used = step_amount(event.data.step)
+                decision = partial(spending.charge, run=run, step=event.data.index,
+                                   amount=used, cause=cause) if used else None
+            else:
+                decision = partial(spending.settle, run=run, steps=state.steps, cause=cause)
+            if decision is not None:
+                await self._charge(state, decision)
+        if (state.is_open and event.type in ("run.step_recorded", "run.usage_charged")
+                and spending.exceeded(state) is not None):
+            self._index.set((key, "spent"), self._clock.now())
+            self._rearm()
+
+    async def _charge(self, state: RunState,
+                      decision: Callable[[RunState | None], list[Event]]) -> None:
+        """Append `decision` to every budgeted run above `state`'s run."""
+        for owner in state.budgets_above:
+            try:
+                await self._log.recent.update(owner.parent, owner.run_id, decision)
+            except Exception as error:
+                if not is_transient(error):
+                    raise
+                self._logger.warning("reconciler.charge_failed", run_id=state.run_id,
+                                     budget_of=owner.run_id, error=describe(error))
 
     def _track(self, state: RunState) -> None:
         key = (state.parent.agent, state.parent.name, state.run_id)
@@ -295,6 +348,8 @@ class Reconciler:
             await self._lease_fresh()
             if kind == "delivery":
                 await self._retry_delivery(key)
+            elif kind == "spent":
+                await self._spent_due(key)
             else:
                 await self._budget_due(key)
         except LeadershipLost:
@@ -326,14 +381,31 @@ class Reconciler:
         if budget is None:
             self._track(state)  # a signal moved the deadline since
             return
-        reason = budget.reason
+        await self._give_up(state, budget.reason, decide.INTERRUPTED_ERRORS[budget.reason],
+                            budget.kind)
+
+    async def _spent_due(self, key: RunKey) -> None:
+        """A run's token or cost budget was passed (`spending.exceeded`): give it up."""
+        state = self._states.get(key)
+        if state is None:
+            return
+        state = (await self._log.read_run(state.parent, state.run_id)).state
+        if state is None or not state.is_open:
+            return
+        if (error := spending.exceeded(state)) is not None:
+            await self._give_up(state, "budget-exceeded", error, "spent")
+
+    async def _give_up(self, state: RunState, reason: InterruptedReason, error: str,
+                       kind: str) -> None:
+        """The run ends `interrupted` for `reason` (a budget), what it owes is delivered,
+        the runs below it are cancelled deepest first, and its child is stopped."""
         # The child was at work when the parent stopped waiting (a runner had started an
         # attempt): the cancel to its runner follows the give-up, not before it.
         child_running = state.status == "running"
         cause = decide.timer_cause(SYSTEM_CLOCK.now(), self.origin)
         final, appended = await self._log.recent.update(
             state.parent, state.run_id,
-            lambda s: decide.give_up(s, cause, reason, decide.INTERRUPTED_ERRORS[reason],
+            lambda s: decide.give_up(s, cause, reason, error,
                                      child_still_running=child_running))
         if final is not None:
             self._track(final)
@@ -342,7 +414,7 @@ class Reconciler:
         if any(event.type == "run.interrupted" for event in appended):
             # Counted as soon as it is in the log, before the delivery's round trips.
             self.decisions += 1
-            DEADLINES_FIRED.inc(kind=budget.kind)
+            DEADLINES_FIRED.inc(kind=kind)
             await self.observability.emit("agent_tool:detached:give_up", state.run_id,
                                           state.parent, reason=reason,
                                           child_still_running=child_running)

@@ -1,0 +1,151 @@
+"""Budgets in model tokens and cost over a run and every run below it.
+
+A run with a budget (`max_tokens`, `max_cost`) counts its own model usage (its recorded
+steps', `step_amount`) and that of every run below it: each descendant's model steps
+are charged to every budgeted run above it (`charge`, `run.usage_charged`). A nested run
+reserves its share as it is requested, before it starts (`reserve`: its own budget, else
+its agent type's estimate), so that runs started at once cannot together start more than
+the budget allows; what it then uses is charged against its reservation, and what it
+reserved and did not use is freed when it ends (`release`). The budget is exceeded when
+what was spent passes it (`exceeded`): the run is then given up, `interrupted` with the
+reason `budget-exceeded`, and the runs below it are cancelled.
+
+Everything here is a pure function of a run's state; the parent reserves, the
+reconciler charges, releases and gives up.
+"""
+
+from typing import Any
+
+from tether.domain.decide import Cause
+from tether.domain.events import (
+    Event,
+    RunBudgetReleased,
+    RunBudgetReleasedData,
+    RunBudgetReserved,
+    RunBudgetReservedData,
+    RunRef,
+    RunUsageCharged,
+    RunUsageChargedData,
+)
+from tether.domain.ids import run_token
+from tether.domain.run_state import RunState
+from tether.domain.usage import Amount, key_of, step_amount
+
+# The code of a run request refused because a budget above it had no room for its share
+# (`run.rejected`), and the reason its caller's failure carries.
+BUDGET_EXCEEDED = "budget-exceeded"
+
+
+def has_budget(state: RunState) -> bool:
+    return state.max_tokens is not None or state.max_cost is not None
+
+
+def spent(state: RunState) -> Amount:
+    """What the run and the runs below it used."""
+    tokens, cost = state.own_tokens, state.own_cost
+    for share in state.spending.values():
+        tokens, cost = tokens + share.tokens, cost + share.cost
+    return Amount(tokens=tokens, cost=round(cost, 10))
+
+
+def reserved(state: RunState) -> Amount:
+    """What the open runs below it reserved and have not used yet."""
+    tokens, cost = 0, 0.0
+    for share in state.spending.values():
+        if not share.released:
+            tokens += max(0, share.reserved_tokens - share.tokens)
+            cost += max(0.0, share.reserved_cost - share.cost)
+    return Amount(tokens=tokens, cost=round(cost, 10))
+
+
+def left(state: RunState) -> tuple[int | None, float | None]:
+    """What is left of the budget (None: no budget of that kind), spent and reserved
+    taken off; below zero when it was passed."""
+    used, held = spent(state), reserved(state)
+    tokens = None if state.max_tokens is None else state.max_tokens - used.tokens - held.tokens
+    cost = None if state.max_cost is None else round(state.max_cost - used.cost - held.cost, 10)
+    return tokens, cost
+
+
+def room_for(state: RunState, amount: Amount) -> str | None:
+    """Why `amount` cannot be reserved from the run's budget now; None when it can."""
+    if not state.is_open:
+        return f"run {state.run_id} is {state.status}: its budget takes no new runs"
+    tokens, cost = left(state)
+    if tokens is not None and (amount.tokens > tokens or tokens <= 0):
+        return (f"the token budget of run {state.run_id} has {max(tokens, 0):,} of "
+                f"{state.max_tokens:,} tokens left; this call reserves {amount.tokens:,}")
+    if cost is not None and (amount.cost > cost or cost <= 0):
+        return (f"the cost budget of run {state.run_id} has {max(cost, 0.0):.6f} of "
+                f"{state.max_cost:.6f} left; this call reserves {amount.cost:.6f}")
+    return None
+
+
+def exceeded(state: RunState) -> str | None:
+    """The error of a run whose budget was passed; None while it holds."""
+    used = spent(state)
+    if state.max_tokens is not None and used.tokens > state.max_tokens:
+        return (f"the run and the runs below it used {used.tokens:,} tokens of its "
+                f"{state.max_tokens:,}-token budget")
+    if state.max_cost is not None and used.cost > state.max_cost:
+        return (f"the run and the runs below it cost {used.cost:.6f} of its "
+                f"{state.max_cost:.6f} budget")
+    return None
+
+
+def _envelope(state: RunState, cause: Cause, kind: str, run: RunRef,
+              *more: object) -> dict[str, Any]:
+    """The envelope of an event about the descendant `run`, its id from the budgeted
+    run's life, `kind`, the descendant and `more` (a step): one of each."""
+    token = run_token(run.parent.agent, run.parent.name, run.run_id)
+    return {"event_id": state.event_id(kind, token, *more), "run_id": state.run_id,
+            "parent": state.parent,
+            "occurred_at": cause.now, "causation_id": cause.causation_id,
+            "correlation_id": state.run_id}
+
+
+def reserve(state: RunState | None, run: RunRef, amount: Amount, cause: Cause) -> list[Event]:
+    """Reserve `amount` of the budget for the descendant `run`, if it fits (`room_for`);
+    nothing for one that has reserved already (the same request again)."""
+    if state is None or key_of(run) in state.spending or room_for(state, amount) is not None:
+        return []
+    return [RunBudgetReserved(**_envelope(state, cause, "reserve", run),
+                              data=RunBudgetReservedData(run=run, tokens=amount.tokens,
+                                                         cost=amount.cost))]
+
+
+def charge(state: RunState | None, run: RunRef, step: int, amount: Amount,
+           cause: Cause) -> list[Event]:
+    """Charge the usage of step `step` of the descendant `run`, once."""
+    if state is None or not amount:
+        return []
+    share = state.spending.get(key_of(run))
+    if share is not None and step in share.steps:
+        return []
+    return [RunUsageCharged(**_envelope(state, cause, "charge", run, step),
+                            data=RunUsageChargedData(run=run, step=step, tokens=amount.tokens,
+                                                     cost=amount.cost))]
+
+
+def release(state: RunState | None, run: RunRef, cause: Cause) -> list[Event]:
+    """Free what the descendant `run` reserved and did not use: it ended."""
+    if state is None:
+        return []
+    share = state.spending.get(key_of(run))
+    if share is None or share.released:
+        return []
+    return [RunBudgetReleased(**_envelope(state, cause, "release", run),
+                              data=RunBudgetReleasedData(run=run))]
+
+
+def settle(state: RunState | None, run: RunRef, steps: dict[int, dict[str, Any]],
+           cause: Cause) -> list[Event]:
+    """The descendant `run` ended: charge what its steps used that was not charged yet
+    (a charge its reconciler did not live to append), then free what it reserved."""
+    if state is None:
+        return []
+    events: list[Event] = []
+    for index in sorted(steps):
+        if used := step_amount(steps[index]):
+            events += charge(state, run, index, used, cause)
+    return events + release(state, run, cause)
