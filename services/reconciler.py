@@ -10,7 +10,7 @@ from tether.config import Settings
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import parent_formatters
 from tether.log import get_logger
-from tether.metrics import RECONCILER_ACTIVE
+from tether.metrics import BUDGETS, RECONCILER_ACTIVE
 from tether.reconciler.service import Reconciler
 from tether.runtime import ReadinessCheck
 
@@ -42,6 +42,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
 
         async def collect_role() -> None:
             RECONCILER_ACTIVE.set(1 if reconciler.active.is_set() else 0)
+            for (kind, state), value in reconciler.budget_totals().items():
+                BUDGETS.set(value, kind=kind, state=state)
 
         service.collect(collect_role)
         await reconciler.run(stop)

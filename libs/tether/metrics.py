@@ -284,6 +284,10 @@ DEADLINES_DUE = Counter("tether_deadlines_due_total",
 DEADLINES_FIRED = Counter("tether_deadlines_fired_total",
                           "Due deadlines that led to a decision (a give-up, a delivery "
                           "retry), by kind", ["kind"])
+BUDGETS = Gauge("tether_budgets",
+                "The open runs with a token or cost budget (over them and the runs below "
+                "them), summed: spent, reserved by open runs below them, and left; kind "
+                "tokens or cost (on the active reconciler)", ["kind", "state"])
 RECONCILER_ACTIVE = Gauge("tether_reconciler_active",
                           "1 when this reconciler holds the lease, 0 on a standby")
 DECISIONS_FAILED = Counter("tether_reconciler_decisions_failed_total",

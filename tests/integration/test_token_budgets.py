@@ -176,7 +176,7 @@ async def test_eight_nested_calls_at_once_under_a_budget_that_allows_four_start_
 
 async def test_a_run_below_is_charged_what_it_used_and_frees_the_rest_when_it_ends(stack):
     await stack.start_runner()
-    await stack.start_reconciler()
+    reconciler = await stack.start_reconciler()
     call = asyncio.create_task(stack.parent.run_agent_tool("OneByOne", {}, run_id="one"))
 
     async def settled(count: int):
@@ -187,6 +187,12 @@ async def test_a_run_below_is_charged_what_it_used_and_frees_the_rest_when_it_en
 
     for count in (1, 2):
         await eventually(lambda count=count: settled(count), timeout=DEADLINE_S)
+        # The metrics: what the open budgeted runs spent, reserve and have left.
+        totals = await eventually(lambda count=count: (
+            reconciler.budget_totals()[("tokens", "spent")] == 300 * count
+            and reconciler.budget_totals()), timeout=DEADLINE_S)
+        assert (totals[("tokens", "reserved")], totals[("tokens", "left")]) == (
+            0, 2_000 - 300 * count)
         CALLS.gate.set()  # reserved 1,000 and used 300: the next call fits
     state = await eventually(lambda: settled(3), timeout=DEADLINE_S)
     CALLS.gate.set()

@@ -96,3 +96,18 @@ def test_counts_by_status_are_per_parent_with_every_status():
     assert [(c["agent"], c["name"], c["total"]) for c in counts] == [("A", "x", 4), ("B", "y", 2)]
     assert counts[0]["counts"] == {"starting": 0, "running": 0, "completed": 3, "error": 1,
                                    "aborted": 0, "interrupted": 0}
+
+
+def test_a_budgeted_run_shows_what_it_spent_what_is_reserved_and_what_is_left():
+    run = RunEvents("r1", PARENT)
+    below = ev.RunRef(parent=ParentRef(agent="Worker", name="r1:x"), run_id="c1")
+    state = fold([
+        run.requested(max_tokens=2_000, max_cost=0.5), run.running(),
+        run.make(ev.RunStepRecorded, index=0, step={
+            "turn": {"usage": {"input_tokens": 100, "output_tokens": 50}}, "cost": 0.01}),
+        run.make(ev.RunBudgetReserved, run=below, tokens=1_000, cost=0.2),
+        run.make(ev.RunUsageCharged, run=below, step=0, tokens=400, cost=0.05)])
+    assert run_document(state)["budget"] == {
+        "max_tokens": 2_000, "max_cost": 0.5, "spent_tokens": 550, "reserved_tokens": 600,
+        "left_tokens": 850, "spent_cost": 0.06, "reserved_cost": 0.15, "left_cost": 0.29}
+    assert run_document(fold([run.requested()]))["budget"] is None

@@ -113,6 +113,26 @@ class Reconciler:
         self._clock = clock or BrokerClock(log.nats, log.subjects.events_stream, logger,
                                            warn_skew_ms=settings.clock_skew_warn_ms)
 
+    def budget_totals(self) -> dict[tuple[str, str], float]:
+        """(kind, state) -> the sum over the open runs with a budget of that kind that this
+        reconciler watches: spent, reserved and left (`tether_budgets`)."""
+        totals = {(kind, state): 0.0 for kind in ("tokens", "cost")
+                  for state in ("spent", "reserved", "left")}
+        for run in self._states.values():
+            if not run.is_open or not spending.has_budget(run):
+                continue
+            used, held = spending.spent(run), spending.reserved(run)
+            tokens, cost = spending.left(run)
+            if tokens is not None:
+                totals[("tokens", "spent")] += used.tokens
+                totals[("tokens", "reserved")] += held.tokens
+                totals[("tokens", "left")] += max(tokens, 0)
+            if cost is not None:
+                totals[("cost", "spent")] += used.cost
+                totals[("cost", "reserved")] += held.cost
+                totals[("cost", "left")] += max(cost, 0.0)
+        return totals
+
     def tracking(self, parent: ParentRef, run_id: str) -> bool:
         """Whether this reconciler still watches the run: a deadline of it pending or a
         decision about it under way."""

@@ -5,6 +5,7 @@ from typing import Any
 
 from tether.client.timeline import run_view
 from tether.contract.messages import ProgressSignal
+from tether.domain import spending
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState, as_builtins
 from tether.ports import StoredEvent
@@ -41,8 +42,21 @@ def run_document(state: RunState, signal: ProgressSignal | None = None, *,
         finished=state.status in ("completed", "error", "aborted", "interrupted"),
         # An interrupted run that a request under its run id resumes (the UI's Re-request).
         resumable=state.resumable,
+        budget=budget_document(state),
     )
     return document
+
+
+def budget_document(state: RunState) -> dict[str, Any] | None:
+    """Its budget in tokens and cost over it and the runs below it: the limits, spent,
+    reserved by open runs below it, left; None without one."""
+    if not spending.has_budget(state):
+        return None
+    used, held = spending.spent(state), spending.reserved(state)
+    tokens, cost = spending.left(state)
+    return {"max_tokens": state.max_tokens, "max_cost": state.max_cost,
+            "spent_tokens": used.tokens, "reserved_tokens": held.tokens, "left_tokens": tokens,
+            "spent_cost": used.cost, "reserved_cost": held.cost, "left_cost": cost}
 
 
 def state_as_of(events: Iterable[StoredEvent], seq: int) -> RunState | None:

@@ -103,6 +103,7 @@ function runCard(run, tree, options = {}) {
     run.waiting_for ? `waiting: ${esc(run.waiting_for)}` : "",
     run.cancel_requested && !run.finished ? "cancel requested" : "",
     run.reattach_attempts ? `re-attach ${run.reattach_attempts}` : "",
+    budgetText(run.budget),
   ].filter(Boolean);
   return `<div class="run" data-run-id="${esc(run.run_id)}" data-status="${esc(run.status)}"
       ${run.waiting_for ? `data-waiting="${esc(run.waiting_for)}"` : ""}>
@@ -132,6 +133,20 @@ function runCard(run, tree, options = {}) {
     ${waterfall(run)}
     ${children.length ? `<div class="children">${children.map((c) => runCard(c, tree, {actions: false})).join("")}</div>` : ""}
   </div>`;
+}
+
+// Its budget over it and the runs below it: spent of the limit, reserved by open runs
+// below it, left.
+function budgetText(budget) {
+  if (!budget) return "";
+  const parts = [];
+  if (budget.max_tokens != null) {
+    parts.push(`<span class="budget" data-left-tokens="${budget.left_tokens}">tokens ${budget.spent_tokens.toLocaleString("en")} of ${budget.max_tokens.toLocaleString("en")} · ${budget.reserved_tokens.toLocaleString("en")} reserved · ${Math.max(budget.left_tokens, 0).toLocaleString("en")} left</span>`);
+  }
+  if (budget.max_cost != null) {
+    parts.push(`<span class="budget">cost $${budget.spent_cost.toFixed(4)} of $${budget.max_cost.toFixed(4)} · $${budget.reserved_cost.toFixed(4)} reserved · $${Math.max(budget.left_cost, 0).toFixed(4)} left</span>`);
+  }
+  return parts.join(" ");
 }
 
 // The parent's steering messages to the run, each with how far it got: sent, handed to
