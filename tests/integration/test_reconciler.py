@@ -35,6 +35,7 @@ from tether.domain.events import (
     RunNotified,
     RunProgressPersisted,
     RunRef,
+    RunStepRecorded,
 )
 from tether.domain.fold import evolve
 from tether.domain.ids import work_message_id
@@ -790,3 +791,35 @@ async def test_a_reconciler_whose_control_broker_waits_for_nats_stops_when_told(
     done, _ = await asyncio.wait({task}, timeout=3)
     assert done, "still starting its control broker"
     assert not reconciler.active.is_set()
+
+
+async def test_a_budget_passed_while_no_reconciler_led_is_given_up_by_the_next(
+        fast, log, pool, settings):
+    """An awaited run with a token budget that its model steps passed while no reconciler
+    ran, projected: the reconciler that takes over gives it up `budget-exceeded`, and
+    leaves one within its budget alone."""
+    runs = {}
+    for run_id, tokens in (("spent", 700), ("within", 300)):
+        run = RunEvents(run_id, PARENT, start_ms=now_ms())
+        runs[run_id] = run
+        await append_all(log, run.requested(max_tokens=1_000), run.started(), run.running(),
+                         *(run.make(RunStepRecorded, index=i, step={"turn": {"usage": {
+                             "input_tokens": tokens, "output_tokens": 0}}}) for i in (0, 1)))
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
+    stop_projecting = asyncio.Event()
+    projecting = asyncio.create_task(projector.run(stop_projecting))
+    async with asyncio.timeout(60):
+        await projector.wait_for_position(await log.stream_last_seq())
+    stop_projecting.set()
+    await asyncio.wait_for(projecting, 10)
+
+    reconciler, stop, task = await start(fast, log, pool)
+    try:
+        state, _ = await outcome(log, "spent")
+        assert (state.status, state.reason) == ("interrupted", "budget-exceeded")
+        assert state.error == ("the run and the runs below it used 1,400 tokens of its "
+                               "1,000-token budget")
+        assert (await log.read_run(PARENT, "within")).state.status == "running"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

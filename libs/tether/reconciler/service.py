@@ -209,6 +209,10 @@ class Reconciler:
             return 0  # no projection yet: the log from the start is the view
         for state in watched:
             self._track(state)
+            if state.is_open and spending.has_budget(state) and spending.exceeded(state):
+                # Passed while no reconciler led: given up now.
+                self._index.set(((state.parent.agent, state.parent.name, state.run_id),
+                                 "spent"), self._clock.now())
         self._logger.info("reconciler.loaded", runs=len(watched), watching=len(self._states),
                           checkpoint=checkpoint)
         return checkpoint
