@@ -798,10 +798,8 @@ async def test_a_budget_passed_while_no_reconciler_led_is_given_up_by_the_next(
     """An awaited run with a token budget that its model steps passed while no reconciler
     ran, projected: the reconciler that takes over gives it up `budget-exceeded`, and
     leaves one within its budget alone."""
-    runs = {}
     for run_id, tokens in (("spent", 700), ("within", 300)):
         run = RunEvents(run_id, PARENT, start_ms=now_ms())
-        runs[run_id] = run
         await append_all(log, run.requested(max_tokens=1_000), run.started(), run.running(),
                          *(run.make(RunStepRecorded, index=i, step={"turn": {"usage": {
                              "input_tokens": tokens, "output_tokens": 0}}}) for i in (0, 1)))
