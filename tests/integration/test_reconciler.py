@@ -811,7 +811,7 @@ async def test_a_budget_passed_while_no_reconciler_led_is_given_up_by_the_next(
     stop_projecting.set()
     await asyncio.wait_for(projecting, 10)
 
-    reconciler, stop, task = await start(fast, log, pool)
+    _, stop, task = await start(fast, log, pool)
     try:
         state, _ = await outcome(log, "spent")
         assert (state.status, state.reason) == ("interrupted", "budget-exceeded")
