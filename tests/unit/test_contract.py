@@ -314,7 +314,7 @@ def test_schemas_cover_every_event_and_command() -> None:
 
     assert {"events/run.requested.v4.json", "events/run.interrupted.v2.json",
             "events/event.json", "commands/run.json"} <= set(generated)
-    assert len([p for p in generated if p.startswith("events/run.")]) == 26
+    assert len([p for p in generated if p.startswith("events/run.")]) == 27
     assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 13
 
 

@@ -169,7 +169,9 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         "no_progress_deadline": None, "ledger": {"finish": {}, "notifications": {}},
         "reattach_attempts": 0, "reattach_decisions": [], "keyless_event_ids": [],
         "events_applied": 1, "messages": [], "own_tokens": 0, "own_cost": 0.0,
-        "spending": {}}
+        "spending": {}, "turn": 1, "turns": [], "turn_requested_at": None,
+        "turn_first_step": 0, "turn_first_output": 0, "turn_first_resumption": 0,
+        "ended_by": None}
     assert state.output_parts is not evolve(None, event).state.output_parts  # each its own
 
 
@@ -253,7 +255,8 @@ def _stored_histories() -> dict[str, list[Any]]:
             make(RunRequested, {"agent_type": "Researcher", "input": {}, "nested_parent": NESTED},
                  event_id="req-2"),
             running(1, T0 + 1),
-            make(RunAborted, {"error": "gave up", "cause": "give-up"}, at=T0 + 2 * SECOND),
+            make(RunAborted, {"error": "gave up", "cause": "give-up"}, at=T0 + 2 * SECOND,
+                 event_id="abort-2"),
         ],
     }
 

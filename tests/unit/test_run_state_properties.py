@@ -43,6 +43,7 @@ from tether.domain.events import (
     RunRunning,
     RunStarted,
     RunStepRecorded,
+    RunTurnRequested,
     RunUsageCharged,
 )
 from tether.domain.fold import evolve, fold
@@ -93,6 +94,9 @@ BELOW = [{"parent": {"agent": "Researcher", "name": "r1:tree"}, "run_id": f"c{n}
 # entry per class of the domain (a new event class fails here until it has one).
 EVENT_DATA: dict[type[EventEnvelope], tuple[str | None, st.SearchStrategy[dict]]] = {
     RunRequested: (None, request_data),
+    RunTurnRequested: ("turn", variants(input=[{"query": "and gRPC?"}],
+                                        parent_tool_call_id=[None, "call-2"],
+                                        max_budget_ms=[None, 60_000])),
     RunRejected: (None, variants(agent_type=["Researcher"], code=["cap"],
                                  error=["too many runs"])),
     RunStarted: (None, variants(work_subject=["tether.work.Researcher"])),
@@ -146,7 +150,7 @@ def test_the_histories_draw_every_event_class_of_the_domain():
     assert set(ENDINGS) <= set(EVENT_KINDS)
 
 
-FIRST_KEY = {"attempt": 1, "index": 0, "sequence": 0}
+FIRST_KEY = {"attempt": 1, "index": 0, "sequence": 0, "turn": 2}
 STEP_OF_KIND = {kind: st.tuples(st.just(kind), data, key_offsets, elapsed_ms)
                 for kind, (_, _, data) in EVENT_KINDS.items()}
 
@@ -178,9 +182,31 @@ def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
     events = []
     pauses: list[str] = []
     sent: list[str] = []
+    ended = False  # the current turn's hard outcome is in
+    turn = 1
     for position, (kind, data, offset, elapsed) in enumerate(steps):
         event_cls, key, _ = EVENT_KINDS[kind]
         data = dict(data)
+        if kind in ("completed", "failed", "aborted"):
+            if ended and "turn_requested" in kinds:
+                # A turn's second outcome is never appended (`decide.finish_attempt`):
+                # a later turn would take it for its own.
+                continue
+            ended = True
+        if kind == "turn_requested":
+            # A follow-up is asked of a run that ended, for its next turn (it is caused by
+            # the end), or it repeats one the run took.
+            if ended and offset >= 0:
+                turn, ended = turn + 1, False
+                data["turn"] = turn
+            elif turn >= 2:
+                data["turn"] = turn
+            else:
+                continue
+            events.append(msgspec.convert({
+                "event_id": f"e{position}", "run_id": RUN_ID, "parent": PARENT,
+                "occurred_at": clock, "data": data}, event_cls))
+            continue
         if kind == "paused":
             pauses.append(f"e{position}")
         if kind == "resumed":
@@ -235,7 +261,18 @@ def test_folding_is_deterministic_and_replaying_the_log_again_changes_nothing(
     assert fold([decode_event(encode_event(event)) for event in events]) == once
     for end in range(1, len(events) + 1):
         prefix = events[:end]
-        assert fold(prefix + prefix) == fold(prefix), f"replaying the first {end} events again"
+        # (within a turn: see `_turn_of`)
+        again = [event for event in prefix if _turn_of(prefix, event) == _turn_of(prefix)]
+        assert fold(prefix + again) == fold(prefix), f"replaying the first {end} events again"
+
+
+def _turn_of(events: list[Any], event: Any = None) -> int:
+    """How many follow-up turns the run had taken when `event` was appended (None: after
+    the last). An event of an earlier turn is never appended again once a later one
+    began: every writer decides from the run as it is, and a later turn is another life
+    of the run (`RunState.incarnation`) whose decisions refuse the earlier one's."""
+    position = len(events) if event is None else events.index(event)
+    return sum(1 for e in events[:position] if e.type == "run.turn_requested")
 
 
 @PROPERTY
@@ -258,23 +295,30 @@ def test_a_duplicate_of_any_event_changes_nothing(events: list[Any], data: st.Da
         # Seen again right after itself, or after any later event: states[later] is the
         # state at that point, and an unchanged state leaves the rest of the fold unchanged.
         for later in range(original + 1, len(events) + 1):
+            if _turn_of(events[:later]) != _turn_of(events, events[original]):
+                break  # (a later turn: see `_turn_of`)
             again = evolve(states[later], events[original])
             assert again.state == states[later], (original, later, again.note)
 
     original = data.draw(st.integers(0, len(events) - 1), label="duplicated event")
     later = data.draw(st.integers(original + 1, len(events)), label="inserted before position")
-    with_duplicate = [*events[:later], events[original], *events[later:]]
-    assert fold(with_duplicate) == full
+    if _turn_of(events[:later]) == _turn_of(events, events[original]):
+        with_duplicate = [*events[:later], events[original], *events[later:]]
+        assert fold(with_duplicate) == full
 
 
 @PROPERTY
 @given(run_histories(with_clears=True))
 def test_a_hard_terminal_status_never_changes_until_the_run_is_cleared(events: list[Any]) -> None:
+    """(or until it takes a follow-up turn, which starts it again)"""
     final: str | None = None
+    before = None
     for event, state in zip(events, states_after_each(events)[1:], strict=True):
-        if isinstance(event, RunCleared):
+        if isinstance(event, RunCleared) or (
+                state is not None and before is not None and state.turn > before.turn):
             final = None
         elif final is not None:
             assert state is not None and state.status == final, (event.type, final)
         elif state is not None and state.status in HARD_TERMINAL:
             final = state.status
+        before = state

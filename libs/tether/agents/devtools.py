@@ -91,10 +91,15 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
     timings = (f"requested {_clock(state.requested_at)}"
                f"  started {_after(state.requested_at, state.started_at)}"
                f"  ended {_after(state.requested_at, state.ended_at)}")
-    lines = [f"run {state.run_id}  {state.agent_type}  parent {parent}",
-             f"status    {_status(state)}  attempt {state.attempt}"
-             + (f"  version {state.agent_version}" if state.agent_version else ""),
-             f"timings   {timings}"]
+    lines = [f"run {state.run_id}  {state.agent_type}  parent {parent}"]
+    for turn in state.turns:
+        said = turn.summary if turn.status == "completed" else turn.error
+        lines.append(f"turn {turn.turn:<4} {turn.status}  {_compact(turn.input)}  "
+                     f"-> {_preview(said or '')}")
+    lines += [f"status    {_status(state)}  attempt {state.attempt}"
+              + (f"  turn {state.turn}" if state.turn > 1 else "")
+              + (f"  version {state.agent_version}" if state.agent_version else ""),
+              f"timings   {timings}"]
     if not state.steps:
         lines.append("steps     none recorded (a child that records no steps, or not started)")
     inputs = {call.id: call.input for record in records for call in record.tool_calls}

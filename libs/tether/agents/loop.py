@@ -111,6 +111,7 @@ class CallPlan:
     parent: ParentRef | None = None
     inbox: tuple[str, ...] = ()  # the conversation messages this call answers
     resumes: str | None = None  # the pause whose answers this call brings
+    opening: str | None = None  # a follow-up turn's input: the user message it opens with
 
 
 @dataclass
@@ -224,7 +225,17 @@ class AgentLoop:
             # Resumed after the call's outcome was recorded: nothing is left to do.
             last = this_call[-1]
             return CallOutcome(last.status, last.model or self._model, last.stop_reason)
-        answered = any(r.kind == "continuation" and not r.steering for r in this_call)
+        if plan.opening is not None and not this_call:
+            # A follow-up turn: its input is the user's next message, recorded first.
+            now = SYSTEM_CLOCK.now()
+            await self._store(session, plan, AgentStepRecord(
+                index=len(records), call=plan.call, kind="continuation", status="running",
+                human_input=plan.opening, state=session.state.snapshot(), started_at=now,
+                ended_at=now))
+            this_call = [records[-1]]
+        # (the follow-up's opening record, the call's first, answers no pause)
+        answers = this_call[1:] if plan.opening is not None else this_call
+        answered = any(r.kind == "continuation" and not r.steering for r in answers)
         if decisions is not None and not answered and not decisions.empty:
             await self._continuation(session, plan, decisions)
         if starting_runs(records):

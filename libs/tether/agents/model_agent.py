@@ -107,6 +107,8 @@ def step_message(record: AgentStepRecord) -> str:
 
 class ModelAgent(ChildAgent):
     definition: ClassVar[AgentDefinition]
+    # A completed run takes a follow-up turn: the conversation goes on with its input.
+    follow_ups: ClassVar[frozenset[str]] = frozenset({"completed"})
     input_model: ClassVar[type[BaseModel]] = ModelAgentInput
     model_client: ClassVar[ModelClient | None] = None
     script: ClassVar[Sequence[Entry | Sequence[Entry]] | None] = None
@@ -150,19 +152,29 @@ class ModelAgent(ChildAgent):
         request = AgentToolRequest(
             run_id=ctx.run_id, agent_type=ctx.agent_type, parent=ctx.parent,
             parent_tool_call_id=ctx.history.parent_tool_call_id if ctx.history else None)
-        first = self.format_agent_tool_input(input, request)
         history = ctx.history
+        turns = history.turns if history is not None else ()
+        # A follow-up turn goes on with the conversation: the run's first input opens it,
+        # this turn's is the user's next message.
+        opening_input = (self.input_model.model_validate(turns[0].input) if turns else input)
+        first = self.format_agent_tool_input(opening_input, request)
+        opening = None
+        if turns:
+            said = self.format_agent_tool_input(input, request)
+            opening = said if isinstance(said, str) else said.content
         records = ([AgentStepRecord.model_validate(history.steps[i]) for i in sorted(history.steps)]
                    if history is not None else [])
         resumptions = history.resumptions if history is not None else ()
-        decisions = Decisions.of(**resumptions[-1].decisions) if resumptions else None
-        plan = CallPlan(run_id=ctx.run_id, call=len(resumptions),
+        this_turn = len(resumptions) - (history.turn_first_resumption if history else 0)
+        decisions = Decisions.of(**resumptions[-1].decisions) if this_turn > 0 else None
+        plan = CallPlan(run_id=ctx.run_id, call=len(resumptions) + len(turns),
                         max_steps=options.max_steps or definition.max_steps,
                         retry=definition.model_retries, model=options.model,
                         preset=options.preset, tool_execution=options.tool_execution,
-                        context=options.context, parent=ctx.parent)
+                        context=options.context, parent=ctx.parent, opening=opening)
+        initial = self.run_input(opening_input).state
         session = Session(input=input_messages(first), records=records,
-                          state=StateAccessor(state_after(options.state, records)))
+                          state=StateAccessor(state_after(initial, records)))
 
         async def text(chunk: str, replayed: bool) -> None:
             # Replayed text is already in the run's output; the recorder recognises it.

@@ -73,6 +73,10 @@ class ChildAgent:
     max_cost: ClassVar[float | None] = None
     estimated_tokens: ClassVar[int] = 0
     estimated_cost: ClassVar[float] = 0.0
+    # The statuses after which a run of this agent takes a follow-up turn (`completed`,
+    # `error`, `interrupted`); none by default. A follow-up runs `run` again with the new
+    # input, `ctx.turn` its number and `ctx.history` what the earlier turns recorded.
+    follow_ups: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

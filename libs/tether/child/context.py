@@ -204,6 +204,12 @@ class RunContext:
                    agent_type=agent_type, attempt=1, recorder=None)
 
     @property
+    def turn(self) -> int:
+        """The run's turn: 1, or a follow-up's number (`ctx.history.turns`: the earlier
+        turns, each with its input and outcome)."""
+        return self.history.turn if self.history is not None else 1
+
+    @property
     def in_run(self) -> bool:
         return self._recorder is not None
 
@@ -380,12 +386,15 @@ class RunContext:
     def nested_run_id(self, agent_type: str, input: Any) -> str:
         """The run id of the next nested call of `agent_type` with `input`.
 
-        `<run_id>:<call>:<n>`: `<call>` hashes the agent type and the input, `<n>` counts
-        the calls with both alike in this attempt (from 0). A resumed child that calls
+        `<run_id>:<call>:<n>`: `<call>` hashes the agent type and the input (in a follow-up
+        turn, `t<turn>-` before it), `<n>` counts the calls with both alike in this
+        attempt (from 0). A resumed child that calls
         again, with or without the calls before this one, gets the same ids, so a
         repeated call finds the grandchild's run instead of starting a second turn.
         """
         call = nested_call_digest(agent_type, input)
+        if self.turn > 1:  # a follow-up's calls are its own, not an earlier turn's
+            call = f"t{self.turn}-{call}"
         n = self._nested_calls.get(call, 0)
         self._nested_calls[call] = n + 1
         return nested_run_id(self.run_id, call, n)
@@ -397,13 +406,14 @@ class RunContext:
             raise RuntimeError(
                 "nested agent tools need a Tether client: give the child-runner a "
                 "parent_client factory so that ctx.client is set")
-        if options.get("run_id") is None:
+        if options.get("run_id") is None and options.get("follow_up") is None:
             options["run_id"] = self.nested_run_id(agent_type, input)
         if self._recorder is not None:
             options.setdefault("started_by", RunRef(parent=self.parent, run_id=self.run_id))
         if options.get("detached") or self._recorder is None:
             return await self.client.run_agent_tool(agent_type, input, **options)
-        relay = asyncio.create_task(self._relay_waiting(options["run_id"]))
+        relay = asyncio.create_task(self._relay_waiting(options.get("run_id")
+                                                        or options["follow_up"]))
         try:
             result = await self.client.run_agent_tool(agent_type, input, **options)
         finally:

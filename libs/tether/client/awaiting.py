@@ -22,7 +22,7 @@ nobody is going to re-attach it for us.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
 from tether.domain.events import (
@@ -34,7 +34,7 @@ from tether.domain.events import (
     RunRequested,
 )
 from tether.domain.fold import evolve
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, TurnRecord
 from tether.domain.spending import BUDGET_EXCEEDED
 
 if TYPE_CHECKING:
@@ -51,11 +51,14 @@ class _Rejection:
 
 
 class RunWaiter:
-    def __init__(self, run_id: str, agent_type: str, *, mark: int, detached: bool) -> None:
+    def __init__(self, run_id: str, agent_type: str, *, mark: int, detached: bool,
+                 turn: int | None = None) -> None:
+        """`turn`: a follow-up's turn, answered by that turn's outcome (None: the run's)."""
         self.run_id = run_id
         self.agent_type = agent_type
         self.mark = mark
         self.detached = detached
+        self.turn = turn
         self.state: RunState | None = None
         self.answer: Answer | None = None
         self._caught_up = mark == 0
@@ -101,8 +104,35 @@ class RunWaiter:
 
     def _decide(self) -> Answer | None:
         if self.answer is None and self._caught_up:
-            self.answer = self._detached() if self.detached else self._awaited()
+            if self.turn is not None and (answer := self._other_turn()) is not False:
+                self.answer = answer
+            else:
+                self.answer = self._detached() if self.detached else self._awaited()
         return self.answer
+
+    def _other_turn(self) -> Answer | Literal[False] | None:
+        """A follow-up's answer while the run is at another turn than it asked for: None
+        while the run has not begun it (unless it was refused), that turn's outcome once
+        the run went past it; False when the run is at the turn (answered as a run)."""
+        state, turn = self.state, self.turn
+        assert turn is not None
+        if state is not None and state.turn == turn:
+            return False
+        if state is None or state.turn < turn:
+            rejection = self._answering_rejection()
+            if rejection is None:
+                return None
+            if self.detached:
+                return DetachedHandle(run_id=self.run_id, agent_type=self.agent_type,
+                                      status="error", error=rejection.error)
+            return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
+                                    status="error", error=rejection.error, retryable=False)
+        finished = turn_outcome(state, state.turns[turn - 1])
+        if self.detached:
+            return DetachedHandle(run_id=self.run_id, agent_type=state.agent_type,
+                                  status=finished.status if not finished.ok else "completed",
+                                  result=finished)
+        return finished
 
     def _detached(self) -> Answer | None:
         state = self.state
@@ -166,6 +196,17 @@ def stored_outcome(state: RunState) -> AgentToolSuccess | AgentToolFailure:
         return AgentToolSuccess(run_id=state.run_id, agent_type=state.agent_type,
                                 summary=state.summary or "", output=output)
     return AgentToolFailure.of(state)
+
+
+def turn_outcome(state: RunState, turn: TurnRecord) -> AgentToolSuccess | AgentToolFailure:
+    """The outcome of a finished turn of a run that took a follow-up since."""
+    if turn.status == "completed":
+        return AgentToolSuccess(run_id=state.run_id, agent_type=state.agent_type,
+                                summary=turn.summary or "", output=turn.output)
+    status = turn.status if turn.status in ("error", "aborted", "interrupted") else "error"
+    return AgentToolFailure(run_id=state.run_id, agent_type=state.agent_type, status=status,
+                            error=turn.error or turn.status, retryable=False,
+                            reason=turn.reason)
 
 
 @dataclass(frozen=True, slots=True)

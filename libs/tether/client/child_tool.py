@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from tether.agents.tools import Tool
 from tether.child.agent import AnyInput
@@ -21,6 +21,8 @@ from tether.contract.messages import AgentToolFailure, AgentToolSuccess, Detache
 from tether.domain.events import DetachedOptions
 from tether.domain.ids import check_identifier, framework_run_id, tool_run_id
 
+FOLLOW_UP_HELP = ("the run_id an earlier call of this tool answered with, to ask that run "
+                  "again (it remembers); leave it out to start a new one")
 _TOOL_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_TOOL_NAME = 64  # what OpenAI-style function names allow
 ANY_OBJECT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True}
@@ -54,7 +56,9 @@ class AgentTool:
     def __init__(self, agent_type: str, *, description: str, name: str | None = None,
                  display_name: str | None = None,
                  input_model: type[BaseModel] | None = None,
-                 detached: bool | dict[str, Any] = False) -> None:
+                 detached: bool | dict[str, Any] = False, follow_ups: bool = False) -> None:
+        """`follow_ups`: the model may name (`follow_up`) the run of an earlier call of
+        this tool to ask it again, a follow-up turn, instead of starting a new one."""
         self.agent_type = check_identifier(agent_type, "agent type")
         if not description or not description.strip():
             raise ValueError(f"the {agent_type} tool needs a description for the parent model")
@@ -65,6 +69,7 @@ class AgentTool:
         self.display_name = display_name or agent_type
         self.input_model = input_model
         self.detached = detached
+        self.follow_ups = follow_ups
         self.parent: ToolParent | None = None
 
     def __repr__(self) -> str:
@@ -72,9 +77,18 @@ class AgentTool:
 
     @property
     def input_schema(self) -> dict[str, Any]:
-        if self.input_model is None:
+        if self.input_model is None and not self.follow_ups:
             return dict(ANY_OBJECT_SCHEMA)
-        return self.input_model.model_json_schema()
+        return self._call_model().model_json_schema()
+
+    def _call_model(self) -> type[BaseModel]:
+        """What the model gives a call: the input model's fields, and `follow_up` when the
+        tool takes follow-ups."""
+        base = self.input_model or AnyInput
+        if not self.follow_ups:
+            return base
+        return create_model(f"{base.__name__}Call", __base__=base, follow_up=(
+            str | None, Field(default=None, description=FOLLOW_UP_HELP)))
 
     def definition(self) -> dict[str, Any]:
         """The tool as an OpenAI-style function definition."""
@@ -86,7 +100,7 @@ class AgentTool:
         """A copy whose `execute` may leave the parent out."""
         bound = AgentTool(self.agent_type, description=self.description, name=self.name,
                           display_name=self.display_name, input_model=self.input_model,
-                          detached=self.detached)
+                          detached=self.detached, follow_ups=self.follow_ups)
         bound.parent = parent
         return bound
 
@@ -103,13 +117,17 @@ class AgentTool:
             raise ValueError(f"{self!r} is not bound to a parent: pass one to execute()")
         run_id = tool_run_id(tool_call_id)
         try:
-            arguments = self._arguments(input)
+            arguments, follow_up = self._arguments(input)
         except (ValueError, TypeError) as error:
             return {"ok": False, "run_id": run_id, "agent_type": self.agent_type,
                     "status": "error", "error": f"invalid input: {error}", "retryable": False}
         options: dict[str, Any] = {"detached": self.detached} if self.detached else {}
+        if follow_up is not None:  # the run of an earlier call, asked again
+            options["follow_up"] = follow_up
+        else:
+            options["run_id"] = run_id
         result = await parent.run_agent_tool(
-            self.agent_type, arguments, run_id=run_id, parent_tool_call_id=tool_call_id,
+            self.agent_type, arguments, parent_tool_call_id=tool_call_id,
             display_order=display_order, display=self.display_name, **options)
         if isinstance(result, AgentToolSuccess):
             return result.summary
@@ -132,9 +150,11 @@ class AgentTool:
                                       input.model_dump(mode="json", exclude_unset=True))
 
         return Tool(id=self.name, description=self.description,
-                    input_model=self.input_model or AnyInput, execute=execute, starts_run=True)
+                    input_model=self._call_model(), execute=execute, starts_run=True)
 
-    def _arguments(self, input: dict[str, Any] | str | BaseModel | None) -> dict[str, Any]:
+    def _arguments(self, input: dict[str, Any] | str | BaseModel | None
+                   ) -> tuple[dict[str, Any], str | None]:
+        """The run's input, and the run a follow-up asks again (None: a new run)."""
         if isinstance(input, str):
             try:
                 input = json.loads(input) if input.strip() else {}
@@ -145,10 +165,16 @@ class AgentTool:
         input = {} if input is None else input
         if not isinstance(input, dict):
             raise TypeError(f"expected a JSON object, not {type(input).__name__}")
+        follow_up = None
+        if self.follow_ups:
+            input = dict(input)
+            follow_up = input.pop("follow_up", None)
+            if follow_up is not None and not isinstance(follow_up, str):
+                raise TypeError("follow_up: the run_id of an earlier call, a string")
         if self.input_model is None:
-            return input
+            return input, follow_up
         try:
-            return self.input_model.model_validate(input).model_dump(mode="json")
+            return self.input_model.model_validate(input).model_dump(mode="json"), follow_up
         except ValidationError as error:
             problems = "; ".join(f"{'.'.join(map(str, p['loc'])) or 'input'}: {p['msg']}"
                                  for p in error.errors())
@@ -157,11 +183,13 @@ class AgentTool:
 
 def agent_tool(agent: Any, *, description: str | None = None, display_name: str | None = None,
                input_model: type[BaseModel] | None = None, name: str | None = None,
-               detached: bool | dict[str, Any] = False) -> AgentTool:
+               detached: bool | dict[str, Any] = False,
+               follow_ups: bool | None = None) -> AgentTool:
     """An `AgentTool` for a child agent, named by its agent type or given as its class.
 
     With a `ChildAgent` subclass, its `agent_type`, `description` and `input_model` are the
-    defaults (a class without an input model of its own takes any object).
+    defaults (a class without an input model of its own takes any object), and the tool
+    takes follow-ups (`follow_ups`) when the class does (`ChildAgent.follow_ups`).
     """
     if isinstance(agent, type):
         agent_type = getattr(agent, "agent_type", "") or agent.__name__
@@ -169,10 +197,13 @@ def agent_tool(agent: Any, *, description: str | None = None, display_name: str 
         declared = getattr(agent, "input_model", None)
         if input_model is None and declared not in (None, AnyInput):
             input_model = declared
+        if follow_ups is None:
+            follow_ups = bool(getattr(agent, "follow_ups", ()))
     else:
         agent_type = agent
     return AgentTool(agent_type, description=description or "", name=name,
-                     display_name=display_name, input_model=input_model, detached=detached)
+                     display_name=display_name, input_model=input_model, detached=detached,
+                     follow_ups=bool(follow_ups))
 
 
 class MessageInput(BaseModel):

@@ -52,7 +52,7 @@ DEFAULT_RPC_TIMEOUT_S = 5.0
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # Fields a command leaves out while they are unset, so that a parent from before them
 # (which refuses fields it does not know) takes the command.
-_LEFT_OUT_UNSET = ("expires_in_ms", "max_tokens", "max_cost")
+_LEFT_OUT_UNSET = ("expires_in_ms", "max_tokens", "max_cost", "turn")
 # The look whether any parent service answers (`parent_unavailable`): how long it waits
 # for an answer, and how long its answer is kept.
 PRESENCE_LOOK_S = 2.0

@@ -108,7 +108,8 @@ class ParentHandle:
         timeout: float | None = None, started_by: RunRef | None = None,
         expires_in: float | None = None, on_waiting: WaitingReport | None = None,
         cancel_with_caller: bool = True, max_tokens: int | None = None,
-        max_cost: float | None = None,
+        max_cost: float | None = None, follow_up: str | None = None,
+        turn: int | None = None,
     ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
         """Run a child agent; idempotent by `run_id` (default: a new one).
 
@@ -128,13 +129,28 @@ class ParentHandle:
         `max_tokens`, `max_cost`: a budget in model tokens and cost over the run and every
         run below it (default: its agent type's); a run that passes it ends
         `interrupted` (`budget-exceeded`) and the runs below it are cancelled.
+        `follow_up`: the id of a finished run to ask again, with `input`: its next turn
+        (the child keeps what it recorded; its agent type declares after which endings
+        it takes one, `ChildAgent.follow_ups`), answered with that turn's outcome.
+        Idempotent by (run id, `turn`): `turn` defaults to the run's next one (or, with
+        `parent_tool_call_id`, the turn that tool call asked for already), so give it to
+        make a retry after a crash ask for the same turn.
         """
+        if follow_up is not None:
+            if run_id not in (None, follow_up):
+                raise ValueError("follow_up names the run to ask again: give it or run_id, "
+                                 "not both")
+            run_id = follow_up
+            if turn is None:
+                turn = await self._next_turn(follow_up, parent_tool_call_id)
+        elif turn is not None:
+            raise ValueError("turn is the turn of a follow-up: give follow_up=<run id> too")
         command = build_run_command(self.ref, agent_type, input, run_id=run_id,
                                     parent_tool_call_id=parent_tool_call_id,
                                     display_order=display_order, display=display,
                                     detached=detached, started_by=started_by,
                                     expires_in=expires_in, max_tokens=max_tokens,
-                                    max_cost=max_cost)
+                                    max_cost=max_cost, turn=turn)
         report = on_waiting or _log_unserved
         if not tracing.ENABLED:
             return await self._run(command, command.detached is not False, timeout, report,
@@ -216,6 +232,20 @@ class ParentHandle:
         with suppress(Exception):
             async with asyncio.timeout(CANCEL_PUBLISH_TIMEOUT_S):
                 await self.cancel(run_id)
+
+    async def _next_turn(self, run_id: str, parent_tool_call_id: str | None) -> int:
+        """The turn a follow-up of `run_id` asks for: the one a tool call of that id asked
+        for already, else the run's next."""
+        state = (await self.tether.read_run(self.ref, check_identifier(run_id, "run id"))).state
+        if state is None:
+            return 2  # (refused by the parent: no run to follow up)
+        if parent_tool_call_id is not None:
+            if state.turn > 1 and state.parent_tool_call_id == parent_tool_call_id:
+                return state.turn
+            for done in state.turns[1:]:
+                if done.parent_tool_call_id == parent_tool_call_id:
+                    return done.turn
+        return state.turn + 1
 
     async def cancel(self, run_id: str, *, expires_in: float | None = None) -> None:
         """Ask the parent to cancel the run; idempotent, and a finished run stays as it is.
@@ -371,7 +401,7 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
                       detached: bool | dict[str, Any] | DetachedOptions,
                       started_by: RunRef | None = None,
                       expires_in: float | None = None, max_tokens: int | None = None,
-                      max_cost: float | None = None) -> RunCommand:
+                      max_cost: float | None = None, turn: int | None = None) -> RunCommand:
     """The run command, with every argument checked here rather than by a rejection."""
     check_identifier(agent_type, "agent type")
     run_id = check_identifier(run_id, "run id") if run_id is not None else new_run_id()
@@ -388,7 +418,7 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
                           parent_tool_call_id=parent_tool_call_id, display_order=display_order,
                           display=display, detached=detached, started_by=started_by,
                           expires_in_ms=expires_in_ms(expires_in), max_tokens=max_tokens,
-                          max_cost=max_cost)
+                          max_cost=max_cost, turn=turn)
     except ValidationError as error:
         raise ValueError(f"invalid run request: {_first_error(error)}") from None
 

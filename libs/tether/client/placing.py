@@ -140,13 +140,15 @@ class RunRequest:
         sequence of the rejection or clear that vacated the run id, 0 for none). A repeat
         of the id this request was stored under is known as ours by that sequence."""
         command = self._command
+        message_id = run_message_id(command.run_id, vacated_at, command.parent)
+        if command.turn is not None:  # a follow-up: one request per turn
+            message_id += f":turn{command.turn}"
         return await self._tether.publish_command(
-            "run", command, run_message_id(command.run_id, vacated_at, command.parent),
-            stored_at=self._stored_at if vacated_at == 0 else None)
+            "run", command, message_id, stored_at=self._stored_at if vacated_at == 0 else None)
 
     def _fold(self, mark: int) -> RunFold:
         return RunFold(RunWaiter(self._command.run_id, self._command.agent_type, mark=mark,
-                                 detached=self._detached))
+                                 detached=self._detached, turn=self._command.turn))
 
 
 class Unserved:

@@ -56,6 +56,18 @@ class MessageView(Model):
     consumed_at: int | None = None
 
 
+class TurnView(Model):
+    """A finished turn of a run that took a follow-up since: its input and outcome."""
+
+    turn: int
+    input: dict[str, Any]
+    status: str
+    summary: str | None = None
+    error: str | None = None
+    requested_at: int
+    ended_at: int | None = None
+
+
 class RunView(Model):
     """One child run as a timeline shows it."""
 
@@ -81,6 +93,10 @@ class RunView(Model):
     waiting_path: tuple[dict[str, str], ...] = ()
     # The parent's steering messages, in the order sent (`ParentHandle.send`).
     messages: tuple[MessageView, ...] = ()
+    # Its turn (a follow-up's number; its status, outcome and times are this turn's) and
+    # the turns before it, in order.
+    turn: int = 1
+    turns: tuple[TurnView, ...] = ()
     requested_at: int
     started_at: int | None = None
     ended_at: int | None = None
@@ -187,6 +203,10 @@ def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
         waiting_for=state.paused.reason if state.paused else _waiting_below(state)[0],
         waiting_path=() if state.paused else _waiting_below(state)[1],
         messages=tuple(MessageView(**msgspec.structs.asdict(m)) for m in state.messages),
+        turn=state.turn,
+        turns=tuple(TurnView(turn=t.turn, input=t.input, status=t.status, summary=t.summary,
+                             error=t.error, requested_at=t.requested_at, ended_at=t.ended_at)
+                    for t in state.turns),
         requested_at=state.requested_at, started_at=state.started_at, ended_at=state.ended_at,
     )
 

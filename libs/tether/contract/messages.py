@@ -7,7 +7,7 @@ model names it and its deduplication id.
 from typing import Any, Literal
 
 import msgspec
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from pydantic_core import to_json
 
 from tether.domain.commands import Model
@@ -127,13 +127,23 @@ class RunInfo(Model):
     display_order: int | None = None
     detached: DetachedOptions | None = None
     requested_at: int
+    # The turn whose outcome this is: 1, or a follow-up's (written only then, so that an
+    # application from before follow-ups reads the hooks of runs that take none).
+    turn: int = 1
+
+    @model_serializer(mode="wrap")
+    def _without_first_turn(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        written: dict[str, Any] = write(self)
+        if self.turn == 1:
+            written.pop("turn", None)
+        return written
 
     @classmethod
     def of(cls, state: RunState) -> "RunInfo":
         return cls(run_id=state.run_id, agent_type=state.agent_type, parent=state.parent,
                    parent_tool_call_id=state.parent_tool_call_id,
                    display_order=state.display_order, detached=state.detached,
-                   requested_at=state.requested_at)
+                   requested_at=state.requested_at, turn=state.turn)
 
 
 class LifecycleResult(Model):

@@ -85,6 +85,9 @@ class RunCommand(Model):
     # agent type's, else none).
     max_tokens: Annotated[int, Field(gt=0)] | None = None
     max_cost: Annotated[float, Field(gt=0)] | None = None
+    # A follow-up: turn `turn` (from 2) of the finished run `run_id`, with this input;
+    # the same turn asked again is the same turn.
+    turn: Annotated[int, Field(ge=2)] | None = None
 
     def detached_options(self) -> DetachedOptions | None:
         if self.detached is False:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand, SendCommand
 from tether.domain.events import (
+    DetachedOptions,
     Event,
     InterruptedReason,
     ParentRef,
@@ -41,6 +42,8 @@ from tether.domain.events import (
     RunRequestedData,
     RunResumed,
     RunResumedData,
+    RunTurnRequested,
+    RunTurnRequestedData,
 )
 from tether.domain.ids import (
     derived_event_id,
@@ -121,15 +124,22 @@ class Spend:
 NO_SPEND = Spend()
 
 
+def _time_budgets(detached: DetachedOptions | None, budgets: Budgets) -> tuple[int | None, int]:
+    """A request's absolute and no-progress budgets: a detached run's (its options', else
+    the defaults); an awaited run has none."""
+    if detached is None:
+        return None, 0
+    max_budget_ms = detached.max_budget_ms or budgets.detached_max_budget_ms
+    no_progress_budget_ms = (budgets.detached_no_progress_budget_ms
+                             if detached.no_progress_budget_ms is None
+                             else detached.no_progress_budget_ms)
+    return max_budget_ms, no_progress_budget_ms
+
+
 def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
                 spend: Spend = NO_SPEND) -> RunRequested:
     detached = command.detached_options()
-    max_budget_ms, no_progress_budget_ms = None, 0
-    if detached is not None:
-        max_budget_ms = detached.max_budget_ms or budgets.detached_max_budget_ms
-        no_progress_budget_ms = (budgets.detached_no_progress_budget_ms
-                                 if detached.no_progress_budget_ms is None
-                                 else detached.no_progress_budget_ms)
+    max_budget_ms, no_progress_budget_ms = _time_budgets(detached, budgets)
     return RunRequested(
         **_envelope(command.run_id, command.parent, cause, "requested"),
         data=RunRequestedData(
@@ -144,6 +154,51 @@ def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
             budgets_above=list(spend.above),
         ),
     )
+
+
+def request_turn(state: RunState | None, command: RunCommand, budgets: Budgets,
+                 accepts: frozenset[str], cause: Cause) -> list[Event]:
+    """Turn `command.turn` of the finished run, when it is the next one and the child
+    accepts a follow-up after how the run ended (`accepts`: those statuses); nothing
+    otherwise (`why_no_turn` says why, unless the turn is there already)."""
+    if (state is None or command.turn is None or command.turn != state.turn + 1
+            or state.is_open or state.status not in accepts
+            or state.agent_type != command.agent_type):
+        return []
+    detached = command.detached_options()
+    max_budget_ms, no_progress_budget_ms = _time_budgets(detached, budgets)
+    envelope = _envelope(command.run_id, command.parent, cause, "turn")
+    envelope["event_id"] = state.event_id("turn", command.turn)  # the same turn: one event
+    return [RunTurnRequested(
+        **envelope,
+        data=RunTurnRequestedData(
+            turn=command.turn, input=command.input,
+            parent_tool_call_id=command.parent_tool_call_id, detached=detached,
+            max_budget_ms=max_budget_ms, no_progress_budget_ms=no_progress_budget_ms))]
+
+
+def why_no_turn(state: RunState | None, command: RunCommand,
+                accepts: frozenset[str]) -> str | None:
+    """Why `request_turn` takes nothing; None when the turn was requested already (the
+    same follow-up again: it is answered with that turn)."""
+    assert command.turn is not None
+    if state is None:
+        return f"no run {command.run_id!r} to follow up"
+    if command.turn <= state.turn:
+        return None
+    if state.agent_type != command.agent_type:
+        return (f"run {command.run_id!r} is a run of {state.agent_type}, not "
+                f"{command.agent_type}")
+    if command.turn != state.turn + 1:
+        return (f"turn {command.turn} of run {command.run_id!r} is not the next one: the run "
+                f"is at turn {state.turn}")
+    if state.is_open:
+        return (f"run {command.run_id!r} is {state.status} (turn {state.turn}): a follow-up "
+                "goes to a run that has ended")
+    if not accepts:
+        return f"{state.agent_type} takes no follow-up turns"
+    return (f"{state.agent_type} takes a follow-up after a run that ended "
+            f"{' or '.join(sorted(accepts))}; run {command.run_id!r} ended {state.status}")
 
 
 def reject_run(run_id: str, parent: ParentRef, agent_type: str | None, code: str, error: str,
@@ -453,14 +508,14 @@ INTERRUPTED_ERRORS = {
 
 
 def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
-    """Attempts made since the run last resumed from a pause (or since it began).
+    """Attempts made since the run last resumed from a pause, or began its turn.
 
     `max_attempts` bounds runners dying on the same stretch of work; a run that pauses
     and resumes many times is not failing, and each resume starts the count again.
     """
     count = 0
     for event in events:
-        if event.type == "run.resumed":
+        if event.type in ("run.resumed", "run.turn_requested"):
             count = 0
         elif event.type == "run.running":
             count += 1

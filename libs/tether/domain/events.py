@@ -167,6 +167,20 @@ class RunRequestedData(Record, frozen=True, kw_only=True):
         check_identifier(self.nested_parent, "nested_parent")
 
 
+class RunTurnRequestedData(Record, frozen=True, kw_only=True):
+    """A follow-up turn of a finished run (`turn`, from 2): its input, and, as for a run
+    request, its caller's tool call, its display and detached options and its time
+    budgets (resolved by the parent). The run starts again with the same child, which
+    keeps what it recorded."""
+
+    turn: Annotated[int, Field(ge=2), Meta(ge=2)]
+    input: dict[str, Any]
+    parent_tool_call_id: ShortText | None = None
+    detached: DetachedOptions | None = None
+    max_budget_ms: Positive | None = None
+    no_progress_budget_ms: NonNegative = 0
+
+
 class RunRejectedData(Record, frozen=True, kw_only=True):
     agent_type: str | None = None
     code: str
@@ -365,6 +379,11 @@ class RunRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.requested"
     data: RunRequestedData
 
 
+class RunTurnRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.turn_requested"):
+    schema_version: Literal[1] = 1
+    data: RunTurnRequestedData
+
+
 class RunRejected(EventEnvelope, frozen=True, kw_only=True, tag="run.rejected"):
     schema_version: Literal[1] = 1
     data: RunRejectedData
@@ -492,6 +511,7 @@ class RunCleared(EventEnvelope, frozen=True, kw_only=True, tag="run.cleared"):
 
 EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
     RunRequested,
+    RunTurnRequested,
     RunRejected,
     RunStarted,
     RunRunning,
@@ -522,7 +542,7 @@ EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
 for _cls in EVENT_CLASSES:
     _cls.type = str(_cls.__struct_config__.tag)
 
-Event = (RunRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
+Event = (RunRequested | RunTurnRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
          | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunMessageSent
          | RunMessageDelivered | RunMessageConsumed | RunBudgetReserved | RunUsageCharged
          | RunBudgetReleased | RunCancelRequested

@@ -45,6 +45,7 @@ from tether.domain.events import (
     RunRunning,
     RunStarted,
     RunStepRecorded,
+    RunTurnRequested,
     RunUsageCharged,
 )
 from tether.domain.ids import incarnation_of
@@ -58,6 +59,7 @@ from tether.domain.run_state import (
     RunState,
     Spending,
     SteeringMessage,
+    TurnRecord,
     finish_key,
 )
 from tether.domain.usage import key_of, step_amount
@@ -137,6 +139,42 @@ def _command_seq(causation_id: str | None) -> int | None:
         return None
     seq = causation_id[4:]
     return int(seq) if seq.isdigit() else None
+
+
+def _turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) -> Evolved:
+    """A follow-up turn: the finished turn is kept in `turns`, and the run starts again
+    with the new input, as a new life of the run id for what each outcome owes (its
+    hooks' and notices' ids, its ledger), keeping its steps, output and milestones."""
+    data = event.data
+    if data.turn <= state.turn:
+        return _ignored(state, f"duplicate: turn {data.turn} was already requested")
+    if data.turn != state.turn + 1:
+        return _ignored(state, f"turn {data.turn} is not the next one (the run is at turn "
+                               f"{state.turn})")
+    if state.is_open:
+        return _ignored(state, f"a {state.status} run takes no follow-up until it ends")
+    finished = TurnRecord(
+        turn=state.turn, input=state.input, parent_tool_call_id=state.parent_tool_call_id,
+        status=state.status, summary=state.summary, output=state.output, error=state.error,
+        reason=state.reason, requested_at=state.turn_requested_at or state.requested_at,
+        ended_at=state.ended_at, first_step=state.turn_first_step,
+        first_output=state.turn_first_output, ledger=state.ledger, ended_by=state.ended_by)
+    return _applied(
+        state, turn=data.turn, turns=(*state.turns, finished), turn_requested_at=event.occurred_at,
+        turn_first_step=max(state.steps, default=-1) + 1,
+        turn_first_output=max(state.output_parts, default=-1) + 1,
+        turn_first_resumption=len(state.resumptions),
+        incarnation=incarnation_of(event.event_id), status="starting", input=data.input,
+        parent_tool_call_id=data.parent_tool_call_id or state.parent_tool_call_id,
+        detached=data.detached,
+        requested_by_command=_command_seq(event.causation_id), dispatched_at=None,
+        started_at=None, ended_at=None, agent_version=None, summary=None, output=None,
+        error=None, reason=None, child_still_running=None, aborted_cause=None,
+        cancel_requested_at=None, cancel_reason=None, paused=None,
+        ledger=DeliveryLedger(), reattach_attempts=0, ended_by=None,
+        max_budget_deadline=(None if data.max_budget_ms is None
+                             else logged_at + data.max_budget_ms),
+        no_progress_budget_ms=data.no_progress_budget_ms, no_progress_deadline=None)
 
 
 def _started(state: RunState, event: RunStarted, logged_at: int) -> Evolved:
@@ -328,10 +366,17 @@ def _finished(state: RunState, event: RunCompleted | RunFailed | RunAborted, log
         if isinstance(event, RunCompleted) and state.status == "completed":
             return _backfill(state, event)
         return _ignored(state, f"the run already ended {state.status}")
+    if _ended_a_turn(state, event):
+        return _ignored(state, f"{event.event_id} ended an earlier turn")
     # A real outcome repairs an interrupted run; the give-up fields stop applying.
     changes |= {"ended_at": event.occurred_at, "reason": None, "child_still_running": False,
-                "paused": None, "no_progress_deadline": None}
+                "paused": None, "no_progress_deadline": None, "ended_by": event.event_id}
     return _applied(state, **changes)
+
+
+def _ended_a_turn(state: RunState, event: Event) -> bool:
+    """Whether `event` ended one of the run's earlier turns (seen again)."""
+    return any(turn.ended_by == event.event_id for turn in state.turns)
 
 
 def _backfill(state: RunState, event: RunCompleted) -> Evolved:
@@ -351,10 +396,12 @@ def _interrupted(state: RunState, event: RunInterrupted, logged_at: int) -> Evol
         return _ignored(state, "duplicate: this interruption was already applied")
     if state.is_hard_terminal:
         return _ignored(state, f"the run already ended {state.status}")
+    if _ended_a_turn(state, event):
+        return _ignored(state, f"{event.event_id} ended an earlier turn")
     # A second interruption (a re-attach that gave up again) updates the reason.
     return _applied_keyless(state, event, status="interrupted", reason=data.reason, error=data.error,
                     child_still_running=data.child_still_running, ended_at=event.occurred_at,
-                    no_progress_deadline=None)
+                    no_progress_deadline=None, ended_by=event.event_id)
 
 
 def _finish_delivered(state: RunState, event: RunFinishDelivered, logged_at: int) -> Evolved:
@@ -404,6 +451,7 @@ def _reattach_decided(state: RunState, event: RunReattachDecided, logged_at: int
 
 
 _TRANSITIONS: dict[str, Callable[[RunState, Any, int], Evolved]] = {
+    "run.turn_requested": _turn_requested,
     "run.started": _started,
     "run.running": _running,
     "run.output": _output,

@@ -100,6 +100,27 @@ class DeliveryLedger(Record, frozen=True, kw_only=True):
     notifications: dict[str, int] = msgspec.field(default_factory=dict)
 
 
+class TurnRecord(Record, frozen=True, kw_only=True):
+    """A finished turn of a run that took a follow-up: its input and its outcome, the
+    steps and output it began at, and what was delivered of it."""
+
+    turn: int
+    input: dict[str, Any]
+    parent_tool_call_id: str | None = None
+    status: RunStatus
+    summary: str | None = None
+    output: Any = None
+    error: str | None = None
+    reason: InterruptedReason | None = None
+    requested_at: int
+    ended_at: int | None = None
+    first_step: int = 0
+    first_output: int = 0
+    ledger: DeliveryLedger
+    # The id of the event that ended it: one seen again ends no later turn.
+    ended_by: str | None = None
+
+
 class RunState(Record, frozen=True, kw_only=True):
     run_id: str
     parent: ParentRef
@@ -166,6 +187,17 @@ class RunState(Record, frozen=True, kw_only=True):
     own_tokens: int = 0
     own_cost: float = 0.0
     spending: dict[str, Spending] = msgspec.field(default_factory=dict)
+    # Follow-up turns: the current one (1: the run as requested), the finished ones
+    # before it, and where the current one began (its request's time, its first step and
+    # output chunk).
+    turn: int = 1
+    turns: tuple[TurnRecord, ...] = ()
+    turn_requested_at: int | None = None
+    turn_first_step: int = 0
+    turn_first_output: int = 0
+    turn_first_resumption: int = 0
+    # The id of the event that ended the current turn (an outcome or an interruption).
+    ended_by: str | None = None
 
     @property
     def is_hard_terminal(self) -> bool:

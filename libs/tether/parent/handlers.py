@@ -110,6 +110,8 @@ class CommandHandlers:
             await self._reject(run_id, parent, raw.get("agent_type"), "invalid-request",
                                _explain(error), cause)
             return RunOutcome("rejected", code="invalid-request")
+        if command.turn is not None:
+            return await self._follow_up(command, cause, overdue)
         if overdue is not None:
             return await self._expired(command, overdue, cause)
 
@@ -191,6 +193,38 @@ class CommandHandlers:
                 return f"the budgeted run {owner.run_id} above it is gone"
             return spending.room_for(state, share) or f"run {owner.run_id} had no room"
         return None
+
+    async def _follow_up(self, command: RunCommand, cause: decide.Cause,
+                         overdue: int | None) -> RunOutcome:
+        """Turn `command.turn` of a finished run: appended and dispatched when it is the
+        next one and the child takes it; the turn's caller is told of one already there
+        (the same follow-up again); refused, saying why, otherwise."""
+        assert command.turn is not None
+        problem = await self._validate(command)
+        if problem is None and overdue is not None:
+            waited_s = ((command.expires_in_ms or 0) + overdue) / 1000
+            problem = ("expired", (f"the follow-up waited {waited_s:.1f}s for a parent "
+                                   f"service, longer than its expires_in_ms "
+                                   f"({command.expires_in_ms}): not applied"))
+        agent = self._agents.get(command.agent_type)
+        accepts = frozenset(agent.follow_ups) if agent is not None else frozenset()
+        state, appended, last_seq = await self._log.recent.update_at(
+            command.parent, command.run_id,
+            lambda s: [] if problem is not None else decide.request_turn(
+                s, command, self._budgets, accepts, cause))
+        if appended and state is not None:
+            await self._publish_work(state, dispatch=1, why=f"turn{command.turn}")
+            return RunOutcome("created", status="starting")
+        why = problem[1] if problem is not None else decide.why_no_turn(state, command, accepts)
+        if why is None and state is not None:  # the same follow-up again
+            if state.turn == command.turn and state.status == "starting":
+                await self._publish_work(state, dispatch=1, why=f"turn{command.turn}")
+            await self._tell_existing(state, last_seq)
+            return RunOutcome("existing", status=state.status)
+        code = problem[0] if problem is not None else "no-follow-up"
+        await self._reject(command.run_id, command.parent, command.agent_type, code,
+                           why or "not applied", cause)
+        return RunOutcome("rejected", code=code)
 
     async def _expired(self, command: RunCommand, overdue: int, cause: decide.Cause
                        ) -> RunOutcome:

@@ -231,10 +231,11 @@ class Reconciler:
         state = self._states.get(key)
         if state is None and not isinstance(event, RunRequested):
             if event.type not in ("run.completed", "run.failed", "run.aborted",
-                                  "run.interrupted", "run.reattach_started"):
+                                  "run.interrupted", "run.reattach_started",
+                                  "run.turn_requested"):
                 return
             # A run we stopped watching moved again (a late outcome repairing an
-            # interrupted run, a re-attach): read it once.
+            # interrupted run, a re-attach, a follow-up turn): read it once.
             state = (await self._log.read_run(event.parent, event.run_id,
                                               before_seq=seq)).state
         evolved = evolve(state, event, logged_at)

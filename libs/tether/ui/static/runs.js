@@ -104,6 +104,7 @@ function runCard(run, tree, options = {}) {
     run.cancel_requested && !run.finished ? "cancel requested" : "",
     run.reattach_attempts ? `re-attach ${run.reattach_attempts}` : "",
     budgetText(run.budget),
+    run.turn > 1 ? `<span class="turn">turn ${run.turn}</span>` : "",
   ].filter(Boolean);
   return `<div class="run" data-run-id="${esc(run.run_id)}" data-status="${esc(run.status)}"
       ${run.waiting_for ? `data-waiting="${esc(run.waiting_for)}"` : ""}>
@@ -124,6 +125,7 @@ function runCard(run, tree, options = {}) {
       ${p.message ? `<span class="message">${esc(p.message)}</span>` : ""}${meta.map((m) => `<span>${m}</span>`).join("")}</div>
     ${waitingPath(run, tree)}
     ${pins ? `<div class="pins">${pins}</div>` : ""}
+    ${turnsBlock(run)}
     ${messagesBlock(run)}
     ${run.output_text ? `<pre class="output">${run.output_truncated ? "…" : ""}${esc(run.output_text)}</pre>` : ""}
     ${run.summary ? `<div class="summary">${esc(run.summary)}</div>` : ""}
@@ -147,6 +149,17 @@ function budgetText(budget) {
     parts.push(`<span class="budget">cost $${budget.spent_cost.toFixed(4)} of $${budget.max_cost.toFixed(4)} · $${budget.reserved_cost.toFixed(4)} reserved · $${Math.max(budget.left_cost, 0).toFixed(4)} left</span>`);
   }
   return parts.join(" ");
+}
+
+// The turns a run took before its current one (follow-ups), in order, each with its
+// outcome.
+function turnsBlock(run) {
+  if (!run.turns || !run.turns.length) return "";
+  const rows = run.turns.map((t) => `<li class="turn" data-turn="${t.turn}" data-status="${esc(t.status)}">
+      <span class="badge s-${esc(t.status)}">turn ${t.turn}: ${esc(t.status)}</span>
+      ${esc(t.summary || t.error || "")}
+      <span class="meta">${esc(clock(t.requested_at))} → ${esc(clock(t.ended_at))}</span></li>`).join("");
+  return `<ol class="turns">${rows}</ol>`;
 }
 
 // The parent's steering messages to the run, each with how far it got: sent, handed to
