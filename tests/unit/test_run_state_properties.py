@@ -180,44 +180,13 @@ def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
     clock = T0
     used_keys: dict[str, set[int]] = {}
     events = []
-    pauses: list[str] = []
-    sent: list[str] = []
-    ended = False  # the current turn's hard outcome is in
-    turn = 1
+    causes = _Causes(follow_ups="turn_requested" in kinds)
     for position, (kind, data, offset, elapsed) in enumerate(steps):
         event_cls, key, _ = EVENT_KINDS[kind]
-        data = dict(data)
-        if kind in ("completed", "failed", "aborted"):
-            if ended and "turn_requested" in kinds:
-                # A turn's second outcome is never appended (`decide.finish_attempt`):
-                # a later turn would take it for its own.
-                continue
-            ended = True
-        if kind == "turn_requested":
-            # A follow-up is asked of a run that ended, for its next turn (it is caused by
-            # the end), or it repeats one the run took.
-            if ended and offset >= 0:
-                turn, ended = turn + 1, False
-                data["turn"] = turn
-            elif turn >= 2:
-                data["turn"] = turn
-            else:
-                continue
-            events.append(msgspec.convert({
-                "event_id": f"e{position}", "run_id": RUN_ID, "parent": PARENT,
-                "occurred_at": clock, "data": data}, event_cls))
+        data = causes.caused(kind, dict(data), position, offset)
+        if data is None:
             continue
-        if kind == "paused":
-            pauses.append(f"e{position}")
-        if kind == "resumed":
-            # A resume names a pause that exists by then (it is caused by it).
-            data["pause_id"] = _pause_named(data["pause_id"], pauses)
-        if kind == "message_sent":
-            sent.append(data["message_id"])
-        if kind in ("message_delivered", "message_consumed") and data["message_id"] not in sent:
-            # A receipt names a message sent by then (it is caused by it), or none at all.
-            data["message_id"] = "never-sent"
-        if key is not None:
+        if key is not None and kind != "turn_requested":
             used = used_keys.setdefault(kind, set())
             expected = min(set(range(FIRST_KEY[key], FIRST_KEY[key] + len(used) + 1)) - used)
             data[key] = max(FIRST_KEY[key], expected + offset)
@@ -228,6 +197,43 @@ def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
             "occurred_at": clock, "data": data,
         }, event_cls))
     return events
+
+
+class _Causes:
+    """What makes an event possible at its place in a history: a resume names a pause
+    there is, a receipt a message sent, a follow-up the next turn of a run that ended; a
+    turn's second outcome is never appended (`decide.finish_attempt`: a later turn would
+    take it for its own)."""
+
+    def __init__(self, *, follow_ups: bool) -> None:
+        self.follow_ups = follow_ups
+        self.pauses: list[str] = []
+        self.sent: list[str] = []
+        self.ended = False  # the current turn's hard outcome is in
+        self.turn = 1
+
+    def caused(self, kind: str, data: dict, position: int, offset: int) -> dict | None:
+        """The event's data as its causes make it; None: the event is not appended."""
+        if kind in ("completed", "failed", "aborted"):
+            if self.ended and self.follow_ups:
+                return None
+            self.ended = True
+        elif kind == "turn_requested":
+            if self.ended and offset >= 0:
+                self.turn, self.ended = self.turn + 1, False
+            elif self.turn < 2:
+                return None  # (else it repeats the turn the run is at)
+            data["turn"] = self.turn
+        elif kind == "paused":
+            self.pauses.append(f"e{position}")
+        elif kind == "resumed":
+            data["pause_id"] = _pause_named(data["pause_id"], self.pauses)
+        elif kind == "message_sent":
+            self.sent.append(data["message_id"])
+        elif kind in ("message_delivered", "message_consumed") and (
+                data["message_id"] not in self.sent):
+            data["message_id"] = "never-sent"
+        return data
 
 
 def _pause_named(choice: str, pauses: list[str]) -> str:
