@@ -19,7 +19,7 @@ from run_histories import (
 
 from tether.domain import decide
 from tether.domain.commands import RunCommand
-from tether.domain.events import RunFinishDelivered, RunTurnRequested
+from tether.domain.events import RunFinishDelivered, RunStepRecorded, RunTurnRequested
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
 
@@ -34,7 +34,9 @@ def follow_up(turn: int = 2, **fields) -> RunCommand:
 
 
 def finished() -> RunState:
-    return state_after(requested(), running(1), step(0), output(0, "HTTP/3 is "),
+    used = make(RunStepRecorded, {"index": 1, "step": {"turn": {"usage": {
+        "input_tokens": 30, "output_tokens": 12}}, "cost": 0.002}})
+    return state_after(requested(), running(1), step(0), used, output(0, "HTTP/3 is "),
                        output(1, "QUIC."), completed("HTTP/3 runs over QUIC"),
                        make(RunFinishDelivered, {"status": "completed", "method": "on_done",
                                                  "message_id": "finish:r1:completed"}))
@@ -53,13 +55,14 @@ def test_a_follow_up_keeps_the_finished_turn_and_starts_the_run_again_with_its_i
     (turn,) = state.turns
     assert (turn.turn, turn.status, turn.summary, turn.input) == (
         1, "completed", "HTTP/3 runs over QUIC", {"query": "HTTP/3"})
+    assert (turn.tokens, turn.cost) == (42, 0.002)  # its own usage
     assert turn.ledger.finish and not state.ledger.finish  # this turn owes its own hooks
     assert (state.turn, state.status, state.input, state.summary, state.ended_at) == (
         2, "starting", {"query": "and gRPC?"}, None, None)
     assert state.parent_tool_call_id == "call-2"
     # What the child recorded stays; the new turn begins after it.
     assert state.steps == before.steps and state.output_text == "HTTP/3 is QUIC."
-    assert (state.turn_first_step, state.turn_first_output) == (1, 2)
+    assert (state.turn_first_step, state.turn_first_output) == (2, 2)
     # A new life: the new turn's hooks and notices have ids of their own.
     assert state.incarnation != before.incarnation
     assert decide.attempts_since_resume([running(1), running(2)]) == 2

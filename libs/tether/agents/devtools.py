@@ -95,7 +95,7 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
     for turn in state.turns:
         said = turn.summary if turn.status == "completed" else turn.error
         lines.append(f"turn {turn.turn:<4} {turn.status}  {_compact(turn.input)}  "
-                     f"-> {_preview(said or '')}")
+                     f"{turn.tokens:,} tokens  -> {_preview(said or '')}")
     lines += [f"status    {_status(state)}  attempt {state.attempt}"
               + (f"  turn {state.turn}" if state.turn > 1 else "")
               + (f"  version {state.agent_version}" if state.agent_version else ""),

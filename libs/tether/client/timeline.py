@@ -66,6 +66,8 @@ class TurnView(Model):
     error: str | None = None
     requested_at: int
     ended_at: int | None = None
+    tokens: int = 0  # its own model usage
+    cost: float = 0.0
 
 
 class RunView(Model):
@@ -205,7 +207,8 @@ def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
         messages=tuple(MessageView(**msgspec.structs.asdict(m)) for m in state.messages),
         turn=state.turn,
         turns=tuple(TurnView(turn=t.turn, input=t.input, status=t.status, summary=t.summary,
-                             error=t.error, requested_at=t.requested_at, ended_at=t.ended_at)
+                             error=t.error, requested_at=t.requested_at, ended_at=t.ended_at,
+                             tokens=t.tokens, cost=t.cost)
                     for t in state.turns),
         requested_at=state.requested_at, started_at=state.started_at, ended_at=state.ended_at,
     )

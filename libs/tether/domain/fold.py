@@ -158,7 +158,8 @@ def _turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) ->
         status=state.status, summary=state.summary, output=state.output, error=state.error,
         reason=state.reason, requested_at=state.turn_requested_at or state.requested_at,
         ended_at=state.ended_at, first_step=state.turn_first_step,
-        first_output=state.turn_first_output, ledger=state.ledger, ended_by=state.ended_by)
+        first_output=state.turn_first_output, ledger=state.ledger, ended_by=state.ended_by,
+        **_usage_since(state, state.turn_first_step))
     return _applied(
         state, turn=data.turn, turns=(*state.turns, finished), turn_requested_at=event.occurred_at,
         turn_first_step=max(state.steps, default=-1) + 1,
@@ -175,6 +176,16 @@ def _turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) ->
         max_budget_deadline=(None if data.max_budget_ms is None
                              else logged_at + data.max_budget_ms),
         no_progress_budget_ms=data.no_progress_budget_ms, no_progress_deadline=None)
+
+
+def _usage_since(state: RunState, first_step: int) -> dict[str, Any]:
+    """The model usage of the run's steps from `first_step` on (a turn's)."""
+    tokens, cost = 0, 0.0
+    for index, step in state.steps.items():
+        if index >= first_step:
+            used = step_amount(step)
+            tokens, cost = tokens + used.tokens, cost + used.cost
+    return {"tokens": tokens, "cost": round(cost, 10)}
 
 
 def _started(state: RunState, event: RunStarted, logged_at: int) -> Evolved:

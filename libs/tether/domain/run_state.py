@@ -119,6 +119,9 @@ class TurnRecord(Record, frozen=True, kw_only=True):
     ledger: DeliveryLedger
     # The id of the event that ended it: one seen again ends no later turn.
     ended_by: str | None = None
+    # Its own model usage (its steps').
+    tokens: int = 0
+    cost: float = 0.0
 
 
 class RunState(Record, frozen=True, kw_only=True):

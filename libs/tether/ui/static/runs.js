@@ -158,7 +158,7 @@ function turnsBlock(run) {
   const rows = run.turns.map((t) => `<li class="turn" data-turn="${t.turn}" data-status="${esc(t.status)}">
       <span class="badge s-${esc(t.status)}">turn ${t.turn}: ${esc(t.status)}</span>
       ${esc(t.summary || t.error || "")}
-      <span class="meta">${esc(clock(t.requested_at))} → ${esc(clock(t.ended_at))}</span></li>`).join("");
+      <span class="meta">${esc(clock(t.requested_at))} → ${esc(clock(t.ended_at))}${t.tokens ? ` · ${t.tokens.toLocaleString("en")} tokens` : ""}</span></li>`).join("");
   return `<ol class="turns">${rows}</ol>`;
 }
 
