@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import steered_agents
 from eventually import eventually
-from pydantic import BaseModel
 from runner_stack import Stack
+from steered_agents import Nothing
 
 from tether import ChildAgent, RunContext
 from tether.agents import AgentDefinition, ModelAgent, ToolContext, tool
@@ -36,28 +37,12 @@ class Calls:
 CALLS = Calls()
 
 
-class Nothing(BaseModel):
-    pass
+class Listener(steered_agents.Listener):
+    """The steered child (it keeps the first message in a step), waiting between the two
+    messages for the test's gate."""
 
-
-class Listener(ChildAgent):
-    """Takes the parent's first message in and keeps it in a step; waits for the test's
-    gate; then takes the next message in and answers with both."""
-
-    input_model = Nothing
-
-    async def run(self, ctx: RunContext, input: Nothing) -> str:
-        steps = ctx.history.steps if ctx.history is not None else {}
-        if 0 in steps:
-            first = steps[0]["text"]
-        else:
-            message = await ctx.next_message()
-            first = message.text
-            await ctx.record_step(0, {"text": first})
-        await ctx.report_progress(milestone="heard", message=f"heard {first}")
+    async def between(self) -> None:
         await CALLS.gate.wait()
-        second = await ctx.next_message()
-        return f"{first} + {second.text}"
 
 
 @tool

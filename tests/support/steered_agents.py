@@ -14,6 +14,9 @@ class Nothing(BaseModel):
 class Listener(ChildAgent):
     input_model = Nothing
 
+    async def between(self) -> None:
+        """What it awaits between the two messages (a test's gate)."""
+
     async def run(self, ctx: RunContext, input: Nothing) -> str:
         steps = ctx.history.steps if ctx.history is not None else {}
         if 0 in steps:
@@ -23,5 +26,6 @@ class Listener(ChildAgent):
             first = message.text
             await ctx.record_step(0, {"text": first})
         await ctx.report_progress(milestone="heard", message=f"heard {first}")
+        await self.between()
         second = await ctx.next_message()
         return f"{first} + {second.text}"

@@ -54,6 +54,11 @@ RunKey = tuple[str, str, str]
 # Awaiter checks in flight at once: a check is one core request, answered at once by the
 # server when nobody awaits the run.
 AWAITER_CHECKS_IN_FLIGHT = 64
+# A silence deadline this process wakes up for this much later was its own pause (SIGSTOP,
+# a starved host), not the child's: the child's signals are read for up to LOOK_AGAIN_S
+# more before the run is given up.
+OWN_PAUSE_S = 0.25
+LOOK_AGAIN_S = 1.0
 
 
 
@@ -263,6 +268,7 @@ class Recovery:
                                   start_seq=last_seq + 1)
         last_signal = time.monotonic()
         window_spent = False
+        looked_again = False  # after a deadline this process woke up late for
         try:
             async with aclosing(events) as stream:
                 next_event = asyncio.ensure_future(anext(stream))
@@ -297,10 +303,21 @@ class Recovery:
                             next_event = asyncio.ensure_future(anext(stream))
                         elif next_signal in done:
                             last_signal = time.monotonic()
+                        elif (not window_spent and not looked_again
+                              and time.monotonic() - give_up_at > OWN_PAUSE_S):
+                            # Woken well past the deadline: this process was stopped or
+                            # starved, and what the child sent meanwhile waits in its
+                            # buffers, behind the timer that fired first. Look again for
+                            # a moment before taking its own pause for the child's silence.
+                            looked_again = True
+                            last_signal = time.monotonic() - silence_s + min(silence_s,
+                                                                             LOOK_AGAIN_S)
                         else:
                             # Silent for the whole timeout (a runner that answers for the
                             # child is no signal from it), or the window is spent.
                             break
+                        if next_event in done or next_signal in done:
+                            looked_again = False
                 finally:
                     next_event.cancel()
                     # Let the cancelled read finish before the stream is closed.
