@@ -2,14 +2,13 @@
 
 import asyncio
 import json
-import os
 import re
 import signal
 import time
 from contextlib import aclosing
-from pathlib import Path
 
 from eventually import eventually
+from service_processes import SUPPORT, support_path
 
 from tether.adapters.event_log import EventLog
 from tether.contract.messages import WorkItem, work_item_json
@@ -79,14 +78,12 @@ async def test_a_runner_without_agents_stops_with_a_clear_error(services):
     assert "TETHER_AGENTS" in error["error"]
 
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where stubborn_agents is
 
 
 async def test_a_model_agent_without_a_model_client_is_refused_when_the_runner_starts(
         services):
     """Not when its first run starts: the runner exits 2 at once, naming the setting."""
-    support = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                           os.environ.get("PYTHONPATH")]))}
+    support = {"PYTHONPATH": support_path()}
     runner = await services("child-runner", TETHER_AGENTS="unscripted_agents:Unscripted",
                             **support)
     assert await runner.wait() == 2
@@ -110,8 +107,7 @@ async def test_a_runner_paused_past_its_ack_wait_records_nothing_after_it_wakes(
     turns = tmp_path / "turns.jsonl"
     env = {"TETHER_AGENTS": "stubborn_agents:Stubborn", "TETHER_WORK_ACK_WAIT_MS": "1500",
            "STUBBORN_TURNS": str(turns),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                       os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": support_path()}
     first = await services("child-runner", **env)
     run = await dispatch(log, "Stubborn", {"seconds": 3})
     subject = log.subjects.run_events(PARENT, run.run_id)
@@ -161,8 +157,7 @@ async def test_a_child_blocking_the_event_loop_is_named_with_where_it_blocks(log
     """`time.sleep` in a child stops every run and service of its process: the runner
     says which run's child did it and at which line, and for how long."""
     env = {"TETHER_AGENTS": "stubborn_agents:Blocker", "TETHER_LOOP_BLOCKED_WARN_MS": "300",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                       os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": support_path()}
     runner = await services("child-runner", **env)
     run = await dispatch(log, "Blocker", {"seconds": 1.5})
 
@@ -183,8 +178,7 @@ def versioned(version: str, **extra: str) -> dict[str, str]:
     """A runner of `versioned_agents:Versioned` whose code is version `version`."""
     return {"TETHER_AGENTS": "versioned_agents:Versioned", "AGENT_VERSION": version,
             "TETHER_WORK_ACK_WAIT_MS": "1500",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                        os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": support_path(),
             **extra}
 
 

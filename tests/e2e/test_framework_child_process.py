@@ -4,17 +4,15 @@ request is in flight, the other runner takes the run over and replays the record
 request and tool call (LangGraph: the finished nodes): neither is made again."""
 
 import asyncio
-import os
 import signal
-from pathlib import Path
 
 import pytest
 from eventually import eventually
+from service_processes import support_path
 
 from tether.client import connect
 from tether.domain.events import ParentRef
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where framework_agents is
 PARENT = ParentRef(agent="Assistant", name="frameworks")
 
 
@@ -48,8 +46,7 @@ async def test_a_runner_killed_mid_run_leaves_the_recorded_calls_to_be_replayed(
     server = await asyncio.start_unix_server(calls.handle, path=str(socket))
     env = {"TETHER_AGENTS": f"framework_agents:{agent_type}",
            "TETHER_WORK_ACK_WAIT_MS": "1500", "FRAMEWORK_SOCKET": str(socket),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                       os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": support_path()}
     try:
         _, *runners = await asyncio.gather(services("parent", **env),
                                            services("child-runner", **env),

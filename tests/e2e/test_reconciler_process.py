@@ -7,12 +7,12 @@ import json
 import os
 import signal
 from contextlib import aclosing
-from pathlib import Path
 
 import msgspec
 import nats
 import pytest
 from eventually import eventually
+from service_processes import support_path
 from skewed_clock import faketime_env
 
 from tether.client.connection import connect
@@ -21,7 +21,6 @@ from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
 
 PARENT = ParentRef(agent="Assistant", name="user-9")
-SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where stubborn_agents is
 RUNNER_AGENTS = "examples.agents:Sleeper"
 # The parent also knows Extractor, which no runner serves: its runs cannot be inspected.
 PARENT_AGENTS = "examples.agents:Sleeper,examples.agents:Extractor"
@@ -235,8 +234,7 @@ async def test_clocks_30s_off_interrupt_no_run_that_signals_within_its_budget(lo
 
 
 STUBBORN = {"TETHER_AGENTS": "stubborn_agents:Stubborn",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                        os.environ.get("PYTHONPATH")]))}
+            "PYTHONPATH": support_path()}
 
 
 @pytest.mark.parametrize(("seconds", "final"), [(30, "interrupted"), (2.5, "completed")])

@@ -4,17 +4,15 @@ other one takes the run over, follows the same task, and the run ends with one r
 task, not two."""
 
 import asyncio
-import os
 import signal
-from pathlib import Path
 
 from eventually import eventually
 from remote_servers import TOKEN, RemoteServer
+from service_processes import support_path
 
 from tether.client import connect
 from tether.domain.events import ParentRef
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where remote_children_agents is
 PARENT = ParentRef(agent="Assistant", name="far")
 
 
@@ -25,8 +23,7 @@ async def test_a_runner_killed_while_it_follows_a_remote_task_leaves_it_to_the_o
     try:
         env = {"TETHER_AGENTS": "remote_children_agents:Echo", "TETHER_WORK_ACK_WAIT_MS": "1500",
                "REMOTE_A2A_URL": remote.url, "ECHO_TOKEN": TOKEN,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                           os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": support_path()}
         _, *runners = await asyncio.gather(services("parent", **env),
                                            services("child-runner", **env),
                                            services("child-runner", **env))

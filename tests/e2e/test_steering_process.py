@@ -3,23 +3,21 @@ message the child took in before the kill is not handed to the next attempt agai
 one sent while no runner held the run is handed to the runner that takes it over."""
 
 import asyncio
-import os
 import signal
 from contextlib import aclosing
-from pathlib import Path
+
+from service_processes import support_path
 
 from tether.client import connect
 from tether.domain.events import ParentRef
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where steered_agents is
 PARENT = ParentRef(agent="Assistant", name="steering")
 
 
 async def test_a_message_is_taken_in_once_across_a_runner_killed_mid_run(
         log, services, settings):
     env = {"TETHER_AGENTS": "steered_agents:Listener", "TETHER_WORK_ACK_WAIT_MS": "1500",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT),
-                                                       os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": support_path()}
     _, *runners = await asyncio.gather(services("parent", **env),
                                        services("child-runner", **env),
                                        services("child-runner", **env))

@@ -11,12 +11,12 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from urllib.parse import quote
 
 import asyncpg
 import pytest
 from playwright.async_api import Page, expect
+from service_processes import support_path
 
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
@@ -29,7 +29,6 @@ from tether.testing import RunEvents
 AGENTS = ("examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher,"
           "ui_tree_agents:Chief,ui_tree_agents:Lead,ui_tree_agents:Clerk,"
           "ui_progress_agents:Halfway")
-SUPPORT = Path(__file__).resolve().parents[1] / "support"  # where ui_tree_agents is
 PARENT = ("Assistant", "user-42")
 
 
@@ -62,7 +61,7 @@ async def ui_url(stack_settings, service_process) -> AsyncIterator[str]:
     env.update(TETHER_NATS_URL=settings.nats_url, TETHER_DATABASE_URL=settings.database_url,
                TETHER_PREFIX=settings.prefix, TETHER_PROJECTION_SCHEMA=settings.projection_schema,
                TETHER_HEALTH_PORT="0", TETHER_LOG_FORMAT="json",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(SUPPORT), env.get("PYTHONPATH")])))
+               PYTHONPATH=support_path(env.get("PYTHONPATH") or ""))
     nc = await connect_nats(settings.nats_url, name="tether-ui-tests")
     await ensure_streams(nc.jetstream(), settings.subjects, StreamSettings())
     processes = [service_process("parent", {**env, "TETHER_AGENTS": AGENTS}),

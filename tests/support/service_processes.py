@@ -2,11 +2,23 @@
 
 import asyncio
 import json
+import os
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 from eventually import eventually
+
+SUPPORT = Path(__file__).resolve().parent  # tests/support: the test agents' modules
+
+
+def support_path(pythonpath: str | None = None) -> str:
+    """A PYTHONPATH that puts tests/support first, so that services started as processes
+    import the test agents there (`TETHER_AGENTS=stubborn_agents:...`); after it,
+    `pythonpath` (default: this process's)."""
+    rest = os.environ.get("PYTHONPATH") if pythonpath is None else pythonpath
+    return os.pathsep.join(filter(None, [str(SUPPORT), rest]))
 
 
 class ServiceProcess:
