@@ -54,7 +54,9 @@ class PathTracer:
     def __init__(self) -> None:
         self.paths: dict[int, list[str]] = {}
         self.upward: Counter[tuple[str, str]] = Counter()
+        self.reentries: Counter[tuple[str, str]] = Counter()
         self._started: set[int] = set()
+        self.recording = False
 
     def __call__(self, frame: FrameType, event: str, _arg: Any) -> None:
         if event != "call":
@@ -66,6 +68,8 @@ class PathTracer:
             if id(frame) in self._started:
                 return
             self._started.add(id(frame))
+        if not self.recording:  # the warm-up: only the loops already running are noted
+            return
         try:
             task = asyncio.current_task()
         except RuntimeError:
@@ -74,9 +78,22 @@ class PathTracer:
         if not path or path[-1] != module:
             path.append(module)
         caller = frame.f_back.f_globals.get("__name__", "") if frame.f_back else ""
+        if caller != module and _below(frame.f_back, module):
+            self.reentries[(caller, module)] += 1
         if (caller.startswith("tether.") and caller.split(".")[1] != module.split(".")[1]
                 and layer(module) > layer(caller)):
             self.upward[(caller, module)] += 1
+
+
+def _below(frame: FrameType | None, module: str) -> bool:
+    """Whether `module` is on the stack under `frame` (its caller's caller, or further):
+    a call from `frame` into it goes back into a module the path had left for this one."""
+    frame = frame.f_back if frame is not None else None
+    while frame is not None:
+        if frame.f_globals.get("__name__", "") == module:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def summary(paths: dict[int, list[str]]) -> tuple[set[str], int, Counter[str]]:
@@ -108,8 +125,11 @@ async def main(show: bool) -> int:
     parent = await open_parent(settings, EventLog(nc, settings.subjects), pool, registry,
                            get_logger(service="module-path"))
     stop = asyncio.Event()
-    services = [asyncio.create_task(runner.run(stop)), asyncio.create_task(parent.run(stop))]
     tracer = PathTracer()
+    # Profiled from the services' start, so that a loop started before the traced run (a
+    # fetch loop) is known when it resumes, not taken for a new call.
+    sys.setprofile(tracer)
+    services = [asyncio.create_task(runner.run(stop)), asyncio.create_task(parent.run(stop))]
     try:
         async with connect(settings=settings) as tether:
             handled = asyncio.Queue[str]()
@@ -118,12 +138,11 @@ async def main(show: bool) -> int:
             async with hooks.running():
                 me = tether.parent(PARENT_AGENT, "user-1")
                 for traced in (False, True):
-                    if traced:
-                        sys.setprofile(tracer)
+                    tracer.recording = traced
                     await me.run_agent_tool("BenchChild", {"n": int(traced)},
                                             detached={"on_finish": "on_done"})
                     await asyncio.wait_for(handled.get(), 30)
-                    sys.setprofile(None)
+                sys.setprofile(None)
     finally:
         sys.setprofile(None)
         stop.set()
@@ -135,8 +154,12 @@ async def main(show: bool) -> int:
     modules, returns, by_module = summary(tracer.paths)
     print(f"{len(modules)} modules of tether entered by {len(tracer.paths)} tasks; "
           f"{returns} returns to a module a task had left; "
-          f"{sum(tracer.upward.values())} upward calls along {len(tracer.upward)} edges")
+          f"{sum(tracer.upward.values())} upward calls along {len(tracer.upward)} edges; "
+          f"{sum(tracer.reentries.values())} calls back into a module on the stack along "
+          f"{len(tracer.reentries)} edges")
     if show:
+        for (caller, module), count in sorted(tracer.reentries.items()):
+            print(f"  back: {caller} -> {module} ({count}x)")
         for (caller, module), count in sorted(tracer.upward.items()):
             print(f"  up: {caller} -> {module} ({count}x)")
         for module in sorted(modules):

@@ -8,7 +8,7 @@ when it works again, and goes on. Only a configuration error stops a service.
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
 import asyncpg
@@ -146,48 +146,92 @@ async def supervise(name: str, body: Callable[[Callable[[], None]], Awaitable[No
             return
 
 
-async def persistently(operation: Callable[[], Awaitable[T]], *, what: str,
-                       logger: Callable[[], Any], give_up: asyncio.Event | None = None,
-                       also: tuple[type[BaseException], ...] = (),
-                       while_retrying: Callable[[], Awaitable[None]] | None = None) -> T:
-    """`operation()` retried across transient errors until it succeeds, or `give_up` is
-    set (its last error is then raised). For writes that are idempotent by their message
-    ids (appends, hook and chat publishes): a retry whose first attempt landed is stored
-    once. `also`: more errors to treat as transient here.
+class Persisting:
+    """The attempts of a write retried across transient errors, driven by its caller:
+
+        async for attempt in Persisting("run.append", logger):
+            with attempt:
+                return await log.append(...)
+
+    until an attempt succeeds, or `give_up` is set (its last error is then raised). For
+    writes that are idempotent by their message ids (appends, hook and chat publishes): a
+    retry whose first attempt landed is stored once. `also`: more errors to treat as
+    transient here. The caller awaits its own write (the path goes down into this module
+    and back, never up from it into the caller's).
 
     The usual case, a first attempt that succeeds, makes no retry state: `logger` is a
     function that returns the logger, called only when there is something to say, and
     `while_retrying` (keeping a message ours, say) runs only from the first failure until
-    the end.
+    the attempts end.
     """
-    retried = (*TRANSIENT_ERRORS, *also) if also else TRANSIENT_ERRORS
-    try:
-        return await operation()
-    except retried as caught:
-        first_error = caught
-    side = asyncio.ensure_future(while_retrying()) if while_retrying is not None else None
-    backoff, health = Backoff(max_s=1.0), Health(logger(), what)
-    error: BaseException = first_error
-    try:
-        while True:
-            health.failed(error)
-            if give_up is not None and give_up.is_set():
-                raise error
-            delay = backoff.next_delay()
-            if give_up is None:
-                await asyncio.sleep(delay)
-            elif await sleep_unless_stopped(give_up, delay):
-                raise error
-            try:
-                result = await operation()
-            except retried as again:
-                error = again
-                continue
-            health.recovered()
-            return result
-    finally:
-        if side is not None:
-            side.cancel()
+
+    # Unset until a first failure: the usual write sets only what it was given.
+    _error: BaseException | None = None
+    _done = False
+    _side: "asyncio.Future[None] | None" = None
+    _backoff: Backoff | None = None
+    _health: Health | None = None
+
+    def __init__(self, what: str, logger: Callable[[], Any], *,
+                 give_up: asyncio.Event | None = None,
+                 also: tuple[type[BaseException], ...] = (),
+                 while_retrying: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._what, self._logger, self._give_up = what, logger, give_up
+        self._also, self._while_retrying = also, while_retrying
+
+    def __aiter__(self) -> "Persisting":
+        return self
+
+    def __anext__(self) -> Awaitable["Persisting"]:
+        # A plain method, so that the usual first attempt and the end cost no coroutine:
+        # `async for` awaits what it returns, and takes a StopAsyncIteration raised here
+        # for the end.
+        if self._done:
+            raise StopAsyncIteration
+        if self._error is None:  # the first attempt
+            return self
+        return self._after_failure()
+
+    def __await__(self) -> Generator[Any, None, "Persisting"]:
+        return self
+        yield  # a generator: awaiting the first attempt gives it at once
+
+    async def _after_failure(self) -> "Persisting":
+        error = self._error
+        assert error is not None
+        if self._backoff is None:
+            self._backoff, self._health = Backoff(max_s=1.0), Health(self._logger(), self._what)
+            if self._while_retrying is not None:
+                self._side = asyncio.ensure_future(self._while_retrying())
+        assert self._health is not None
+        self._health.failed(error)
+        give_up = self._give_up
+        delay = self._backoff.next_delay()
+        if give_up is None:
+            await asyncio.sleep(delay)
+        elif give_up.is_set() or await sleep_unless_stopped(give_up, delay):
+            self._end()
+            raise error
+        return self
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 _traceback: object) -> bool:
+        if error is None:
+            if self._health is not None:
+                self._health.recovered()
+        elif isinstance(error, TRANSIENT_ERRORS) or (self._also and isinstance(error, self._also)):
+            self._error = error
+            return True
+        self._end()
+        return False
+
+    def _end(self) -> None:
+        self._done = True
+        if self._side is not None:
+            self._side.cancel()
 
 
 async def settle(settlement: Awaitable[object], *, what: str, logger=None,

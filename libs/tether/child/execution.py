@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from nats.aio.msg import Msg
@@ -239,9 +240,9 @@ class Execution:
             attempt=expected + 1, runner_id=self._env.runner_id, agent_version=version),
             "running", expected + 1, self._owner)
 
-        state, appended = await self._item.update(
-            lambda current: decide.start_attempt(current, running, expected_attempt=expected,
-                                                 incarnation=incarnation))
+        state, appended = await self._item.update(partial(
+            decide.start_attempt, running=running, expected_attempt=expected,
+            incarnation=incarnation))
         if state is not None:
             self._incarnation = state.incarnation
         if not appended:
@@ -455,9 +456,9 @@ class Execution:
         paused = self._event(RunPaused, RunPausedData(reason=pause.reason, pending=pause.pending),
                              "paused", pause.key)
 
-        state, _ = await self._item.update(
-            lambda current: decide.pause_attempt(current, paused, attempt=self.attempt,
-                                                 incarnation=self._incarnation))
+        state, _ = await self._item.update(partial(
+            decide.pause_attempt, paused=paused, attempt=self.attempt,
+            incarnation=self._incarnation))
         verdict = attempts.not_paused(state, self.attempt, self._incarnation)
         if verdict is not None:
             return await self._carry_out(verdict)
@@ -495,9 +496,9 @@ class Execution:
         deliver its hooks; False when it was not appended. A run that had ended already
         gets what that end still owes (its writer may have died first); a run a newer
         attempt took over is left to that attempt."""
-        attempt, incarnation = self.attempt, self._incarnation
-        state, appended = await self._item.update(lambda current: decide.finish_attempt(
-            current, outcome, attempt=attempt, incarnation=incarnation))
+        state, appended = await self._item.update(partial(
+            decide.finish_attempt, outcome=outcome, attempt=self.attempt,
+            incarnation=self._incarnation))
         if appended or attempts.standing(state, self.attempt, self._incarnation) == "ended":
             await self._deliver(state, appended)
         return state, bool(appended)
@@ -528,7 +529,9 @@ class Execution:
         deliverer = self._env.deliverer
         if (deliverer is not None and state is not None and state.detached is not None
                 and state.incarnation == self._incarnation):
-            await self._item.persist(lambda: deliver(deliverer), "run.deliver")
+            async for attempt in self._item.persisting("run.deliver"):
+                with attempt:
+                    await deliver(deliverer)
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
         await self._item.ack()

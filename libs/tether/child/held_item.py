@@ -9,9 +9,8 @@ is made fresh only by a read of the run that shows the attempt still current (`c
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import suppress
-from typing import TypeVar
 
 from nats.aio.msg import Msg
 
@@ -22,9 +21,7 @@ from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState
 from tether.log import get_logger
 from tether.ports import EventLog
-from tether.resilience import TRANSIENT_ERRORS, persistently, settle
-
-T = TypeVar("T")
+from tether.resilience import TRANSIENT_ERRORS, Persisting, settle
 
 
 class HeldItem:
@@ -59,17 +56,20 @@ class HeldItem:
     def release(self) -> None:
         self.released.set()
 
-    async def persist(self, call: Callable[[], Awaitable[T]], what: str) -> T:
-        """`call`, retried across a broker restart until it lands, the item kept meanwhile;
-        a release gives up (`persistently`)."""
-        return await persistently(call, what=what, logger=lambda: get_logger(run_id=self._run_id),
-                                  give_up=self.released, while_retrying=self._keep)
+    def persisting(self, what: str) -> Persisting:
+        """The attempts of a write, retried across a broker restart until it lands, the
+        item kept meanwhile; a release gives up (`resilience.Persisting`)."""
+        return Persisting(what, lambda: get_logger(run_id=self._run_id),
+                          give_up=self.released, while_retrying=self._keep)
 
     async def update(self, decision: Callable[[RunState | None], list[Event]]
                      ) -> tuple[RunState | None, list[Event]]:
-        """The log's `update` of the run, persisted."""
-        return await self.persist(
-            lambda: self._log.recent.update(self._parent, self._run_id, decision), "run.append")
+        """The log's `update` of the run from what this process last knew of it
+        (`recent`), persisted."""
+        async for attempt in self.persisting("run.append"):
+            with attempt:
+                updated = await self._log.recent.update(self._parent, self._run_id, decision)
+        return updated
 
     async def _keep(self) -> None:
         while True:
@@ -95,10 +95,12 @@ class HeldItem:
                                    ) -> tuple[RunState | None, attempts.Standing, int]:
         """`confirm`, retried across a broker restart: a hiccup is no failure of the
         child (a release gives up)."""
-        return await persistently(lambda: self.confirm(attempt, incarnation),
-                                  what="child.confirm",
-                                  logger=lambda: get_logger(run_id=self._run_id),
-                                  give_up=self.released)
+        async for trying in Persisting("child.confirm",
+                                       logger=lambda: get_logger(run_id=self._run_id),
+                                       give_up=self.released):
+            with trying:
+                confirmed = await self.confirm(attempt, incarnation)
+        return confirmed
 
     async def heartbeat(self, interval: float, attempt: int, incarnation: str,
                         looked: Callable[[RunState | None], None]) -> None:

@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from contextlib import suppress
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tether.child.agent import PAUSE_MILESTONES
@@ -42,7 +43,7 @@ from tether.domain.events import (
 from tether.domain.run_state import PauseInfo, ProgressSnapshot, RunState
 from tether.log import get_logger
 from tether.ports import SYSTEM_CLOCK, EventLog
-from tether.resilience import persistently
+from tether.resilience import Persisting
 
 if TYPE_CHECKING:
     from tether.child.work import Hold
@@ -124,9 +125,9 @@ class RunRecorder:
         while this child ran (its milestones would then be the new run's). The fold keys
         each of these events (sequence, index, time), so a repeat changes nothing.
         Returns the run after it."""
-        state, _ = await self._update(
-            lambda state: decide.record_report(state, event, attempt=self._attempt,
-                                               incarnation=self._incarnation))
+        state, _ = await self._update(partial(
+            decide.record_report, event=event, attempt=self._attempt,
+            incarnation=self._incarnation))
         return state
 
     async def _update(self, decision: Callable[[RunState | None], Sequence[Event]]
@@ -134,12 +135,12 @@ class RunRecorder:
         """The log's `update`, retried across a broker restart: a child's report is not
         lost, and does not fail the child, because the broker was away for a moment.
         (The child's own task: a stop cancels it, and the retry with it.)"""
-        async def update() -> tuple[RunState | None, list[Event]]:
-            if self._stale() and self._confirm is not None:
-                await self._confirm()
-            return await self._log.recent.update(self.parent, self.run_id, decision)
-
-        return await persistently(update, what="child.report", logger=self._logger)
+        async for attempt in Persisting("child.report", self._logger):
+            with attempt:
+                if self._stale() and self._confirm is not None:
+                    await self._confirm()
+                updated = await self._log.recent.update(self.parent, self.run_id, decision)
+        return updated
 
     def _stale(self) -> bool:
         """Whether the runner's hold is stale: the attempt must be confirmed first."""
@@ -193,8 +194,9 @@ class RunRecorder:
                 or not deliverer.owes_notification(state, name)):
             return
         milestone = next(m for m in state.milestones if m.name == name)
-        await persistently(lambda: deliverer.notify_milestone(state, milestone),
-                           what="child.notify", logger=self._logger)
+        async for attempt in Persisting("child.notify", self._logger):
+            with attempt:
+                await deliverer.notify_milestone(state, milestone)
 
     def replay_milestones(self, names: "list[str] | tuple[str, ...]") -> None:
         """Count milestones a resumed child will not report again (their steps were

@@ -32,6 +32,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from nats.aio.msg import Msg
@@ -71,9 +72,9 @@ from tether.ports import SYSTEM_CLOCK
 from tether.resilience import (
     Backoff,
     Health,
+    Persisting,
     describe,
     is_transient,
-    persistently,
     settle,
     sleep_unless_stopped,
 )
@@ -165,9 +166,10 @@ class _Reports:
             msg_id = f"delivered:{parent}:batch:{uuid.uuid4().hex}"
         # (A stream without responders is a cluster electing its leader, here: the
         # commands stream existed when this handler started.)
-        await persistently(lambda: self._tether.publish_command("delivered", command, msg_id),
-                           what="hooks.ledger", logger=lambda: self._logger,
-                           also=(ServiceUnavailable,))
+        async for attempt in Persisting("hooks.ledger", lambda: self._logger,
+                                        also=(ServiceUnavailable,)):
+            with attempt:
+                await self._tether.publish_command("delivered", command, msg_id)
 
 
 @dataclass(slots=True)
@@ -447,9 +449,9 @@ class HookRegistry:
         # The function ran: from here on, a broker restart must not make it run again.
         # Both records are idempotent; they are retried until they land.
         if message_id is not None:
-            await persistently(lambda: self._records.record(run.parent, method, message_id,
-                                                            result.status),
-                               what="hooks.record", logger=lambda: logger)
+            async for attempt in Persisting("hooks.record", lambda: logger):
+                with attempt:
+                    await self._records.record(run.parent, method, message_id, result.status)
         await self._record_delivered(hook, method, message_id, logger)
         # Remembered once both records are on their way (until then a copy waits on the
         # claim): a copy acknowledged from memory never leaves the ledger without them.
@@ -477,9 +479,7 @@ class HookRegistry:
             await self._reports.send(report)
             return
         command = DeliveredCommand.of([report])
-        await persistently(
-            lambda: self.tether.log.update(
-                run.parent, run.run_id,
-                lambda state: record_delivery_of_this_life(state, command,
-                                                           SYSTEM_CLOCK.now())),
-            what="hooks.ledger", logger=lambda: logger)
+        async for attempt in Persisting("hooks.ledger", lambda: logger):
+            with attempt:
+                await self.tether.log.update(run.parent, run.run_id, partial(
+                    record_delivery_of_this_life, command=command, now=SYSTEM_CLOCK.now()))

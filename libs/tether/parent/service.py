@@ -28,7 +28,7 @@ from tether.delivery.deliverer import Deliverer
 from tether.domain.commands import overdue_ms
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
 from tether.parent.handlers import CommandHandlers, Payload, UnparseableCommand
-from tether.resilience import TRANSIENT_ERRORS, persistently, settle, supervise
+from tether.resilience import TRANSIENT_ERRORS, Persisting, settle, supervise
 
 MAX_COMMAND_DELIVERIES = 10
 CLOCK_SAMPLE_WAIT_S = 5.0
@@ -154,8 +154,10 @@ class ParentService:
                 return
             # Handlers decide from the run's events and append with its ids, so one retried
             # across a broker restart lands once; until `stop`, then redelivery retries it.
-            await persistently(lambda: self._dispatch(kind, payload, seq, log, overdue),
-                               what=f"command.{kind}", logger=lambda: log, give_up=stop)
+            async for attempt in Persisting(f"command.{kind}", lambda: log,
+                                            give_up=stop):
+                with attempt:
+                    await self._dispatch(kind, payload, seq, log, overdue)
         except UnparseableCommand as error:
             await self._dead_letter(msg, str(error))
             log.error("command.dead_lettered", error=str(error))
