@@ -29,7 +29,8 @@ from tether.adapters.postgres.projector import Projector
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.config import Settings
 from tether.domain import events as ev
-from tether.domain.events import DetachedOptions, ParentRef
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import ParentRef
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 from tether.ui.server import serve_ui

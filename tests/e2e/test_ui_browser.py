@@ -22,7 +22,8 @@ from tether.adapters.nats_connection import connect_nats
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.client import Tether, connect
 from tether.config import Settings
-from tether.domain.events import DetachedOptions, ParentRef, RunCancelRequested, RunRunning
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import ParentRef, RunCancelRequested, RunRunning
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
 

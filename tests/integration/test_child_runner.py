@@ -37,7 +37,8 @@ from tether.contract.messages import (
     WorkItem,
     work_item_json,
 )
-from tether.domain.events import DetachedOptions, Event, ParentRef, RunCancelRequested
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import Event, ParentRef, RunCancelRequested
 from tether.domain.ids import finish_message_id, work_message_id
 from tether.ports import SYSTEM_CLOCK, RunHistory
 from tether.testing import RunEvents

@@ -23,7 +23,8 @@ from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import load_formatters
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.commands import DeliveredCommand
-from tether.domain.events import DetachedOptions, ParentRef, RunFinishDelivered
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import ParentRef, RunFinishDelivered
 from tether.domain.ids import GLOBAL_FINISH_HOOK, finish_message_id
 from tether.domain.run_state import RunState
 from tether.log import get_logger

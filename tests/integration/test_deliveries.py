@@ -13,7 +13,8 @@ from tether.contract.messages import FIRST_PUBLICATION_HEADER, ChatMessage, Hook
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters, load_formatters
 from tether.delivery.registered_hooks import RegisteredHooks
-from tether.domain.events import DetachedOptions, Event, ParentRef
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState
 from tether.log import get_logger
 from tether.testing import RunEvents

@@ -12,7 +12,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 
 from tether.adapters.event_log import WRONG_LAST_SEQUENCE, EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams, stream_configs
-from tether.domain import decide
+from tether.domain import decide, recovery_decisions
 from tether.domain.events import ParentRef, RunCompleted
 from tether.domain.fold import fold
 from tether.ports import ConcurrencyConflict
@@ -400,7 +400,7 @@ async def test_one_timers_decisions_for_same_named_runs_of_two_parents_both_land
                                expected_last_seq=0)
     cause = decide.timer_cause(now=5_000, origin="rec-test")
     for parent in parents:
-        await log.update(parent, "agent-tool:call_0_0", lambda s: decide.give_up(
+        await log.update(parent, "agent-tool:call_0_0", lambda s: recovery_decisions.give_up(
             s, cause, "no-progress", "no progress", child_still_running=False))
 
     states = [(await log.read_run(parent, "agent-tool:call_0_0")).state for parent in parents]

@@ -23,7 +23,7 @@ from tether.adapters.postgres.projector import Projector, rebuild, verify
 from tether.adapters.postgres.replay import PipelinedReplay
 from tether.adapters.postgres.statements import Statements
 from tether.contract.codec import encode_event
-from tether.domain.events import DetachedOptions
+from tether.domain.detached_options import DetachedOptions
 from tether.domain.fold import fold
 from tether.ports import StoredEvent
 from tether.recent_runs import RecentlyProjected

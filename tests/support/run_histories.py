@@ -6,8 +6,8 @@ from typing import Any
 
 import msgspec
 
+from tether.domain.event_envelope import EventEnvelope
 from tether.domain.events import (
-    EventEnvelope,
     ParentRef,
     RunAborted,
     RunCancelRequested,

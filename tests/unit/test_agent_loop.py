@@ -26,7 +26,8 @@ from tether.agents import (
     tool,
     tool_called,
 )
-from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
+from tether.agents.loop import AgentLoop
+from tether.agents.loop_ports import CallPlan, LoopPorts, Session
 from tether.agents.model_messages import ModelRequest, ModelResponse
 from tether.agents.tools import StateAccessor
 

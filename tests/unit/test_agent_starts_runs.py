@@ -17,7 +17,8 @@ from tether.agents import (
     ToolContext,
 )
 from tether.agents.agent import input_messages
-from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
+from tether.agents.loop import AgentLoop
+from tether.agents.loop_ports import CallPlan, LoopPorts, Session
 from tether.agents.model_messages import ToolCall
 from tether.agents.steps import AgentStepRecord
 from tether.domain.ids import tool_run_id

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 
 from bench.correctness import CHECKS, LoggedEvent, check_w1
+from tether.domain.event_envelope import EventEnvelope
 from tether.domain.events import (
-    EventEnvelope,
     ParentRef,
     RunCompleted,
     RunFinishDelivered,

@@ -41,13 +41,8 @@ from tether.domain.commands import (
     parse_command,
 )
 from tether.domain.decide import delivery_entry_of_report
-from tether.domain.events import (
-    DetachedOptions,
-    MilestoneNotifyOptions,
-    NotifyOptions,
-    ParentRef,
-    RunMilestone,
-)
+from tether.domain.detached_options import DetachedOptions, MilestoneNotifyOptions, NotifyOptions
+from tether.domain.events import ParentRef, RunMilestone
 from tether.domain.fold import evolve, fold
 from tether.domain.ids import (
     GLOBAL_FINISH_HOOK,

@@ -14,7 +14,8 @@ from tether.contract.messages import (
 )
 from tether.delivery.deliverer import OUTCOMES, Deliverer
 from tether.delivery.formatters import DefaultFormatters
-from tether.domain.events import TERMINAL_EVENT_STATUS, DetachedOptions, ParentRef
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import TERMINAL_EVENT_STATUS, ParentRef
 from tether.domain.ids import GLOBAL_FINISH_HOOK, finish_message_id
 from tether.log import get_logger
 from tether.testing import InMemoryEventLog, RunEvents

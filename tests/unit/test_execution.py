@@ -15,7 +15,7 @@ from tether.child.execution import Execution
 from tether.child.work import Hold, RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import WorkItem, work_item_json
-from tether.domain import decide
+from tether.domain import decide, recovery_decisions
 from tether.domain.events import ParentRef
 from tether.testing import InMemoryEventLog, RunEvents
 
@@ -359,7 +359,7 @@ async def test_a_result_returned_after_a_give_up_repairs_the_interruption(log, w
     running = asyncio.ensure_future(execution.run())
     await waiting.reached.wait()
     state = (await log.read_run(PARENT, "r1")).state
-    await log.update(PARENT, "r1", lambda s: decide.give_up(
+    await log.update(PARENT, "r1", lambda s: recovery_decisions.give_up(
         s, decide.Cause(7, 9_000, origin="rec"), "no-progress", "silent",
         child_still_running=True))
     execution.cancel(decide.GIVE_UP)

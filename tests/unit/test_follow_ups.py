@@ -17,11 +17,12 @@ from run_histories import (
     step,
 )
 
-from tether.domain import decide
+from tether.domain import decide, turn_decisions
 from tether.domain.commands import RunCommand
-from tether.domain.events import RunFinishDelivered, RunStepRecorded, RunTurnRequested
+from tether.domain.events import RunFinishDelivered, RunStepRecorded
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
+from tether.domain.turn_events import RunTurnRequested
 
 BUDGETS = decide.Budgets(detached_max_budget_ms=60_000, detached_no_progress_budget_ms=0)
 CAUSE = decide.Cause(command_seq=9, now=T0 + 10_000)
@@ -43,7 +44,7 @@ def finished() -> RunState:
 
 
 def next_turn(state: RunState, command: RunCommand) -> RunState:
-    (event,) = decide.request_turn(state, command, BUDGETS, COMPLETED, CAUSE)
+    (event,) = turn_decisions.request_turn(state, command, BUDGETS, COMPLETED, CAUSE)
     result = evolve(state, event)
     assert result.applied, result.note
     return result.state
@@ -70,10 +71,10 @@ def test_a_follow_up_keeps_the_finished_turn_and_starts_the_run_again_with_its_i
 
 def test_the_same_follow_up_again_is_the_same_turn():
     state = next_turn(finished(), follow_up())
-    assert decide.request_turn(state, follow_up(), BUDGETS, COMPLETED, CAUSE) == []
-    assert decide.why_no_turn(state, follow_up(), COMPLETED) is None  # it is there
-    again = decide.request_turn(finished(), follow_up(),
-                                BUDGETS, COMPLETED, decide.Cause(command_seq=10, now=T0))
+    assert turn_decisions.request_turn(state, follow_up(), BUDGETS, COMPLETED, CAUSE) == []
+    assert turn_decisions.why_no_turn(state, follow_up(), COMPLETED) is None  # it is there
+    again = turn_decisions.request_turn(finished(), follow_up(), BUDGETS, COMPLETED,
+                                        decide.Cause(command_seq=10, now=T0))
     assert not evolve(state, again[0]).applied
 
 
@@ -87,23 +88,23 @@ def test_the_same_follow_up_again_is_the_same_turn():
     (None, follow_up(), COMPLETED, "no run 'r1' to follow up"),
 ], ids=["running", "skips-a-turn", "takes-none", "ended-otherwise", "no-run"])
 def test_a_follow_up_that_is_not_taken_says_why(state, command, accepts, says):
-    assert decide.request_turn(state, command, BUDGETS, accepts, CAUSE) == []
-    assert says in decide.why_no_turn(state, command, accepts)
+    assert turn_decisions.request_turn(state, command, BUDGETS, accepts, CAUSE) == []
+    assert says in turn_decisions.why_no_turn(state, command, accepts)
 
 
 def test_another_agent_type_cannot_follow_up_the_run():
     command = RunCommand(run_id=RUN_ID, parent=PARENT, agent_type="Importer", input={},
                          turn=2)
-    assert decide.request_turn(finished(), command, BUDGETS, COMPLETED, CAUSE) == []
-    assert "is a run of Researcher, not Importer" in decide.why_no_turn(finished(), command,
-                                                                       COMPLETED)
+    assert turn_decisions.request_turn(finished(), command, BUDGETS, COMPLETED, CAUSE) == []
+    assert "is a run of Researcher, not Importer" in turn_decisions.why_no_turn(
+        finished(), command, COMPLETED)
 
 
 def test_a_child_may_take_a_follow_up_after_a_failure_and_a_detached_turn_has_budgets():
     state = state_after(requested(), running(1), failed())
     command = follow_up(detached={"on_finish": "on_done"})
-    (event,) = decide.request_turn(state, command, BUDGETS, frozenset({"completed", "error"}),
-                                   CAUSE)
+    (event,) = turn_decisions.request_turn(state, command, BUDGETS,
+                                           frozenset({"completed", "error"}), CAUSE)
     assert isinstance(event, RunTurnRequested)
     assert event.data.max_budget_ms == 60_000
     after = evolve(state, event, logged_at=T0 + 20_000).state

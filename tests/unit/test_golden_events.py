@@ -14,10 +14,10 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from tether.contract.codec import EventDecodeError, InvalidEvent, decode_event, encode_event
+from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import (
     CURRENT_VERSIONS,
     EVENT_CLASSES,
-    DetachedOptions,
     ParentRef,
     RunInterrupted,
     RunMilestone,

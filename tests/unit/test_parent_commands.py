@@ -14,7 +14,8 @@ from tether.child.agent import ChildAgent
 from tether.contract.messages import CancelSignal, WorkItem, read_work_item
 from tether.domain import decide
 from tether.domain.events import ParentRef, RunCancelRequested
-from tether.parent.handlers import CommandHandlers, UnparseableCommand
+from tether.parent.command_parsing import UnparseableCommand
+from tether.parent.handlers import CommandHandlers
 from tether.testing import FakeClock, InMemoryEventLog, RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-1")

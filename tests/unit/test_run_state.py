@@ -51,12 +51,11 @@ from tether.domain.events import (
     RunAborted,
     RunCompleted,
     RunInterrupted,
-    RunMessageDelivered,
-    RunMessageSent,
     RunPaused,
     RunRequested,
 )
-from tether.domain.fold import Evolved, evolve, fold
+from tether.domain.evolved import Evolved
+from tether.domain.fold import evolve, fold
 from tether.domain.ids import incarnation_of, nested_parent_name
 from tether.domain.run_state import (
     DeliveryLedger,
@@ -67,6 +66,7 @@ from tether.domain.run_state import (
     state_from_json,
     state_json,
 )
+from tether.domain.steering_events import RunMessageDelivered, RunMessageSent
 
 
 def assert_reported(result: Evolved, before: RunState | None, *words: str) -> None:

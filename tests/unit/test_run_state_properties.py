@@ -13,23 +13,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tether.contract.codec import decode_event, encode_event
+from tether.domain.budget_events import RunBudgetReleased, RunBudgetReserved, RunUsageCharged
+from tether.domain.event_envelope import EventEnvelope
 from tether.domain.events import (
     EVENT_CLASSES,
     HARD_TERMINAL,
-    EventEnvelope,
     ParentRef,
     RunAborted,
-    RunBudgetReleased,
-    RunBudgetReserved,
     RunCancelRequested,
     RunCleared,
     RunCompleted,
     RunFailed,
     RunFinishDelivered,
     RunInterrupted,
-    RunMessageConsumed,
-    RunMessageDelivered,
-    RunMessageSent,
     RunMilestone,
     RunNotified,
     RunOutput,
@@ -43,11 +39,11 @@ from tether.domain.events import (
     RunRunning,
     RunStarted,
     RunStepRecorded,
-    RunTurnRequested,
-    RunUsageCharged,
 )
 from tether.domain.fold import evolve, fold
 from tether.domain.run_state import RunState, state_from_json, state_json
+from tether.domain.steering_events import RunMessageConsumed, RunMessageDelivered, RunMessageSent
+from tether.domain.turn_events import RunTurnRequested
 
 RUN_ID = "r1"
 PARENT = ParentRef(agent="Assistant", name="user-42")

@@ -3,7 +3,7 @@ starts, records, pauses and finishes, and when it must leave the run alone."""
 
 import pytest
 
-from tether.domain import decide
+from tether.domain import decide, recovery_decisions
 from tether.domain import events as ev
 from tether.domain.fold import fold
 from tether.domain.run_state import RunState
@@ -62,8 +62,9 @@ def test_an_outcome_is_appended_once_by_the_current_attempt_of_its_own_life():
 
 def test_a_late_completion_repairs_an_interrupted_run():
     run, state = _running_run()
-    interrupted = fold(decide.give_up(state, decide.Cause(9, 5_000, origin="rec"),
-                                      "no-progress", "silent", child_still_running=True), state)
+    interrupted = fold(recovery_decisions.give_up(state, decide.Cause(9, 5_000, origin="rec"),
+                                                  "no-progress", "silent",
+                                                  child_still_running=True), state)
     assert interrupted is not None and interrupted.status == "interrupted"
     completed = run.completed()
 

@@ -19,9 +19,9 @@ from run_histories import (
 
 from tether.domain import decide
 from tether.domain.commands import SendCommand, parse_command
-from tether.domain.events import RunMessageConsumed, RunMessageDelivered, RunMessageSent
 from tether.domain.fold import evolve, fold
 from tether.domain.run_state import RunState
+from tether.domain.steering_events import RunMessageConsumed, RunMessageDelivered, RunMessageSent
 
 CAUSE = decide.Cause(command_seq=7, now=T0 + 5_000)
 

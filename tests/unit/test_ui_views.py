@@ -3,7 +3,8 @@
 from tether.contract.codec import encode_event
 from tether.contract.messages import ProgressSignal
 from tether.domain import events as ev
-from tether.domain.events import DetachedOptions, ParentRef
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import ParentRef
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
 from tether.ports import StoredEvent

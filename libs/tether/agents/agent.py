@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from tether.agents.agent_events import AgentEvent, OnEvent, event_callback
 from tether.agents.definition import AgentDefinition, ModelRetry
-from tether.agents.loop import AgentLoop, CallOutcome, CallPlan, LoopPorts, Session, StepJournal
+from tether.agents.loop import AgentLoop
+from tether.agents.loop_ports import CallOutcome, CallPlan, LoopPorts, Session, StepJournal
 from tether.agents.model_messages import Message, ModelClient
 from tether.agents.results import AgentRunResult, RunRecord, final_output
 from tether.agents.steps import (

@@ -1,29 +1,24 @@
 """The agent loop: model turn, tool calls, record, repeat — for one run or continue call.
 
 The loop knows nothing of NATS or of Tether's log. It reaches the outside through
-ports: the model client, a `StepJournal` that stores each step record before the next
-step starts, a text sink for streamed output, and an event callback. Everything it
-needs to go on is in the session's records, so a loop given the records of a run that
-was interrupted continues after the last one: it calls neither the model nor a tool for
-a recorded step.
+ports (`tether.agents.loop_ports`): the model client, a `StepJournal` that stores each
+step record before the next step starts, a text sink for streamed output, and an event
+callback. Everything it needs to go on is in the session's records, so a loop given the
+records of a run that was interrupted continues after the last one: it calls neither
+the model nor a tool for a recorded step. The parts of a model call (its text across
+retries, its failure, its span) are `tether.agents.model_call`.
 """
 
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from collections.abc import Awaitable
+from functools import partial
+from typing import Any
 
 from tether import tracing
 from tether.agents.agent_events import AgentEvent
-from tether.agents.definition import (
-    AgentDefinition,
-    DynamicContext,
-    ModelRetry,
-    ReviewRequest,
-    resolve,
-)
+from tether.agents.definition import AgentDefinition, DynamicContext, ReviewRequest, resolve
 from tether.agents.errors import (
     ModelError,
     describe,
@@ -32,13 +27,9 @@ from tether.agents.errors import (
     retry_after_ms,
 )
 from tether.agents.history import repair_tool_history
-from tether.agents.model_messages import (
-    Message,
-    ModelClient,
-    ModelRequest,
-    ModelResponse,
-    unique_call_ids,
-)
+from tether.agents.loop_ports import CallOutcome, CallPlan, LoopPorts, Session
+from tether.agents.model_call import Interrupted, ModelCallFailed, StepText, traced
+from tether.agents.model_messages import ModelRequest, ModelResponse, unique_call_ids
 from tether.agents.steps import (
     AgentStepRecord,
     Decisions,
@@ -57,132 +48,11 @@ from tether.agents.steps import (
 )
 from tether.agents.stop import StopState
 from tether.agents.tool_calls import ToolRunner
-from tether.agents.tools import ProgressReporter, StateAccessor, ToolContext
+from tether.agents.tools import ToolContext
 from tether.child.context import RunCancelled, unless_set
-from tether.domain.events import ParentRef
 from tether.ports import SYSTEM_CLOCK
 
 TURN_SEPARATOR = "\n\n"
-
-
-class StepJournal(Protocol):
-    """Where step records go. `record` returns once the record is durable (for Tether:
-    appended to the run's log), and returns it as stored."""
-
-    async def record(self, record: AgentStepRecord) -> AgentStepRecord: ...
-
-
-class Inbox(Protocol):
-    """Where the parent's steering messages arrive (for Tether: the run's context): those
-    handed over and not taken in, taking them in, and whether an `interrupt` one waits."""
-
-    interrupted: asyncio.Event
-
-    @property
-    def waiting_messages(self) -> tuple[Any, ...]: ...
-
-    async def consume(self, message_ids: Iterable[str]) -> None: ...
-
-
-class TextSink(Protocol):
-    """Receives the answer's text as it streams; `replayed` marks text of recorded steps
-    re-emitted when a run is resumed (a sink that already has it skips it)."""
-
-    async def __call__(self, text: str, replayed: bool, /) -> None: ...
-
-
-class MemoryJournal:
-    async def record(self, record: AgentStepRecord) -> AgentStepRecord:
-        return record
-
-
-@dataclass(frozen=True)
-class CallPlan:
-    """One run or continue call, with its options resolved."""
-
-    run_id: str
-    call: int
-    max_steps: int
-    retry: ModelRetry
-    model: str | None = None  # a run option overriding the definition's model
-    preset: str | None = None
-    tool_execution: Literal["auto", "manual"] = "auto"
-    context: Any = None
-    parent: ParentRef | None = None
-    inbox: tuple[str, ...] = ()  # the conversation messages this call answers
-    resumes: str | None = None  # the pause whose answers this call brings
-    opening: str | None = None  # a follow-up turn's input: the user message it opens with
-
-
-@dataclass
-class Session:
-    input: tuple[Message, ...]
-    records: list[AgentStepRecord]
-    state: StateAccessor
-
-
-@dataclass
-class LoopPorts:
-    client: ModelClient
-    journal: StepJournal = field(default_factory=MemoryJournal)
-    on_event: Callable[[AgentEvent], Awaitable[None]] | None = None
-    text: TextSink | None = None
-    progress: ProgressReporter | None = None  # the Tether child API's report_progress
-    cancelled: asyncio.Event | None = None
-    inbox: Inbox | None = None  # the parent's steering messages (`Inbox`)
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    on_status: Callable[[RunStatus], None] | None = None
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    status: RunStatus
-    model: str
-    stop_reason: str | None = None
-    error: str | None = None
-    error_details: dict[str, Any] | None = None
-
-
-class _Interrupted(Exception):
-    """An `interrupt` steering message came while the model was asked: the call is given
-    up, and the loop takes the message in and asks again."""
-
-
-class _ModelCallFailed(Exception):
-    def __init__(self, error: BaseException, attempts: int) -> None:
-        super().__init__(describe(error))
-        self.error, self.attempts = error, attempts
-
-
-class _StepText:
-    """The text of one model turn as emitted, across retries of the call.
-
-    A retried call streams its answer again from the start; what an earlier attempt
-    already emitted is not emitted twice (if the new answer starts the same way).
-    """
-
-    def __init__(self, separator: str) -> None:
-        self._separator = separator
-        self.emitted = ""
-        self._attempt = ""
-        self.fed = False
-
-    def begin_attempt(self) -> None:
-        self._attempt, self.fed = "", False
-
-    def feed(self, delta: str) -> str:
-        self.fed = True
-        if not delta:
-            return ""
-        self._attempt += delta
-        target = self._separator + self._attempt
-        if target.startswith(self.emitted):
-            new, self.emitted = target[len(self.emitted):], target
-            return new
-        if self.emitted.startswith(target):
-            return ""
-        self.emitted += delta  # the answer diverged from what was shown; keep both
-        return delta
 
 
 class AgentLoop:
@@ -201,7 +71,7 @@ class AgentLoop:
             outcome = await self._drive(session, plan, decisions)
         except RunCancelled:
             outcome = CallOutcome("cancelled", self._model, error="cancelled")
-        except _ModelCallFailed as failure:
+        except ModelCallFailed as failure:
             error = failure.error
             details = {"kind": "unknown", "message": describe(error),
                        **(error.details() if isinstance(error, ModelError) else {}),
@@ -252,7 +122,7 @@ class AgentLoop:
             await self._take_messages(session, plan)
             try:
                 record = await self._model_step(session, plan, turns)
-            except _Interrupted:
+            except Interrupted:
                 continue  # the message goes to the model in the next turn
             turns += 1
             if record.status != "running":
@@ -319,7 +189,8 @@ class AgentLoop:
             context=plan.context, run_id=plan.run_id)
         response, attempts, duration_ms = await (
             self._call_model(plan, request, index) if not tracing.ENABLED
-            else self._traced_call(plan, request, index))
+            else traced(partial(self._call_model, plan, request, index), request,
+                        agent_id=definition.id, run_id=plan.run_id))
         turn = ModelTurn(**response.model_dump(), attempts=attempts, duration_ms=duration_ms)
         if turn.message.tool_calls:
             taken = {call.id for record in records for call in record.tool_calls}
@@ -419,31 +290,9 @@ class AgentLoop:
                                                                           index)
         return results + more, remaining
 
-    async def _traced_call(self, plan: CallPlan, request: ModelRequest,
-                           index: int) -> tuple[ModelResponse, int, int]:
-        """The model call (with its retries) as a GenAI `chat` span."""
-        with tracing.span(f"chat {request.model}", tracing.CLIENT, attributes={
-                "gen_ai.operation.name": "chat", "gen_ai.request.model": request.model,
-                "gen_ai.agent.name": self._definition.id, "tether.run.id": plan.run_id,
-        }) as span:
-            response, attempts, duration_ms = await self._call_model(plan, request, index)
-            usage = response.usage
-            span.set_attributes({
-                "gen_ai.usage.input_tokens": usage.input_tokens,
-                "gen_ai.usage.output_tokens": usage.output_tokens,
-                "tether.model.attempts": attempts})
-            for name, value in (("gen_ai.provider.name", response.provider),
-                                ("gen_ai.response.model", response.model),
-                                ("gen_ai.response.id", response.request_id)):
-                if value:
-                    span.set_attribute(name, value)
-            if response.finish_reason:
-                span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
-            return response, attempts, duration_ms
-
     async def _call_model(self, plan: CallPlan, request: ModelRequest,
                           index: int) -> tuple[ModelResponse, int, int]:
-        text = _StepText(TURN_SEPARATOR if self._emitted_text else "")
+        text = StepText(TURN_SEPARATOR if self._emitted_text else "")
 
         async def on_delta(delta: str) -> None:
             await self._text(plan, index, text.feed(delta))
@@ -456,12 +305,12 @@ class AgentLoop:
             try:
                 response = await self._until_cancelled(
                     self._ports.client.complete(request, on_delta), interruptible=True)
-            except (RunCancelled, asyncio.CancelledError, _Interrupted):
+            except (RunCancelled, asyncio.CancelledError, Interrupted):
                 raise
             except Exception as error:  # classified: retried, or the call fails with it
                 if (is_context_overflow(error) or not is_retryable(error)
                         or attempt > plan.retry.count):
-                    raise _ModelCallFailed(error, attempt) from error
+                    raise ModelCallFailed(error, attempt) from error
                 delay_ms = plan.retry.delay_ms(attempt, retry_after_ms(error))
                 await self._emit(plan, "model_retry", index, data={
                     "attempt": attempt, "delay_ms": delay_ms, "error": describe(error)})
@@ -528,7 +377,7 @@ class AgentLoop:
 
     async def _until_cancelled(self, work: Awaitable[Any], interruptible: bool = False) -> Any:
         """Await `work`, or raise RunCancelled as soon as the run is cancelled (and, when
-        `interruptible`, `_Interrupted` as soon as an `interrupt` message arrives)."""
+        `interruptible`, `Interrupted` as soon as an `interrupt` message arrives)."""
         events = [event for event in (
             self._ports.cancelled,
             self._ports.inbox.interrupted if interruptible and self._ports.inbox else None)
@@ -540,4 +389,4 @@ class AgentLoop:
         if done:
             return result
         self._check_cancelled()
-        raise _Interrupted()
+        raise Interrupted()

@@ -27,7 +27,8 @@ from tether.agent_registry import AgentConfigurationError
 from tether.agents.agent import build_result, input_messages
 from tether.agents.clients.scripted import Entry, ScriptedModelClient
 from tether.agents.definition import AgentDefinition
-from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
+from tether.agents.loop import AgentLoop
+from tether.agents.loop_ports import CallPlan, LoopPorts, Session
 from tether.agents.model_messages import Message, ModelClient
 from tether.agents.results import AgentRunResult
 from tether.agents.steps import AgentStepRecord, Decisions, state_after

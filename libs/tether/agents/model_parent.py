@@ -35,7 +35,8 @@ from typing import Any, ClassVar, Self
 from pydantic import BaseModel, Field
 
 from tether.adapters.requests import subscribe_routed
-from tether.agents.loop import AgentLoop, CallPlan, LoopPorts, Session
+from tether.agents.loop import AgentLoop
+from tether.agents.loop_ports import CallPlan, LoopPorts, Session
 from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
 from tether.agents.steps import AgentStepRecord, Decisions, pause_of, state_after
 from tether.agents.tools import StateAccessor

@@ -18,7 +18,7 @@ from tether.child.agent import AnyInput
 from tether.child.context import current_context
 from tether.client.errors import MessageRefused
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
-from tether.domain.events import DetachedOptions
+from tether.domain.detached_options import DetachedOptions
 from tether.domain.ids import check_identifier, framework_run_id, tool_run_id
 
 FOLLOW_UP_HELP = ("the run_id an earlier call of this tool answered with, to ask that run "

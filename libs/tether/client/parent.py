@@ -41,7 +41,8 @@ from tether.domain.commands import (
     RunCommand,
     SendCommand,
 )
-from tether.domain.events import DetachedOptions, ParentRef, RunRef, RunRejected
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import ParentRef, RunRef, RunRejected
 from tether.domain.fold import evolve
 from tether.domain.ids import check_identifier
 from tether.log import get_logger

@@ -11,15 +11,9 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 from pydantic_core import to_json
 
 from tether.domain.commands import Model
-from tether.domain.events import (
-    Count,
-    DetachedOptions,
-    InterruptedReason,
-    NonNegative,
-    ParentRef,
-    RunRequested,
-    RunStatus,
-)
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.event_envelope import Count, NonNegative
+from tether.domain.events import InterruptedReason, ParentRef, RunRequested, RunStatus
 from tether.domain.ids import Identifier, check_identifier
 from tether.domain.records import Record
 from tether.domain.run_state import RunState, as_builtins

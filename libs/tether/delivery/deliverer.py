@@ -33,9 +33,9 @@ from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.chat import notice_chat
 from tether.domain.commands import DeliveredCommand
 from tether.domain.decide import GIVE_UP, record_delivery_of_this_life
+from tether.domain.detached_options import NotifyOptions
 from tether.domain.events import (
     Event,
-    NotifyOptions,
     RunAborted,
     RunCompleted,
     RunFailed,

@@ -4,8 +4,8 @@ when several have (the first of `BUDGETS`).
 Deadlines are epoch ms on the broker's clock (the fold counts them from when the stream
 stored the events). Adding a budget: its deadline in the state (`domain/run_state.py`)
 and the fold (`domain/fold.py`), an entry here in its place of precedence, its reason
-(`events.InterruptedReason`) and error (`decide.INTERRUPTED_ERRORS`), the projection's
-column if shown, and the docs.
+(`events.InterruptedReason`) and error (`recovery_decisions.INTERRUPTED_ERRORS`), the
+projection's column if shown, and the docs.
 """
 
 from dataclasses import dataclass

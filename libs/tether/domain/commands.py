@@ -19,15 +19,11 @@ from pydantic import (
     model_validator,
 )
 
-from tether.domain.events import (
-    DetachedOptions,
-    EpochMs,
-    ParentRef,
-    RunRef,
-    RunStatus,
-    SteeringMode,
-)
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.event_envelope import EpochMs
+from tether.domain.events import ParentRef, RunRef, RunStatus
 from tether.domain.ids import Identifier
+from tether.domain.steering_events import SteeringMode
 
 
 class Model(BaseModel):

@@ -1,6 +1,8 @@
 """Decisions on a run, as pure functions from its state to the events it needs: the
-parent's (request, cancel, resume, clear, give up) and a child-runner's (start an
-attempt, record while it holds the run, finish).
+parent's (request, cancel, resume, steer, clear) and a child-runner's (start an
+attempt, record while it holds the run, finish). A follow-up turn's are
+`tether.domain.turn_decisions`; giving up on a run and re-attaching to it,
+`tether.domain.recovery_decisions`; budgets in tokens and cost, `tether.domain.spending`.
 
 Each function looks only at the state it is given, so calling it again after a partial
 append or a concurrency conflict (see `EventLog.update`) converges instead of repeating
@@ -8,13 +10,12 @@ itself. Time and ids come in as arguments.
 """
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand, SendCommand
+from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import (
-    DetachedOptions,
     Event,
-    InterruptedReason,
     ParentRef,
     RunAborted,
     RunAbortedData,
@@ -24,17 +25,6 @@ from tether.domain.events import (
     RunClearedData,
     RunFinishDelivered,
     RunFinishDeliveredData,
-    RunInterrupted,
-    RunInterruptedData,
-    RunMessageConsumed,
-    RunMessageDelivered,
-    RunMessageReceiptData,
-    RunMessageSent,
-    RunMessageSentData,
-    RunReattachDecided,
-    RunReattachDecidedData,
-    RunReattachStarted,
-    RunReattachStartedData,
     RunRef,
     RunRejected,
     RunRejectedData,
@@ -42,8 +32,6 @@ from tether.domain.events import (
     RunRequestedData,
     RunResumed,
     RunResumedData,
-    RunTurnRequested,
-    RunTurnRequestedData,
 )
 from tether.domain.ids import (
     derived_event_id,
@@ -53,6 +41,13 @@ from tether.domain.ids import (
     parent_scope,
 )
 from tether.domain.run_state import RunState
+from tether.domain.steering_events import (
+    RunMessageConsumed,
+    RunMessageDelivered,
+    RunMessageReceiptData,
+    RunMessageSent,
+    RunMessageSentData,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +100,8 @@ def timer_cause(now: int, origin: str) -> Cause:
     return Cause(command_seq=now, now=now, origin=origin)
 
 
-def _envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict[str, Any]:
+def envelope(run_id: str, parent: ParentRef, cause: Cause, kind: str) -> dict[str, Any]:
+    """The envelope's fields of the event `kind` decided for `run_id` from `cause`."""
     return {"event_id": cause.event_id(run_id, kind, parent), "run_id": run_id, "parent": parent,
             "occurred_at": cause.now, "causation_id": cause.causation_id,
             "correlation_id": run_id}
@@ -124,7 +120,7 @@ class Spend:
 NO_SPEND = Spend()
 
 
-def _time_budgets(detached: DetachedOptions | None, budgets: Budgets) -> tuple[int | None, int]:
+def time_budgets(detached: DetachedOptions | None, budgets: Budgets) -> tuple[int | None, int]:
     """A request's absolute and no-progress budgets: a detached run's (its options', else
     the defaults); an awaited run has none."""
     if detached is None:
@@ -139,9 +135,9 @@ def _time_budgets(detached: DetachedOptions | None, budgets: Budgets) -> tuple[i
 def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
                 spend: Spend = NO_SPEND) -> RunRequested:
     detached = command.detached_options()
-    max_budget_ms, no_progress_budget_ms = _time_budgets(detached, budgets)
+    max_budget_ms, no_progress_budget_ms = time_budgets(detached, budgets)
     return RunRequested(
-        **_envelope(command.run_id, command.parent, cause, "requested"),
+        **envelope(command.run_id, command.parent, cause, "requested"),
         data=RunRequestedData(
             agent_type=command.agent_type, input=command.input,
             parent_tool_call_id=command.parent_tool_call_id,
@@ -156,72 +152,10 @@ def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
     )
 
 
-def request_turn(state: RunState | None, command: RunCommand, budgets: Budgets,
-                 accepts: frozenset[str], cause: Cause) -> list[Event]:
-    """Turn `command.turn` of the finished run, when it is the next one and the child
-    accepts a follow-up after how the run ended (`accepts`: those statuses); nothing
-    otherwise (`why_no_turn` says why, unless the turn is there already)."""
-    if (state is None or command.turn is None or command.turn != state.turn + 1
-            or state.is_open or state.status not in accepts
-            or state.agent_type != command.agent_type):
-        return []
-    detached = command.detached_options()
-    max_budget_ms, no_progress_budget_ms = _time_budgets(detached, budgets)
-    envelope = _envelope(command.run_id, command.parent, cause, "turn")
-    envelope["event_id"] = state.event_id("turn", command.turn)  # the same turn: one event
-    return [RunTurnRequested(
-        **envelope,
-        data=RunTurnRequestedData(
-            turn=command.turn, input=command.input,
-            parent_tool_call_id=command.parent_tool_call_id, detached=detached,
-            max_budget_ms=max_budget_ms, no_progress_budget_ms=no_progress_budget_ms))]
-
-
-def why_no_turn(state: RunState | None, command: RunCommand,
-                accepts: frozenset[str]) -> str | None:
-    """Why `request_turn` takes nothing; None when the turn was requested already (the
-    same follow-up again: it is answered with that turn)."""
-    assert command.turn is not None
-    if state is None:
-        return f"no run {command.run_id!r} to follow up"
-    if command.turn <= state.turn:
-        return None
-    if state.agent_type != command.agent_type:
-        return (f"run {command.run_id!r} is a run of {state.agent_type}, not "
-                f"{command.agent_type}")
-    if command.turn != state.turn + 1:
-        return (f"turn {command.turn} of run {command.run_id!r} is not the next one: the run "
-                f"is at turn {state.turn}")
-    if state.is_open:
-        return (f"run {command.run_id!r} is {state.status} (turn {state.turn}): a follow-up "
-                "goes to a run that has ended")
-    if not accepts:
-        return f"{state.agent_type} takes no follow-up turns"
-    return (f"{state.agent_type} takes a follow-up after a run that ended "
-            f"{' or '.join(sorted(accepts))}; run {command.run_id!r} ended {state.status}")
-
-
 def reject_run(run_id: str, parent: ParentRef, agent_type: str | None, code: str, error: str,
                cause: Cause) -> RunRejected:
-    return RunRejected(**_envelope(run_id, parent, cause, "rejected"),
+    return RunRejected(**envelope(run_id, parent, cause, "rejected"),
                        data=RunRejectedData(agent_type=agent_type, code=code, error=error))
-
-
-def reattach(state: RunState | None, cause: Cause) -> list[Event]:
-    """A repeated request for an interrupted run re-attaches to it, unless the run was
-    given up or cancelled (`RunState.resumable`): its requester is answered with the
-    interruption, which does not invite a retry under the same run id."""
-    if state is None or not state.resumable:
-        return []
-    return reattach_started(state, cause, "repeated-request")
-
-
-def reattach_started(state: RunState | None, cause: Cause, why: str) -> list[Event]:
-    if state is None or state.is_hard_terminal:
-        return []
-    return [RunReattachStarted(**_envelope(state.run_id, state.parent, cause, "reattach"),
-                               data=RunReattachStartedData(attempt=state.reattach_attempts + 1,
-                                                           cause=why))]
 
 
 def request_cancel(state: RunState | None, cause: Cause,
@@ -229,7 +163,7 @@ def request_cancel(state: RunState | None, cause: Cause,
     """The request alone (`cancel`'s first event), for an open run not yet asked."""
     if state is None or state.is_hard_terminal or state.cancel_requested_at is not None:
         return []
-    return [RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+    return [RunCancelRequested(**envelope(state.run_id, state.parent, cause, "cancel"),
                                data=RunCancelRequestedData(reason=reason))]
 
 
@@ -246,14 +180,14 @@ def cancel(state: RunState | None, cause: Cause, reason: str | None = None) -> l
         return []
     events: list[Event] = []
     if state.cancel_requested_at is None:
-        events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+        events.append(RunCancelRequested(**envelope(state.run_id, state.parent, cause, "cancel"),
                                          data=RunCancelRequestedData(reason=reason)))
     # No child is there to stop for a detached run (it ends at once by contract), one no
     # runner has started, an interrupted one (given up on) or a paused one (parked until a
     # human answers).
     if (state.detached is not None or state.status in ("starting", "interrupted")
             or state.paused is not None):
-        events.append(RunAborted(**_envelope(state.run_id, state.parent, cause, "aborted"),
+        events.append(RunAborted(**envelope(state.run_id, state.parent, cause, "aborted"),
                                  data=RunAbortedData(error=f"cancelled{': ' + reason if reason else ''}",
                                                      cause="cancel")))
     return events
@@ -265,7 +199,7 @@ def resume(state: RunState | None, command: ContinueCommand, cause: Cause) -> li
         return []
     decisions = command.model_dump(include={"approvals", "rejections", "tool_outputs",
                                             "human_input"})
-    return [RunResumed(**_envelope(state.run_id, state.parent, cause, "resumed"),
+    return [RunResumed(**envelope(state.run_id, state.parent, cause, "resumed"),
                        data=RunResumedData(pause_id=state.paused.pause_id, decisions=decisions))]
 
 
@@ -276,9 +210,9 @@ def send_message(state: RunState | None, command: SendCommand, cause: Cause) -> 
     if (state is None or not state.is_open or state.cancel_requested_at is not None
             or state.message(command.message_id) is not None):
         return []
-    envelope = _envelope(state.run_id, state.parent, cause, "message_sent")
-    envelope["event_id"] = state.event_id("message", command.message_id)
-    return [RunMessageSent(**envelope, data=RunMessageSentData(
+    fields = envelope(state.run_id, state.parent, cause, "message_sent")
+    fields["event_id"] = state.event_id("message", command.message_id)
+    return [RunMessageSent(**fields, data=RunMessageSentData(
         message_id=command.message_id, mode=command.mode, text=command.text,
         data=command.data))]
 
@@ -347,11 +281,11 @@ def clear(state: RunState | None, cause: Cause) -> list[Event]:
     events: list[Event] = []
     if not state.is_hard_terminal:
         if state.cancel_requested_at is None:
-            events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
+            events.append(RunCancelRequested(**envelope(state.run_id, state.parent, cause, "cancel"),
                                              data=RunCancelRequestedData(reason="cleared")))
-        events.append(RunAborted(**_envelope(state.run_id, state.parent, cause, "aborted"),
+        events.append(RunAborted(**envelope(state.run_id, state.parent, cause, "aborted"),
                                  data=RunAbortedData(error="cancelled: cleared", cause="cancel")))
-    events.append(RunCleared(**_envelope(state.run_id, state.parent, cause, "cleared"),
+    events.append(RunCleared(**envelope(state.run_id, state.parent, cause, "cleared"),
                              data=RunClearedData(reason="clear")))
     return events
 
@@ -367,61 +301,6 @@ def matches_clear(state: RunState, statuses: list[str] | None, older_than: int |
             and state.requested_by_command > clear_seq):
         return False
     return older_than is None or state.requested_at < older_than
-
-
-def give_up(state: RunState | None, cause: Cause, reason: InterruptedReason, error: str,
-            child_still_running: bool) -> list[Event]:
-    """The parent stops waiting: the run ends `interrupted` (soft) if it is still open.
-
-    A real outcome that landed first wins; the give-up then decides nothing. The caller
-    signals the child's runner after this is appended: the request (reason "give-up")
-    stops the child without recording an abort, and a result the child still returns is
-    recorded as the later completion that repairs the interruption.
-    """
-    if state is None or not state.is_open:
-        return []
-    events: list[Event] = []
-    if state.cancel_requested_at is None:
-        # Also when the cancel failed: a runner that still has the child sees the
-        # request at its next heartbeat, and a queued work item is aborted on pickup.
-        events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
-                                         data=RunCancelRequestedData(reason=GIVE_UP)))
-    events.append(RunInterrupted(**_envelope(state.run_id, state.parent, cause, "interrupted"),
-                                 data=RunInterruptedData(reason=reason, error=error,
-                                                         child_still_running=child_still_running)))
-    return events
-
-
-def reattach_decided(state: RunState | None, cause: Cause, *,
-                     outcome: Literal["finished", "reattached", "interrupted"],
-                     reason: InterruptedReason | None, child_still_running: bool,
-                     timings: dict[str, int], cancel: bool = False) -> list[Event]:
-    """Record a recovery decision; an interruption ends the run softly if it is still open.
-
-    `cancel`: the decision stops the child too (a spent re-attach window). The request is
-    in the log, so a runner that missed the cancel signal stops the child at its next
-    heartbeat and a work item still queued is aborted on pickup.
-    """
-    if state is None:
-        return []
-    decision_id = cause.event_id(state.run_id, "decision", state.parent)
-    if any(d.decision_id == decision_id for d in state.reattach_decisions):
-        return []
-    events: list[Event] = [RunReattachDecided(
-        **_envelope(state.run_id, state.parent, cause, "decided"),
-        data=RunReattachDecidedData(decision_id=decision_id, outcome=outcome, reason=reason,
-                                    child_still_running=child_still_running, timings=timings))]
-    if cancel and not state.is_hard_terminal and state.cancel_requested_at is None:
-        events.append(RunCancelRequested(**_envelope(state.run_id, state.parent, cause, "cancel"),
-                                         data=RunCancelRequestedData(reason=GIVE_UP)))
-    # An interrupted run that was re-attached and gave up again is interrupted anew, so
-    # the caller that re-issued the request gets an answer.
-    if outcome == "interrupted" and not state.is_hard_terminal and reason is not None:
-        events.append(RunInterrupted(
-            **_envelope(state.run_id, state.parent, cause, "interrupted"),
-            data=RunInterruptedData(reason=reason, error=INTERRUPTED_ERRORS[reason],
-                                    child_still_running=child_still_running)))
-    return events
 
 
 # --- a child-runner's decisions -------------------------------------------------------
@@ -495,16 +374,6 @@ def pause_milestone_sequence(state: RunState | None, pause_id: str, name: str) -
 
 
 GIVE_UP = "give-up"
-
-INTERRUPTED_ERRORS = {
-    "no-progress": "the child made no progress within the no-progress budget",
-    "window-exceeded": "the child ran past the re-attach window and was cancelled",
-    "not-tailable": "the child's events could not be followed",
-    "inspect-timeout": "no child-runner answered the recovery inspection in time",
-    "inspect-failed": "the recovery inspection of the child failed",
-    "recovery-deadline": "recovery ran out of time before this child could be inspected",
-    "budget-exceeded": "the run used up its absolute budget",
-}
 
 
 def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:

@@ -8,18 +8,56 @@ upcasters in `tether.domain.upcasting`, never rewritten.
 Building an event checks its identifiers (run id, parent, names), which end up in
 subjects and keys; `tether.contract.codec.encode_event` checks the rest as it writes the
 event, so an event that breaks its constraints never reaches the log.
+
+This module exports every event class, `EVENT_CLASSES` and the `Event` union. The
+envelope they share is `tether.domain.event_envelope`; a concept's events are defined in
+a module of their own beside this one (`steering_events`, `budget_events`,
+`turn_events`), and what a detached run's parent asks for in `detached_options`.
 """
 
-import math
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
-from msgspec import Meta, field
-from pydantic import Field, GetCoreSchemaHandler
-from pydantic_core import CoreSchema, core_schema
+from msgspec import field
+from pydantic import Field
 
-from tether.domain.ids import EventId, Identifier, check_identifier
-from tether.domain.records import CheckedRecord, Record, pydantic_model
+from tether.domain.budget_events import RunBudgetReleased, RunBudgetReserved, RunUsageCharged
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.event_envelope import (
+    Count,
+    EventEnvelope,
+    Fraction,
+    NonNegative,
+    ParentRef,
+    Positive,
+    PositiveMoney,
+    RunRef,
+    ShortText,
+    tag_types,
+)
+from tether.domain.ids import Identifier, check_identifier
+from tether.domain.records import Record, pydantic_model
+from tether.domain.steering_events import RunMessageConsumed, RunMessageDelivered, RunMessageSent
+from tether.domain.turn_events import RunTurnRequested
+
+# The event model: every event class (the data of a concept's events is in its module),
+# the envelope and the refs it holds, and the tables of the events.
+__all__ = [
+    "CURRENT_VERSIONS", "EVENT_CLASSES", "EVENT_MODEL", "HARD_TERMINAL", "OPEN_STATUSES",
+    "TERMINAL_EVENT_STATUS", "Event", "EventEnvelope", "InterruptedReason", "ParentRef",
+    "RunAborted", "RunAbortedData", "RunBudgetReleased", "RunBudgetReserved",
+    "RunCancelRequested", "RunCancelRequestedData", "RunCleared", "RunClearedData",
+    "RunCompleted", "RunCompletedData", "RunFailed", "RunFailedData", "RunFinishDelivered",
+    "RunFinishDeliveredData", "RunInterrupted", "RunInterruptedData", "RunMessageConsumed",
+    "RunMessageDelivered", "RunMessageSent", "RunMilestone", "RunMilestoneData", "RunNotified",
+    "RunNotifiedData", "RunOutput", "RunOutputData", "RunPaused", "RunPausedData",
+    "RunProgressPersisted", "RunProgressPersistedData", "RunReattachDecided",
+    "RunReattachDecidedData", "RunReattachStarted", "RunReattachStartedData", "RunRef",
+    "RunRejected", "RunRejectedData", "RunRequested", "RunRequestedData", "RunResumed",
+    "RunResumedData", "RunRunning", "RunRunningData", "RunStarted", "RunStartedData",
+    "RunStatus", "RunStepRecorded", "RunStepRecordedData", "RunTurnRequested",
+    "RunUsageCharged", "data_class", "schema_version_of",
+]
 
 RunStatus = Literal["starting", "running", "completed", "error", "aborted", "interrupted"]
 HARD_TERMINAL: frozenset[str] = frozenset({"completed", "error", "aborted"})
@@ -34,105 +72,6 @@ InterruptedReason = Literal[
     "recovery-deadline",
     "budget-exceeded",
 ]
-
-# Each constrained type carries msgspec's constraint (records) and pydantic's (the models
-# that hold records, and commands).
-EpochMs = Annotated[int, Field(ge=0, description="milliseconds since the Unix epoch"),
-                    Meta(ge=0, description="milliseconds since the Unix epoch")]
-Fraction = Annotated[float, Field(ge=0.0, le=1.0), Meta(ge=0.0, le=1.0)]
-Positive = Annotated[int, Field(gt=0), Meta(gt=0)]
-NonNegative = Annotated[int, Field(ge=0), Meta(ge=0)]
-Count = Annotated[int, Field(ge=1), Meta(ge=1)]
-Money = Annotated[float, Field(ge=0.0), Meta(ge=0.0)]
-PositiveMoney = Annotated[float, Field(gt=0.0), Meta(gt=0.0)]
-ShortText = Annotated[str, Field(max_length=256), Meta(max_length=256)]
-
-
-class ParentRef(Record, frozen=True, kw_only=True):
-    """The parent agent instance that owns a run: its class (`agent`) and instance name."""
-
-    agent: Identifier
-    name: Identifier
-
-    def __post_init__(self) -> None:
-        check_identifier(self.agent, "parent agent")
-        check_identifier(self.name, "parent name")
-
-
-class RunRef(Record, frozen=True, kw_only=True):
-    """One run: its parent and its run id (a run id is unique per parent only)."""
-
-    parent: ParentRef
-    run_id: Identifier
-
-    def __post_init__(self) -> None:
-        check_identifier(self.run_id, "run id")
-
-
-class NotifyOptions(CheckedRecord, frozen=True, kw_only=True):
-    source: Annotated[str, Field(min_length=1, max_length=128),
-                      Meta(min_length=1, max_length=128)] = "agent-tool"
-
-
-class MilestoneNotifyOptions(CheckedRecord, frozen=True, kw_only=True):
-    names: list[Identifier]
-    mode: Literal["narrate", "react"] = "narrate"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in self.names:
-            check_identifier(name, "milestone name")
-
-
-class DetachedOptions(CheckedRecord, frozen=True, kw_only=True):
-    """What the parent wants when a detached run finishes or passes a milestone.
-
-    `no_progress_budget_ms` of 0 or infinity disables the no-progress budget; infinity is
-    stored as 0 because JSON has no infinity.
-    """
-
-    on_finish: Identifier | None = None
-    notify: bool | NotifyOptions = False
-    on_milestones: list[Identifier] | MilestoneNotifyOptions | None = None
-    max_budget_ms: Positive | None = None
-    no_progress_budget_ms: NonNegative | None = None
-
-    def __post_init__(self) -> None:
-        if _is_infinity(self.no_progress_budget_ms):
-            msgspec.structs.force_setattr(self, "no_progress_budget_ms", 0)
-        super().__post_init__()
-        if self.on_finish is not None:
-            check_identifier(self.on_finish, "on_finish")
-        if isinstance(self.on_milestones, list):
-            for name in self.on_milestones:
-                check_identifier(name, "milestone name")
-
-    @classmethod
-    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        return core_schema.no_info_before_validator_function(
-            _finite_budget, super().__get_pydantic_core_schema__(source, handler))
-
-    def milestone_names(self) -> list[str]:
-        if self.on_milestones is None:
-            return []
-        if isinstance(self.on_milestones, MilestoneNotifyOptions):
-            return list(self.on_milestones.names)
-        return list(self.on_milestones)
-
-    def milestone_mode(self) -> Literal["narrate", "react"]:
-        if isinstance(self.on_milestones, MilestoneNotifyOptions):
-            return self.on_milestones.mode
-        return "narrate"
-
-
-def _is_infinity(value: Any) -> bool:
-    return isinstance(value, float) and math.isinf(value) and value > 0
-
-
-def _finite_budget(value: Any) -> Any:
-    if isinstance(value, dict) and _is_infinity(value.get("no_progress_budget_ms")):
-        return {**value, "no_progress_budget_ms": 0}
-    return value
 
 
 # --- event data -------------------------------------------------------------------------
@@ -165,20 +104,6 @@ class RunRequestedData(Record, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         check_identifier(self.agent_type, "agent_type")
         check_identifier(self.nested_parent, "nested_parent")
-
-
-class RunTurnRequestedData(Record, frozen=True, kw_only=True):
-    """A follow-up turn of a finished run (`turn`, from 2): its input, and, as for a run
-    request, its caller's tool call, its display and detached options and its time
-    budgets (resolved by the parent). The run starts again with the same child, which
-    keeps what it recorded."""
-
-    turn: Annotated[int, Field(ge=2), Meta(ge=2)]
-    input: dict[str, Any]
-    parent_tool_call_id: ShortText | None = None
-    detached: DetachedOptions | None = None
-    max_budget_ms: Positive | None = None
-    no_progress_budget_ms: NonNegative = 0
 
 
 class RunRejectedData(Record, frozen=True, kw_only=True):
@@ -243,59 +168,6 @@ class RunResumedData(Record, frozen=True, kw_only=True):
     decisions: dict[str, Any] = field(default_factory=dict)
 
 
-SteeringMode = Literal["queue", "interrupt"]
-
-
-class RunMessageSentData(Record, frozen=True, kw_only=True):
-    """A parent's message to its running child (steering): given to the child at its next
-    step boundary; with `interrupt`, the child's current model or tool call is stopped
-    first (cooperatively) and the child goes on with the message. `text`, `data` or both."""
-
-    message_id: Identifier
-    mode: SteeringMode = "queue"
-    text: str | None = None
-    data: Any = None
-
-    def __post_init__(self) -> None:
-        check_identifier(self.message_id, "message id")
-
-
-class RunMessageReceiptData(Record, frozen=True, kw_only=True):
-    """A steering message reached the child (`run.message_delivered`: the runner holding
-    the run handed it over) or was taken in (`run.message_consumed`), in `attempt`."""
-
-    message_id: Identifier
-    attempt: Count
-
-    def __post_init__(self) -> None:
-        check_identifier(self.message_id, "message id")
-
-
-class RunBudgetReservedData(Record, frozen=True, kw_only=True):
-    """A run below this one (`run`) reserved a share of this run's token or cost budget
-    as it was requested: its own budget, or its agent type's estimate."""
-
-    run: RunRef
-    tokens: NonNegative = 0
-    cost: Money = 0.0
-
-
-class RunUsageChargedData(Record, frozen=True, kw_only=True):
-    """The model usage of step `step` of a run below this one (`run`), counted against
-    this run's budget."""
-
-    run: RunRef
-    step: NonNegative
-    tokens: NonNegative = 0
-    cost: Money = 0.0
-
-
-class RunBudgetReleasedData(Record, frozen=True, kw_only=True):
-    """A run below this one (`run`) ended: what it reserved and has not used is free."""
-
-    run: RunRef
-
-
 class RunCancelRequestedData(Record, frozen=True, kw_only=True):
     reason: str | None = None
 
@@ -356,32 +228,12 @@ class RunClearedData(Record, frozen=True, kw_only=True):
     reason: str | None = None
 
 
-# --- the envelope ------------------------------------------------------------------------
-
-
-class EventEnvelope(Record, frozen=True, kw_only=True, tag_field="type"):
-    type: ClassVar[str]  # the tag, set on each event class below
-    event_id: EventId
-    schema_version: int
-    run_id: Identifier
-    parent: ParentRef
-    occurred_at: EpochMs
-    correlation_id: str | None = None
-    causation_id: str | None = None
-    data: Record
-
-    def __post_init__(self) -> None:
-        check_identifier(self.run_id, "run_id")
+# --- the events -------------------------------------------------------------------------
 
 
 class RunRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.requested"):
     schema_version: Literal[4] = 4
     data: RunRequestedData
-
-
-class RunTurnRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.turn_requested"):
-    schema_version: Literal[1] = 1
-    data: RunTurnRequestedData
 
 
 class RunRejected(EventEnvelope, frozen=True, kw_only=True, tag="run.rejected"):
@@ -427,36 +279,6 @@ class RunPaused(EventEnvelope, frozen=True, kw_only=True, tag="run.paused"):
 class RunResumed(EventEnvelope, frozen=True, kw_only=True, tag="run.resumed"):
     schema_version: Literal[1] = 1
     data: RunResumedData
-
-
-class RunMessageSent(EventEnvelope, frozen=True, kw_only=True, tag="run.message_sent"):
-    schema_version: Literal[1] = 1
-    data: RunMessageSentData
-
-
-class RunMessageDelivered(EventEnvelope, frozen=True, kw_only=True, tag="run.message_delivered"):
-    schema_version: Literal[1] = 1
-    data: RunMessageReceiptData
-
-
-class RunMessageConsumed(EventEnvelope, frozen=True, kw_only=True, tag="run.message_consumed"):
-    schema_version: Literal[1] = 1
-    data: RunMessageReceiptData
-
-
-class RunBudgetReserved(EventEnvelope, frozen=True, kw_only=True, tag="run.budget_reserved"):
-    schema_version: Literal[1] = 1
-    data: RunBudgetReservedData
-
-
-class RunUsageCharged(EventEnvelope, frozen=True, kw_only=True, tag="run.usage_charged"):
-    schema_version: Literal[1] = 1
-    data: RunUsageChargedData
-
-
-class RunBudgetReleased(EventEnvelope, frozen=True, kw_only=True, tag="run.budget_released"):
-    schema_version: Literal[1] = 1
-    data: RunBudgetReleasedData
 
 
 class RunCancelRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.cancel_requested"):
@@ -539,8 +361,7 @@ EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
     RunCleared,
 )
 
-for _cls in EVENT_CLASSES:
-    _cls.type = str(_cls.__struct_config__.tag)
+tag_types(*EVENT_CLASSES)
 
 Event = (RunRequested | RunTurnRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
          | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunMessageSent

@@ -13,26 +13,23 @@ own clock, for what a reader is shown; the deadlines (`max_budget_deadline`,
 `last_signal_at`, `no_progress_deadline`) count from `logged_at`, when the stream stored
 the event on the broker's clock, which every process shares, so that a writer whose
 clock is off never moves a deadline. (Without a broker, `occurred_at` stands in.)
+
+A step's result is an `Evolved` (`tether.domain.evolved`); the transitions of a concept
+live in a module of their own (`steering_transitions`, `spending_transitions`,
+`turn_transitions`), in this module's table of transitions by the event's type.
 """
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
-
-import msgspec
+from typing import Any, cast
 
 from tether.domain.events import (
     Event,
     RunAborted,
-    RunBudgetReleased,
-    RunBudgetReserved,
     RunCancelRequested,
     RunCompleted,
     RunFailed,
     RunFinishDelivered,
     RunInterrupted,
-    RunMessageConsumed,
-    RunMessageDelivered,
-    RunMessageSent,
     RunMilestone,
     RunNotified,
     RunOutput,
@@ -45,10 +42,9 @@ from tether.domain.events import (
     RunRunning,
     RunStarted,
     RunStepRecorded,
-    RunTurnRequested,
-    RunUsageCharged,
 )
-from tether.domain.ids import incarnation_of
+from tether.domain.evolved import Evolved, applied, ignored
+from tether.domain.ids import command_seq_of, incarnation_of
 from tether.domain.run_state import (
     DeliveryLedger,
     Milestone,
@@ -57,42 +53,16 @@ from tether.domain.run_state import (
     ReattachDecision,
     Resumption,
     RunState,
-    Spending,
-    SteeringMessage,
-    TurnRecord,
     finish_key,
 )
-from tether.domain.usage import key_of, step_amount
-
-
-class Evolved(NamedTuple):
-    """The result of one fold step (a tuple: made once per event folded, in every
-    process).
-
-    `applied` is False when the event changed nothing; `note` then says why, unless the
-    event is one that never changes a run (a rejection).
-    """
-
-    state: RunState | None
-    applied: bool
-    note: str | None = None
-
-
-_replace = msgspec.structs.replace
-
-
-def _applied(state: RunState | None, **changes: Any) -> Evolved:
-    if state is None:
-        return Evolved(None, True)
-    return Evolved(_replace(state, events_applied=state.events_applied + 1, **changes), True)
-
-
-def _ignored(state: RunState | None, note: str) -> Evolved:
-    return Evolved(state, False, note)
+from tether.domain.spending_transitions import budget_released, budget_reserved, usage_charged
+from tether.domain.steering_transitions import message_receipt, message_sent
+from tether.domain.turn_transitions import turn_requested
+from tether.domain.usage import step_amount
 
 
 def _applied_keyless(state: RunState, event: Event, **changes: Any) -> Evolved:
-    return _applied(state, keyless_event_ids=(*state.keyless_event_ids, event.event_id), **changes)
+    return applied(state, keyless_event_ids=(*state.keyless_event_ids, event.event_id), **changes)
 
 
 def _seen(state: RunState, event: Event) -> bool:
@@ -113,7 +83,7 @@ def _with_signal(state: RunState, at: int) -> dict[str, Any]:
 
 def _requested(state: RunState | None, event: RunRequested, logged_at: int) -> Evolved:
     if state is not None:
-        return _ignored(state, "duplicate: the run already exists")
+        return ignored(state, "duplicate: the run already exists")
     return Evolved(_new_run(event, logged_at), True)
 
 
@@ -125,7 +95,7 @@ def _new_run(event: RunRequested, logged_at: int) -> RunState:
         display_order=data.display_order, display=data.display, detached=data.detached,
         requested_at=event.occurred_at, incarnation=incarnation_of(event.event_id),
         nested_parent=data.nested_parent, started_by=data.started_by,
-        requested_by_command=_command_seq(event.causation_id),
+        requested_by_command=command_seq_of(event.causation_id),
         max_budget_deadline=(None if data.max_budget_ms is None
                              else logged_at + data.max_budget_ms),
         no_progress_budget_ms=data.no_progress_budget_ms,
@@ -133,101 +103,46 @@ def _new_run(event: RunRequested, logged_at: int) -> RunState:
         budgets_above=tuple(data.budgets_above))
 
 
-def _command_seq(causation_id: str | None) -> int | None:
-    """`cmd:<seq>` (`decide.Cause.causation_id` of a command) -> seq."""
-    if causation_id is None or not causation_id.startswith("cmd:"):
-        return None
-    seq = causation_id[4:]
-    return int(seq) if seq.isdigit() else None
-
-
-def _turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) -> Evolved:
-    """A follow-up turn: the finished turn is kept in `turns`, and the run starts again
-    with the new input, as a new life of the run id for what each outcome owes (its
-    hooks' and notices' ids, its ledger), keeping its steps, output and milestones."""
-    data = event.data
-    if data.turn <= state.turn:
-        return _ignored(state, f"duplicate: turn {data.turn} was already requested")
-    if data.turn != state.turn + 1:
-        return _ignored(state, f"turn {data.turn} is not the next one (the run is at turn "
-                               f"{state.turn})")
-    if state.is_open:
-        return _ignored(state, f"a {state.status} run takes no follow-up until it ends")
-    finished = TurnRecord(
-        turn=state.turn, input=state.input, parent_tool_call_id=state.parent_tool_call_id,
-        status=state.status, summary=state.summary, output=state.output, error=state.error,
-        reason=state.reason, requested_at=state.turn_requested_at or state.requested_at,
-        ended_at=state.ended_at, first_step=state.turn_first_step,
-        first_output=state.turn_first_output, ledger=state.ledger, ended_by=state.ended_by,
-        **_usage_since(state, state.turn_first_step))
-    return _applied(
-        state, turn=data.turn, turns=(*state.turns, finished), turn_requested_at=event.occurred_at,
-        turn_first_step=max(state.steps, default=-1) + 1,
-        turn_first_output=max(state.output_parts, default=-1) + 1,
-        turn_first_resumption=len(state.resumptions),
-        incarnation=incarnation_of(event.event_id), status="starting", input=data.input,
-        parent_tool_call_id=data.parent_tool_call_id or state.parent_tool_call_id,
-        detached=data.detached,
-        requested_by_command=_command_seq(event.causation_id), dispatched_at=None,
-        started_at=None, ended_at=None, agent_version=None, summary=None, output=None,
-        error=None, reason=None, child_still_running=None, aborted_cause=None,
-        cancel_requested_at=None, cancel_reason=None, paused=None,
-        ledger=DeliveryLedger(), reattach_attempts=0, ended_by=None,
-        max_budget_deadline=(None if data.max_budget_ms is None
-                             else logged_at + data.max_budget_ms),
-        no_progress_budget_ms=data.no_progress_budget_ms, no_progress_deadline=None)
-
-
-def _usage_since(state: RunState, first_step: int) -> dict[str, Any]:
-    """The model usage of the run's steps from `first_step` on (a turn's)."""
-    tokens, cost = 0, 0.0
-    for index, step in state.steps.items():
-        if index >= first_step:
-            used = step_amount(step)
-            tokens, cost = tokens + used.tokens, cost + used.cost
-    return {"tokens": tokens, "cost": round(cost, 10)}
-
-
 def _started(state: RunState, event: RunStarted, logged_at: int) -> Evolved:
     # A parent dispatches a run with its run.requested and appends no run.started (the
     # work item goes out right after it); logs written by earlier parents hold one, and
     # it folds here.
     if state.dispatched_at is not None:
-        return _ignored(state, "duplicate: the run was already dispatched")
+        return ignored(state, "duplicate: the run was already dispatched")
     if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run cannot be dispatched")
+        return ignored(state, f"a {state.status} run cannot be dispatched")
     # The work item goes out before this event is appended, so a fast runner's
     # run.running may already be in the log: the dispatch time is still recorded.
-    return _applied(state, dispatched_at=event.occurred_at)
+    return applied(state, dispatched_at=event.occurred_at)
 
 
 def _running(state: RunState, event: RunRunning, logged_at: int) -> Evolved:
     if event.data.attempt <= state.attempt:
-        return _ignored(state, f"duplicate: attempt {event.data.attempt} already recorded")
+        return ignored(state, f"duplicate: attempt {event.data.attempt} already recorded")
     if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run cannot start running")
+        return ignored(state, f"a {state.status} run cannot start running")
     changes: dict[str, Any] = {"attempt": event.data.attempt, "runner_id": event.data.runner_id,
                                "agent_version": event.data.agent_version}
     if state.status == "starting":
         changes |= {"status": "running", "started_at": event.occurred_at}
-    return _applied(state, **changes)
+    return applied(state, **changes)
 
 
 def _output(state: RunState, event: RunOutput, logged_at: int) -> Evolved:
     index = event.data.index
     if index in state.output_parts:
-        return _ignored(state, f"duplicate: output chunk {index} already recorded")
+        return ignored(state, f"duplicate: output chunk {index} already recorded")
     if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run takes no more output")
-    return _applied(state, output_parts={**state.output_parts, index: event.data.text})
+        return ignored(state, f"a {state.status} run takes no more output")
+    return applied(state, output_parts={**state.output_parts, index: event.data.text})
 
 
 def _milestone(state: RunState, event: RunMilestone, logged_at: int) -> Evolved:
     data = event.data
     if any(m.sequence == data.sequence for m in state.milestones):
-        return _ignored(state, f"duplicate: milestone {data.sequence} already recorded")
+        return ignored(state, f"duplicate: milestone {data.sequence} already recorded")
     if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run takes no more milestones")
+        return ignored(state, f"a {state.status} run takes no more milestones")
     milestone = Milestone(sequence=data.sequence, name=data.name, data=data.data,
                           at=event.occurred_at)
     milestones = (*state.milestones, milestone)
@@ -236,7 +151,7 @@ def _milestone(state: RunState, event: RunMilestone, logged_at: int) -> Evolved:
     snapshot = ProgressSnapshot(fraction=data.fraction, message=data.message,
                                 phase=data.phase, milestone=data.name, data=data.data,
                                 at=event.occurred_at)
-    return _applied(state, milestones=milestones, progress=_newer(state.progress, snapshot),
+    return applied(state, milestones=milestones, progress=_newer(state.progress, snapshot),
                     **_with_signal(state, logged_at))
 
 
@@ -254,32 +169,32 @@ def _progress_persisted(state: RunState, event: RunProgressPersisted, logged_at:
     if state.progress is not None and snapshot.at <= state.progress.at:
         # Progress is "latest value wins"; an older or same-instant snapshot is a duplicate
         # or stale, and applying it again must change nothing.
-        return _ignored(state, "duplicate or stale progress snapshot")
+        return ignored(state, "duplicate or stale progress snapshot")
     if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run takes no more progress")
-    return _applied(state, progress=_newer(state.progress, snapshot),
+        return ignored(state, f"a {state.status} run takes no more progress")
+    return applied(state, progress=_newer(state.progress, snapshot),
                     **_with_signal(state, logged_at))
 
 
 def _step_recorded(state: RunState, event: RunStepRecorded, logged_at: int) -> Evolved:
     index = event.data.index
     if index in state.steps:
-        return _ignored(state, f"duplicate: step {index} already recorded")
+        return ignored(state, f"duplicate: step {index} already recorded")
     if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run records no more steps")
+        return ignored(state, f"a {state.status} run records no more steps")
     used = step_amount(event.data.step)
     if not used:
-        return _applied(state, steps={**state.steps, index: event.data.step})
-    return _applied(state, steps={**state.steps, index: event.data.step},
+        return applied(state, steps={**state.steps, index: event.data.step})
+    return applied(state, steps={**state.steps, index: event.data.step},
                     own_tokens=state.own_tokens + used.tokens,
                     own_cost=round(state.own_cost + used.cost, 10))
 
 
 def _paused(state: RunState, event: RunPaused, logged_at: int) -> Evolved:
     if _seen(state, event):
-        return _ignored(state, "duplicate: this pause was already applied")
+        return ignored(state, "duplicate: this pause was already applied")
     if state.status not in ("starting", "running"):
-        return _ignored(state, f"a {state.status} run cannot pause")
+        return ignored(state, f"a {state.status} run cannot pause")
     pause = PauseInfo(pause_id=event.event_id, reason=event.data.reason,
                       pending=event.data.pending, at=event.occurred_at)
     # Waiting for a human is not a silent child: the no-progress budget stops meanwhile.
@@ -288,80 +203,21 @@ def _paused(state: RunState, event: RunPaused, logged_at: int) -> Evolved:
 
 def _resumed(state: RunState, event: RunResumed, logged_at: int) -> Evolved:
     if state.paused is None:
-        return _ignored(state, "the run is not paused")
+        return ignored(state, "the run is not paused")
     if state.paused.pause_id != event.data.pause_id:
-        return _ignored(state, f"resumes pause {event.data.pause_id}, not the current one")
+        return ignored(state, f"resumes pause {event.data.pause_id}, not the current one")
     resumption = Resumption(pause_id=event.data.pause_id, decisions=event.data.decisions,
                             at=event.occurred_at)
-    return _applied(state, paused=None, resumptions=(*state.resumptions, resumption),
+    return applied(state, paused=None, resumptions=(*state.resumptions, resumption),
                     **_with_signal(state, logged_at))
-
-
-def _message_sent(state: RunState, event: RunMessageSent, logged_at: int) -> Evolved:
-    data = event.data
-    if state.message(data.message_id) is not None:
-        return _ignored(state, f"duplicate: message {data.message_id} was already sent")
-    if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run takes no messages")
-    message = SteeringMessage(message_id=data.message_id, mode=data.mode, text=data.text,
-                              data=data.data, sent_at=event.occurred_at)
-    return _applied(state, messages=(*state.messages, message))
-
-
-def _message_receipt(state: RunState, event: RunMessageDelivered | RunMessageConsumed,
-                     logged_at: int) -> Evolved:
-    message_id = event.data.message_id
-    message = state.message(message_id)
-    if message is None:
-        return _ignored(state, f"no message {message_id} was sent to the run")
-    at = event.occurred_at
-    if isinstance(event, RunMessageDelivered):
-        if message.delivered_at is not None:
-            return _ignored(state, f"duplicate: message {message_id} was already delivered")
-        changed = _replace(message, delivered_at=at)
-    else:
-        if message.consumed_at is not None:
-            return _ignored(state, f"duplicate: message {message_id} was already consumed")
-        changed = _replace(message, consumed_at=at,
-                           delivered_at=at if message.delivered_at is None
-                           else message.delivered_at)
-    return _applied(state, messages=tuple(changed if m.message_id == message_id else m
-                                          for m in state.messages))
-
-
-def _budget_reserved(state: RunState, event: RunBudgetReserved, logged_at: int) -> Evolved:
-    key = key_of(event.data.run)
-    if key in state.spending:
-        return _ignored(state, f"duplicate: {key} has reserved already")
-    share = Spending(reserved_tokens=event.data.tokens, reserved_cost=event.data.cost)
-    return _applied(state, spending={**state.spending, key: share})
-
-
-def _usage_charged(state: RunState, event: RunUsageCharged, logged_at: int) -> Evolved:
-    data = event.data
-    key = key_of(data.run)
-    share = state.spending.get(key, Spending())
-    if data.step in share.steps:
-        return _ignored(state, f"duplicate: step {data.step} of {key} was already charged")
-    charged = _replace(share, tokens=share.tokens + data.tokens,
-                       cost=round(share.cost + data.cost, 10), steps=(*share.steps, data.step))
-    return _applied(state, spending={**state.spending, key: charged})
-
-
-def _budget_released(state: RunState, event: RunBudgetReleased, logged_at: int) -> Evolved:
-    key = key_of(event.data.run)
-    share = state.spending.get(key, Spending())  # (one that reserved nothing, or not yet)
-    if share.released:
-        return _ignored(state, f"duplicate: {key} was already released")
-    return _applied(state, spending={**state.spending, key: _replace(share, released=True)})
 
 
 def _cancel_requested(state: RunState, event: RunCancelRequested, logged_at: int) -> Evolved:
     if state.cancel_requested_at is not None:
-        return _ignored(state, "duplicate: cancellation already requested")
+        return ignored(state, "duplicate: cancellation already requested")
     if state.is_hard_terminal:
-        return _ignored(state, f"a {state.status} run has nothing to cancel")
-    return _applied(state, cancel_requested_at=event.occurred_at, cancel_reason=event.data.reason)
+        return ignored(state, f"a {state.status} run has nothing to cancel")
+    return applied(state, cancel_requested_at=event.occurred_at, cancel_reason=event.data.reason)
 
 
 def _finished(state: RunState, event: RunCompleted | RunFailed | RunAborted, logged_at: int) -> Evolved:
@@ -376,13 +232,13 @@ def _finished(state: RunState, event: RunCompleted | RunFailed | RunAborted, log
     if state.is_hard_terminal:
         if isinstance(event, RunCompleted) and state.status == "completed":
             return _backfill(state, event)
-        return _ignored(state, f"the run already ended {state.status}")
+        return ignored(state, f"the run already ended {state.status}")
     if _ended_a_turn(state, event):
-        return _ignored(state, f"{event.event_id} ended an earlier turn")
+        return ignored(state, f"{event.event_id} ended an earlier turn")
     # A real outcome repairs an interrupted run; the give-up fields stop applying.
     changes |= {"ended_at": event.occurred_at, "reason": None, "child_still_running": False,
                 "paused": None, "no_progress_deadline": None, "ended_by": event.event_id}
-    return _applied(state, **changes)
+    return applied(state, **changes)
 
 
 def _ended_a_turn(state: RunState, event: Event) -> bool:
@@ -397,18 +253,18 @@ def _backfill(state: RunState, event: RunCompleted) -> Evolved:
     if state.output is None and event.data.output is not None:
         changes["output"] = event.data.output
     if not changes:
-        return _ignored(state, "duplicate: the run already completed")
-    return _applied(state, **changes)
+        return ignored(state, "duplicate: the run already completed")
+    return applied(state, **changes)
 
 
 def _interrupted(state: RunState, event: RunInterrupted, logged_at: int) -> Evolved:
     data = event.data
     if _seen(state, event):
-        return _ignored(state, "duplicate: this interruption was already applied")
+        return ignored(state, "duplicate: this interruption was already applied")
     if state.is_hard_terminal:
-        return _ignored(state, f"the run already ended {state.status}")
+        return ignored(state, f"the run already ended {state.status}")
     if _ended_a_turn(state, event):
-        return _ignored(state, f"{event.event_id} ended an earlier turn")
+        return ignored(state, f"{event.event_id} ended an earlier turn")
     # A second interruption (a re-attach that gave up again) updates the reason.
     return _applied_keyless(state, event, status="interrupted", reason=data.reason, error=data.error,
                     child_still_running=data.child_still_running, ended_at=event.occurred_at,
@@ -417,14 +273,14 @@ def _interrupted(state: RunState, event: RunInterrupted, logged_at: int) -> Evol
 
 def _finish_delivered(state: RunState, event: RunFinishDelivered, logged_at: int) -> Evolved:
     if _of_another_life(state, event):
-        return _ignored(state, "a delivery of an earlier life's hook: the run id was cleared "
+        return ignored(state, "a delivery of an earlier life's hook: the run id was cleared "
                                "and requested again since")
     key = finish_key(event.data.status, event.data.method)
     if key in state.ledger.finish:
-        return _ignored(state, f"duplicate: finish {key} was already delivered")
+        return ignored(state, f"duplicate: finish {key} was already delivered")
     ledger = DeliveryLedger(finish={**state.ledger.finish, key: event.occurred_at},
                             notifications=state.ledger.notifications)
-    return _applied(state, ledger=ledger)
+    return applied(state, ledger=ledger)
 
 
 def _of_another_life(state: RunState, event: RunFinishDelivered) -> bool:
@@ -439,30 +295,30 @@ def _of_another_life(state: RunState, event: RunFinishDelivered) -> bool:
 def _notified(state: RunState, event: RunNotified, logged_at: int) -> Evolved:
     key = f"{event.data.kind}:{event.data.key}"
     if key in state.ledger.notifications:
-        return _ignored(state, f"duplicate: notification {key} was already sent")
+        return ignored(state, f"duplicate: notification {key} was already sent")
     ledger = DeliveryLedger(finish=state.ledger.finish,
                             notifications={**state.ledger.notifications, key: event.occurred_at})
-    return _applied(state, ledger=ledger)
+    return applied(state, ledger=ledger)
 
 
 def _reattach_started(state: RunState, event: RunReattachStarted, logged_at: int) -> Evolved:
     if event.data.attempt <= state.reattach_attempts:
-        return _ignored(state, f"duplicate: re-attach {event.data.attempt} already started")
-    return _applied(state, reattach_attempts=event.data.attempt)
+        return ignored(state, f"duplicate: re-attach {event.data.attempt} already started")
+    return applied(state, reattach_attempts=event.data.attempt)
 
 
 def _reattach_decided(state: RunState, event: RunReattachDecided, logged_at: int) -> Evolved:
     data = event.data
     if any(d.decision_id == data.decision_id for d in state.reattach_decisions):
-        return _ignored(state, f"duplicate: decision {data.decision_id} already recorded")
+        return ignored(state, f"duplicate: decision {data.decision_id} already recorded")
     decision = ReattachDecision(decision_id=data.decision_id, outcome=data.outcome,
                                 reason=data.reason, child_still_running=data.child_still_running,
                                 timings=data.timings, at=event.occurred_at)
-    return _applied(state, reattach_decisions=(*state.reattach_decisions, decision))
+    return applied(state, reattach_decisions=(*state.reattach_decisions, decision))
 
 
 _TRANSITIONS: dict[str, Callable[[RunState, Any, int], Evolved]] = {
-    "run.turn_requested": _turn_requested,
+    "run.turn_requested": turn_requested,
     "run.started": _started,
     "run.running": _running,
     "run.output": _output,
@@ -471,12 +327,12 @@ _TRANSITIONS: dict[str, Callable[[RunState, Any, int], Evolved]] = {
     "run.step_recorded": _step_recorded,
     "run.paused": _paused,
     "run.resumed": _resumed,
-    "run.message_sent": _message_sent,
-    "run.message_delivered": _message_receipt,
-    "run.message_consumed": _message_receipt,
-    "run.budget_reserved": _budget_reserved,
-    "run.usage_charged": _usage_charged,
-    "run.budget_released": _budget_released,
+    "run.message_sent": message_sent,
+    "run.message_delivered": message_receipt,
+    "run.message_consumed": message_receipt,
+    "run.budget_reserved": budget_reserved,
+    "run.usage_charged": usage_charged,
+    "run.budget_released": budget_released,
     "run.cancel_requested": _cancel_requested,
     "run.completed": _finished,
     "run.failed": _finished,
@@ -499,7 +355,7 @@ def evolve(state: RunState | None, event: Event, logged_at: int | None = None) -
     """Apply one event to a run's state (None: no run yet, or cleared). `logged_at`: when
     the stream stored it (`StoredEvent.logged_at`); without it, `occurred_at`."""
     if state is not None and _another_run(state, event):
-        return _ignored(state, f"event {event.event_id} belongs to another run")
+        return ignored(state, f"event {event.event_id} belongs to another run")
     # By the event's type tag, one string comparison each.
     kind = event.type
     if kind == "run.requested":
@@ -511,10 +367,10 @@ def evolve(state: RunState | None, event: Event, logged_at: int | None = None) -
         return Evolved(state, False, None)
     if kind == "run.cleared":
         if state is None:
-            return _ignored(None, "duplicate: no run to clear")
+            return ignored(None, "duplicate: no run to clear")
         return Evolved(None, True)
     if state is None:
-        return _ignored(None, f"{kind} before run.requested")
+        return ignored(None, f"{kind} before run.requested")
     return _TRANSITIONS[kind](state, event,
                               event.occurred_at if logged_at is None else logged_at)
 

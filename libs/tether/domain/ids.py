@@ -118,6 +118,14 @@ def incarnation_of(requested_event_id: str) -> str:
     return hashlib.blake2b(requested_event_id.encode(), digest_size=5).hexdigest()
 
 
+def command_seq_of(causation_id: str | None) -> int | None:
+    """`cmd:<seq>` (`decide.Cause.causation_id` of a command) -> seq."""
+    if causation_id is None or not causation_id.startswith("cmd:"):
+        return None
+    seq = causation_id[4:]
+    return int(seq) if seq.isdigit() else None
+
+
 # --- idempotency: the ids that make a retry harmless ------------------------------------
 #
 # Event ids derive from the run and the decision's cause (`derived_event_id`, `Cause`),

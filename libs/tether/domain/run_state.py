@@ -9,14 +9,8 @@ from typing import Any
 
 import msgspec
 
-from tether.domain.events import (
-    HARD_TERMINAL,
-    DetachedOptions,
-    InterruptedReason,
-    ParentRef,
-    RunRef,
-    RunStatus,
-)
+from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import HARD_TERMINAL, InterruptedReason, ParentRef, RunRef, RunStatus
 from tether.domain.ids import derived_event_id
 from tether.domain.records import Record
 

@@ -16,17 +16,16 @@ reconciler charges, releases and gives up.
 
 from typing import Any
 
-from tether.domain.decide import Cause
-from tether.domain.events import (
-    Event,
+from tether.domain.budget_events import (
     RunBudgetReleased,
     RunBudgetReleasedData,
     RunBudgetReserved,
     RunBudgetReservedData,
-    RunRef,
     RunUsageCharged,
     RunUsageChargedData,
 )
+from tether.domain.decide import Cause
+from tether.domain.events import Event, RunRef
 from tether.domain.ids import run_token
 from tether.domain.run_state import RunState
 from tether.domain.usage import Amount, key_of, step_amount

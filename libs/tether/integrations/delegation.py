@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from tether.child.context import current_context
 from tether.contract.messages import UsageView
-from tether.domain.events import DetachedOptions
+from tether.domain.detached_options import DetachedOptions
 
 
 class Prompt(BaseModel):

@@ -40,7 +40,7 @@ from typing import Literal
 
 from tether.adapters.event_log import EventLog
 from tether.config import Settings
-from tether.domain import decide
+from tether.domain import decide, recovery_decisions
 from tether.domain.events import Event, InterruptedReason
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
@@ -234,7 +234,7 @@ class Recovery:
                 cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
                 current, _ = await self._log.recent.update(
                     state.parent, state.run_id,
-                    lambda s: decide.reattach_started(s, cause, "recovery"))
+                    lambda s: recovery_decisions.reattach_started(s, cause, "recovery"))
                 history = await self._log.read_run(state.parent, state.run_id)
                 current = history.state
                 if current is None or current.is_hard_terminal:
@@ -359,9 +359,9 @@ class Recovery:
         cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
         _, appended = await self._log.update(
             state.parent, state.run_id,
-            lambda s: decide.reattach_decided(s, cause, outcome=outcome, reason=reason,
-                                              child_still_running=child_still_running,
-                                              timings=timings_ms, cancel=cancel))
+            lambda s: recovery_decisions.reattach_decided(
+                s, cause, outcome=outcome, reason=reason,
+                child_still_running=child_still_running, timings=timings_ms, cancel=cancel))
         if appended:
             self._logger.info("recovery.decided", run_id=state.run_id, outcome=outcome,
                               reason=reason, child_still_running=child_still_running,

@@ -36,7 +36,7 @@ from tether.adapters.postgres.reads import ProjectionReads
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
-from tether.domain import budgets, decide, spending
+from tether.domain import budgets, decide, recovery_decisions, spending
 from tether.domain.events import (
     TERMINAL_EVENT_STATUS,
     Event,
@@ -406,8 +406,8 @@ class Reconciler:
         if budget is None:
             self._track(state)  # a signal moved the deadline since
             return
-        await self._give_up(state, budget.reason, decide.INTERRUPTED_ERRORS[budget.reason],
-                            budget.kind)
+        await self._give_up(state, budget.reason,
+                            recovery_decisions.INTERRUPTED_ERRORS[budget.reason], budget.kind)
 
     async def _spent_due(self, key: RunKey) -> None:
         """A run's token or cost budget was passed (`spending.exceeded`): give it up."""
@@ -430,8 +430,8 @@ class Reconciler:
         cause = decide.timer_cause(SYSTEM_CLOCK.now(), self.origin)
         final, appended = await self._log.recent.update(
             state.parent, state.run_id,
-            lambda s: decide.give_up(s, cause, reason, error,
-                                     child_still_running=child_running))
+            lambda s: recovery_decisions.give_up(s, cause, reason, error,
+                                                 child_still_running=child_running))
         if final is not None:
             self._track(final)
         # Two deciders may each append part of a decision (one the cancel request, the
