@@ -19,13 +19,11 @@ gives it back:
 """
 
 import asyncio
-import itertools
-import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
@@ -34,6 +32,7 @@ from tether.agent_registry import agent_version
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
 from tether.child.held_item import HeldItem
+from tether.child.message_handing import MessageHanding
 from tether.child.recorder import RunRecorder
 from tether.child.work import (
     MAX_ERROR_CHARS,
@@ -43,6 +42,7 @@ from tether.child.work import (
     OutcomeKind,
     RunnerEnvironment,
     child_result,
+    execution_token,
     explain_validation,
     safe_error,
 )
@@ -70,23 +70,7 @@ from tether.log import get_logger
 from tether.loop_watch import child_task_name
 from tether.ports import SYSTEM_CLOCK, EventTooLarge, RunHistory
 
-if TYPE_CHECKING:
-    from tether.delivery.deliverer import Deliverer
-
 E = TypeVar("E", bound=Event)
-
-
-# An execution's token: this process's (random, drawn again in a forked child) and a
-# count within it.
-_PROCESS, _EXECUTIONS = os.urandom(4).hex(), itertools.count(1)
-
-
-def _new_process() -> None:
-    global _PROCESS, _EXECUTIONS
-    _PROCESS, _EXECUTIONS = os.urandom(4).hex(), itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_new_process)
 
 
 class Execution:
@@ -98,10 +82,7 @@ class Execution:
         ack_wait_s = env.settings.work_ack_wait_ms / 1000
         self._item = HeldItem(msg, hold or Hold(time.monotonic(), ack_wait_s), env.log,
                               item.parent, item.run_id, renew_every_s=ack_wait_s / 3)
-        # Names this execution's events: two runners (or two items in one runner) that
-        # decide the same thing from the same history never take each other's stored
-        # event for their own, and a retry of this execution's append is stored once.
-        self._owner = f"{_PROCESS}{next(_EXECUTIONS):x}"
+        self._owner = execution_token()  # names this execution's events
         self._incarnation = ""  # the life of the run id this item works on, once read
         self._started = time.monotonic()
         self._ctx: RunContext | None = None
@@ -114,10 +95,7 @@ class Execution:
         # vanished elsewhere (nothing to record), a newer attempt took over, a shutdown.
         self._stop_reason: attempts.StopReason | None = None
         self._cancel_detail: str | None = None
-        # Handing steering messages to the child (`look_for_messages`): the task doing it,
-        # and whether another look was asked for meanwhile (or before the child's context).
-        self._looking: asyncio.Task[None] | None = None
-        self._look_again = False
+        self._messages = MessageHanding(env.log, item.parent, item.run_id)
         self.finished = asyncio.Event()
 
     def holds(self, msg: Msg) -> bool:
@@ -140,33 +118,10 @@ class Execution:
         self._stop("give-up" if detail == GIVE_UP else "cancel", detail)
 
     def look_for_messages(self, state: RunState | None = None) -> None:
-        """The run has a steering message for its child (its signal came, or `state`, a
-        heartbeat's read, holds one the child has not had): hand what the child has not
-        had to its context, from `state` or a read of the log. Asked for before the
-        child's context exists, it is done once it does."""
-        if self.finished.is_set():
-            return
-        if self._ctx is None or (self._looking is not None and not self._looking.done()):
-            self._look_again = True
-            return
-        self._looking = asyncio.ensure_future(self._hand_messages(state))
-
-    async def _hand_messages(self, state: RunState | None) -> None:
-        assert self._ctx is not None
-        try:
-            while True:
-                self._look_again = False
-                if state is None:
-                    state = (await self._env.log.read_run(self.parent, self.run_id)).state
-                if state is not None and state.incarnation == self._incarnation:
-                    await self._ctx.offer(state.waiting_messages)
-                if not self._look_again:
-                    return
-                state = None
-        except RunSuperseded:
-            return  # the attempt lost the run: it is being stopped (`_moved_on`)
-        except Exception as error:  # noqa: BLE001 - the next heartbeat looks again
-            get_logger(run_id=self.run_id).warning("run.messages_not_handed", error=repr(error))
+        """The run has a steering message for its child: hand over what the child has not
+        had (`MessageHanding.look`), once its context exists."""
+        if not self.finished.is_set():
+            self._messages.look(state)
 
     @property
     def child_status(self) -> str:
@@ -261,7 +216,7 @@ class Execution:
             return await self._fail(f"invalid input for {self.item.agent_type}: "
                                     f"{explain_validation(error)}"[:MAX_ERROR_CHARS])
         if state.milestones:  # a predecessor's milestones: their notifications may be owed
-            await self._deliver_owed(state)
+            await self._deliver(state, owed=True)
         return await self._run_child(state, payload)
 
     async def _refused(self, state: RunState, history: RunHistory, version: str
@@ -305,8 +260,7 @@ class Execution:
             run_id=self.run_id, parent=self.parent, agent_type=state.agent_type,
             attempt=self.attempt, recorder=recorder, history=state,
             client_factory=env.parent_client, stop_reason=lambda: self._stop_reason)
-        if self._look_again:  # a message's signal came while we prepared
-            self.look_for_messages()
+        self._messages.start(ctx, self._incarnation)
         # Stopped while we prepared: do not start a child only to stop it.
         if (verdict := attempts.stopped_before_start(self._stop_reason,
                                                      self._cancel_detail)) is not None:
@@ -332,8 +286,7 @@ class Execution:
             first_beat.cancel()
             if self._beating is not None:
                 self._beating.cancel()
-            if self._looking is not None:
-                self._looking.cancel()
+            self._messages.stop()
             if self._hard_cancel is not None:
                 self._hard_cancel.cancel()
             if not self._child.done():  # this handler itself was cancelled
@@ -515,23 +468,18 @@ class Execution:
             return self._outcome("superseded", detail)
         return await self._ack("skipped", detail)
 
-    async def _deliver(self, state: RunState | None, appended: Sequence[Event] = ()) -> None:
+    async def _deliver(self, state: RunState | None, appended: Sequence[Event] = (), *,
+                       owed: bool = False) -> None:
         """The hooks of the outcome just appended, or what the ended run still owes
-        (`Deliverer.deliver_after`), for a run of this life; retried across a broker
-        restart, before the item is acknowledged."""
-        await self._delivering(state, lambda deliverer: deliverer.deliver_after(state, appended))
-
-    async def _deliver_owed(self, state: RunState) -> None:
-        await self._delivering(state, lambda deliverer: deliverer.deliver_owed(state))
-
-    async def _delivering(self, state: RunState | None,
-                          deliver: "Callable[[Deliverer], Awaitable[int]]") -> None:
+        (`Deliverer.deliver_after`; with `owed`, what its milestones owe too), for a run of
+        this life; retried across a broker restart, before the item is acknowledged."""
         deliverer = self._env.deliverer
         if (deliverer is not None and state is not None and state.detached is not None
                 and state.incarnation == self._incarnation):
             async for attempt in self._item.persisting("run.deliver"):
                 with attempt:
-                    await deliver(deliverer)
+                    await (deliverer.deliver_owed(state) if owed
+                           else deliverer.deliver_after(state, appended))
 
     async def _ack(self, kind: OutcomeKind, detail: str | None = None) -> Outcome:
         await self._item.ack()

@@ -2,6 +2,8 @@
 environment, the outcome of a work item, and what a caller may see of a child's error."""
 
 import asyncio
+import itertools
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -173,3 +175,23 @@ async def child_result(agent: ChildAgent, run_id: str, returned: Any,
     if summary is None:
         summary = final_text if final_text is not None else recorder.output_text
     return ChildResult(summary=str(summary), output=output)
+
+
+# An execution's token: this process's (random, drawn again in a forked child) and a
+# count within it.
+_PROCESS, _EXECUTIONS = os.urandom(4).hex(), itertools.count(1)
+
+
+def _new_process() -> None:
+    global _PROCESS, _EXECUTIONS
+    _PROCESS, _EXECUTIONS = os.urandom(4).hex(), itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_process)
+
+
+def execution_token() -> str:
+    """Names one execution's events: two runners (or two items in one runner) that decide
+    the same thing from the same history never take each other's stored event for their
+    own, and a retry of one execution's append is stored once."""
+    return f"{_PROCESS}{next(_EXECUTIONS):x}"

@@ -27,7 +27,8 @@ from tether.config import Settings
 from tether.delivery.deliverer import Deliverer
 from tether.domain.commands import overdue_ms
 from tether.metrics import DEAD_LETTERED, HANDLER_SECONDS
-from tether.parent.handlers import CommandHandlers, Payload, UnparseableCommand
+from tether.parent.command_parsing import Payload, UnparseableCommand
+from tether.parent.handlers import CommandHandlers
 from tether.resilience import TRANSIENT_ERRORS, Persisting, settle, supervise
 
 MAX_COMMAND_DELIVERIES = 10
