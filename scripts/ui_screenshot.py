@@ -33,7 +33,7 @@ from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import ParentRef
 from tether.domain.ids import nested_parent_name
 from tether.testing import RunEvents
-from tether.ui.server import serve_ui
+from tether.ui.serving import serve_ui
 
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "images" / "ui-timeline.png"
 PARENT = ParentRef(agent="Assistant", name="user-42")

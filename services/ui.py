@@ -9,6 +9,6 @@ from tether.runtime import ReadinessCheck
 
 
 async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
-    from tether.ui.server import serve as serve_ui  # noqa: PLC0415 - the optional extra
+    from tether.ui.serving import serve as serve_ui  # noqa: PLC0415 - the optional extra
 
     await serve_ui(settings, stop, checks)

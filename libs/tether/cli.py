@@ -232,7 +232,7 @@ async def _run_services(settings: Settings, name: str) -> int:
 
 
 async def _run_ui(settings: Settings, listener: socket.socket) -> int:
-    from tether.ui.server import serve_ui
+    from tether.ui.serving import serve_ui
 
     async def ui(stop: asyncio.Event, checks: dict) -> None:
         await serve_ui(settings, stop, checks, listener=listener)
@@ -281,7 +281,7 @@ def _ui_listener(settings: Settings, asked_by: str | None) -> socket.socket:
     """`tether ui`'s socket. A port the user chose that is taken ends the command, naming
     the choice; the default port taken (another `tether ui`, or `tether services all`'s
     UI), the UI says so and takes the next free port, as a development server does."""
-    from tether.ui.server import listen_on
+    from tether.ui.serving import listen_on
 
     host, port = settings.ui_host, settings.ui_port
     fallbacks = [] if asked_by is not None or port == 0 else [

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tether.adapters.postgres.migrator import migrate
-from tether.ui.server import DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
+from tether.ui.serving import DEFAULT_PORT, GRACEFUL_SHUTDOWN_S
 
 EXIT_WITHIN_S = 10.0
 LISTENING = "0A"  # a socket's state in /proc/net/tcp

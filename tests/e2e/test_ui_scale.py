@@ -17,7 +17,7 @@ from tether.contract.codec import encode_event
 from tether.domain.events import ParentRef
 from tether.testing import RunEvents
 from tether.ui.page_stream import FRAME_MS
-from tether.ui.server import serve_ui
+from tether.ui.serving import serve_ui
 
 PARENT = ParentRef(agent="Assistant", name="big")
 RUNS, EVENTS_PER_RUN = 200, 100

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from tether.config import Settings
-from tether.ui.server import serve_ui
+from tether.ui.serving import serve_ui
 
 
 @asynccontextmanager

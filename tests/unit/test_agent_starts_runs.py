@@ -16,7 +16,7 @@ from tether.agents import (
     Tool,
     ToolContext,
 )
-from tether.agents.agent import input_messages
+from tether.agents.in_process import input_messages
 from tether.agents.loop import AgentLoop
 from tether.agents.loop_ports import CallPlan, LoopPorts, Session
 from tether.agents.model_messages import ToolCall

@@ -4,7 +4,7 @@ import asyncio
 import gc
 import weakref
 
-from tether.agents.agent import AgentStream
+from tether.agents.in_process import AgentStream
 
 
 async def test_a_stream_nobody_holds_runs_to_its_end() -> None:

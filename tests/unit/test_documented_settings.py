@@ -11,7 +11,7 @@ from tether.access import USERS, nkey_variable, password_variable
 from tether.cli import ALL_SERVICES_HEALTH_PORT, SERVICE_HEALTH_PORTS
 from tether.config import Settings
 from tether.contract.subjects import Subjects
-from tether.ui.server import DEFAULT_PORT
+from tether.ui.serving import DEFAULT_PORT
 
 ROOT = Path(__file__).parents[2]
 DOCUMENTED = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -63,10 +63,10 @@ def test_a_missing_extra_is_named_with_how_to_install_it(monkeypatch, extra, pac
                                        f"pip install 'tether[{extra}]'")
 
 
-@pytest.mark.parametrize(("module", "package"), [("tether.ui.server", "uvicorn"),
+@pytest.mark.parametrize(("module", "package"), [("tether.ui.serving", "uvicorn"),
                                                  ("tether.ui.app", "starlette")])
 def test_the_ui_modules_name_their_extra(monkeypatch, module, package) -> None:
-    forget(monkeypatch, "tether.ui.server", "tether.ui.app", "tether.asgi_serving")
+    forget(monkeypatch, "tether.ui.serving", "tether.ui.app", "tether.asgi_serving")
     uninstall(monkeypatch, package)
     with pytest.raises(MissingExtra) as missing:
         importlib.import_module(module)

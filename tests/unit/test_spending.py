@@ -7,11 +7,11 @@ import pytest
 from run_histories import T0, completed, make, requested, running, state_after
 
 from tether.domain import decide, spending
+from tether.domain.amounts import Amount, step_amount
 from tether.domain.commands import RunCommand
 from tether.domain.events import ParentRef, RunRef, RunStepRecorded
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
-from tether.domain.usage import Amount, step_amount
 
 CAUSE = decide.Cause(command_seq=3, now=T0 + 1_000)
 OWNER_NAME = "r1:tree"

@@ -9,12 +9,12 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    "Agent": "tether.agents.agent",
+    "Agent": "tether.agents.in_process",
     "AgentDefinition": "tether.agents.definition",
     "AgentEvent": "tether.agents.agent_events",
     "AgentRunResult": "tether.agents.results",
     "AgentStepRecord": "tether.agents.steps",
-    "AgentStream": "tether.agents.agent",
+    "AgentStream": "tether.agents.in_process",
     "AgentToolRequest": "tether.agents.model_agent",
     "Decisions": "tether.agents.steps",
     "DynamicContext": "tether.agents.definition",

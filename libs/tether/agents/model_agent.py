@@ -24,9 +24,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from tether.agent_registry import AgentConfigurationError
-from tether.agents.agent import build_result, input_messages
 from tether.agents.clients.scripted import Entry, ScriptedModelClient
 from tether.agents.definition import AgentDefinition
+from tether.agents.in_process import build_result, input_messages
 from tether.agents.loop import AgentLoop
 from tether.agents.loop_ports import CallPlan, LoopPorts, Session
 from tether.agents.model_messages import Message, ModelClient

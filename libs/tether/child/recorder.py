@@ -249,9 +249,8 @@ class RunRecorder:
             causation_id=self._causation_id, data=RunStepRecordedData(index=index, step=step))
 
         state, appended = await self._update(
-            lambda current: decide.record_step(current, event, index=index,
-                                               attempt=self._attempt,
-                                               incarnation=self._incarnation))
+            partial(decide.record_step, step=event, index=index, attempt=self._attempt,
+                    incarnation=self._incarnation))
         if appended:
             return
         if state is None or state.is_hard_terminal:

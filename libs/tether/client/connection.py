@@ -19,7 +19,7 @@ from tether.adapters.denials import PublishDenied, refusal_of, unless_refused
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import NatsRefused, connect_nats
 from tether.adapters.requests import subscribe_routed
-from tether.client.chat import drop_chat_reader, follow_chat
+from tether.client.chat_feed import drop_chat_reader, follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import (
     InputTooLarge,
@@ -149,7 +149,7 @@ class Tether:
     def chat(self, parent: "ParentHandle | ParentRef | ChatKey", *, durable: str | None = None,
              new_only: bool = False) -> AsyncIterator["ChatMessage"]:
         """Chat notifications for one parent instance (or one run's chat, a `ChatKey`);
-        see `tether.client.chat.follow_chat`."""
+        see `tether.client.chat_feed.follow_chat`."""
         ref = parent if isinstance(parent, ParentRef | ChatKey) else parent.ref
         return follow_chat(self, ref, durable=durable, new_only=new_only)
 

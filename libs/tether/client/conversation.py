@@ -31,7 +31,7 @@ from pydantic import Field, ValidationError
 from tether.agents.model_messages import Message
 from tether.agents.steps import AgentStepRecord
 from tether.agents.steps import conversation as folded_conversation
-from tether.client.chat import drop_chat_reader, follow_chat
+from tether.client.chat_feed import drop_chat_reader, follow_chat
 from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from tether import tracing
 from tether.client.awaiting import Answer
-from tether.client.chat import follow_chat
+from tether.client.chat_feed import follow_chat
 from tether.client.child_tool import AgentTool, agent_tool
 from tether.client.errors import MessageRefused
 from tether.client.feed import FeedMessage, open_feed

@@ -14,6 +14,7 @@ reconciler republishes a finish hook not acknowledged within its lease.
 """
 
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from tether import tracing
@@ -214,8 +215,8 @@ class Deliverer:
             return False
         command = DeliveredCommand(run_id=state.run_id, parent=state.parent, status=status,
                                    method=method, message_id=message_id)
-        await self._log.recent.update(state.parent, state.run_id,
-                               lambda s: record_delivery_of_this_life(s, command, self._clock.now()))
+        await self._log.recent.update(state.parent, state.run_id, partial(
+            record_delivery_of_this_life, command=command, now=self._clock.now()))
         self._logger.info("delivery.recorded_by_handler", run_id=state.run_id, method=method,
                           status=status)
         return True

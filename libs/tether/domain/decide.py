@@ -132,6 +132,16 @@ def time_budgets(detached: DetachedOptions | None, budgets: Budgets) -> tuple[in
     return max_budget_ms, no_progress_budget_ms
 
 
+def create(state: RunState | None, requested: Event) -> list[Event]:
+    """`requested`, unless the run exists (its request, or another replica's)."""
+    return [requested] if state is None else []
+
+
+def nothing(state: RunState | None) -> list[Event]:
+    """No event, whatever the run: an update that only reads."""
+    return []
+
+
 def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
                 spend: Spend = NO_SPEND) -> RunRequested:
     detached = command.detached_options()

@@ -22,6 +22,7 @@ live in a module of their own (`steering_transitions`, `spending_transitions`,
 from collections.abc import Callable
 from typing import Any, cast
 
+from tether.domain.amounts import step_amount
 from tether.domain.events import (
     Event,
     RunAborted,
@@ -58,7 +59,6 @@ from tether.domain.run_state import (
 from tether.domain.spending_transitions import budget_released, budget_reserved, usage_charged
 from tether.domain.steering_transitions import message_receipt, message_sent
 from tether.domain.turn_transitions import turn_requested
-from tether.domain.usage import step_amount
 
 
 def _applied_keyless(state: RunState, event: Event, **changes: Any) -> Evolved:

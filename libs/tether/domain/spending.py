@@ -16,6 +16,7 @@ reconciler charges, releases and gives up.
 
 from typing import Any
 
+from tether.domain.amounts import Amount, key_of, step_amount
 from tether.domain.budget_events import (
     RunBudgetReleased,
     RunBudgetReleasedData,
@@ -28,7 +29,6 @@ from tether.domain.decide import Cause
 from tether.domain.events import Event, RunRef
 from tether.domain.ids import run_token
 from tether.domain.run_state import RunState
-from tether.domain.usage import Amount, key_of, step_amount
 
 # The code of a run request refused because a budget above it had no room for its share
 # (`run.rejected`), and the reason its caller's failure carries.

@@ -5,10 +5,10 @@ its usage step by step (`run.usage_charged`), and its release as it ends
 
 import msgspec
 
+from tether.domain.amounts import key_of
 from tether.domain.budget_events import RunBudgetReleased, RunBudgetReserved, RunUsageCharged
 from tether.domain.evolved import Evolved, applied, ignored
 from tether.domain.run_state import RunState, Spending
-from tether.domain.usage import key_of
 
 _replace = msgspec.structs.replace
 

@@ -4,11 +4,11 @@ with the new input, as a new life of its run id."""
 
 from typing import Any
 
+from tether.domain.amounts import step_amount
 from tether.domain.evolved import Evolved, applied, ignored
 from tether.domain.ids import command_seq_of, incarnation_of
 from tether.domain.run_state import DeliveryLedger, RunState, TurnRecord
 from tether.domain.turn_events import RunTurnRequested
-from tether.domain.usage import step_amount
 
 
 def turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) -> Evolved:

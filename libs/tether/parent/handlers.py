@@ -104,8 +104,8 @@ class CommandHandlers(RunRequests):
         if (target := await self._down(command.parent, command.run_id, command.below)) is None:
             return "no such run"
         parent, run_id = target
-        state, appended = await self._log.recent.update(parent, run_id,
-                                                 lambda s: decide.resume(s, command, cause))
+        state, appended = await self._log.recent.update(
+            parent, run_id, partial(decide.resume, command=command, cause=cause))
         if appended and state is not None:
             await self._publish_work(state, dispatch=len(state.resumptions), why="resume")
             return "resumed"
@@ -141,7 +141,7 @@ class CommandHandlers(RunRequests):
                                "not applied", cause)
             return "expired"
         state, appended = await self._log.recent.update(
-            parent, run_id, lambda s: decide.send_message(s, command, cause))
+            parent, run_id, partial(decide.send_message, command=command, cause=cause))
         if appended and state is not None:
             signal = MessageSignal(run_id=run_id, parent=parent)
             await self._log.notify(self._subjects.message_signal(state.agent_type),
@@ -190,7 +190,7 @@ class CommandHandlers(RunRequests):
             return "appended"
         state, appended = await self._log.recent.update(
             command.parent, command.run_id,
-            lambda s: record_delivery_of_this_life(s, command, self._clock.now()))
+            partial(record_delivery_of_this_life, command=command, now=self._clock.now()))
         if appended:
             return "recorded"
         if state is not None and not names_this_life(command.message_id, state, command.status,

@@ -9,6 +9,7 @@ requests for one run id on any number of parent replicas converge on one child t
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,13 +17,13 @@ from pydantic import ValidationError
 from tether.agent_registry import AgentRegistry
 from tether.contract.messages import RUN_SEQUENCE_HEADER, WorkItem, work_item_json
 from tether.domain import decide, recovery_decisions, spending, turn_decisions
+from tether.domain.amounts import Amount, key_of
 from tether.domain.chat import started_by_error
 from tether.domain.commands import RunCommand, parse_command
 from tether.domain.events import ParentRef, RunRef, RunRequested
 from tether.domain.ids import work_message_id
 from tether.domain.run_state import RunState
 from tether.domain.spending import BUDGET_EXCEEDED
-from tether.domain.usage import Amount, key_of
 from tether.parent.command_parsing import (
     Payload,
     UnparseableCommand,
@@ -153,13 +154,14 @@ class RunRequests:
         taken: list[RunRef] = []
         for owner in spend.above:
             state, appended = await self._log.recent.update(
-                owner.parent, owner.run_id, lambda s: spending.reserve(s, run, share, cause))
+                owner.parent, owner.run_id,
+                partial(spending.reserve, run=run, amount=share, cause=cause))
             if appended or (state is not None and key_of(run) in state.spending):
                 taken.append(owner)
                 continue
             for done in taken:
                 await self._log.recent.update(done.parent, done.run_id,
-                                              lambda s: spending.release(s, run, cause))
+                                              partial(spending.release, run=run, cause=cause))
             if state is None:
                 return f"the budgeted run {owner.run_id} above it is gone"
             return spending.room_for(state, share) or f"run {owner.run_id} had no room"
@@ -181,8 +183,8 @@ class RunRequests:
         accepts = frozenset(agent.follow_ups) if agent is not None else frozenset()
         state, appended, last_seq = await self._log.recent.update_at(
             command.parent, command.run_id,
-            lambda s: [] if problem is not None else turn_decisions.request_turn(
-                s, command, self._budgets, accepts, cause))
+            partial(turn_decisions.request_turn, command=command, budgets=self._budgets,
+                    accepts=accepts, cause=cause) if problem is None else decide.nothing)
         if appended and state is not None:
             await self._publish_work(state, dispatch=1, why=f"turn{command.turn}")
             return RunOutcome("created", status="starting")
@@ -219,7 +221,7 @@ class RunRequests:
                       spend: decide.Spend = decide.NO_SPEND) -> RunOutcome:
         requested = decide.request_run(command, self._budgets, cause, spend)
         state, appended, requested_seq = await self._log.recent.update_at(
-            command.parent, command.run_id, lambda s: [requested] if s is None else [])
+            command.parent, command.run_id, partial(decide.create, requested=requested))
         assert state is not None  # ours, or another replica's created between read and append
         if not appended:
             return await self._existing(state, requested_seq, cause)
@@ -252,7 +254,7 @@ class RunRequests:
             return RunOutcome("redispatched", status=state.status)
         if state.status == "interrupted":
             after, appended = await self._log.recent.update(
-                state.parent, state.run_id, lambda s: recovery_decisions.reattach(s, cause))
+                state.parent, state.run_id, partial(recovery_decisions.reattach, cause=cause))
             if not appended:  # given up for good (`RunState.resumable`), or repaired
                 return RunOutcome("existing", status=state.status)
             if after is not None and not after.child_still_running:

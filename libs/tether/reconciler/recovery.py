@@ -36,6 +36,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from functools import partial
 from typing import Literal
 
 from tether.adapters.event_log import EventLog
@@ -234,7 +235,7 @@ class Recovery:
                 cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
                 current, _ = await self._log.recent.update(
                     state.parent, state.run_id,
-                    lambda s: recovery_decisions.reattach_started(s, cause, "recovery"))
+                    partial(recovery_decisions.reattach_started, cause=cause, why="recovery"))
                 history = await self._log.read_run(state.parent, state.run_id)
                 current = history.state
                 if current is None or current.is_hard_terminal:
@@ -359,9 +360,9 @@ class Recovery:
         cause = decide.timer_cause(SYSTEM_CLOCK.now(), self._origin)
         _, appended = await self._log.update(
             state.parent, state.run_id,
-            lambda s: recovery_decisions.reattach_decided(
-                s, cause, outcome=outcome, reason=reason,
-                child_still_running=child_still_running, timings=timings_ms, cancel=cancel))
+            partial(recovery_decisions.reattach_decided, cause=cause, outcome=outcome,
+                    reason=reason, child_still_running=child_still_running,
+                    timings=timings_ms, cancel=cancel))
         if appended:
             self._logger.info("recovery.decided", run_id=state.run_id, outcome=outcome,
                               reason=reason, child_still_running=child_still_running,

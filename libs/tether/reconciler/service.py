@@ -37,6 +37,7 @@ from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
 from tether.domain import budgets, decide, recovery_decisions, spending
+from tether.domain.amounts import step_amount
 from tether.domain.events import (
     TERMINAL_EVENT_STATUS,
     Event,
@@ -48,7 +49,6 @@ from tether.domain.events import (
 )
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
-from tether.domain.usage import step_amount
 from tether.leadership import LeadershipLost, Lease, act_while_leading
 from tether.metrics import (
     DEADLINES_DUE,
@@ -430,8 +430,8 @@ class Reconciler:
         cause = decide.timer_cause(SYSTEM_CLOCK.now(), self.origin)
         final, appended = await self._log.recent.update(
             state.parent, state.run_id,
-            lambda s: recovery_decisions.give_up(s, cause, reason, error,
-                                                 child_still_running=child_running))
+            partial(recovery_decisions.give_up, cause=cause, reason=reason, error=error,
+                    child_still_running=child_running))
         if final is not None:
             self._track(final)
         # Two deciders may each append part of a decision (one the cancel request, the

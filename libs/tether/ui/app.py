@@ -69,7 +69,7 @@ def create_app(settings: Settings, *, frame_ms: int | None = None,
                connected: tuple[Tether, asyncpg.Pool] | None = None) -> Starlette:
     """The UI's ASGI app; its lifespan connects to NATS (as `settings.nats_user`, when set,
     with that user's own inbox prefix) and to Postgres, unless given them (`connected`,
-    which its caller closes: `tether.ui.server` connects before it serves, so that an
+    which its caller closes: `tether.ui.serving` connects before it serves, so that an
     unreachable server is one line, not a failed lifespan)."""
     logger = get_logger(service="ui")
 
