@@ -307,9 +307,9 @@ def test_schema_drift_is_reported(tmp_path: Path) -> None:
 def test_schemas_cover_every_event_and_command() -> None:
     generated = schemas.generate()
 
-    assert {"events/run.requested.v4.json", "events/run.interrupted.v2.json",
+    assert {"events/run.requested.v5.json", "events/run.interrupted.v2.json",
             "events/event.json", "commands/run.json"} <= set(generated)
-    assert len([p for p in generated if p.startswith("events/run.")]) == 27
+    assert len([p for p in generated if p.startswith("events/run.")]) == 28
     assert len([p for p in generated if p.startswith("commands/")]) == len(COMMAND_CLASSES) == 13
 
 

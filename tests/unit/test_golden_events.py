@@ -130,7 +130,7 @@ def test_run_requested_v1_detached_is_upcast_to_options_and_the_v1_default_budge
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 4
+    assert event.schema_version == 5
     assert (event.event_id, event.run_id, event.occurred_at) == (
         original["event_id"], original["run_id"], original["occurred_at"])
     assert (event.parent.agent, event.parent.name) == ("Assistant", "user-42")
@@ -156,7 +156,7 @@ def test_run_requested_v1_awaited_is_upcast_to_no_options_and_no_budgets() -> No
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 4
+    assert event.schema_version == 5
     assert event.event_id == original["event_id"]
     data = event.data
     assert data.agent_type == "Researcher"
@@ -174,7 +174,7 @@ def test_run_requested_v2_is_upcast_owning_its_nested_runs_by_its_run_id_as_they
     event = decode_event(original)
 
     assert isinstance(event, RunRequested)
-    assert event.schema_version == 4
+    assert event.schema_version == 5
     assert event.data.nested_parent == original["run_id"]
     assert event.data.detached == decode_event(load("run.requested.v3.json")).data.detached
     assert evolve(None, event).state.as_parent() == ParentRef(agent="Researcher",
@@ -186,16 +186,37 @@ def test_run_requested_v3_is_upcast_with_no_token_or_cost_budget() -> None:
 
     event = decode_event(original)
 
-    assert isinstance(event, RunRequested) and event.schema_version == 4
+    assert isinstance(event, RunRequested) and event.schema_version == 5
     assert (event.data.max_tokens, event.data.max_cost, event.data.budgets_above) == (
         None, None, [])
-    assert event.data.started_by == decode_event(load("run.requested.v4.json")).data.started_by
+    assert event.data.started_by == decode_event(load("run.requested.v5.json")).data.started_by
     state = evolve(None, event).state
     assert (state.max_tokens, state.max_cost, state.budgets_above) == (None, None, ())
 
 
-def test_a_run_requested_now_owns_its_nested_runs_by_a_name_of_its_whole_path() -> None:
+def test_run_requested_v4_is_upcast_as_no_fork() -> None:
     event = decode_event(load("run.requested.v4.json"))
+
+    assert isinstance(event, RunRequested) and event.schema_version == 5
+    assert event.data.fork is None
+    assert evolve(None, event).state.forked_from is None
+
+
+def test_a_fork_request_starts_with_what_its_original_had_recorded() -> None:
+    event = decode_event(load("run.requested.v5.json"))
+
+    state = evolve(None, event).state
+
+    assert state.forked_from is not None and state.forked_from.at == "step:2"
+    assert (state.forked_from.run.run_id, state.forked_from.seq) == ("run-5e1b7a00", 1841)
+    assert sorted(state.steps) == [0, 1] and state.output_text == "Looking at QUIC streams. "
+    assert [m.name for m in state.milestones] == ["sources-gathered"]
+    assert [r.decisions for r in state.resumptions] == [{"approvals": ["call_2"]}]
+    assert state.forked_from.overrides == {"instructions": "Cite the RFC for every claim."}
+
+
+def test_a_run_requested_now_owns_its_nested_runs_by_a_name_of_its_whole_path() -> None:
+    event = decode_event(load("run.requested.v5.json"))
 
     owner = evolve(None, event).state.as_parent()
 

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tether.contract.codec import decode_event, encode_event
+from tether.domain.branch_events import RunRewound
 from tether.domain.budget_events import RunBudgetReleased, RunBudgetReserved, RunUsageCharged
 from tether.domain.event_envelope import EventEnvelope
 from tether.domain.events import (
@@ -79,6 +80,17 @@ request_data = st.one_of(
                        {"notify": {"source": "agent-tool"}}],
              max_budget_ms=[None, 1, 3_600_000], no_progress_budget_ms=[0, 1_000, 60_000],
              nested_parent=["run-1:tree"]),
+    variants(agent_type=["Researcher"], input=[{"query": "HTTP/3, again"}],
+             nested_parent=["run-1:tree"],
+             fork=[{"run": {"parent": {"agent": "Assistant", "name": "user-42"},
+                            "run_id": "original"},
+                    "seq": 17, "at": "step:2",
+                    "steps": [{"index": 0, "step": {"tool": "search"}},
+                              {"index": 1, "step": {"tool": "fetch"}}],
+                    "milestones": [{"sequence": 0, "name": "drafted", "at": T0 - 5}],
+                    "output": [{"index": 0, "text": "HTTP/3 "}],
+                    "resumptions": [{"pause_id": "p0", "decisions": {}, "at": T0 - 9}],
+                    "overrides": {"instructions": "be brief"}}]),
 )
 
 LATEST_PAUSE, EARLIER_PAUSE = "<latest pause>", "<earlier pause>"
@@ -93,6 +105,7 @@ EVENT_DATA: dict[type[EventEnvelope], tuple[str | None, st.SearchStrategy[dict]]
     RunTurnRequested: ("turn", variants(input=[{"query": "and gRPC?"}],
                                         parent_tool_call_id=[None, "call-2"],
                                         max_budget_ms=[None, 60_000])),
+    RunRewound: (None, variants(error=["boom"], steps=[0, 2], max_budget_ms=[None, 60_000])),
     RunRejected: (None, variants(agent_type=["Researcher"], code=["cap"],
                                  error=["too many runs"])),
     RunStarted: (None, variants(work_subject=["tether.work.Researcher"])),
@@ -176,7 +189,7 @@ def run_histories(draw: Any, *, with_clears: bool = False) -> list[Any]:
     clock = T0
     used_keys: dict[str, set[int]] = {}
     events = []
-    causes = _Causes(follow_ups="turn_requested" in kinds)
+    causes = _Causes(follow_ups="turn_requested" in kinds or "rewound" in kinds)
     for position, (kind, data, offset, elapsed) in enumerate(steps):
         event_cls, key, _ = EVENT_KINDS[kind]
         data = causes.caused(kind, dict(data), position, offset)
@@ -206,6 +219,7 @@ class _Causes:
         self.pauses: list[str] = []
         self.sent: list[str] = []
         self.ended = False  # the current turn's hard outcome is in
+        self.failed = False  # ... and it was a failure
         self.turn = 1
 
     def caused(self, kind: str, data: dict, position: int, offset: int) -> dict | None:
@@ -213,7 +227,11 @@ class _Causes:
         if kind in ("completed", "failed", "aborted"):
             if self.ended and self.follow_ups:
                 return None
-            self.ended = True
+            self.ended, self.failed = True, kind == "failed"
+        elif kind == "rewound":
+            if not (self.ended and self.failed):
+                return None  # (a rewind is of a failed run: the parent decides it so)
+            self.ended = False
         elif kind == "turn_requested":
             if self.ended and offset >= 0:
                 self.turn, self.ended = self.turn + 1, False
@@ -269,12 +287,12 @@ def test_folding_is_deterministic_and_replaying_the_log_again_changes_nothing(
 
 
 def _turn_of(events: list[Any], event: Any = None) -> int:
-    """How many follow-up turns the run had taken when `event` was appended (None: after
+    """How many follow-up turns and rewinds (lives) the run had taken when `event` was appended (None: after
     the last). An event of an earlier turn is never appended again once a later one
     began: every writer decides from the run as it is, and a later turn is another life
     of the run (`RunState.incarnation`) whose decisions refuse the earlier one's."""
     position = len(events) if event is None else events.index(event)
-    return sum(1 for e in events[:position] if e.type == "run.turn_requested")
+    return sum(1 for e in events[:position] if e.type in ("run.turn_requested", "run.rewound"))
 
 
 @PROPERTY
@@ -312,12 +330,13 @@ def test_a_duplicate_of_any_event_changes_nothing(events: list[Any], data: st.Da
 @PROPERTY
 @given(run_histories(with_clears=True))
 def test_a_hard_terminal_status_never_changes_until_the_run_is_cleared(events: list[Any]) -> None:
-    """(or until it takes a follow-up turn, which starts it again)"""
+    """(or until it takes a follow-up turn or is rewound, which starts it again)"""
     final: str | None = None
     before = None
     for event, state in zip(events, states_after_each(events)[1:], strict=True):
         if isinstance(event, RunCleared) or (
-                state is not None and before is not None and state.turn > before.turn):
+                state is not None and before is not None
+                and (state.turn, state.rewinds) > (before.turn, before.rewinds)):
             final = None
         elif final is not None:
             assert state is not None and state.status == final, (event.type, final)

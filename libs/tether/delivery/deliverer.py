@@ -50,7 +50,8 @@ from tether.domain.ids import (
     chat_milestone_id,
     finish_message_id,
 )
-from tether.domain.run_state import Milestone, RunState
+from tether.domain.recorded import Milestone
+from tether.domain.run_state import RunState
 from tether.ports import SYSTEM_CLOCK, Clock, EventLog
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     Tag,
     TypeAdapter,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -23,6 +24,7 @@ from tether.domain.detached_options import DetachedOptions
 from tether.domain.event_envelope import EpochMs
 from tether.domain.events import ParentRef, RunRef, RunStatus
 from tether.domain.ids import Identifier
+from tether.domain.recorded import ForkPoint
 from tether.domain.steering_events import SteeringMode
 
 
@@ -63,6 +65,24 @@ Detached = Annotated[Annotated[bool, Tag("bool")] | Annotated[DetachedOptions, T
                      Discriminator(_detached_kind)]
 
 
+class ForkRequest(Model):
+    """A fork of the run `run_id` of the same parent at `at` (`step:<n>`,
+    `milestone:<name>`, `seq:<n>`): the new run reuses what it had recorded by then
+    (`tether.domain.forks`). `overrides`: what the fork changes in how its agent runs, as
+    the agent's `overrides_model` reads them (a model agent: instructions, model,
+    max_steps)."""
+
+    run_id: Identifier
+    at: str = Field(min_length=1, max_length=256)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("at")
+    @classmethod
+    def _a_point(cls, at: str) -> str:
+        ForkPoint.parse(at)
+        return at
+
+
 class RunCommand(Model):
     type: Literal["run"] = "run"
     run_id: Identifier
@@ -84,6 +104,21 @@ class RunCommand(Model):
     # A follow-up: turn `turn` (from 2) of the finished run `run_id`, with this input;
     # the same turn asked again is the same turn.
     turn: Annotated[int, Field(ge=2)] | None = None
+    # A fork of another run of the parent: the new run `run_id` reuses what that run had
+    # recorded by the fork point.
+    fork: ForkRequest | None = None
+    # A rewind of the failed run `run_id`: it goes on from its last recorded step, as a
+    # new attempt of the same run.
+    rewind: bool = False
+
+    @model_validator(mode="after")
+    def _one_kind_of_request(self) -> "RunCommand":
+        kinds = [name for name, given in (("turn", self.turn is not None),
+                                           ("fork", self.fork is not None),
+                                           ("rewind", self.rewind)) if given]
+        if len(kinds) > 1:
+            raise ValueError(f"{' and '.join(kinds)}: a run request is one of them at most")
+        return self
 
     def detached_options(self) -> DetachedOptions | None:
         if self.detached is False:

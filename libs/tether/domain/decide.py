@@ -16,6 +16,7 @@ from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand
 from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import (
     Event,
+    ForkOrigin,
     ParentRef,
     RunAborted,
     RunAbortedData,
@@ -143,7 +144,9 @@ def nothing(state: RunState | None) -> list[Event]:
 
 
 def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
-                spend: Spend = NO_SPEND) -> RunRequested:
+                spend: Spend = NO_SPEND, fork: ForkOrigin | None = None) -> RunRequested:
+    """The run's request; `fork`: where it was forked from and what it reuses
+    (`tether.domain.forks.fork_origin`)."""
     detached = command.detached_options()
     max_budget_ms, no_progress_budget_ms = time_budgets(detached, budgets)
     return RunRequested(
@@ -157,7 +160,7 @@ def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
                                              command.run_id),
             started_by=command.started_by,
             max_tokens=spend.max_tokens, max_cost=spend.max_cost,
-            budgets_above=list(spend.above),
+            budgets_above=list(spend.above), fork=fork,
         ),
     )
 
@@ -387,14 +390,15 @@ GIVE_UP = "give-up"
 
 
 def attempts_since_resume(events: "tuple[Event, ...] | list[Event]") -> int:
-    """Attempts made since the run last resumed from a pause, or began its turn.
+    """Attempts made since the run last resumed from a pause, began its turn, or was
+    rewound.
 
     `max_attempts` bounds runners dying on the same stretch of work; a run that pauses
     and resumes many times is not failing, and each resume starts the count again.
     """
     count = 0
     for event in events:
-        if event.type in ("run.resumed", "run.turn_requested"):
+        if event.type in ("run.resumed", "run.turn_requested", "run.rewound"):
             count = 0
         elif event.type == "run.running":
             count += 1

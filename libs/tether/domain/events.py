@@ -21,6 +21,7 @@ import msgspec
 from msgspec import field
 from pydantic import Field
 
+from tether.domain.branch_events import RunRewound, RunRewoundData
 from tether.domain.budget_events import RunBudgetReleased, RunBudgetReserved, RunUsageCharged
 from tether.domain.detached_options import DetachedOptions
 from tether.domain.event_envelope import (
@@ -36,6 +37,7 @@ from tether.domain.event_envelope import (
     tag_types,
 )
 from tether.domain.ids import Identifier, check_identifier
+from tether.domain.recorded import Forked, Milestone, Resumption
 from tether.domain.records import Record, pydantic_model
 from tether.domain.steering_events import RunMessageConsumed, RunMessageDelivered, RunMessageSent
 from tether.domain.turn_events import RunTurnRequested
@@ -43,20 +45,69 @@ from tether.domain.turn_events import RunTurnRequested
 # The event model: every event class (the data of a concept's events is in its module),
 # the envelope and the refs it holds, and the tables of the events.
 __all__ = [
-    "CURRENT_VERSIONS", "EVENT_CLASSES", "EVENT_MODEL", "HARD_TERMINAL", "OPEN_STATUSES",
-    "TERMINAL_EVENT_STATUS", "Event", "EventEnvelope", "InterruptedReason", "ParentRef",
-    "RunAborted", "RunAbortedData", "RunBudgetReleased", "RunBudgetReserved",
-    "RunCancelRequested", "RunCancelRequestedData", "RunCleared", "RunClearedData",
-    "RunCompleted", "RunCompletedData", "RunFailed", "RunFailedData", "RunFinishDelivered",
-    "RunFinishDeliveredData", "RunInterrupted", "RunInterruptedData", "RunMessageConsumed",
-    "RunMessageDelivered", "RunMessageSent", "RunMilestone", "RunMilestoneData", "RunNotified",
-    "RunNotifiedData", "RunOutput", "RunOutputData", "RunPaused", "RunPausedData",
-    "RunProgressPersisted", "RunProgressPersistedData", "RunReattachDecided",
-    "RunReattachDecidedData", "RunReattachStarted", "RunReattachStartedData", "RunRef",
-    "RunRejected", "RunRejectedData", "RunRequested", "RunRequestedData", "RunResumed",
-    "RunResumedData", "RunRunning", "RunRunningData", "RunStarted", "RunStartedData",
-    "RunStatus", "RunStepRecorded", "RunStepRecordedData", "RunTurnRequested",
-    "RunUsageCharged", "data_class", "schema_version_of",
+    "CURRENT_VERSIONS",
+    "EVENT_CLASSES",
+    "EVENT_MODEL",
+    "HARD_TERMINAL",
+    "OPEN_STATUSES",
+    "TERMINAL_EVENT_STATUS",
+    "Event",
+    "EventEnvelope",
+    "InterruptedReason",
+    "ParentRef",
+    "RunAborted",
+    "RunAbortedData",
+    "RunBudgetReleased",
+    "RunBudgetReserved",
+    "RunCancelRequested",
+    "RunCancelRequestedData",
+    "RunCleared",
+    "RunClearedData",
+    "RunCompleted",
+    "RunCompletedData",
+    "RunFailed",
+    "RunFailedData",
+    "RunFinishDelivered",
+    "RunFinishDeliveredData",
+    "RunInterrupted",
+    "RunInterruptedData",
+    "RunMessageConsumed",
+    "RunMessageDelivered",
+    "RunMessageSent",
+    "RunMilestone",
+    "RunMilestoneData",
+    "RunNotified",
+    "RunNotifiedData",
+    "RunOutput",
+    "RunOutputData",
+    "RunPaused",
+    "RunPausedData",
+    "RunProgressPersisted",
+    "RunProgressPersistedData",
+    "RunReattachDecided",
+    "RunReattachDecidedData",
+    "RunReattachStarted",
+    "RunReattachStartedData",
+    "RunRef",
+    "RunRejected",
+    "RunRejectedData",
+    "RunRequested",
+    "RunRequestedData",
+    "RunResumed",
+    "RunResumedData",
+    "RunRewound",
+    "RunRewoundData",
+    "RunRunning",
+    "RunRunningData",
+    "RunStarted",
+    "RunStartedData",
+    "RunStatus",
+    "RunStepRecorded",
+    "RunStepRecordedData",
+    "RunTurnRequested",
+    "RunUsageCharged",
+    "data_class",
+    "schema_version_of",
 ]
 
 RunStatus = Literal["starting", "running", "completed", "error", "aborted", "interrupted"]
@@ -75,6 +126,30 @@ InterruptedReason = Literal[
 
 
 # --- event data -------------------------------------------------------------------------
+
+
+class RunOutputData(Record, frozen=True, kw_only=True):
+    index: NonNegative
+    text: str
+
+
+class RunStepRecordedData(Record, frozen=True, kw_only=True):
+    index: NonNegative
+    step: dict[str, Any]
+
+
+class ForkOrigin(Forked, frozen=True, kw_only=True):
+    """Where a fork was taken from (`Forked`), and what it starts with: the steps,
+    milestones, output and pause answers the run had recorded by then, so that its child
+    goes on after them as a resumed child does, repeating none."""
+
+    steps: list[RunStepRecordedData] = field(default_factory=list)
+    milestones: list[Milestone] = field(default_factory=list)
+    output: list[RunOutputData] = field(default_factory=list)
+    resumptions: list[Resumption] = field(default_factory=list)
+
+    def forked(self) -> Forked:
+        return Forked(run=self.run, seq=self.seq, at=self.at, overrides=self.overrides)
 
 
 class RunRequestedData(Record, frozen=True, kw_only=True):
@@ -100,6 +175,9 @@ class RunRequestedData(Record, frozen=True, kw_only=True):
     max_tokens: Positive | None = None
     max_cost: PositiveMoney | None = None
     budgets_above: list[RunRef] = field(default_factory=list)
+    # A fork of another run of the same parent: where it was taken, and the steps,
+    # milestones, output and pause answers it starts with (v4 events are upcast without).
+    fork: ForkOrigin | None = None
 
     def __post_init__(self) -> None:
         check_identifier(self.agent_type, "agent_type")
@@ -129,11 +207,6 @@ class RunRunningData(Record, frozen=True, kw_only=True):
     agent_version: str | None = None
 
 
-class RunOutputData(Record, frozen=True, kw_only=True):
-    index: NonNegative
-    text: str
-
-
 class RunMilestoneData(Record, frozen=True, kw_only=True):
     sequence: NonNegative
     name: Identifier
@@ -151,11 +224,6 @@ class RunProgressPersistedData(Record, frozen=True, kw_only=True):
     message: str | None = None
     phase: str | None = None
     data: Any = None
-
-
-class RunStepRecordedData(Record, frozen=True, kw_only=True):
-    index: NonNegative
-    step: dict[str, Any]
 
 
 class RunPausedData(Record, frozen=True, kw_only=True):
@@ -232,7 +300,7 @@ class RunClearedData(Record, frozen=True, kw_only=True):
 
 
 class RunRequested(EventEnvelope, frozen=True, kw_only=True, tag="run.requested"):
-    schema_version: Literal[4] = 4
+    schema_version: Literal[5] = 5
     data: RunRequestedData
 
 
@@ -334,6 +402,7 @@ class RunCleared(EventEnvelope, frozen=True, kw_only=True, tag="run.cleared"):
 EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
     RunRequested,
     RunTurnRequested,
+    RunRewound,
     RunRejected,
     RunStarted,
     RunRunning,
@@ -363,7 +432,7 @@ EVENT_CLASSES: tuple[type[EventEnvelope], ...] = (
 
 tag_types(*EVENT_CLASSES)
 
-Event = (RunRequested | RunTurnRequested | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
+Event = (RunRequested | RunTurnRequested | RunRewound | RunRejected | RunStarted | RunRunning | RunOutput | RunMilestone
          | RunProgressPersisted | RunStepRecorded | RunPaused | RunResumed | RunMessageSent
          | RunMessageDelivered | RunMessageConsumed | RunBudgetReserved | RunUsageCharged
          | RunBudgetReleased | RunCancelRequested

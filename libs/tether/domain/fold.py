@@ -22,6 +22,8 @@ live in a module of their own (`steering_transitions`, `spending_transitions`,
 from collections.abc import Callable
 from typing import Any, cast
 
+from msgspec.structs import replace
+
 from tether.domain.amounts import step_amount
 from tether.domain.events import (
     Event,
@@ -46,19 +48,18 @@ from tether.domain.events import (
 )
 from tether.domain.evolved import Evolved, applied, ignored
 from tether.domain.ids import command_seq_of, incarnation_of
+from tether.domain.recorded import Milestone, Resumption
 from tether.domain.run_state import (
     DeliveryLedger,
-    Milestone,
     PauseInfo,
     ProgressSnapshot,
     ReattachDecision,
-    Resumption,
     RunState,
     finish_key,
 )
 from tether.domain.spending_transitions import budget_released, budget_reserved, usage_charged
 from tether.domain.steering_transitions import message_receipt, message_sent
-from tether.domain.turn_transitions import turn_requested
+from tether.domain.turn_transitions import rewound, turn_requested
 
 
 def _applied_keyless(state: RunState, event: Event, **changes: Any) -> Evolved:
@@ -88,6 +89,18 @@ def _requested(state: RunState | None, event: RunRequested, logged_at: int) -> E
 
 
 def _new_run(event: RunRequested, logged_at: int) -> RunState:
+    data = event.data
+    fork = data.fork
+    if fork is not None:  # what the run it was forked from had recorded by the fork point
+        return replace(_requested_run(event, logged_at), forked_from=fork.forked(),
+                       steps={step.index: step.step for step in fork.steps},
+                       milestones=tuple(fork.milestones),
+                       output_parts={part.index: part.text for part in fork.output},
+                       resumptions=tuple(fork.resumptions))
+    return _requested_run(event, logged_at)
+
+
+def _requested_run(event: RunRequested, logged_at: int) -> RunState:
     data = event.data
     return RunState(
         run_id=event.run_id, parent=event.parent, agent_type=data.agent_type,
@@ -319,6 +332,7 @@ def _reattach_decided(state: RunState, event: RunReattachDecided, logged_at: int
 
 _TRANSITIONS: dict[str, Callable[[RunState, Any, int], Evolved]] = {
     "run.turn_requested": turn_requested,
+    "run.rewound": rewound,
     "run.started": _started,
     "run.running": _running,
     "run.output": _output,

@@ -12,6 +12,7 @@ import msgspec
 from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import HARD_TERMINAL, InterruptedReason, ParentRef, RunRef, RunStatus
 from tether.domain.ids import derived_event_id
+from tether.domain.recorded import Forked, Milestone, Resumption
 from tether.domain.records import Record
 
 
@@ -20,13 +21,6 @@ class ProgressSnapshot(Record, frozen=True, kw_only=True):
     message: str | None = None
     phase: str | None = None
     milestone: str | None = None
-    data: Any = None
-    at: int
-
-
-class Milestone(Record, frozen=True, kw_only=True):
-    sequence: int
-    name: str
     data: Any = None
     at: int
 
@@ -44,14 +38,6 @@ class PauseInfo(Record, frozen=True, kw_only=True):
     pause_id: str  # the event id of the run.paused; a run.resumed names the pause it ends
     reason: str
     pending: list[dict[str, Any]]
-    at: int
-
-
-class Resumption(Record, frozen=True, kw_only=True):
-    """A human's or a tool's answer to a pause, as `tether.cmd.continue` delivered it."""
-
-    pause_id: str
-    decisions: dict[str, Any]
     at: int
 
 
@@ -195,6 +181,10 @@ class RunState(Record, frozen=True, kw_only=True):
     turn_first_resumption: int = 0
     # The id of the event that ended the current turn (an outcome or an interruption).
     ended_by: str | None = None
+    # The run this one was forked from, and where (`tether.domain.forks`); and how often
+    # it was rewound (a failed run taken up again from its last step, `run.rewound`).
+    forked_from: Forked | None = None
+    rewinds: int = 0
 
     @property
     def is_hard_terminal(self) -> bool:

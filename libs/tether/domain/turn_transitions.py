@@ -1,10 +1,12 @@
-"""The fold's transition of a follow-up turn (`run.turn_requested`): the finished turn is
-kept in the run's `turns` (a `TurnRecord`, with its usage), and the run starts again
-with the new input, as a new life of its run id."""
+"""The fold's transitions that start a finished run again, as a new life of its run id: a
+follow-up turn (`run.turn_requested`: the finished turn is kept in the run's `turns`, a
+`TurnRecord` with its usage, and the run goes on with the new input), and a rewind
+(`run.rewound`: a failed run goes on from its last recorded step, with the same input)."""
 
 from typing import Any
 
 from tether.domain.amounts import step_amount
+from tether.domain.branch_events import RunRewound
 from tether.domain.evolved import Evolved, applied, ignored
 from tether.domain.ids import command_seq_of, incarnation_of
 from tether.domain.run_state import DeliveryLedger, RunState, TurnRecord
@@ -42,6 +44,26 @@ def turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) -> 
         started_at=None, ended_at=None, agent_version=None, summary=None, output=None,
         error=None, reason=None, child_still_running=None, aborted_cause=None,
         cancel_requested_at=None, cancel_reason=None, paused=None,
+        ledger=DeliveryLedger(), reattach_attempts=0, ended_by=None,
+        max_budget_deadline=(None if data.max_budget_ms is None
+                             else logged_at + data.max_budget_ms),
+        no_progress_budget_ms=data.no_progress_budget_ms, no_progress_deadline=None)
+
+
+def rewound(state: RunState, event: RunRewound, logged_at: int) -> Evolved:
+    """A failed run taken up again from its last recorded step: its failure is dropped,
+    and it starts again as a new life (its outcome's hooks and notices are the new
+    life's), keeping its steps, output and milestones."""
+    if incarnation_of(event.event_id) == state.incarnation:
+        return ignored(state, "duplicate: this rewind was already applied")
+    if state.status != "error":
+        return ignored(state, f"a {state.status} run is not rewound (only a failed one)")
+    data = event.data
+    return applied(
+        state, incarnation=incarnation_of(event.event_id), status="starting",
+        rewinds=state.rewinds + 1, requested_by_command=command_seq_of(event.causation_id),
+        dispatched_at=None, ended_at=None, summary=None, output=None, error=None,
+        reason=None, child_still_running=None, aborted_cause=None, paused=None,
         ledger=DeliveryLedger(), reattach_attempts=0, ended_by=None,
         max_budget_deadline=(None if data.max_budget_ms is None
                              else logged_at + data.max_budget_ms),

@@ -97,6 +97,12 @@ def upcast_run_requested_v3_v4(payload: Payload) -> Payload:
                                 **payload["data"]}}
 
 
+@upcaster("run.requested", from_version=4)
+def upcast_run_requested_v4_v5(payload: Payload) -> Payload:
+    """Version 5 adds `fork` (a fork's origin): an earlier request is no fork."""
+    return payload
+
+
 @upcaster("run.interrupted", from_version=1)
 def upcast_run_interrupted_v1_v2(payload: Payload) -> Payload:
     """v1 did not say whether the child was still running; it was never kept alive then."""
