@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "agent_tool": "tether.client",
     "message_tool": "tether.client",
     "MessageRefused": "tether.client",
+    "RunNotFound": "tether.client",
     "HookRegistry": "tether.client",
     "TimelineView": "tether.client",
     "RunView": "tether.client",
@@ -43,7 +44,8 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "AgentTool", "AgentToolFailure", "AgentToolSuccess", "ChatMessage", "ChildAgent",
     "ConversationEnded", "DetachedHandle", "HookRegistry", "InputTooLarge", "LifecycleResult",
-    "MessageRefused", "ParentHandle", "RequestFailed", "RunContext", "RunInfo", "RunSnapshot",
+    "MessageRefused", "ParentHandle", "RequestFailed", "RunContext", "RunInfo", "RunNotFound",
+    "RunSnapshot",
     "RunView", "ServiceUnavailable", "Settings", "Tether", "TetherError", "TimelineView",
     "agent_tool", "connect", "message_tool",
 ]
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
         MessageRefused,
         ParentHandle,
         RequestFailed,
+        RunNotFound,
         RunView,
         ServiceUnavailable,
         Tether,

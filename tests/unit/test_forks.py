@@ -123,7 +123,7 @@ def test_a_forks_request_folds_to_a_run_that_starts_with_what_it_reuses() -> Non
 def test_a_run_command_is_a_fork_a_rewind_or_a_turn_not_two() -> None:
     with pytest.raises(ValidationError, match="fork and rewind: a run request is one of them"):
         parse_command("run", {"run_id": "r", "parent": {"agent": PARENT.agent, "name": PARENT.name},
-                              "agent_type": "Researcher", "rewind": True,
+                              "agent_type": "Researcher", "rewind": 1,
                               "fork": {"run_id": RUN_ID, "at": "step:1"}})
     with pytest.raises(ValidationError, match="at: expected step"):
         fork_command(at="somewhere")
@@ -137,7 +137,7 @@ def failed_run() -> Any:
 
 def test_a_failed_run_is_rewound_as_a_new_life_that_keeps_its_steps() -> None:
     state = failed_run()
-    events = rewind(state, Cause(command_seq=9, now=T0 + 5), BUDGETS)
+    events = rewind(state, Cause(command_seq=9, now=T0 + 5), BUDGETS, 1)
     assert [type(e) for e in events] == [RunRewound]
     assert (events[0].data.error, events[0].data.steps) == ("the tool raised", 2)
     after = evolve(state, events[0]).state
@@ -155,16 +155,28 @@ def test_a_failed_run_is_rewound_as_a_new_life_that_keeps_its_steps() -> None:
 def test_only_a_failed_run_is_rewound(ending: Any) -> None:
     events = [requested(), running()] + ([ending()] if ending else [])
     state = state_after(*events)
-    assert rewind(state, Cause(command_seq=9, now=T0), BUDGETS) == []
-    refused = why_no_rewind(state, RUN_ID)
+    assert rewind(state, Cause(command_seq=9, now=T0), BUDGETS, 1) == []
+    refused = why_no_rewind(state, RUN_ID, 1)
     assert refused is not None and refused.code == "not-failed"
-    assert why_no_rewind(None, RUN_ID).code == "no-such-run"  # type: ignore[union-attr]
-    assert why_no_rewind(failed_run(), RUN_ID) is None
+    assert why_no_rewind(None, RUN_ID, 1).code == "no-such-run"  # type: ignore[union-attr]
+    assert why_no_rewind(failed_run(), RUN_ID, 1) is None
+
+
+def test_a_rewind_is_idempotent_by_its_number() -> None:
+    state = failed_run()
+    [rewound] = rewind(state, Cause(command_seq=9, now=T0), BUDGETS, 1)
+    after = evolve(state, rewound).state
+    assert rewind(after, Cause(command_seq=10, now=T0), BUDGETS, 1) == []  # asked again
+    assert why_no_rewind(after, RUN_ID, 1) is None  # ... is that rewind
+    assert rewind(state, Cause(command_seq=9, now=T0), BUDGETS, 2) == []
+    skipped = why_no_rewind(state, RUN_ID, 2)
+    assert skipped is not None and skipped.code == "bad-rewind"
+    assert "it was rewound 0 times" in str(skipped)
 
 
 def test_a_rewind_starts_the_count_of_attempts_again() -> None:
     state = failed_run()
-    [rewound] = rewind(state, Cause(command_seq=9, now=T0), BUDGETS)
+    [rewound] = rewind(state, Cause(command_seq=9, now=T0), BUDGETS, 1)
     assert attempts_since_resume([requested(), running(1), running(2), failed()]) == 2
     assert attempts_since_resume([requested(), running(1), running(2), failed(), rewound,
                                   running(3)]) == 1
@@ -172,7 +184,7 @@ def test_a_rewind_starts_the_count_of_attempts_again() -> None:
 
 def test_a_detached_runs_rewind_has_its_time_budgets_again() -> None:
     state = state_after(requested(detached={"on_finish": "done"}), running(), failed())
-    [rewound] = rewind(state, Cause(command_seq=9, now=T0), BUDGETS)
+    [rewound] = rewind(state, Cause(command_seq=9, now=T0), BUDGETS, 1)
     assert (rewound.data.max_budget_ms, rewound.data.no_progress_budget_ms) == (60_000, 10_000)
     after = evolve(state, rewound, T0 + 100).state
     assert after is not None and after.max_budget_deadline == T0 + 100 + 60_000

@@ -18,10 +18,10 @@ agent class), else a scripted client playing the class's `script` (demos, tests)
 import importlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tether.agent_registry import AgentConfigurationError
 from tether.agents.clients.scripted import Entry, ScriptedModelClient
@@ -55,6 +55,18 @@ class ModelAgentInput(BaseModel):
     tool_execution: Literal["auto", "manual"] = Field(
         default="auto", description="manual: every tool call waits for its output from the "
                                     "parent (tether.cmd.continue with tool_outputs)")
+
+
+class ModelAgentOverrides(BaseModel):
+    """What a fork of a model agent's run may change (`RunCommand.fork`'s `overrides`): its
+    instructions, model and model turns per call. The fork's recorded steps are kept; the
+    model is called with these from the fork point on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instructions: str | None = Field(default=None, min_length=1)
+    model: str | None = Field(default=None, min_length=1)
+    max_steps: int | None = Field(default=None, ge=1)
 
 
 @dataclass(frozen=True)
@@ -110,6 +122,8 @@ class ModelAgent(ChildAgent):
     definition: ClassVar[AgentDefinition]
     # A completed run takes a follow-up turn: the conversation goes on with its input.
     follow_ups: ClassVar[frozenset[str]] = frozenset({"completed"})
+    # A fork may change its instructions, model and model turns per call.
+    overrides_model: ClassVar[type[BaseModel] | None] = ModelAgentOverrides
     input_model: ClassVar[type[BaseModel]] = ModelAgentInput
     model_client: ClassVar[ModelClient | None] = None
     script: ClassVar[Sequence[Entry | Sequence[Entry]] | None] = None
@@ -149,6 +163,9 @@ class ModelAgent(ChildAgent):
 
     async def run(self, ctx: RunContext, input: BaseModel) -> Any:
         definition = type(self).definition
+        if ctx.overrides:  # a fork that changes how the agent runs from its fork point on
+            changes = ModelAgentOverrides.model_validate(ctx.overrides)
+            definition = replace(definition, **changes.model_dump(exclude_none=True))
         options = self.run_input(input)
         request = AgentToolRequest(
             run_id=ctx.run_id, agent_type=ctx.agent_type, parent=ctx.parent,

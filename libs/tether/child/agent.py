@@ -77,6 +77,10 @@ class ChildAgent:
     # `error`, `interrupted`); none by default. A follow-up runs `run` again with the new
     # input, `ctx.turn` its number and `ctx.history` what the earlier turns recorded.
     follow_ups: ClassVar[frozenset[str]] = frozenset()
+    # What a fork of one of its runs may change in how it runs (`RunCommand.fork`'s
+    # `overrides`, checked against this model; `ctx.overrides` in the fork); None: a
+    # fork changes its input or code only.
+    overrides_model: ClassVar[type[BaseModel] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -210,6 +210,13 @@ class RunContext:
         return self.history.turn if self.history is not None else 1
 
     @property
+    def overrides(self) -> dict[str, Any]:
+        """What this run, a fork, changes in how its agent runs (`ChildAgent.overrides_model`
+        checked them when the fork was asked for); {} for any other run."""
+        fork = self.history.forked_from if self.history is not None else None
+        return dict(fork.overrides) if fork is not None else {}
+
+    @property
     def in_run(self) -> bool:
         return self._recorder is not None
 

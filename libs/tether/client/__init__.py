@@ -16,6 +16,7 @@ from tether.client.errors import (
     NotPermitted,
     RateLimited,
     RequestFailed,
+    RunNotFound,
     ServiceUnavailable,
     TetherError,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "ProgressView",
     "RateLimited",
     "RequestFailed",
+    "RunNotFound",
     "RunView",
     "RunWaiter",
     "ServiceUnavailable",

@@ -52,13 +52,15 @@ class _Rejection:
 
 class RunWaiter:
     def __init__(self, run_id: str, agent_type: str, *, mark: int, detached: bool,
-                 turn: int | None = None) -> None:
-        """`turn`: a follow-up's turn, answered by that turn's outcome (None: the run's)."""
+                 turn: int | None = None, rewind: int | None = None) -> None:
+        """`turn`: a follow-up's turn, answered by that turn's outcome (None: the run's).
+        `rewind`: a rewind's number, answered by the outcome of the run once rewound so."""
         self.run_id = run_id
         self.agent_type = agent_type
         self.mark = mark
         self.detached = detached
         self.turn = turn
+        self.rewind = rewind
         self.state: RunState | None = None
         self.answer: Answer | None = None
         self._caught_up = mark == 0
@@ -104,7 +106,7 @@ class RunWaiter:
 
     def _decide(self) -> Answer | None:
         if self.answer is None and self._caught_up:
-            if self.turn is not None and (answer := self._other_turn()) is not False:
+            if (self.turn is not None and (answer := self._other_turn()) is not False) or (self.rewind is not None and (answer := self._before_rewind()) is not False):
                 self.answer = answer
             else:
                 self.answer = self._detached() if self.detached else self._awaited()
@@ -133,6 +135,22 @@ class RunWaiter:
                                   status=finished.status if not finished.ok else "completed",
                                   result=finished)
         return finished
+
+    def _before_rewind(self) -> Answer | Literal[False] | None:
+        """A rewind's answer while the run has not been rewound so yet: None (it waits for
+        the parent), or the parent's refusal; False once it has (answered as a run)."""
+        state, rewind = self.state, self.rewind
+        assert rewind is not None
+        if state is not None and state.rewinds >= rewind:
+            return False
+        rejection = self._answering_rejection()
+        if rejection is None:
+            return None
+        if self.detached:
+            return DetachedHandle(run_id=self.run_id, agent_type=self.agent_type,
+                                  status="error", error=rejection.error)
+        return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
+                                status="error", error=rejection.error, retryable=False)
 
     def _detached(self) -> Answer | None:
         state = self.state

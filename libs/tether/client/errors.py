@@ -39,3 +39,8 @@ class MessageRefused(TetherError):
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+class RunNotFound(TetherError, LookupError):
+    """The parent has no such run (a parent forks, rewinds and compares its own runs
+    only); the message names the run and the parent."""

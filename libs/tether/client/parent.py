@@ -14,7 +14,7 @@ from tether import tracing
 from tether.client.awaiting import Answer
 from tether.client.chat_feed import follow_chat
 from tether.client.child_tool import AgentTool, agent_tool
-from tether.client.errors import MessageRefused
+from tether.client.errors import MessageRefused, RunNotFound
 from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
 from tether.client.placing import RunRequest, Unserved, WaitingReport
@@ -35,6 +35,7 @@ from tether.domain.commands import (
     CancelCommand,
     ClearCommand,
     ContinueCommand,
+    ForkRequest,
     HasRunQuery,
     InspectQuery,
     ListQuery,
@@ -44,7 +45,9 @@ from tether.domain.commands import (
 from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import ParentRef, RunRef, RunRejected
 from tether.domain.fold import evolve
-from tether.domain.ids import check_identifier
+from tether.domain.ids import check_identifier, fork_run_id
+from tether.domain.recorded import ForkPoint
+from tether.domain.run_state import RunState
 from tether.log import get_logger
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
@@ -234,6 +237,61 @@ class ParentHandle:
             async with asyncio.timeout(CANCEL_PUBLISH_TIMEOUT_S):
                 await self.cancel(run_id)
 
+    async def fork(self, run_id: str, *, at: str | int, input: dict[str, Any] | BaseModel | None = None,
+                   agent_overrides: dict[str, Any] | None = None, fork_id: str | None = None,
+                   detached: bool | dict[str, Any] | DetachedOptions = False,
+                   timeout: float | None = None, on_waiting: WaitingReport | None = None,
+                   ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
+        """Run `run_id` (one of this parent's runs) again from a point, beside it: a new run
+        that reuses what it had recorded by then (no recorded model call or tool call is
+        made again) and goes on with this code, `input` (default: the run's) and
+        `agent_overrides` (a model agent's `instructions`, `model`, `max_steps`). `at`:
+        `step:<n>` (steps before n reused; an int is a step), `milestone:<name>` or
+        `seq:<n>` (a stream sequence, as the UI's slider shows it). Awaited or detached as
+        `run_agent_tool`; idempotent: the same fork asked again (its `fork_id`, by default
+        made from the run, `at`, `input` and `agent_overrides`) is that fork."""
+        point = f"step:{at}" if isinstance(at, int) else str(ForkPoint.parse(at))
+        source = await self._read_own(run_id, "fork")
+        if isinstance(input, BaseModel):
+            input = input.model_dump(mode="json")
+        given = source.input if input is None else input
+        fork_id = fork_id or fork_run_id(run_id, point, input, agent_overrides or {})
+        command = build_run_command(
+            self.ref, source.agent_type, given, run_id=fork_id,
+            parent_tool_call_id=source.parent_tool_call_id, display_order=source.display_order,
+            display=source.display, detached=detached, started_by=source.started_by,
+            fork=ForkRequest(run_id=run_id, at=point, overrides=agent_overrides or {}))
+        return await self._run(command, command.detached is not False, timeout,
+                               on_waiting or _log_unserved)
+
+    async def rewind(self, run_id: str, *, timeout: float | None = None,
+                     detached: bool | dict[str, Any] | DetachedOptions = False,
+                     on_waiting: WaitingReport | None = None,
+                     ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
+        """Take the failed run `run_id` up again from its last recorded step, as a new
+        attempt of the same run (its steps are not made again; the tool that failed, fixed
+        since, runs again), and await its new outcome (or, `detached`, return once the
+        parent took it). A detached run's hooks and notices are sent again for the new
+        outcome. A run that is not failed is refused, saying why; asked again while the
+        rewind runs, it awaits that rewind."""
+        state = await self._read_own(run_id, "rewind")
+        number = state.rewinds + 1 if state.status == "error" or state.rewinds == 0 \
+            else state.rewinds
+        command = build_run_command(
+            self.ref, state.agent_type, state.input, run_id=run_id,
+            parent_tool_call_id=state.parent_tool_call_id, display_order=state.display_order,
+            display=state.display, detached=detached, started_by=state.started_by,
+            rewind=number)
+        return await self._run(command, command.detached is not False, timeout,
+                               on_waiting or _log_unserved)
+
+    async def _read_own(self, run_id: str, what: str) -> RunState:
+        state = (await self.tether.read_run(self.ref, check_identifier(run_id, "run id"))).state
+        if state is None:
+            raise RunNotFound(f"no run {run_id!r} of {self.ref.agent}/{self.ref.name} to "
+                              f"{what}: a parent {what}s its own runs only")
+        return state
+
     async def _next_turn(self, run_id: str, parent_tool_call_id: str | None) -> int:
         """The turn a follow-up of `run_id` asks for: the one a tool call of that id asked
         for already, else the run's next."""
@@ -402,7 +460,8 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
                       detached: bool | dict[str, Any] | DetachedOptions,
                       started_by: RunRef | None = None,
                       expires_in: float | None = None, max_tokens: int | None = None,
-                      max_cost: float | None = None, turn: int | None = None) -> RunCommand:
+                      max_cost: float | None = None, turn: int | None = None,
+                      fork: ForkRequest | None = None, rewind: int | None = None) -> RunCommand:
     """The run command, with every argument checked here rather than by a rejection."""
     check_identifier(agent_type, "agent type")
     run_id = check_identifier(run_id, "run id") if run_id is not None else new_run_id()
@@ -419,7 +478,7 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
                           parent_tool_call_id=parent_tool_call_id, display_order=display_order,
                           display=display, detached=detached, started_by=started_by,
                           expires_in_ms=expires_in_ms(expires_in), max_tokens=max_tokens,
-                          max_cost=max_cost, turn=turn)
+                          max_cost=max_cost, turn=turn, fork=fork, rewind=rewind)
     except ValidationError as error:
         raise ValueError(f"invalid run request: {_first_error(error)}") from None
 

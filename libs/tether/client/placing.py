@@ -143,12 +143,15 @@ class RunRequest:
         message_id = run_message_id(command.run_id, vacated_at, command.parent)
         if command.turn is not None:  # a follow-up: one request per turn
             message_id += f":turn{command.turn}"
+        if command.rewind is not None:  # a rewind: one request per rewind
+            message_id += f":rewind{command.rewind}"
         return await self._tether.publish_command(
             "run", command, message_id, stored_at=self._stored_at if vacated_at == 0 else None)
 
     def _fold(self, mark: int) -> RunFold:
         return RunFold(RunWaiter(self._command.run_id, self._command.agent_type, mark=mark,
-                                 detached=self._detached, turn=self._command.turn))
+                                 detached=self._detached, turn=self._command.turn,
+                                 rewind=self._command.rewind))
 
 
 class Unserved:

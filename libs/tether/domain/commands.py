@@ -107,15 +107,16 @@ class RunCommand(Model):
     # A fork of another run of the parent: the new run `run_id` reuses what that run had
     # recorded by the fork point.
     fork: ForkRequest | None = None
-    # A rewind of the failed run `run_id`: it goes on from its last recorded step, as a
-    # new attempt of the same run.
-    rewind: bool = False
+    # A rewind of the failed run `run_id` (its `rewind`th, from 1): it goes on from its
+    # last recorded step, as a new attempt of the same run; the same rewind asked again
+    # is that rewind.
+    rewind: Annotated[int, Field(ge=1)] | None = None
 
     @model_validator(mode="after")
     def _one_kind_of_request(self) -> "RunCommand":
         kinds = [name for name, given in (("turn", self.turn is not None),
                                            ("fork", self.fork is not None),
-                                           ("rewind", self.rewind)) if given]
+                                           ("rewind", self.rewind is not None)) if given]
         if len(kinds) > 1:
             raise ValueError(f"{' and '.join(kinds)}: a run request is one of them at most")
         return self

@@ -102,10 +102,11 @@ def _cut(events: Sequence[tuple[int, Event]], point: ForkPoint) -> int:
 _ENDINGS = frozenset({"run.completed", "run.failed", "run.aborted", "run.interrupted"})
 
 
-def rewind(state: RunState | None, cause: Cause, budgets: Budgets) -> list[Event]:
-    """A failed run taken up again from its last recorded step (`run.rewound`), as a new
-    life: nothing for a run that is not failed (a rewind asked again after it started)."""
-    if state is None or state.status != "error":
+def rewind(state: RunState | None, cause: Cause, budgets: Budgets, number: int) -> list[Event]:
+    """The failed run's rewind `number` (its rewinds so far plus one): taken up again from
+    its last recorded step (`run.rewound`), as a new life. Nothing otherwise (the same
+    rewind asked again after it began, a run that is not failed)."""
+    if state is None or state.status != "error" or state.rewinds + 1 != number:
         return []
     max_budget_ms, no_progress_budget_ms = time_budgets(state.detached, budgets)
     return [RunRewound(**envelope(state.run_id, state.parent, cause, "rewound"),
@@ -114,10 +115,15 @@ def rewind(state: RunState | None, cause: Cause, budgets: Budgets) -> list[Event
                                            no_progress_budget_ms=no_progress_budget_ms))]
 
 
-def why_no_rewind(state: RunState | None, run_id: str) -> ForkRefused | None:
-    """Why run `run_id` cannot be rewound (None: it can)."""
+def why_no_rewind(state: RunState | None, run_id: str, number: int) -> ForkRefused | None:
+    """Why rewind `number` of run `run_id` is not made (None: it is, or was)."""
     if state is None:
         return ForkRefused("no-such-run", f"no run {run_id!r} to rewind")
+    if state.rewinds >= number:
+        return None  # asked again: that rewind
+    if state.rewinds + 1 != number:
+        return ForkRefused("bad-rewind", f"rewind {number} of run {run_id} is not its next "
+                                         f"(it was rewound {state.rewinds} times)")
     if state.status != "error":
         return ForkRefused("not-failed", f"run {run_id} is {state.status}: only a failed run "
                                          "is rewound (fork it to run it again from a step)")

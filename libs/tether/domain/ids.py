@@ -263,3 +263,11 @@ def reply_message_id(run_id: str, incarnation: str, call: int) -> str:
     """The chat message id of a model parent's answer to one conversation call,
     `reply:<run_id>:<incarnation>:<call>`: the run's life names it among every parent's."""
     return f"reply:{run_id}:{incarnation}:{call}"
+
+
+def fork_run_id(run_id: str, at: str, input: Any, overrides: Any) -> str:
+    """A fork's run id, `<run_id>:fork-<digest>`: the digest of where it is taken and what it
+    changes, so the same fork asked for twice is one fork (a long run id is cut to fit)."""
+    what = json.dumps([at, input, overrides], sort_keys=True, separators=(",", ":"))
+    digest = hashlib.blake2b(what.encode(), digest_size=6).hexdigest()
+    return f"{run_id[:_MAX_IDENTIFIER - len(digest) - 6]}:fork-{digest}"

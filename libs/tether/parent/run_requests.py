@@ -1,5 +1,6 @@
 """The parent's handler of the `run` command (`RunRequests`, the base of
-`CommandHandlers`): requests of new runs, a run id requested again, and follow-up turns.
+`CommandHandlers`): requests of new runs (forks among them), a run id requested again,
+follow-up turns and rewinds.
 
 It parses the command, loads the run from the log, decides with the pure functions of
 `tether.domain` (`decide.request_run`, `turn_decisions`, `recovery_decisions.reattach`,
@@ -20,10 +21,11 @@ from tether.domain import decide, recovery_decisions, spending, turn_decisions
 from tether.domain.amounts import Amount, key_of
 from tether.domain.chat import started_by_error
 from tether.domain.commands import RunCommand, parse_command
-from tether.domain.events import ParentRef, RunRef, RunRequested
+from tether.domain.events import ForkOrigin, ParentRef, RunRef, RunRequested
 from tether.domain.ids import work_message_id
 from tether.domain.run_state import RunState
 from tether.domain.spending import BUDGET_EXCEEDED
+from tether.parent import branching
 from tether.parent.command_parsing import (
     Payload,
     UnparseableCommand,
@@ -82,12 +84,13 @@ class RunRequests:
             await self._reject(run_id, parent, raw.get("agent_type"), "invalid-request",
                                explain(error), cause)
             return RunOutcome("rejected", code="invalid-request")
-        if command.turn is not None:
-            return await self._follow_up(command, cause, overdue)
+        if command.turn is not None or command.rewind is not None:
+            return await (self._follow_up(command, cause, overdue) if command.turn is not None
+                          else self._rewind(command, cause, overdue))
         if overdue is not None:
             return await self._expired(command, overdue, cause)
 
-        problem = await self._validate(command)
+        problem, fork = await self._validate_request(command)
         spend = await self._spend(command) if problem is None else decide.NO_SPEND
         cap = self.cap_for(command.parent)
         takes_slot = cap is not None and self._slots is not None
@@ -95,7 +98,7 @@ class RunRequests:
             # Most run ids are new: the request is appended expecting the run's subject
             # empty, without reading it first; when it is not, the run is read and
             # answered as below.
-            requested = decide.request_run(command, self._budgets, cause, spend)
+            requested = decide.request_run(command, self._budgets, cause, spend, fork)
             if (created := await self._log.append_new(requested)) is not None:
                 state, requested_seq = created
                 await self._dispatch(state, requested, requested_seq)
@@ -124,7 +127,7 @@ class RunRequests:
             await self._reject(command.run_id, command.parent, command.agent_type,
                                BUDGET_EXCEEDED, why, cause)
             return RunOutcome("rejected", code=BUDGET_EXCEEDED)
-        return await self._create(command, cause, spend)
+        return await self._create(command, cause, spend, fork)
 
     async def _spend(self, command: RunCommand) -> decide.Spend:
         """The run's budget in tokens and cost (the request's, else its agent type's), and
@@ -200,6 +203,26 @@ class RunRequests:
                            why or "not applied", cause)
         return RunOutcome("rejected", code=code)
 
+    async def _rewind(self, command: RunCommand, cause: decide.Cause,
+                      overdue: int | None) -> RunOutcome:
+        """Rewind `command.rewind` of a failed run: appended and dispatched when it is the
+        next one; the same rewind asked again is told the run; refused, saying why."""
+        if overdue is not None:
+            return await self._expired(command, overdue, cause)
+        state, appended, last_seq, refused = await branching.rewind(
+            self._log, command, cause, self._budgets)
+        if appended and state is not None:
+            await self._publish_work(state, dispatch=1, why=f"rewind{state.rewinds}")
+            return RunOutcome("created", status="starting")
+        if refused is None and state is not None:  # the same rewind again
+            if state.rewinds == command.rewind and state.status == "starting":
+                await self._publish_work(state, dispatch=1, why=f"rewind{state.rewinds}")
+            await self._tell_existing(state, last_seq)
+            return RunOutcome("existing", status=state.status)
+        code, why = (refused.code, str(refused)) if refused else ("not-failed", "not applied")
+        await self._reject(command.run_id, command.parent, command.agent_type, code, why, cause)
+        return RunOutcome("rejected", code=code)
+
     async def _expired(self, command: RunCommand, overdue: int, cause: decide.Cause
                        ) -> RunOutcome:
         """A request past its expiry acts on nothing: a run it names that exists is only
@@ -218,8 +241,9 @@ class RunRequests:
         return RunOutcome("rejected", code="expired")
 
     async def _create(self, command: RunCommand, cause: decide.Cause,
-                      spend: decide.Spend = decide.NO_SPEND) -> RunOutcome:
-        requested = decide.request_run(command, self._budgets, cause, spend)
+                      spend: decide.Spend = decide.NO_SPEND,
+                      fork: ForkOrigin | None = None) -> RunOutcome:
+        requested = decide.request_run(command, self._budgets, cause, spend, fork)
         state, appended, requested_seq = await self._log.recent.update_at(
             command.parent, command.run_id, partial(decide.create, requested=requested))
         assert state is not None  # ours, or another replica's created between read and append
@@ -263,6 +287,15 @@ class RunRequests:
                 await self._publish_work(after, dispatch=after.reattach_attempts, why="reattach")
             return RunOutcome("reattached", status="interrupted")
         return RunOutcome("existing", status=state.status)
+
+    async def _validate_request(self, command: RunCommand
+                                ) -> tuple[tuple[str, str] | None, ForkOrigin | None]:
+        """Why the request is refused (None: it is not), and a fork's origin."""
+        problem = await self._validate(command)
+        if command.fork is None or problem is not None:
+            return problem, None
+        fork, problem = await branching.fork_origin(self._log, self._agents, command)
+        return problem, fork
 
     async def _validate(self, command: RunCommand) -> tuple[str, str] | None:
         size = len(json.dumps(command.input, separators=(",", ":")).encode())
