@@ -11,7 +11,7 @@ from typing import Any
 
 import asyncpg
 
-from tether.agents.devtools import RUNS
+from tether.client.branch_commands import READS_ONLY, RUNS
 from tether.client.cli_commands import COMMANDS as CLIENT_COMMANDS
 from tether.command_line import Command
 from tether.config import CONFIG_FILE_VARIABLE, ConfigurationError, Settings, load_config_file
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (OSError, asyncpg.PostgresError, ConnectionError) as error:
         # Drivers name an address at best: say which server does not answer.
-        servers = (unreachable_servers(settings, nats=args.command != "runs")
+        reads_only = args.command == "runs" and args.runs_action in READS_ONLY
+        servers = (unreachable_servers(settings, nats=not reads_only)
                    if isinstance(error, OSError) else [])
         for message in servers or [f"{type(error).__name__}: {error}"]:
             print(f"tether: {message}", file=sys.stderr)

@@ -5,6 +5,9 @@ fixed, is rewound and completes; the same fork asked twice is one fork; a parent
 its own runs only."""
 
 import asyncio
+import json
+import os
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +18,7 @@ from pydantic import BaseModel
 from runner_stack import Stack
 
 from tether import ChildAgent, RunContext
+from tether.adapters.postgres.projector import Projector
 from tether.agents import AgentDefinition, ModelAgent, ToolContext, tool
 from tether.agents.clients.scripted import Reply, ScriptedModelClient
 from tether.agents.model_messages import ModelRequest
@@ -158,6 +162,9 @@ async def test_a_fork_with_other_instructions_parts_from_its_original_at_that_st
         "original", at="step:2", agent_overrides={"instructions": "Be brief."}), DEADLINE_S)
 
     assert fork.ok and fork.summary == "In brief: QUIC.", fork
+    # Its output is its own from the fork point: the original's step 2 streamed its text
+    # before it was recorded, and that text is not the fork's.
+    assert (await stack.state(fork.run_id)).output_text == "In brief: QUIC."
     compared = diff(await stack.state("original"), await stack.state(fork.run_id))
     assert (compared.shared, compared.diverged_at) == (2, 2)
     assert compared.a.summary == "HTTP/3 runs over QUIC, which ..."
@@ -250,3 +257,53 @@ async def test_only_the_runs_parent_may_fork_it(stack):
     assert rejected.data.code == "no-such-run"
     assert "no run 'original' of Assistant/someone-else" in rejected.data.error
     assert model_turns(Researcher.model_client) == [0, 1, 2]
+
+
+async def tether_cli(settings: Any, *args: str) -> tuple[int, str, str]:
+    """The `tether` command in its own process, on this test's servers and prefix."""
+    env = {**os.environ, "TETHER_NATS_URL": settings.nats_url,
+           "TETHER_DATABASE_URL": settings.database_url,
+           "TETHER_PROJECTION_SCHEMA": settings.projection_schema,
+           "TETHER_PREFIX": settings.prefix}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tether.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=DEADLINE_S)
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_the_cli_forks_rewinds_and_compares_runs(stack, settings, log, pool):
+    await research(stack, "original")
+    code, out, err = await tether_cli(settings, "runs", "fork", "Assistant/remote", "original",
+                                      "--at", "step:2", "--instructions", "Be brief.")
+    assert code == 0, err
+    fork = json.loads(out)
+    assert fork["ok"] and fork["summary"] == "In brief: QUIC.", fork
+    code, _, err = await tether_cli(settings, "runs", "fork", "Assistant/remote", "original",
+                                    "--at", "chapter:2")
+    assert code == 2 and "--at: expected step:<n>, milestone:<name> or seq:<n>" in err, err
+
+    failed = await stack.parent.run_agent_tool("Pipeline", {}, run_id="export")
+    assert not failed.ok
+    FIXED["pipeline"] = True
+    code, out, err = await tether_cli(settings, "runs", "rewind", "Assistant/remote", "export")
+    assert code == 0 and json.loads(out)["summary"] == "exported", (out, err)
+
+    projector = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    await asyncio.wait_for(projector.wait_for_position(await log.stream_last_seq()), 10)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    code, out, err = await tether_cli(settings, "runs", "diff", "original", fork["run_id"],
+                                      "--parent", "Assistant/remote")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("a  original  Researcher  completed  3 steps")
+    assert "forked from original at sequence" in lines[1]
+    assert "the same for the first 2; they part at step 2" in out
+    assert "output a  HTTP/3 runs over QUIC, which ..." in out
+    assert "output b  In brief: QUIC." in out
+    code, _, err = await tether_cli(settings, "runs", "diff", "original", "nope",
+                                    "--parent", "Assistant/remote")
+    assert code == 1 and "no run 'nope' of Assistant/remote" in err

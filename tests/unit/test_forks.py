@@ -40,11 +40,11 @@ def recorded(index: int, said: str, **timing: Any) -> RunStepRecorded:
 
 
 def history() -> list[tuple[int, Any]]:
-    """A run's log with its stream sequences: two steps, a milestone and output between,
-    a third step, then its end."""
-    events = [requested(), running(), recorded(0, "plan"), output(0, "Planning. "),
-              milestone(0, "planned"), recorded(1, "search"), output(1, "Found 3. "),
-              recorded(2, "answer"), completed()]
+    """A run's log with its stream sequences: each step's output streamed (and milestone
+    reported) before the step is recorded, then its end."""
+    events = [requested(), running(), output(0, "Planning. "), recorded(0, "plan"),
+              milestone(0, "planned"), output(1, "Found 3. "), recorded(1, "search"),
+              output(2, "The answer."), recorded(2, "answer"), completed()]
     return [(10 + n, event) for n, event in enumerate(events)]
 
 
@@ -52,7 +52,7 @@ def history() -> list[tuple[int, Any]]:
 
 def test_a_fork_at_step_n_reuses_the_steps_before_it_and_what_came_with_them() -> None:
     origin = fork_origin(SOURCE, history(), ForkPoint.parse("step:2"))
-    assert origin.seq == 16  # the output after step 1, the last event before step 2
+    assert origin.seq == 16  # step 1's record: the output after it was step 2's
     assert [s.index for s in origin.steps] == [0, 1]
     assert [m.name for m in origin.milestones] == ["planned"]
     assert [(o.index, o.text) for o in origin.output] == [(0, "Planning. "), (1, "Found 3. ")]
@@ -62,14 +62,15 @@ def test_a_fork_at_step_n_reuses_the_steps_before_it_and_what_came_with_them() -
 def test_a_fork_at_step_0_reuses_nothing_and_after_the_last_step_reuses_every_step() -> None:
     assert fork_origin(SOURCE, history(), ForkPoint.parse("0")).steps == []
     last = fork_origin(SOURCE, history(), ForkPoint.parse("step:3"))
-    assert [s.index for s in last.steps] == [0, 1, 2] and last.seq == 17  # not the run's end
+    assert [s.index for s in last.steps] == [0, 1, 2] and last.seq == 18  # not the run's end
 
 
 def test_a_fork_at_a_milestone_or_a_sequence_is_cut_right_after_that_event() -> None:
     at_milestone = fork_origin(SOURCE, history(), ForkPoint.parse("milestone:planned"))
     assert at_milestone.seq == 14 and [s.index for s in at_milestone.steps] == [0]
     at_seq = fork_origin(SOURCE, history(), ForkPoint.parse("seq:15"))
-    assert at_seq.seq == 15 and [s.index for s in at_seq.steps] == [0, 1]
+    assert at_seq.seq == 15 and [s.index for s in at_seq.steps] == [0]
+    assert [o.text for o in at_seq.output] == ["Planning. ", "Found 3. "]
 
 
 @pytest.mark.parametrize(("at", "says"), [

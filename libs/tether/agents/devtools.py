@@ -1,12 +1,11 @@
-"""`tether runs show RUN_ID --parent Agent/name`: a run's steps, tool calls, usage, timings.
+"""A run's steps, tool calls, usage and timings, as `tether runs show RUN_ID --parent
+Agent/name` prints them (`tether.client.branch_commands`).
 
 Read from the projections (the `runs` table's `state`, the folded run with its recorded
 steps), so it works for any run the projector has seen, finished or not, without
 touching NATS.
 """
 
-import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Sequence
@@ -18,7 +17,6 @@ import msgspec
 
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.steps import AgentStepRecord
-from tether.command_line import Command
 from tether.config import Settings
 from tether.contract.messages import UsageView
 from tether.domain import spending
@@ -26,28 +24,6 @@ from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, state_json
 
 PREVIEW_CHARS = 120
-
-
-def _runs_arguments(runs: argparse.ArgumentParser) -> None:
-    actions = runs.add_subparsers(dest="runs_action", required=True)
-    show = actions.add_parser("show", help="steps, tool calls, usage and timings of one run, "
-                                           "from the projections")
-    show.add_argument("run_id")
-    show.add_argument("--parent", required=True, metavar="AGENT/NAME")
-    show.add_argument("--json", action="store_true", help="the projected run state as JSON")
-
-
-def _run_runs(args: argparse.Namespace, settings: Settings) -> int:
-    agent, _, name = args.parent.partition("/")
-    try:
-        parent = ParentRef(agent=agent, name=name)
-    except ValueError:
-        print(f"tether: --parent must be AGENT/NAME, not {args.parent!r}", file=sys.stderr)
-        return 2
-    return asyncio.run(show_run(settings, parent, args.run_id, as_json=args.json))
-
-
-RUNS = Command("runs", "a run's recorded steps (DevTools)", _runs_arguments, _run_runs)
 
 
 async def load_run(settings: Settings, parent: ParentRef, run_id: str) -> RunState | None:

@@ -44,7 +44,7 @@ class UsageError(ValueError):
     pass
 
 
-def _connect(settings: Settings):
+def connect_cli(settings: Settings):
     return connect(settings=settings, name="tether-cli", connect_timeout=CLI_CONNECT_TIMEOUT_S)
 
 
@@ -118,7 +118,7 @@ def _expires_in(args: argparse.Namespace) -> float | None:
     return args.expires_in or None
 
 
-def _client_command(handler) -> "Callable[[argparse.Namespace, Settings], int]":
+def client_command(handler) -> "Callable[[argparse.Namespace, Settings], int]":
     """A client command's `run`: its coroutine, with the CLI's exit codes."""
     def run(args: argparse.Namespace, settings: Settings) -> int:
         try:
@@ -187,7 +187,7 @@ def parse_statuses(text: str | None) -> list[str] | None:
     return statuses
 
 
-def _handle(tether: Tether, ref: ParentRef) -> ParentHandle:
+def handle_of(tether: Tether, ref: ParentRef) -> ParentHandle:
     return tether.parent(ref.agent, ref.name)
 
 
@@ -207,8 +207,8 @@ def _run(args: argparse.Namespace, settings: Settings):
     expires_in = _expires_in(args)
 
     async def run() -> int:
-        async with _connect(settings) as tether:
-            me = _handle(tether, ref)
+        async with connect_cli(settings) as tether:
+            me = handle_of(tether, ref)
             board = None if detached or args.quiet else Board(sys.stderr)
             with board or nullcontext():
                 bar = None
@@ -285,8 +285,8 @@ def _watch(args: argparse.Namespace, settings: Settings):
         check_identifier(args.run_id, "run id")
 
     async def watch() -> int:
-        async with _connect(settings) as tether:
-            me = _handle(tether, ref)
+        async with connect_cli(settings) as tether:
+            me = handle_of(tether, ref)
             if args.once:
                 view = TimelineView({})
                 async for view in me.timeline(run_id=args.run_id, live=False):  # noqa: B007 - the last view is the one shown
@@ -318,8 +318,8 @@ def _inspect(args: argparse.Namespace, settings: Settings):
         raise UsageError("--limit must be between 1 and 10000")
 
     async def inspect() -> int:
-        async with _connect(settings) as tether:
-            me = _handle(tether, ref)
+        async with connect_cli(settings) as tether:
+            me = handle_of(tether, ref)
             if args.run_id is None:
                 runs = await me.list_runs(statuses, args.limit)
                 print(json.dumps([run.model_dump(mode="json") for run in runs], indent=2))
@@ -340,8 +340,8 @@ def _cancel(args: argparse.Namespace, settings: Settings):
     expires_in = _expires_in(args)
 
     async def cancel() -> int:
-        async with _connect(settings) as tether:
-            me = _handle(tether, ref)
+        async with connect_cli(settings) as tether:
+            me = handle_of(tether, ref)
             snapshot = await me.inspect(args.run_id)
             if snapshot is None:
                 print(f"tether cancel: {not_found(ref, args.run_id)}", file=sys.stderr)
@@ -368,8 +368,8 @@ def _send(args: argparse.Namespace, settings: Settings):
     expires_in = _expires_in(args)
 
     async def send() -> int:
-        async with _connect(settings) as tether:  # (a refusal: `MessageRefused`, said)
-            receipt = await _handle(tether, ref).send(
+        async with connect_cli(settings) as tether:  # (a refusal: `MessageRefused`, said)
+            receipt = await handle_of(tether, ref).send(
                 args.run_id, args.text, data=data,
                 mode="interrupt" if args.interrupt else "queue",
                 message_id=args.message_id, expires_in=expires_in)
@@ -395,8 +395,8 @@ def _clear(args: argparse.Namespace, settings: Settings):
                 and (older_than is None or run.requested_at < older_than))
 
     async def clear() -> int:
-        async with _connect(settings) as tether:
-            me = _handle(tether, ref)
+        async with connect_cli(settings) as tether:
+            me = handle_of(tether, ref)
             # The parent clears asynchronously; the parent's timeline shows each cleared
             # run leave it, so the count printed is what was cleared, not what was asked.
             timeline = me.timeline()
@@ -439,7 +439,7 @@ def _hooks(args: argparse.Namespace, settings: Settings):
     agent = check_identifier(args.parent_agent, "parent agent")
 
     async def hooks() -> int:
-        async with _connect(settings) as tether:
+        async with connect_cli(settings) as tether:
             prefix = f"hook.{agent}."
             try:
                 bucket = await tether.js.key_value(tether.subjects.registry_bucket)
@@ -467,16 +467,16 @@ def _hooks(args: argparse.Namespace, settings: Settings):
 
 COMMANDS = (
     Command("run", "run a child agent and print its result as JSON", _run_arguments,
-            _client_command(_run)),
+            client_command(_run)),
     Command("watch", "follow a parent's runs live until Ctrl-C", _watch_arguments,
-            _client_command(_watch)),
+            client_command(_watch)),
     Command("inspect", "one run as JSON, or the parent's runs", _inspect_arguments,
-            _client_command(_inspect)),
-    Command("cancel", "cancel a run", _cancel_arguments, _client_command(_cancel)),
+            client_command(_inspect)),
+    Command("cancel", "cancel a run", _cancel_arguments, client_command(_cancel)),
     Command("send", "send a message to a running run's child (steering)", _send_arguments,
-            _client_command(_send)),
+            client_command(_send)),
     Command("clear", "clear retained runs (open ones are cancelled)", _clear_arguments,
-            _client_command(_clear)),
+            client_command(_clear)),
     Command("hooks", "registered finish hooks of a parent agent", _hooks_arguments,
-            _client_command(_hooks)),
+            client_command(_hooks)),
 )

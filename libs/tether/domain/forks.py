@@ -37,7 +37,8 @@ class ForkRefused(ValueError):
 def fork_origin(run: RunRef, events: Sequence[tuple[int, Event]], point: ForkPoint,
                 overrides: dict[str, Any] | None = None) -> ForkOrigin:
     """What a fork of `run` at `point` starts with, from the run's events and their stream
-    sequences: the state the run had right after the fork point's event."""
+    sequences: the state the run had right after the fork point's event (for `step:<n>`,
+    the record of step n-1: what followed it was step n's)."""
     if not events:
         raise ForkRefused("no-such-run", f"no run {run.run_id!r} of "
                                          f"{run.parent.agent}/{run.parent.name} to fork")
@@ -80,26 +81,19 @@ def _cut(events: Sequence[tuple[int, Event]], point: ForkPoint) -> int:
         raise ForkRefused("bad-fork-point", f"the run reported no milestone {point.value!r} "
                                             f"(it reported: {', '.join(names) or 'none'})")
     step = int(point.value)
-    before = first
-    recorded: list[int] = []
+    if step == 0:
+        return first
+    recorded: dict[int, int] = {}  # step index -> the sequence that recorded it
     for seq, event in events:
         if event.type == "run.step_recorded":
-            index = event.data.index  # type: ignore[union-attr]
-            if index == step:
-                return before
-            recorded.append(index)
-        if event.type in _ENDINGS:
-            break
-        before = seq
-    if step == len(set(recorded)):  # after its last step: all of them reused
-        return before
-    raise ForkRefused("bad-fork-point", f"step:{step}: the run recorded "
-                                        f"{len(set(recorded))} steps (0 to "
-                                        f"{len(set(recorded)) - 1}), so a fork is taken at a "
-                                        f"step from 0 to {len(set(recorded))}")
-
-
-_ENDINGS = frozenset({"run.completed", "run.failed", "run.aborted", "run.interrupted"})
+            recorded.setdefault(event.data.index, seq)  # type: ignore[union-attr]
+    # Right after step n-1 was recorded: what followed (the output streamed, the
+    # milestones reported) was step n's doing.
+    if step - 1 in recorded and step <= len(recorded):
+        return recorded[step - 1]
+    raise ForkRefused("bad-fork-point", f"step:{step}: the run recorded {len(recorded)} steps "
+                                        f"(0 to {len(recorded) - 1}), so a fork is taken at "
+                                        f"a step from 0 to {len(recorded)}")
 
 
 def rewind(state: RunState | None, cause: Cause, budgets: Budgets, number: int) -> list[Event]:
