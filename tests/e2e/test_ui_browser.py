@@ -29,7 +29,7 @@ from tether.testing import RunEvents
 
 AGENTS = ("examples.agents:Sleeper,examples.agents:Researcher,examples.model_agents:Publisher,"
           "ui_tree_agents:Chief,ui_tree_agents:Lead,ui_tree_agents:Clerk,"
-          "ui_progress_agents:Halfway")
+          "ui_progress_agents:Halfway,ui_fork_agents:Stepper")
 PARENT = ("Assistant", "user-42")
 
 
@@ -219,6 +219,37 @@ async def test_the_sequence_slider_shows_an_earlier_state(page, ui_url, tether):
     await expect(page.locator("#events tr.past").first).to_be_attached()
     await slider.fill("0")
     await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "starting")
+
+
+async def test_forking_at_the_sliders_sequence_makes_a_sibling_shown_beside_it(
+        page, ui_url, tether):
+    await tether.parent(*PARENT).run_agent_tool("Stepper", {}, run_id="stepped")
+    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/stepped")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    await expect(page.locator("#current .run")).to_have_attribute("data-status", "completed")
+    rows = page.locator("#events tbody tr")
+    types = await page.locator("#events tbody tr td:nth-child(2)").all_text_contents()
+    second_step = [i for i, kind in enumerate(types) if kind == "run.step_recorded"][1]
+    seq = await rows.nth(second_step).get_attribute("data-seq")
+    await page.locator("#slider").fill(str(second_step))
+    await expect(page.locator("#as-of")).to_have_attribute("data-seq", seq)
+
+    await page.get_by_role("button", name="Fork here").click()
+
+    await expect(page.locator("#notice")).to_contain_text(f"forked stepped at seq:{seq}")
+    await page.locator("#forked a.compare").click()
+    await expect(page.locator("body")).to_have_attribute("data-page", "diff")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    # Steps 0 and 1 were reused; step 2 is each run's own.
+    await expect(page.locator("#parted")).to_have_text(
+        "the same for the first 2 steps; they part at step 2")
+    await expect(page.locator(".steps-diff tbody tr.differs")).to_have_count(1)
+    await expect(page.locator(".side").nth(1).locator(".summary")).to_contain_text(
+        "the last by stepped:fork-")
+    await open_timeline(page, ui_url)
+    fork_card = page.locator('#timeline .run:has(.fork)')
+    await expect(fork_card.locator(".fork")).to_contain_text(f"fork of stepped at seq:{seq}")
+    await expect(fork_card).to_have_attribute("data-status", "completed")
 
 
 async def test_an_unknown_run_page_is_a_404_page(page, ui_url):

@@ -99,6 +99,11 @@ class RunView(Model):
     # the turns before it, in order.
     turn: int = 1
     turns: tuple[TurnView, ...] = ()
+    # A fork: the run it was forked from, and where (`step:<n>`, `milestone:<name>`,
+    # `seq:<n>`); how often a failed run was rewound.
+    forked_from: str | None = None
+    fork_at: str | None = None
+    rewinds: int = 0
     requested_at: int
     started_at: int | None = None
     ended_at: int | None = None
@@ -210,6 +215,8 @@ def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
                              error=t.error, requested_at=t.requested_at, ended_at=t.ended_at,
                              tokens=t.tokens, cost=t.cost)
                     for t in state.turns),
+        forked_from=state.forked_from.run.run_id if state.forked_from else None,
+        fork_at=state.forked_from.at if state.forked_from else None, rewinds=state.rewinds,
         requested_at=state.requested_at, started_at=state.started_at, ended_at=state.ended_at,
     )
 

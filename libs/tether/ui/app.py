@@ -1,15 +1,14 @@
-"""The Starlette application of `tether ui`: pages, their JSON and live streams, actions."""
+"""The Starlette application of `tether ui`: pages, their JSON and live streams; the
+actions on runs are `tether.ui.actions`."""
 
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from html import escape
 from importlib import resources
 from typing import Any
 
 import asyncpg
-from pydantic import ValidationError
 
 from tether.extras import MissingExtra
 
@@ -26,38 +25,37 @@ except ModuleNotFoundError:
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.devtools import other_steps, records_of
 from tether.client.connection import Tether, connect
-from tether.client.errors import MessageRefused, TetherError
-from tether.client.parent import build_run_command
+from tether.client.errors import TetherError
 from tether.config import Settings
 from tether.contract.messages import UsageView
-from tether.domain.commands import ContinueCommand
+from tether.domain.branches import diff
 from tether.domain.events import ParentRef
-from tether.domain.ids import check_identifier, run_message_id
 from tether.domain.run_state import RunState, as_builtins
 from tether.log import get_logger
-from tether.runtime import ReadinessCheck, nats_check, postgres_check, run_checks
+from tether.ports import StoredEvent
+from tether.runtime import nats_check, postgres_check, run_checks
+from tether.ui.actions import (
+    cancel_run,
+    clear_runs,
+    continue_run,
+    fork_run,
+    rerequest_run,
+    rewind_run,
+    send_to_run,
+)
 from tether.ui.gate import AccessGate
-from tether.ui.page_stream import STOP, ParentStream
-from tether.ui.views import STATUSES, event_documents, run_document, state_as_of, status_counts
+from tether.ui.page_stream import ParentStream
+from tether.ui.paths import UiState, other_run_of, parent_of, run_of, ui_of
+from tether.ui.views import (
+    STATUSES,
+    diff_document,
+    event_documents,
+    run_document,
+    state_as_of,
+    status_counts,
+)
 
-FINISHED = ["completed", "error", "aborted", "interrupted"]
 STATIC = resources.files("tether.ui") / "static"
-
-
-@dataclass
-class UiState:
-    tether: Tether
-    store: ProjectionReads
-    gate: AccessGate
-    checks: dict[str, ReadinessCheck]
-    streams: set[ParentStream] = field(default_factory=set)
-    stopping: bool = False
-
-    def stop_streams(self) -> None:
-        """Ends every open page's stream, so a shutdown does not wait on browsers."""
-        self.stopping = True
-        for stream in self.streams:
-            stream.sink.put_nowait(STOP)
 
 
 def ui_inbox(settings: Settings) -> str | None:
@@ -113,6 +111,7 @@ def create_app(settings: Settings, *, frame_ms: int | None = None,
         Route("/", index_page),
         Route("/parents/{agent}/{name}", parent_page),
         Route("/runs/{agent}/{name}/{run_id}", run_page),
+        Route("/runs/{agent}/{name}/{run_id}/diff/{other}", diff_page),
         Route("/healthz", healthz),
         Route("/readyz", readyz),
         Route("/api/parents", parents_json),
@@ -124,6 +123,9 @@ def create_app(settings: Settings, *, frame_ms: int | None = None,
         Route("/api/runs/{agent}/{name}/{run_id}/rerequest", rerequest_run, methods=["POST"]),
         Route("/api/runs/{agent}/{name}/{run_id}/continue", continue_run, methods=["POST"]),
         Route("/api/runs/{agent}/{name}/{run_id}/send", send_to_run, methods=["POST"]),
+        Route("/api/runs/{agent}/{name}/{run_id}/fork", fork_run, methods=["POST"]),
+        Route("/api/runs/{agent}/{name}/{run_id}/rewind", rewind_run, methods=["POST"]),
+        Route("/api/runs/{agent}/{name}/{run_id}/diff/{other}", diff_json),
         Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),
     ]
     unavailable = dict.fromkeys(UNAVAILABLE, _unavailable)
@@ -150,7 +152,7 @@ def _failure(settings: Settings, error: Exception) -> str:
 
 async def _unavailable(request: Request, error: Exception) -> Response:
     """Postgres or NATS failed under a request: 503 with what failed, for the page to show."""
-    detail = _failure(_ui(request).tether.settings, error)
+    detail = _failure(ui_of(request).tether.settings, error)
     get_logger(service="ui").warning("ui.request_failed", path=request.url.path, error=detail)
     if request.url.path.startswith("/api/"):
         return JSONResponse({"error": detail}, status_code=503)
@@ -162,41 +164,6 @@ async def _http_error(request: Request, error: HTTPException) -> Response:
         return JSONResponse({"error": error.detail}, status_code=error.status_code)
     return HTMLResponse(_shell("Not found", "missing", {"message": error.detail}),
                         status_code=error.status_code)
-
-
-def _ui(request: Request) -> UiState:
-    return request.app.state.ui
-
-
-async def _parent(request: Request) -> ParentRef:
-    """The parent the path names, or 404 when it is malformed or not this user's to see."""
-    agent, name = request.path_params["agent"], request.path_params["name"]
-    try:
-        parent = ParentRef(agent=check_identifier(agent, "parent agent"),
-                           name=check_identifier(name, "parent name"))
-    except ValueError:
-        raise HTTPException(404, f"no parent {agent}/{name}") from None
-    if not await _ui(request).gate.may_read(parent.agent):
-        raise HTTPException(404, f"no parent {agent}/{name}")
-    return parent
-
-
-async def _run(request: Request) -> tuple[ParentRef, RunState]:
-    parent = await _parent(request)
-    run_id = request.path_params["run_id"]
-    try:
-        check_identifier(run_id, "run id")
-    except ValueError:
-        raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}") from None
-    ui = _ui(request)
-    state = await ui.store.run(parent, run_id)
-    if state is None:
-        # Not projected yet (the projector lags the log by a batch or more): its events say.
-        events = await ui.tether.run_reads.read(ui.tether.subjects.run_events(parent, run_id))
-        state = state_as_of(events, events[-1].seq) if events else None
-    if state is None:
-        raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}")
-    return parent, state
 
 
 # --- pages ----------------------------------------------------------------------------
@@ -222,16 +189,24 @@ async def index_page(request: Request) -> Response:
 
 
 async def parent_page(request: Request) -> Response:
-    parent = await _parent(request)
+    parent = await parent_of(request)
     return HTMLResponse(_shell(f"{parent.agent}/{parent.name}", "parent",
                                {"agent": parent.agent, "name": parent.name}))
 
 
 async def run_page(request: Request) -> Response:
-    parent, state = await _run(request)
+    parent, state = await run_of(request)
     return HTMLResponse(_shell(f"{state.run_id} · {parent.agent}/{parent.name}", "run",
                                {"agent": parent.agent, "name": parent.name,
                                 "run_id": state.run_id}))
+
+
+async def diff_page(request: Request) -> Response:
+    parent, state = await run_of(request)
+    other = await other_run_of(request, parent)
+    return HTMLResponse(_shell(f"{state.run_id} and {other.run_id} · {parent.agent}/{parent.name}",
+                               "diff", {"agent": parent.agent, "name": parent.name,
+                                        "run_id": state.run_id, "other": other.run_id}))
 
 
 async def healthz(request: Request) -> Response:
@@ -239,7 +214,7 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    answers = await run_checks(_ui(request).checks)
+    answers = await run_checks(ui_of(request).checks)
     ready = all(ok for ok, _ in answers.values())
     details = {name: detail for name, (_, detail) in answers.items()}
     return JSONResponse({"ready": ready, "checks": details}, status_code=200 if ready else 503)
@@ -248,7 +223,7 @@ async def readyz(request: Request) -> Response:
 # --- reads ----------------------------------------------------------------------------
 
 async def parents_json(request: Request) -> Response:
-    ui = _ui(request)
+    ui = ui_of(request)
     query = request.query_params.get("q", "").strip().lower()
     rows = await ui.store.counts_by_parent()
     readable = await ui.gate.readable({agent for agent, *_ in rows})
@@ -258,8 +233,8 @@ async def parents_json(request: Request) -> Response:
 
 
 async def parent_stream(request: Request) -> Response:
-    parent = await _parent(request)
-    ui = _ui(request)
+    parent = await parent_of(request)
+    ui = ui_of(request)
     frame_ms = request.app.state.frame_ms
     stream = ParentStream(ui.tether, ui.store, parent,
                           **({"frame_ms": frame_ms} if frame_ms is not None else {}))
@@ -287,13 +262,10 @@ async def parent_stream(request: Request) -> Response:
 
 
 async def run_json(request: Request) -> Response:
-    parent, state = await _run(request)
-    ui = _ui(request)
-    subject = ui.tether.subjects.run_events(parent, state.run_id)
-    events = await ui.tether.run_reads.read(subject)
-    # The log's fold, which the projection may lag: the run as its events list shows it.
-    if events and (folded := state_as_of(events, events[-1].seq)) is not None:
-        state = folded
+    parent, state = await run_of(request)
+    ui = ui_of(request)
+    events = await ui.tether.run_reads.read(ui.tether.subjects.run_events(parent, state.run_id))
+    state = _folded(events, state)
     steps = {record.index: record.model_dump(mode="json") for record in records_of(state)}
     for index, step in other_steps(state):  # a row of the steps table, as far as it has one
         steps[index] = {"index": index, "kind": step.get("kind", "step"), "call": 0,
@@ -313,13 +285,13 @@ async def run_json(request: Request) -> Response:
 
 
 async def run_state_json(request: Request) -> Response:
-    parent, state = await _run(request)
+    parent, state = await run_of(request)
     try:
         seq = int(request.query_params["seq"])
     except (KeyError, ValueError):
         raise HTTPException(400, "seq: expected the stream sequence to fold up to, "
                                  "e.g. ?seq=42") from None
-    ui = _ui(request)
+    ui = ui_of(request)
     events = await ui.tether.run_reads.read(ui.tether.subjects.run_events(parent, state.run_id))
     folded = state_as_of(events, seq)
     return JSONResponse({"seq": seq,
@@ -327,134 +299,21 @@ async def run_state_json(request: Request) -> Response:
                                                                           output_chars=None)})
 
 
-# --- actions --------------------------------------------------------------------------
-
-async def _act(action) -> Response:
-    try:
-        message = await action
-    except MessageRefused:
-        raise
-    except (TetherError, TimeoutError) as error:
-        return JSONResponse({"error": str(error) or type(error).__name__}, status_code=503)
-    return JSONResponse({"ok": True, "message": message})
+async def diff_json(request: Request) -> Response:
+    """Two runs of the parent side by side, from where they part (`domain.branches.diff`)."""
+    parent, state = await run_of(request)
+    other = await other_run_of(request, parent)
+    ui = ui_of(request)
+    logged = [await _as_logged(ui, parent, run) for run in (state, other)]
+    return JSONResponse(diff_document(diff(*logged)))
 
 
-async def cancel_run(request: Request) -> Response:
-    parent, state = await _run(request)
-    await _json_body(request)
-    handle = _ui(request).tether.parent(parent.agent, parent.name)
-
-    async def cancel() -> str:
-        await handle.cancel(state.run_id)
-        return f"cancel requested for {state.run_id}"
-
-    return await _act(cancel())
+async def _as_logged(ui: UiState, parent: ParentRef, state: RunState) -> RunState:
+    events = await ui.tether.run_reads.read(ui.tether.subjects.run_events(parent, state.run_id))
+    return _folded(events, state)
 
 
-async def rerequest_run(request: Request) -> Response:
-    parent, state = await _run(request)
-    await _json_body(request)
-    if not state.resumable:
-        why = ("was stopped (given up or cancelled) and does not resume"
-               if state.status == "interrupted" else f"is {state.status}")
-        raise HTTPException(409, f"run {state.run_id} {why}: only an interrupted run that "
-                                 "resumes is re-requested")
-    ui = _ui(request)
-    detached = as_builtins(state.detached) if state.detached is not None else False
-    command = build_run_command(parent, state.agent_type, state.input, run_id=state.run_id,
-                                parent_tool_call_id=state.parent_tool_call_id,
-                                display_order=state.display_order, display=state.display,
-                                detached=detached, started_by=state.started_by)
-
-    async def rerequest() -> str:
-        # One command per position of the run in the log: a second click on the same
-        # interrupted run is a duplicate, a request after a later interruption is new.
-        last_seq = await ui.tether.run_reads.last_seq(
-            ui.tether.subjects.run_events(parent, state.run_id))
-        await ui.tether.publish_command("run", command, run_message_id(state.run_id, last_seq, state.parent))
-        return f"re-requested {state.run_id}"
-
-    return await _act(rerequest())
-
-
-async def continue_run(request: Request) -> Response:
-    parent, state = await _run(request)
-    body = await _json_body(request)
-    try:
-        command = ContinueCommand(run_id=state.run_id, parent=parent, **body)
-    except (ValidationError, TypeError) as error:
-        raise HTTPException(400, f"invalid continue request: {_first_error(error)}") from None
-    if state.paused is None:
-        raise HTTPException(409, f"run {state.run_id} is not waiting for anyone")
-    pause_id = state.paused.pause_id
-    ui = _ui(request)
-
-    async def resume() -> str:
-        await ui.tether.publish_command(
-            "continue", command, f"continue:{state.run_id}:{pause_id}")
-        return f"answered {state.run_id}"
-
-    return await _act(resume())
-
-
-async def send_to_run(request: Request) -> Response:
-    """A steering message from the run page: `{"text": ..., "mode": "queue"|"interrupt"}`."""
-    parent, state = await _run(request)
-    body = await _json_body(request)
-    text, mode = body.get("text"), body.get("mode", "queue")
-    if not isinstance(text, str) or not text.strip():
-        raise HTTPException(400, "text: the message to send, a non-empty string")
-    if mode not in ("queue", "interrupt"):
-        raise HTTPException(400, "mode: expected \"queue\" or \"interrupt\"")
-    handle = _ui(request).tether.parent(parent.agent, parent.name)
-
-    async def send() -> str:
-        receipt = await handle.send(state.run_id, text, mode=mode)
-        return f"message {receipt.message_id} sent to {state.run_id}"
-
-    try:
-        return await _act(send())
-    except MessageRefused as refused:  # (the run ended meanwhile, say)
-        return JSONResponse({"error": str(refused)}, status_code=409)
-
-
-async def clear_runs(request: Request) -> Response:
-    parent = await _parent(request)
-    body = await _json_body(request)
-    statuses = body.get("status", FINISHED)
-    if (not isinstance(statuses, list) or not statuses
-            or any(status not in STATUSES for status in statuses)):
-        raise HTTPException(400, f"status: expected a list of some of {', '.join(STATUSES)}")
-    handle = _ui(request).tether.parent(parent.agent, parent.name)
-
-    async def clear() -> str:
-        await handle.clear(status=statuses)
-        return f"clear requested for {parent.agent}/{parent.name}: {', '.join(statuses)}"
-
-    return await _act(clear())
-
-
-async def _json_body(request: Request) -> dict[str, Any]:
-    # A form on another site can post to this port, but not with this content type
-    # without the browser asking first (CORS), which this app never allows.
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise HTTPException(415, "an action takes a JSON body (Content-Type: application/json)")
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        body = json.loads(raw)
-    except json.JSONDecodeError as error:
-        raise HTTPException(400, f"the request body is not valid JSON: {error}") from None
-    if not isinstance(body, dict):
-        raise HTTPException(400, "the request body must be a JSON object")
-    return body
-
-
-def _first_error(error: Exception) -> str:
-    if isinstance(error, ValidationError):
-        problem = error.errors()[0]
-        where = ".".join(str(part) for part in problem["loc"])
-        return f"{where}: {problem['msg']}" if where else problem["msg"]
-    return str(error)
-
+def _folded(events: list[StoredEvent], state: RunState) -> RunState:
+    """The run as its events show it now (the projection may lag the log)."""
+    folded = state_as_of(events, events[-1].seq) if events else None
+    return folded if folded is not None else state

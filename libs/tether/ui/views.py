@@ -6,6 +6,7 @@ from typing import Any
 from tether.client.timeline import run_view
 from tether.contract.messages import ProgressSignal
 from tether.domain import spending
+from tether.domain.branches import BranchDiff, Side
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState, as_builtins
 from tether.ports import StoredEvent
@@ -94,3 +95,22 @@ def status_counts(rows: Iterable[tuple[str, str, str, int]]) -> list[dict[str, A
         entry["counts"][status] = entry["counts"].get(status, 0) + runs
         entry["total"] += runs
     return [parents[key] for key in sorted(parents)]
+
+
+def diff_document(compared: BranchDiff) -> dict[str, Any]:
+    """Two runs side by side as the comparison page draws them: each one's outcome, usage
+    and origin, where they part, the steps from there (paired, with what each says), and
+    their output."""
+    def side(one: Side) -> dict[str, Any]:
+        return {"run_id": one.run_id, "agent_type": one.agent_type, "status": one.status,
+                "summary": one.summary, "error": one.error, "output": one.output,
+                "output_text": one.output_text, "steps": one.steps,
+                "tokens": one.usage.tokens, "cost": one.usage.cost,
+                "spent_tokens": one.spent.tokens, "forked_from": one.forked_from,
+                "fork_seq": one.fork_seq}
+
+    return {"a": side(compared.a), "b": side(compared.b), "shared": compared.shared,
+            "diverged_at": compared.diverged_at, "same_output": compared.same_output,
+            "same_outcome": compared.same_outcome,
+            "steps": [{"index": pair.index, "same": pair.same, "a": pair.a, "b": pair.b}
+                      for pair in compared.steps]}

@@ -265,6 +265,10 @@ function runPage() {
     <h2>State as of a sequence</h2>
     <div class="slider"><input type="range" id="slider" min="0" max="0" step="1" value="0">
       <span id="slider-seq"></span></div>
+    <div class="fork-here"><input type="text" id="fork-instructions"
+      placeholder="instructions for the fork (optional; a model agent's)">
+      <button class="fork" data-fork="1" title="a new run beside this one that reuses what it recorded up to this sequence">Fork here</button>
+      <span id="forked"></span></div>
     <div class="as-of" id="as-of"></div>
     <h2>Steps</h2><div id="steps"></div><div id="usage" class="meta"></div>
     <h2>Events</h2><table id="events" class="events"><thead><tr><th>seq</th><th>type</th><th>at</th><th>data</th></tr></thead>
@@ -298,6 +302,7 @@ function runPage() {
     const actions = [];
     if (!run.finished) actions.push(`<button class="cancel danger" data-act="cancel">Cancel</button>`);
     if (run.resumable) actions.push(`<button class="rerequest" data-act="rerequest">Re-request</button>`);
+    if (run.status === "error") actions.push(`<button class="rewind" data-act="rewind">Rewind</button>`);
     document.getElementById("current").innerHTML = `${runCard(run, new Tree(), {actions: false})}
       <div class="toolbar">${actions.join("")}</div>
       <div class="detail-grid"><div><h2>Input</h2><pre class="json">${esc(JSON.stringify(detail.input, null, 2))}</pre></div>
@@ -324,10 +329,27 @@ function runPage() {
     document.body.dataset.loaded = "true";
   }
 
+  async function forkHere(seq, instructions) {
+    try {
+      const answer = await api(`${base}/fork`, {method: "POST", body: JSON.stringify(
+        instructions ? {seq, instructions} : {seq})});
+      notice(answer.message);
+      document.getElementById("forked").innerHTML =
+        `<a class="fork-link" href="/runs/${parentPath(agent, name)}/${seg(answer.run_id)}">${esc(answer.run_id)}</a>
+         · <a class="compare" href="/runs/${parentPath(agent, name)}/${seg(runId)}/diff/${seg(answer.run_id)}">compare</a>`;
+    } catch (error) { notice(error.message, true); }
+  }
+
   main.addEventListener("click", (click) => {
     const button = click.target.closest("button");
     if (!button) return;
     if (button.dataset.act) { button.disabled = true; act(`${base}/${button.dataset.act}`); return; }
+    if (button.dataset.fork) {
+      const box = document.getElementById("as-of");
+      const instructions = document.getElementById("fork-instructions").value.trim();
+      forkHere(Number(box.dataset.seq), instructions);
+      return;
+    }
     if (button.dataset.send) {
       const text = document.getElementById("send-text");
       if (!text.value.trim()) { notice("write the message first", true); return; }
@@ -362,8 +384,41 @@ function runPage() {
   load();
 }
 
+// --- two runs side by side, from where they part ----------------------------------------
+
+async function diffPage() {
+  const {agent, name, run_id: runId, other} = props;
+  const path = `/runs/${parentPath(agent, name)}`;
+  crumbs.innerHTML = `/ <a href="/parents/${parentPath(agent, name)}">${esc(agent)}/${esc(name)}</a>
+    / <a href="${path}/${seg(runId)}">${esc(runId)}</a> and <a href="${path}/${seg(other)}">${esc(other)}</a>`;
+  main.innerHTML = `<h1>${esc(runId)} and ${esc(other)}</h1>
+    <div class="toolbar"><span class="notice" id="notice"></span></div><div id="diff"></div>`;
+  let compared;
+  try { compared = await api(`/api${path}/${seg(runId)}/diff/${seg(other)}`); }
+  catch (error) { notice(error.message, true); return; }
+  const side = (run) => `<div class="side" data-run-id="${esc(run.run_id)}">
+    <h2><a href="${path}/${seg(run.run_id)}">${esc(run.run_id)}</a></h2>
+    <div class="meta"><span class="badge s-${esc(run.status)} status">${esc(run.status)}</span>
+      <span>${run.steps} steps</span><span class="usage">${run.tokens} tokens · $${run.cost.toFixed(6)}</span>
+      ${run.forked_from ? `<span>fork of ${esc(run.forked_from)} at sequence ${run.fork_seq}</span>` : ""}</div>
+    ${run.summary ? `<div class="summary">${esc(run.summary)}</div>` : ""}
+    ${run.error ? `<div class="problem">${esc(run.error)}</div>` : ""}
+    <pre class="output">${esc(run.output_text || JSON.stringify(run.output ?? ""))}</pre></div>`;
+  const step = (value) => value == null ? `<span class="empty">—</span>`
+    : `<pre class="json">${esc(JSON.stringify(value, null, 2))}</pre>`;
+  const parted = compared.diverged_at == null
+    ? `the same for the first ${compared.shared} steps`
+    : `the same for the first ${compared.shared} steps; they part at step ${compared.diverged_at}`;
+  document.getElementById("diff").innerHTML = `<div class="sides">${side(compared.a)}${side(compared.b)}</div>
+    <p class="parted" id="parted">${esc(parted)}</p>
+    <table class="steps-diff"><thead><tr><th>step</th><th>${esc(compared.a.run_id)}</th><th>${esc(compared.b.run_id)}</th></tr></thead>
+    <tbody>${compared.steps.map((pair) => `<tr data-index="${pair.index}" class="${pair.same ? "same" : "differs"}">
+      <td>${pair.index}</td><td>${step(pair.a)}</td><td>${step(pair.b)}</td></tr>`).join("")}</tbody></table>`;
+  document.body.dataset.loaded = "true";
+}
+
 function missingPage() {
   main.innerHTML = `<h1>Not found</h1><p class="empty">${esc(props.message || "")}</p>`;
 }
 
-({index: indexPage, parent: parentPage, run: runPage, missing: missingPage})[document.body.dataset.page]();
+({index: indexPage, parent: parentPage, run: runPage, diff: diffPage, missing: missingPage})[document.body.dataset.page]();

@@ -92,6 +92,9 @@ function runCard(run, tree, options = {}) {
   if (run.resumable) {
     actions.push(`<button class="rerequest" data-act="rerequest">Re-request</button>`);
   }
+  if (run.status === "error") {
+    actions.push(`<button class="rewind" data-act="rewind" title="take it up again from its last recorded step">Rewind</button>`);
+  }
   const pins = run.milestones.map((m) =>
     `<span class="pin" data-sequence="${m.sequence}" title="${esc(clock(m.at))}">${esc(m.name)}</span>`).join("");
   const children = tree.childrenOf(run);
@@ -105,6 +108,8 @@ function runCard(run, tree, options = {}) {
     run.reattach_attempts ? `re-attach ${run.reattach_attempts}` : "",
     budgetText(run.budget),
     run.turn > 1 ? `<span class="turn">turn ${run.turn}</span>` : "",
+    run.forked_from ? forkText(run) : "",
+    run.rewinds ? `<span class="rewinds">rewound ${run.rewinds}×</span>` : "",
   ].filter(Boolean);
   return `<div class="run" data-run-id="${esc(run.run_id)}" data-status="${esc(run.status)}"
       ${run.waiting_for ? `data-waiting="${esc(run.waiting_for)}"` : ""}>
@@ -135,6 +140,13 @@ function runCard(run, tree, options = {}) {
     ${waterfall(run)}
     ${children.length ? `<div class="children">${children.map((c) => runCard(c, tree, {actions: false})).join("")}</div>` : ""}
   </div>`;
+}
+
+// A fork: the run it was taken from and where, and the comparison of the two.
+function forkText(run) {
+  const path = `/runs/${parentPath(run.parent.agent, run.parent.name)}`;
+  return `<span class="fork">fork of <a href="${path}/${seg(run.forked_from)}">${esc(run.forked_from)}</a>
+    at ${esc(run.fork_at)} · <a class="compare" href="${path}/${seg(run.forked_from)}/diff/${seg(run.run_id)}">compare</a></span>`;
 }
 
 // Its budget over it and the runs below it: spent of the limit, reserved by open runs
