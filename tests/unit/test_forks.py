@@ -122,10 +122,12 @@ def test_a_forks_request_folds_to_a_run_that_starts_with_what_it_reuses() -> Non
 
 
 def test_a_run_command_is_a_fork_a_rewind_or_a_turn_not_two() -> None:
-    with pytest.raises(ValidationError, match="fork and rewind: a run request is one of them"):
-        parse_command("run", {"run_id": "r", "parent": {"agent": PARENT.agent, "name": PARENT.name},
-                              "agent_type": "Researcher", "rewind": 1,
-                              "fork": {"run_id": RUN_ID, "at": "step:1"}})
+    mixed = parse_command("run", {"run_id": "r", "parent": {"agent": PARENT.agent,
+                                                            "name": PARENT.name},
+                                  "agent_type": "Researcher", "rewind": 1,
+                                  "fork": {"run_id": RUN_ID, "at": "step:1"}})
+    assert mixed.mixed() == "fork and rewind: a run request is one of them at most"
+    assert fork_command().mixed() is None
     with pytest.raises(ValidationError, match="at: expected step"):
         fork_command(at="somewhere")
 

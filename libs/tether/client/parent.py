@@ -474,13 +474,17 @@ def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id:
     if isinstance(detached, dict) and detached.get("on_finish") is not None:
         check_identifier(detached["on_finish"], "on_finish method")
     try:
-        return RunCommand(run_id=run_id, parent=parent, agent_type=agent_type, input=input,
-                          parent_tool_call_id=parent_tool_call_id, display_order=display_order,
-                          display=display, detached=detached, started_by=started_by,
-                          expires_in_ms=expires_in_ms(expires_in), max_tokens=max_tokens,
-                          max_cost=max_cost, turn=turn, fork=fork, rewind=rewind)
+        command = RunCommand(run_id=run_id, parent=parent, agent_type=agent_type, input=input,
+                             parent_tool_call_id=parent_tool_call_id,
+                             display_order=display_order, display=display, detached=detached,
+                             started_by=started_by, expires_in_ms=expires_in_ms(expires_in),
+                             max_tokens=max_tokens, max_cost=max_cost, turn=turn, fork=fork,
+                             rewind=rewind)
     except ValidationError as error:
         raise ValueError(f"invalid run request: {_first_error(error)}") from None
+    if (mixed := command.mixed()) is not None:
+        raise ValueError(f"invalid run request: {mixed}")
+    return command
 
 
 def expires_in_ms(expires_in: float | None) -> int | None:

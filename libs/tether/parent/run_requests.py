@@ -84,9 +84,9 @@ class RunRequests:
             await self._reject(run_id, parent, raw.get("agent_type"), "invalid-request",
                                explain(error), cause)
             return RunOutcome("rejected", code="invalid-request")
-        if command.turn is not None or command.rewind is not None:
-            return await (self._follow_up(command, cause, overdue) if command.turn is not None
-                          else self._rewind(command, cause, overdue))
+        if not command.plain and (handled := await self._other_kind(command, cause,
+                                                                    overdue)) is not None:
+            return handled
         if overdue is not None:
             return await self._expired(command, overdue, cause)
 
@@ -128,6 +128,20 @@ class RunRequests:
                                BUDGET_EXCEEDED, why, cause)
             return RunOutcome("rejected", code=BUDGET_EXCEEDED)
         return await self._create(command, cause, spend, fork)
+
+    async def _other_kind(self, command: RunCommand, cause: decide.Cause,
+                          overdue: int | None) -> RunOutcome | None:
+        """A follow-up or a rewind, handled; a request of two kinds, refused; None for a
+        fork, which is requested as any new run."""
+        if (mixed := command.mixed()) is not None:
+            await self._reject(command.run_id, command.parent, command.agent_type,
+                               "invalid-request", mixed, cause)
+            return RunOutcome("rejected", code="invalid-request")
+        if command.turn is not None:
+            return await self._follow_up(command, cause, overdue)
+        if command.rewind is not None:
+            return await self._rewind(command, cause, overdue)
+        return None
 
     async def _spend(self, command: RunCommand) -> decide.Spend:
         """The run's budget in tokens and cost (the request's, else its agent type's), and
