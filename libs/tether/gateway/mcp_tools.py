@@ -119,7 +119,7 @@ class McpTools:
         arguments = params.arguments or {}
         if _wants_tasks(ctx):
             return await self._start_task(parent, agent_type, arguments, run_id)
-        progress = _Progress(ctx)
+        progress = _ProgressNotifier(ctx)
         watching = asyncio.create_task(progress.follow(parent, run_id))
         # The run is awaited in a task of its own, so that the gateway stopping ends the
         # wait and leaves the run, and only the caller's own cancellation cancels it.
@@ -199,7 +199,7 @@ class McpTools:
         return {}
 
 
-class _Progress:
+class _ProgressNotifier:
     """The progress notifications of one call: the run's progress and milestones as the
     parent's timeline shows them, each a step further than the one before."""
 
