@@ -25,6 +25,7 @@ from tether.diagnose import (
 )
 from tether.extras import MissingExtra, installed, require
 from tether.log import configure_logging, get_logger
+from tether.resilience import ABANDON_WAIT_S
 
 SERVICE_HEALTH_PORTS = {"parent": 8081, "child-runner": 8082, "reconciler": 8083, "projector": 8084,
                         "ui": 8085, "gateway": 8086}
@@ -104,9 +105,30 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _in_loop(settings: Settings, coroutine: Coroutine[Any, Any, int]) -> int:
-    """A service command's coroutine, on the event loop the settings choose."""
-    with asyncio.Runner(loop_factory=event_loop_factory(settings.event_loop)) as runner:
-        return runner.run(coroutine)
+    """A service command's coroutine, on the event loop the settings choose, and then an
+    end: what it left running (a task abandoned at a stop, such as a NATS connect that
+    does not end when cancelled) is cancelled and waited for `ABANDON_WAIT_S` at most,
+    where `asyncio.Runner` would wait for it for ever."""
+    factory = event_loop_factory(settings.event_loop)
+    loop = factory() if factory is not None else asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        try:
+            end_remaining(loop)
+        finally:
+            loop.close()
+
+
+def end_remaining(loop: asyncio.AbstractEventLoop, within_s: float = ABANDON_WAIT_S) -> None:
+    """Cancel the loop's tasks that are still running and wait for them `within_s` at most;
+    a task that does not end by then is left behind with the loop."""
+    remaining = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in remaining:
+        task.cancel()
+    if remaining:
+        loop.run_until_complete(asyncio.wait(remaining, timeout=within_s))
+    loop.run_until_complete(loop.shutdown_asyncgens())
 
 
 def _services_arguments(services: argparse.ArgumentParser) -> None:
