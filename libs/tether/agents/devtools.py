@@ -70,8 +70,8 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
     lines = [f"run {state.run_id}  {state.agent_type}  parent {parent}"]
     for turn in state.turns:
         said = turn.summary if turn.status == "completed" else turn.error
-        lines.append(f"turn {turn.turn:<4} {turn.status}  {_compact(turn.input)}  "
-                     f"{turn.tokens:,} tokens  -> {_preview(said or '')}")
+        lines.append(f"turn {turn.turn:<4} {turn.status}  {compact(turn.input)}  "
+                     f"{turn.tokens:,} tokens  -> {preview(said or '')}")
     lines += [f"status    {_status(state)}  attempt {state.attempt}"
               + (f"  turn {state.turn}" if state.turn > 1 else "")
               + (f"  version {state.agent_version}" if state.agent_version else ""),
@@ -82,7 +82,7 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
     for record in records:
         lines += _step(record, inputs, state.requested_at)
     for index, step in other_steps(state):
-        lines.append(f"step {index:<4} {step.get('kind', 'step')}  {_compact(step)}")
+        lines.append(f"step {index:<4} {step.get('kind', 'step')}  {compact(step)}")
     if any(step.get("turn") for step in state.steps.values()):
         lines.append(_usage_line("usage", UsageView.of_steps(state.steps)))
     if below:
@@ -93,18 +93,18 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
                      + f"  ({len(below)} run{'s' if len(below) != 1 else ''} below)")
     lines += _budget_lines(state)
     for resumption in state.resumptions:
-        lines.append(f"continue  {_clock(resumption.at)}  {_compact(resumption.decisions)}")
+        lines.append(f"continue  {_clock(resumption.at)}  {compact(resumption.decisions)}")
     for message in state.messages:
         stage = (f"taken in {_after(state.requested_at, message.consumed_at)}"
                  if message.consumed_at is not None else
                  f"delivered {_after(state.requested_at, message.delivered_at)}"
                  if message.delivered_at is not None else "waiting")
-        said = message.text if message.text is not None else _compact(message.data)
+        said = message.text if message.text is not None else compact(message.data)
         lines.append(f"message   {message.message_id} [{message.mode}] "
                      f"sent {_after(state.requested_at, message.sent_at)}, {stage}  "
-                     f"{_preview(said)}")
+                     f"{preview(said)}")
     if state.summary:
-        lines.append(f"summary   {_preview(state.summary)}")
+        lines.append(f"summary   {preview(state.summary)}")
     if state.error:
         lines.append(f"error     {state.error}")
     return "\n".join(lines)
@@ -148,23 +148,23 @@ def _step(record: AgentStepRecord, inputs: dict[str, dict[str, Any]], origin: in
                  (f"      tokens in {usage.input_tokens:,} out {usage.output_tokens:,} "
                   f"cached {usage.cached_tokens:,}{cost}  request {turn.request_id}")]
         if turn.message.content:
-            lines.append(f"      text  {_preview(turn.message.content)}")
+            lines.append(f"      text  {preview(turn.message.content)}")
     for result in record.tool_results:
         flag = " ERROR" if result.is_error else ""
-        called = _compact(inputs.get(result.tool_call_id, {}))
+        called = compact(inputs.get(result.tool_call_id, {}))
         lines.append(f"      tool  {result.tool_name} [{result.decision}]{flag} {called}  "
-                     f"{result.duration_ms:,} ms  -> {_preview(result.content)}")
+                     f"{result.duration_ms:,} ms  -> {preview(result.content)}")
     for pending in record.pending:
-        lines.append(f"      wait  {pending.tool_name} {_compact(pending.input)}  "
+        lines.append(f"      wait  {pending.tool_name} {compact(pending.input)}  "
                      f"({pending.reason}, id {pending.tool_call_id})")
     if record.human_input:
-        lines.append(f"      human {_preview(record.human_input)}")
+        lines.append(f"      human {preview(record.human_input)}")
     if record.note:
-        lines.append(f"      note  {_preview(record.note)}")
+        lines.append(f"      note  {preview(record.note)}")
     if record.inbox:
         lines.append(f"      took  {', '.join(record.inbox)}")
     for message in record.steering:
-        lines.append(f"      told  [{message.mode}] {_preview(message.content)}  "
+        lines.append(f"      told  [{message.mode}] {preview(message.content)}  "
                      f"(message {message.message_id})")
     if record.stop_reason:
         lines.append(f"      stop  {record.stop_reason}")
@@ -180,11 +180,13 @@ def _after(origin: int, moment: int | None) -> str:
     return "—" if moment is None else f"+{moment - origin:,} ms"
 
 
-def _compact(value: Any) -> str:
-    return _preview(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+def compact(value: Any, limit: int = PREVIEW_CHARS) -> str:
+    """`value` as JSON on one line, cut to `limit` characters."""
+    return preview(json.dumps(value, ensure_ascii=False, separators=(",", ":")), limit)
 
 
-def _preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+def preview(text: str, limit: int = PREVIEW_CHARS) -> str:
+    """`text` on one line, cut to `limit` characters."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[:limit - 1] + "…"
 

@@ -121,14 +121,7 @@ class RunWaiter:
         if state is not None and state.turn == turn:
             return False
         if state is None or state.turn < turn:
-            rejection = self._answering_rejection()
-            if rejection is None:
-                return None
-            if self.detached:
-                return DetachedHandle(run_id=self.run_id, agent_type=self.agent_type,
-                                      status="error", error=rejection.error)
-            return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
-                                    status="error", error=rejection.error, retryable=False)
+            return self._refused()
         finished = turn_outcome(state, state.turns[turn - 1])
         if self.detached:
             return DetachedHandle(run_id=self.run_id, agent_type=state.agent_type,
@@ -143,6 +136,11 @@ class RunWaiter:
         assert rewind is not None
         if state is not None and state.rewinds >= rewind:
             return False
+        return self._refused()
+
+    def _refused(self) -> Answer | None:
+        """The parent's refusal of a follow-up or a rewind, as its caller gets it (None:
+        none yet)."""
         rejection = self._answering_rejection()
         if rejection is None:
             return None

@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from tether.agents.devtools import load_run, show_run
+from tether.agents.devtools import compact, load_run, preview, show_run
 from tether.client.cli_commands import (
     UsageError,
     client_command,
@@ -159,8 +159,7 @@ def render_diff(compared: BranchDiff) -> str:
     if compared.same_output:
         lines.append("output    the same")
     else:
-        lines += [f"output a  {_preview(a.output_text or _json(a.output))}",
-                  f"output b  {_preview(b.output_text or _json(b.output))}"]
+        lines += [f"output a  {_output(a)}", f"output b  {_output(b)}"]
     return "\n".join(lines)
 
 
@@ -170,7 +169,7 @@ def _side(label: str, side: Side) -> str:
               if side.forked_from else "")
     return (f"{label}  {side.run_id}  {side.agent_type}  {side.status}  {side.steps} steps  "
             f"{side.usage.tokens:,} tokens ${side.usage.cost:.6f} "
-            f"(spent {side.spent.tokens:,}){origin}  -> {_preview(said or '')}")
+            f"(spent {side.spent.tokens:,}){origin}  -> {preview(said or '', PREVIEW_CHARS)}")
 
 
 def _pair(pair: StepPair) -> list[str]:
@@ -180,16 +179,13 @@ def _pair(pair: StepPair) -> list[str]:
 
 
 def _step(step: dict[str, Any] | None) -> str:
-    return "—" if step is None else _preview(_json(what_it_says(step)))
+    return "—" if step is None else compact(what_it_says(step), PREVIEW_CHARS)
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _preview(text: str, limit: int = PREVIEW_CHARS) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[:limit - 1] + "…"
+def _output(side: Side) -> str:
+    if side.output_text:
+        return preview(side.output_text, PREVIEW_CHARS)
+    return compact(side.output, PREVIEW_CHARS)
 
 
 RUNS = Command("runs", "a run's recorded steps; fork, rewind and compare runs (DevTools)",
