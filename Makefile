@@ -28,7 +28,7 @@ test-deps:
 	scripts/test-deps.sh
 
 # Integration/e2e tests: throwaway NATS + Postgres around the whole pytest run.
-test: venv test-deps
+test: venv test-deps $(VENV)/.restate-installed
 	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-plain-nats
 
@@ -99,9 +99,10 @@ demo: venv
 
 # The benchmark (bench/README.md). `make bench RUNS=300` for a quick look;
 # BENCH_ARGS passes more flags, e.g. BENCH_ARGS=--profile. Extras: `bench` (matplotlib,
-# py-spy) and, for bench-peers, `peers` (dbos, celery[redis], psycopg; the Celery peer
-# starts a throwaway redis-server unless TETHER_BENCH_REDIS_URL names a Redis); pip only
-# warns while an extra is missing.
+# py-spy) and, for bench-peers, `peers` (dbos, celery[redis], psycopg, restate-sdk,
+# hypercorn, aiohttp; the Celery peer starts a throwaway redis-server unless
+# TETHER_BENCH_REDIS_URL names a Redis; the Restate peer runs its server, from npm, in a
+# network namespace of its own); pip only warns while an extra is missing.
 RUNS ?= 5000
 BENCH_ARGS ?=
 
@@ -114,5 +115,11 @@ $(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
 bench: $(VENV)/.bench-installed
 	$(PY) -m bench.run --runs $(RUNS) $(BENCH_ARGS)
 
-bench-peers: $(VENV)/.bench-installed
+# The Restate peer's server: npm's @restatedev/restate-server-linux-x64 at the version
+# bench/peers/restate_w1.py pins, under .venv/restate.
+$(VENV)/.restate-installed: $(VENV)/.installed bench/peers/restate_w1.py
+	$(PY) -m bench.peers.restate_w1 install
+	touch $@
+
+bench-peers: $(VENV)/.bench-installed $(VENV)/.restate-installed
 	$(PY) -m bench.run --runs $(RUNS) --peers $(BENCH_ARGS)

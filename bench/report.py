@@ -9,8 +9,9 @@ from bench.peers.sweep import complete
 
 # Each peer's reference configuration: as deployed by default (DBOS: workflows started
 # directly in the application; Celery: one prefork worker, a process per CPU).
-PEER_REFERENCES = {"dbos": "direct", "celery": "default"}
-PEER_TITLES = {"dbos": "DBOS", "celery": "Celery"}
+# Restate: its server's defaults, 24 partitions and its log synced.
+PEER_REFERENCES = {"dbos": "direct", "celery": "default", "restate": "default"}
+PEER_TITLES = {"dbos": "DBOS", "celery": "Celery", "restate": "Restate"}
 
 GROWTH_TOLERANCE_KIB = 1024  # per quarter of the runs: RSS may wobble by a MiB
 GROWTH_TOLERANCE_RATIO = 0.01
@@ -70,13 +71,37 @@ def ratios(report: dict) -> dict:
                                            ceil.get("ordered_replay_per_s")),
         "rebuild_vs_copy": ratio(rebuild.get("events_per_s"), ceil.get("copy_rows_per_s")),
         **peer_ratios(w1["runs_per_s"], report.get("peers") or {}),
-        **alternated_ratio(report.get("alternated")),
+        **alternated_ratios(report.get("alternated")),
+        **awaited_ratios((report.get("w2") or {}).get("round_trip") or {},
+                         (report.get("peers") or {}).get("restate") or {}),
     }
 
 
-def alternated_ratio(paired: dict | None) -> dict:
-    """`w1_vs_<peer>_alternated`: the median ratio of the alternated pairs, if any ran."""
-    return {} if not paired else {f"w1_vs_{paired['peer']}_alternated": paired["median_ratio"]}
+def alternated_ratios(alternated: dict | None) -> dict:
+    """`w1_vs_<peer>_alternated`: the median ratio of each peer's alternated pairs."""
+    return {f"w1_vs_{peer}_alternated": paired["median_ratio"]
+            for peer, paired in (alternated or {}).items()}
+
+
+def restate_awaited(restate: dict) -> dict:
+    """Restate's awaited calls at their best: of its best W1 configuration's run, the
+    lower p50 and the lower p99 of its calls with and without an idempotency key."""
+    best = restate.get("best") or {}
+    calls = [w for w in (best.get("w2"), best.get("w2_unkeyed")) if w and "p50_ms" in w]
+    if not calls:
+        return {}
+    return {"p50_ms": min(w["p50_ms"] for w in calls),
+            "p99_ms": min(w["p99_ms"] for w in calls), "label": best.get("label")}
+
+
+def awaited_ratios(round_trip: dict, restate: dict) -> dict:
+    """`w2_p50_vs_restate`, `w2_p99_vs_restate`: Tether's awaited call's latency over
+    Restate's (below 1: Tether's is shorter)."""
+    theirs = restate_awaited(restate)
+    if not theirs:
+        return {}
+    return {f"w2_{q}_vs_restate": ratio(round_trip.get(f"{q}_ms"), theirs[f"{q}_ms"])
+            for q in ("p50", "p99")}
 
 
 def peer_ratios(runs_per_s: float, peers: dict) -> dict:
@@ -133,11 +158,12 @@ def peers_table(report: dict) -> str:
                      f"{len(peer['sweep'])} configuration(s) at {peer['sweep_runs']} runs "
                      "(* the best):")
         best_config = (peer.get("best") or {}).get("config")
+        width = max(40, *(len(point["label"]) for point in peer["sweep"]))
         for point in peer["sweep"]:
             mark = "*" if point["config"] == best_config else " "
-            lines.append(f"  {mark} {point['label']:<40} {_peer_figure(point)}")
+            lines.append(f"  {mark} {point['label']:<{width}} {_peer_figure(point)}")
         for point in peer.get("confirmed") or []:
-            lines.append(f"    {point['label'] + ' at ' + str(point['runs']) + ' runs':<40} "
+            lines.append(f"    {point['label'] + ' at ' + str(point['runs']) + ' runs':<{width}} "
                          f"{_peer_figure(point)}")
         if "error" in peer:
             lines.append(f"  failed: {peer['error']}")
@@ -149,8 +175,8 @@ def peers_table(report: dict) -> str:
             f"{peer['runs_per_s']:.1f} runs/s over {peer['runs']} runs); "
             f"{_x(r.get(f'w1_vs_{name}_{ref_name}'))} of the {ref_name} configuration "
             f"({reference.get('label', '-')}, {_n(reference.get('runs_per_s'), 1)} runs/s)")
-        paired = report.get("alternated") or {}
-        if paired.get("peer") == name:
+        paired = (report.get("alternated") or {}).get(name)
+        if paired:
             lines.append(f"  alternated, each pair one run after the other: "
                          f"{_x(paired['median_ratio'])} (the median of the pairs)")
             for n, pair in enumerate(paired["pairs"], 1):
@@ -160,7 +186,31 @@ def peers_table(report: dict) -> str:
                 lines.append(f"    pair {n}: Tether {_n(ours['runs_per_s'], 1)} runs/s "
                              f"({ours['finished']}/{ours['runs']}), {title} {figure}: "
                              f"{_x(pair['ratio'])}")
+        if name == "restate":
+            lines += _restate_lines(report, peer)
     return "\n".join(lines)
+
+
+def _restate_lines(report: dict, restate: dict) -> list[str]:
+    """Restate's awaited calls and CPU per run beside Tether's."""
+    ours = (report.get("w2") or {}).get("round_trip") or {}
+    theirs, r = restate_awaited(restate), report["ratios"]
+    lines = []
+    if theirs:
+        lines.append(f"  awaited calls p50/p99: Tether {_n(ours.get('p50_ms'), 2)} / "
+                     f"{_n(ours.get('p99_ms'), 2)} ms, Restate {_n(theirs['p50_ms'], 2)} / "
+                     f"{_n(theirs['p99_ms'], 2)} ms ({theirs['label']}); Tether's over "
+                     f"Restate's {_x(r.get('w2_p50_vs_restate'))} / "
+                     f"{_x(r.get('w2_p99_vs_restate'))}")
+    cpu = (restate.get("best") or {}).get("cpu_ms_per_run")
+    if cpu:
+        tether_cpu = sum(ms for name, ms in (report["w1"].get("cpu_ms_per_run") or {}).items()
+                         if name not in ("others", "probe"))
+        lines.append(f"  CPU ms per W1 run: Tether {_n(tether_cpu, 2)} (its services, NATS, "
+                     f"Postgres and the bench app; not the probe), Restate {_n(cpu['all'], 2)} (server "
+                     f"{_n(cpu['restate-server'], 2)}, SDK workers {_n(cpu['sdk-workers'], 2)}, "
+                     f"driver {_n(cpu['driver'], 2)})")
+    return lines
 
 
 def targets(report: dict) -> dict:
@@ -171,12 +221,21 @@ def targets(report: dict) -> dict:
         return {"value": value, "target": goal, "met": None if met is None else bool(met)}
 
     dbos = r.get("w1_vs_dbos")
+    restate = r.get("w1_vs_restate_alternated") or r.get("w1_vs_restate")
     rebuild = r.get("rebuild_vs_fetch_ack")
     w2_p50 = (w2.get("round_trip") or {}).get("p50_ms")
     return {
         "w1_runs_per_s": target(w1["runs_per_s"], ">= 500", w1["runs_per_s"] >= 500),
         "w1_vs_dbos": target(dbos, ">= 10x the best DBOS configuration",
                              None if dbos is None else dbos >= 10),
+        "w1_vs_restate": target(restate, ">= 2x the best Restate configuration (the median "
+                                "of the alternated pairs where they ran)",
+                                None if restate is None else restate >= 2),
+        **{f"w2_{q}_vs_restate": target(r.get(f"w2_{q}_vs_restate"),
+                                        f"<= 1x Restate's awaited call {q}",
+                                        None if r.get(f"w2_{q}_vs_restate") is None
+                                        else r[f"w2_{q}_vs_restate"] <= 1)
+           for q in ("p50", "p99")},
         "progress_p99_ms": target(w1["progress_latency"]["p99_ms"], "< 50",
                                   w1["progress_latency"]["p99_ms"] < 50),
         "w2_p50_ms": target(w2_p50, "< 20", None if w2_p50 is None else w2_p50 < 20),
@@ -222,7 +281,8 @@ def table(report: dict) -> str:
          f"up to {w1.get('max_events_stream_consumers', '-')} consumers on the events stream")),
         ("W1 throughput", _n(w1["runs_per_s"], 1, " runs/s"),
          (f"{_n(w1['seconds'], 2)} s; submit {_n(w1['submit_per_s'], 0)}/s; vs the best DBOS "
-          f"{_x(r['w1_vs_dbos'])}, the best Celery {_x(r['w1_vs_celery'])}")),
+          f"{_x(r['w1_vs_dbos'])}, the best Celery {_x(r['w1_vs_celery'])}, the best Restate "
+          f"{_x(r['w1_vs_restate'])}")),
         ("events appended", _n(w1["events_appended_per_s"], 0, "/s"),
          (f"{w1['events_appended']} events ({w1['events_per_run']:.1f}/run); "
          f"{_x(r['appended_vs_append_async'])} of async append, {_x(r['appended_vs_append_sync'])} of sync")),

@@ -38,7 +38,9 @@ from tether.log import configure_logging
 from tether.runtime import tune_gc
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PEERS = ("dbos", "celery")
+PEERS = ("dbos", "celery", "restate")
+# The peers Tether's W1 is alternated with, in pairs, after the sweeps.
+ALTERNATED = ("dbos", "restate")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -80,8 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="count every NATS message by subject kind during W1 (diagnosis; "
                              "adds load)")
     parser.add_argument("--peers", action="store_true",
-                        help="also run W1 on the peers, DBOS and Celery, each swept over its "
-                             "configurations, and compare Tether with the best (make bench-peers)")
+                        help="also run W1 on the peers, DBOS, Celery and Restate, each swept "
+                             "over its configurations, and compare Tether with the best "
+                             "(make bench-peers)")
     parser.add_argument("--peer", action="append", choices=PEERS, dest="peer_names",
                         help="with --peers, only this peer (repeatable; default: all)")
     parser.add_argument("--peer-sweep-runs", type=int, default=400,
@@ -89,10 +92,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "reference configuration are then run with --runs (default 400)")
     parser.add_argument("--peer-grid", choices=["default", "quick"], default="default",
                         help="the peers' configurations: default, or quick (two DBOS "
-                             "configurations, one Celery; for tests)")
+                             "configurations, one Celery, two Restate; for tests)")
     parser.add_argument("--peer-pairs", type=int, default=3,
                         help="with --peers, after the sweeps: Tether's W1 and DBOS's best "
-                             "configuration run one after the other this many times, each "
+                             "configuration, then Tether's W1 and Restate's best, run one "
+                             "after the other this many times, each "
                              "with --runs, and the median of the pairs' ratios reported "
                              "(default 3; 0: none)")
     parser.add_argument("--redis-url", default=os.environ.get("TETHER_BENCH_REDIS_URL"),
@@ -120,11 +124,16 @@ def git_describe() -> str:
     return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
+def peer_args(name: str, database_url: str) -> list[str]:
+    """Restate keeps its own store; the other peers' rows go to the bench's Postgres."""
+    return [] if name == "restate" else ["--database-url", database_url]
+
+
 def run_peer(name: str, args: argparse.Namespace, database_url: str) -> dict:
     """`bench/peers/<name>_w1.py` in its own process: its sweep, as JSON.
 
     Its progress (one line per configuration) goes to stderr as it runs."""
-    command = [sys.executable, "-m", f"bench.peers.{name}_w1", "--database-url", database_url,
+    command = [sys.executable, "-m", f"bench.peers.{name}_w1", *peer_args(name, database_url),
                "--runs", str(args.runs), "--sweep-runs", str(args.peer_sweep_runs),
                "--grid", args.peer_grid, "--json"]
     if name == "celery" and args.redis_url:
@@ -228,7 +237,7 @@ async def alternated(args: argparse.Namespace, nats_url: str, database_url: str,
     if run_peer is None:
         def run_peer(config: dict, runs: int) -> dict:
             return run_point(f"bench.peers.{peer}_w1", config, runs,
-                             ["--database-url", database_url])
+                             peer_args(peer, database_url))
     pairs = []
     for n in range(1, args.peer_pairs + 1):
         ours = await fresh_w1(args, nats_url, database_url, extra, log_dir / f"pair-{n}")
@@ -257,9 +266,10 @@ def failures(result: dict) -> list[str]:
     """Why the bench exits with 1: a W1 run did not finish, a hook ran twice, a request
     failed, a service crashed, or the log shows a W1 that was not correct."""
     found = []
-    pairs = (result.get("alternated") or {}).get("pairs") or []
     checked = [("W1", result["w1"]), ("replicated W1", result.get("w1_replicated")),
-               *((f"alternated W1 {n}", pair["tether"]) for n, pair in enumerate(pairs, 1))]
+               *((f"alternated W1 {n} ({peer})", pair["tether"])
+                 for peer, paired in (result.get("alternated") or {}).items()
+                 for n, pair in enumerate(paired["pairs"], 1))]
     for name, w in checked:
         if w is None:
             continue
@@ -357,11 +367,12 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
         result["w1_replicated"] = await replicated_w1(args, nats_url, database_url, extra,
                                                       out_dir / f"{stamp}-replicas-logs")
     await measure_offline(args, result, env, settings)
-    best_dbos = ((result.get("peers") or {}).get("dbos") or {}).get("best")
-    if args.peer_pairs and best_dbos is not None and complete(best_dbos):
-        result["alternated"] = await alternated(args, nats_url, database_url, extra,
-                                                out_dir / f"{stamp}-pairs-logs", "dbos",
-                                                best_dbos)
+    for peer in ALTERNATED:
+        best = ((result.get("peers") or {}).get(peer) or {}).get("best")
+        if args.peer_pairs and best is not None and complete(best):
+            result.setdefault("alternated", {})[peer] = await alternated(
+                args, nats_url, database_url, extra, out_dir / f"{stamp}-pairs-{peer}-logs",
+                peer, best)
     if not args.keep:
         await cleanup(nats_url, database_url, settings)
     result["meta"]["load_avg_after"] = os.getloadavg()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The system programs the test suite needs besides Python: Debian's Chromium and its driver
 # (the UI's browser tests), redis-server (the benchmark's Celery peer), faketime (the
-# chaos scenarios' skewed clocks). Installs the missing ones with apt-get as root, or with
-# `sudo -n` where that needs no password; otherwise names them and the command, and fails.
+# chaos scenarios' skewed clocks), npm (the Restate peer's server is an npm package).
+# Installs the missing ones with apt-get as root, or with `sudo -n` where that needs no
+# password; otherwise names them and the command, and fails.
 set -euo pipefail
 missing=()
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
@@ -10,6 +11,7 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
 fi
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v faketime >/dev/null || missing+=(faketime)
+command -v npm >/dev/null || missing+=(npm)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 install=(apt-get install -y -q --no-install-recommends "${missing[@]}")

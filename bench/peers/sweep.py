@@ -26,6 +26,10 @@ from bench.stack import REPO
 
 def label(config: dict) -> str:
     """A configuration in a few words, e.g. `queue sync 2x16 poll 0.1s`."""
+    if "partitions" in config:  # Restate
+        return (f"{config['workers']} workers, {config['in_flight']} in flight, "
+                f"{config['partitions']} partitions, fsync {'on' if config['fsync'] else 'off'}, "
+                f"hook {config['hook']}")
     parts = [config["mode"]]
     if "workflow" in config:
         parts.append(config["workflow"])

@@ -1,7 +1,14 @@
 """A peer's sweep: the best complete configuration is the one Tether is compared with."""
 
 from bench.peers import sweep
-from bench.report import alternated, peer_ratios, peers_table, ratios, strip_series
+from bench.report import (
+    alternated,
+    peer_ratios,
+    peers_table,
+    ratios,
+    strip_series,
+    targets,
+)
 from bench.run import failures
 
 DIRECT = {"mode": "direct", "workflow": "async", "hook": True}
@@ -123,10 +130,11 @@ def test_alternated_pairs_give_the_median_of_their_ratios():
         "duplicate_hook_calls", "submit_errors", "crashed_services", "prefix"}
 
     report = {"w1": {"runs_per_s": 600.0, "events_appended_per_s": 3600.0,
-                     "events_projected_per_s": 3600.0}, "peers": {}, "alternated": paired}
+                     "events_projected_per_s": 3600.0}, "peers": {},
+              "alternated": {"dbos": paired}}
     assert ratios(report)["w1_vs_dbos_alternated"] == 16.0
     text = peers_table({"peers": {"dbos": swept_dbos()}, "ratios": {"w1_vs_dbos": 16.5},
-                        "alternated": paired})
+                        "alternated": {"dbos": paired}})
     assert "alternated, each pair one run after the other: 16.00x" in text
     assert "pair 3: Tether 700.0 runs/s (2000/2000), DBOS 35.0 runs/s: 20.00x" in text
 
@@ -139,7 +147,8 @@ def test_a_pair_with_an_unfinished_run_has_no_ratio():
     assert [pair["ratio"] for pair in paired["pairs"]] == [None, None, 17.0]
     assert paired["median_ratio"] == 17.0
     assert alternated("dbos", pairs[:2])["median_ratio"] is None
-    text = peers_table({"peers": {"dbos": swept_dbos()}, "ratios": {}, "alternated": paired})
+    text = peers_table({"peers": {"dbos": swept_dbos()}, "ratios": {},
+                        "alternated": {"dbos": paired}})
     assert "pair 1: Tether 640.0 runs/s (1999/2000), DBOS 40.0 runs/s: -" in text
     assert "pair 2: Tether 480.0 runs/s (2000/2000), DBOS incomplete 1990/2000: -" in text
 
@@ -149,9 +158,10 @@ def test_an_alternated_w1_that_is_not_whole_fails_the_bench():
                                                  "duplicate_hook_calls": 1}
     paired = alternated("dbos", [{"tether": tether_w1(600.0), "dbos": measured(QUEUE_2X16, 2000, 40.0)},
                                  {"tether": broken, "dbos": measured(QUEUE_2X16, 2000, 40.0)}])
-    found = failures({"w1": tether_w1(600.0), "crashed_services": [], "alternated": paired})
-    assert found == ["alternated W1 2: 1999 of 2000 runs finished",
-                     "alternated W1 2: 1 duplicate hook calls, 0 failed requests",
+    found = failures({"w1": tether_w1(600.0), "crashed_services": [],
+                      "alternated": {"dbos": paired}})
+    assert found == ["alternated W1 2 (dbos): 1999 of 2000 runs finished",
+                     "alternated W1 2 (dbos): 1 duplicate hook calls, 0 failed requests",
                      "crashed services: parent"]
     assert failures({"w1": tether_w1(600.0), "crashed_services": []}) == []
 
@@ -159,3 +169,48 @@ def test_an_alternated_w1_that_is_not_whole_fails_the_bench():
 def test_the_json_leaves_out_series_inside_lists():
     assert strip_series({"pairs": [{"_accepted": [1], "runs": 2}], "_x": 1}) == {
         "pairs": [{"runs": 2}]}
+
+
+RESTATE_BEST = {"workers": 2, "in_flight": 64, "partitions": 2, "fsync": False,
+                "hook": "service"}
+RESTATE_DEFAULT = {**RESTATE_BEST, "partitions": 24, "fsync": True}
+
+
+def restate_point(config: dict, runs_per_s: float, w2: tuple[float, float],
+                  w2_unkeyed: tuple[float, float]) -> dict:
+    return measured(config, 2000, runs_per_s) | {
+        "w2": {"runs": 200, "p50_ms": w2[0], "p99_ms": w2[1]},
+        "w2_unkeyed": {"runs": 200, "p50_ms": w2_unkeyed[0], "p99_ms": w2_unkeyed[1]},
+        "cpu_ms_per_run": {"restate-server": 1.5, "sdk-workers": 1.8, "driver": 0.3,
+                           "all": 3.6}}
+
+
+def test_restate_is_compared_at_its_best_for_throughput_and_for_awaited_calls():
+    assert sweep.label(RESTATE_BEST) == (
+        "2 workers, 64 in flight, 2 partitions, fsync off, hook service")
+    best = restate_point(RESTATE_BEST, 500.0, (5.0, 9.0), (4.0, 11.0))
+    default = restate_point(RESTATE_DEFAULT, 400.0, (6.0, 10.0), (6.5, 10.5))
+    restate = sweep.sweep("restate", [RESTATE_BEST, RESTATE_DEFAULT], RESTATE_DEFAULT,
+                          runs=2000, sweep_runs=2000,
+                          run=lambda config, _: best if config == RESTATE_BEST else default,
+                          log=lambda _: None)
+    report = {"w1": {"runs_per_s": 1000.0, "events_appended_per_s": 6000.0,
+                     "events_projected_per_s": 6000.0, "progress_latency": {"p99_ms": 20.0},
+                     "cpu_ms_per_run": {"parent": 0.5, "nats-server": 0.5, "probe": 0.1,
+                                        "others": 0.4}},
+              "w2": {"round_trip": {"p50_ms": 3.0, "p99_ms": 9.9}},
+              "peers": {"restate": restate}}
+    report["ratios"] = ratios(report)
+    # Its best configuration's calls, the lower of with and without an idempotency key.
+    assert report["ratios"]["w1_vs_restate"] == 2.0
+    assert report["ratios"]["w1_vs_restate_default"] == 2.5
+    assert report["ratios"]["w2_p50_vs_restate"] == 0.75
+    assert round(report["ratios"]["w2_p99_vs_restate"], 6) == 1.1
+    met = targets(report)
+    assert met["w1_vs_restate"]["met"] is True
+    assert (met["w2_p50_vs_restate"]["met"], met["w2_p99_vs_restate"]["met"]) == (True, False)
+    text = peers_table(report)
+    assert ("awaited calls p50/p99: Tether 3.00 / 9.90 ms, Restate 4.00 / 9.00 ms "
+            "(2 workers, 64 in flight, 2 partitions, fsync off, hook service)") in text
+    # Tether's processes without the probe and the rest of the machine.
+    assert "CPU ms per W1 run: Tether 1.00 (" in text and "Restate 3.60 (server 1.50" in text
