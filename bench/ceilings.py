@@ -126,9 +126,10 @@ async def copy_rows(database_url: str, schema: str, messages: list[tuple[str, by
 
 
 async def measure(nats_url: str, database_url: str, subjects: Subjects, expected: int, *,
-                  in_flight: int = 1024, fetch_batch: int = 500) -> dict:
-    """Every ceiling with the `expected` messages of the events stream (W1's log)."""
-    nc = await nats.connect(nats_url, name="tether-bench-ceilings")
+                  in_flight: int = 1024, fetch_batch: int = 500, replicas: int = 1) -> dict:
+    """Every ceiling with the `expected` messages of the events stream (W1's log), on a
+    scratch stream of `replicas` replicas (as many as the events stream's)."""
+    nc = await nats.connect(nats_url.split(","), name="tether-bench-ceilings")
     js = nc.jetstream()
     scratch = f"{subjects.prefix.upper()}_CEILING"
     prefix = f"{subjects.prefix}ceiling"
@@ -138,7 +139,8 @@ async def measure(nats_url: str, database_url: str, subjects: Subjects, expected
         mapped = [(prefix + "." + s.removeprefix(evt), d) for s, d in messages]
         await js.add_stream(js_api.StreamConfig(
             name=scratch, subjects=[f"{prefix}.>"], storage=js_api.StorageType.FILE,
-            retention=js_api.RetentionPolicy.LIMITS, num_replicas=1, allow_direct=True))
+            retention=js_api.RetentionPolicy.LIMITS, num_replicas=replicas,
+            allow_direct=True))
         try:
             append = await append_async(nc, scratch, mapped, in_flight)
             fetch = await fetch_ack(nc, scratch, len(mapped), fetch_batch)
@@ -152,7 +154,7 @@ async def measure(nats_url: str, database_url: str, subjects: Subjects, expected
         await nc.drain()
     sizes = [len(d) for _, d in messages]
     return {"messages": len(messages), "mean_bytes": sum(sizes) / max(len(sizes), 1),
-            "append_async_per_s": append, "append_in_flight": in_flight,
+            "append_async_per_s": append, "append_in_flight": in_flight, "replicas": replicas,
             "append_sync_per_s": sync, "append_sync_messages": min(len(mapped), SYNC_PUBLISH_CAP),
             "fetch_ack_per_s": fetch, "fetch_batch": fetch_batch,
             "ordered_replay_per_s": replay, "tether_log_replay_per_s": len(messages) / log_read_s,

@@ -16,13 +16,15 @@ PG_STATS = """SELECT xact_commit, tup_inserted, tup_updated, tup_deleted, tup_fe
               FROM pg_stat_database WHERE datname = current_database()"""
 
 
-def monitor_port(nats_pids: list[int]) -> int | None:
+def monitor_ports(nats_pids: list[int]) -> list[int]:
+    """The monitoring port of each nats-server (a cluster's: every node's)."""
+    ports = []
     for pid in nats_pids:
         with contextlib.suppress(OSError, ValueError, IndexError):
             args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
             if "-m" in args:
-                return int(args[args.index("-m") + 1])
-    return None
+                ports.append(int(args[args.index("-m") + 1]))
+    return ports
 
 
 async def http_json(port: int, path: str) -> dict:
@@ -41,19 +43,23 @@ class ServerCounters:
                  db_lock: asyncio.Lock | None = None) -> None:
         self._db = db
         self._db_lock = db_lock or asyncio.Lock()
-        self._port = monitor_port(nats_pids)
+        self._ports = monitor_ports(nats_pids)
         self._start: dict[str, float] = {}
 
     async def _now(self) -> dict[str, float]:
+        """The counters so far; a cluster's summed over its nodes (a message routed from
+        one node to another counts on both)."""
         values: dict[str, float] = {}
-        if self._port is not None:
+        for port in self._ports:
             with contextlib.suppress(OSError, ValueError, TimeoutError):
-                varz = await http_json(self._port, "/varz")
-                jsz = await http_json(self._port, "/jsz")
-                values.update({"nats_msgs_in": varz["in_msgs"], "nats_msgs_out": varz["out_msgs"],
-                               "nats_bytes_in": varz["in_bytes"],
-                               "nats_bytes_out": varz["out_bytes"],
-                               "jetstream_api_calls": jsz.get("api", {}).get("total", 0)})
+                varz = await http_json(port, "/varz")
+                jsz = await http_json(port, "/jsz")
+                for key, value in (("nats_msgs_in", varz["in_msgs"]),
+                                   ("nats_msgs_out", varz["out_msgs"]),
+                                   ("nats_bytes_in", varz["in_bytes"]),
+                                   ("nats_bytes_out", varz["out_bytes"]),
+                                   ("jetstream_api_calls", jsz.get("api", {}).get("total", 0))):
+                    values[key] = values.get(key, 0) + value
         # pg_stat_database lags by up to the stats flush interval; good enough for per-run.
         async with self._db_lock:
             row = await self._db.fetchrow(PG_STATS)

@@ -319,6 +319,10 @@ def table(report: dict) -> str:
     rows.append(("cores busy in W1", _n(busy.get("all"), 2),
                  (f"of {report['meta']['cpus']}; others' processes {_n(busy.get('others'), 2)} "
                  "(noise: other work on the machine)")))
+    if report.get("events_stream_leader"):
+        rows.append(("events stream leader", report["events_stream_leader"],
+                     ("the cluster's node that takes every append of the events stream "
+                      "(node nK is nats-server-(K+1) above)")))
     work = w1.get("server_work_per_run") or {}
     if work:
         rows.append(("server work/run", f"{_n(work.get('nats_msgs_in'), 1)} msgs in",

@@ -69,6 +69,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "its own, and report its CPU per run beside the single-replica "
                              "W1's (default 1: no second W1; --profile and --callgrind watch "
                              "the first W1 only)")
+    parser.add_argument("--nats-nodes", type=int, default=1,
+                        help="run everything on a cluster of this many nats-servers (each "
+                             "its own process and store on this machine) with streams of as "
+                             "many replicas (default 1: one nats-server; with "
+                             "$TETHER_NATS_URL, the replicas only, on that NATS)")
     parser.add_argument("--timeout", type=float, default=None,
                         help="give up on W1 after this many seconds (default 60 + runs/20)")
     parser.add_argument("--profile", action="store_true",
@@ -151,7 +156,7 @@ def run_peer(name: str, args: argparse.Namespace, database_url: str) -> dict:
 
 
 async def cleanup(nats_url: str, database_url: str, settings: Settings) -> None:
-    nc = await nats.connect(nats_url)
+    nc = await nats.connect(nats_url.split(","))
     await remove_streams(nc.jetstream(), settings.subjects)
     await nc.drain()
     conn = await asyncpg.connect(database_url)
@@ -187,7 +192,7 @@ async def fresh_w1(args: argparse.Namespace, nats_url: str, database_url: str,
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench{tag}"
     settings = Settings(nats_url=nats_url, database_url=database_url, prefix=prefix,
-                        projection_schema=prefix)
+                        projection_schema=prefix, stream_replicas=args.nats_nodes)
     env = ServiceSet.environment(nats_url, database_url, prefix, extra)
     services = ServiceSet(env, log_dir, replicas=replicas)
     await services.start()
@@ -255,7 +260,8 @@ async def measure_offline(args: argparse.Namespace, result: dict, env: dict[str,
         result["rebuild"] = await asyncio.to_thread(rebuild, env)
     if not args.no_ceilings:
         result["ceilings"] = await ceilings.measure(settings.nats_url, settings.database_url,
-                                                    settings.subjects, result["log_messages"])
+                                                    settings.subjects, result["log_messages"],
+                                                    replicas=settings.stream_replicas)
     if args.peers:
         result["peers"] = {name: await asyncio.to_thread(run_peer, name, args,
                                                          settings.database_url)
@@ -293,8 +299,9 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench{tag}"
     settings = Settings(nats_url=nats_url, database_url=database_url, prefix=prefix,
-                        projection_schema=prefix)
+                        projection_schema=prefix, stream_replicas=args.nats_nodes)
     extra = {"TETHER_EVENT_LOOP": args.event_loop,
+             "TETHER_STREAM_REPLICAS": str(args.nats_nodes),
              **dict(item.split("=", 1) for item in args.service_env)}
     env = ServiceSet.environment(nats_url, database_url, prefix, extra)
     out_dir = args.results_dir
@@ -356,8 +363,10 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
                 result["memory"] = report.memory_verdict(
                     {n: s.samples for n, s in services.services.items()},
                     result["w1"]["finished"])
-                result["log_messages"] = (await tether.js.stream_info(
-                    settings.subjects.events_stream)).state.messages
+                events = await tether.js.stream_info(settings.subjects.events_stream)
+                result["log_messages"] = events.state.messages
+                # A cluster's node that takes every append of the events stream.
+                result["events_stream_leader"] = events.cluster.leader if events.cluster else None
             finally:
                 await db.close()
     finally:
@@ -390,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging("warning")  # the bench app's own hook handler logs per message at info
     loop_factory = event_loop_factory(args.event_loop)
-    with servers() as (nats_url, database_url), asyncio.Runner(loop_factory=loop_factory) as runner:
+    with servers(args.nats_nodes) as (nats_url, database_url), asyncio.Runner(loop_factory=loop_factory) as runner:
         result = runner.run(bench(args, nats_url, database_url))
     print(report.table(result))
     print("\nwhere a run's time goes, p50/p99 ms (from the events' occurred_at):")

@@ -28,15 +28,18 @@ def devstack():
 
 
 @contextlib.contextmanager
-def servers() -> Iterator[tuple[str, str]]:
-    """(nats_url, database_url): TETHER_NATS_URL / TETHER_DATABASE_URL, else throwaway ones."""
+def servers(nats_nodes: int = 1) -> Iterator[tuple[str, str]]:
+    """(nats_url, database_url): TETHER_NATS_URL / TETHER_DATABASE_URL, else throwaway ones
+    (`nats_nodes` > 1: a cluster of that many nats-servers, their URLs joined by commas)."""
     with contextlib.ExitStack() as stack:
         nats_url = os.environ.get("TETHER_NATS_URL")
         database_url = os.environ.get("TETHER_DATABASE_URL")
         if not nats_url or not database_url:
             ds = devstack()
             if not nats_url:
-                nats_url = stack.enter_context(ds.temporary_nats())
+                nats_url = stack.enter_context(
+                    ds.temporary_nats() if nats_nodes == 1
+                    else ds.temporary_nats_cluster(nats_nodes))
             if not database_url:
                 database_url = stack.enter_context(ds.temporary_postgres("tether_bench"))
         yield nats_url, database_url
@@ -109,14 +112,25 @@ def _pids_where(predicate) -> list[int]:
 
 
 def server_pids(nats_url: str, database_url: str) -> dict[str, list[int]]:
-    """nats-server and postgres (the postmaster and its backends) on this machine, by port."""
-    nats_port = urlsplit(nats_url).port
+    """nats-server and postgres (the postmaster and its backends) on this machine, by port.
+    A cluster's nats-servers (`nats_url` lists several) are `nats-server-1`, `-2`, ...,
+    each the node of the URL at that place."""
+    ports = [str(urlsplit(url).port) for url in nats_url.split(",")]
+    nodes = [_pids_where(lambda cmd, _ppid, port=port: "nats-server" in cmd[0] and port in cmd)
+             for port in ports]
     pg_port = urlsplit(database_url).port
-    nats = _pids_where(lambda cmd, _ppid: "nats-server" in cmd[0] and str(nats_port) in cmd)
     postmaster = _pids_where(lambda cmd, _ppid: cmd[0].endswith("postgres")
                              and "-p" in cmd and str(pg_port) in cmd)
     backends = _pids_where(lambda _cmd, ppid: ppid in postmaster)
-    return {"nats-server": nats, "postgres": postmaster + backends}
+    nats = ({"nats-server": nodes[0]} if len(nodes) == 1 else
+            {f"nats-server-{n}": pids for n, pids in enumerate(nodes, 1)})
+    return {**nats, "postgres": postmaster + backends}
+
+
+def nats_server_pids(pids: dict[str, list[int]]) -> list[int]:
+    """Every nats-server's of `server_pids`: one, or each node of a cluster."""
+    return [pid for name, group in pids.items() if name.startswith("nats-server")
+            for pid in group]
 
 
 class CpuMeter:

@@ -17,7 +17,7 @@ import asyncpg
 
 from bench import stages
 from bench.counters import ServerCounters
-from bench.stack import REPO, CpuMeter, ServiceSet, cpu_seconds
+from bench.stack import REPO, CpuMeter, ServiceSet, cpu_seconds, nats_server_pids
 from bench.stats import latency_summary
 from tether.client import ParentHandle, Tether
 from tether.client.parent import build_run_command
@@ -232,7 +232,7 @@ async def w1(tether: Tether, positions: Positions, services: ServiceSet, probe: 
             cpu = CpuMeter({**{n: [pid] for n, pid in services.pids().items()}, **server_pids,
                             "bench-app": [os.getpid()], "probe": [probe.pid]})
             cpu.start()
-            counters = ServerCounters(positions.db, server_pids.get("nats-server", []),
+            counters = ServerCounters(positions.db, nats_server_pids(server_pids),
                                       positions.db_lock)
             await counters.start()
             numbers = iter(range(runs))

@@ -167,7 +167,10 @@ def find_nats_server() -> str:
     return binary
 
 
-def start_nats(store_dir: Path, port: int, log_path: Path, *, daemon: bool) -> subprocess.Popen:
+def start_nats(store_dir: Path, port: int, log_path: Path, *, daemon: bool,
+               cluster: list[str] | None = None) -> subprocess.Popen:
+    """One nats-server with JetStream; `cluster`: its further arguments as a cluster's node
+    (name, cluster listen address, routes)."""
     binary = find_nats_server()
     monitor = free_port()
     store_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +182,7 @@ def start_nats(store_dir: Path, port: int, log_path: Path, *, daemon: bool) -> s
         raise DevstackError(f"TETHER_DEV_NATS_GOMAXPROCS must be a whole number of threads "
                             f"(0: one per core), not {threads!r}")
     proc = spawn([binary, "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor), "-js",
-                  "-sd", str(store_dir)], log_path,
+                  "-sd", str(store_dir), *(cluster or [])], log_path,
                  parent_death_signal=None if daemon else signal.SIGTERM,
                  extra_env={} if threads == "0" else {"GOMAXPROCS": threads})
     url = f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true"
@@ -295,6 +298,42 @@ def temporary_nats() -> Iterator[str]:
 
 # The log file of each nats-server `temporary_nats` runs, by URL.
 NATS_LOGS: dict[str, Path] = {}
+
+
+def _meta_leader(monitor_port: int) -> str | None:
+    url = f"http://127.0.0.1:{monitor_port}/jsz"
+    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(url, timeout=1) as r:
+        return (json.load(r).get("meta_cluster") or {}).get("leader") or None
+    return None
+
+
+@contextlib.contextmanager
+def temporary_nats_cluster(nodes: int = 3) -> Iterator[str]:
+    """`nodes` nats-servers on free ports, each with JetStream and a store of its own in a
+    temp dir, routed to each other as one cluster; yields their URLs joined by commas once
+    the cluster has a JetStream meta leader (streams of up to `nodes` replicas)."""
+    tmp = Path(tempfile.mkdtemp(prefix="tether-nats-cluster-"))
+    ports = [(free_port(), free_port()) for _ in range(nodes)]  # (client, cluster)
+    routes = ",".join(f"nats://127.0.0.1:{cluster}" for _, cluster in ports)
+    procs: list[subprocess.Popen] = []
+    try:
+        for i, (port, cluster) in enumerate(ports):
+            procs.append(start_nats(
+                tmp / f"store-{i}", port, tmp / f"nats-{i}.log", daemon=False,
+                cluster=["-n", f"n{i}", "--cluster_name", "tether",
+                         "--cluster", f"nats://127.0.0.1:{cluster}", "--routes", routes]))
+        monitors = [int(a[a.index("-m") + 1]) for a in (p.args for p in procs)]
+        deadline = time.monotonic() + START_TIMEOUT
+        while not all(_meta_leader(m) for m in monitors):
+            if time.monotonic() > deadline:
+                raise DevstackError("the nats-server cluster elected no JetStream meta leader; "
+                                    f"logs in {tmp}:\n" + log_tail(tmp / "nats-0.log"))
+            time.sleep(0.1)
+        yield ",".join(f"nats://127.0.0.1:{port}" for port, _ in ports)
+    finally:
+        for proc in procs:
+            stop_pid(proc.pid, signal.SIGTERM, "nats-server")
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager
