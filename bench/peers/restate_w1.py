@@ -132,8 +132,9 @@ def _descendants(pid: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def processes(config: dict, driver_port: int, log_dir: Path) -> Iterator[dict[str, list[int]]]:
-    """The server and the SDK workers running; their pids by group."""
+def processes(config: dict, driver_port: int,
+              log_dir: Path) -> Iterator[tuple[subprocess.Popen, subprocess.Popen]]:
+    """The server and the SDK workers (hypercorn, which starts its worker processes)."""
     (log_dir / "server.toml").write_text(server_config(config))
     started = []
     try:
@@ -149,8 +150,7 @@ def processes(config: dict, driver_port: int, log_dir: Path) -> Iterator[dict[st
                  "bench.peers.restate_services:app"],
                 cwd=REPO, stdout=workers_log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, "TETHER_BENCH_RESTATE_DRIVER_PORT": str(driver_port)}))
-            yield {"restate-server": [started[0].pid],
-                   "sdk-workers": lambda: _descendants(started[1].pid)}
+            yield started[0], started[1]
     finally:
         for process in reversed(started):
             with contextlib.suppress(ProcessLookupError):
@@ -243,14 +243,14 @@ async def w1(client: aiohttp.ClientSession, hooks: Hooks, config: dict, runs: in
             "hooks_more_than_once": sum(1 for c in hooks.seen.values() if c > 1)}
 
 
-async def w2(client: aiohttp.ClientSession, tag: str, calls: int, keyed: bool = True) -> dict:
+async def w2(client: aiohttp.ClientSession, calls: int, keyed: bool = True) -> dict:
     """Awaited calls one after another: each a request-response call through the ingress,
     with the run's id as its `idempotency-key` (as a Tether run is idempotent by its id),
     or without one (`keyed=False`)."""
     latencies = []
     for n in range(calls):
         began = time.perf_counter()
-        run = f"{tag}-w2{'' if keyed else 'u'}-{n}"
+        run = f"w2{'' if keyed else 'u'}-{n}"
         async with client.post(f"{INGRESS}/W1Child/{run}/run", json={"n": n},
                                headers={"idempotency-key": run} if keyed else None) as answer:
             body = await answer.text()
@@ -275,15 +275,13 @@ async def correctness(client: aiohttp.ClientSession, tag: str, hook: str, runs: 
     hook_service = "W1Hook" if hook == "service" else "W1HookObject"
     children = await query(client, (
         "SELECT id, target_service_key AS run, status, completion_result FROM sys_invocation "
-        f"WHERE target_service_name = 'W1Child' AND target_service_key LIKE '{tag}-%' "
-        f"AND target_service_key NOT LIKE '{tag}-w2-%'"))
+        f"WHERE target_service_name = 'W1Child' AND target_service_key LIKE '{tag}-%'"))
     hook_rows = await query(client, (
         "SELECT invoked_by_id, status, completion_result FROM sys_invocation "
         f"WHERE target_service_name = '{hook_service}'"))
     milestones = await query(client, (
         "SELECT service_key AS run, value_utf8 FROM state WHERE service_name = 'W1Child' "
-        f"AND key = 'milestones' AND service_key LIKE '{tag}-%' "
-        f"AND service_key NOT LIKE '{tag}-w2-%'"))
+        f"AND key = 'milestones' AND service_key LIKE '{tag}-%'"))
     by_run: dict[str, int] = {}
     for row in children:
         by_run[row["run"]] = by_run.get(row["run"], 0) + 1
@@ -329,13 +327,14 @@ async def drive(config: dict, runs: int, log_dir: Path, timeout: float) -> dict:
                                                        local_addr=("127.0.0.1", 0))
     port = transport.get_extra_info("sockname")[1]
     try:
-        with processes(config, port, log_dir) as pids:
+        with processes(config, port, log_dir) as (server, workers):
             async with aiohttp.ClientSession(
                     connector=aiohttp.TCPConnector(limit=config["in_flight"] + 8),
                     timeout=aiohttp.ClientTimeout(total=120)) as client:
                 await ready(client)
-                meter = CpuMeter({"restate-server": pids["restate-server"],
-                                  "sdk-workers": pids["sdk-workers"](),
+                # (hypercorn's worker processes are up once the workers are registered.)
+                meter = CpuMeter({"restate-server": [server.pid],
+                                  "sdk-workers": _descendants(workers.pid),
                                   "driver": [os.getpid()]})
                 meter.start()
                 measured = await w1(client, hooks, config, runs, tag, timeout)
@@ -346,8 +345,8 @@ async def drive(config: dict, runs: int, log_dir: Path, timeout: float) -> dict:
                 measured["cpu_ms_per_run"]["all"] = sum(measured["cpu_ms_per_run"].values())
                 measured["correctness"] = await settled_correctness(client, tag, config["hook"],
                                                                      runs, hooks)
-                measured["w2"] = await w2(client, tag, W2_CALLS)
-                measured["w2_unkeyed"] = await w2(client, tag, W2_CALLS, keyed=False)
+                measured["w2"] = await w2(client, W2_CALLS)
+                measured["w2_unkeyed"] = await w2(client, W2_CALLS, keyed=False)
     finally:
         transport.close()
     return measured
