@@ -365,8 +365,10 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
                     result["w1"]["finished"])
                 events = await tether.js.stream_info(settings.subjects.events_stream)
                 result["log_messages"] = events.state.messages
-                # A cluster's node that takes every append of the events stream.
-                result["events_stream_leader"] = events.cluster.leader if events.cluster else None
+                # A cluster's node that takes every append of the events stream (a single
+                # server names itself too: only a replicated stream's is reported).
+                result["events_stream_leader"] = (events.cluster.leader if events.cluster
+                                                  and events.cluster.replicas else None)
             finally:
                 await db.close()
     finally:
