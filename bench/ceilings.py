@@ -15,7 +15,7 @@ import asyncpg
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError
+from nats.js.errors import FetchTimeoutError, ServiceUnavailableError
 
 from tether.contract.subjects import Subjects
 
@@ -70,11 +70,20 @@ async def fetch_ack(nc: NATS, stream: str, count: int, batch: int) -> float:
     subscription = await js.pull_subscribe_bind(durable=durable, stream=stream)
     received = 0
     begin = time.perf_counter()
+    starting_until = time.monotonic() + 30
     while received < count:
         try:
             batch_msgs = await subscription.fetch(batch, timeout=2)
         except (FetchTimeoutError, TimeoutError):
             break
+        except ServiceUnavailableError:
+            # In a cluster a new consumer's replicas may not serve yet ("no responders"):
+            # try again, and time the fetches from the first that is served.
+            if received or time.monotonic() > starting_until:
+                raise
+            await asyncio.sleep(0.05)
+            begin = time.perf_counter()
+            continue
         for msg in batch_msgs:
             await msg.ack()
         received += len(batch_msgs)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).parents[2] / "scripts" / "test-deps.sh"
-PROGRAMS = ("chromium", "chromedriver", "redis-server", "faketime")
+PROGRAMS = ("chromium", "chromedriver", "redis-server", "faketime", "npm")
 
 
 def stub(bin_dir: Path, name: str, body: str = "exit 0") -> None:
@@ -48,12 +48,12 @@ def test_the_missing_programs_are_installed_as_root(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.calls == [
         "apt-get update -q DEBIAN_FRONTEND=",
-        ("apt-get install -y -q --no-install-recommends redis-server faketime "
+        ("apt-get install -y -q --no-install-recommends redis-server faketime npm "
          "DEBIAN_FRONTEND=noninteractive")]
 
 
 def test_a_user_with_password_less_sudo_installs_through_it(tmp_path):
-    result = run(tmp_path, present=("redis-server", "faketime"), uid=1000, sudo=True)
+    result = run(tmp_path, present=("redis-server", "faketime", "npm"), uid=1000, sudo=True)
     assert result.returncode == 0, result.stderr
     assert result.calls == [
         "sudo", "apt-get update -q DEBIAN_FRONTEND=",
@@ -63,14 +63,14 @@ def test_a_user_with_password_less_sudo_installs_through_it(tmp_path):
 
 @pytest.mark.parametrize(("apt", "says"), [
     (True, ("sudo apt-get install -y -q --no-install-recommends chromium chromium-driver "
-            "redis-server faketime")),
+            "redis-server faketime npm")),
     (False, "has no apt-get"),
 ], ids=["no-root", "no-apt"])
 def test_otherwise_it_names_what_is_missing_and_how_and_fails(tmp_path, apt, says):
     result = run(tmp_path, present=(), uid=1000, apt=apt)
     assert result.returncode == 2
     assert result.calls == []
-    assert "chromium chromium-driver redis-server faketime" in result.stderr
+    assert "chromium chromium-driver redis-server faketime npm" in result.stderr
     assert says in result.stderr
 
 
