@@ -352,9 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                              log=lambda line: print(line, file=sys.stderr, flush=True))
         result["redis"] = "given" if args.redis_url else "throwaway redis-server"
     result["version"] = version("celery")
-    print(json.dumps(result) if args.json else
-          f"Celery W1, best of {len(result['sweep'])} configurations: "
-          f"{result.get('label')} {result.get('runs_per_s', 0):.1f} runs/s")
+    sweep.emit("Celery", result, as_json=args.json)
     return 0
 
 

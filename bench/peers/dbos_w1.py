@@ -353,9 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     result = sweep.sweep("dbos", grid(args.grid), DIRECT, args.runs, args.sweep_runs, run,
                          log=lambda line: print(line, file=sys.stderr, flush=True))
     result["version"] = _version()
-    print(json.dumps(result) if args.json else
-          f"DBOS W1, best of {len(result['sweep'])} configurations: "
-          f"{result.get('label')} {result.get('runs_per_s', 0):.1f} runs/s")
+    sweep.emit("DBOS", result, as_json=args.json)
     return 0
 
 

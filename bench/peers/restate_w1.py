@@ -481,9 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     result = sweep.sweep("restate", grid(args.grid), DEFAULT, args.runs, args.sweep_runs, run,
                          log=lambda line: print(line, file=sys.stderr, flush=True))
     result["version"] = f"restate-server {RESTATE_VERSION}, restate-sdk {version('restate-sdk')}"
-    print(json.dumps(result) if args.json else
-          f"Restate W1, best of {len(result['sweep'])} configurations: "
-          f"{result.get('label')} {result.get('runs_per_s', 0):.1f} runs/s")
+    sweep.emit("Restate", result, as_json=args.json)
     return 0
 
 

@@ -132,3 +132,10 @@ def sweep(system: str, grid: Sequence[dict], reference: dict, runs: int, sweep_r
     result.update(runs=chosen["runs"], runs_per_s=chosen["runs_per_s"], label=chosen["label"],
                   seconds=chosen["seconds"])
     return result
+
+
+def emit(title: str, result: dict, *, as_json: bool) -> None:
+    """A peer's sweep on stdout: one JSON line (what the bench reads), or one line to read."""
+    print(json.dumps(result) if as_json else
+          f"{title} W1, best of {len(result['sweep'])} configurations: "
+          f"{result.get('label')} {result.get('runs_per_s', 0):.1f} runs/s")
