@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -206,7 +207,7 @@ class Hooks:
 
     def __init__(self, runs: int) -> None:
         self.runs = runs
-        self.seen: dict[str, int] = {}
+        self.seen: Counter[str] = Counter()
         self.last = 0.0
         self.done = asyncio.Event()
         self.freed: asyncio.Semaphore | None = None
@@ -239,7 +240,7 @@ class Hooks:
 
     def received(self, line: bytes) -> None:
         run = json.loads(line)["run"]
-        self.seen[run] = self.seen.get(run, 0) + 1
+        self.seen[run] += 1
         if self.seen[run] == 1:
             self.last = time.time()
             if self.freed is not None:
@@ -271,8 +272,7 @@ async def w1(client: aiohttp.ClientSession, hooks: Hooks, config: dict, runs: in
     await hooks.all_or_stalled(timeout)
     seconds = (hooks.last or time.time()) - started
     return {"finished": len(hooks.seen), "seconds": seconds, "submit_s": submitted - started,
-            "submit_errors": len(errors), "submit_error_examples": errors[:3],
-            "hooks_more_than_once": sum(1 for c in hooks.seen.values() if c > 1)}
+            "submit_errors": len(errors), "submit_error_examples": errors[:3]}
 
 
 async def w2(client: aiohttp.ClientSession, calls: int, keyed: bool = True) -> dict:
@@ -314,15 +314,12 @@ async def correctness(client: aiohttp.ClientSession, tag: str, hook: str, runs: 
     milestones = await query(client, (
         "SELECT service_key AS run, value_utf8 FROM state WHERE service_name = 'W1Child' "
         f"AND key = 'milestones' AND service_key LIKE '{tag}-%'"))
-    by_run: dict[str, int] = {}
-    for row in children:
-        by_run[row["run"]] = by_run.get(row["run"], 0) + 1
+    by_run = Counter(row["run"] for row in children)
     child_ids = {row["id"] for row in children}
-    hooks_by_child: dict[str, int] = {}
-    for row in hook_rows:
-        if row["invoked_by_id"] in child_ids and row["status"] == "completed" \
-                and row["completion_result"] == "success":
-            hooks_by_child[row["invoked_by_id"]] = hooks_by_child.get(row["invoked_by_id"], 0) + 1
+    hooks_by_child = Counter(
+        row["invoked_by_id"] for row in hook_rows
+        if row["invoked_by_id"] in child_ids and row["status"] == "completed"
+        and row["completion_result"] == "success")
     problems = {
         "runs_without_a_child_invocation": runs - len(by_run),
         "runs_with_more_than_one": sum(1 for c in by_run.values() if c > 1),
