@@ -16,7 +16,9 @@ checks:
 - `duplicate_turn`: one child turn per run: a single `run.running`, with attempt 1, and
   at most one `run.started`;
 - `hook_not_once`: the application's hook function ran once per run, and the run's
-  ledger records one delivery of it for the run's outcome.
+  ledger records one delivery of it for the run's outcome (appended to the run, or an
+  entry of a batch on its parent agent's delivery ledger, which is read as the run's
+  `run.finish_delivered` at the batch's place in the stream).
 
 `check_w1` is pure, so a doctored history proves each check can fail
 (tests/unit/test_bench_correctness.py).
@@ -29,7 +31,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tether.adapters.event_log import EventLog
-from tether.contract.codec import decode_event
+from tether.contract.subjects import is_delivery_ledger
 from tether.domain.events import (
     HARD_TERMINAL,
     Event,
@@ -41,6 +43,7 @@ from tether.domain.events import (
 )
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
+from tether.ports import stored_events
 
 EXPECTED_HEADER = "Nats-Expected-Last-Subject-Sequence"
 CHECKS = ("lost", "chain_broken", "fold_refused", "fold_order", "duplicate_turn",
@@ -56,6 +59,7 @@ class LoggedEvent:
     subject: str
     expected_last_seq: int | None  # what its append expected; None: appended unconditionally
     event: Event | None  # None: it did not decode
+    batched: bool = False  # an entry of a delivery ledger's batch, not on the run's subject
 
 
 async def read_log(log: EventLog, filter_subject: str) -> list[LoggedEvent]:
@@ -69,12 +73,12 @@ async def read_log(log: EventLog, filter_subject: str) -> list[LoggedEvent]:
         for msg in batch:
             headers = msg.headers or {}
             expected = headers.get(EXPECTED_HEADER)
-            try:
-                event: Event | None = decode_event(msg.data)
-            except ValueError:
-                event = None
-            found.append(LoggedEvent(int(headers["Nats-Sequence"]), headers["Nats-Subject"],
-                                     None if expected is None else int(expected), event))
+            subject = headers["Nats-Subject"]
+            batched = is_delivery_ledger(subject)
+            for stored in stored_events(int(headers["Nats-Sequence"]), subject, msg.data):
+                found.append(LoggedEvent(stored.seq, stored.subject,
+                                         None if expected is None else int(expected),
+                                         stored.event, batched))
         if not batch or not pending:
             return found
         seq = found[-1].seq + 1
@@ -177,7 +181,8 @@ def _check_run(run_id: str, items: list[LoggedEvent], findings: _Findings,
             findings.add("fold_refused", f"{run_id}: {item.event.type} at seq {item.seq}: "
                                          f"{evolved.note or 'not applied'}")
         run.state = evolved.state
-        run.previous_seq = item.seq
+        if not item.batched:  # (a batch's entry is stored on its agent's ledger)
+            run.previous_seq = item.seq
     if run.running > 1 or run.started > 1:
         findings.add("duplicate_turn", f"{run_id}: {run.running} run.running and "
                                        f"{run.started} run.started events")

@@ -11,7 +11,9 @@ What every implementation guarantees, and callers rely on:
 
 - each run has its own subject; a message's sequence is its position in the whole
   events stream, and a run's `last_seq` is the sequence of its subject's last message
-  (0 while it has none);
+  (0 while it has none); a parent agent's delivery ledger has a subject of its own
+  too, whose batches a follower of the whole log reads as their runs' events
+  (`stored_events`), and a read by run does not;
 - an append that names `expected_last_seq` lands only while the run's last sequence is
   still that one; otherwise it raises `ConcurrencyConflict`, so two writers deciding
   from the same history never both succeed;
@@ -26,8 +28,11 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from tether.contract.codec import EventDecodeError
-from tether.contract.subjects import Subjects
+import msgspec
+
+from tether.contract.codec import EventDecodeError, decode_event
+from tether.contract.subjects import LEDGER_TOKEN, Subjects, is_delivery_ledger
+from tether.domain.delivery_batches import DELIVERIES_RECORDED, DeliveriesRecorded, decode_batch
 from tether.domain.events import Event, ParentRef
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
@@ -98,6 +103,33 @@ class RunHistory:
     state: RunState | None
 
 
+def stored_event(seq: int, subject: str, raw: bytes, pending: int = 0,
+                 logged_at: int | None = None) -> StoredEvent:
+    """A message of a run's subject, decoded (or with the reason it does not decode)."""
+    try:
+        return StoredEvent(seq, subject, decode_event(raw), None, raw, pending, logged_at)
+    except EventDecodeError as error:
+        return StoredEvent(seq, subject, None, error, raw, pending, logged_at)
+
+
+def stored_events(seq: int, subject: str, raw: bytes, pending: int = 0,
+                  logged_at: int | None = None) -> list[StoredEvent]:
+    """The log message at `seq` as the events it holds: itself, decoded; or, on a parent
+    agent's delivery ledger (`Subjects.is_delivery_ledger`), each entry of its
+    `deliveries.recorded` as that run's `run.finish_delivered`, on the run's subject, at
+    the batch's sequence. A message that does not decode is one, with its error."""
+    if not is_delivery_ledger(subject):
+        return [stored_event(seq, subject, raw, pending, logged_at)]
+    try:
+        events = decode_batch(raw).as_events()
+    except msgspec.DecodeError as error:
+        return [StoredEvent(seq, subject, None, EventDecodeError(
+            "invalid", f"not a {DELIVERIES_RECORDED}: {error}"), raw, pending, logged_at)]
+    agent_subject = subject[:-len(LEDGER_TOKEN)]  # `<prefix>.evt.<agent>.`
+    return [StoredEvent(seq, f"{agent_subject}{event.parent.name}.{event.run_id}", event, None,
+                        raw, pending, logged_at) for event in events]
+
+
 def run_history(stored: Sequence[StoredEvent]) -> RunHistory:
     """One subject's messages folded: its events, its last sequence, the state."""
     events: list[Event] = []
@@ -156,6 +188,11 @@ class EventLog(Protocol):
         """Append several events of one run in order, each expecting its predecessor."""
         ...
 
+    async def record_deliveries(self, batch: DeliveriesRecorded) -> int:
+        """Append a batch of finish-hook deliveries to its parent agent's delivery ledger
+        (`Subjects.delivery_ledger`), its event id as the message id; its sequence."""
+        ...
+
     async def append_new(self, event: Event) -> tuple[RunState, int] | None:
         """A run's first event, appended expecting its subject empty; the state after it
         and its sequence, or None (nothing appended) when the subject is not empty or
@@ -186,6 +223,8 @@ class EventLog(Protocol):
 
     async def read_subject(self, subject: str, *, start_seq: int = 1,
                            before_seq: int | None = None) -> list[StoredEvent]:
+        """The subject's events in order; a delivery ledger's batches as their entries
+        (`stored_events`)."""
         ...
 
     async def last_seq(self, parent: ParentRef, run_id: str) -> int: ...

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from nats.js.errors import APIError
 
-from tether.contract.codec import EventDecodeError, decode_event, encode_event
+from tether.contract.codec import encode_event
 from tether.contract.subjects import Subjects
 from tether.domain import events as ev
+from tether.domain.delivery_batches import DeliveriesRecorded, encode_batch
 from tether.domain.events import Event, ParentRef
 from tether.domain.fold import evolve
 from tether.domain.ids import nested_parent_name
@@ -25,6 +26,7 @@ from tether.ports import (
     RunHistory,
     StoredEvent,
     run_history,
+    stored_events,
 )
 
 if TYPE_CHECKING:
@@ -354,6 +356,12 @@ class InMemoryEventLog:
             seq = await self.append(event, expected_last_seq=seq)
         return seq
 
+    async def record_deliveries(self, batch: DeliveriesRecorded) -> int:
+        ack = await self.publish(self.subjects.delivery_ledger(batch.parent_agent),
+                                 encode_batch(batch), headers={"Nats-Msg-Id": batch.event_id},
+                                 stream=self._events.name)
+        return ack.seq
+
     async def append_new(self, event: Event) -> tuple[RunState, int] | None:
         ack = await self._store_event(event, 0)
         if ack is None or ack.duplicate:
@@ -404,7 +412,8 @@ class InMemoryEventLog:
         await asyncio.sleep(0)
         found = [m for m in self._events.matching(subject, start_seq)
                  if before_seq is None or m.seq < before_seq]
-        return [_stored(m, len(found) - index - 1) for index, m in enumerate(found)]
+        return [stored for index, m in enumerate(found)
+                for stored in stored_events(m.seq, m.subject, m.data, len(found) - index - 1)]
 
     async def last_seq(self, parent: ParentRef, run_id: str) -> int:
         return await self.last_seq_of(self.subjects.run_events(parent, run_id))
@@ -443,15 +452,8 @@ class InMemoryEventLog:
                 found = self._events.matching(filter_subject, next_seq)
             batch = found[:max_batch]
             next_seq = batch[-1].seq + 1
-            yield [_stored(m, len(found) - index - 1) for index, m in enumerate(batch)]
-
-
-def _stored(message: StreamMessage, pending: int) -> StoredEvent:
-    try:
-        return StoredEvent(message.seq, message.subject, decode_event(message.data), None,
-                           message.data, pending)
-    except EventDecodeError as error:
-        return StoredEvent(message.seq, message.subject, None, error, message.data, pending)
+            yield [stored for index, m in enumerate(batch)
+                   for stored in stored_events(m.seq, m.subject, m.data, len(found) - index - 1)]
 
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ from contextlib import aclosing
 
 import msgspec
 import pytest
+from delivery_ledger import read_run_with_ledger
 from eventually import eventually
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel, Field
@@ -576,18 +577,33 @@ async def test_a_delivered_command_reporting_several_deliveries_records_each(par
         assert not after.finish_delivered("completed", "on_done")
 
     await send_on(log, own, {**report(states[0]), "more": [report(s) for s in states[1:]]})
-    for state in states:
-        await until(log, state.run_id, lambda s, e: s.finish_delivered("completed", "on_done"),
-                    parent=state.parent)
-        [entry] = [e for e in (await log.read_run(state.parent, state.run_id)).events
-                   if e.type == "run.finish_delivered"]
-        assert entry.event_id == state.event_id("finish_delivered", "on_done", "completed")
-        assert entry.data.message_id == finish_message_id(state, "completed", "on_done")
+    ledger = log.subjects.delivery_ledger(PARENT.agent)
 
-    # Recorded again, the reports change nothing, and the handler says what became of each.
+    async def batched() -> list:
+        return await log.read_subject(ledger)
+
+    entries = await eventually(batched, timeout=10)
+    # One message on the parent agent's ledger, read as each run's ledger entry; the
+    # runs' own subjects hold none.
+    assert len({entry.seq for entry in entries}) == 1
+    assert [(e.event.parent, e.event.run_id) for e in entries] == [
+        (state.parent, state.run_id) for state in states]
+    for state, entry in zip(states, entries, strict=True):
+        assert entry.subject == log.subjects.run_events(state.parent, state.run_id)
+        assert entry.event.event_id == state.event_id("finish_delivered", "on_done",
+                                                      "completed")
+        assert entry.event.data.message_id == finish_message_id(state, "completed", "on_done")
+        assert (await read_run_with_ledger(log, state.parent, state.run_id)
+                ).finish_delivered("completed", "on_done")
+        assert [e for e in (await log.read_run(state.parent, state.run_id)).events
+                if e.type == "run.finish_delivered"] == []
+
+    # Recorded again, the reports change nothing (the log drops the repeated batch), and
+    # the handler says what became of them.
     handlers = parent._handlers
     again = {**report(states[0]), "more": [report(s) for s in states[1:]]}
-    assert await handlers.record_delivery(again) == "appended x3"
+    assert await handlers.record_delivery(again) == "batched x3"
+    assert len(await log.read_subject(ledger)) == 3
 
 
 async def test_a_per_parent_query_subject_answers_only_for_its_own_parent(parent, log,

@@ -23,8 +23,12 @@ from tether.adapters.postgres.projector import Projector, rebuild, verify
 from tether.adapters.postgres.replay import PipelinedReplay
 from tether.adapters.postgres.statements import Statements
 from tether.contract.codec import encode_event
+from tether.domain.commands import DeliveredCommand
+from tether.domain.delivery_batches import batch_of
 from tether.domain.detached_options import DetachedOptions
 from tether.domain.fold import fold
+from tether.domain.ids import finish_message_id
+from tether.domain.run_state import finish_key
 from tether.ports import StoredEvent
 from tether.recent_runs import RecentlyProjected
 from tether.testing import RunEvents, append_finished_runs
@@ -158,6 +162,46 @@ async def test_poison_messages_are_dead_lettered_and_the_projector_goes_on(log, 
     assert projector.stats.dead_lettered == 5
     status = await pool.fetchval(f'SELECT status FROM "{schema}".runs WHERE run_id = $1', "r-ok")
     assert status == "completed"
+
+
+async def test_a_delivery_ledgers_batch_is_projected_onto_each_of_its_runs(log, pool, settings):
+    """A `deliveries.recorded` on a parent agent's ledger: each entry lands in its run's
+    row as if appended to the run, an entry of a cleared earlier life of a run id is not
+    the new life's, a ledger message that does not decode is dead-lettered, and a rebuild
+    projects the same."""
+    states, runs = {}, {}
+    for run_id in ("led-1", "led-2", "led-cleared"):
+        run = runs[run_id] = RunEvents(run_id)
+        for event in (run.requested(detached=DetachedOptions(on_finish="on_done")),
+                      run.running(), run.completed()):
+            await log.append(event, expected_last_seq=None)
+        states[run_id] = (await log.read_run(run.parent, run_id)).state
+    cleared = RunEvents("led-cleared", id_prefix="led-cleared-again", start_ms=9_000)
+    for event in (runs["led-cleared"].cleared(),
+                  cleared.requested(detached=DetachedOptions(on_finish="on_done")),
+                  cleared.running(), cleared.completed()):
+        await log.append(event, expected_last_seq=None)
+    batch, alone = batch_of([DeliveredCommand(
+        run_id=run_id, parent=state.parent, status="completed", method="on_done",
+        message_id=finish_message_id(state, "completed", "on_done"))
+        for run_id, state in states.items()], now=5_000)
+    assert batch is not None and alone == []
+    seq = await log.record_deliveries(batch)
+    last = (await log.jetstream.publish(log.subjects.delivery_ledger("Assistant"), b"{not json")).seq
+
+    await run_projector_until(pool, log, settings.projection_schema, last)
+    schema = settings.projection_schema
+    rows = {r["run_id"]: r for r in await pool.fetch(
+        f'SELECT run_id, delivery, last_seq FROM "{schema}".runs')}
+    key = finish_key("completed", "on_done")
+    assert json.loads(rows["led-1"]["delivery"])["finish"] == {key: 5_000}
+    assert json.loads(rows["led-2"]["delivery"])["finish"] == {key: 5_000}
+    assert rows["led-1"]["last_seq"] == rows["led-2"]["last_seq"] == seq
+    assert json.loads(rows["led-cleared"]["delivery"])["finish"] == {}  # the new life's own
+    dead = await pool.fetch(f'SELECT stream_seq, error_kind FROM "{schema}".dead_letters')
+    assert [(r["stream_seq"], r["error_kind"]) for r in dead] == [(last, "invalid")]
+    verified = await verify(pool, log, schema)
+    assert verified.differences == []
 
 
 async def test_a_cleared_run_leaves_no_rows_and_can_be_requested_again(log, pool, settings):

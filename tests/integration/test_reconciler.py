@@ -10,6 +10,7 @@ import time
 import weakref
 from contextlib import aclosing
 
+import nats
 import pytest
 import structlog
 from eventually import eventually
@@ -27,6 +28,8 @@ from tether.contract.messages import HookMessage, ObservabilityEvent, WorkItem, 
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.delivery.registered_hooks import RegisteredHooks
+from tether.domain.commands import DeliveredCommand
+from tether.domain.delivery_batches import batch_of
 from tether.domain.events import (
     ParentRef,
     RunAborted,
@@ -38,7 +41,7 @@ from tether.domain.events import (
     RunStepRecorded,
 )
 from tether.domain.fold import evolve
-from tether.domain.ids import work_message_id
+from tether.domain.ids import finish_message_id, work_message_id
 from tether.domain.run_state import state_from_json
 from tether.log import get_logger
 from tether.reconciler import service as reconciler_service
@@ -308,6 +311,38 @@ async def test_an_unacknowledged_finish_hook_is_published_again_after_its_lease(
     await asyncio.sleep(1.5)
     assert len(observed) == count
     await obs.unsubscribe()
+    await hooks.unsubscribe()
+
+
+async def test_retries_stop_once_the_deliveries_are_recorded_in_a_batch(reconciler, log):
+    """Deliveries a handler reported together, recorded as one `deliveries.recorded` on
+    the parent agent's ledger (not on the runs' subjects): the reconciler reads each entry
+    as its run's, and publishes neither hook again."""
+    hooks = await log.jetstream.subscribe(log.subjects.hook(PARENT.agent, "on_import_done"),
+                                          ordered_consumer=True)
+    states = []
+    for run_id in ("batched-1", "batched-2"):
+        run, events = detached_run(run_id, max_budget_ms=60_000, no_progress_budget_ms=0,
+                                   on_finish="on_import_done")
+        await append_all(log, *events, run.make(RunCompleted, summary="imported", at=now_ms()))
+        states.append((await log.read_run(PARENT, run_id)).state)
+    retried = {HookMessage.model_validate_json((await hooks.next_msg(timeout=5)).data).run.run_id
+               for _ in states}
+    assert retried == {"batched-1", "batched-2"}  # both owed, both retried once
+
+    batch, alone = batch_of([DeliveredCommand(
+        run_id=state.run_id, parent=PARENT, status="completed", method="on_import_done",
+        message_id=finish_message_id(state, "completed", "on_import_done"))
+        for state in states], now=now_ms())
+    assert batch is not None and alone == []
+    await log.record_deliveries(batch)
+    # (The delivery lease here is 300 ms, doubling: a second retry of either would come
+    # 600 ms after its first.)
+    with pytest.raises(nats.errors.TimeoutError):
+        await hooks.next_msg(timeout=3)
+    for state in states:
+        assert not (await log.read_run(PARENT, state.run_id)).state.finish_delivered(
+            "completed", "on_import_done")  # nothing was appended to the runs themselves
     await hooks.unsubscribe()
 
 

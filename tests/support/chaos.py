@@ -51,6 +51,7 @@ from chaos_checks import (
     turn_problems,
 )
 from chaos_servers import Nats, Postgres
+from delivery_ledger import ledger_entries, with_entries
 from eventually import eventually
 from service_processes import ServiceProcess, ready
 
@@ -321,9 +322,14 @@ class System:
 
             # Every run ended, and the ledger entries of the hooks followed the hook calls
             # through the parent.
+            async def read_states() -> dict:
+                entries = await ledger_entries(log, PARENT.agent)
+                return {run_id: with_entries((await log.read_run(PARENT, run_id)).state,
+                                             entries.get((PARENT.name, run_id), []))
+                        for run_id in run_ids}
+
             async def settled() -> dict:
-                states = {run_id: (await log.read_run(PARENT, run_id)).state
-                          for run_id in run_ids}
+                states = await read_states()
                 unsettled = {run_id: None if s is None else s.status
                              for run_id, s in states.items()
                              if s is None or s.is_open
@@ -334,10 +340,9 @@ class System:
                 states = await eventually(settled, timeout=SETTLE_S, interval=0.2)
             except AssertionError:
                 unsettled = {run_id: None if s is None else s.status
-                             for run_id in run_ids
-                             if (s := (await log.read_run(PARENT, run_id)).state) is None
-                             or s.is_open or (run_id in hooked
-                                              and not s.finish_delivered(s.status, HOOK))}
+                             for run_id, s in (await read_states()).items()
+                             if s is None or s.is_open
+                             or (run_id in hooked and not s.finish_delivered(s.status, HOOK))}
                 raise AssertionError(f"runs not ended (or their finish hook not recorded) "
                                      f"{SETTLE_S:g}s after the load: {unsettled}") from None
             histories = {run_id: await self._appended(log, run_id) for run_id in run_ids}

@@ -27,12 +27,21 @@ from tether import tracing
 from tether.adapters.arrivals import Arrivals
 from tether.adapters.nats_fastpath import FastClient
 from tether.adapters.requests import RoutedRequests
-from tether.contract.codec import EventDecodeError, decode_event, encode_event
+from tether.contract.codec import encode_event
 from tether.contract.subjects import Subjects
+from tether.domain.delivery_batches import DeliveriesRecorded, encode_batch
 from tether.domain.events import Event, ParentRef
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
-from tether.ports import ConcurrencyConflict, EventTooLarge, RunHistory, StoredEvent, run_history
+from tether.ports import (
+    ConcurrencyConflict,
+    EventTooLarge,
+    RunHistory,
+    StoredEvent,
+    run_history,
+    stored_event,
+    stored_events,
+)
 from tether.recent_runs import RECENT_RUNS, Recent, RecentRuns
 
 WRONG_LAST_SEQUENCE = 10071  # JSStreamWrongLastSequenceErrF
@@ -119,6 +128,12 @@ class EventLog:
             if error.err_code != WRONG_LAST_SEQUENCE:
                 raise
             return None
+
+    async def record_deliveries(self, batch: DeliveriesRecorded) -> int:
+        ack = await self.publish(self.subjects.delivery_ledger(batch.parent_agent),
+                                 encode_batch(batch), headers={"Nats-Msg-Id": batch.event_id},
+                                 stream=self.subjects.events_stream)
+        return ack.seq
 
     def notify(self, subject: str, payload: bytes,
                headers: dict[str, str] | None = None) -> Awaitable[None]:
@@ -336,9 +351,9 @@ class EventLog:
         stored = []
         for msg in found:
             headers = msg.headers or {}  # (a direct get's message always has them)
-            stored.append(to_stored_event(int(headers["Nats-Sequence"]), subject, msg.data,
-                                          int(headers.get("Nats-Num-Pending", 0)),
-                                          log_time_ms(headers.get("Nats-Time-Stamp"))))
+            stored += stored_events(int(headers["Nats-Sequence"]), subject, msg.data,
+                                    int(headers.get("Nats-Num-Pending", 0)),
+                                    log_time_ms(headers.get("Nats-Time-Stamp")))
         return stored, pending
 
     async def follow(self, filter_subject: str, *, start_seq: int = 1,
@@ -386,7 +401,7 @@ class EventLog:
                     if seq <= last_seq:
                         continue
                     last_seq = seq
-                    batch.append(to_stored_event(seq, subject, data, pending, logged_at))
+                    batch += stored_events(seq, subject, data, pending, logged_at)
                 await arrivals.release(self._nc)
                 if batch:
                     yield batch
@@ -417,12 +432,8 @@ async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event
         stopping.cancel()
 
 
-def to_stored_event(seq: int, subject: str, raw: bytes, pending: int = 0,
-                    logged_at: int | None = None) -> StoredEvent:
-    try:
-        return StoredEvent(seq, subject, decode_event(raw), None, raw, pending, logged_at)
-    except EventDecodeError as error:
-        return StoredEvent(seq, subject, None, error, raw, pending, logged_at)
+# One message of a run's subject (a read by run, a live event): one event.
+to_stored_event = stored_event
 
 
 def log_time_ms(stamp: str | None) -> int | None:

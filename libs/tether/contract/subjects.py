@@ -11,6 +11,13 @@ from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 
 _PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+LEDGER_TOKEN = "_ledger"  # `<prefix>.evt.<agent>._ledger`: a parent agent's delivery ledger
+
+
+def is_delivery_ledger(subject: str) -> bool:
+    """Whether a subject of the events stream is a parent agent's delivery ledger, not a
+    run's (`<prefix>.evt.<agent>.<name>.<run id>`, one token longer)."""
+    return subject.endswith("." + LEDGER_TOKEN) and subject.count(".") == 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,12 @@ class Subjects:
 
     def parent_events(self, parent: ParentRef) -> str:
         return f"{self.prefix}.evt.{parent.agent}.{parent.name}.>"
+
+    def delivery_ledger(self, parent_agent: str) -> str:
+        """Where the parent records a batch of one parent agent's finish-hook deliveries
+        (`deliveries.recorded`): in the events stream, beside the agent's runs, under a
+        name no parent may have ('_' begins no identifier)."""
+        return f"{self.prefix}.evt.{check_identifier(parent_agent, 'parent agent')}.{LEDGER_TOKEN}"
 
     @property
     def all_events(self) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand, SendCommand
+from tether.domain.delivery_batches import life_of
 from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import (
     Event,
@@ -36,7 +37,6 @@ from tether.domain.events import (
 )
 from tether.domain.ids import (
     derived_event_id,
-    finish_id_head,
     names_this_life,
     nested_parent_name,
     parent_scope,
@@ -410,13 +410,8 @@ def delivery_entry_of_report(command: DeliveredCommand, now: int) -> Event | Non
     id names the run's life (`finish_message_id`), and so does the entry's id, so it
     needs no read of the run. None when the id names no life (a hook published by an
     earlier version, or one that came without an id)."""
-    head = finish_id_head(command.run_id, command.status, command.method) + ":"
-    if not command.message_id.startswith(head):
-        return None
-    life = command.message_id[len(head):].partition(":")[0]
-    if not life or life.startswith("retry"):
-        return None
-    return delivery_entry(command, life, now)
+    life = life_of(command.run_id, command.status, command.method, command.message_id)
+    return None if life is None else delivery_entry(command, life, now)
 
 
 def record_delivery_of_this_life(state: RunState | None, command: DeliveredCommand,

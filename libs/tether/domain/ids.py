@@ -82,6 +82,16 @@ def run_token(agent: str, name: str, run_id: str) -> str:
                            digest_size=_TREE_DIGEST_BYTES).hexdigest()
 
 
+def delivery_batch_id(parent_agent: str, deliveries: list[str]) -> str:
+    """`deliveries:<agent>:<digest>`: the id of a batch of one parent agent's finish-hook
+    deliveries (`deliveries.recorded`), from what it records (each its parent's name, the
+    hook's method and message id, which names the run and its life), so a command
+    handled again appends a repeat the log drops."""
+    digest = hashlib.blake2b("\n".join(sorted(deliveries)).encode(),
+                             digest_size=_TREE_DIGEST_BYTES).hexdigest()
+    return f"deliveries:{parent_agent}:{digest}"
+
+
 def parent_scope(agent: str, name: str) -> str:
     """A short token for one parent instance, for ids that must not be mistaken for those
     of another parent's run with the same run id."""

@@ -58,6 +58,7 @@ from tether.domain.commands import (
     SendCommand,
     ServeHookQuery,
 )
+from tether.domain.delivery_batches import DeliveriesRecorded
 from tether.domain.events import EVENT_MODEL, ParentRef
 from tether.domain.records import pydantic_model
 from tether.parent.queries import ParentQueries
@@ -189,9 +190,16 @@ def contract_broker() -> NatsBroker:
          f"Stream `{s.events_stream}`: the run's events, the truth. `Nats-Msg-Id`: the "
          "event's `event_id` (`<run_id>:<incarnation>:<kind>...`), so a retried append is "
          "one event." + TRACE)
+    ledger = _template(s.delivery_ledger(_PARENT["parent_agent"]), **_PARENT)
+    send(ledger, pydantic_model(DeliveriesRecorded), f"send:{ledger}",
+         f"Stream `{s.events_stream}`: a parent agent's delivery ledger. The parent records "
+         "the finish-hook deliveries one `delivered` command reports together here, in one "
+         "message (`Nats-Msg-Id`: its `event_id`); a follower of the whole log reads each "
+         "entry as that run's `run.finish_delivered`, at this message's place in the "
+         "stream. A read of one run's subject does not see it.")
     receive(s.all_events, EVENT_MODEL, f"receive:{s.all_events}",
             f"Stream `{s.events_stream}`: the projector and the reconciler follow "
-            "every event.")
+            "every event, and every delivery ledger's batches.")
     live = _run_subject(s.run_live)
     send(live, EVENT_MODEL, f"send:{live}",
          f"Core: `{s.events_stream}` republishes each stored event here, in stream order, "

@@ -31,6 +31,7 @@ from tether.contract.messages import (
     WorkItem,
 )
 from tether.domain.commands import COMMAND_CLASSES
+from tether.domain.delivery_batches import DELIVERIES_RECORDED, DeliveriesRecorded
 from tether.domain.events import EVENT_CLASSES, EVENT_MODEL, schema_version_of
 from tether.domain.records import Record, pydantic_model
 from tether.generate import asyncapi, documents
@@ -55,6 +56,9 @@ def generate() -> dict[str, dict[str, Any]]:
         documents[path] = _document(pydantic_model(cls).model_json_schema(), path)
     documents["events/event.json"] = _document(TypeAdapter(EVENT_MODEL).json_schema(),
                                                "events/event.json")
+    # Not a run's event: a batch of them on a parent agent's delivery ledger.
+    path = f"events/{DELIVERIES_RECORDED}.v1.json"
+    documents[path] = _document(pydantic_model(DeliveriesRecorded).model_json_schema(), path)
     for command in COMMAND_CLASSES:
         path = f"commands/{command.model_fields['type'].default}.json"
         documents[path] = _document(command.model_json_schema(), path)

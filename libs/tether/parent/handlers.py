@@ -30,6 +30,7 @@ from tether.domain.commands import (
     parse_command,
 )
 from tether.domain.decide import delivery_entry_of_report, record_delivery_of_this_life
+from tether.domain.delivery_batches import batch_of
 from tether.domain.events import Event, ParentRef
 from tether.domain.fold import fold
 from tether.domain.ids import names_this_life, user_message_id
@@ -172,13 +173,20 @@ class CommandHandlers(RunRequests):
 
     async def record_delivery(self, payload: Payload) -> str:
         """Record each delivery the command reports; what became of them, as one word
-        ("appended") or, for several, each word and how many had it ("appended x3")."""
+        ("appended") or, for several, each word and how many had it ("appended x3").
+        Several whose hook ids name their runs' lives are one `deliveries.recorded` on the
+        parent agent's ledger ("batched x<n>"); any other is recorded on its run."""
         command = self._parse(DeliveredCommand, "delivered", payload)
         reports = command.reports()
         if len(reports) == 1:
             return await self._record_delivery(command)
+        batch, others = batch_of(reports, now=self._clock.now())
+        results: Counter[str] = Counter()
+        if batch is not None:
+            await self._log.record_deliveries(batch)
+            results["batched"] = len(batch.entries)
         # Each report is a fact of its own run, so they land side by side.
-        results = Counter(await asyncio.gather(*map(self._record_delivery, reports)))
+        results.update(await asyncio.gather(*map(self._record_delivery, others)))
         return ", ".join(f"{result} x{count}" for result, count in sorted(results.items()))
 
     async def _record_delivery(self, command: DeliveredCommand) -> str:

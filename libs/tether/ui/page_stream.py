@@ -1,8 +1,8 @@
 """A parent's timeline for one open page: the snapshot, then coalesced changes.
 
 The snapshot is the projection at its checkpoint (one repeatable-read transaction); the
-parent's events subject is then followed from the next stream sequence, so nothing is
-missed and nothing is applied twice, and its progress signals from the start of the
+parent's events subjects and its agent's delivery ledger are then followed from the next
+stream sequence, so nothing is missed and nothing is applied twice, and its progress signals from the start of the
 progress stream (which keeps the last one per run). Changes are folded with the same
 `evolve` as the services and sent at most once per frame (`frame_ms`), each run's latest
 document only, so a burst of events costs the browser one redraw per frame. Nested runs
@@ -21,10 +21,10 @@ from tether.client.connection import Tether
 from tether.client.feed import FeedMessage
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import ProgressSignal
-from tether.domain.events import ParentRef
+from tether.domain.events import Event, ParentRef
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
-from tether.ports import SYSTEM_CLOCK
+from tether.ports import SYSTEM_CLOCK, stored_events
 from tether.ui.views import run_document
 
 # How deep a parent's page follows its nested runs at first; a deeper run stays reachable
@@ -71,11 +71,16 @@ class ParentStream:
         events = self._tether.feed(subjects.events_stream, subjects.parent_events(self._parent),
                                    source="event", start_seq=snapshot.checkpoint + 1,
                                    sink=self.sink)
+        # The parent agent's delivery ledger: its batches of finish-hook deliveries.
+        ledger = self._tether.feed(subjects.events_stream,
+                                   subjects.delivery_ledger(self._parent.agent), source="ledger",
+                                   start_seq=snapshot.checkpoint + 1, sink=self.sink)
         progress = self._tether.feed(subjects.progress_stream,
                                      subjects.parent_progress(self._parent), source="progress",
                                      sink=self.sink)
-        async with events, progress:
-            caught = {"event": events.initially_empty, "progress": progress.initially_empty}
+        async with events, ledger, progress:
+            caught = {"event": events.initially_empty, "ledger": ledger.initially_empty,
+                      "progress": progress.initially_empty}
             changed: set[str] = set()
             nested: set[tuple[str, str, str]] = set()
             loop = asyncio.get_running_loop()
@@ -92,8 +97,7 @@ class ParentStream:
                 for message in await self._arrived(min(waits)):
                     if message is STOP:
                         return
-                    if (run_id := self._apply(message)) is not None:
-                        changed.add(run_id)
+                    changed.update(self._apply(message))
                     if message.pending == 0:
                         caught[message.source] = True
                 now = loop.time()
@@ -123,26 +127,34 @@ class ParentStream:
             batch.append(self.sink.get_nowait())
         return batch
 
-    def _apply(self, message: FeedMessage) -> str | None:
+    def _apply(self, message: FeedMessage) -> list[str]:
+        """The runs on the page the message changed."""
         if message.source == "event":
             try:
                 event = decode_event(message.data)
             except EventDecodeError:
-                return None  # dead-lettered by the projector; a page skips it
-            evolved = evolve(self._states.get(event.run_id), event)
-            if not evolved.applied:
-                return None
-            if evolved.state is None:
-                self._states.pop(event.run_id, None)
-            else:
-                self._states[event.run_id] = evolved.state
-            return event.run_id
+                return []  # dead-lettered by the projector; a page skips it
+            return self._evolve(event)
+        if message.source == "ledger":
+            return [run_id for stored in stored_events(message.seq, message.subject, message.data)
+                    if stored.event is not None and stored.event.parent == self._parent
+                    for run_id in self._evolve(stored.event)]
         try:
             signal = ProgressSignal.model_validate_json(message.data)
         except ValidationError:
-            return None
+            return []
         self._signals[signal.run_id] = signal
-        return signal.run_id if signal.run_id in self._states else None
+        return [signal.run_id] if signal.run_id in self._states else []
+
+    def _evolve(self, event: Event) -> list[str]:
+        evolved = evolve(self._states.get(event.run_id), event)
+        if not evolved.applied:
+            return []
+        if evolved.state is None:
+            self._states.pop(event.run_id, None)
+        else:
+            self._states[event.run_id] = evolved.state
+        return [event.run_id]
 
     def _update(self, changed: set[str], nested: set[tuple[str, str, str]],
                 caught_up: bool) -> dict[str, Any]:
