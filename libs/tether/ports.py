@@ -115,7 +115,7 @@ def stored_event(seq: int, subject: str, raw: bytes, pending: int = 0,
 def stored_events(seq: int, subject: str, raw: bytes, pending: int = 0,
                   logged_at: int | None = None) -> list[StoredEvent]:
     """The log message at `seq` as the events it holds: itself, decoded; or, on a parent
-    agent's delivery ledger (`Subjects.is_delivery_ledger`), each entry of its
+    agent's delivery ledger (`is_delivery_ledger`), each entry of its
     `deliveries.recorded` as that run's `run.finish_delivered`, on the run's subject, at
     the batch's sequence. A message that does not decode is one, with its error."""
     if not is_delivery_ledger(subject):

@@ -3,6 +3,7 @@ handler reported together, read by followers of the log as each run's own
 `run.finish_delivered`."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,19 @@ def test_the_in_memory_log_follows_and_reads_a_ledger_as_the_jetstream_log_does(
         assert read == followed
 
     asyncio.run(scenario())
+
+
+def test_the_stored_shape_of_version_1_still_reads_as_its_runs_entries():
+    """The golden file: the shape the log keeps for ever."""
+    raw = (Path(__file__).resolve().parents[1] / "golden" / "ledger"
+           / "deliveries.recorded.v1.json").read_bytes()
+    batch = decode_batch(raw)
+    assert decode_batch(encode_batch(batch)) == batch
+    events = batch.as_events()
+    assert [(e.parent, e.run_id, e.data.status, e.data.method, e.event_id) for e in events] == [
+        (ParentRef(agent="Assistant", name="user-42"), "run-7f3a9c2e", "completed",
+         "on_research_done", "run-7f3a9c2e:0a1b2c3d4e:finish_delivered:on_research_done:completed"),
+        (ParentRef(agent="Assistant", name="user-43"), "run-9d01", "error",
+         "on_agent_tool_finish",
+         "run-9d01:5f6a7b8c9d:finish_delivered:on_agent_tool_finish:error")]
+    assert {e.occurred_at for e in events} == {1767225613750}

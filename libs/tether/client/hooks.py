@@ -8,9 +8,10 @@ and consumes each method's subject with a durable pull consumer shared by its re
 
 Delivery: exactly once normally, at least once on a crash. After the function returns,
 the handler writes its own record of the delivery (a key in the deliveries bucket,
-`adapters/deliveries.py`), then `run.finish_delivered` is appended to the run (the
-ledger: the parent service appends it on the handler's `delivered` command, which
-reports together the deliveries finished within a few milliseconds of each other), and
+`adapters/deliveries.py`), then the delivery goes in the run's ledger (the parent service
+records it on the handler's `delivered` command, which reports together the deliveries
+finished within a few milliseconds of each other: one `run.finish_delivered` on the run,
+or, for several, one `deliveries.recorded` on the parent agent's ledger subject), and
 only then the message is acknowledged. A message whose delivery is already
 recorded (this handler's memory of the calls it made, the key, or the ledger) is
 acknowledged without calling the function, and one whose delivery this handler is making

@@ -6,7 +6,8 @@ child's outcome, the parent for a cancel, the reconciler for a give-up), and the
 puts a milestone's chat notification out right after recording the milestone: one hop,
 and no consumer of the whole log. Message ids are deterministic, so a repeat publishes a
 duplicate the stream drops; the delivery ledger in the run's events (`run.finish_delivered`,
-which the hook handler's report appends, and `run.notified`, appended here after a chat
+which the hook handler's report appends, or an entry of its parent agent's batch that a
+follower of the log reads as one, and `run.notified`, appended here after a chat
 message) stops a delivery after the stream's window. A writer that died between its
 append and the delivery leaves it to the next: a redelivered work item or command finds
 the run ended and delivers what the ledger still lacks (`deliver_owed`), and the
