@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.domain.commands import ContinueCommand, DeliveredCommand, RunCommand, SendCommand
-from tether.domain.delivery_batches import life_of
+from tether.domain.delivery_batches import finish_delivered, life_of
 from tether.domain.detached_options import DetachedOptions
 from tether.domain.events import (
     Event,
@@ -26,7 +26,6 @@ from tether.domain.events import (
     RunCleared,
     RunClearedData,
     RunFinishDelivered,
-    RunFinishDeliveredData,
     RunRef,
     RunRejected,
     RunRejectedData,
@@ -278,13 +277,8 @@ def record_delivery(state: RunState | None, command: DeliveredCommand,
 def delivery_entry(command: DeliveredCommand, life: str, now: int) -> RunFinishDelivered:
     """The ledger entry of a delivery in the run's life `life` (`RunState.incarnation`):
     its id names that life, so the fold can tell an earlier life's entry from this one's."""
-    return RunFinishDelivered(
-        event_id=derived_event_id(command.run_id, life, "finish_delivered", command.method,
-                                  command.status),
-        run_id=command.run_id, parent=command.parent, occurred_at=now,
-        correlation_id=command.run_id, causation_id=command.message_id,
-        data=RunFinishDeliveredData(status=command.status, method=command.method,
-                                    message_id=command.message_id))
+    return finish_delivered(command.parent, command.run_id, command.status, command.method,
+                            command.message_id, life=life, now=now)
 
 
 def clear(state: RunState | None, cause: Cause) -> list[Event]:

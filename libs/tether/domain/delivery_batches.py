@@ -70,17 +70,24 @@ class DeliveriesRecorded(Record, frozen=True, kw_only=True):
 
     def as_events(self) -> list[RunFinishDelivered]:
         """Each entry as the run's `run.finish_delivered`, as appended alone."""
-        return [RunFinishDelivered(
-            event_id=derived_event_id(entry.run_id, life, "finish_delivered", entry.method,
-                                      entry.status),
-            run_id=entry.run_id, parent=ParentRef(agent=self.parent_agent, name=entry.parent_name),
-            occurred_at=self.occurred_at, correlation_id=entry.run_id,
-            causation_id=entry.message_id,
-            data=RunFinishDeliveredData(status=entry.status, method=entry.method,
-                                        message_id=entry.message_id))
-            for entry in self.entries
-            if (life := life_of(entry.run_id, entry.status, entry.method, entry.message_id))
-            is not None]
+        return [finish_delivered(ParentRef(agent=self.parent_agent, name=entry.parent_name),
+                                 entry.run_id, entry.status, entry.method, entry.message_id,
+                                 life=life, now=self.occurred_at)
+                for entry in self.entries
+                if (life := life_of(entry.run_id, entry.status, entry.method, entry.message_id))
+                is not None]
+
+
+def finish_delivered(parent: ParentRef, run_id: str, status: RunStatus, method: str,
+                     message_id: str, *, life: str, now: int) -> RunFinishDelivered:
+    """A run's ledger entry of a delivered finish hook in its life `life`
+    (`RunState.incarnation`): its id names that life, so the fold can tell an earlier
+    life's entry from this one's."""
+    return RunFinishDelivered(
+        event_id=derived_event_id(run_id, life, "finish_delivered", method, status),
+        run_id=run_id, parent=parent, occurred_at=now, correlation_id=run_id,
+        causation_id=message_id,
+        data=RunFinishDeliveredData(status=status, method=method, message_id=message_id))
 
 
 def life_of(run_id: str, status: str, method: str, message_id: str) -> str | None:
@@ -100,11 +107,13 @@ def batch_of(reports: list[DeliveredCommand], *, now: int
     """The reports (of one parent agent) whose hook ids name their run's life, as one
     `deliveries.recorded`, and the others, to be recorded on their runs. No batch for
     fewer than two: one delivery is appended to its run as it always was."""
-    named = [report for report in reports
-             if life_of(report.run_id, report.status, report.method, report.message_id)]
+    named: list[DeliveredCommand] = []
+    others: list[DeliveredCommand] = []
+    for report in reports:
+        life = life_of(report.run_id, report.status, report.method, report.message_id)
+        (named if life else others).append(report)
     if len(named) < 2:
         return None, reports
-    others = [report for report in reports if all(report is not n for n in named)]
     agent = named[0].parent.agent
     batch = DeliveriesRecorded(
         event_id=delivery_batch_id(agent, [f"{report.parent.name}/{report.method}/"
