@@ -27,8 +27,10 @@ from tether.client import connect
 from tether.config import Settings
 from tether.contract.codec import encode_event
 from tether.domain import events as ev
+from tether.domain.commands import DeliveredCommand
+from tether.domain.delivery_batches import batch_of
 from tether.domain.events import ParentRef
-from tether.domain.ids import nested_parent_name
+from tether.domain.ids import finish_message_id, nested_parent_name
 from tether.testing import RunEvents
 from tether.ui.page_stream import ParentStream
 
@@ -373,6 +375,37 @@ async def test_nested_runs_come_under_the_run_that_started_them(ui, log, project
         await page.until(lambda m: any(r["run_id"] == "digest-part-1"
                                        for r in m.get("nested", [])))
     assert (await ui.get(f"/parents/Coordinator/{owner.name}")).status_code == 200
+
+
+async def test_a_page_shows_a_delivery_recorded_in_its_agents_ledger_batch(log, pool, settings):
+    """A batch on the parent agent's delivery ledger, with a run of this page's parent and
+    one of another parent of the agent: the page's run shows its hook delivered, live."""
+    states = []
+    for parent, run_id in ((PARENT, "led-page"), (OTHER, "led-other")):
+        run = RunEvents(run_id, parent)
+        await append(log, run.requested(detached={"on_finish": "on_done"}), run.running(),
+                     run.completed())
+        states.append((await log.read_run(parent, run_id)).state)
+    async with connect(settings=settings) as tether:
+        page = ParentStream(tether, ProjectionReads(pool, settings.projection_schema), PARENT,
+                            frame_ms=10)
+        messages = page.messages()
+        seen = {r["run_id"] for r in (await anext(messages))["runs"]}  # the snapshot
+        batch, _ = batch_of([DeliveredCommand(
+            run_id=state.run_id, parent=state.parent, status="completed", method="on_done",
+            message_id=finish_message_id(state, "completed", "on_done")) for state in states],
+            now=4_242)
+        await log.record_deliveries(batch)
+
+        async def delivered() -> list:
+            runs = (await anext(messages)).get("runs", [])
+            seen.update(r["run_id"] for r in runs)
+            return [(r["run_id"], r["delivered_at"]) for r in runs
+                    if r["delivered_at"] is not None]
+
+        assert await eventually(delivered, timeout=10, interval=0) == [("led-page", 4_242)]
+        await messages.aclose()
+    assert seen == {"led-page"}
 
 
 async def test_a_quiet_stream_sends_heartbeats(log, pool, settings):

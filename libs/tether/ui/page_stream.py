@@ -12,6 +12,7 @@ again each `nested_refresh_ms` while a run on the page is open.
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import nullcontext
 from typing import Any
 
 from pydantic import ValidationError
@@ -71,16 +72,21 @@ class ParentStream:
         events = self._tether.feed(subjects.events_stream, subjects.parent_events(self._parent),
                                    source="event", start_seq=snapshot.checkpoint + 1,
                                    sink=self.sink)
-        # The parent agent's delivery ledger: its batches of finish-hook deliveries.
-        ledger = self._tether.feed(subjects.events_stream,
-                                   subjects.delivery_ledger(self._parent.agent), source="ledger",
-                                   start_seq=snapshot.checkpoint + 1, sink=self.sink)
         progress = self._tether.feed(subjects.progress_stream,
                                      subjects.parent_progress(self._parent), source="progress",
                                      sink=self.sink)
-        async with events, ledger, progress:
-            caught = {"event": events.initially_empty, "ledger": ledger.initially_empty,
-                      "progress": progress.initially_empty}
+        # The parent agent's delivery ledger, its batches of finish-hook deliveries: not
+        # for a UI in an application's account, whose feeds are the parent's history of
+        # one parent (a batch delivered there shows when the page is loaded again).
+        ledger = (self._tether.feed(subjects.events_stream,
+                                    subjects.delivery_ledger(self._parent.agent),
+                                    source="ledger", start_seq=snapshot.checkpoint + 1,
+                                    sink=self.sink)
+                  if not self._tether.served else nullcontext(None))
+        async with events, ledger as followed, progress:
+            caught = {"event": events.initially_empty, "progress": progress.initially_empty}
+            if followed is not None:
+                caught["ledger"] = followed.initially_empty
             changed: set[str] = set()
             nested: set[tuple[str, str, str]] = set()
             loop = asyncio.get_running_loop()

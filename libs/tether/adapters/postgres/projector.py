@@ -268,7 +268,7 @@ async def replay_into(conn: asyncpg.Connection, log: EventLog, schema: str, *, u
                         # From here on runs are looked up: give the planner the table's shape.
                         await replay.written()
                         await conn.execute(f'ANALYZE "{schema}".runs')
-                    done += len(wanted)
+                    done += len({stored.seq for stored in wanted})  # (a ledger's entries share one)
                 if on_progress:
                     on_progress(checkpoint, until_seq, done / max(time.monotonic() - started, 1e-9))
                 # `pending == 0`: the stream ends here (its last messages may have been purged).
