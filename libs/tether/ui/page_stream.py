@@ -2,8 +2,8 @@
 
 The snapshot is the projection at its checkpoint (one repeatable-read transaction); the
 parent's events subjects and its agent's delivery ledger are then followed from the next
-stream sequence, so nothing is missed and nothing is applied twice, and its progress signals from the start of the
-progress stream (which keeps the last one per run). Changes are folded with the same
+stream sequence, so nothing is missed and nothing is applied twice, and its progress
+signals from the start of the progress stream (which keeps the last one per run). Changes are folded with the same
 `evolve` as the services and sent at most once per frame (`frame_ms`), each run's latest
 document only, so a burst of events costs the browser one redraw per frame. Nested runs
 (owned by `<agent type>/<run id>` of a run on the page) come from the projections, read
