@@ -55,13 +55,14 @@ from delivery_ledger import ledger_entries, with_entries
 from eventually import eventually
 from service_processes import ServiceProcess, ready
 
-from tether.adapters.event_log import EventLog, to_stored_event
+from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
 from tether.adapters.postgres.projector import verify
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess
 from tether.domain.events import ParentRef
+from tether.ports import stored_event
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = "examples.chaos_agents:TracedResearcher,examples.chaos_agents:Ticker"
@@ -388,7 +389,7 @@ class System:
         appended = []
         for message in messages:
             headers = message.headers or {}
-            stored = to_stored_event(int(headers["Nats-Sequence"]), subject, message.data)
+            stored = stored_event(int(headers["Nats-Sequence"]), subject, message.data)
             assert stored.event is not None, stored.error
             appended.append(Appended(stored.seq, stored.event,
                                      _broker_time(headers["Nats-Time-Stamp"])))

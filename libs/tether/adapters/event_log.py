@@ -39,7 +39,6 @@ from tether.ports import (
     RunHistory,
     StoredEvent,
     run_history,
-    stored_event,
     stored_events,
 )
 from tether.recent_runs import RECENT_RUNS, Recent, RecentRuns
@@ -431,9 +430,6 @@ async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event
     finally:
         stopping.cancel()
 
-
-# One message of a run's subject (a read by run, a live event): one event.
-to_stored_event = stored_event
 
 
 def log_time_ms(stamp: str | None) -> int | None:

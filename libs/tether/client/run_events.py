@@ -15,13 +15,13 @@ the connection may do:
 
 from nats.aio.msg import Msg
 
-from tether.adapters.event_log import EventLog, to_stored_event
+from tether.adapters.event_log import EventLog
 from tether.client.awaiting import LiveEvent
 from tether.client.errors import NotPermitted
 from tether.client.link import Link
 from tether.contract.messages import HistoryReply
 from tether.domain.commands import HistoryQuery
-from tether.ports import StoredEvent
+from tether.ports import StoredEvent, stored_event
 
 
 class DirectReads:
@@ -53,7 +53,7 @@ class ServedReads:
                     f"this connection's NATS user may not read {subject}: an application "
                     "user reads only the runs of the parent agents its configuration lists "
                     "(tether.access)") from None
-            found += [to_stored_event(m.seq, m.subject, m.data.encode(), m.pending)
+            found += [stored_event(m.seq, m.subject, m.data.encode(), m.pending)
                       for m in reply.messages]
             if not reply.messages or not reply.pending:
                 return found
@@ -71,4 +71,4 @@ def live_event(msg: Msg) -> LiveEvent | None:
         seq, previous = int(headers["Nats-Sequence"]), int(headers["Nats-Last-Sequence"])
     except (KeyError, ValueError):
         return None
-    return LiveEvent(seq, previous, to_stored_event(seq, msg.subject, msg.data).event)
+    return LiveEvent(seq, previous, stored_event(seq, msg.subject, msg.data).event)

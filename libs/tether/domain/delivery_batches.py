@@ -7,7 +7,7 @@ run's subject: one append, one acknowledgement and one message for each follower
 log, for the whole batch.
 
 Each entry is a run's `run.finish_delivered` as the parent would have appended it alone
-(`delivery_entry`: the same event id, which names the run's life), and readers of the
+(`finish_delivered`: the same event id, which names the run's life), and readers of the
 whole log see it as that event (`as_events`), in the batch's place in the stream: the
 fold, the projection and the reconciler take it as they take one appended to the run. A
 read of one run's subject does not see it; the handler's own record of the delivery (the
