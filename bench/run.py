@@ -28,7 +28,7 @@ from bench.correctness import verify_w1
 from bench.gateway import gateway_w2
 from bench.peers.sweep import complete, run_point
 from bench.profile import Profiler, render
-from bench.stack import REPO, SERVICES, ServiceSet, server_pids, servers
+from bench.stack import LAYOUTS, PROCESSES, REPO, ServiceSet, server_pids, servers
 from bench.workloads import HOOK_METHOD, Positions, Probe, rebuild, w1, w2
 from tether.adapters.streams import remove_streams
 from tether.cli import event_loop_factory
@@ -78,8 +78,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="give up on W1 after this many seconds (default 60 + runs/20)")
     parser.add_argument("--profile", action="store_true",
                         help="py-spy record every service during W1; hot spots in the report")
-    parser.add_argument("--callgrind", choices=SERVICES, metavar="SERVICE",
-                        help="run SERVICE under valgrind's callgrind and report the "
+    parser.add_argument("--followers", choices=sorted(LAYOUTS), default="together",
+                        help="the projector and the reconciler in one process, the "
+                             "reconciler taking what the projector commits (together, the "
+                             "default), or each in a process of its own (apart)")
+    parser.add_argument("--callgrind", choices=PROCESSES, metavar="SERVICE",
+                        help="run SERVICE (a process of the --followers layout: "
+                             "projector,reconciler when together) under valgrind's callgrind and report the "
                              "instructions it executes per W1 run: a measure of its CPU work "
                              "that the machine's speed does not change (the run's times are "
                              "then meaningless; bench/callgrind.py)")
@@ -118,7 +123,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
     parser.add_argument("--keep", action="store_true",
                         help="keep the streams and schemas of this run (default: deleted)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.callgrind and args.callgrind not in LAYOUTS[args.followers]:
+        parser.error(f"--callgrind {args.callgrind}: not a process of --followers "
+                     f"{args.followers} ({', '.join(LAYOUTS[args.followers])})")
+    return args
 
 
 def git_describe() -> str:
@@ -194,7 +203,7 @@ async def fresh_w1(args: argparse.Namespace, nats_url: str, database_url: str,
     settings = Settings(nats_url=nats_url, database_url=database_url, prefix=prefix,
                         projection_schema=prefix, stream_replicas=args.nats_nodes)
     env = ServiceSet.environment(nats_url, database_url, prefix, extra)
-    services = ServiceSet(env, log_dir, replicas=replicas)
+    services = ServiceSet(env, log_dir, replicas=replicas, followers=args.followers)
     await services.start()
     try:
         async with connect(settings=settings, name="tether-bench") as tether:
@@ -306,7 +315,7 @@ async def bench(args: argparse.Namespace, nats_url: str, database_url: str) -> d
     env = ServiceSet.environment(nats_url, database_url, prefix, extra)
     out_dir = args.results_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    services = ServiceSet(env, out_dir / f"{stamp}-logs")
+    services = ServiceSet(env, out_dir / f"{stamp}-logs", followers=args.followers)
     result: dict = {"meta": {
         "timestamp": stamp, "git": git_describe(), "python": platform.python_version(),
         "cpus": os.cpu_count(), "load_avg_before": os.getloadavg(), "prefix": prefix,

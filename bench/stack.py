@@ -16,6 +16,12 @@ from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = ("parent", "child-runner", "reconciler", "projector")
+# The processes of each `--followers` layout: the projector and the reconciler in one
+# process (the reconciler takes what the projector commits), or each in its own.
+FOLLOWERS_TOGETHER = "projector,reconciler"
+LAYOUTS = {"together": ("parent", "child-runner", FOLLOWERS_TOGETHER),
+           "apart": SERVICES}
+PROCESSES = (*SERVICES, FOLLOWERS_TOGETHER)
 BENCH_AGENT = "bench.agents:BenchChild"
 
 
@@ -212,7 +218,7 @@ async def metric_total(port: int, name: str, labels: dict[str, str]) -> float:
 @dataclass
 class Service:
     name: str  # the service, or with replicas `<service>-<n>`
-    service: str  # one of SERVICES
+    service: str  # one of PROCESSES: a service, or services in one process
     process: subprocess.Popen
     health_port: int
     log_path: Path
@@ -245,15 +251,18 @@ class ServiceSet:
     """`tether services NAME` for each service, log level warning, the bench child loaded.
 
     `replicas` runs that many processes of a service (named `<service>-1`, `-2`, ...);
-    they share its durable consumers as replicas in a deployment do.
+    they share its durable consumers as replicas in a deployment do. `followers`: the
+    projector and the reconciler in one process (`together`, `tether services
+    projector,reconciler`) or in one each (`apart`).
     """
 
     def __init__(self, env: dict[str, str], log_dir: Path,
-                 replicas: dict[str, int] | None = None) -> None:
+                 replicas: dict[str, int] | None = None, followers: str = "together") -> None:
         self.env = env
         self.entry = "tether.cli"
         self.log_dir = log_dir
-        self.replicas = {name: 1 for name in SERVICES} | (replicas or {})
+        self.processes = LAYOUTS[followers]
+        self.replicas = {name: 1 for name in self.processes} | (replicas or {})
         self.services: dict[str, Service] = {}
         self.wrappers: dict[str, list[str]] = {}  # a command to run a service under
 
@@ -271,7 +280,7 @@ class ServiceSet:
 
     async def start(self, timeout: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        for service in SERVICES:
+        for service in self.processes:
             count = self.replicas[service]
             for n in range(1, count + 1):
                 name = service if count == 1 else f"{service}-{n}"
@@ -297,7 +306,7 @@ class ServiceSet:
 
     async def _leaders(self, role: str) -> float:
         return sum([await metric_total(s.health_port, f"tether_{role}_active", {})
-                    for s in self.services.values() if s.service == role])
+                    for s in self.services.values() if role in s.service.split(",")])
 
     def _spawn(self, service: str, name: str) -> Service:
         reserved = reserve_port()

@@ -10,6 +10,7 @@ import asyncpg
 from nats.js import JetStreamContext
 
 from tether.adapters.event_log import EventLog
+from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.adapters.postgres.projector import Projector
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.bootstrap import Needs, Service, bootstrap
@@ -34,7 +35,9 @@ KILL_AT_SEQ_VARIABLE = "TETHER_TEST_PROJECTOR_KILL_AT_SEQ"
 
 
 
-async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
+async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck], *,
+                feed: CommittedFeed | None = None) -> None:
+    """`feed`: where its committed batches go for the reconciler of its process."""
     logger = get_logger(service="projector")
 
     async def run(service: Service) -> None:
@@ -47,7 +50,8 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
                               linger_ms=settings.projector_linger_ms,
                               preview_chars=settings.input_preview_chars, logger=logger,
                               before_commit=_kill_hook(),
-                              leadership_check_s=settings.leadership_check_ms / 1000)
+                              leadership_check_s=settings.leadership_check_ms / 1000,
+                              feed=feed)
 
         async def caught_up() -> tuple[bool, str]:
             if not projector.active.is_set():

@@ -3,6 +3,7 @@
 import asyncio
 
 from tether.adapters.event_log import EventLog
+from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.agent_registry import AgentConfigurationError
 from tether.bootstrap import Needs, Service, bootstrap
 from tether.child.loading import load_agents
@@ -15,7 +16,9 @@ from tether.reconciler.service import Reconciler
 from tether.runtime import ReadinessCheck
 
 
-async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck]) -> None:
+async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, ReadinessCheck], *,
+                feed: CommittedFeed | None = None) -> None:
+    """`feed`: the batches the projector of its process commits (docs/architecture.md)."""
     logger = get_logger(service="reconciler")
     opened: list[tuple[EventLog, Deliverer]] = []
     try:
@@ -33,10 +36,13 @@ async def serve(settings: Settings, stop: asyncio.Event, checks: dict[str, Readi
     async def run(service: Service) -> None:
         log, deliverer = opened[-1]
         reconciler = Reconciler(settings, log, service.postgres, deliverer, logger,
-                                clock=service.clock)
+                                clock=service.clock, feed=feed)
 
         async def role() -> tuple[bool, str]:
-            return True, "active" if reconciler.active.is_set() else "standby"
+            if not reconciler.active.is_set():
+                return True, "standby"
+            following = reconciler.following
+            return True, f"active, following the {following}" if following else "active"
 
         service.ready(reconciler_role=role)
 

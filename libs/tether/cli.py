@@ -132,7 +132,9 @@ def end_remaining(loop: asyncio.AbstractEventLoop, within_s: float = ABANDON_WAI
 
 
 def _services_arguments(services: argparse.ArgumentParser) -> None:
-    services.add_argument("name", choices=[*sorted(SERVICE_MODULES), "all"])
+    services.add_argument("name", type=_service_names,
+                          help=f"{', '.join(sorted(SERVICE_MODULES))}, several of them "
+                               "separated by commas (one process runs them), or all")
     services.add_argument("--agents", help="child agents, module:Class[,module:Class] "
                                            "(default: $TETHER_AGENTS)")
 
@@ -200,16 +202,31 @@ def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] |
     return uvloop.new_event_loop
 
 
+def _service_names(text: str) -> str:
+    """`tether services NAME`: a service, several separated by commas, or `all`."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in SERVICE_MODULES]
+    if text != "all" and (unknown or len(set(names)) < len(names)):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: name a service ({', '.join(sorted(SERVICE_MODULES))}), several of "
+            "them once each, separated by commas, or all"
+            + (f"; not a service: {', '.join(repr(name) for name in unknown)}" if unknown else ""))
+    return text
+
+
 def services_to_run(name: str, settings: Settings | None = None) -> list[str]:
-    """What `tether services NAME` runs. The web timeline and the gateway are extras:
-    without one, asking for its service is refused (`MissingExtra`) before anything
-    starts, and `all` runs the others (the caller says so), since an install for running
-    agents need not serve a web page. `all` runs the gateway only where its callers file
-    is set (`settings`): it lets nobody in without one."""
+    """What `tether services NAME` runs: one service, several named with commas, or
+    `all`. The web timeline and the gateway are extras: without one, asking for its
+    service is refused (`MissingExtra`) before anything starts, and `all` runs the
+    others (the caller says so), since an install for running agents need not serve a
+    web page. `all` runs the gateway only where its callers file is set (`settings`): it
+    lets nobody in without one."""
     if name != "all":
-        if name in ("ui", "gateway"):
-            require(name)
-        return [name]
+        names = name.split(",")
+        for extra in ("ui", "gateway"):
+            if extra in names:
+                require(extra)
+        return names
     gateway = (settings is not None and settings.gateway_callers_file is not None
                and installed("gateway"))
     return [service for service in sorted(SERVICE_MODULES)
@@ -221,6 +238,14 @@ async def _run_services(settings: Settings, name: str) -> int:
 
     available = _services()
     chosen = services_to_run(name, settings)
+    shared: dict[str, dict[str, Any]] = {}
+    if "projector" in chosen and "reconciler" in chosen:
+        from tether.adapters.postgres.committed_feed import CommittedFeed
+
+        # The reconciler takes what its process's projector commits, instead of
+        # following the log a second time (docs/architecture.md).
+        feed = CommittedFeed()
+        shared = {"projector": {"feed": feed}, "reconciler": {"feed": feed}}
     if name == "all" and "ui" not in chosen:
         get_logger(service="all").warning(
             "ui.not_installed", detail=f"{MissingExtra('ui')}; the other services run")
@@ -230,11 +255,12 @@ async def _run_services(settings: Settings, name: str) -> int:
         # SIGTERM would, and its error is the one the command says. One that has not
         # stopped within ALL_STOP_S (a start-up still waiting on a server) is cancelled.
         own = {service: checks for service in chosen}
-        if name == "all":  # each fills its own checks once started: till all have, not ready
+        if len(chosen) > 1:  # each fills its own checks once started: till all have, not ready
             own = {service: {} for service in chosen}
             checks.update({service: one_service_of_many(service, own[service])
                            for service in chosen})
-        running = [asyncio.ensure_future(available[service](settings, stop, own[service]))
+        running = [asyncio.ensure_future(available[service](settings, stop, own[service],
+                                                            **shared.get(service, {})))
                    for service in chosen]
         try:
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)

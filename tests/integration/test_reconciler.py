@@ -10,6 +10,7 @@ import time
 import weakref
 from contextlib import aclosing
 
+import asyncpg
 import nats
 import pytest
 import structlog
@@ -19,6 +20,7 @@ from examples.agents import Sleeper
 from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
+from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.adapters.postgres.projector import Projector
 from tether.adapters.postgres.reads import WATCHED, ProjectionReads
 from tether.adapters.streams import StreamSettings, ensure_streams, key_value
@@ -64,23 +66,51 @@ def fast(settings):
                                        "leadership_check_ms": 100})
 
 
-async def start(fast, log, pool, cls: type[Reconciler] = Reconciler, logger=None):
+async def start(fast, log, pool, cls: type[Reconciler] = Reconciler, logger=None,
+                feed: CommittedFeed | None = None):
     registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
     deliverer = Deliverer.of(fast, log, RegisteredHooks(registry), DefaultFormatters(),
                              get_logger(service="test"))
-    reconciler = cls(fast, log, pool, deliverer, logger or get_logger(service="reconciler-test"))
+    reconciler = cls(fast, log, pool, deliverer, logger or get_logger(service="reconciler-test"),
+                     feed=feed)
     stop = asyncio.Event()
     task = asyncio.create_task(reconciler.run(stop))
     await asyncio.wait_for(reconciler.active.wait(), timeout=10)
     return reconciler, stop, task
 
 
-@pytest.fixture
-async def reconciler(fast, log, pool):
-    instance, stop, task = await start(fast, log, pool)
-    yield instance
-    stop.set()
-    await asyncio.wait_for(task, timeout=10)
+@contextlib.asynccontextmanager
+async def projecting(fast, log, pool, feed: CommittedFeed):
+    """A projector of the reconciler's process, leading, its commits in `feed` (with a
+    pool of its own, as the projector service has: the tests' pool is for the rest)."""
+    own_pool = await asyncpg.create_pool(fast.database_url, min_size=1, max_size=3)
+    projector = Projector(own_pool, log, fast.projection_schema, leadership_check_s=0.1,
+                          feed=feed)
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    try:
+        await eventually(lambda: feed.leading)
+        yield projector
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+        await own_pool.close()
+
+
+@pytest.fixture(params=["log", "projector"])
+async def reconciler(request, fast, log, pool):
+    """A reconciler that follows the log from the broker, or (`projector`) one that takes
+    what the projector of its process commits: every test of it holds for both."""
+    async with contextlib.AsyncExitStack() as stack:
+        feed = None
+        if request.param == "projector":
+            feed = CommittedFeed()
+            await stack.enter_async_context(projecting(fast, log, pool, feed))
+        instance, stop, task = await start(fast, log, pool, feed=feed)
+        await eventually(lambda: instance.following == request.param)
+        yield instance
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
 
 
 async def append_all(log: EventLog, *events) -> None:
@@ -344,6 +374,124 @@ async def test_retries_stop_once_the_deliveries_are_recorded_in_a_batch(reconcil
         assert not (await log.read_run(PARENT, state.run_id)).state.finish_delivered(
             "completed", "on_import_done")  # nothing was appended to the runs themselves
     await hooks.unsubscribe()
+
+
+class Observing(Reconciler):
+    """Records the stream sequence of every event it observes, and each term's load."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.observed: list[int] = []
+        self.loads = 0
+
+    async def _load(self) -> int:
+        self.loads += 1
+        return await super()._load()
+
+    async def _observe(self, event, seq: int, logged_at: int | None) -> None:
+        self.observed.append(seq)
+        await super()._observe(event, seq, logged_at)
+
+
+async def keep_appending(log: EventLog, prefix: str, stop: asyncio.Event) -> int:
+    """Open detached runs, one after another until `stop`; how many."""
+    count = 0
+    while not stop.is_set() or count == 0:
+        count += 1
+        _, events = detached_run(f"{prefix}-{count}", max_budget_ms=3_600_000,
+                                 no_progress_budget_ms=0)
+        await append_all(log, *events)
+        await asyncio.sleep(0.01)
+    return count
+
+
+async def test_a_reconciler_follows_the_log_itself_once_its_process_projector_stops(
+        fast, log, pool):
+    """The projector's term ends while events keep coming: the reconciler goes on from
+    the broker after the last event the projector handed it, missing none and taking
+    none twice, and acts on what comes after."""
+    feed = CommittedFeed()
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(projecting(fast, log, pool, feed))
+        reconciler, stop, task = await start(fast, log, pool, Observing, feed=feed)
+        await eventually(lambda: reconciler.following == "projector")
+        appending_stop = asyncio.Event()
+        appending = asyncio.create_task(keep_appending(log, "switch", appending_stop))
+        await eventually(lambda: len(reconciler.observed) >= 9)
+        await stack.aclose()  # the projector stops, mid-stream
+        await eventually(lambda: reconciler.following == "log")
+        appending_stop.set()
+        await appending
+    try:
+        _, events = detached_run("after-switch", max_budget_ms=300, no_progress_budget_ms=0)
+        await append_all(log, *events)
+        state, _ = await outcome(log, "after-switch")
+        assert state.status == "interrupted"
+        last = await log.stream_last_seq()
+        await eventually(lambda: reconciler.observed[-1:] == [last])
+        assert reconciler.observed == list(range(1, last + 1))
+        assert reconciler.loads == 1  # one term: the switch did not start another
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_reconciler_takes_what_its_process_projector_commits_once_it_leads(
+        fast, log, pool):
+    """A reconciler that leads before its process's projector does follows the log from
+    the broker, and switches to the projector's commits once they cover where it is,
+    missing none and taking none twice."""
+    feed = CommittedFeed()
+    reconciler, stop, task = await start(fast, log, pool, Observing, feed=feed)
+    try:
+        await eventually(lambda: reconciler.following == "log")
+        appending_stop = asyncio.Event()
+        appending = asyncio.create_task(keep_appending(log, "switch", appending_stop))
+        await eventually(lambda: len(reconciler.observed) >= 9)
+        async with projecting(fast, log, pool, feed):
+            await eventually(lambda: reconciler.following == "projector")
+            appending_stop.set()
+            await appending
+            _, events = detached_run("after-switch", max_budget_ms=300, no_progress_budget_ms=0)
+            await append_all(log, *events)
+            state, _ = await outcome(log, "after-switch")
+            assert state.status == "interrupted"
+            last = await log.stream_last_seq()
+            await eventually(lambda: reconciler.observed[-1:] == [last])
+            assert reconciler.observed == list(range(1, last + 1))
+        assert reconciler.loads == 1  # one term: the switch did not start another
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=10)
+
+
+async def test_a_reconciler_left_behind_by_the_projector_follows_the_log_itself(
+        fast, log, pool):
+    """More events waiting for the reconciler than the feed holds: its subscription ends,
+    and it follows the log from the broker, missing nothing."""
+    feed = CommittedFeed(max_pending=2)
+
+    class Slow(Observing):
+        async def _observe(self, event, seq: int, logged_at: int | None) -> None:
+            await asyncio.sleep(0.05)
+            await super()._observe(event, seq, logged_at)
+
+    async with projecting(fast, log, pool, feed):
+        reconciler, stop, task = await start(fast, log, pool, Slow, feed=feed)
+        try:
+            await eventually(lambda: reconciler.following == "projector")
+            for i in range(5):
+                _, events = detached_run(f"burst-{i}", max_budget_ms=3_600_000,
+                                         no_progress_budget_ms=0)
+                await append_all(log, *events)
+            await eventually(lambda: reconciler.following == "log")
+            last = await log.stream_last_seq()
+            await eventually(lambda: reconciler.observed[-1:] == [last])
+            assert reconciler.observed == list(range(1, last + 1))
+            assert reconciler.loads == 1
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=10)
 
 
 async def test_the_client_observes_a_give_up_as_a_typed_event(reconciler, log, settings):

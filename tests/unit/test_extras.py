@@ -2,6 +2,7 @@
 modules that need it and by the commands that run them. A missing package is simulated
 as Python does for a name set to None in sys.modules: its import fails."""
 
+import argparse
 import importlib
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 from tether.agent_registry import AgentConfigurationError
 from tether.agents import AgentDefinition, ModelAgent
 from tether.agents.model_agent import MODEL_CLIENT_VARIABLE, client_for
-from tether.cli import SERVICE_MODULES, services_to_run
+from tether.cli import SERVICE_MODULES, _service_names, services_to_run
 from tether.config import Settings
 from tether.extras import MissingExtra, installed, require
 
@@ -123,3 +124,19 @@ def test_a_command_that_needs_the_ui_extra_exits_2_naming_it(argv) -> None:
     done = subprocess.run([sys.executable, "-c", WITHOUT.format(package="uvicorn", argv=argv)],
                           capture_output=True, text=True, timeout=30, check=False)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", f"tether: {WITHOUT_UI}\n")
+
+
+@pytest.mark.parametrize("text", ["projector,reconciler", "parent,child-runner,projector"])
+def test_services_in_one_process_are_named_with_commas(text):
+    assert _service_names(text) == text
+    assert services_to_run(text) == text.split(",")
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("projector,nope", "not a service: 'nope'"),
+    ("projector,projector", "several of them once each"),
+    ("all,parent", "not a service: 'all'"),
+])
+def test_a_wrong_list_of_services_says_what_is_wrong(text, said):
+    with pytest.raises(argparse.ArgumentTypeError, match=said):
+        _service_names(text)

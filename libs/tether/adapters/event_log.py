@@ -414,8 +414,8 @@ class EventLog:
 
 async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event
                         ) -> AsyncGenerator[T, None]:
-    """`items` until `stop` is set; the item being awaited then is abandoned, and `items`
-    is closed, so a follower stops between batches, never halfway through one."""
+    """`items` until they end or `stop` is set; the item being awaited then is abandoned,
+    and `items` is closed, so a follower stops between batches, never halfway through one."""
     stopping = asyncio.ensure_future(stop.wait())
     try:
         async with aclosing(items):
@@ -426,7 +426,11 @@ async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event
                     receiving.cancel()
                     await asyncio.gather(receiving, return_exceptions=True)
                     return
-                yield receiving.result()
+                try:
+                    item = receiving.result()
+                except StopAsyncIteration:
+                    return
+                yield item
     finally:
         stopping.cancel()
 

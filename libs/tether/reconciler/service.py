@@ -22,8 +22,8 @@ run from the log and appends with optimistic concurrency, so a decision taken tw
 
 import asyncio
 import uuid
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing, suppress
 from functools import partial
 from typing import cast
 
@@ -32,6 +32,7 @@ import asyncpg
 from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.control import control_broker
 from tether.adapters.event_log import EventLog, until_stopped
+from tether.adapters.postgres.committed_feed import CommittedFeed, FeedSubscription
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
@@ -57,7 +58,7 @@ from tether.metrics import (
     DELIVERIES_RETRIED,
     HANDLER_SECONDS,
 )
-from tether.ports import SYSTEM_CLOCK
+from tether.ports import SYSTEM_CLOCK, StoredEvent
 from tether.reconciler.deadlines import DeadlineIndex
 from tether.reconciler.recovery import Recovery
 from tether.reconciler.runners import ChildControl, Observability
@@ -84,11 +85,16 @@ FIRST_SAMPLE_WAIT_S = 10.0
 
 class Reconciler:
     def __init__(self, settings: Settings, log: EventLog, pool: asyncpg.Pool,
-                 deliverer: Deliverer, logger, clock: BrokerClock | None = None) -> None:
+                 deliverer: Deliverer, logger, clock: BrokerClock | None = None,
+                 feed: CommittedFeed | None = None) -> None:
         """`clock`: the broker's, as the service samples it; None: the reconciler samples
-        one of its own while it runs."""
+        one of its own while it runs. `feed`: the batches the projector of this process
+        commits, taken instead of the log's while that projector leads."""
         self._settings = settings
         self._log = log
+        self._feed = feed
+        # Where the log comes from while it leads: "projector" (`feed`) or "log" (the broker).
+        self.following: str | None = None
         self._pool = pool
         self._logger = logger
         self._deliverer = deliverer
@@ -180,9 +186,16 @@ class Reconciler:
                     await self._observability_broker.stop()
 
     async def _act(self, stop: asyncio.Event) -> None:
-        checkpoint = await self._load()
-        await asyncio.gather(self._follow(stop, checkpoint), self._timer(stop),
-                             self.recovery.run(stop, self._awaited_open_runs))
+        # Taken before the view is loaded: what the projector commits after the load's
+        # checkpoint is then in the subscription (what it committed before, skipped).
+        fed = self._feed.subscribe() if self._feed is not None else None
+        try:
+            checkpoint = await self._load()
+            await asyncio.gather(self._follow(stop, checkpoint, fed), self._timer(stop),
+                                 self.recovery.run(stop, self._awaited_open_runs))
+        finally:
+            if fed is not None:
+                fed.close()
 
     def _reset_view(self) -> None:
         """A new term starts from the projection again: what the last one knew may be
@@ -217,14 +230,61 @@ class Reconciler:
                           checkpoint=checkpoint)
         return checkpoint
 
-    async def _follow(self, stop: asyncio.Event, checkpoint: int) -> None:
+    async def _follow(self, stop: asyncio.Event, position: int,
+                      fed: FeedSubscription | None = None) -> None:
+        """The log after `position`: from the projector of this process while it leads
+        and has committed up to here (`fed`), from the broker otherwise, switching
+        between the two without a gap or a repeat."""
+        while not stop.is_set():
+            if fed is not None and fed.start <= position:
+                position = await self._take(fed, stop, position)
+                if not stop.is_set():
+                    self._logger.info("reconciler.following_log", after_seq=position,
+                                      reason=fed.end_reason)
+                fed = None
+                continue
+            position, fed = await self._follow_log(stop, position, fed)
+
+    async def _take(self, fed: FeedSubscription, stop: asyncio.Event, position: int) -> int:
+        """The subscription's batches until it ends; returns the last sequence observed."""
+        self._logger.info("reconciler.following_projector", after_seq=position)
+        self.following = "projector"
+        try:
+            async for batch in until_stopped(_batches(fed), stop):
+                position = await self._observe_batch(batch, position)
+        finally:
+            self.following = None
+            fed.close()
+        return position
+
+    async def _follow_log(self, stop: asyncio.Event, position: int,
+                          fed: FeedSubscription | None) -> tuple[int, FeedSubscription | None]:
+        """The log from the broker, until `stop`, or until the projector of this process
+        leads and its subscription covers what follows `position`."""
         batches = self._log.follow_batches(self._log.subjects.all_events,
-                                           start_seq=checkpoint + 1, max_batch=1000,
+                                           start_seq=position + 1, max_batch=1000,
                                            linger=FOLLOW_LINGER_S)
-        async for batch in until_stopped(batches, stop):
-            for stored in batch:
-                if stored.event is not None:
-                    await self._observe(stored.event, stored.seq, stored.logged_at)
+        self.following = "log"
+        try:
+            async with aclosing(until_stopped(batches, stop)) as followed:
+                async for batch in followed:
+                    position = await self._observe_batch(batch, position)
+                    if fed is None and self._feed is not None:
+                        fed = self._feed.subscribe()
+                    if fed is not None and fed.end_reason is not None:
+                        fed = None  # (it ended before it was taken: the broker's log goes on)
+                    elif fed is not None and fed.start <= position:
+                        break
+        finally:
+            self.following = None
+        return position, fed
+
+    async def _observe_batch(self, batch: list[StoredEvent], position: int) -> int:
+        for stored in batch:
+            # (At or before `position`: observed already, or in the loaded view.)
+            if stored.seq > position and stored.event is not None:
+                await self._observe(stored.event, stored.seq, stored.logged_at)
+        return max(position, batch[-1].seq) if batch else position
 
     async def _observe(self, event, seq: int, logged_at: int | None) -> None:
         key = (event.parent.agent, event.parent.name, event.run_id)
@@ -488,3 +548,8 @@ class Reconciler:
                                       method=state.detached.on_finish)
         self._index.set((key, "delivery"), self._clock.now() + self._backoff(attempts))
         self._rearm()
+
+
+async def _batches(fed: FeedSubscription) -> AsyncGenerator[list[StoredEvent], None]:
+    async for batch in fed:
+        yield batch

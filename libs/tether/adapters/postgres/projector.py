@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from tether.adapters.event_log import EventLog, until_stopped
+from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.adapters.postgres.migrator import check_schema_name, migrate
 from tether.adapters.postgres.projection import (
     PROJECTION_NAME,
@@ -75,7 +76,8 @@ class Projector:
     def __init__(self, pool: asyncpg.Pool, log: EventLog, schema: str, *,
                  batch_size: int = 1000, linger_ms: int = 0, preview_chars: int = 500,
                  logger=None, before_commit: BeforeCommit | None = None,
-                 leadership_check_s: float = 1.0) -> None:
+                 leadership_check_s: float = 1.0, feed: CommittedFeed | None = None) -> None:
+        """`feed`: where the batches it commits go for a reconciler of its process."""
         self._pool = pool
         self._log = log
         self._sql = Statements(check_schema_name(schema))
@@ -85,6 +87,7 @@ class Projector:
         self._logger = logger
         self._before_commit = before_commit
         self._lease_check_s = leadership_check_s
+        self._feed = feed
         self.stats = ProjectorStats()
         self._known = RecentlyProjected()
         self._statistics = _RunsStatistics()
@@ -148,8 +151,18 @@ class Projector:
         batches = self._log.follow_batches(self._log.subjects.all_events,
                                            start_seq=self.stats.position + 1,
                                            max_batch=self._batch_size, linger=self._linger_s)
-        async for batch in until_stopped(batches, stop):
-            await self._apply(conn, batch, fence)
+        if self._feed is not None:
+            self._feed.led(self.stats.position)
+        ended = "the projector stopped"
+        try:
+            async for batch in until_stopped(batches, stop):
+                await self._apply(conn, batch, fence)
+        except BaseException as error:
+            ended = f"the projector's term ended: {type(error).__name__}"
+            raise
+        finally:
+            if self._feed is not None:
+                self._feed.ended(ended)
 
     async def _apply(self, conn: asyncpg.Connection, batch: list[StoredEvent],
                      fence: Fence) -> None:
@@ -167,10 +180,13 @@ class Projector:
                 if self._logger:
                     self._logger.warning("projector.batch_retried", error=str(error), attempt=attempt)
                 await asyncio.sleep(0.05 * attempt)
+        fresh = [stored for stored in batch if stored.seq > previous]
+        if self._feed is not None:  # (before anything is awaited: in commit order)
+            self._feed.committed(fresh)
         clock.observe(service="projector", handler="batch")
         if self._statistics.grew(result.new_runs):
             await self._analyze(conn)
-        self._record(result, [stored for stored in batch if stored.seq > previous])
+        self._record(result, fresh)
         async with self._progressed:
             self._progressed.notify_all()
 
