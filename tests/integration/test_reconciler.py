@@ -388,9 +388,9 @@ class Observing(Reconciler):
         self.loads += 1
         return await super()._load()
 
-    async def _observe(self, event, seq: int, logged_at: int | None) -> None:
+    async def _observe(self, event, seq: int, logged_at: int | None, evolved=None) -> None:
         self.observed.append(seq)
-        await super()._observe(event, seq, logged_at)
+        await super()._observe(event, seq, logged_at, evolved)
 
 
 async def keep_appending(log: EventLog, prefix: str, stop: asyncio.Event) -> int:
@@ -465,6 +465,31 @@ async def test_a_reconciler_takes_what_its_process_projector_commits_once_it_lea
         await asyncio.wait_for(task, timeout=10)
 
 
+async def test_a_reconciler_fed_by_its_projector_does_not_fold_the_events_again(
+        fast, log, pool, monkeypatch):
+    """Each event comes with the projector's fold of it: the reconciler acts on that run
+    state (here, a budget that runs out) without folding the event itself."""
+    folded: list[object] = []
+    fold = reconciler_service.evolve
+    monkeypatch.setattr(reconciler_service, "evolve",
+                        lambda *args: folded.append(args) or fold(*args))
+    feed = CommittedFeed()
+    async with projecting(fast, log, pool, feed):
+        reconciler, stop, task = await start(fast, log, pool, Observing, feed=feed)
+        try:
+            await eventually(lambda: reconciler.following == "projector")
+            _, events = detached_run("fed-budget", max_budget_ms=300, no_progress_budget_ms=0)
+            await append_all(log, *events)
+            state, _ = await outcome(log, "fed-budget")
+            assert state.status == "interrupted"
+            last = await log.stream_last_seq()
+            await eventually(lambda: reconciler.observed[-1:] == [last])
+            assert folded == []
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, timeout=10)
+
+
 async def test_a_reconciler_left_behind_by_the_projector_follows_the_log_itself(
         fast, log, pool):
     """More events waiting for the reconciler than the feed holds: its subscription ends,
@@ -472,9 +497,10 @@ async def test_a_reconciler_left_behind_by_the_projector_follows_the_log_itself(
     feed = CommittedFeed(max_pending=2)
 
     class Slow(Observing):
-        async def _observe(self, event, seq: int, logged_at: int | None) -> None:
+        async def _observe(self, event, seq: int, logged_at: int | None,
+                           evolved=None) -> None:
             await asyncio.sleep(0.05)
-            await super()._observe(event, seq, logged_at)
+            await super()._observe(event, seq, logged_at, evolved)
 
     async with projecting(fast, log, pool, feed):
         reconciler, stop, task = await start(fast, log, pool, Slow, feed=feed)

@@ -5,6 +5,7 @@ projector's term ends or the subscriber lets too much wait."""
 import asyncio
 
 from tether.adapters.postgres.committed_feed import CommittedFeed
+from tether.domain.evolved import Evolved
 from tether.ports import StoredEvent
 
 
@@ -14,7 +15,7 @@ def batch(*seqs: int) -> list[StoredEvent]:
 
 
 async def taken(subscription) -> list[list[int]]:
-    return [[stored.seq for stored in got] async for got in subscription]
+    return [[stored.seq for stored in got.events] async for got in subscription]
 
 
 def test_no_subscription_while_the_projector_does_not_lead():
@@ -48,7 +49,7 @@ async def test_a_subscriber_waits_for_the_next_commit():
     await asyncio.sleep(0)
     assert not waiting.done()
     feed.committed(batch(1))
-    assert [stored.seq for stored in await waiting] == [1]
+    assert [stored.seq for stored in (await waiting).events] == [1]
 
 
 async def test_a_subscriber_that_lets_too_much_wait_is_ended_and_given_nothing_more():
@@ -75,3 +76,16 @@ async def test_a_closed_subscription_ends_and_receives_nothing():
     feed.ended("stopped")
     assert await taken(subscription) == []
     assert await taken(other) == [[1]]
+
+
+async def test_a_batch_carries_the_projectors_fold_of_each_event_when_it_made_one():
+    feed = CommittedFeed()
+    feed.led(0)
+    subscription = feed.subscribe()
+    assert subscription is not None
+    steps = [Evolved(None, True), None]
+    feed.committed(batch(1, 2), steps)
+    feed.committed(batch(3))  # folded by another writer: the subscriber folds it itself
+    feed.ended("stopped")
+    got = [(item.events, item.evolutions) async for item in subscription]
+    assert [evolutions for _, evolutions in got] == [steps, None]

@@ -32,7 +32,7 @@ import asyncpg
 from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.control import control_broker
 from tether.adapters.event_log import EventLog, until_stopped
-from tether.adapters.postgres.committed_feed import CommittedFeed, FeedSubscription
+from tether.adapters.postgres.committed_feed import CommittedBatch, CommittedFeed, FeedSubscription
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
@@ -48,6 +48,7 @@ from tether.domain.events import (
     RunRequested,
     RunStepRecorded,
 )
+from tether.domain.evolved import Evolved
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
 from tether.leadership import LeadershipLost, Lease, act_while_leading
@@ -251,7 +252,8 @@ class Reconciler:
         self.following = "projector"
         try:
             async for batch in until_stopped(_batches(fed), stop):
-                position = await self._observe_batch(batch, position)
+                position = await self._observe_batch(batch.events, position,
+                                                     batch.evolutions)
         finally:
             self.following = None
             fed.close()
@@ -279,14 +281,19 @@ class Reconciler:
             self.following = None
         return position, fed
 
-    async def _observe_batch(self, batch: list[StoredEvent], position: int) -> int:
-        for stored in batch:
+    async def _observe_batch(self, batch: list[StoredEvent], position: int,
+                             evolutions: list[Evolved | None] | None = None) -> int:
+        """`evolutions`: the projector's fold step of each event, when it made them."""
+        for index, stored in enumerate(batch):
             # (At or before `position`: observed already, or in the loaded view.)
             if stored.seq > position and stored.event is not None:
-                await self._observe(stored.event, stored.seq, stored.logged_at)
+                await self._observe(stored.event, stored.seq, stored.logged_at,
+                                    None if evolutions is None else evolutions[index])
         return max(position, batch[-1].seq) if batch else position
 
-    async def _observe(self, event, seq: int, logged_at: int | None) -> None:
+    async def _observe(self, event, seq: int, logged_at: int | None,
+                       evolved: Evolved | None = None) -> None:
+        """`evolved`: the run after `event` as the projector folded it (None: folded here)."""
         key = (event.parent.agent, event.parent.name, event.run_id)
         state = self._states.get(key)
         if state is None and not isinstance(event, RunRequested):
@@ -294,11 +301,13 @@ class Reconciler:
                                   "run.interrupted", "run.reattach_started",
                                   "run.turn_requested"):
                 return
-            # A run we stopped watching moved again (a late outcome repairing an
-            # interrupted run, a re-attach, a follow-up turn): read it once.
-            state = (await self._log.read_run(event.parent, event.run_id,
-                                              before_seq=seq)).state
-        evolved = evolve(state, event, logged_at)
+            if evolved is None:
+                # A run we stopped watching moved again (a late outcome repairing an
+                # interrupted run, a re-attach, a follow-up turn): read it once.
+                state = (await self._log.read_run(event.parent, event.run_id,
+                                                  before_seq=seq)).state
+        if evolved is None:
+            evolved = evolve(state, event, logged_at)
         if evolved.state is None:
             self._untrack(key)
             return
@@ -550,6 +559,6 @@ class Reconciler:
         self._rearm()
 
 
-async def _batches(fed: FeedSubscription) -> AsyncGenerator[list[StoredEvent], None]:
+async def _batches(fed: FeedSubscription) -> AsyncGenerator[CommittedBatch, None]:
     async for batch in fed:
         yield batch

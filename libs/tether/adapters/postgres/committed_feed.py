@@ -3,7 +3,9 @@
 A reconciler follows the whole log from the projection's checkpoint on, as the projector
 does. Where both run in one process (`tether services projector,reconciler`), the
 reconciler takes the batches its process's projector commits instead: the same events,
-in the same order, read from the broker and decoded once instead of twice.
+in the same order, read from the broker and decoded once instead of twice, each with the
+step of the fold the projector made of it (`Evolved`: the run after the event), which
+the reconciler then need not make again.
 
 A batch is handed over once its transaction committed, with the events the projector
 had not had before (every event of the log after its position, whoever projected it).
@@ -17,12 +19,21 @@ from after the last event it took.
 import asyncio
 from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
+from tether.domain.evolved import Evolved
 from tether.ports import StoredEvent
 
 # Events a subscriber may leave waiting before its subscription ends: a reconciler that
 # fell this far behind follows the log at its own pace instead.
 MAX_PENDING_EVENTS = 100_000
+
+
+class CommittedBatch(NamedTuple):
+    events: list[StoredEvent]
+    # The fold's step for each event (None for one it could not decode), or None when
+    # the projector did not fold exactly these events (another writer projected some).
+    evolutions: list[Evolved | None] | None
 
 
 class FeedSubscription:
@@ -32,15 +43,15 @@ class FeedSubscription:
         self.start = start
         self.end_reason: str | None = None
         self._feed = feed
-        self._batches: deque[list[StoredEvent]] = deque()
+        self._batches: deque[CommittedBatch] = deque()
         self._pending = 0
         self._max_pending = max_pending
         self._arrived = asyncio.Event()
 
-    def _put(self, batch: list[StoredEvent]) -> None:
+    def _put(self, batch: CommittedBatch) -> None:
         if self.end_reason is not None:
             return
-        self._pending += len(batch)
+        self._pending += len(batch.events)
         if self._pending > self._max_pending:
             self._end(f"more than {self._max_pending} events waited to be taken")
             return
@@ -63,14 +74,14 @@ class FeedSubscription:
     def __aiter__(self) -> "FeedSubscription":
         return self
 
-    async def __anext__(self) -> list[StoredEvent]:
+    async def __anext__(self) -> CommittedBatch:
         while not self._batches:
             if self.end_reason is not None:
                 raise StopAsyncIteration
             self._arrived.clear()
             await self._arrived.wait()
         batch = self._batches.popleft()
-        self._pending -= len(batch)
+        self._pending -= len(batch.events)
         return batch
 
 
@@ -99,14 +110,16 @@ class CommittedFeed:
         """The projector leads, and has projected the log up to `position`."""
         self._position = position
 
-    def committed(self, batch: Sequence[StoredEvent]) -> None:
-        """A batch's transaction committed; `batch`: its events after the previous one's."""
-        if self._position is None or not batch:
+    def committed(self, events: Sequence[StoredEvent],
+                  evolutions: Sequence[Evolved | None] | None = None) -> None:
+        """A batch's transaction committed; `events`: its events after the previous
+        one's, `evolutions` the fold's step of each (None: not folded as these)."""
+        if self._position is None or not events:
             return
-        self._position = max(self._position, batch[-1].seq)
-        events = list(batch)
+        self._position = max(self._position, events[-1].seq)
+        batch = CommittedBatch(list(events), None if evolutions is None else list(evolutions))
         for subscription in list(self._subscriptions):
-            subscription._put(events)  # noqa: SLF001 - the feed fills its subscriptions
+            subscription._put(batch)  # noqa: SLF001 - the feed fills its subscriptions
 
     def ended(self, reason: str) -> None:
         """The projector's term ended: every subscription ends once its batches are taken."""

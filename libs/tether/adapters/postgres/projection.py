@@ -29,6 +29,7 @@ from tether.adapters.postgres.statements import (
     RUN_COLUMNS,
     Statements,
 )
+from tether.domain.evolved import Evolved
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState, state_from_json, state_json
 from tether.leadership import LeadershipLost
@@ -47,6 +48,10 @@ class BatchResult:
     dead_lettered: int = 0
     anomalies: list[tuple[int, str]] = field(default_factory=list)  # (seq, note)
     new_runs: int = 0  # rows the batch added to `runs`
+    # Each event's fold step, in the order of the events above the checkpoint (None: one
+    # that could not be decoded): what the reconciler of the projector's process reads
+    # instead of folding the events again (committed_feed.py).
+    evolutions: list[Evolved | None] = field(default_factory=list, repr=False)
 
 
 
@@ -246,9 +251,11 @@ async def fold(fresh: Sequence[StoredEvent], before: dict[RunKey, RunState], *,
             await asyncio.sleep(0)
         if stored.event is None:
             dead.append(stored)
+            result.evolutions.append(None)
             continue
         key = _key(stored)
         evolved = evolve(states.get(key), stored.event, stored.logged_at)
+        result.evolutions.append(evolved)
         if not evolved.applied:
             if evolved.note is not None:
                 result.anomalies.append((stored.seq, evolved.note))

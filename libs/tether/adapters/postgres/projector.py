@@ -182,7 +182,10 @@ class Projector:
                 await asyncio.sleep(0.05 * attempt)
         fresh = [stored for stored in batch if stored.seq > previous]
         if self._feed is not None:  # (before anything is awaited: in commit order)
-            self._feed.committed(fresh)
+            # The fold's steps go with the events when it folded exactly these (another
+            # writer may have projected some: then the reconciler folds them itself).
+            aligned = len(result.evolutions) == len(fresh)
+            self._feed.committed(fresh, result.evolutions if aligned else None)
         clock.observe(service="projector", handler="batch")
         if self._statistics.grew(result.new_runs):
             await self._analyze(conn)
