@@ -105,6 +105,22 @@ async def test_a_service_killed_and_restarted(name):
                    runner_died=name == "child-runner")
 
 
+FOLLOWERS = "projector,reconciler"  # the two in one process: the reconciler fed by the projector
+
+
+@long
+async def test_the_projector_and_reconciler_process_killed_and_restarted():
+    """The two in one process (two such processes, a standby of each), the one whose
+    reconciler leads killed mid-load: the standby's reconciler and projector lead, the
+    reconciler taking the projector's batches, and nothing is lost or done twice."""
+    async def fault(system) -> None:
+        await system.kill(system.of(FOLLOWERS, leading="reconciler")[0])
+        await system.start_service(FOLLOWERS)
+
+    await long_scenario("sigkill-projector-reconciler", fault,
+                        replicas={"projector": 0, "reconciler": 0, FOLLOWERS: 2})
+
+
 def rolling(name: str):
     """Start a new replica, stop an old one gracefully; twice (two replicas at a time)."""
     async def fault(system) -> None:

@@ -173,10 +173,11 @@ class System:
         self.services.append(service)
         return service
 
-    def of(self, name: str) -> list[ServiceProcess]:
-        """The running services of a kind, the one leading (if any) first."""
+    def of(self, name: str, leading: str | None = None) -> list[ServiceProcess]:
+        """The running services of a kind, the one leading (if any; `leading`: the one
+        whose service of that name leads) first."""
         return sorted((service for service in self.services if service.name == name),
-                      key=lambda service: not _leading(service))
+                      key=lambda service: not _leading(service, leading))
 
     async def kill(self, service: ServiceProcess) -> None:
         self.runner_lost |= service.name == "child-runner"
@@ -399,15 +400,18 @@ class System:
         return [*self.services, *(s for s, _ in self.retired)]
 
     def _lines(self, name: str) -> dict[str, list[ServiceLine]]:
-        """Each instance's log lines, on this clock."""
+        """Each instance's log lines, on this clock; of a process that runs several
+        services (`projector,reconciler`), the lines of the service `name`."""
         found = {}
         for service in self._all_services():
-            if service.name != name:
+            names = service.name.split(",")
+            if name not in names:
                 continue
             offset = service.clock_offset_s()
             found[_who(service)] = [ServiceLine(_who(service), line.get("event", ""),
                                                 _at(line) - offset, line)
-                                    for line in service.lines if "timestamp" in line]
+                                    for line in service.lines if "timestamp" in line
+                                    and (len(names) == 1 or line.get("service") == name)]
         return found
 
     def _turn_starts(self) -> list[TurnStart]:
@@ -480,9 +484,11 @@ async def _application_lines(lines: list[tuple[str, str]]):
         logger.setLevel(level)
 
 
-def _leading(service: ServiceProcess) -> bool:
+def _leading(service: ServiceProcess, role: str | None = None) -> bool:
+    """Whether it leads (`role`: its service of that name does, in a process of several)."""
     events = [line.get("event") for line in service.lines
-              if line.get("event") in ("leadership.acquired", "leadership.released")]
+              if line.get("event") in ("leadership.acquired", "leadership.released")
+              and (role is None or line.get("service") == role)]
     return bool(events) and events[-1] == "leadership.acquired"
 
 
