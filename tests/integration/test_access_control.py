@@ -19,6 +19,7 @@ from in_process_services import all_ready
 
 from tether.access import USERS, Application, nkey_variable
 from tether.access import main as render_main
+from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.adapters.streams import remove_streams
 from tether.client import connect
 from tether.config import Settings
@@ -119,6 +120,49 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
             await remove_streams(nc.jetstream(), settings.subjects)
     violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
     assert not violations, "\n".join(violations)
+
+
+async def test_the_projector_and_reconciler_in_one_process_sign_in_as_the_reconciler(
+        auth_nats, settings):
+    """`tether services projector,reconciler` under access control: one process, the
+    reconciler's user, whose permissions hold the projector's; the reconciler takes what
+    the projector commits, and the broker refuses nothing."""
+    url, server_log = auth_nats
+    stop = asyncio.Event()
+    feed = CommittedFeed()
+    served = [(parent, "parent", {}), (child_runner, "child-runner", {}),
+              (projector, "reconciler", {"feed": feed}), (reconciler, "reconciler", {"feed": feed})]
+    checks: list[dict] = [{} for _ in served]
+    tasks = [asyncio.create_task(module.serve(as_user(settings, url, user, agents=AGENTS), stop,
+                                              role_checks, **shared))
+             for (module, user, shared), role_checks in zip(served, checks, strict=True)]
+    operator = as_user(settings, url, "operator")
+    try:
+        await eventually(lambda: all_ready(checks), timeout=30, interval=0.02)
+        await eventually(lambda: feed.leading, timeout=30)
+        async with asyncio.timeout(30), connect(settings=operator) as tether:
+            done = asyncio.Event()
+            hooks = tether.hooks("Assistant")
+            hooks.register("on_done", lambda run, result: done.set())
+            me = tether.parent("Assistant", "user-1")
+            async with hooks.running():
+                handle = await me.run_agent_tool("Researcher", {"query": "QUIC"},
+                                                 detached={"on_finish": "on_done"})
+                await done.wait()
+            await eventually(lambda: _inspected(me, handle.run_id, "completed"))
+        role = await checks[3]["reconciler_role"]()
+        assert role == (True, "active, following the projector")
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        async with await nats.connect(url, user="admin", password=PASSWORDS["admin"]) as nc:
+            await remove_streams(nc.jetstream(), settings.subjects)
+    violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
+    assert not violations, "\n".join(violations)
+
+
+async def _inspected(me, run_id: str, status: str) -> bool:
+    return (await me.inspect(run_id)).status == status
 
 
 def test_the_shipped_nats_configuration_is_current_and_valid(tmp_path, capsys, devstack):
