@@ -46,6 +46,14 @@ def as_user(settings: Settings, url: str, user: str, **changes) -> Settings:
                        "nats_password": PASSWORDS[user], **changes})
 
 
+async def stop_and_clean(stop: asyncio.Event, tasks: list, url: str, settings: Settings) -> None:
+    """The services stopped, and the prefix's streams removed (as the admin)."""
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    async with await nats.connect(url, user="admin", password=PASSWORDS["admin"]) as nc:
+        await remove_streams(nc.jetstream(), settings.subjects)
+
+
 async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, settings,
                                                                  database_url):
     url, server_log = auth_nats
@@ -114,10 +122,7 @@ async def test_every_service_runs_a_whole_run_with_only_its_role(auth_nats, sett
                 f"detached-finish:{told.run_id}:completed",
                 f"detached-finish:{live.run_id}:completed"]
     finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        async with await nats.connect(url, user="admin", password=PASSWORDS["admin"]) as nc:
-            await remove_streams(nc.jetstream(), settings.subjects)
+        await stop_and_clean(stop, tasks, url, settings)
     violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
     assert not violations, "\n".join(violations)
 
@@ -153,10 +158,7 @@ async def test_the_projector_and_reconciler_in_one_process_sign_in_as_the_reconc
         role = await checks[3]["reconciler_role"]()
         assert role == (True, "active, following the projector")
     finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        async with await nats.connect(url, user="admin", password=PASSWORDS["admin"]) as nc:
-            await remove_streams(nc.jetstream(), settings.subjects)
+        await stop_and_clean(stop, tasks, url, settings)
     violations = [line for line in server_log.read_text().splitlines() if "Violation" in line]
     assert not violations, "\n".join(violations)
 

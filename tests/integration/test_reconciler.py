@@ -405,6 +405,19 @@ async def keep_appending(log: EventLog, prefix: str, stop: asyncio.Event) -> int
     return count
 
 
+async def acts_on_the_rest(log: EventLog, reconciler: Observing) -> None:
+    """A run whose budget runs out is given up, and the reconciler has observed every
+    message of the log once, in order, in one term (a switch started no other)."""
+    _, events = detached_run("after-switch", max_budget_ms=300, no_progress_budget_ms=0)
+    await append_all(log, *events)
+    state, _ = await outcome(log, "after-switch")
+    assert state.status == "interrupted"
+    last = await log.stream_last_seq()
+    await eventually(lambda: reconciler.observed[-1:] == [last])
+    assert reconciler.observed == list(range(1, last + 1))
+    assert reconciler.loads == 1  # the switch did not start another term
+
+
 async def test_a_reconciler_follows_the_log_itself_once_its_process_projector_stops(
         fast, log, pool):
     """The projector's term ends while events keep coming: the reconciler goes on from
@@ -423,14 +436,7 @@ async def test_a_reconciler_follows_the_log_itself_once_its_process_projector_st
         appending_stop.set()
         await appending
     try:
-        _, events = detached_run("after-switch", max_budget_ms=300, no_progress_budget_ms=0)
-        await append_all(log, *events)
-        state, _ = await outcome(log, "after-switch")
-        assert state.status == "interrupted"
-        last = await log.stream_last_seq()
-        await eventually(lambda: reconciler.observed[-1:] == [last])
-        assert reconciler.observed == list(range(1, last + 1))
-        assert reconciler.loads == 1  # one term: the switch did not start another
+        await acts_on_the_rest(log, reconciler)
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
@@ -452,14 +458,7 @@ async def test_a_reconciler_takes_what_its_process_projector_commits_once_it_lea
             await eventually(lambda: reconciler.following == "projector")
             appending_stop.set()
             await appending
-            _, events = detached_run("after-switch", max_budget_ms=300, no_progress_budget_ms=0)
-            await append_all(log, *events)
-            state, _ = await outcome(log, "after-switch")
-            assert state.status == "interrupted"
-            last = await log.stream_last_seq()
-            await eventually(lambda: reconciler.observed[-1:] == [last])
-            assert reconciler.observed == list(range(1, last + 1))
-        assert reconciler.loads == 1  # one term: the switch did not start another
+            await acts_on_the_rest(log, reconciler)
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)
@@ -478,12 +477,7 @@ async def test_a_reconciler_fed_by_its_projector_does_not_fold_the_events_again(
         reconciler, stop, task = await start(fast, log, pool, Observing, feed=feed)
         try:
             await eventually(lambda: reconciler.following == "projector")
-            _, events = detached_run("fed-budget", max_budget_ms=300, no_progress_budget_ms=0)
-            await append_all(log, *events)
-            state, _ = await outcome(log, "fed-budget")
-            assert state.status == "interrupted"
-            last = await log.stream_last_seq()
-            await eventually(lambda: reconciler.observed[-1:] == [last])
+            await acts_on_the_rest(log, reconciler)
             assert folded == []
         finally:
             stop.set()

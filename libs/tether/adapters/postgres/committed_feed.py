@@ -18,7 +18,6 @@ from after the last event it took.
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
 from typing import NamedTuple
 
 from tether.domain.evolved import Evolved
@@ -110,14 +109,15 @@ class CommittedFeed:
         """The projector leads, and has projected the log up to `position`."""
         self._position = position
 
-    def committed(self, events: Sequence[StoredEvent],
-                  evolutions: Sequence[Evolved | None] | None = None) -> None:
+    def committed(self, events: list[StoredEvent],
+                  evolutions: list[Evolved | None] | None = None) -> None:
         """A batch's transaction committed; `events`: its events after the previous
-        one's, `evolutions` the fold's step of each (None: not folded as these)."""
+        one's, `evolutions` the fold's step of each (None: not folded as these). The
+        subscribers share both lists: nobody changes them."""
         if self._position is None or not events:
             return
         self._position = max(self._position, events[-1].seq)
-        batch = CommittedBatch(list(events), None if evolutions is None else list(evolutions))
+        batch = CommittedBatch(events, evolutions)
         for subscription in list(self._subscriptions):
             subscription._put(batch)  # noqa: SLF001 - the feed fills its subscriptions
 
