@@ -15,7 +15,7 @@ def batch(*seqs: int) -> list[StoredEvent]:
 
 
 async def taken(subscription) -> list[list[int]]:
-    return [[stored.seq for stored in got.events] async for got in subscription]
+    return [[stored.seq for stored in got.events] async for got in subscription.batches()]
 
 
 def test_no_subscription_while_the_projector_does_not_lead():
@@ -45,7 +45,7 @@ async def test_a_subscriber_waits_for_the_next_commit():
     feed.led(0)
     subscription = feed.subscribe()
     assert subscription is not None
-    waiting = asyncio.ensure_future(anext(subscription))
+    waiting = asyncio.ensure_future(anext(subscription.batches()))
     await asyncio.sleep(0)
     assert not waiting.done()
     feed.committed(batch(1))
@@ -87,5 +87,5 @@ async def test_a_batch_carries_the_projectors_fold_of_each_event_when_it_made_on
     feed.committed(batch(1, 2), steps)
     feed.committed(batch(3))  # folded by another writer: the subscriber folds it itself
     feed.ended("stopped")
-    got = [(item.events, item.evolutions) async for item in subscription]
+    got = [(item.events, item.evolutions) async for item in subscription.batches()]
     assert [evolutions for _, evolutions in got] == [steps, None]

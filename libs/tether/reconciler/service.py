@@ -22,7 +22,7 @@ run from the log and appends with optimistic concurrency, so a decision taken tw
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from contextlib import aclosing, suppress
 from functools import partial
 from typing import cast
@@ -32,7 +32,7 @@ import asyncpg
 from tether.adapters.broker_clock import BrokerClock
 from tether.adapters.control import control_broker
 from tether.adapters.event_log import EventLog, until_stopped
-from tether.adapters.postgres.committed_feed import CommittedBatch, CommittedFeed, FeedSubscription
+from tether.adapters.postgres.committed_feed import CommittedFeed, FeedSubscription
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.config import Settings
 from tether.contract.messages import LifecycleResult
@@ -251,7 +251,7 @@ class Reconciler:
         self._logger.info("reconciler.following_projector", after_seq=position)
         self.following = "projector"
         try:
-            async for batch in until_stopped(_batches(fed), stop):
+            async for batch in until_stopped(fed.batches(), stop):
                 position = await self._observe_batch(batch.events, position,
                                                      batch.evolutions)
         finally:
@@ -557,8 +557,3 @@ class Reconciler:
                                       method=state.detached.on_finish)
         self._index.set((key, "delivery"), self._clock.now() + self._backoff(attempts))
         self._rearm()
-
-
-async def _batches(fed: FeedSubscription) -> AsyncGenerator[CommittedBatch, None]:
-    async for batch in fed:
-        yield batch

@@ -18,6 +18,7 @@ from after the last event it took.
 
 import asyncio
 from collections import deque
+from collections.abc import AsyncGenerator
 from typing import NamedTuple
 
 from tether.domain.evolved import Evolved
@@ -36,7 +37,7 @@ class CommittedBatch(NamedTuple):
 
 
 class FeedSubscription:
-    """The batches committed after `start`, in order; iterating ends with the feed."""
+    """The batches committed after `start`, in order (`batches`), until it ends."""
 
     def __init__(self, feed: "CommittedFeed", start: int, max_pending: int) -> None:
         self.start = start
@@ -70,18 +71,17 @@ class FeedSubscription:
         """The subscriber is done with it."""
         self._end("closed")
 
-    def __aiter__(self) -> "FeedSubscription":
-        return self
-
-    async def __anext__(self) -> CommittedBatch:
-        while not self._batches:
-            if self.end_reason is not None:
-                raise StopAsyncIteration
-            self._arrived.clear()
-            await self._arrived.wait()
-        batch = self._batches.popleft()
-        self._pending -= len(batch.events)
-        return batch
+    async def batches(self) -> AsyncGenerator[CommittedBatch, None]:
+        """Each batch as it is committed; the generator ends with the subscription."""
+        while True:
+            while not self._batches:
+                if self.end_reason is not None:
+                    return
+                self._arrived.clear()
+                await self._arrived.wait()
+            batch = self._batches.popleft()
+            self._pending -= len(batch.events)
+            yield batch
 
 
 class CommittedFeed:
