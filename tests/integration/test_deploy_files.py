@@ -10,6 +10,7 @@ installed into the venv's bin/).
 import atexit
 import base64
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ import yaml
 from test_certs import make_certificates
 
 from tether.access import USERS, Application, new_nkey, nkey_variable
+from tether.cli import services_to_run
 from tether.dev_secrets import generate
 from tether.gateway.callers import load_callers
 
@@ -36,7 +38,14 @@ POD_WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job"}
 LONG_RUNNING = {"Deployment", "StatefulSet", "DaemonSet"}
 TETHER_UID = 10001
 TETHER_EGRESS = {(4222, "TCP"), (5432, "TCP"), (53, "UDP"), (53, "TCP")}
-TETHER_SERVICES = ("parent", "child-runner", "reconciler", "projector")
+# The projector and the reconciler run in one process, `tether services projector,reconciler`
+# (the reconciler takes the batches its projector commits), signed in as the reconciler,
+# whose NATS permissions hold the projector's.
+PROJECTOR_RECONCILER = "projector-reconciler"
+PROJECTOR_RECONCILER_SERVICES = "projector,reconciler"
+# Several services in one process listen on 8080 unless told; the shipped files say 8084.
+HEALTH_PORT = 8084
+TETHER_SERVICES = ("parent", "child-runner", PROJECTOR_RECONCILER)
 # The web timeline: a Tether deployment too, connected as the operator (it sees every parent).
 UI, UI_USER, UI_PORT = "ui", "operator", 8090
 # The MCP gateway: connected as the demo application, so its callers command that
@@ -48,7 +57,11 @@ COMPOSE_CALLERS = ROOT / "deploy" / "gateway" / "callers.toml"
 DEV_CALLERS = ROOT / "deploy" / "k8s" / "overlays" / "dev" / "gateway-callers.toml"
 DEPLOYMENTS = (*TETHER_SERVICES, UI, GATEWAY)
 # The NATS user each deployment signs in as, where it is not its own name.
-NATS_USERS = {UI: UI_USER, GATEWAY: GATEWAY_USER}
+NATS_USERS = {PROJECTOR_RECONCILER: "reconciler", UI: UI_USER, GATEWAY: GATEWAY_USER}
+# What each deployment runs (`tether services <this>`), where it is not its own name.
+SERVICES_RUN = {PROJECTOR_RECONCILER: PROJECTOR_RECONCILER_SERVICES}
+# Running one of these alone is what projector-reconciler replaces.
+FOLLOWERS_ALONE = ({"projector"}, {"reconciler"})
 # Children finish, then the stopped ones hand their work back: two shutdown graces.
 CHILD_RUNNER_GRACE_S = 45
 
@@ -189,6 +202,42 @@ def _auth_users() -> list[str]:
     return [user for user, _ in users]
 
 
+def _auth_permissions(user: str) -> dict:
+    """The permissions deploy/nats/auth.conf gives `user`."""
+    text = (ROOT / "deploy" / "nats" / "auth.conf").read_text()
+    found = re.search(rf"^\s*# {re.escape(user)}\n\s*\{{nkey: \$\w+,\s*permissions: ", text,
+                      re.MULTILINE)
+    assert found, user
+    permissions, _ = json.JSONDecoder().raw_decode(text, found.end())
+    return permissions
+
+
+def _command_lines(node):
+    """Every command line (a `command`, `args` or `entrypoint`) in a YAML document."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("command", "args", "entrypoint") and isinstance(value, (list, str)):
+                yield value.split() if isinstance(value, str) else [str(word) for word in value]
+            else:
+                yield from _command_lines(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _command_lines(item)
+
+
+def _runs_alone(command: list[str]) -> bool:
+    """Whether a command line is `tether services projector` or `... reconciler`: one of
+    the two in a process of its own, without the other's batches."""
+    if "services" not in command[:-1]:
+        return False
+    return set(command[command.index("services") + 1].split(",")) in FOLLOWERS_ALONE
+
+
+def _defaults(value: str) -> str:
+    """Compose's `${VARIABLE:-default}`, as compose reads it with the variable unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
 def _tether_config(objects: list[dict]) -> dict:
     configs = [o for o in objects
                if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("tether-config")]
@@ -217,13 +266,14 @@ def test_compose_runs_every_service_from_one_image_as_its_own_nats_user():
     for name in TETHER_SERVICES:
         service = services[name]
         assert service["build"] == "." and service["image"] == "tether:dev", name
-        assert service["command"] == ["services", name]
+        assert service["command"] == ["services", SERVICES_RUN.get(name, name)]
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"], name
         assert "/readyz" in " ".join(service["healthcheck"]["test"]), name
         assert "tether-secrets:/secrets:ro" in service["volumes"], name
         environment = service["environment"]
         # Its own NKey, over TLS, and Postgres verified against the same CA.
-        assert environment["TETHER_NATS_NKEY_SEED_FILE"] == f"/secrets/nkeys/{name}.nk"
+        user = NATS_USERS.get(name, name)
+        assert environment["TETHER_NATS_NKEY_SEED_FILE"] == f"/secrets/nkeys/{user}.nk"
         assert not {"TETHER_NATS_USER", "TETHER_NATS_PASSWORD"} & set(environment), name
         assert environment["TETHER_NATS_URL"] == "tls://nats:4222"
         assert environment["TETHER_NATS_TLS_CA_FILE"] == "/secrets/ca.crt"
@@ -261,7 +311,54 @@ def test_compose_serves_the_web_timeline_on_its_own_port():
                                                                               str(UI_PORT))
     assert environment["TETHER_NATS_NKEY_SEED_FILE"] == f"/secrets/nkeys/{UI_USER}.nk"
     assert ui["ports"] == [f"127.0.0.1:${{TETHER_COMPOSE_UI_PORT:-{UI_PORT}}}:{UI_PORT}"]
-    assert ui["depends_on"]["projector"] == {"condition": "service_healthy"}
+    assert ui["depends_on"][PROJECTOR_RECONCILER] == {"condition": "service_healthy"}
+
+
+def test_compose_runs_the_projector_and_the_reconciler_in_one_process():
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    combined = services[PROJECTOR_RECONCILER]
+    assert combined["command"] == ["services", PROJECTOR_RECONCILER_SERVICES]
+    # Both in the one process: what makes the reconciler take the projector's batches.
+    assert set(services_to_run(PROJECTOR_RECONCILER_SERVICES)) == {"projector", "reconciler"}
+    environment = combined["environment"]
+    assert environment["TETHER_NATS_NKEY_SEED_FILE"] == "/secrets/nkeys/reconciler.nk"
+    # Set, as several services in one process would listen on 8080; and the port probed
+    # and published.
+    assert environment["TETHER_HEALTH_PORT"] == str(HEALTH_PORT)
+    assert f"http://127.0.0.1:{HEALTH_PORT}/readyz" in " ".join(combined["healthcheck"]["test"])
+    assert combined["ports"] == [
+        f"127.0.0.1:${{TETHER_COMPOSE_PROJECTOR_RECONCILER_PORT:-{HEALTH_PORT}}}:{HEALTH_PORT}"]
+    assert combined["stop_grace_period"] == "30s"
+    # Everything waits on services that exist (the web timeline on this one).
+    for name, service in services.items():
+        assert set(service.get("depends_on", {})) <= set(services), name
+    # Each host port is one service's.
+    published = [_defaults(port).rsplit(":", 1)[0]
+                 for service in services.values() for port in service.get("ports", [])]
+    assert len(published) == len(set(published)), published
+
+
+def test_the_combined_process_signs_in_as_a_user_that_may_do_what_the_projector_does():
+    projector, reconciler = _auth_permissions("projector"), _auth_permissions("reconciler")
+    for direction in ("publish", "subscribe"):
+        assert set(projector[direction]["allow"]) <= set(reconciler[direction]["allow"])
+        assert "deny" not in reconciler[direction]
+    assert reconciler.get("allow_responses", False) >= projector.get("allow_responses", False)
+
+
+def test_no_shipped_file_runs_the_projector_or_the_reconciler_alone():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert not {"projector", "reconciler"} & set(compose["services"])
+    files = [ROOT / "docker-compose.yml",
+             *sorted(path for path in (ROOT / "deploy").rglob("*.y*ml")
+                     if "secrets" not in path.relative_to(ROOT / "deploy").parts)]
+    commands = 0
+    for path in files:
+        for document in yaml.safe_load_all(path.read_text()):
+            for command in _command_lines(document):
+                commands += 1
+                assert not _runs_alone(command), (str(path.relative_to(ROOT)), command)
+    assert commands >= len(DEPLOYMENTS)  # the walk finds the command lines there are
 
 
 def _compose_applications(compose: dict) -> dict[str, Application]:
@@ -391,7 +488,7 @@ def test_tether_containers_share_one_contract(rendered):
                 assert CHILD_RUNNER_GRACE_S > 2 * shutdown_s, where
             else:
                 assert pod["terminationGracePeriodSeconds"] == 30, where
-            assert container["args"] == ["services", name], where
+            assert container["args"] == ["services", SERVICES_RUN.get(name, name)], where
             assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
             assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
             assert any(p["name"] == "health" for p in container["ports"]), where
@@ -442,6 +539,51 @@ def test_services_and_policies_select_real_pods(rendered):
                   for rule in policy["spec"]["egress"] for p in rule["ports"]}
         # Children reach model APIs over HTTPS; nothing else leaves for the internet.
         assert egress == TETHER_EGRESS | ({(443, "TCP")} if name == "child-runner" else set())
+
+
+def test_the_projector_and_the_reconciler_run_in_one_deployment(rendered):
+    overlay, objects = rendered
+    deployment = _find(objects, "Deployment", PROJECTOR_RECONCILER)
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["services", PROJECTOR_RECONCILER_SERVICES], overlay
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # Set, as several services in one process would listen on 8080; probed and scraped there.
+    assert env["TETHER_HEALTH_PORT"] == str(HEALTH_PORT), overlay
+    assert {(p["name"], p["containerPort"]) for p in container["ports"]} == {
+        ("health", HEALTH_PORT)}
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == str(HEALTH_PORT)
+    service = _find(objects, "Service", PROJECTOR_RECONCILER)
+    assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        ("health", HEALTH_PORT, "health")]
+    # The reconciler's seed, and nothing else of the users' Secret.
+    assert env["TETHER_NATS_NKEY_SEED_FILE"] == "/etc/tether/nats-nkey/reconciler.nk"
+    seeds = [v["secret"] for v in pod["volumes"]
+             if v.get("secret", {}).get("secretName", "").startswith("tether-nats-nkeys")]
+    assert [seed["items"] for seed in seeds] == [[{"key": "reconciler.nk",
+                                                   "path": "reconciler.nk"}]], overlay
+    # Pods on different nodes where they can be; a new one ready before an old one stops.
+    labels = template["metadata"]["labels"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": PROJECTOR_RECONCILER}
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    if overlay == "prod":
+        # An active and a standby of each lease; one pod always up to hold both.
+        assert deployment["spec"]["replicas"] == 2
+        budget = _find(objects, "PodDisruptionBudget", PROJECTOR_RECONCILER)
+        assert budget["spec"]["minAvailable"] == 1
+        assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    else:
+        assert deployment["spec"]["replicas"] == 1
+    # Nothing of the one-process-each layout is left.
+    assert not [_name(o) for o in objects if o["metadata"]["name"] in ("projector", "reconciler")]
+    for workload, spec in _pod_specs(objects):
+        for each in spec.get("initContainers", []) + spec["containers"]:
+            command = [str(w) for w in each.get("command", []) + each.get("args", [])]
+            assert not _runs_alone(command), (overlay, _name(workload))
 
 
 def test_the_web_timeline_listens_on_its_port_behind_its_service(rendered):
@@ -538,7 +680,7 @@ def test_nats_runs_with_the_shipped_users_and_their_public_keys(rendered):
 
 def test_dev_overlay_runs_one_of_everything_in_cluster():
     objects = _render("dev")
-    for name in ("parent", "reconciler", "projector", UI, GATEWAY):
+    for name in ("parent", PROJECTOR_RECONCILER, UI, GATEWAY):
         assert _find(objects, "Deployment", name)["spec"]["replicas"] == 1
     for name in ("nats", "postgres"):
         assert _find(objects, "StatefulSet", name)["spec"]["replicas"] == 1
@@ -559,7 +701,7 @@ def test_dev_overlay_runs_one_of_everything_in_cluster():
 def test_prod_overlay_replicates_everything_three_ways():
     objects = _render("prod")
     assert _tether_config(objects)["TETHER_STREAM_REPLICAS"] == "3"
-    for name in ("parent", "reconciler", "projector", UI, GATEWAY):
+    for name in ("parent", PROJECTOR_RECONCILER, UI, GATEWAY):
         assert _find(objects, "Deployment", name)["spec"]["replicas"] == 2
     for name in DEPLOYMENTS:
         assert _find(objects, "PodDisruptionBudget", name)["spec"]["minAvailable"] == 1
