@@ -31,9 +31,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TETHER_LOG_FORMAT=json \
     TETHER_HEALTH_HOST=0.0.0.0 \
     TETHER_HEALTH_PORT=8084
-# TETHER_HEALTH_PORT is pinned: each container runs one service, so every service listens
-# on the same port here and the HEALTHCHECK, compose and Kubernetes probes need no per-service
-# port (outside containers the CLI keeps its per-service defaults 8081..8086).
+# TETHER_HEALTH_PORT is pinned: each container runs one process (one service, or the
+# projector and the reconciler together), so every container listens on the same port here
+# and the HEALTHCHECK, compose and Kubernetes probes need no per-service port (outside
+# containers the CLI keeps its per-service defaults 8081..8086, and 8080 for several).
 RUN groupadd --system --gid 10001 tether \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin tether

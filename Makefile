@@ -85,8 +85,9 @@ clean:
 	rm -rf $(VENV) build dist *.egg-info libs/*.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 
-# Throwaway NATS + Postgres, the four services as processes, and examples/demo.py (which
-# ends with examples/model_parent.py's conversation);
+# Throwaway NATS + Postgres, the services as three processes (the projector and the
+# reconciler in one, as the shipped Compose file and manifests run them), and
+# examples/demo.py (which ends with examples/model_parent.py's conversation);
 # everything stops when the demo ends (on a terminal: after Enter) or on Ctrl-C.
 DEMO_AGENTS := examples.agents:Researcher,examples.agents:Importer,examples.model_parent:Planner
 DEMO_AGENTS := $(DEMO_AGENTS),examples.integrations.pydantic_ai_research:PydanticResearcher
@@ -94,7 +95,7 @@ DEMO_AGENTS := $(DEMO_AGENTS),examples.integrations.openai_agents_research:Agent
 DEMO_AGENTS := $(DEMO_AGENTS),examples.integrations.langgraph_research:LangGraphResearcher
 demo: venv
 	$(PY) scripts/devstack.py run --hold --agents $(DEMO_AGENTS) \
-		--service projector --service parent --service child-runner --service reconciler \
+		--service projector,reconciler --service parent --service child-runner \
 		-- $(PY) examples/demo.py
 
 # The benchmark (bench/README.md). `make bench RUNS=300` for a quick look;

@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from tls_postgres import tls_postgres
 
 from tether.access import Application
+from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.asgi_serving import listen_on
 from tether.client import connect
 from tether.config import Settings
@@ -33,8 +34,11 @@ from tether.gateway.server import serve_gateway
 from tether_services import child_runner, parent, projector, reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconciler,
-            "projector": projector}
+# Compose's Tether services and what each runs: the projector and the reconciler in one
+# process, signed in as the reconciler.
+SERVICES = {"parent": (parent,), "child-runner": (child_runner,),
+            "projector-reconciler": (projector, reconciler)}
+NATS_USERS = {"projector-reconciler": "reconciler"}
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 
 
@@ -97,11 +101,16 @@ def stack(tmp_path: Path, devstack):
 
 @contextlib.asynccontextmanager
 async def serving(settings_of):
-    """The four services with compose's settings, ready."""
+    """The four services with compose's settings, ready; the projector and the reconciler
+    sharing the projector's committed batches, as in their one process."""
     stop = asyncio.Event()
-    checks: list[dict] = [{} for _ in SERVICES]
-    tasks = [asyncio.create_task(module.serve(settings_of(role), stop, role_checks))
-             for (role, module), role_checks in zip(SERVICES.items(), checks, strict=True)]
+    running = [(service, module) for service, modules in SERVICES.items() for module in modules]
+    checks: list[dict] = [{} for _ in running]
+    feed = CommittedFeed()
+    tasks = [asyncio.create_task(module.serve(
+                 settings_of(service), stop, role_checks,
+                 **({"feed": feed} if module in (projector, reconciler) else {})))
+             for (service, module), role_checks in zip(running, checks, strict=True)]
     try:
         for service_checks in checks:
             await eventually(lambda c=service_checks: all_ready([c]), timeout=60, interval=0.05)
@@ -116,7 +125,8 @@ async def test_the_compose_stack_speaks_tls_and_signs_in_with_nkeys(stack):
     for service in SERVICES:
         settings = settings_of(service)
         assert settings.nats_url.startswith("tls://") and settings.nats_password is None
-        assert settings.nats_nkey_seed_file == str(secrets / "nkeys" / f"{service}.nk")
+        user = NATS_USERS.get(service, service)
+        assert settings.nats_nkey_seed_file == str(secrets / "nkeys" / f"{user}.nk")
         assert "sslmode=verify-full" in settings.database_url
     async with serving(settings_of):
         # The demo application, with its own seed, in its own account.
