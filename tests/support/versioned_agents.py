@@ -12,7 +12,7 @@ from tether.child.context import RunContext
 
 
 class VersionedInput(BaseModel):
-    seconds: float = 0
+    seconds: float = 0  # how long the first attempt works; a resumed one ends at once
 
 
 class Versioned(ChildAgent):
@@ -22,5 +22,6 @@ class Versioned(ChildAgent):
 
     async def run(self, ctx: RunContext, input: VersionedInput) -> str:
         await ctx.report_progress(milestone="started", data={"version": self.version})
-        await asyncio.sleep(input.seconds)
+        if ctx.attempt == 1:  # long enough to be killed mid-run; its successor need not wait
+            await asyncio.sleep(input.seconds)
         return f"ran version {self.version}"
