@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The client and service tests run a second time on nats-py's own client, without the
-# services' fast path (libs/tether/adapters/nats_fastpath.py).
+# services' fast path (libs/tether/adapters/nats_fastpath.py); a reconciler fed by its
+# process's projector reads nothing from NATS itself, so its runs (`fed`) are left out there.
 PLAIN_NATS_TESTS := $(addprefix tests/integration/,test_client_feed.py test_client_timeline.py \
 	test_client_runs.py test_client_hooks.py test_event_log.py test_pull.py test_parent.py \
 	test_child_runner.py test_access_control.py test_reconciler.py test_registered_hooks.py)
@@ -34,7 +35,7 @@ test: venv test-deps $(VENV)/.restate-installed
 
 test-plain-nats: venv
 	TETHER_NATS_FAST_PATH=false $(PY) scripts/devstack.py test -- \
-		$(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS) $(PLAIN_NATS_TESTS)
+		$(PY) -m pytest -m "($(TEST_MARKERS)) and not fed" $(PYTEST_ARGS) $(PLAIN_NATS_TESTS)
 
 # Every chaos scenario (tests/chaos): each starts its own servers and breaks them.
 test-chaos: venv test-deps
