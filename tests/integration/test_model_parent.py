@@ -803,7 +803,14 @@ async def test_a_run_whose_child_was_aborted_by_its_own_cancel_stops_instead_of_
 
     result = await asyncio.wait_for(chief, DEADLINE_S)
     assert not result.ok and result.status == "aborted", result
-    state = (await log.read_run(lead_ref, lead_run)).state
+
+    # Each runner hears of its own run's cancel at its next heartbeat: the Chief's may come
+    # first, so the Lead's end is waited for, not assumed to be in the log already.
+    async def lead_ended():
+        state = (await log.read_run(lead_ref, lead_run)).state
+        return state if not state.is_open else None
+
+    state = await eventually(lead_ended, timeout=DEADLINE_S, interval=0.02)
     assert (state.status, state.aborted_cause) == ("aborted", "cancel")
     assert len(lead.requests) == 1, "the Lead's model was not asked to go on without its child"
 
