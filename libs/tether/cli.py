@@ -233,19 +233,25 @@ def services_to_run(name: str, settings: Settings | None = None) -> list[str]:
             if (service != "ui" or installed("ui")) and (service != "gateway" or gateway)]
 
 
+def shared_in_process(chosen: list[str]) -> dict[str, dict[str, Any]]:
+    """What the services of one process are handed beside their settings, by service: with
+    the projector and the reconciler both there, the projector's committed batches, which
+    the reconciler takes instead of following the log a second time
+    (docs/architecture.md)."""
+    if "projector" not in chosen or "reconciler" not in chosen:
+        return {}
+    from tether.adapters.postgres.committed_feed import CommittedFeed
+
+    feed = CommittedFeed()
+    return {"projector": {"feed": feed}, "reconciler": {"feed": feed}}
+
+
 async def _run_services(settings: Settings, name: str) -> int:
     from tether.runtime import one_service_of_many
 
     available = _services()
     chosen = services_to_run(name, settings)
-    shared: dict[str, dict[str, Any]] = {}
-    if "projector" in chosen and "reconciler" in chosen:
-        from tether.adapters.postgres.committed_feed import CommittedFeed
-
-        # The reconciler takes what its process's projector commits, instead of
-        # following the log a second time (docs/architecture.md).
-        feed = CommittedFeed()
-        shared = {"projector": {"feed": feed}, "reconciler": {"feed": feed}}
+    shared = shared_in_process(chosen)
     if name == "all" and "ui" not in chosen:
         get_logger(service="all").warning(
             "ui.not_installed", detail=f"{MissingExtra('ui')}; the other services run")

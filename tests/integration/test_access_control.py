@@ -19,8 +19,8 @@ from in_process_services import all_ready
 
 from tether.access import USERS, Application, nkey_variable
 from tether.access import main as render_main
-from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.adapters.streams import remove_streams
+from tether.cli import shared_in_process
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess
@@ -134,9 +134,11 @@ async def test_the_projector_and_reconciler_in_one_process_sign_in_as_the_reconc
     the projector commits, and the broker refuses nothing."""
     url, server_log = auth_nats
     stop = asyncio.Event()
-    feed = CommittedFeed()
+    shared = shared_in_process(["projector", "reconciler"])
+    feed = shared["projector"]["feed"]
     served = [(parent, "parent", {}), (child_runner, "child-runner", {}),
-              (projector, "reconciler", {"feed": feed}), (reconciler, "reconciler", {"feed": feed})]
+              (projector, "reconciler", shared["projector"]),
+              (reconciler, "reconciler", shared["reconciler"])]
     checks: list[dict] = [{} for _ in served]
     tasks = [asyncio.create_task(module.serve(as_user(settings, url, user, agents=AGENTS), stop,
                                               role_checks, **shared))

@@ -24,8 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 from tls_postgres import tls_postgres
 
 from tether.access import Application
-from tether.adapters.postgres.committed_feed import CommittedFeed
 from tether.asgi_serving import listen_on
+from tether.cli import services_to_run, shared_in_process
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.messages import AgentToolSuccess
@@ -34,12 +34,13 @@ from tether.gateway.server import serve_gateway
 from tether_services import child_runner, parent, projector, reconciler
 
 ROOT = Path(__file__).resolve().parents[2]
-# Compose's Tether services and what each runs: the projector and the reconciler in one
-# process, signed in as the reconciler.
-SERVICES = {"parent": (parent,), "child-runner": (child_runner,),
-            "projector-reconciler": (projector, reconciler)}
-NATS_USERS = {"projector-reconciler": "reconciler"}
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+# Compose's Tether services: the projector and the reconciler run in one process, signed
+# in as the reconciler. What each runs is read from its `command` (`services <names>`).
+SERVICES = ("parent", "child-runner", "projector-reconciler")
+NATS_USERS = {"projector-reconciler": "reconciler"}
+MODULES = {"parent": parent, "child-runner": child_runner, "projector": projector,
+           "reconciler": reconciler}
 
 
 def compose_applications() -> list[Application]:
@@ -104,13 +105,17 @@ async def serving(settings_of):
     """The four services with compose's settings, ready; the projector and the reconciler
     sharing the projector's committed batches, as in their one process."""
     stop = asyncio.Event()
-    running = [(service, module) for service, modules in SERVICES.items() for module in modules]
+    running = []  # (compose service, what it runs, what the names in its process share)
+    for service in SERVICES:
+        command = COMPOSE["services"][service]["command"]
+        assert command[0] == "services", command
+        names = services_to_run(command[1])
+        shared = shared_in_process(names)
+        running += [(service, name, shared.get(name, {})) for name in names]
     checks: list[dict] = [{} for _ in running]
-    feed = CommittedFeed()
-    tasks = [asyncio.create_task(module.serve(
-                 settings_of(service), stop, role_checks,
-                 **({"feed": feed} if module in (projector, reconciler) else {})))
-             for (service, module), role_checks in zip(running, checks, strict=True)]
+    tasks = [asyncio.create_task(MODULES[name].serve(settings_of(service), stop, role_checks,
+                                                     **shared))
+             for (service, name, shared), role_checks in zip(running, checks, strict=True)]
     try:
         for service_checks in checks:
             await eventually(lambda c=service_checks: all_ready([c]), timeout=60, interval=0.05)
