@@ -5,6 +5,11 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?= -q -p no:cacheprovider
 # `make test` leaves the long chaos scenarios to `make test-chaos`.
 TEST_MARKERS ?= not long
+# The server tiers run two test files at a time (pytest-xdist, each file whole on one
+# worker): most of their time is spent waiting on servers and child processes, not on
+# the cores. `TEST_WORKERS=0` runs them one after another.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: venv test-deps test test-plain-nats test-unit test-integration test-e2e test-chaos up down env schemas lint clean demo dev-secrets
 
@@ -30,12 +35,13 @@ test-deps:
 
 # Integration/e2e tests: throwaway NATS + Postgres around the whole pytest run.
 test: venv test-deps $(VENV)/.restate-installed
-	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m "$(TEST_MARKERS)" $(PARALLEL) $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-plain-nats
 
 test-plain-nats: venv
 	TETHER_NATS_FAST_PATH=false $(PY) scripts/devstack.py test -- \
-		$(PY) -m pytest -m "($(TEST_MARKERS)) and not fed" $(PYTEST_ARGS) $(PLAIN_NATS_TESTS)
+		$(PY) -m pytest -m "($(TEST_MARKERS)) and not fed" $(PARALLEL) $(PYTEST_ARGS) \
+		$(PLAIN_NATS_TESTS)
 
 # Every chaos scenario (tests/chaos): each starts its own servers and breaks them.
 test-chaos: venv test-deps
@@ -46,10 +52,10 @@ test-unit: venv
 
 # One tier against throwaway NATS + Postgres.
 test-integration: venv
-	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m integration $(PYTEST_ARGS)
+	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m integration $(PARALLEL) $(PYTEST_ARGS)
 
 test-e2e: venv
-	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m e2e $(PYTEST_ARGS)
+	$(PY) scripts/devstack.py test -- $(PY) -m pytest -m e2e $(PARALLEL) $(PYTEST_ARGS)
 
 # Persistent dev servers (data in .tether/). `make down PURGE=1` also deletes the data.
 up: venv

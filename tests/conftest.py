@@ -114,7 +114,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     """A failing test's report lists the JetStream API calls the server failed (5xx)
-    since the test began: the request behind a bare `ServerError`."""
+    since the test began: the request behind a bare `ServerError`. (Under `make test`'s
+    two workers, the other worker's test shares the server: its failures and the
+    server's warnings about it may be listed too.)"""
     report = yield
     if report.failed and _api_errors is not None:
         started = item.stash.get(_STARTED, 0.0)
