@@ -66,6 +66,14 @@ def fast(settings):
                                        "leadership_check_ms": 100})
 
 
+@pytest.fixture
+def steady(fast):
+    """`fast`, with its leases confirmed every 0.25 s rather than every 0.05 s, for the
+    tests that assert one term: a confirmation slower than 0.1 s on a loaded machine
+    ends a term (as it must), and the next term loads again."""
+    return fast.model_copy(update={"leadership_check_ms": 500})
+
+
 async def start(fast, log, pool, cls: type[Reconciler] = Reconciler, logger=None,
                 feed: CommittedFeed | None = None):
     registry = await key_value(log.jetstream, log.subjects.registry_bucket, StreamSettings())
@@ -84,7 +92,8 @@ async def projecting(fast, log, pool, feed: CommittedFeed):
     """A projector of the reconciler's process, leading, its commits in `feed` (with a
     pool of its own, as the projector service has: the tests' pool is for the rest)."""
     own_pool = await asyncpg.create_pool(fast.database_url, min_size=1, max_size=3)
-    projector = Projector(own_pool, log, fast.projection_schema, leadership_check_s=0.1,
+    projector = Projector(own_pool, log, fast.projection_schema,
+                          leadership_check_s=fast.leadership_check_ms / 1000,
                           feed=feed)
     stop = asyncio.Event()
     task = asyncio.create_task(projector.run(stop))
@@ -421,14 +430,14 @@ async def acts_on_the_rest(log: EventLog, reconciler: Observing) -> None:
 
 
 async def test_a_reconciler_follows_the_log_itself_once_its_process_projector_stops(
-        fast, log, pool):
+        steady, log, pool):
     """The projector's term ends while events keep coming: the reconciler goes on from
     the broker after the last event the projector handed it, missing none and taking
     none twice, and acts on what comes after."""
     feed = CommittedFeed()
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(projecting(fast, log, pool, feed))
-        reconciler, stop, task = await start(fast, log, pool, Observing, feed=feed)
+        await stack.enter_async_context(projecting(steady, log, pool, feed))
+        reconciler, stop, task = await start(steady, log, pool, Observing, feed=feed)
         await eventually(lambda: reconciler.following == "projector")
         appending_stop = asyncio.Event()
         appending = asyncio.create_task(keep_appending(log, "switch", appending_stop))
@@ -445,18 +454,18 @@ async def test_a_reconciler_follows_the_log_itself_once_its_process_projector_st
 
 
 async def test_a_reconciler_takes_what_its_process_projector_commits_once_it_leads(
-        fast, log, pool):
+        steady, log, pool):
     """A reconciler that leads before its process's projector does follows the log from
     the broker, and switches to the projector's commits once they cover where it is,
     missing none and taking none twice."""
     feed = CommittedFeed()
-    reconciler, stop, task = await start(fast, log, pool, Observing, feed=feed)
+    reconciler, stop, task = await start(steady, log, pool, Observing, feed=feed)
     try:
         await eventually(lambda: reconciler.following == "log")
         appending_stop = asyncio.Event()
         appending = asyncio.create_task(keep_appending(log, "switch", appending_stop))
         await eventually(lambda: len(reconciler.observed) >= 9)
-        async with projecting(fast, log, pool, feed):
+        async with projecting(steady, log, pool, feed):
             await eventually(lambda: reconciler.following == "projector")
             appending_stop.set()
             await appending
@@ -467,7 +476,7 @@ async def test_a_reconciler_takes_what_its_process_projector_commits_once_it_lea
 
 
 async def test_a_reconciler_fed_by_its_projector_does_not_fold_the_events_again(
-        fast, log, pool, monkeypatch):
+        steady, log, pool, monkeypatch):
     """Each event comes with the projector's fold of it: the reconciler acts on that run
     state (here, a budget that runs out) without folding the event itself."""
     folded: list[object] = []
@@ -475,8 +484,8 @@ async def test_a_reconciler_fed_by_its_projector_does_not_fold_the_events_again(
     monkeypatch.setattr(reconciler_service, "evolve",
                         lambda *args: folded.append(args) or fold(*args))
     feed = CommittedFeed()
-    async with projecting(fast, log, pool, feed):
-        reconciler, stop, task = await start(fast, log, pool, Observing, feed=feed)
+    async with projecting(steady, log, pool, feed):
+        reconciler, stop, task = await start(steady, log, pool, Observing, feed=feed)
         try:
             await eventually(lambda: reconciler.following == "projector")
             await acts_on_the_rest(log, reconciler)
@@ -487,7 +496,7 @@ async def test_a_reconciler_fed_by_its_projector_does_not_fold_the_events_again(
 
 
 async def test_a_reconciler_left_behind_by_the_projector_follows_the_log_itself(
-        fast, log, pool):
+        steady, log, pool):
     """More events waiting for the reconciler than the feed holds: its subscription ends,
     and it follows the log from the broker, missing nothing."""
     feed = CommittedFeed(max_pending=2)
@@ -498,8 +507,8 @@ async def test_a_reconciler_left_behind_by_the_projector_follows_the_log_itself(
             await asyncio.sleep(0.05)
             await super()._observe(event, seq, logged_at, evolved)
 
-    async with projecting(fast, log, pool, feed):
-        reconciler, stop, task = await start(fast, log, pool, Slow, feed=feed)
+    async with projecting(steady, log, pool, feed):
+        reconciler, stop, task = await start(steady, log, pool, Slow, feed=feed)
         try:
             await eventually(lambda: reconciler.following == "projector")
             for i in range(5):
@@ -630,7 +639,7 @@ async def test_a_watch_the_server_refuses_ends_the_run_not_tailable(recovering, 
         "interrupted", "not-tailable", True)
 
 
-async def test_a_deadline_being_decided_is_not_collected(fast, log, pool):
+async def test_a_deadline_being_decided_is_not_collected(steady, log, pool):
     """The loop holds tasks weakly: one waiting on something only it refers to must be
     referenced by the reconciler, or a collection ends it and its deadline never fires."""
     destroyed: list[str] = []
@@ -648,10 +657,6 @@ async def test_a_deadline_being_decided_is_not_collected(fast, log, pool):
                 await reply
             await super()._budget_due(key)
 
-    # The lease confirmed every 0.25 s, not every 0.05 s: this test is about collection,
-    # and a confirmation slower than 0.1 s on a loaded machine would end the term (and
-    # the held task with it) before the collection is looked at.
-    steady = fast.model_copy(update={"leadership_check_ms": 500})
     _, stop, task = await start(steady, log, pool, Held)
     try:
         _, events = detached_run("held-1", max_budget_ms=200, no_progress_budget_ms=0)
