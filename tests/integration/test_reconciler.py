@@ -69,8 +69,8 @@ def fast(settings):
 @pytest.fixture
 def steady(fast):
     """`fast`, with its leases confirmed every 0.25 s rather than every 0.05 s, for the
-    tests that assert one term: a confirmation slower than 0.1 s on a loaded machine
-    ends a term (as it must), and the next term loads again."""
+    tests that assert one term or hold a call within one: a confirmation slower than
+    0.1 s on a loaded machine ends a term (as it must), and the next term loads again."""
     return fast.model_copy(update={"leadership_check_ms": 500})
 
 
@@ -650,7 +650,7 @@ async def test_a_deadline_being_decided_is_not_collected(steady, log, pool):
 
     class Held(Reconciler):
         async def _budget_due(self, key):
-            if not waiting:  # only the first: a term that follows (see below) goes on
+            if not waiting:  # only the first: should another term follow, it goes on
                 reply = asyncio.get_running_loop().create_future()
                 waiting.append(weakref.ref(reply))
                 entered.set()
