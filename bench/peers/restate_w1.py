@@ -104,6 +104,17 @@ def server_config(config: dict) -> str:
             f"rocksdb-disable-wal-fsync = {fsync_off}\n")
 
 
+def hypercorn_config() -> str:
+    """The SDK workers' server: hypercorn keeps every HTTP/2 connection the Restate server
+    opens for as long as the server keeps it. Its defaults end one after 1,000 requests
+    (`keep_alive_max_requests`, a GOAWAY with the streams still open: RT0010 "connection
+    error received: not a result of an error", which the server retried, at 5,000 runs
+    hundreds of times), after 5 s idle, and hold 100 streams at once on it."""
+    return (f"h2_max_concurrent_streams = {MAX_OPEN * 4}\n"
+            "keep_alive_timeout = 300\n"
+            "keep_alive_max_requests = 1000000000\n")
+
+
 def only_loopback() -> list[str]:
     """The network interfaces here, which must be loopback alone: refuse to go on otherwise."""
     interfaces = sorted(name for _, name in socket.if_nameindex())
@@ -138,11 +149,7 @@ def processes(config: dict, driver_socket: Path,
               log_dir: Path) -> Iterator[tuple[subprocess.Popen, subprocess.Popen]]:
     """The server and the SDK workers (hypercorn, which starts its worker processes)."""
     (log_dir / "server.toml").write_text(server_config(config))
-    # hypercorn's HTTP/2 defaults (100 streams a connection, idle connections closed after
-    # 5 s) broke streams the server had open at a few thousand runs in flight (RT0010,
-    # "broken pipe"), which it then retried.
-    (log_dir / "hypercorn.toml").write_text(
-        f"h2_max_concurrent_streams = {MAX_OPEN * 4}\nkeep_alive_timeout = 300\n")
+    (log_dir / "hypercorn.toml").write_text(hypercorn_config())
     started = []
     try:
         with open(log_dir / "server.log", "w") as server_log, \
