@@ -49,10 +49,12 @@ SERVICE_MODULES = {"parent": "tether_services.parent",
                    "gateway": "tether_services.gateway"}
 
 
-def _services() -> dict[str, Callable[..., Awaitable[None]]]:
+def _services(names: list[str]) -> dict[str, Callable[..., Awaitable[None]]]:
+    """The `serve` of each named service, importing only those: a process that runs one
+    service starts without the others' modules."""
     import importlib
 
-    return {name: importlib.import_module(module).serve for name, module in SERVICE_MODULES.items()}
+    return {name: importlib.import_module(SERVICE_MODULES[name]).serve for name in names}
 
 
 def import_from_current_directory() -> None:
@@ -249,8 +251,8 @@ def shared_in_process(chosen: list[str]) -> dict[str, dict[str, Any]]:
 async def _run_services(settings: Settings, name: str) -> int:
     from tether.runtime import one_service_of_many
 
-    available = _services()
     chosen = services_to_run(name, settings)
+    available = _services(chosen)
     shared = shared_in_process(chosen)
     if name == "all" and "ui" not in chosen:
         get_logger(service="all").warning(

@@ -140,3 +140,14 @@ def test_services_in_one_process_are_named_with_commas(text):
 def test_a_wrong_list_of_services_says_what_is_wrong(text, said):
     with pytest.raises(argparse.ArgumentTypeError, match=said):
         _service_names(text)
+
+
+def test_a_process_running_some_services_imports_only_theirs() -> None:
+    # A fresh interpreter: this one has imported every service's module already.
+    program = ("import sys; from tether.cli import SERVICE_MODULES, _services; "
+               "served = _services(['projector', 'reconciler']); "
+               "print(sorted(served), sorted(name for name, module in SERVICE_MODULES.items() "
+               "if module in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          check=True, timeout=60)
+    assert done.stdout.split("\n")[0] == "['projector', 'reconciler'] ['projector', 'reconciler']"

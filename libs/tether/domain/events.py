@@ -15,6 +15,7 @@ a module of their own beside this one (`steering_events`, `budget_events`,
 `turn_events`), and what a detached run's parent asks for in `detached_options`.
 """
 
+from functools import cache
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -47,7 +48,6 @@ from tether.domain.turn_events import RunTurnRequested
 __all__ = [
     "CURRENT_VERSIONS",
     "EVENT_CLASSES",
-    "EVENT_MODEL",
     "HARD_TERMINAL",
     "OPEN_STATUSES",
     "TERMINAL_EVENT_STATUS",
@@ -107,6 +107,7 @@ __all__ = [
     "RunTurnRequested",
     "RunUsageCharged",
     "data_class",
+    "event_model",
     "schema_version_of",
 ]
 
@@ -439,9 +440,13 @@ Event = (RunRequested | RunTurnRequested | RunRewound | RunRejected | RunStarted
          | RunCompleted | RunFailed | RunAborted | RunInterrupted | RunFinishDelivered
          | RunNotified | RunReattachStarted | RunReattachDecided | RunCleared)
 
-# The events as one discriminated union of their pydantic mirrors: their JSON Schema.
-EVENT_MODEL: Any = Annotated[Union[tuple(pydantic_model(cls) for cls in EVENT_CLASSES)],  # noqa: UP007
-                             Field(discriminator="type")]
+@cache
+def event_model() -> Any:
+    """The events as one discriminated union of their pydantic mirrors: their JSON Schema.
+    Built when first asked for (by the schema and AsyncAPI generators), not at import:
+    the mirrors of every event class take a noticeable part of every process's start."""
+    return Annotated[Union[tuple(pydantic_model(cls) for cls in EVENT_CLASSES)],  # noqa: UP007
+                     Field(discriminator="type")]
 
 
 def _field(cls: type[EventEnvelope], name: str) -> msgspec.structs.FieldInfo:

@@ -59,7 +59,7 @@ from tether.domain.commands import (
     ServeHookQuery,
 )
 from tether.domain.delivery_batches import DeliveriesRecorded
-from tether.domain.events import EVENT_MODEL, ParentRef
+from tether.domain.events import ParentRef, event_model
 from tether.domain.records import pydantic_model
 from tether.parent.queries import ParentQueries
 
@@ -186,7 +186,7 @@ def contract_broker() -> NatsBroker:
 
     # --- the log (TETHER_EVENTS) and its live copy -------------------------------------
     events = _run_subject(s.run_events)
-    send(events, EVENT_MODEL, f"send:{events}",
+    send(events, event_model(), f"send:{events}",
          f"Stream `{s.events_stream}`: the run's events, the truth. `Nats-Msg-Id`: the "
          "event's `event_id` (`<run_id>:<incarnation>:<kind>...`), so a retried append is "
          "one event." + TRACE)
@@ -197,11 +197,11 @@ def contract_broker() -> NatsBroker:
          "message (`Nats-Msg-Id`: its `event_id`); a follower of the whole log reads each "
          "entry as that run's `run.finish_delivered`, at this message's place in the "
          "stream. A read of one run's subject does not see it.")
-    receive(s.all_events, EVENT_MODEL, f"receive:{s.all_events}",
+    receive(s.all_events, event_model(), f"receive:{s.all_events}",
             f"Stream `{s.events_stream}`: the projector and the reconciler follow "
             "every event, and every delivery ledger's batches.")
     live = _run_subject(s.run_live)
-    send(live, EVENT_MODEL, f"send:{live}",
+    send(live, event_model(), f"send:{live}",
          f"Core: `{s.events_stream}` republishes each stored event here, in stream order, "
          "with `Nats-Sequence` and `Nats-Last-Sequence` (the run's previous sequence) "
          "headers. The parent also sends an empty message here, with only a "

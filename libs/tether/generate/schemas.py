@@ -32,7 +32,7 @@ from tether.contract.messages import (
 )
 from tether.domain.commands import COMMAND_CLASSES
 from tether.domain.delivery_batches import DELIVERIES_RECORDED, DeliveriesRecorded
-from tether.domain.events import EVENT_CLASSES, EVENT_MODEL, schema_version_of
+from tether.domain.events import EVENT_CLASSES, event_model, schema_version_of
 from tether.domain.records import Record, pydantic_model
 from tether.generate import asyncapi, documents
 
@@ -54,7 +54,7 @@ def generate() -> dict[str, dict[str, Any]]:
     for cls in EVENT_CLASSES:
         path = f"events/{cls.type}.v{schema_version_of(cls)}.json"
         documents[path] = _document(pydantic_model(cls).model_json_schema(), path)
-    documents["events/event.json"] = _document(TypeAdapter(EVENT_MODEL).json_schema(),
+    documents["events/event.json"] = _document(TypeAdapter(event_model()).json_schema(),
                                                "events/event.json")
     # Not a run's event: a batch of them on a parent agent's delivery ledger.
     path = f"events/{DELIVERIES_RECORDED}.v1.json"
