@@ -213,12 +213,30 @@ def _restate_lines(report: dict, restate: dict) -> list[str]:
     return lines
 
 
+# The options that load the machine to look inside a run: with one of them, the run's
+# times, latencies and CPU figures are not comparable with other runs', and no target is
+# judged.
+DIAGNOSTIC_OPTIONS = {
+    "count_subjects": "--count-subjects (a subscriber to every subject doubles the server's "
+                      "fan-out, and the progress probe counts every message)",
+    "callgrind": "--callgrind (a service under valgrind)",
+}
+
+
+def diagnostic(report: dict) -> list[str]:
+    """The diagnostic options the run was made with (`DIAGNOSTIC_OPTIONS`)."""
+    params = (report.get("meta") or {}).get("params") or {}
+    return [text for name, text in DIAGNOSTIC_OPTIONS.items() if params.get(name)]
+
+
 def targets(report: dict) -> dict:
     w1, w2, r = report["w1"], report.get("w2") or {}, report["ratios"]
     memory = report.get("memory") or {}
+    judged = not diagnostic(report)
 
     def target(value, goal: str, met) -> dict:
-        return {"value": value, "target": goal, "met": None if met is None else bool(met)}
+        return {"value": value, "target": goal,
+                "met": None if met is None or not judged else bool(met)}
 
     dbos = r.get("w1_vs_dbos")
     restate = r.get("w1_vs_restate_alternated") or r.get("w1_vs_restate")
@@ -275,7 +293,12 @@ def table(report: dict) -> str:
     pl, rt = w1["progress_latency"], w2.get("round_trip") or {}
     w2_mcp = report.get("w2_mcp") or {}
     mt = w2_mcp.get("round_trip") or {}
-    rows = [
+    rows = []
+    if options := diagnostic(report):
+        rows.append(("diagnostic run", "not comparable",
+                     (f"{'; '.join(options)}: its times, latencies and CPU figures are not "
+                      "comparable with other runs', and no target is judged")))
+    rows += [
         ("W1 runs", f"{w1['finished']}/{w1['runs']}", (f"statuses {w1['statuses']}, submit errors {w1.get('submit_errors', 0)}, "
          f"rejected {w1['rejected_count']}, duplicate hook calls {w1['duplicate_hook_calls']}; "
          f"up to {w1.get('max_events_stream_consumers', '-')} consumers on the events stream")),
