@@ -5,7 +5,7 @@ cannot silently rot."""
 import asyncio
 import json
 import os
-import socket
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,12 +51,6 @@ def test_restate_w1_is_correct_by_its_own_tables_and_reports_its_sweep() -> None
     assert result["version"].startswith(f"restate-server {restate_w1.RESTATE_VERSION}")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 async def test_the_sdk_workers_keep_the_servers_connection_past_a_thousand_requests(
         tmp_path: Path) -> None:
     # As the Restate server calls the SDK workers: HTTP/2 with prior knowledge, many
@@ -64,27 +58,39 @@ async def test_the_sdk_workers_keep_the_servers_connection_past_a_thousand_reque
     # requests, which broke the server's open streams (RT0010) at 5,000 runs.
     config = tmp_path / "hypercorn.toml"
     config.write_text(restate_w1.hypercorn_config())
-    port = free_port()
     workers = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "hypercorn", "--config", str(config), "--worker-class", "uvloop",
-        "--workers", "1", "--bind", f"127.0.0.1:{port}",
+        "--workers", "1", "--bind", "127.0.0.1:0",
         str(REPO / "tests" / "support" / "connection_echo.py") + ":app",
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log: list[bytes] = []
+    draining: asyncio.Task | None = None
     try:
-        async with asyncio.timeout(30):  # its log's line once it listens
-            while b"Running on" not in (line := await workers.stderr.readline()):
-                assert line, "hypercorn ended before it listened"
+        async with asyncio.timeout(30):  # its log's line once it listens, with its port
+            while (listening := re.search(rb"Running on (http://\S+)",
+                                          line := await workers.stderr.readline())) is None:
+                assert line, f"hypercorn ended before it listened: {b''.join(log)!r}"
+                log.append(line)
+        draining = asyncio.create_task(drain(workers.stderr, log))
         async with httpx.AsyncClient(http1=False, http2=True, timeout=10) as client:
-            url = f"http://127.0.0.1:{port}/"
+            url = listening[1].decode() + "/"
             ports = []
             for _ in range(12):  # 1,200 requests, 100 at a time as the server sends them
                 answers = await asyncio.gather(*(client.get(url) for _ in range(100)))
                 ports += [answer.text for answer in answers if answer.status_code == 200]
         assert len(ports) == 1200
-        assert len(set(ports)) == 1, f"{len(set(ports))} connections"
+        assert len(set(ports)) == 1, f"{len(set(ports))} connections; {b''.join(log)!r}"
     finally:
         workers.terminate()
         await workers.wait()
+        if draining is not None:
+            await draining  # the log's end: the pipe closed with the process
+
+
+async def drain(stream: asyncio.StreamReader, into: list[bytes]) -> None:
+    """Keep reading a child's log, so that it never blocks on a full pipe."""
+    while line := await stream.readline():
+        into.append(line)
 
 
 def test_a_point_refuses_a_namespace_with_more_than_loopback() -> None:
