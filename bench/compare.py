@@ -27,6 +27,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.stack import REPO
@@ -74,7 +75,8 @@ def order(pairs: int) -> list[str]:
 
 
 def run_w1(tree: Path, options: list[str], results_dir: Path) -> dict:
-    """One `bench.run` in `tree`; its result, with its exit code and the tail of its output."""
+    """One `bench.run` in `tree`: its result, with its exit code and the reasons it gave
+    for a failure (its `FAILED:` lines)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     before = set(results_dir.glob("*.json"))
     done = subprocess.run([sys.executable, "-m", "bench.run", *options,
@@ -87,8 +89,9 @@ def run_w1(tree: Path, options: list[str], results_dir: Path) -> dict:
                          f"{done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     result = json.loads(written[-1].read_text())
     result["compare"] = {"exit_code": done.returncode, "file": str(written[-1]),
-                         "failures": [line for line in done.stderr.splitlines()
-                                      if line.startswith("FAILED")]}
+                         "failures": [line.removeprefix("FAILED: ")
+                                      for line in done.stderr.splitlines()
+                                      if line.startswith("FAILED: ")]}
     return result
 
 
@@ -102,14 +105,15 @@ def figures(result: dict) -> dict:
              "cpu_total": sum(cpu.values()) if cpu else None,
              "msgs_in": (w1.get("server_work_per_run") or {}).get("nats_msgs_in"),
              "correct": bool((w1.get("correctness") or {}).get("ok")),
-             "exit_code": (result.get("compare") or {}).get("exit_code", 0)}
+             "exit_code": (result.get("compare") or {}).get("exit_code", 0),
+             "failures": (result.get("compare") or {}).get("failures", [])}
     if result.get("callgrind"):
         found["instructions"] = {result["callgrind"]["service"]:
                                  result["callgrind"]["per_run"]}
     return found
 
 
-def _median(values: list[float]) -> float | None:
+def _median(values: list[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
 
@@ -121,35 +125,33 @@ def _change(a: float | None, b: float | None) -> float | None:
 def summarize(sides: list[str], runs: list[dict]) -> dict:
     """The medians of each side, B's change over A, and the ratio of each pair's totals
     (`sides[i]` names the side of `runs[i]`, in the order they ran)."""
+    found = [figures(result) for result in runs]
     by_side: dict[str, list[dict]] = {"A": [], "B": []}
-    for side, result in zip(sides, runs, strict=True):
-        by_side[side].append(figures(result))
-    processes = sorted({p for side in by_side.values() for f in side for p in f["cpu"]})
-    rows = []
-    for process in processes:
-        a = _median([f["cpu"].get(process) for f in by_side["A"]])
-        b = _median([f["cpu"].get(process) for f in by_side["B"]])
-        rows.append({"figure": f"CPU ms per run: {process}", "a": a, "b": b,
-                     "change": _change(a, b)})
-    for key, label in (("cpu_total", "CPU ms per run: all"), ("runs_per_s", "W1 runs/s"),
-                       ("msgs_in", "NATS messages in per run")):
-        a = _median([f[key] for f in by_side["A"]])
-        b = _median([f[key] for f in by_side["B"]])
-        rows.append({"figure": label, "a": a, "b": b, "change": _change(a, b)})
-    counted = sorted({s for side in by_side.values() for f in side
-                      for s in f.get("instructions", {})})
-    for service in counted:
-        a = _median([f.get("instructions", {}).get(service) for f in by_side["A"]])
-        b = _median([f.get("instructions", {}).get(service) for f in by_side["B"]])
-        rows.append({"figure": f"instructions per run: {service}", "a": a, "b": b,
-                     "change": _change(a, b)})
+    for side, figured in zip(sides, found, strict=True):
+        by_side[side].append(figured)
+
+    def row(label: str, pick: Callable[[dict], float | None]) -> dict:
+        a = _median([pick(f) for f in by_side["A"]])
+        b = _median([pick(f) for f in by_side["B"]])
+        return {"figure": label, "a": a, "b": b, "change": _change(a, b)}
+
+    rows = [row(f"CPU ms per run: {process}", lambda f, p=process: f["cpu"].get(p))
+            for process in sorted({p for f in found for p in f["cpu"]})]
+    rows += [row(label, lambda f, k=key: f[k])
+             for key, label in (("cpu_total", "CPU ms per run: all"),
+                                ("runs_per_s", "W1 runs/s"),
+                                ("msgs_in", "NATS messages in per run"))]
+    rows += [row(f"instructions per run: {service}",
+                 lambda f, s=service: f.get("instructions", {}).get(s))
+             for service in sorted({s for f in found for s in f.get("instructions", {})})]
     pair_ratios = []
     for first in range(0, len(runs) - 1, 2):
-        pair = {sides[i]: figures(runs[i]) for i in (first, first + 1)}
+        pair = {sides[i]: found[i] for i in (first, first + 1)}
         a, b = pair.get("A", {}).get("cpu_total"), pair.get("B", {}).get("cpu_total")
         if a and b is not None:
             pair_ratios.append(b / a)
     failed = [f"{side} run {i + 1}: exit code {f['exit_code']}, correct {f['correct']}"
+              + "".join(f"; {why}" for why in f["failures"])
               for side, group in by_side.items() for i, f in enumerate(group)
               if f["exit_code"] != 0 or not f["correct"]]
     return {"rows": rows, "pair_ratios": pair_ratios,
