@@ -11,14 +11,14 @@ from bench.stack import REPO
 
 
 def result(total: float, *, child_runner: float = 0.5, ok: bool = True, exit_code: int = 0,
-           instructions: float | None = None) -> dict:
+           instructions: float | None = None, failures: tuple[str, ...] = ()) -> dict:
     """A bench.run result with the figures bench.compare reads."""
     cpu = {"child-runner": child_runner, "parent": total - child_runner, "probe": 0.07,
            "others": 0.01}
     found = {"w1": {"runs_per_s": 1000 / total, "cpu_ms_per_run": cpu,
                     "server_work_per_run": {"nats_msgs_in": 17.7},
                     "correctness": {"ok": ok}},
-             "compare": {"exit_code": exit_code, "file": "x.json", "failures": []}}
+             "compare": {"exit_code": exit_code, "file": "x.json", "failures": list(failures)}}
     if instructions is not None:
         found["callgrind"] = {"service": "child-runner", "per_run": instructions}
     return found
@@ -56,10 +56,11 @@ def test_callgrind_counts_are_compared_when_the_runs_have_them() -> None:
 
 
 def test_a_run_that_failed_or_was_not_correct_is_named() -> None:
-    runs = [result(2.0), result(2.0, ok=False), result(2.0, exit_code=1), result(2.0)]
+    runs = [result(2.0), result(2.0, ok=False),
+            result(2.0, exit_code=1, failures=("crashed services: parent",)), result(2.0)]
     summary = summarize(order(2), runs)
     assert summary["failed"] == ["B run 1: exit code 0, correct False",
-                                 "B run 2: exit code 1, correct True"]
+                                 "B run 2: exit code 1, correct True; crashed services: parent"]
     assert "FAILED: B run 1" in render(summary, "a", "b")
 
 
