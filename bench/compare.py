@@ -11,9 +11,9 @@ This machine's speed drifts by up to 30 % within minutes, so one run of each say
 The runs go in pairs whose order alternates (A B, B A, A B, ...), so a steady drift
 weighs on both sides alike, and the verdict is the median of the pairs' ratios. The CPU
 of each process is reported beside it: a change meant for one process should move that
-one, and leave the others within their drift. With `--callgrind SERVICE` (a bench.run
-option) the instructions per run of that service are compared too, a figure the
-machine's speed does not change.
+one, and leave the others within their drift. Options after `--` go to every bench.run:
+with `-- --callgrind SERVICE`, the instructions per run of that service are compared
+too, a figure the machine's speed does not change.
 """
 
 import argparse
