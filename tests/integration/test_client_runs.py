@@ -6,6 +6,7 @@ are exercised over the real wire without the parent service.
 """
 
 import asyncio
+import contextlib
 import itertools
 import json
 import shutil
@@ -50,6 +51,10 @@ def rejects(run: RunEvents, command: RunCommand) -> list[Event]:
                      error=f"unknown agent type {command.agent_type!r}")]
 
 
+# How long a scripted parent that is told to stop may take to finish the command it is on.
+HANDLING_GRACE_S = 5.0
+
+
 class ScriptedParent:
     def __init__(self, log: EventLog, script: Script) -> None:
         self.log, self.script = log, script
@@ -58,6 +63,8 @@ class ScriptedParent:
         self._feed = OrderedFeed(log.nats, log.subjects.commands_stream,
                                  f"{log.subjects.prefix}.cmd.>")
         self._task: asyncio.Task | None = None
+        # Held while one command is handled: its events appended, then the command recorded.
+        self._handling = asyncio.Lock()
 
     async def __aenter__(self) -> Self:
         await self._feed.start()
@@ -65,25 +72,41 @@ class ScriptedParent:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        # Python 3.11's wait_for (inside nats-py requests) can swallow a cancellation that
-        # lands as the request completes, so cancel until the task is really done.
-        while not self._task.done():
-            self._task.cancel()
-            await asyncio.wait({self._task}, timeout=0.1)
+        # A command being handled is finished first: a caller that already saw the run's
+        # last event stored may leave before this parent has read that append's ack, and
+        # the command must not go unrecorded then. (Bounded: a parent stuck on a broker
+        # that is away is stopped anyway.)
+        acquired = False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HANDLING_GRACE_S):
+                acquired = await self._handling.acquire()
+        try:
+            # Python 3.11's wait_for (inside nats-py requests) can swallow a cancellation
+            # that lands as the request completes, so cancel until the task is really done.
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=0.1)
+        finally:
+            if acquired:
+                self._handling.release()
         await self._feed.stop()
 
     async def _serve(self) -> None:
         while True:
             message = await self._feed.sink.get()
-            command = parse_command(message.subject.split(".")[2], json.loads(message.data))
-            if isinstance(command, RunCommand):
-                run = RunEvents(command.run_id, command.parent, start_ms=int(time.time() * 1000),
-                                id_prefix=f"{command.run_id}-{message.seq}")
-                for event in self.script(run, command):
-                    await self.log.append(event, expected_last_seq=None)
-            async with self.received:
-                self.commands.append(command)
-                self.received.notify_all()
+            async with self._handling:
+                await self._handle(message)
+
+    async def _handle(self, message) -> None:
+        command = parse_command(message.subject.split(".")[2], json.loads(message.data))
+        if isinstance(command, RunCommand):
+            run = RunEvents(command.run_id, command.parent, start_ms=int(time.time() * 1000),
+                            id_prefix=f"{command.run_id}-{message.seq}")
+            for event in self.script(run, command):
+                await self.log.append(event, expected_last_seq=None)
+        async with self.received:
+            self.commands.append(command)
+            self.received.notify_all()
 
     async def until(self, predicate, timeout: float = 10) -> None:
         async with asyncio.timeout(timeout), self.received:
