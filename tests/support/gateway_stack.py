@@ -14,8 +14,9 @@ from tether.asgi_serving import listen_on
 from tether.domain.events import ParentRef
 from tether.gateway.server import serve_gateway
 
-AGENTS = [gateway_agents.Researcher, gateway_agents.Waiter, gateway_agents.Failing,
-          gateway_agents.Held, gateway_agents.Approver, gateway_agents.Streamer]
+AGENTS = [gateway_agents.Researcher, gateway_agents.HeldResearcher, gateway_agents.Waiter,
+          gateway_agents.Failing, gateway_agents.Held, gateway_agents.Approver,
+          gateway_agents.Streamer]
 DESKTOP, LIMITED = "desktop-token", "limited-token"
 DESKTOP_PARENT = ParentRef(agent="Gateway", name="desktop")
 

@@ -56,7 +56,8 @@ async def test_a_caller_sees_one_tool_per_agent_type_it_may_call(gateway, mode):
     # What `make schemas` checks in is what the gateway serves.
     assert listed.model_dump(by_alias=True, mode="json", exclude_none=True)["tools"] == \
         gateway_documents(AgentRegistry(AGENTS))["mcp-tools.json"]["tools"]
-    assert sorted(tools) == ["Approver", "Failing", "Held", "Researcher", "Streamer", "Waiter"]
+    assert sorted(tools) == ["Approver", "Failing", "Held", "HeldResearcher", "Researcher",
+                            "Streamer", "Waiter"]
     researcher = tools["Researcher"]
     assert researcher.description == "Looks a question up and says what it found"
     assert researcher.input_schema["properties"]["query"]["description"] == "what to look into"
