@@ -15,6 +15,7 @@ from a2a.types import (
     AuthenticationInfo,
     DeleteTaskPushNotificationConfigRequest,
     GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
     ListTaskPushNotificationConfigsRequest,
     Message,
     Part,
@@ -22,6 +23,7 @@ from a2a.types import (
     SendMessageConfiguration,
     SendMessageRequest,
     TaskPushNotificationConfig,
+    TaskState,
 )
 from a2a.utils.errors import A2AError
 from eventually import eventually
@@ -133,6 +135,11 @@ async def test_a_receiver_that_is_down_gets_it_later_through_a_gateway_restart(
         base = mcp_url.removesuffix("/mcp")
         task_id = await send(base, "Held", message("hold"))
         async with a2a_client(base, "Held") as client:
+            async def working() -> bool:  # the runner has taken the task
+                task = await client.get_task(GetTaskRequest(id=task_id))
+                return task.status.state == TaskState.TASK_STATE_WORKING
+
+            await eventually(working)
             await client.create_task_push_notification_config(TaskPushNotificationConfig(
                 task_id=task_id, id="mine", url=receiver.url))
 

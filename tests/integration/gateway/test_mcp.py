@@ -237,7 +237,8 @@ async def test_a_gateway_stopping_ends_its_calls_at_once_and_leaves_their_runs_g
     at_work = asyncio.Event()
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        at_work.set()
+        if message == "held":  # the child's own report, not the run's "starting"
+            at_work.set()
 
     meta = {RUN_ID_META: "mcp-outlives"}
     async with contextlib.AsyncExitStack() as client_side:
