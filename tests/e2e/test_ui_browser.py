@@ -252,6 +252,32 @@ async def test_forking_at_the_sliders_sequence_makes_a_sibling_shown_beside_it(
     await expect(fork_card).to_have_attribute("data-status", "completed")
 
 
+async def test_the_comparison_with_a_fork_still_going_follows_it_to_its_end(
+        page, ui_url, tether, tmp_path):
+    hold = tmp_path / "hold"
+    await tether.parent(*PARENT).run_agent_tool("Stepper", {"hold_while": str(hold)},
+                                                run_id="stepped-held")
+    hold.touch()  # the fork's own step waits until the comparison is on the screen
+    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/stepped-held")
+    await expect(page.locator("#current .run")).to_have_attribute("data-status", "completed")
+    types = await page.locator("#events tbody tr td:nth-child(2)").all_text_contents()
+    await page.locator("#slider").fill(
+        str([i for i, kind in enumerate(types) if kind == "run.step_recorded"][1]))
+    await page.get_by_role("button", name="Fork here").click()
+    await page.locator("#forked a.compare").click()
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    fork_side = page.locator(".side").nth(1)
+    await expect(fork_side.locator(".status")).to_have_text("running")
+    await expect(page.locator("#parted")).to_have_text("the same for the first 2 steps")
+
+    hold.unlink()  # the page is not loaded again: what it shows follows the fork
+
+    await expect(fork_side.locator(".status")).to_have_text("completed")
+    await expect(page.locator("#parted")).to_have_text(
+        "the same for the first 2 steps; they part at step 2")
+    await expect(fork_side.locator(".summary")).to_contain_text("the last by stepped-held:fork-")
+
+
 async def test_an_unknown_run_page_is_a_404_page(page, ui_url):
     answer = await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/nobody")
     assert answer.status == 404

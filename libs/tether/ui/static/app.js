@@ -372,16 +372,21 @@ function runPage() {
     }
   });
 
-  // The run changes: the parent's stream says when; the detail is read again then.
+  followRuns(agent, name, [runId], load);
+  load();
+}
+
+// Reads a page's runs again whenever one of them changes: the parent's stream says when.
+function followRuns(agent, name, runIds, load) {
   let pending = null;
   const source = new EventSource(`/api/parents/${parentPath(agent, name)}/stream`);
   const reload = () => { if (!pending) pending = setTimeout(() => { pending = null; load(); }, 100); };
+  const ours = (id) => runIds.includes(id);
   source.addEventListener("snapshot", reload);
   source.addEventListener("update", (message) => {
     const data = JSON.parse(message.data);
-    if (data.runs.some((r) => r.run_id === runId) || data.removed.includes(runId)) reload();
+    if (data.runs.some((r) => ours(r.run_id)) || data.removed.some(ours)) reload();
   });
-  load();
 }
 
 // --- two runs side by side, from where they part ----------------------------------------
@@ -393,6 +398,12 @@ async function diffPage() {
     / <a href="${path}/${seg(runId)}">${esc(runId)}</a> and <a href="${path}/${seg(other)}">${esc(other)}</a>`;
   main.innerHTML = `<h1>${esc(runId)} and ${esc(other)}</h1>
     <div class="toolbar"><span class="notice" id="notice"></span></div><div id="diff"></div>`;
+  // A run still going (a fork just made) changes the comparison: it is read again then.
+  followRuns(agent, name, [runId, other], () => showDiff(path, runId, other));
+  await showDiff(path, runId, other);
+}
+
+async function showDiff(path, runId, other) {
   let compared;
   try { compared = await api(`/api${path}/${seg(runId)}/diff/${seg(other)}`); }
   catch (error) { notice(error.message, true); return; }
