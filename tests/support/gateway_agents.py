@@ -7,8 +7,8 @@ from pydantic import BaseModel, Field
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunContext
 
-# Set by a test to let `Held`, `HeldResearcher` and `Streamer` runs go on (they run in the test's own
-# runner); the test's fixture makes a new one for its event loop.
+# Set by a test to let `Held`, `HeldResearcher` and `Streamer` runs go on (they run in the
+# test's own runner); the test's fixture makes a new one for its event loop.
 RELEASE = asyncio.Event()
 
 
@@ -26,18 +26,15 @@ class Researcher(ChildAgent):
         return f"{input.query}: two sources agree"
 
 
-class HeldResearcher(ChildAgent):
-    """A `Researcher` that is still at work until the test releases it, so a stream that
-    starts it sees the run go on from there."""
+class HeldResearcher(Researcher):
+    """A `Researcher` that starts once the test releases it, so a stream that starts it
+    sees the run go on from there."""
 
     description = "Looks a question up once the test lets it go on"
-    input_model = Question
 
     async def run(self, ctx: RunContext, input: Question) -> str:
-        await ctx.report_progress(fraction=0.3, message="reading sources")
         await RELEASE.wait()
-        await ctx.report_progress(milestone="sources-gathered", fraction=0.6)
-        return f"{input.query}: two sources agree"
+        return await super().run(ctx, input)
 
 
 class Waiter(ChildAgent):
