@@ -221,10 +221,10 @@ async def test_the_sequence_slider_shows_an_earlier_state(page, ui_url, tether):
     await expect(page.locator("#as-of .run")).to_have_attribute("data-status", "starting")
 
 
-async def test_forking_at_the_sliders_sequence_makes_a_sibling_shown_beside_it(
-        page, ui_url, tether):
-    await tether.parent(*PARENT).run_agent_tool("Stepper", {}, run_id="stepped")
-    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/stepped")
+async def compare_with_a_fork_at_its_second_step(page: Page, ui_url: str, run_id: str) -> str:
+    """On a completed `Stepper` run's page, fork it at its second recorded step with the
+    slider, then open the comparison the page links; the fork point's sequence."""
+    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/{run_id}")
     await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
     await expect(page.locator("#current .run")).to_have_attribute("data-status", "completed")
     rows = page.locator("#events tbody tr")
@@ -236,10 +236,17 @@ async def test_forking_at_the_sliders_sequence_makes_a_sibling_shown_beside_it(
 
     await page.get_by_role("button", name="Fork here").click()
 
-    await expect(page.locator("#notice")).to_contain_text(f"forked stepped at seq:{seq}")
+    await expect(page.locator("#notice")).to_contain_text(f"forked {run_id} at seq:{seq}")
     await page.locator("#forked a.compare").click()
     await expect(page.locator("body")).to_have_attribute("data-page", "diff")
     await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    return seq
+
+
+async def test_forking_at_the_sliders_sequence_makes_a_sibling_shown_beside_it(
+        page, ui_url, tether):
+    await tether.parent(*PARENT).run_agent_tool("Stepper", {}, run_id="stepped")
+    seq = await compare_with_a_fork_at_its_second_step(page, ui_url, "stepped")
     # Steps 0 and 1 were reused; step 2 is each run's own.
     await expect(page.locator("#parted")).to_have_text(
         "the same for the first 2 steps; they part at step 2")
@@ -258,14 +265,7 @@ async def test_the_comparison_with_a_fork_still_going_follows_it_to_its_end(
     await tether.parent(*PARENT).run_agent_tool("Stepper", {"hold_while": str(hold)},
                                                 run_id="stepped-held")
     hold.touch()  # the fork's own step waits until the comparison is on the screen
-    await page.goto(f"{ui_url}/runs/{PARENT[0]}/{PARENT[1]}/stepped-held")
-    await expect(page.locator("#current .run")).to_have_attribute("data-status", "completed")
-    types = await page.locator("#events tbody tr td:nth-child(2)").all_text_contents()
-    await page.locator("#slider").fill(
-        str([i for i, kind in enumerate(types) if kind == "run.step_recorded"][1]))
-    await page.get_by_role("button", name="Fork here").click()
-    await page.locator("#forked a.compare").click()
-    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    await compare_with_a_fork_at_its_second_step(page, ui_url, "stepped-held")
     fork_side = page.locator(".side").nth(1)
     await expect(fork_side.locator(".status")).to_have_text("running")
     await expect(page.locator("#parted")).to_have_text("the same for the first 2 steps")
