@@ -575,11 +575,14 @@ async def test_a_tenant_sending_anothers_chat_message_id_changes_nothing_for_it(
                                       f"message:{parent.agent}:{parent.name}:hello")
 
         async def stored(parent) -> list[dict]:
+            """The conversation's last message once it is the `hello` (Bob's forged
+            message, with an id of its own, may be stored before it)."""
             try:
                 msg = await admin_js.get_last_msg(subjects.chat_stream, subjects.chat(parent))
             except nats.js.errors.NotFoundError:
                 return []
-            return [json.loads(msg.data)]
+            message = json.loads(msg.data)
+            return [message] if message["id"].endswith("/hello") else []
 
         for parent in (BOB_PARENT, ALICE_PARENT):
             [message] = await eventually(lambda p=parent: stored(p), timeout=10,

@@ -38,7 +38,8 @@ def agents(remote, monkeypatch) -> dict[str, type]:
     monkeypatch.setenv("TOOLS_TOKEN", TOKEN)
     tools = {name: mcp_tool_agent(name, f"{remote.url}/mcp", tool, token_variable="TOOLS_TOKEN",
                                   unreachable_for_s=20)
-             for name, tool in (("Count", "count"), ("Hold", "hold"), ("Boom", "boom"))}
+             for name, tool in (("Count", "count"), ("Hold", "hold"), ("Boom", "boom"),
+                                ("Publish", "publish"))}
 
     class Desk(ModelAgent):
         definition = AgentDefinition(
@@ -146,6 +147,50 @@ async def test_a_runner_that_stops_leaves_a_task_to_the_next_and_a_plain_call_is
         assert len(stats["calls"]) == 1 and stats["cancels"] == []
     else:  # the stopped attempt's call was cancelled with it, and the tool called again
         assert len(stats["calls"]) == 2 and stats["cancels"] == ["call"]
+
+
+@pytest.mark.parametrize("remote", ["tasks"], indirect=True)
+async def test_an_answer_the_server_has_not_taken_yet_is_not_asked_for_again(remote, stack):
+    """The server acknowledges the human's answer before it takes it, and meanwhile its
+    task still asks with the same form (the extension allows both): the run waits for the
+    server, not for a human, also in the attempt of a runner that takes the run over."""
+    await remote.start()
+    first = await stack.start_runner()
+    call = asyncio.create_task(stack.parent.run_agent_tool("Publish", {}, run_id="publishing"))
+
+    state = await stack.until_paused("publishing")
+    assert [(item["tool_call_id"], item["reason"]) for item in state.paused.pending] == [
+        ("approve-1", "approval")]
+    await stack.parent.continue_run("publishing", approvals=["approve-1"])
+
+    async def asked_again(times: int):
+        async def seen():
+            return (await remote.stats())["asked_after_answer"] >= times
+        await eventually(seen, timeout=DEADLINE_S)
+
+    await asked_again(2)
+    state = await stack.state("publishing")
+    assert state.paused is None and state.status == "running"
+    assert state.steps[1] == {"kind": "mcp.answer", "pause": 0, "keys": ["approve-1"]}
+
+    await stack.stop_runner(first)
+    await stack.start_runner()
+
+    async def second_attempt():
+        return (await stack.state("publishing")).attempt == 2
+
+    await eventually(second_attempt, timeout=DEADLINE_S)
+    await asked_again((await remote.stats())["asked_after_answer"] + 2)
+    state = await stack.state("publishing")
+    assert state.paused is None and len(state.resumptions) == 1
+
+    await remote.apply()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "published", result
+    stats = await remote.stats()
+    assert stats["updates"] == [{"approve-1": {"action": "accept",
+                                               "content": {"approve": True}}}]
+    assert len(stats["calls"]) == 1
 
 
 async def test_a_server_that_is_down_is_waited_for_and_said_so(remote, stack):

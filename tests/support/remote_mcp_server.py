@@ -7,7 +7,14 @@ tasks extension (`io.modelcontextprotocol/tasks`, in memory, as a server would a
 the SDK) unless `plain`: a call from a client that declares it is a task, followed with
 `tasks/get` (its result inlined once ended) and cancelled with `tasks/cancel`.
 
-`GET /control/stats` says what it saw: every call (tool and arguments), every cancel.
+`publish()` (a task only) asks for approval: the task is `input_required` with one
+elicitation form (key `approve-1`); `tasks/update` acknowledges the answer at once but the
+task takes it only at `POST /control/apply` (the extension lets the acknowledgement come
+first) and until then is `input_required` with the same form; approved, it answers
+`published`.
+
+`GET /control/stats` says what it saw: every call (tool and arguments), every cancel,
+every update's answers, and how often a task was read asking for a form already answered.
 Every call needs `Authorization: Bearer TOKEN`, but /control.
 """
 
@@ -28,8 +35,13 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
 TASKS = "io.modelcontextprotocol/tasks"
-SEEN: dict[str, list] = {"calls": [], "cancels": []}
+SEEN: dict[str, Any] = {"calls": [], "cancels": [], "updates": [], "asked_after_answer": 0}
 RELEASE = asyncio.Event()
+APPLY = asyncio.Event()
+APPROVAL_FORM = {"method": "elicitation/create", "params": {
+    "mode": "form", "message": "Approve publishing?",
+    "requestedSchema": {"type": "object", "required": ["approve"],
+                        "properties": {"approve": {"type": "boolean"}}}}}
 
 
 class Counted(BaseModel):
@@ -51,9 +63,25 @@ class TaskContext(Context):
                               message: str | None = None) -> None:
         self._task.update(statusMessage=message or f"{progress}/{total}", lastUpdatedAt=now())
 
+    async def ask(self, key: str, form: dict[str, Any]) -> dict[str, Any]:
+        """Waits for the answer to `form`, taken once `/control/apply` says so."""
+        answer = asyncio.get_running_loop().create_future()
+        self._task.update(status="input_required", inputRequests={key: form},
+                          lastUpdatedAt=now())
+        self._task["_answers"] = {key: answer}
+        await answer
+        await APPLY.wait()
+        self._task.pop("inputRequests")
+        self._task.update(status="working", lastUpdatedAt=now())
+        return answer.result()
+
 
 class TaskId(types.RequestParams):
     task_id: str
+
+
+class TaskUpdate(TaskId):
+    input_responses: dict[str, Any]
 
 
 class Tasks(Extension):
@@ -66,7 +94,8 @@ class Tasks(Extension):
 
     def methods(self):
         return [MethodBinding("tasks/get", TaskId, self.get),
-                MethodBinding("tasks/cancel", TaskId, self.cancel)]
+                MethodBinding("tasks/cancel", TaskId, self.cancel),
+                MethodBinding("tasks/update", TaskUpdate, self.update)]
 
     async def intercept_tool_call(self, params, ctx: ServerRequestContext, call_next):
         capabilities = (ctx.meta or {}).get(types.CLIENT_CAPABILITIES_META_KEY) or {}
@@ -99,7 +128,22 @@ class Tasks(Extension):
         return self.tasks[task_id]
 
     async def get(self, ctx, params: TaskId):
-        return {"resultType": "complete", **self.task(params.task_id)}
+        task = self.task(params.task_id)
+        answers = task.get("_answers", {})
+        if any(answer.done() for answer in answers.values()):
+            SEEN["asked_after_answer"] += 1
+        return {"resultType": "complete",
+                **{key: value for key, value in task.items() if not key.startswith("_")}}
+
+    async def update(self, ctx, params: TaskUpdate):
+        answers = self.task(params.task_id).get("_answers", {})
+        SEEN["updates"].append(params.input_responses)
+        for key, response in params.input_responses.items():
+            if key not in answers:
+                raise MCPError(code=types.INVALID_PARAMS, message=f"no request {key}")
+            if not answers[key].done():
+                answers[key].set_result(response)
+        return {}
 
     async def cancel(self, ctx, params: TaskId):
         self.task(params.task_id)
@@ -139,6 +183,17 @@ def server(plain: bool) -> MCPServer:
         return await count_words(words, ctx)
 
     @mcp.tool()
+    async def publish(ctx: Context) -> str:
+        """Publishes once a human approves (a task only)."""
+        SEEN["calls"].append({"tool": "publish"})
+        if not isinstance(ctx, TaskContext):
+            raise ToolError("publish asks for approval: call it as a task")
+        answer = await ctx.ask("approve-1", APPROVAL_FORM)
+        approved = answer.get("action") == "accept" and (answer.get("content") or {}).get(
+            "approve") is True
+        return "published" if approved else "not published"
+
+    @mcp.tool()
     async def boom() -> str:
         """Always fails."""
         SEEN["calls"].append({"tool": "boom"})
@@ -161,6 +216,9 @@ def app(token: str, plain: bool):
         if scope["type"] == "http" and scope["path"] == "/control/release":
             RELEASE.set()
             return await respond(send, 200, {"released": True})
+        if scope["type"] == "http" and scope["path"] == "/control/apply":
+            APPLY.set()
+            return await respond(send, 200, {"applying": True})
         if scope["type"] == "http" and dict(scope["headers"]).get(
                 b"authorization", b"").decode() != f"Bearer {token}":
             return await respond(send, 401, {"error": "unauthorized"})

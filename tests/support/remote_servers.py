@@ -55,3 +55,8 @@ class RemoteServer:
     async def release(self) -> None:
         async with httpx.AsyncClient() as http:
             await http.post(f"{self.url}/control/release")
+
+    async def apply(self) -> None:
+        """The MCP server takes the answers it has acknowledged."""
+        async with httpx.AsyncClient() as http:
+            await http.post(f"{self.url}/control/apply")

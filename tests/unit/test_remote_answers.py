@@ -1,12 +1,16 @@
 """How a human's answer to a paused remote child becomes what the remote takes: MCP
-elicitation results per form, A2A message parts; and how an input becomes a message."""
+elicitation results per form, A2A message parts; which forms a run's log says it
+answered; and how an input becomes a message."""
+
+from types import SimpleNamespace
 
 from a2a.types import Part
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel
 
+from tether.domain.recorded import Resumption
 from tether.remote.a2a_agent import _answer, _parts
-from tether.remote.mcp_tool import _responses
+from tether.remote.mcp_tool import _responses, answered_keys
 
 APPROVE = {"params": {"message": "Approve?", "requestedSchema": {
     "type": "object", "properties": {"approve": {"type": "boolean"}}}}}
@@ -33,6 +37,25 @@ def test_outputs_fill_forms_and_human_input_the_only_text_form():
     # Text cannot say which of two forms it answers, nor fill a form of two fields.
     assert _responses({"human_input": "x"}, {"o": OUTPUT, "p": OUTPUT}) == {}
     assert _responses({"human_input": "x"}, {"c": FORM}) == {}
+
+
+def test_the_answered_forms_are_the_keys_the_answers_recorded():
+    def history(steps, *decisions):
+        return SimpleNamespace(steps=steps, resumptions=[
+            Resumption(pause_id=f"p{n}", decisions=d, at=n) for n, d in enumerate(decisions)])
+
+    assert answered_keys(None) == set()
+    task = {"kind": "mcp.task", "task_id": "t"}
+    assert answered_keys(history({0: task}, {"approvals": ["a"]})) == set(), "not sent"
+    assert answered_keys(history(
+        {0: task, 1: {"kind": "mcp.answer", "pause": 0, "keys": ["a"]},
+         2: {"kind": "mcp.answer", "pause": 1, "keys": ["b", "c"]}},
+        {"approvals": ["a"]}, {"human_input": "x"})) == {"a", "b", "c"}
+    # Recorded without its keys (an earlier Tether): the keys its decisions name.
+    assert answered_keys(history(
+        {0: task, 1: {"kind": "mcp.answer", "pause": 0}},
+        {"approvals": ["a"], "rejections": ["b"], "tool_outputs": {"c": 1},
+         "human_input": "x"})) == {"a", "b", "c"}
 
 
 def test_an_a2a_answer_is_the_text_and_the_items_output():

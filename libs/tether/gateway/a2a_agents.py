@@ -57,6 +57,7 @@ from a2a.types import (
     TaskArtifactUpdateEvent,
     TaskPushNotificationConfig,
     TaskState,
+    TaskStatusUpdateEvent,
 )
 from a2a.utils.errors import (
     InvalidParamsError,
@@ -268,11 +269,16 @@ class TetherAgentHandler(RequestHandler):
         parent, snapshot = await self._send(params, context)
         if isinstance(snapshot, Task):
             return snapshot
-        if params.configuration.return_immediately or _stops(snapshot, params):
+        at_once = params.configuration.return_immediately
+        # An answer returns once the run has taken it: until then the task still shows
+        # the question, and a client would ask its human again.
+        answer_at_once = at_once and bool(params.message.task_id)
+        if (at_once and not answer_at_once) or _stops(snapshot, params):
             return task_of(snapshot)
         async with aclosing(self._follow(parent, snapshot)) as events:
-            async for _ in events:
-                pass
+            async for event in events:
+                if answer_at_once and isinstance(event, TaskStatusUpdateEvent):
+                    break
         return task_of(await self._snapshot(parent, snapshot.run_id))
 
     async def on_message_send_stream(self, params: SendMessageRequest,

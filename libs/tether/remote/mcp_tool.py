@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from tether.agent_registry import AgentConfigurationError
 from tether.child.agent import AnyInput, AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, first_of
+from tether.domain.run_state import RunState
 from tether.extras import MissingExtra
 
 try:
@@ -134,6 +135,7 @@ class _ToolCall:
         self.poll_s = agent.poll_s
         self.summary = ""
         self._said: str | None = None
+        self.answered = answered_keys(ctx.history)
 
     def _refused(self, error: BaseException) -> str | None:
         errors = _leaves(error)
@@ -197,6 +199,13 @@ class _ToolCall:
             await self._answer_if_owed(client, task)
         while True:
             task = await self._get(client)
+            if task.status == "input_required":
+                if self._asking(task):
+                    return self._pause(task)
+                # Only what this run answered: the server acknowledged the answers before
+                # taking them (its acknowledgement may come first, by the extension).
+                task.status_message = (f"answered; waiting for task {task.task_id} to "
+                                       "take the answers")
             if task.status_message and task.status_message != self._said:
                 self._said = task.status_message
                 await self.ctx.report_progress(message=task.status_message,
@@ -208,8 +217,6 @@ class _ToolCall:
                         f"{task.status}" + (f": {task.status_message}"
                                             if task.status_message else ""))
                 return types.CallToolResult.model_validate(task.result, by_name=False)
-            if task.status == "input_required":
-                return self._pause(task)
             await asyncio.sleep((task.poll_interval_ms or self.poll_s * 1000) / 1000)
 
     async def _get(self, client: "Client") -> TaskState:
@@ -217,14 +224,19 @@ class _ToolCall:
         return await client.session.send_request(
             TasksGet(params=TaskIdParams(task_id=self.task_id)), TaskState)
 
+    def _asking(self, task: TaskState) -> dict[str, Any]:
+        """The task's forms this run has not answered. A key names one request over the
+        task's whole life, so a form already answered is not asked again."""
+        return {key: request for key, request in (task.input_requests or {}).items()
+                if key not in self.answered}
+
     def _pause(self, task: TaskState) -> AwaitingInput:
         """The server asks (its elicitation forms): the run waits for a human, one pending
         item per form; an approval form (one yes/no field) is an approval."""
         history = self.ctx.history
         n = len(history.resumptions) if history is not None else 0
-        requests = task.input_requests or {}
         pending = []
-        for key, request in requests.items():
+        for key, request in self._asking(task).items():
             params = request.get("params") or {}
             schema = params.get("requestedSchema") or {}
             pending.append({"tool_call_id": key, "tool_name": self.agent.agent_type,
@@ -243,13 +255,14 @@ class _ToolCall:
         n = len(history.resumptions) - 1
         if 1 + n in history.steps:
             return
-        requests = task.input_requests or {}
-        responses = _responses(history.resumptions[-1].decisions, requests)
+        responses = _responses(history.resumptions[-1].decisions, self._asking(task))
         if not responses:
             return  # answered nothing: it asks again
         await client.session.send_request(TasksUpdate(params=TaskUpdateParams(
             task_id=task.task_id, input_responses=responses)), types.EmptyResult)
-        await self.ctx.record_step(1 + n, {"kind": "mcp.answer", "pause": n})
+        await self.ctx.record_step(1 + n, {"kind": "mcp.answer", "pause": n,
+                                           "keys": sorted(responses)})
+        self.answered.update(responses)
 
     def _ended(self, result: Any) -> Any:
         if isinstance(result, AwaitingInput):
@@ -275,6 +288,24 @@ class _ToolCall:
                     TasksCancel(params=TaskIdParams(task_id=self.task_id)), types.EmptyResult)
 
         await cancel_remote(self.ctx, "MCP server", self.agent.server, self.task_id, cancel)
+
+
+def answered_keys(history: "RunState | None") -> set[str]:
+    """The keys of the forms a run's log says it answered. An answer recorded without
+    its keys (by an earlier Tether) names them by its resumption's decisions."""
+    if history is None:
+        return set()
+    keys: set[str] = set()
+    for step in history.steps.values():
+        if step.get("kind") != "mcp.answer":
+            continue
+        if "keys" in step:
+            keys.update(step["keys"])
+        elif step["pause"] < len(history.resumptions):
+            decisions = history.resumptions[step["pause"]].decisions
+            keys.update(decisions.get("approvals") or (), decisions.get("rejections") or (),
+                        decisions.get("tool_outputs") or {})
+    return keys
 
 
 def _yes_no(schema: dict[str, Any]) -> str | None:

@@ -173,6 +173,25 @@ async def test_input_required_is_answered_by_a_message_on_the_task(base):
         described(a) for a in answered]
 
 
+async def test_an_answer_that_returns_at_once_returns_the_task_past_its_question(base):
+    """The task a client gets back for its answer has taken the answer: one that still
+    showed the question would have the client ask its human again."""
+    async with a2a_client(base, "Approver", streaming=False) as client:
+        [waiting] = await _collect(client.send_message(message(data={})))
+        assert described(waiting) == ("task", "TASK_STATE_INPUT_REQUIRED")
+        [answered] = await _collect(client.send_message(SendMessageRequest(
+            message=message(data={"approvals": ["publish"]}, task_id=waiting.task.id).message,
+            configuration=SendMessageConfiguration(return_immediately=True))))
+        assert described(answered) in {("task", "TASK_STATE_WORKING"),
+                                       ("task", "TASK_STATE_COMPLETED")}
+
+        async def completed():
+            task = await client.get_task(GetTaskRequest(id=waiting.task.id))
+            return task.status.state == TaskState.TASK_STATE_COMPLETED
+
+        await eventually(completed, timeout=10)
+
+
 async def test_a_cancelled_task_is_canceled(base):
     async with a2a_client(base, "Waiter", streaming=False) as client:
         started = await _collect(client.send_message(SendMessageRequest(

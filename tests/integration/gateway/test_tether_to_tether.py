@@ -34,7 +34,9 @@ ResearchTool = mcp_tool_agent("ResearchTool", "http://127.0.0.1:1/mcp", "Researc
                               token_variable="GATEWAY_TOKEN", input_model=Query)
 ApproveTool = mcp_tool_agent("ApproveTool", "http://127.0.0.1:1/mcp", "Approver",
                              token_variable="GATEWAY_TOKEN")
-REMOTE = (RemoteResearcher, ResearchTool, ApproveTool)
+RemoteApprover = a2a_agent("RemoteApprover", "http://127.0.0.1:1/a2a/Approver",
+                           token_variable="GATEWAY_TOKEN")
+REMOTE = (RemoteResearcher, ResearchTool, ApproveTool, RemoteApprover)
 
 
 @pytest.fixture
@@ -60,6 +62,7 @@ async def tether(services, gateway_settings, monkeypatch) -> AsyncIterator:
     async with running_gateway(gateway_settings) as mcp_url:
         base = mcp_url.removesuffix("/mcp")
         monkeypatch.setattr(RemoteResearcher, "url", f"{base}/a2a/Researcher")
+        monkeypatch.setattr(RemoteApprover, "url", f"{base}/a2a/Approver")
         monkeypatch.setattr(ResearchTool, "server", mcp_url)
         monkeypatch.setattr(ApproveTool, "server", mcp_url)
         async with connect(settings=gateway_settings) as client:
@@ -90,15 +93,19 @@ async def test_a_tether_agent_served_over_mcp_is_a_remote_child_with_the_same_ru
     assert result.output["summary"] == served.summary
 
 
+async def until_paused(tether, parent, run_id: str):
+    async def paused():
+        state = (await tether.read_run(parent.ref, run_id)).state
+        return state is not None and state.paused is not None and state
+
+    return await eventually(paused, timeout=DEADLINE_S)
+
+
 async def test_a_remote_mcp_task_that_asks_pauses_the_run_and_the_answer_reaches_it(tether):
     me = tether.parent("Assistant", "far")
     call = asyncio.create_task(me.run_agent_tool("ApproveTool", {}, run_id="asks"))
 
-    async def paused():
-        state = (await tether.read_run(me.ref, "asks")).state
-        return state is not None and state.paused is not None and state
-
-    state = await eventually(paused, timeout=DEADLINE_S)
+    state = await until_paused(tether, me, "asks")
     [item] = state.paused.pending
     assert (item["tool_call_id"], item["reason"]) == ("publish", "approval")
     assert item["input"]["message"] == "Approve publish({})?"
@@ -108,3 +115,21 @@ async def test_a_remote_mcp_task_that_asks_pauses_the_run_and_the_answer_reaches
     served = (await tether.read_run(DESKTOP_PARENT, "asks")).state
     assert served.agent_type == "Approver" and served.status == "completed"
     assert served.resumptions[-1].decisions["approvals"] == ["publish"]
+
+
+async def test_a_remote_a2a_task_that_asks_pauses_the_run_and_the_answer_reaches_it(tether):
+    me = tether.parent("Assistant", "far")
+    call = asyncio.create_task(me.run_agent_tool("RemoteApprover", {}, run_id="asks-a2a"))
+
+    state = await until_paused(tether, me, "asks-a2a")
+    [item] = state.paused.pending
+    assert (item["tool_call_id"], item["reason"]) == ("a2a-question-0", "input")
+    task_id = item["input"]["task_id"]
+    await me.continue_run("asks-a2a",
+                          tool_outputs={"a2a-question-0": {"approvals": ["publish"]}})
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "published", result
+    served = (await tether.read_run(DESKTOP_PARENT, task_id)).state
+    assert served.agent_type == "Approver" and served.status == "completed"
+    assert served.resumptions[-1].decisions["approvals"] == ["publish"]
+    assert len((await tether.read_run(me.ref, "asks-a2a")).state.resumptions) == 1
