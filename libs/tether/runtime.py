@@ -287,6 +287,7 @@ async def run_service(name: str, main: Callable[[asyncio.Event, dict[str, Readin
 
     def on_signal(signum: signal.Signals) -> None:
         if not stop.is_set():
+            logger.info("service.stopping", signal=signum.name)
             stop.set()
             return
         # A second Ctrl-C (or SIGTERM) while the graceful stop waits for running children:

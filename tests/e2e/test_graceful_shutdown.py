@@ -14,6 +14,7 @@ from contextlib import aclosing
 from eventually import eventually
 
 from tether.adapters.event_log import EventLog
+from tether.adapters.postgres.migrator import migrate
 from tether.contract.messages import WorkItem, read_work_item, work_item_json
 from tether.domain.commands import RunCommand
 from tether.domain.events import ParentRef
@@ -158,18 +159,37 @@ async def test_a_parent_finishes_the_batch_in_hand_and_loses_no_command(log, poo
 
 async def test_a_projector_commits_the_batch_in_hand_and_reports_its_lag(log, pool, services,
                                                                           settings):
+    """Stopped while far behind the log, with its batch held up by Postgres (a lock the
+    test holds on `runs`): it commits that batch, and no more, and exits."""
     total = await append_finished_runs(log, 150, parent=PARENT)  # 9 events a run
-    projector = await services("projector", TETHER_PROJECTOR_BATCH_SIZE="25")
-    await ready(projector)
     schema = settings.projection_schema
-    await eventually(lambda: _checkpoint(pool, schema), timeout=20, interval=0.02)
-    metrics = await scrape(projector.health_port)
-    assert metrics["tether_events_appended_total"] == total
-    assert metrics["tether_projector_active"] == 1
-    assert metrics["tether_projector_lag_events"] == total - metrics["tether_projector_position"]
+    async with pool.acquire() as conn:
+        await migrate(conn, schema)
+    async with pool.acquire() as locker:
+        held = locker.transaction()
+        await held.start()
+        await locker.execute(f'LOCK TABLE "{schema}".runs IN EXCLUSIVE MODE')
+        projector = await services("projector", TETHER_PROJECTOR_BATCH_SIZE="25")
+        await ready(projector)
 
-    await stop_within_grace(projector)
+        async def batch_waits() -> bool:
+            return await pool.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = $1::regclass",
+                f'"{schema}".runs') > 0
+
+        await eventually(batch_waits, timeout=20, interval=0.02)
+        metrics = await scrape(projector.health_port)
+        assert metrics["tether_events_appended_total"] == total
+        assert metrics["tether_projector_active"] == 1
+        assert metrics["tether_projector_position"] == 0
+        assert metrics["tether_projector_lag_events"] == total
+
+        projector.signal(signal.SIGTERM)
+        await projector.logged("service.stopping")
+        await held.rollback()
+    assert await projector.wait(timeout=EXIT_WITHIN_S) == 0
     checkpoint = await _checkpoint(pool, schema)
+    assert 0 < checkpoint <= 25, "the batch in hand was committed, and no more"
     projected = await pool.fetchval(
         f'SELECT coalesce(sum(events_applied), 0) FROM "{schema}".runs')
     assert projected == checkpoint, "rows and checkpoint were committed together"

@@ -309,6 +309,49 @@ async def test_actions_send_the_commands_of_the_client(ui, log, projector):
     assert bad.status_code == 400 and "status" in bad.json()["error"]
 
 
+async def test_actions_decide_from_the_log_when_the_projections_lag_it(log, pool, settings):
+    """The projector stops (it is down, or behind): what happens next is only in the log,
+    and the actions act on it."""
+    twice, late, stuck = a_run("twice"), a_run("late"), a_run("stuck")
+
+    def pause(run: RunEvents, call: str) -> ev.Event:
+        return run.make(ev.RunPaused, reason="waiting_for_human", pending=[
+            {"tool_call_id": call, "tool_name": "publish", "input": {}, "reason": "approval"}])
+
+    first = pause(twice, "call-1")
+    async with running_projector(pool, log, settings.projection_schema) as projector:
+        seq = await append(log, twice.requested(), twice.started(), twice.running(), first,
+                           late.requested(), late.started(), late.running(),
+                           stuck.requested("Importer", input={"rows": 5}), stuck.started())
+        await asyncio.wait_for(projector.wait_for_position(seq), 10)
+    async with running_ui(settings) as url, httpx.AsyncClient(base_url=url, timeout=10) as ui:
+        answer = await ui.post("/api/runs/Assistant/user-1/twice/continue",
+                               json={"approvals": ["call-1"]})
+        assert answer.status_code == 200, answer.json()
+        assert (await last_command(log, "continue"))["approvals"] == ["call-1"]
+        # Paused again, while the projections still show the first pause: the answer is a
+        # command of its own, not a duplicate of the first answer's.
+        await append(log, twice.make(ev.RunResumed, pause_id=first.event_id,
+                                     decisions={"approvals": ["call-1"]}),
+                     pause(twice, "call-2"))
+        answer = await ui.post("/api/runs/Assistant/user-1/twice/continue",
+                               json={"approvals": ["call-2"]})
+        assert answer.status_code == 200, answer.json()
+        assert (await last_command(log, "continue"))["approvals"] == ["call-2"]
+
+        # Paused, or interrupted, after the projections last saw it running.
+        await append(log, pause(late, "call-3"), stuck.interrupted())
+        assert (await ui.get("/api/runs/Assistant/user-1/late")).json()["run"][
+            "status"] == "running", "the projections lag the log"
+        answer = await ui.post("/api/runs/Assistant/user-1/late/continue",
+                               json={"approvals": ["call-3"]})
+        assert answer.status_code == 200, answer.json()
+        assert (await last_command(log, "continue"))["approvals"] == ["call-3"]
+        answer = await ui.post("/api/runs/Assistant/user-1/stuck/rerequest", json={})
+        assert answer.status_code == 200, answer.json()
+        assert (await last_command(log, "run"))["run_id"] == "stuck"
+
+
 async def test_health_and_readiness(ui):
     assert (await ui.get("/healthz")).json() == {"status": "alive"}
     ready = await ui.get("/readyz")

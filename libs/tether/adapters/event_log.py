@@ -415,14 +415,16 @@ class EventLog:
 async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event
                         ) -> AsyncGenerator[T, None]:
     """`items` until they end or `stop` is set; the item being awaited then is abandoned,
-    and `items` is closed, so a follower stops between batches, never halfway through one."""
+    and `items` is closed, so a follower stops between batches, never halfway through one.
+    An item ready when `stop` is set is abandoned too: a follower behind the log stops
+    after the batch in hand, not once it has caught up."""
     stopping = asyncio.ensure_future(stop.wait())
     try:
         async with aclosing(items):
-            while True:
+            while not stop.is_set():
                 receiving = asyncio.ensure_future(anext(items))
                 await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not receiving.done():
+                if stop.is_set():
                     receiving.cancel()
                     await asyncio.gather(receiving, return_exceptions=True)
                     return

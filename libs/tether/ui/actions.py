@@ -1,6 +1,8 @@
 """The UI's actions on runs: cancel, re-request, continue, send, fork, rewind, clear. Each
 acts as the run's parent through the client, and answers `{"ok": true, "message": ...}`
-or `{"error": ...}` with the status that says why."""
+or `{"error": ...}` with the status that says why. An action that decides from the run's
+state (re-request, continue, rewind) reads it from the log, not the projections, which
+may lag it."""
 
 import json
 from typing import Any
@@ -45,7 +47,7 @@ async def cancel_run(request: Request) -> Response:
 
 
 async def rerequest_run(request: Request) -> Response:
-    parent, state = await run_of(request)
+    parent, state = await run_of(request, from_log=True)
     await _json_body(request)
     if not state.resumable:
         why = ("was stopped (given up or cancelled) and does not resume"
@@ -71,7 +73,7 @@ async def rerequest_run(request: Request) -> Response:
 
 
 async def continue_run(request: Request) -> Response:
-    parent, state = await run_of(request)
+    parent, state = await run_of(request, from_log=True)
     body = await _json_body(request)
     try:
         command = ContinueCommand(run_id=state.run_id, parent=parent, **body)
@@ -142,7 +144,7 @@ async def fork_run(request: Request) -> Response:
 
 async def rewind_run(request: Request) -> Response:
     """A failed run taken up again from its last recorded step, detached."""
-    parent, state = await run_of(request)
+    parent, state = await run_of(request, from_log=True)
     await _json_body(request)
     if state.status != "error":
         raise HTTPException(409, f"run {state.run_id} is {state.status}: only a failed run "

@@ -50,10 +50,15 @@ async def parent_of(request: Request) -> ParentRef:
     return parent
 
 
-async def run_of(request: Request) -> tuple[ParentRef, RunState]:
-    """The parent the path names and its run `run_id` (404: none of either)."""
+async def run_of(request: Request, *, from_log: bool = False) -> tuple[ParentRef, RunState]:
+    """The parent the path names and its run `run_id` (404: none of either). `from_log`:
+    as its events in the log have it now, for an action that decides from it (the
+    projections may lag the log by a batch or more)."""
     parent = await parent_of(request)
-    return parent, await _run_named(request, parent, request.path_params["run_id"])
+    run_id = request.path_params["run_id"]
+    if from_log:
+        return parent, await _run_from_log(request, parent, _checked(parent, run_id))
+    return parent, await _run_named(request, parent, run_id)
 
 
 async def other_run_of(request: Request, parent: ParentRef) -> RunState:
@@ -61,17 +66,25 @@ async def other_run_of(request: Request, parent: ParentRef) -> RunState:
     return await _run_named(request, parent, request.path_params["other"])
 
 
-async def _run_named(request: Request, parent: ParentRef, run_id: str) -> RunState:
+def _checked(parent: ParentRef, run_id: str) -> str:
     try:
-        check_identifier(run_id, "run id")
+        return check_identifier(run_id, "run id")
     except ValueError:
         raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}") from None
-    ui = ui_of(request)
-    state = await ui.store.run(parent, run_id)
+
+
+async def _run_named(request: Request, parent: ParentRef, run_id: str) -> RunState:
+    state = await ui_of(request).store.run(parent, _checked(parent, run_id))
     if state is None:
         # Not projected yet (the projector lags the log by a batch or more): its events say.
-        events = await ui.tether.run_reads.read(ui.tether.subjects.run_events(parent, run_id))
-        state = state_as_of(events, events[-1].seq) if events else None
+        return await _run_from_log(request, parent, run_id)
+    return state
+
+
+async def _run_from_log(request: Request, parent: ParentRef, run_id: str) -> RunState:
+    tether = ui_of(request).tether
+    events = await tether.run_reads.read(tether.subjects.run_events(parent, run_id))
+    state = state_as_of(events, events[-1].seq) if events else None
     if state is None:
         raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}")
     return state
