@@ -438,19 +438,21 @@ async def test_a_reconciler_follows_the_log_itself_once_its_process_projector_st
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(projecting(steady, log, pool, feed))
         reconciler, stop, task = await start(steady, log, pool, Observing, feed=feed)
-        await eventually(lambda: reconciler.following == "projector")
         appending_stop = asyncio.Event()
         appending = asyncio.create_task(keep_appending(log, "switch", appending_stop))
-        await eventually(lambda: len(reconciler.observed) >= 9)
-        await stack.aclose()  # the projector stops, mid-stream
-        await eventually(lambda: reconciler.following == "log")
-        appending_stop.set()
-        await appending
-    try:
-        await acts_on_the_rest(log, reconciler)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
+        try:
+            await eventually(lambda: reconciler.following == "projector")
+            await eventually(lambda: len(reconciler.observed) >= 9)
+            await stack.aclose()  # the projector stops, mid-stream
+            await eventually(lambda: reconciler.following == "log")
+            appending_stop.set()
+            await appending
+            await acts_on_the_rest(log, reconciler)
+        finally:  # (also when it fails: nothing of it is left to the next test)
+            appending_stop.set()
+            await asyncio.gather(appending, return_exceptions=True)
+            stop.set()
+            await asyncio.wait_for(task, timeout=10)
 
 
 async def test_a_reconciler_takes_what_its_process_projector_commits_once_it_leads(

@@ -199,16 +199,16 @@ class _ToolCall:
             await self._answer_if_owed(client, task)
         while True:
             task = await self._get(client)
+            message = task.status_message
             if task.status == "input_required":
                 if self._asking(task):
                     return self._pause(task)
-                # Only what this run answered: the server acknowledged the answers before
-                # taking them (its acknowledgement may come first, by the extension).
-                task.status_message = (f"answered; waiting for task {task.task_id} to "
-                                       "take the answers")
-            if task.status_message and task.status_message != self._said:
-                self._said = task.status_message
-                await self.ctx.report_progress(message=task.status_message,
+                # It shows only forms this run answered: the server acknowledged the
+                # answers and has not taken them yet (the extension allows that).
+                message = f"answered; waiting for task {task.task_id} to take the answers"
+            if message and message != self._said:
+                self._said = message
+                await self.ctx.report_progress(message=message,
                                                phase=task.status.replace("_", "-"))
             if task.status in ENDED:
                 if task.result is None:

@@ -93,43 +93,35 @@ async def test_a_tether_agent_served_over_mcp_is_a_remote_child_with_the_same_ru
     assert result.output["summary"] == served.summary
 
 
-async def until_paused(tether, parent, run_id: str):
+@pytest.mark.parametrize("protocol", ["mcp", "a2a"])
+async def test_a_remote_task_that_asks_pauses_the_run_and_the_answer_reaches_it(tether,
+                                                                                 protocol):
+    """Over MCP the remote run's form is the local run's pending item, by its key; over
+    A2A its question is one item, answered with the gateway's answers as data."""
+    me = tether.parent("Assistant", "far")
+    run_id = f"asks-{protocol}"
+    agent = {"mcp": "ApproveTool", "a2a": "RemoteApprover"}[protocol]
+    call = asyncio.create_task(me.run_agent_tool(agent, {}, run_id=run_id))
+
     async def paused():
-        state = (await tether.read_run(parent.ref, run_id)).state
+        state = (await tether.read_run(me.ref, run_id)).state
         return state is not None and state.paused is not None and state
 
-    return await eventually(paused, timeout=DEADLINE_S)
-
-
-async def test_a_remote_mcp_task_that_asks_pauses_the_run_and_the_answer_reaches_it(tether):
-    me = tether.parent("Assistant", "far")
-    call = asyncio.create_task(me.run_agent_tool("ApproveTool", {}, run_id="asks"))
-
-    state = await until_paused(tether, me, "asks")
+    state = await eventually(paused, timeout=DEADLINE_S)
     [item] = state.paused.pending
-    assert (item["tool_call_id"], item["reason"]) == ("publish", "approval")
-    assert item["input"]["message"] == "Approve publish({})?"
-    await me.continue_run("asks", approvals=["publish"])
+    if protocol == "mcp":
+        assert (item["tool_call_id"], item["reason"]) == ("publish", "approval")
+        assert item["input"]["message"] == "Approve publish({})?"
+        await me.continue_run(run_id, approvals=["publish"])
+        served_id = run_id  # the call names its run
+    else:
+        assert (item["tool_call_id"], item["reason"]) == ("a2a-question-0", "input")
+        await me.continue_run(run_id,
+                              tool_outputs={"a2a-question-0": {"approvals": ["publish"]}})
+        served_id = item["input"]["task_id"]
     result = await asyncio.wait_for(call, DEADLINE_S)
     assert result.ok and result.summary == "published", result
-    served = (await tether.read_run(DESKTOP_PARENT, "asks")).state
+    served = (await tether.read_run(DESKTOP_PARENT, served_id)).state
     assert served.agent_type == "Approver" and served.status == "completed"
     assert served.resumptions[-1].decisions["approvals"] == ["publish"]
-
-
-async def test_a_remote_a2a_task_that_asks_pauses_the_run_and_the_answer_reaches_it(tether):
-    me = tether.parent("Assistant", "far")
-    call = asyncio.create_task(me.run_agent_tool("RemoteApprover", {}, run_id="asks-a2a"))
-
-    state = await until_paused(tether, me, "asks-a2a")
-    [item] = state.paused.pending
-    assert (item["tool_call_id"], item["reason"]) == ("a2a-question-0", "input")
-    task_id = item["input"]["task_id"]
-    await me.continue_run("asks-a2a",
-                          tool_outputs={"a2a-question-0": {"approvals": ["publish"]}})
-    result = await asyncio.wait_for(call, DEADLINE_S)
-    assert result.ok and result.summary == "published", result
-    served = (await tether.read_run(DESKTOP_PARENT, task_id)).state
-    assert served.agent_type == "Approver" and served.status == "completed"
-    assert served.resumptions[-1].decisions["approvals"] == ["publish"]
-    assert len((await tether.read_run(me.ref, "asks-a2a")).state.resumptions) == 1
+    assert len((await tether.read_run(me.ref, run_id)).state.resumptions) == 1
