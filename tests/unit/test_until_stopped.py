@@ -4,6 +4,7 @@ for one that does not come."""
 
 import asyncio
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 from tether.adapters.event_log import until_stopped
 
@@ -61,3 +62,27 @@ async def test_items_that_end_end_the_follower():
         yield 2
 
     assert [item async for item in until_stopped(two(), asyncio.Event())] == [1, 2]
+
+
+async def test_a_follower_cancelled_while_it_waits_closes_its_items():
+    closed, first = [], asyncio.Event()
+
+    async def quiet() -> AsyncGenerator[int, None]:
+        try:
+            yield 1
+            await asyncio.Event().wait()
+        finally:
+            closed.append(True)
+
+    async def follow() -> None:
+        async with aclosing(until_stopped(quiet(), asyncio.Event())) as items:
+            async for _ in items:
+                first.set()
+
+    following = asyncio.create_task(follow())
+    await first.wait()
+    await asyncio.sleep(0)  # it waits for the second item
+    following.cancel()
+    results = await asyncio.gather(following, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError), results
+    assert closed == [True]

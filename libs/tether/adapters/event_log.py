@@ -419,20 +419,25 @@ async def until_stopped(items: AsyncGenerator[T, None], stop: asyncio.Event
     An item ready when `stop` is set is abandoned too: a follower behind the log stops
     after the batch in hand, not once it has caught up."""
     stopping = asyncio.ensure_future(stop.wait())
+    receiving: asyncio.Future[T] | None = None
     try:
         async with aclosing(items):
-            while not stop.is_set():
-                receiving = asyncio.ensure_future(anext(items))
-                await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if stop.is_set():
+            try:
+                while not stop.is_set():
+                    receiving = asyncio.ensure_future(anext(items))
+                    await asyncio.wait({receiving, stopping},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    if stop.is_set():
+                        return
+                    try:
+                        item = receiving.result()
+                    except StopAsyncIteration:
+                        return
+                    yield item
+            finally:  # (stopped, or cancelled itself): `items` is closed once it is idle
+                if receiving is not None and not receiving.done():
                     receiving.cancel()
                     await asyncio.gather(receiving, return_exceptions=True)
-                    return
-                try:
-                    item = receiving.result()
-                except StopAsyncIteration:
-                    return
-                yield item
     finally:
         stopping.cancel()
 

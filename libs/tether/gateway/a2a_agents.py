@@ -27,7 +27,7 @@ task is a Tether run of the caller's parent, read from the log and the projectio
 import asyncio
 import hashlib
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from typing import Any
 
 from a2a.server.context import ServerCallContext
@@ -93,6 +93,9 @@ from tether.gateway.a2a_tasks import (
 from tether.gateway.callers import Caller, Callers
 
 MAX_LISTED = 100
+# How long an answer sent with `returnImmediately` waits for the run to take it; past
+# that (the parent service slow or down), the task is returned as it is.
+ANSWER_TAKEN_WAIT_S = 5.0
 RUN_ID_PREFIX = "a2a-"
 
 
@@ -275,10 +278,18 @@ class TetherAgentHandler(RequestHandler):
         answer_at_once = at_once and bool(params.message.task_id)
         if (at_once and not answer_at_once) or _stops(snapshot, params):
             return task_of(snapshot)
-        async with aclosing(self._follow(parent, snapshot)) as events:
-            async for event in events:
-                if answer_at_once and isinstance(event, TaskStatusUpdateEvent):
-                    break
+        async def followed() -> None:
+            async with aclosing(self._follow(parent, snapshot)) as events:
+                async for event in events:
+                    if answer_at_once and isinstance(event, TaskStatusUpdateEvent):
+                        return
+
+        if answer_at_once:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(ANSWER_TAKEN_WAIT_S):
+                    await followed()
+        else:
+            await followed()
         return task_of(await self._snapshot(parent, snapshot.run_id))
 
     async def on_message_send_stream(self, params: SendMessageRequest,

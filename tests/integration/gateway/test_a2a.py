@@ -2,6 +2,7 @@
 parent service and a child-runner on real NATS: each task is a durable Tether run, and a
 stream read again after a gateway restart misses nothing and repeats nothing."""
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,7 +30,9 @@ from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Value
 
 from tether.agent_registry import AgentRegistry
+from tether.gateway import a2a_agents
 from tether.generate.gateway import generate as gateway_documents
+from tether.parent.service import ParentService
 
 
 @pytest.fixture
@@ -184,6 +187,36 @@ async def test_an_answer_that_returns_at_once_returns_the_task_past_its_question
             configuration=SendMessageConfiguration(return_immediately=True))))
         assert described(answered) in {("task", "TASK_STATE_WORKING"),
                                        ("task", "TASK_STATE_COMPLETED")}
+
+        async def completed():
+            task = await client.get_task(GetTaskRequest(id=waiting.task.id))
+            return task.status.state == TaskState.TASK_STATE_COMPLETED
+
+        await eventually(completed, timeout=10)
+
+
+async def test_an_answer_that_returns_at_once_waits_a_bounded_time_for_a_slow_parent(
+        base, monkeypatch):
+    """A parent service that has not applied the answer within the gateway's wait: the
+    task comes back as it is, still asking, and the answer is applied later all the
+    same."""
+    monkeypatch.setattr(a2a_agents, "ANSWER_TAKEN_WAIT_S", 0.5)
+    release = asyncio.Event()
+    handle = ParentService._handle
+
+    async def slow_continue(self, msg, *args):
+        if msg.subject.split(".")[2] == "continue":
+            await release.wait()  # a parent stuck before it applies the answer
+        return await handle(self, msg, *args)
+
+    monkeypatch.setattr(ParentService, "_handle", slow_continue)
+    async with a2a_client(base, "Approver", streaming=False) as client:
+        [waiting] = await _collect(client.send_message(message(data={})))
+        [answered] = await asyncio.wait_for(_collect(client.send_message(SendMessageRequest(
+            message=message(data={"approvals": ["publish"]}, task_id=waiting.task.id).message,
+            configuration=SendMessageConfiguration(return_immediately=True)))), timeout=10)
+        assert described(answered) == ("task", "TASK_STATE_INPUT_REQUIRED")
+        release.set()
 
         async def completed():
             task = await client.get_task(GetTaskRequest(id=waiting.task.id))
