@@ -14,7 +14,6 @@ from tether.domain.run_state import RunState
 from tether.runtime import ReadinessCheck
 from tether.ui.gate import AccessGate
 from tether.ui.page_stream import STOP, ParentStream
-from tether.ui.views import state_as_of
 
 
 @dataclass
@@ -82,9 +81,7 @@ async def _run_named(request: Request, parent: ParentRef, run_id: str) -> RunSta
 
 
 async def _run_from_log(request: Request, parent: ParentRef, run_id: str) -> RunState:
-    tether = ui_of(request).tether
-    events = await tether.run_reads.read(tether.subjects.run_events(parent, run_id))
-    state = state_as_of(events, events[-1].seq) if events else None
+    state = (await ui_of(request).tether.read_run(parent, run_id)).state
     if state is None:
         raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}")
     return state
