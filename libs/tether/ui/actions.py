@@ -18,7 +18,7 @@ from tether.domain.commands import ContinueCommand
 from tether.domain.ids import run_message_id
 from tether.domain.recorded import ForkPoint
 from tether.domain.run_state import as_builtins
-from tether.ui.paths import parent_of, run_of, ui_of
+from tether.ui.paths import logged_run_of, parent_of, run_of, ui_of
 from tether.ui.views import STATUSES
 
 FINISHED = ["completed", "error", "aborted", "interrupted"]
@@ -47,7 +47,7 @@ async def cancel_run(request: Request) -> Response:
 
 
 async def rerequest_run(request: Request) -> Response:
-    parent, state = await run_of(request, from_log=True)
+    parent, state, last_seq = await logged_run_of(request)
     await _json_body(request)
     if not state.resumable:
         why = ("was stopped (given up or cancelled) and does not resume"
@@ -64,8 +64,6 @@ async def rerequest_run(request: Request) -> Response:
     async def rerequest() -> str:
         # One command per position of the run in the log: a second click on the same
         # interrupted run is a duplicate, a request after a later interruption is new.
-        last_seq = await ui.tether.run_reads.last_seq(
-            ui.tether.subjects.run_events(parent, state.run_id))
         await ui.tether.publish_command("run", command, run_message_id(state.run_id, last_seq, state.parent))
         return f"re-requested {state.run_id}"
 

@@ -53,11 +53,20 @@ async def run_of(request: Request, *, from_log: bool = False) -> tuple[ParentRef
     """The parent the path names and its run `run_id` (404: none of either). `from_log`:
     as its events in the log have it now, for an action that decides from it (the
     projections may lag the log by a batch or more)."""
-    parent = await parent_of(request)
-    run_id = request.path_params["run_id"]
     if from_log:
-        return parent, await _run_from_log(request, parent, _checked(parent, run_id))
-    return parent, await _run_named(request, parent, run_id)
+        parent, state, _ = await logged_run_of(request)
+        return parent, state
+    parent = await parent_of(request)
+    return parent, await _run_named(request, parent, request.path_params["run_id"])
+
+
+async def logged_run_of(request: Request) -> tuple[ParentRef, RunState, int]:
+    """The parent the path names, its run `run_id` as the log has it now and the sequence
+    of the run's last event, read together (404: none of either)."""
+    parent = await parent_of(request)
+    run_id = _checked(parent, request.path_params["run_id"])
+    state, last_seq = await _logged_run(request, parent, run_id)
+    return parent, state, last_seq
 
 
 async def other_run_of(request: Request, parent: ParentRef) -> RunState:
@@ -81,7 +90,12 @@ async def _run_named(request: Request, parent: ParentRef, run_id: str) -> RunSta
 
 
 async def _run_from_log(request: Request, parent: ParentRef, run_id: str) -> RunState:
-    state = (await ui_of(request).tether.read_run(parent, run_id)).state
-    if state is None:
-        raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}")
+    state, _ = await _logged_run(request, parent, run_id)
     return state
+
+
+async def _logged_run(request: Request, parent: ParentRef, run_id: str) -> tuple[RunState, int]:
+    history = await ui_of(request).tether.read_run(parent, run_id)
+    if history.state is None:
+        raise HTTPException(404, f"no run {run_id} of {parent.agent}/{parent.name}")
+    return history.state, history.last_seq
