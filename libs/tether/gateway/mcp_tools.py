@@ -59,6 +59,9 @@ from tether.remote.mcp_tasks import (
 )
 
 TASK_POLL_MS = 500
+# How long a call's result waits for the progress its run reported to be sent first,
+# should the call's feed of the run lag the end the result came by.
+PROGRESS_SENT_WAIT_S = 2.0
 
 
 class McpTools:
@@ -134,6 +137,8 @@ class McpTools:
                     f"the gateway is stopping; run {run_id} goes on: call again with "
                     f"_meta {{{RUN_ID_META!r}: {run_id!r}}} for its result"))
             answer = waiting.result()
+            # The run's progress, its last milestone included, goes before its result.
+            await asyncio.wait({watching}, timeout=PROGRESS_SENT_WAIT_S)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True):
                 with suppress(Exception):
@@ -212,6 +217,7 @@ class _ProgressNotifier:
         self._sending: set[asyncio.Task[None]] = set()
 
     async def follow(self, parent: ParentHandle, run_id: str) -> None:
+        """Notify what the run reports until it ends."""
         if self._token is None:
             return
         async with aclosing(parent.timeline(run_id=run_id)) as views:
@@ -222,15 +228,16 @@ class _ProgressNotifier:
                 progress = run.progress
                 seen = (progress.at if progress else None, len(run.milestones),
                         run.waiting_for)
-                if seen == self._sent:
-                    continue
-                self._sent = seen
-                fraction = progress.fraction if progress else None
-                words = [m for m in (
-                    run.milestones[-1].name if run.milestones else None,
-                    progress.message if progress else None,
-                    f"waiting for {run.waiting_for}" if run.waiting_for else None) if m]
-                await self._send(fraction, " - ".join(words) or run.status)
+                if seen != self._sent:
+                    self._sent = seen
+                    fraction = progress.fraction if progress else None
+                    words = [m for m in (
+                        run.milestones[-1].name if run.milestones else None,
+                        progress.message if progress else None,
+                        f"waiting for {run.waiting_for}" if run.waiting_for else None) if m]
+                    await self._send(fraction, " - ".join(words) or run.status)
+                if run.status not in OPEN_STATUSES:
+                    return
 
     def waiting(self, words: str) -> None:
         if self._token is not None:

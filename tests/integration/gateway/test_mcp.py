@@ -4,6 +4,7 @@ parent service and a child-runner on real NATS: each tool call is a durable Teth
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -18,7 +19,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tether.agent_registry import AgentRegistry
+from tether.client.parent import ParentHandle
 from tether.domain.events import ParentRef
+from tether.gateway import mcp_tools
 from tether.generate.gateway import generate as gateway_documents
 from tether.log import get_logger
 from tether.remote.mcp_tasks import (
@@ -89,6 +92,59 @@ async def test_a_call_is_a_run_of_the_callers_parent_with_progress_and_the_summa
     values = [value for value, _, _ in progress]
     assert values == sorted(set(values)), "each notification is a step further"
     assert any(message and "sources-gathered" in message for _, _, message in progress)
+
+
+async def test_a_call_sends_its_runs_progress_before_its_result_when_its_feed_lags(
+        gateway, monkeypatch):
+    # The fault: the gateway's feed of the run is held until the call has its result, as
+    # a feed that lags the end the result came by.
+    ended = asyncio.Event()
+    run_agent_tool, timeline = ParentHandle.run_agent_tool, ParentHandle.timeline
+
+    async def ending(self, *args, **kwargs):
+        answer = await run_agent_tool(self, *args, **kwargs)
+        ended.set()
+        return answer
+
+    async def lagging(self, **kwargs):
+        async with aclosing(timeline(self, **kwargs)) as views:
+            async for view in views:
+                await ended.wait()
+                yield view
+
+    monkeypatch.setattr(ParentHandle, "run_agent_tool", ending)
+    monkeypatch.setattr(ParentHandle, "timeline", lagging)
+    messages: list[str | None] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message)
+
+    async with mcp_client(gateway, DESKTOP) as client:
+        result = await client.call_tool("Researcher", {"query": "late"},
+                                        progress_callback=on_progress)
+        assert ended.is_set() and not result.is_error
+        assert any(message and "sources-gathered" in message for message in messages)
+
+
+async def test_a_call_whose_feed_of_its_run_stalls_still_ends(gateway, monkeypatch):
+    monkeypatch.setattr(mcp_tools, "PROGRESS_SENT_WAIT_S", 0.3)
+
+    async def stalled(self, **kwargs):
+        await asyncio.Event().wait()  # the fault: the feed never delivers
+        yield
+
+    monkeypatch.setattr(ParentHandle, "timeline", stalled)
+    messages: list[str | None] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message)
+
+    async with mcp_client(gateway, DESKTOP) as client:
+        result = await client.call_tool("Researcher", {"query": "stalled"},
+                                        progress_callback=on_progress)
+    assert not result.is_error
+    assert result.structured_content["summary"] == "stalled: two sources agree"
+    assert messages == [], "nothing from the stalled feed"
 
 
 async def test_a_call_that_names_its_run_id_runs_once_however_often_it_is_sent(gateway, log):
