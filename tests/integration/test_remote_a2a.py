@@ -20,8 +20,9 @@ DEADLINE_S = 30
 
 
 @pytest.fixture
-async def remote() -> AsyncIterator[RemoteServer]:
-    server = RemoteServer("remote_a2a_server.py")
+async def remote(request) -> AsyncIterator[RemoteServer]:
+    """The SDK's server; parametrized indirectly with its options (`polled`)."""
+    server = RemoteServer("remote_a2a_server.py", *getattr(request, "param", ()))
     try:
         yield server
     finally:
@@ -98,6 +99,56 @@ async def test_a_remote_question_is_a_human_pause_whose_answer_goes_to_the_same_
     executions = (await remote.stats())["executions"]
     assert [e["task_id"] for e in executions] == [execution["task_id"]] * 2
     assert executions[1]["text"] == "French"
+
+
+@pytest.mark.parametrize("remote", [(), ("polled",)], indirect=True, ids=["streamed", "polled"])
+async def test_an_answer_the_remote_has_not_taken_yet_is_not_asked_for_again(remote, stack):
+    """The remote acknowledges the answer before it takes it, sending the task back still
+    asking the question answered: the run waits for the remote, not for a human, also in
+    the attempt of a runner that takes the run over."""
+    await remote.start()
+    first = await stack.start_runner()
+    call = asyncio.create_task(
+        stack.parent.run_agent_tool("Echo", {"text": "ask late"}, run_id="asking-late"))
+    await stack.until_paused("asking-late")
+    await stack.parent.continue_run("asking-late", human_input="French")
+
+    async def read_asking_answered(times: int):
+        async def seen():
+            return (await remote.stats())["read_asking_answered"] >= times
+        await eventually(seen, timeout=DEADLINE_S)
+
+    async def answer_recorded():
+        state = await stack.state("asking-late")
+        return 1 in state.steps and state
+
+    state = await eventually(answer_recorded, timeout=DEADLINE_S)
+    assert state.steps[1]["kind"] == "a2a.answer" and state.steps[1]["question"]
+    [execution, _] = (await remote.stats())["executions"]
+    taking = f"answered; waiting for task {execution['task_id']} to take the answer"
+    if "polled" in remote.options:  # a stream of the answer stays open until it is taken
+        await read_asking_answered(2)
+        state = await stack.state("asking-late")
+        assert state.paused is None and state.status == "running"
+        assert state.progress.message == taking
+
+    await stack.stop_runner(first)
+    await stack.start_runner()
+
+    async def second_attempt():
+        return (await stack.state("asking-late")).attempt == 2
+
+    await eventually(second_attempt, timeout=DEADLINE_S)
+    await read_asking_answered((await remote.stats())["read_asking_answered"] + 2)
+    state = await stack.state("asking-late")
+    assert state.paused is None and len(state.resumptions) == 1
+    assert state.progress.message == taking
+
+    await remote.release()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "in French", result
+    executions = (await remote.stats())["executions"]
+    assert [e["text"] for e in executions] == ["ask late", "French"], "answered once"
 
 
 async def test_cancelling_the_run_cancels_the_remote_task(remote, stack):

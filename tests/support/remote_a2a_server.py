@@ -8,18 +8,24 @@ What it does is said by the first word of the message's text:
 - `hold <words>`: working, then waits until `POST /control/release`, then as `echo`;
 - `ask`: working, then input-required ("Which language?"); the answer completes the task
   with the artifact `in <answer>`;
+- `ask late`: as `ask`, but the answer is acknowledged before it is taken: the task is
+  sent back as it stands, still asking, until `POST /control/release`;
 - `fail`: failed, with the message `no such thing`.
 
-`GET /control/stats` says what it saw: every execution (task id and text), every cancel.
-Every call needs `Authorization: Bearer TOKEN`, but the card and /control.
+`GET /control/stats` says what it saw: every execution (task id and text), every cancel,
+how often a task asking a question already answered was read (`read_asking_answered`).
+Every call needs `Authorization: Bearer TOKEN`, but the card and /control. With the
+option `polled` (`... PORT TOKEN polled`), its card offers no streaming.
 """
 
 import asyncio
 import sys
+from typing import Any
 
 import uvicorn
 from a2a.helpers.proto_helpers import get_message_text, new_task_from_user_message
 from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
@@ -29,7 +35,9 @@ from a2a.types import (
     AgentCard,
     AgentInterface,
     AgentSkill,
+    GetTaskRequest,
     Part,
+    Task,
     TaskState,
 )
 from google.protobuf.json_format import ParseDict
@@ -40,16 +48,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-SEEN: dict[str, list] = {"executions": [], "cancels": []}
+SEEN: dict[str, Any] = {"executions": [], "cancels": [], "read_asking_answered": 0}
 RELEASE = asyncio.Event()
+LATE: set[str] = set()  # tasks that take their answer late
 
 
-def card(base: str) -> AgentCard:
+def card(base: str, streaming: bool) -> AgentCard:
     return AgentCard(
         name="Echo", description="Says back what it is told", version="7",
         supported_interfaces=[AgentInterface(protocol_binding="JSONRPC",
                                              protocol_version="1.0", url=f"{base}/jsonrpc")],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=streaming, push_notifications=False),
         default_input_modes=["text/plain"], default_output_modes=["text/plain"],
         skills=[AgentSkill(id="echo", name="echo", description="echo", tags=["test"])])
 
@@ -64,12 +73,18 @@ class Echo(AgentExecutor):
         SEEN["executions"].append({"task_id": task.id, "text": text})
         updater = TaskUpdater(event_queue, task.id, task.context_id)
         if task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            if task.id in LATE:
+                LATE.discard(task.id)
+                await event_queue.enqueue_event(task)  # acknowledged: it still asks
+                await RELEASE.wait()
             await updater.add_artifact([Part(text=f"in {text}")], name="answer")
             await updater.complete(updater.new_agent_message([Part(text="done")]))
             return
         word, _, rest = text.partition(" ")
         await updater.start_work(updater.new_agent_message([Part(text=f"reading {rest}")]))
         if word == "ask":
+            if rest == "late":
+                LATE.add(task.id)
             await updater.requires_input(updater.new_agent_message(
                 [Part(text="Which language?")]))
             return
@@ -100,6 +115,15 @@ async def release(request: Request) -> JSONResponse:
     return JSONResponse({"released": True})
 
 
+class Handler(DefaultRequestHandler):
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        task = await super().on_get_task(params, context)
+        if (task is not None and task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+                and [e["task_id"] for e in SEEN["executions"]].count(task.id) > 1):
+            SEEN["read_asking_answered"] += 1
+        return task
+
+
 class Bearer(BaseHTTPMiddleware):
     def __init__(self, app, token: str) -> None:
         super().__init__(app)
@@ -112,10 +136,10 @@ class Bearer(BaseHTTPMiddleware):
         return await call_next(request)
 
 
-def app(port: int, token: str) -> Starlette:
-    agent_card = card(f"http://127.0.0.1:{port}")
-    handler = DefaultRequestHandler(agent_executor=Echo(), task_store=InMemoryTaskStore(),
-                                    agent_card=agent_card)
+def app(port: int, token: str, streaming: bool) -> Starlette:
+    agent_card = card(f"http://127.0.0.1:{port}", streaming)
+    handler = Handler(agent_executor=Echo(), task_store=InMemoryTaskStore(),
+                      agent_card=agent_card)
     application = Starlette(routes=[
         *create_agent_card_routes(agent_card), *create_jsonrpc_routes(handler, rpc_url="/jsonrpc"),
         Route("/control/stats", stats), Route("/control/release", release, methods=["POST"])])
@@ -125,4 +149,5 @@ def app(port: int, token: str) -> Starlette:
 
 if __name__ == "__main__":
     port, token = int(sys.argv[1]), sys.argv[2]
-    uvicorn.run(app(port, token), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(app(port, token, streaming="polled" not in sys.argv[3:]), host="127.0.0.1",
+                port=port, log_level="warning")

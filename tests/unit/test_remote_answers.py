@@ -9,7 +9,7 @@ from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel
 
 from tether.domain.recorded import Resumption
-from tether.remote.a2a_agent import _answer, _parts
+from tether.remote.a2a_agent import _answer, _parts, answered_questions
 from tether.remote.mcp_tool import _responses, answered_keys
 
 APPROVE = {"params": {"message": "Approve?", "requestedSchema": {
@@ -56,6 +56,21 @@ def test_the_answered_forms_are_the_keys_the_answers_recorded():
         {0: task, 1: {"kind": "mcp.answer", "pause": 0}},
         {"approvals": ["a"], "rejections": ["b"], "tool_outputs": {"c": 1},
          "human_input": "x"})) == {"a", "b", "c"}
+
+
+def test_an_a2a_run_knows_the_questions_it_answered_by_their_message_ids():
+    def history(steps):
+        return SimpleNamespace(steps=steps, resumptions=[])
+
+    task = {"kind": "a2a.task", "url": "u", "task_id": "t", "context_id": "c"}
+    assert answered_questions(None) == set()
+    assert answered_questions(history({0: task})) == set()
+    assert answered_questions(history({
+        0: task, 1: {"kind": "a2a.answer", "pause": 0, "question": "m1"},
+        2: {"kind": "a2a.answer", "pause": 1, "question": "m2"}})) == {"m1", "m2"}
+    # Recorded without one (an earlier Tether; a question without an id): none known.
+    assert answered_questions(history({0: task, 1: {"kind": "a2a.answer", "pause": 0}})) \
+        == set()
 
 
 def test_an_a2a_answer_is_the_text_and_the_items_output():

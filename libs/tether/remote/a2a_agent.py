@@ -10,7 +10,9 @@ the remote names it, and follows
 the task (its stream, or `GetTask` every `poll_s` where the card offers no streaming):
 status messages become progress, text artifacts output, `input-required` and
 `auth-required` a `waiting_for_human` pause whose answer (`human_input`, or a tool output
-for the pending item) is sent to the remote task; `completed` is the run's outcome, with
+for the pending item) is sent to the remote task (a question is its status message, by
+id: one the run answered, which the remote still shows until it takes the answer, is not
+asked again; the run polls until it moves); `completed` is the run's outcome, with
 the artifacts as its output; `failed`, `rejected` and a cancel the run did not ask for
 fail it. An attempt that takes the run over (the runner that followed the task died)
 follows the recorded task instead of sending the input again. Cancelling the run (or a
@@ -20,11 +22,13 @@ again for `unreachable_for_s`; a remote that no longer knows the task fails the 
 
 import asyncio
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from tether.agent_registry import AgentConfigurationError
 from tether.child.agent import AnyInput, AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, first_of
+from tether.domain.run_state import RunState
 from tether.extras import MissingExtra
 
 try:
@@ -138,6 +142,8 @@ class _RemoteTask:
         self.streaming = False
         self.task: Task | None = None
         self.summary = ""
+        self.answered = answered_questions(ctx.history)
+        self._said_taking = False
 
     def _refused(self, error: BaseException) -> str | None:
         if isinstance(error, TaskNotFoundError):
@@ -177,9 +183,19 @@ class _RemoteTask:
         return self.task.status.state if self.task is not None else 0
 
     @property
+    def question(self) -> str:
+        """The id of the task's status message: what it asks, when it asks."""
+        return self.task.status.message.message_id if self.task is not None else ""
+
+    @property
+    def asking(self) -> bool:
+        """The task asks a question this run has not answered."""
+        return self.state in ASKING and self.question not in self.answered
+
+    @property
     def waiting(self) -> bool:
         """The task has neither ended nor asked for anything."""
-        return self.state not in ENDED and self.state not in ASKING
+        return self.state not in ENDED and not self.asking
 
     async def _follow(self, input: Any) -> Any:
         history = self.ctx.history
@@ -194,15 +210,20 @@ class _RemoteTask:
             state = self.task.status.state
             if state in ENDED:
                 return self._ended()
-            if state in ASKING:
+            if self.asking:
                 return self._pause(ASKING[state])
-            await self._watch()
+            if state in ASKING:
+                await self._until_taken()
+            else:
+                await self._watch()
 
     # --- talking to the remote -----------------------------------------------------------
 
-    async def _send(self, message: "Message") -> None:
+    async def _send(self, message: "Message",
+                    taken: Callable[[], Awaitable[None]] | None = None) -> None:
         """Send `message` and follow what it starts (its stream, or the task it returns at
-        once), naming the task in the run's log as soon as the remote does."""
+        once), naming the task in the run's log as soon as the remote does; `taken` is
+        awaited once the remote has answered the message, before its answer is read."""
         request = SendMessageRequest(message=message, configuration=SendMessageConfiguration(
             return_immediately=not self.streaming))
 
@@ -219,6 +240,8 @@ class _RemoteTask:
                     return
             tried = True
             async for response in self.client.send_message(request):
+                if not answered and taken is not None:
+                    await taken()
                 answered = True
                 await self._take(response)
 
@@ -255,6 +278,18 @@ class _RemoteTask:
             pass  # it ended before the subscription: its end is read below
         if self.waiting:
             await self._refresh(task_id)  # the stream ended early: ask where it stands
+
+    async def _until_taken(self) -> None:
+        """The task still asks the question this run answered: the remote acknowledged the
+        answer and has not taken it yet. Read it again in `poll_s`."""
+        assert self.task is not None
+        if not self._said_taking:
+            self._said_taking = True
+            await self.ctx.report_progress(
+                message=f"answered; waiting for task {self.task.id} to take the answer",
+                phase=_state(self.state))
+        await asyncio.sleep(self.agent.poll_s)
+        await self._refresh(self.task.id)
 
     async def _take(self, response: "StreamResponse") -> None:
         """One response of a stream: the task (then named in the log), a status update
@@ -304,8 +339,24 @@ class _RemoteTask:
         parts = _answer(history.resumptions[-1].decisions, _pending_id(n))
         if not parts:
             return  # answered with nothing: the run asks again
-        await self._send(_message(self.ctx.run_id, f"answer-{n}", parts, task=self.task))
-        await self.ctx.record_step(1 + n, {"kind": "a2a.answer", "pause": n})
+        step: dict[str, Any] = {"kind": "a2a.answer", "pause": n}
+        if question := self.question:
+            step["question"] = question
+        recorded = False
+
+        async def taken() -> None:
+            # Recorded once the remote has it, not once its stream ends: a stream stays
+            # open as long as the remote works on, and a runner that takes the run over
+            # meanwhile must not send the answer again.
+            nonlocal recorded
+            if not recorded:
+                await self.ctx.record_step(1 + n, step)
+                recorded = True
+                self.answered.update([question] if question else [])
+
+        await self._send(_message(self.ctx.run_id, f"answer-{n}", parts, task=self.task),
+                         taken)
+        await taken()  # a remote that answered with nothing has it all the same
 
     async def _stop_remote(self) -> None:
         task_id = self.task.id if self.task is not None else None
@@ -340,6 +391,16 @@ class _RemoteTask:
                                        "tool_name": self.agent.agent_type, "reason": asks,
                                        "input": {"question": question,
                                                  "task_id": self.task.id}}])
+
+
+def answered_questions(history: RunState | None) -> set[str]:
+    """The ids of the questions (status messages) a run's log says it answered; an answer
+    recorded without one (by an earlier Tether, or to a question without an id) names
+    none."""
+    if history is None:
+        return set()
+    return {step["question"] for step in history.steps.values()
+            if step.get("kind") == "a2a.answer" and step.get("question")}
 
 
 def _client(card: "AgentCard", http: "httpx.AsyncClient", streaming: bool) -> "Client":

@@ -114,16 +114,9 @@ async def test_a_call_sends_its_runs_progress_before_its_result_when_its_feed_la
 
     monkeypatch.setattr(ParentHandle, "run_agent_tool", ending)
     monkeypatch.setattr(ParentHandle, "timeline", lagging)
-    messages: list[str | None] = []
-
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        messages.append(message)
-
-    async with mcp_client(gateway, DESKTOP) as client:
-        result = await client.call_tool("Researcher", {"query": "late"},
-                                        progress_callback=on_progress)
-        assert ended.is_set() and not result.is_error
-        assert any(message and "sources-gathered" in message for message in messages)
+    result, messages = await _research(gateway, "late")
+    assert ended.is_set() and not result.is_error
+    assert any(message and "sources-gathered" in message for message in messages)
 
 
 async def test_a_call_whose_feed_of_its_run_stalls_still_ends(gateway, monkeypatch):
@@ -134,17 +127,23 @@ async def test_a_call_whose_feed_of_its_run_stalls_still_ends(gateway, monkeypat
         yield
 
     monkeypatch.setattr(ParentHandle, "timeline", stalled)
+    result, messages = await _research(gateway, "stalled")
+    assert not result.is_error
+    assert result.structured_content["summary"] == "stalled: two sources agree"
+    assert messages == [], "nothing from the stalled feed"
+
+
+async def _research(gateway: str, query: str) -> tuple[types.CallToolResult, list[str | None]]:
+    """The desktop caller's call of Researcher, and the messages of its progress."""
     messages: list[str | None] = []
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         messages.append(message)
 
     async with mcp_client(gateway, DESKTOP) as client:
-        result = await client.call_tool("Researcher", {"query": "stalled"},
+        result = await client.call_tool("Researcher", {"query": query},
                                         progress_callback=on_progress)
-    assert not result.is_error
-    assert result.structured_content["summary"] == "stalled: two sources agree"
-    assert messages == [], "nothing from the stalled feed"
+    return result, messages
 
 
 async def test_a_call_that_names_its_run_id_runs_once_however_often_it_is_sent(gateway, log):
