@@ -352,7 +352,8 @@ class _RemoteTask:
             if not recorded:
                 await self.ctx.record_step(1 + n, step)
                 recorded = True
-                self.answered.update([question] if question else [])
+                if question:
+                    self.answered.add(question)
 
         await self._send(_message(self.ctx.run_id, f"answer-{n}", parts, task=self.task),
                          taken)
