@@ -71,7 +71,7 @@ async def rerequest_run(request: Request) -> Response:
 
 
 async def continue_run(request: Request) -> Response:
-    parent, state = await run_of(request, from_log=True)
+    parent, state, _ = await logged_run_of(request)
     body = await _json_body(request)
     try:
         command = ContinueCommand(run_id=state.run_id, parent=parent, **body)
@@ -142,7 +142,7 @@ async def fork_run(request: Request) -> Response:
 
 async def rewind_run(request: Request) -> Response:
     """A failed run taken up again from its last recorded step, detached."""
-    parent, state = await run_of(request, from_log=True)
+    parent, state, _ = await logged_run_of(request)
     await _json_body(request)
     if state.status != "error":
         raise HTTPException(409, f"run {state.run_id} is {state.status}: only a failed run "

@@ -49,20 +49,16 @@ async def parent_of(request: Request) -> ParentRef:
     return parent
 
 
-async def run_of(request: Request, *, from_log: bool = False) -> tuple[ParentRef, RunState]:
-    """The parent the path names and its run `run_id` (404: none of either). `from_log`:
-    as its events in the log have it now, for an action that decides from it (the
-    projections may lag the log by a batch or more)."""
-    if from_log:
-        parent, state, _ = await logged_run_of(request)
-        return parent, state
+async def run_of(request: Request) -> tuple[ParentRef, RunState]:
+    """The parent the path names and its run `run_id` (404: none of either)."""
     parent = await parent_of(request)
     return parent, await _run_named(request, parent, request.path_params["run_id"])
 
 
 async def logged_run_of(request: Request) -> tuple[ParentRef, RunState, int]:
     """The parent the path names, its run `run_id` as the log has it now and the sequence
-    of the run's last event, read together (404: none of either)."""
+    of the run's last event, read together (404: none of either): for an action that
+    decides from the run, as the projections may lag the log by a batch or more."""
     parent = await parent_of(request)
     run_id = _checked(parent, request.path_params["run_id"])
     state, last_seq = await _logged_run(request, parent, run_id)
@@ -85,12 +81,7 @@ async def _run_named(request: Request, parent: ParentRef, run_id: str) -> RunSta
     state = await ui_of(request).store.run(parent, _checked(parent, run_id))
     if state is None:
         # Not projected yet (the projector lags the log by a batch or more): its events say.
-        return await _run_from_log(request, parent, run_id)
-    return state
-
-
-async def _run_from_log(request: Request, parent: ParentRef, run_id: str) -> RunState:
-    state, _ = await _logged_run(request, parent, run_id)
+        state, _ = await _logged_run(request, parent, run_id)
     return state
 
 
