@@ -132,13 +132,7 @@ async def test_an_answer_the_remote_has_not_taken_yet_is_not_asked_for_again(rem
         assert state.paused is None and state.status == "running"
         assert state.progress.message == taking
 
-    await stack.stop_runner(first)
-    await stack.start_runner()
-
-    async def second_attempt():
-        return (await stack.state("asking-late")).attempt == 2
-
-    await eventually(second_attempt, timeout=DEADLINE_S)
+    await stack.hand_over(first, "asking-late", DEADLINE_S)
     await read_asking_answered((await remote.stats())["read_asking_answered"] + 2)
     state = await stack.state("asking-late")
     assert state.paused is None and len(state.resumptions) == 1
@@ -180,14 +174,7 @@ async def test_a_runner_that_stops_leaves_the_task_to_the_next_which_follows_it(
         return state is not None and 0 in state.steps and state
 
     await eventually(named, timeout=DEADLINE_S)
-    await stack.stop_runner(first)  # gives the run back; the remote task goes on
-    await stack.start_runner()
-
-    async def second_attempt():
-        state = await stack.state("handed-over")
-        return state.attempt == 2
-
-    await eventually(second_attempt, timeout=DEADLINE_S)
+    await stack.hand_over(first, "handed-over", DEADLINE_S)  # the remote task goes on
     await remote.release()
     result = await asyncio.wait_for(call, DEADLINE_S)
     assert result.ok and result.summary == "echo: on"

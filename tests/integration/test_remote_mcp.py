@@ -128,13 +128,7 @@ async def test_a_runner_that_stops_leaves_a_task_to_the_next_and_a_plain_call_is
         return (await remote.stats())["calls"] != [] and (not remote.tasks or 0 in state.steps)
 
     await eventually(under_way, timeout=DEADLINE_S)
-    await stack.stop_runner(first)
-    await stack.start_runner()
-
-    async def second_attempt():
-        return (await stack.state("handed-over")).attempt == 2
-
-    await eventually(second_attempt, timeout=DEADLINE_S)
+    await stack.hand_over(first, "handed-over", DEADLINE_S)
     if not remote.tasks:
         async def called_again():
             return len((await remote.stats())["calls"]) == 2
@@ -173,13 +167,7 @@ async def test_an_answer_the_server_has_not_taken_yet_is_not_asked_for_again(rem
     assert state.paused is None and state.status == "running"
     assert state.steps[1] == {"kind": "mcp.answer", "pause": 0, "keys": ["approve-1"]}
 
-    await stack.stop_runner(first)
-    await stack.start_runner()
-
-    async def second_attempt():
-        return (await stack.state("publishing")).attempt == 2
-
-    await eventually(second_attempt, timeout=DEADLINE_S)
+    await stack.hand_over(first, "publishing", DEADLINE_S)
     await asked_again((await remote.stats())["asked_after_answer"] + 2)
     state = await stack.state("publishing")
     assert state.paused is None and len(state.resumptions) == 1

@@ -58,6 +58,18 @@ class Stack:
         await asyncio.wait_for(task, timeout=10)
         self.stops = [(s, t) for s, t in self.stops if t is not task]
 
+    async def hand_over(self, handle, run_id: str, timeout: float = 30):
+        """Stop the runner `handle` (it gives `run_id` back, as on SIGTERM) and start
+        another; its handle once it has taken the run over (the run's second attempt)."""
+        await self.stop_runner(handle)
+        taking = await self.start_runner()
+
+        async def second_attempt():
+            return (await self.state(run_id)).attempt == 2
+
+        await eventually(second_attempt, timeout=timeout)
+        return taking
+
     async def state(self, run_id: str):
         return (await self.tether.read_run(self.parent.ref, run_id)).state
 
