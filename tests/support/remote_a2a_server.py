@@ -13,9 +13,11 @@ What it does is said by the first word of the message's text:
 - `fail`: failed, with the message `no such thing`.
 
 `GET /control/stats` says what it saw: every execution (task id and text), every cancel,
-how often a task asking a question already answered was read (`read_asking_answered`).
-Every call needs `Authorization: Bearer TOKEN`, but the card and /control. With the
-option `polled` (`... PORT TOKEN polled`), its card offers no streaming.
+how often a task asking a question already answered was read (`read_asking_answered`),
+how often its card was read (`card_reads`). Every call needs `Authorization: Bearer
+TOKEN`, but the card and /control. Options (`... PORT TOKEN polled held-card`): `polled`,
+its card offers no streaming; `held-card`, the first read of its card is answered only
+after `POST /control/release`.
 """
 
 import asyncio
@@ -48,7 +50,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-SEEN: dict[str, Any] = {"executions": [], "cancels": [], "read_asking_answered": 0}
+SEEN: dict[str, Any] = {"executions": [], "cancels": [], "read_asking_answered": 0,
+                        "card_reads": 0}
 RELEASE = asyncio.Event()
 LATE: set[str] = set()  # tasks that take their answer late
 
@@ -125,29 +128,35 @@ class Handler(DefaultRequestHandler):
 
 
 class Bearer(BaseHTTPMiddleware):
-    def __init__(self, app, token: str) -> None:
+    def __init__(self, app, token: str, held_card: bool) -> None:
         super().__init__(app)
-        self.token = token
+        self.token, self.held_card = token, held_card
 
     async def dispatch(self, request: Request, call_next):
         if (request.url.path == "/jsonrpc"
                 and request.headers.get("authorization") != f"Bearer {self.token}"):
             return JSONResponse({"error": "unauthorized"}, status_code=401)
+        if request.url.path.startswith("/.well-known/"):
+            SEEN["card_reads"] += 1
+            if self.held_card and SEEN["card_reads"] == 1:
+                await RELEASE.wait()
         return await call_next(request)
 
 
-def app(port: int, token: str, streaming: bool) -> Starlette:
+def app(port: int, token: str, streaming: bool, held_card: bool) -> Starlette:
     agent_card = card(f"http://127.0.0.1:{port}", streaming)
     handler = Handler(agent_executor=Echo(), task_store=InMemoryTaskStore(),
                       agent_card=agent_card)
     application = Starlette(routes=[
         *create_agent_card_routes(agent_card), *create_jsonrpc_routes(handler, rpc_url="/jsonrpc"),
         Route("/control/stats", stats), Route("/control/release", release, methods=["POST"])])
-    application.add_middleware(Bearer, token=token)
+    application.add_middleware(Bearer, token=token, held_card=held_card)
     return application
 
 
 if __name__ == "__main__":
     port, token = int(sys.argv[1]), sys.argv[2]
-    uvicorn.run(app(port, token, streaming="polled" not in sys.argv[3:]), host="127.0.0.1",
-                port=port, log_level="warning")
+    options = sys.argv[3:]
+    uvicorn.run(app(port, token, streaming="polled" not in options,
+                    held_card="held-card" in options),
+                host="127.0.0.1", port=port, log_level="warning")

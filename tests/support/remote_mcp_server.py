@@ -1,5 +1,6 @@
 """A remote MCP server for the tests, made with the official SDK (`MCPServer`, streamable
-HTTP at /mcp), as a process of its own: `python remote_mcp_server.py PORT TOKEN [plain]`.
+HTTP at /mcp), as a process of its own: `python remote_mcp_server.py PORT TOKEN [plain]
+[held-connect]`.
 
 Tools: `count(words)` reports progress per word and answers `{"words": n}`; `hold(words)`
 waits until `POST /control/release`, then as `count`; `boom()` is a tool error. With the
@@ -14,8 +15,10 @@ first) and until then is `input_required` with the same form; approved, it answe
 `published`.
 
 `GET /control/stats` says what it saw: every call (tool and arguments), every cancel,
-every update's answers, and how often a task was read asking for a form already answered.
-Every call needs `Authorization: Bearer TOKEN`, but /control.
+every update's answers, how often a task was read asking for a form already answered, and
+how many requests came to /mcp (`requests`). Every call needs `Authorization: Bearer
+TOKEN`, but /control. With `held-connect`, the first request to /mcp (a client's
+`initialize`) is answered only after `POST /control/release`.
 """
 
 import asyncio
@@ -35,7 +38,8 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
 TASKS = "io.modelcontextprotocol/tasks"
-SEEN: dict[str, Any] = {"calls": [], "cancels": [], "updates": [], "asked_after_answer": 0}
+SEEN: dict[str, Any] = {"calls": [], "cancels": [], "updates": [], "asked_after_answer": 0,
+                        "requests": 0}
 RELEASE = asyncio.Event()
 APPLY = asyncio.Event()
 APPROVAL_FORM = {"method": "elicitation/create", "params": {
@@ -202,7 +206,7 @@ def server(plain: bool) -> MCPServer:
     return mcp
 
 
-def app(token: str, plain: bool):
+def app(token: str, plain: bool, held_connect: bool):
     inner = server(plain).streamable_http_app()
 
     async def respond(send, status: int, body: dict) -> None:
@@ -222,6 +226,10 @@ def app(token: str, plain: bool):
         if scope["type"] == "http" and dict(scope["headers"]).get(
                 b"authorization", b"").decode() != f"Bearer {token}":
             return await respond(send, 401, {"error": "unauthorized"})
+        if scope["type"] == "http":
+            SEEN["requests"] += 1
+            if held_connect and SEEN["requests"] == 1:
+                await RELEASE.wait()
         await inner(scope, receive, send)
 
     return asgi
@@ -229,5 +237,6 @@ def app(token: str, plain: bool):
 
 if __name__ == "__main__":
     port, token = int(sys.argv[1]), sys.argv[2]
-    uvicorn.run(app(token, plain="plain" in sys.argv[3:]), host="127.0.0.1", port=port,
-                log_level="warning")
+    options = sys.argv[3:]
+    uvicorn.run(app(token, plain="plain" in options, held_connect="held-connect" in options),
+                host="127.0.0.1", port=port, log_level="warning")

@@ -336,7 +336,8 @@ class AgentLoop:
         inbox = self._ports.inbox
         return ToolRunner(self._definition, tool_execution=plan.tool_execution,
                           context_for=context_for, emit=emit,
-                          interrupted=inbox.interrupted if inbox is not None else None)
+                          interrupted=inbox.interrupted if inbox is not None else None,
+                          before_tool=self._ports.before_tool)
 
     async def _store(self, session: Session, plan: CallPlan,
                      record: AgentStepRecord) -> AgentStepRecord:

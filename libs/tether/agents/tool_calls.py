@@ -60,14 +60,17 @@ class ToolRunner:
 
     def __init__(self, definition: AgentDefinition, *, tool_execution: str,
                  context_for: ContextFactory, emit: Emit,
-                 interrupted: asyncio.Event | None = None) -> None:
+                 interrupted: asyncio.Event | None = None,
+                 before_tool: Callable[[], Awaitable[None]] | None = None) -> None:
         """`interrupted`: set while an `interrupt` steering message waits; a tool call
-        of a model turn in flight then is stopped, and one not started is not started."""
+        of a model turn in flight then is stopped, and one not started is not started.
+        `before_tool`: awaited right before each tool runs (`LoopPorts.before_tool`)."""
         self._definition = definition
         self._manual = tool_execution == "manual"
         self._context_for = context_for
         self._emit = emit
         self._interrupted = interrupted
+        self._before_tool = before_tool
 
     async def run_calls(self, calls: tuple[ToolCall, ...], step: int
                         ) -> tuple[list[ToolResult], list[PendingToolCall]]:
@@ -167,6 +170,8 @@ class ToolRunner:
     async def execute(self, tool: Tool, parsed: Any, ctx: ToolContext, raw_input: dict[str, Any],
                       step: int, decision: str, interruptible: bool = False) -> ToolResult:
         assert tool.execute is not None
+        if self._before_tool is not None:
+            await self._before_tool()
         started, clock = SYSTEM_CLOCK.now(), time.monotonic()
         await self._emit("tool_started", step, data={"tool_call_id": ctx.tool_call_id,
                                                      "tool_name": tool.id, "input": raw_input})

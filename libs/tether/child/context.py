@@ -224,6 +224,16 @@ class RunContext:
         if self.cancelled.is_set():
             raise RunCancelled(f"run {self.run_id} was cancelled")
 
+    async def ensure_current(self) -> None:
+        """Await this right before an action outside the log that must not happen twice
+        (a call to another system, a message sent): it returns at once while this
+        attempt surely holds the run. After this process was paused past its hold on the
+        run's work item (stopped, swapped out), it reads the run first, and an attempt
+        that another one took over gets `RunSuperseded` (the runner stops the child and
+        records nothing for it) instead of acting twice. Standalone, this does nothing."""
+        if self._recorder is not None:
+            await self._recorder.ensure_current()
+
     async def report_progress(self, fraction: float | None = None, message: str | None = None,
                               phase: str | None = None, milestone: str | None = None,
                               data: Any = None, persist: bool = False) -> None:

@@ -137,14 +137,15 @@ class RunRecorder:
         (The child's own task: a stop cancels it, and the retry with it.)"""
         async for attempt in Persisting("child.report", self._logger):
             with attempt:
-                if self._stale() and self._confirm is not None:
-                    await self._confirm()
+                await self.ensure_current()
                 updated = await self._log.recent.update(self.parent, self.run_id, decision)
         return updated
 
-    def _stale(self) -> bool:
-        """Whether the runner's hold is stale: the attempt must be confirmed first."""
-        return self._hold is not None and not self._hold.fresh
+    async def ensure_current(self) -> None:
+        """The gate before each report: while the runner's hold is stale, the attempt is
+        confirmed first (`RunSuperseded` when it may no longer report)."""
+        if self._hold is not None and not self._hold.fresh and self._confirm is not None:
+            await self._confirm()
 
 
     def _logger(self):
@@ -448,8 +449,7 @@ class RunRecorder:
                                    error=f"{type(error).__name__}: {error}")
 
     async def _publish_signal(self, update: ProgressSnapshot, persist: bool) -> None:
-        if self._stale() and self._confirm is not None:
-            await self._confirm()
+        await self.ensure_current()
         signal = progress_signal_json(self.run_id, self.parent, fraction=update.fraction,
                                       message=update.message, phase=update.phase,
                                       milestone=update.milestone, data=update.data,

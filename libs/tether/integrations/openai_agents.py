@@ -151,6 +151,7 @@ def recorded_tool(tool: "FunctionTool", journal: StepJournal) -> "FunctionTool":
             if step.get("usage"):
                 context.usage.add(Usage(**step["usage"]))  # what it added, again
             return step["result"]
+        await journal.ctx.ensure_current()  # a runner paused past its hold runs no tool
         before = (context.usage.requests, context.usage.input_tokens,
                   context.usage.output_tokens)
         result = await invoke(context, arguments)

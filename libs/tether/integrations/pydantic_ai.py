@@ -144,6 +144,7 @@ class Steps(AbstractCapability[Any]):
         if (recorded := self.journal.recorded(key)) is not MISSING:
             ctx.usage.incr(RunUsage(**recorded.get("usage", {})))  # what it added, again
             return recorded["result"]
+        await self.ctx.ensure_current()  # a runner paused past its hold runs no tool
         before = (ctx.usage.input_tokens, ctx.usage.output_tokens, ctx.usage.requests)
         result = await handler(args)
         added = {"input_tokens": ctx.usage.input_tokens - before[0],

@@ -238,6 +238,9 @@ class _RemoteTask:
                 self.task = await self.client.get_task(GetTaskRequest(id=message.task_id))
                 if self.state not in ASKING:
                     return
+            # A runner paused past its hold on the run sends nothing: another attempt
+            # may have sent it already.
+            await self.ctx.ensure_current()
             tried = True
             async for response in self.client.send_message(request):
                 if not answered and taken is not None:

@@ -188,6 +188,7 @@ class _ToolCall:
             fraction = min(max(progress / total, 0.0), 1.0) if total else None
             await self.ctx.report_progress(fraction=fraction, message=message)
 
+        await self.ctx.ensure_current()  # a runner paused past its hold calls nothing
         return await client.session.call_tool(
             self.agent.tool, arguments, progress_callback=report, allow_claimed=True,
             meta=cast(types.RequestParamsMeta, {RUN_ID_META: self.ctx.run_id}))
@@ -258,6 +259,7 @@ class _ToolCall:
         responses = _responses(history.resumptions[-1].decisions, self._asking(task))
         if not responses:
             return  # answered nothing: it asks again
+        await self.ctx.ensure_current()
         await client.session.send_request(TasksUpdate(params=TaskUpdateParams(
             task_id=task.task_id, input_responses=responses)), types.EmptyResult)
         await self.ctx.record_step(1 + n, {"kind": "mcp.answer", "pause": n,
