@@ -1,9 +1,9 @@
-"""A tool of a child's agent runs only after its attempt's gate (`RunContext.ensure_current`):
-an attempt that lost the run (its process was paused past its hold on the run's work item)
-runs no tool, so a tool another attempt ran is not run twice. The model agent's loop, and
-Pydantic AI's and the OpenAI Agents SDK's tools through Tether's integrations, each with
-its framework's own scripted model. (The gate itself, against a real pause: the remote
-agents' tests in tests/e2e/test_remote_child_process.py.)"""
+"""An agent's model calls and tools go through its attempt's gate (`RunContext.ensure_current`)
+first: an attempt that lost the run (its process was paused past its hold on the run's
+work item) makes no model call and runs no tool, which the attempt that took over may
+have made already. The agent runtime (`ModelAgent`), and Pydantic AI's and the OpenAI
+Agents SDK's agents through Tether's integrations, each with its framework's own scripted
+model. (The gate itself, against a real pause: tests/e2e/test_remote_child_process.py.)"""
 
 import json
 from typing import Any
@@ -11,22 +11,24 @@ from typing import Any
 import pytest
 from agents import Agent as SdkAgent
 from agents import Model, ModelResponse, Usage, function_tool, set_tracing_disabled
-from openai.types.responses import ResponseFunctionToolCall
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelResponse as PydanticResponse
 from pydantic_ai.messages import TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from tether.agents import AgentDefinition, ToolContext, tool
-from tether.agents.tool_calls import ToolRunner
-from tether.agents.tools import StateAccessor
-from tether.child.context import RunContext, RunSuperseded
+from tether.agents import AgentDefinition, ModelAgent, Reply, ScriptedModelClient, ToolContext, tool
+from tether.child.context import RunCancelled, RunContext, RunSuperseded
 from tether.domain.events import ParentRef
 from tether.integrations import openai_agents, pydantic_ai
 
 set_tracing_disabled(True)
-RAN: list[str] = []
+RAN: list[str] = []  # "gate", "model" and "lookup", in the order they happened
 
 
 @pytest.fixture(autouse=True)
@@ -35,93 +37,76 @@ def _nothing_ran() -> None:
 
 
 class Gated(RunContext):
-    """An attempt whose gate lets it act (`lost=False`) or finds the run taken over."""
+    """An attempt whose gate finds the run taken over at its `lost_at`-th pass (never:
+    None), and then stops the child as the runner does: `cancelled`, `RunSuperseded`."""
 
-    def __init__(self, lost: bool) -> None:
+    def __init__(self, lost_at: int | None) -> None:
         super().__init__(run_id="gated", parent=ParentRef(agent="Assistant", name="gate"),
                          agent_type="Gated", attempt=1, recorder=None)
-        self.lost, self.gates = lost, 0
+        self.lost_at, self.passes = lost_at, 0
 
     async def ensure_current(self) -> None:
-        self.gates += 1
+        self.passes += 1
         RAN.append("gate")
-        if self.lost:
+        if self.passes == self.lost_at:
+            self.cancelled.set()
             raise RunSuperseded("attempt 2 took the run over")
 
 
-def superseded(error: BaseException) -> bool:
-    """Whether `error` is, or was raised from, the gate's RunSuperseded (a framework may
-    wrap what its tool raised)."""
+def stopped_by_the_gate(error: BaseException) -> bool:
+    """Whether `error` is, or was raised from, the gate's stop (a framework may wrap what
+    its model or tool raised; the agent runtime ends cancelled)."""
     seen: list[BaseException | None] = [error]
     while seen:
         current = seen.pop()
-        if current is None:
-            continue
-        if isinstance(current, RunSuperseded):
+        if isinstance(current, RunCancelled):
             return True
         if isinstance(current, BaseExceptionGroup):
             seen.extend(current.exceptions)
-        seen.extend([current.__cause__, current.__context__])
+        if current is not None:
+            seen.extend([current.__cause__, current.__context__])
     return False
 
 
-# --- the model agent's loop ---------------------------------------------------------------
+# --- the agent runtime ----------------------------------------------------------------------
 
 class Query(BaseModel):
     query: str
 
 
 @tool
-async def search(ctx: ToolContext, input: Query) -> str:
-    """Search."""
-    RAN.append("search")
-    return "found"
+async def lookup(ctx: ToolContext, input: Query) -> str:
+    """Looks a query up."""
+    RAN.append("lookup")
+    return f"two sources on {input.query}"
 
 
-def tool_runner(ctx: Gated) -> ToolRunner:
-    async def emit(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    definition = AgentDefinition(id="researcher", model="small-1", tools=(search,))
-    return ToolRunner(definition, tool_execution="auto", emit=emit,
-                      context_for=lambda call_id: ToolContext(
-                          run_id="gated", agent_id="researcher", tool_call_id=call_id, step=0,
-                          state=StateAccessor({})),
-                      before_tool=ctx.ensure_current)
+class Counted(ScriptedModelClient):
+    async def complete(self, request, on_delta=None):
+        RAN.append("model")
+        return await super().complete(request, on_delta)
 
 
-@pytest.mark.parametrize("lost", [False, True])
-async def test_the_model_agents_tool_runs_after_the_gate_and_not_when_it_stops(lost):
-    ctx = Gated(lost)
-    runner = tool_runner(ctx)
-    call = runner.execute(search, Query(query="QUIC"), ToolContext(run_id="gated", agent_id="researcher",
-                                                  tool_call_id="c-1", step=0,
-                                                  state=StateAccessor({})),
-                          {"query": "QUIC"}, 0, "auto")
-    if lost:
-        with pytest.raises(RunSuperseded):
-            await call
-        assert RAN == ["gate"]
-    else:
-        assert (await call).content == "found"
-        assert RAN == ["gate", "search"]
+class Researcher(ModelAgent):
+    definition = AgentDefinition(id="researcher", model="m", tools=(lookup,))
 
 
-# --- Pydantic AI ---------------------------------------------------------------------------
+# --- Pydantic AI --------------------------------------------------------------------------
 
 async def looking_up(messages, info: AgentInfo) -> PydanticResponse:
+    RAN.append("model")
     last = messages[-1].parts[-1]
     if isinstance(last, ToolReturnPart):
         return PydanticResponse(parts=[TextPart(f"found: {last.content}")])
-    return PydanticResponse(parts=[ToolCallPart("lookup", {"query": last.content},
+    return PydanticResponse(parts=[ToolCallPart("pydantic_lookup", {"query": last.content},
                                                 tool_call_id="look-1")])
 
 
-researcher = Agent(FunctionModel(looking_up), name="GatedResearcher")
+pydantic_researcher = Agent(FunctionModel(looking_up), name="GatedResearcher")
 
 
-@researcher.tool_plain
-def lookup(query: str) -> str:
+@pydantic_researcher.tool_plain
+def pydantic_lookup(query: str) -> str:
     RAN.append("lookup")
     return f"two sources on {query}"
 
@@ -131,11 +116,19 @@ def lookup(query: str) -> str:
 class LookingUp(Model):
     async def get_response(self, system_instructions, input, *args: Any,
                            **kwargs: Any) -> ModelResponse:
-        return ModelResponse(output=[ResponseFunctionToolCall(
-            type="function_call", id="fc-1", call_id="look-1", name="sdk_lookup",
-            arguments=json.dumps({"query": input[-1]["content"]}), status="completed")],
-            usage=Usage(requests=1, input_tokens=10, output_tokens=1, total_tokens=11),
-            response_id=None)
+        RAN.append("model")
+        outputs = [item["output"] for item in input
+                   if isinstance(item, dict) and item.get("type") == "function_call_output"]
+        output: list = [ResponseOutputMessage(
+            type="message", id="msg-1", role="assistant", status="completed",
+            content=[ResponseOutputText(type="output_text", text=f"found: {outputs[-1]}",
+                                        annotations=[])])] if outputs else [
+            ResponseFunctionToolCall(
+                type="function_call", id="fc-1", call_id="look-1", name="sdk_lookup",
+                arguments=json.dumps({"query": input[-1]["content"]}), status="completed")]
+        return ModelResponse(output=output, usage=Usage(requests=1, input_tokens=10,
+                                                        output_tokens=1, total_tokens=11),
+                             response_id=None)
 
     def stream_response(self, *args: Any, **kwargs: Any):
         raise NotImplementedError
@@ -149,25 +142,37 @@ async def sdk_lookup(query: str) -> str:
 
 
 CHILDREN = {
-    "pydantic_ai": pydantic_ai.child(researcher),
-    "openai_agents": openai_agents.child(SdkAgent(name="GatedSdkResearcher", model=LookingUp(),
-                                                  tools=[sdk_lookup])),
+    "agent-runtime": Researcher,
+    "pydantic-ai": pydantic_ai.child(pydantic_researcher),
+    "openai-agents": openai_agents.child(SdkAgent(name="GatedSdkResearcher",
+                                                  model=LookingUp(), tools=[sdk_lookup])),
 }
 
 
-@pytest.mark.parametrize("framework", CHILDREN)
-async def test_a_frameworks_tool_is_not_run_by_an_attempt_that_lost_the_run(framework):
+async def run(framework: str, ctx: Gated, monkeypatch) -> Any:
     child = CHILDREN[framework]
-    ctx = Gated(lost=True)
+    if framework == "agent-runtime":
+        monkeypatch.setattr(Researcher, "model_client", Counted(
+            [Reply("Looking it up.", [("lookup", {"query": "QUIC"})]),
+             Reply("found: two sources on QUIC")]))
+        return await child().run(ctx, child.input_model(input="QUIC"))
+    return await child().run(ctx, child.input_model(prompt="QUIC"))
+
+
+@pytest.mark.parametrize("framework", CHILDREN)
+async def test_each_model_call_and_tool_passes_the_gate_first(framework, monkeypatch):
+    output = await run(framework, Gated(lost_at=None), monkeypatch)
+    assert "found: two sources on QUIC" in json.dumps(output)
+    assert RAN == ["gate", "model", "gate", "lookup", "gate", "model"]
+
+
+@pytest.mark.parametrize("framework", CHILDREN)
+@pytest.mark.parametrize(("lost_at", "ran"), [(1, ["gate"]),
+                                              (2, ["gate", "model", "gate"])],
+                         ids=["before-the-model-call", "before-the-tool"])
+async def test_an_attempt_that_lost_the_run_makes_no_call_after_the_gate(
+        framework, lost_at, ran, monkeypatch):
     with pytest.raises(Exception) as raised:
-        await child().run(ctx, child.input_model(prompt="QUIC"))
-    assert superseded(raised.value), raised.value
-    assert RAN == ["gate"]
-
-
-async def test_a_frameworks_tool_runs_after_the_gate_while_the_attempt_holds_the_run():
-    child = CHILDREN["pydantic_ai"]
-    ctx = Gated(lost=False)
-    assert await child().run(ctx, child.input_model(prompt="QUIC")) == (
-        "found: two sources on QUIC")
-    assert RAN == ["gate", "lookup"]
+        await run(framework, Gated(lost_at), monkeypatch)
+    assert stopped_by_the_gate(raised.value), raised.value
+    assert RAN == ran

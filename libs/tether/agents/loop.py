@@ -302,6 +302,8 @@ class AgentLoop:
             attempt += 1
             text.begin_attempt()
             self._status("running")
+            if self._ports.ensure_current is not None:
+                await self._ports.ensure_current()
             try:
                 response = await self._until_cancelled(
                     self._ports.client.complete(request, on_delta), interruptible=True)
@@ -337,7 +339,7 @@ class AgentLoop:
         return ToolRunner(self._definition, tool_execution=plan.tool_execution,
                           context_for=context_for, emit=emit,
                           interrupted=inbox.interrupted if inbox is not None else None,
-                          before_tool=self._ports.before_tool)
+                          before_tool=self._ports.ensure_current)
 
     async def _store(self, session: Session, plan: CallPlan,
                      record: AgentStepRecord) -> AgentStepRecord:

@@ -84,9 +84,10 @@ class LoopPorts:
     inbox: Inbox | None = None  # the parent's steering messages (`Inbox`)
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     on_status: Callable[[RunStatus], None] | None = None
-    # Awaited right before each tool runs: the Tether child's `ensure_current`, so a
-    # process paused past its hold on the run runs no tool another attempt may have run.
-    before_tool: Callable[[], Awaitable[None]] | None = None
+    # Awaited right before each model call and each tool: the Tether child's
+    # `ensure_current`, so a process paused past its hold on the run makes no call that
+    # another attempt may have made (and whose usage the run would not count).
+    ensure_current: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ class ModelAgent(ChildAgent):
         ports = LoopPorts(client=client_for(type(self)), journal=_RunJournal(ctx, records),
                           text=text, progress=ctx.report_progress, cancelled=ctx.cancelled,
                           inbox=ctx if ctx.in_run else None, on_status=status,
-                          before_tool=ctx.ensure_current)
+                          ensure_current=ctx.ensure_current)
         outcome = await AgentLoop(definition, ports).drive(session, plan, decisions)
         started = history.started_at if history is not None and history.started_at else SYSTEM_CLOCK.now()
         result = self.result = build_result(definition, plan, session, outcome, started)

@@ -64,7 +64,7 @@ class ToolRunner:
                  before_tool: Callable[[], Awaitable[None]] | None = None) -> None:
         """`interrupted`: set while an `interrupt` steering message waits; a tool call
         of a model turn in flight then is stopped, and one not started is not started.
-        `before_tool`: awaited right before each tool runs (`LoopPorts.before_tool`)."""
+        `before_tool`: awaited right before each tool runs (`LoopPorts.ensure_current`)."""
         self._definition = definition
         self._manual = tool_execution == "manual"
         self._context_for = context_for

@@ -103,6 +103,7 @@ class RecordedModel(Model):
         key = self.journal.next_key("model")
         if (recorded := self.journal.recorded(key)) is not MISSING:
             return RESPONSE.validate_python(recorded["response"])
+        await self.ctx.ensure_current()  # a runner paused past its hold calls no model
         response = await self.wrapped.get_response(*args, **kwargs)
         usage = response.usage
         await self.journal.record(

@@ -124,6 +124,7 @@ class Steps(AbstractCapability[Any]):
         key = self.journal.next_key("model")
         if (recorded := self.journal.recorded(key)) is not MISSING:
             return RESPONSE.validate_python(recorded["response"])
+        await self.ctx.ensure_current()  # a runner paused past its hold calls no model
         response = await handler(request_context)
         usage = response.usage
         await self.journal.record(
