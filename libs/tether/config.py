@@ -141,6 +141,9 @@ class Settings(BaseModel):
     # Whether A2A push notifications may go to private, loopback and link-local addresses
     # (off: a caller cannot make the gateway call into its own network).
     gateway_push_private_urls: bool = False
+    # How long a gateway holds the A2A push configs it sends for without renewing them
+    # (it renews them every second): past that, another replica takes them over.
+    gateway_push_lease_ms: int = Field(default=15_000, ge=3_000, le=600_000)
     # HTTPS: the gateway's certificate and key (PEM); with a client CA it also asks callers
     # for certificates that CA signed, and a caller may be let in by its certificate.
     gateway_tls_cert_file: str | None = None

@@ -8,13 +8,22 @@ authentication in `Authorization`, and `X-Tether-Notification-Id`: the same id e
 the same notification is sent again, so a receiver can drop repeats. It is written into
 the config's outbox before it is sent, and sent again (backing off up to a minute) until
 the receiver answers 2xx: at least once, through a receiver that is down, a gateway that
-restarts or a replica that dies (another takes its configs once their lease runs out).
+restarts or a replica that dies (another takes its configs once their lease runs out,
+`TETHER_GATEWAY_PUSH_LEASE_MS`).
+
+A gateway sends for a config only while it surely holds it: its lease counts as fresh
+for two thirds of its length after the claim that renewed it was sent (this process's
+monotonic clock, which a pause does not stop), and a stale one is renewed in Postgres
+before the next send. A gateway paused past its lease, whose config another took over,
+sends nothing more for it when it wakes, and its writes of the config's progress are
+refused (`push.taken_over`).
 """
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import httpx
@@ -25,12 +34,19 @@ from google.protobuf.json_format import MessageToDict
 
 from tether.adapters.postgres.push_configs import PushConfig, PushConfigs
 from tether.client.parent import ParentHandle
+from tether.domain import lease
 from tether.gateway.a2a_tasks import FINAL, a2a_state, task_of, view_state
 from tether.gateway.callers import Callers
 from tether.resilience import Backoff, sleep_unless_stopped
 
 NOTIFICATION_ID_HEADER = "X-Tether-Notification-Id"
-LEASE_S = 15.0
+T = TypeVar("T")
+FRESH_SHARE = 2 / 3  # of the lease: how long after its renewal a gateway acts on it
+
+
+class TakenOver(Exception):
+    """Another gateway holds the config now: this one lost it (it was paused, or cut off
+    from Postgres, past its lease)."""
 
 
 class Pusher:
@@ -38,17 +54,21 @@ class Pusher:
 
     def __init__(self, store: PushConfigs, callers: Callers,
                  parent_of: Callable[[Any], ParentHandle], logger, *, owner: str,
-                 http: httpx.AsyncClient, scan_s: float = 1.0) -> None:
+                 http: httpx.AsyncClient, lease_s: float = 15.0, scan_s: float = 1.0) -> None:
         self.store, self.callers, self.parent_of, self.logger = store, callers, parent_of, logger
-        self.owner, self.http, self.scan_s = owner, http, scan_s
+        self.owner, self.http, self.lease_s, self.scan_s = owner, http, lease_s, scan_s
         self.wake = asyncio.Event()  # a config was added: look at once
         self._following: dict[tuple[str, str, str], asyncio.Task] = {}
+        # When the last claim or renewal that held each config was sent (monotonic).
+        self._renewed: dict[tuple[str, str, str], float] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
             while not stop.is_set():
                 try:
-                    for config in await self.store.claim(self.owner, LEASE_S, limit=1000):
+                    sent = time.monotonic()
+                    for config in await self.store.claim(self.owner, self.lease_s, limit=1000):
+                        self._renewed[config.key] = sent
                         if config.key not in self._following:
                             self._following[config.key] = asyncio.create_task(
                                 self._follow(config, stop))
@@ -59,6 +79,7 @@ class Pusher:
                 for key, task in list(self._following.items()):
                     if task.done():
                         del self._following[key]
+                        self._renewed.pop(key, None)
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.scan_s):
@@ -73,6 +94,11 @@ class Pusher:
     async def _follow(self, config: PushConfig, stop: asyncio.Event) -> None:
         try:
             await self._deliver(config, stop)
+        except TakenOver:
+            self.logger.info("push.taken_over", task_id=config.task_id,
+                             config_id=config.config_id,
+                             detail="another gateway holds the config since this one's "
+                                    "lease ran out: it sends the task's notifications")
         except Exception as error:  # noqa: BLE001 - the next scan takes the config up again
             self.logger.warning("push.interrupted", task_id=config.task_id,
                                 config_id=config.config_id,
@@ -83,8 +109,9 @@ class Pusher:
         """Send what `config` owes, then each change of its task's state, to the end."""
         caller = self.callers.by_name(config.caller)
         if caller is None:
-            await self.store.finish(config, f"caller {config.caller!r} is no longer in the "
-                                            "callers file")
+            self._held(await self.store.finish(
+                self.owner, config, f"caller {config.caller!r} is no longer in the callers "
+                                    "file"))
             return
         parent = self.parent_of(caller)
         while not config.done and not stop.is_set():
@@ -93,14 +120,34 @@ class Pusher:
                 continue
             snapshot = await parent.inspect(config.task_id)
             if snapshot is None:
-                await self.store.finish(config, f"task {config.task_id} is gone")
+                self._held(await self.store.finish(self.owner, config,
+                                                   f"task {config.task_id} is gone"))
                 return
             state = a2a_state(snapshot)
             if TaskState.Name(state) != config.sent_state:
                 body = MessageToDict(StreamResponse(task=task_of(snapshot)))
-                config = await self.store.owe(config, TaskState.Name(state), body)
+                config = self._held(await self.store.owe(self.owner, config,
+                                                         TaskState.Name(state), body))
                 continue
             await self._until_moved(parent, config.task_id, state, stop)
+
+    @staticmethod
+    def _held(written: T | None) -> T:
+        """What a write of the config's progress returned; `TakenOver` when it was
+        refused (None or False: another gateway holds the config)."""
+        if written is None or written is False:
+            raise TakenOver()
+        return written
+
+    async def _ensure_held(self, config: PushConfig) -> None:
+        """Before a send: at once while the lease is fresh; else renewed in Postgres
+        first (`TakenOver` when another gateway holds it)."""
+        renewed = self._renewed.get(config.key)
+        if lease.fresh(time.monotonic(), renewed, self.lease_s * FRESH_SHARE):
+            return
+        sent = time.monotonic()
+        self._held(await self.store.renew(self.owner, config, self.lease_s))
+        self._renewed[config.key] = sent
 
     async def _until_moved(self, parent: ParentHandle, task_id: str, state: int,
                            stop: asyncio.Event) -> None:
@@ -119,13 +166,14 @@ class Pusher:
             headers["Authorization"] = f"{config.auth_scheme} {config.auth_credentials}"
         backoff = Backoff(initial_s=0.2, max_s=60.0)
         while True:
+            await self._ensure_held(config)
             try:
                 response = await self.http.post(config.url, json=config.pending_body,
                                                  headers=headers)
                 response.raise_for_status()
             except httpx.HTTPError as error:
                 why = f"{type(error).__name__}: {error}"
-                await self.store.failed(config, why)
+                self._held(await self.store.failed(self.owner, config, why))
                 if backoff.failures == 0:
                     self.logger.warning("push.failed", task_id=config.task_id,
                                         config_id=config.config_id, url=config.url,
@@ -136,7 +184,7 @@ class Pusher:
             final = TaskState.Value(config.pending_state) in FINAL
             self.logger.info("push.sent", task_id=config.task_id, config_id=config.config_id,
                              state=config.pending_state, notification_id=config.pending_id)
-            return await self.store.sent(config, final)
+            return self._held(await self.store.sent(self.owner, config, final))
 
 
 async def _moved(views, task_id: str, state: int) -> None:

@@ -292,7 +292,8 @@ async def serve_gateway(settings: Settings, stop: asyncio.Event,
         stopping = asyncio.Event()
         pusher = Pusher(store, callers, connections.parent_of, logger,
                         owner=f"gateway-{uuid.uuid4().hex[:12]}",
-                        http=httpx.AsyncClient(timeout=30.0))
+                        http=httpx.AsyncClient(timeout=30.0),
+                        lease_s=settings.gateway_push_lease_ms / 1000)
         pushes = Pushes(store, pusher, private_urls=settings.gateway_push_private_urls)
         app = create_app(settings, agents, callers, connections, logger, base_url=base_url,
                          stopping=stopping, pushes=pushes)

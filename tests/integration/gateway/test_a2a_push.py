@@ -3,11 +3,8 @@ of the test's: a config set with a message or on a task is kept in Postgres, eac
 of the task's state is POSTed to it, and a receiver that is down, through a gateway that
 restarts, still gets every notification, the same one with the same id."""
 
-import asyncio
-import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Self
 
 import gateway_agents
 import pytest
@@ -28,50 +25,9 @@ from a2a.types import (
 from a2a.utils.errors import A2AError
 from eventually import eventually
 from gateway_stack import LIMITED, a2a_client, running_gateway
+from push_receiver import Receiver
 
 from tether.gateway.a2a_push import NOTIFICATION_ID_HEADER
-
-
-class Receiver:
-    """An HTTP server that records each POST (headers and JSON body), answering 200, or
-    503 while `down`."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[dict[str, str], dict]] = []
-        self.refused = 0
-        self.down = False
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> Self:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.server.close()
-        await self.server.wait_closed()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/hook"
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readline()
-        headers = {}
-        while (line := await reader.readline()) not in (b"\r\n", b""):
-            name, _, value = line.decode().partition(":")
-            headers[name.strip().lower()] = value.strip()
-        body = await reader.readexactly(int(headers.get("content-length", 0)))
-        if self.down:
-            self.refused += 1
-            writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
-        else:
-            self.received.append((headers, json.loads(body)))
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    def states(self) -> list[str]:
-        return [body["task"]["status"]["state"] for _, body in self.received]
 
 
 @pytest.fixture

@@ -7,6 +7,11 @@ one gateway at a time for `lease_s` (a replica that dies leaves it to another on
 lease runs out). The notification a config owes is written before it is sent
 (`owe`) and cleared once the receiver took it (`sent`), so whoever sends it next sends
 the same one, with the same id: at least once, deduplicable by the receiver.
+
+Every write of a config's progress is its holder's only (`claimed_by`), and moves it on
+only from where the writer saw it (the notification owed, the count sent): a gateway
+paused past its lease, whose config another took over meanwhile, changes nothing when
+it wakes (None, or False: `TakenOver` for the pusher).
 """
 
 import json
@@ -133,34 +138,58 @@ class PushConfigs:
             f"UPDATE {self._s}.push_configs SET claimed_by = NULL, claimed_until = NULL "
             "WHERE claimed_by = $1", owner)
 
-    async def owe(self, config: PushConfig, state: str, body: dict[str, Any]) -> PushConfig:
-        """Write the next notification into the config's outbox."""
+    async def renew(self, owner: str, config: PushConfig, lease_s: float) -> bool:
+        """Hold `config` for `lease_s` more, if `owner` still holds it."""
+        held = await self._pool.fetchval(
+            f"UPDATE {self._s}.push_configs SET claimed_until = now() + "
+            "make_interval(secs => $5) WHERE caller = $1 AND task_id = $2 AND config_id = $3 "
+            "AND claimed_by = $4 RETURNING true", *config.key, owner, lease_s)
+        return bool(held)
+
+    async def owe(self, owner: str, config: PushConfig, state: str, body: dict[str, Any]
+                  ) -> PushConfig | None:
+        """Write the next notification into the config's outbox; None when `owner` no
+        longer holds the config, or it moved on since `config` was read."""
         pending_id = f"{config.task_id}:{config.config_id}:{config.sent_count + 1}"
-        await self._pool.execute(
-            f"UPDATE {self._s}.push_configs SET pending_id = $4, pending_state = $5, "
-            "pending_body = $6::jsonb WHERE caller = $1 AND task_id = $2 AND config_id = $3",
-            *config.key, pending_id, state, json.dumps(body))
+        written = await self._pool.fetchval(
+            f"UPDATE {self._s}.push_configs SET pending_id = $5, pending_state = $6, "
+            "pending_body = $7::jsonb WHERE caller = $1 AND task_id = $2 AND config_id = $3 "
+            "AND claimed_by = $4 AND pending_id IS NULL AND sent_count = $8 AND NOT done "
+            "RETURNING true", *config.key, owner, pending_id, state, json.dumps(body),
+            config.sent_count)
+        if not written:
+            return None
         return PushConfig(**{**config.__dict__, "pending_id": pending_id,
                              "pending_state": state, "pending_body": body})
 
-    async def sent(self, config: PushConfig, final: bool) -> PushConfig:
-        """The receiver took the owed notification."""
-        await self._pool.execute(
+    async def sent(self, owner: str, config: PushConfig, final: bool) -> PushConfig | None:
+        """The receiver took the owed notification; None when `owner` no longer holds
+        the config, or it no longer owes that notification."""
+        written = await self._pool.fetchval(
             f"UPDATE {self._s}.push_configs SET sent_state = pending_state, "
             "sent_count = sent_count + 1, pending_id = NULL, pending_state = NULL, "
-            "pending_body = NULL, done = $4, failures = 0, last_error = NULL "
-            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", *config.key, final)
+            "pending_body = NULL, done = $6, failures = 0, last_error = NULL "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3 AND claimed_by = $4 "
+            "AND pending_id = $5 RETURNING true", *config.key, owner, config.pending_id, final)
+        if not written:
+            return None
         return PushConfig(**{**config.__dict__, "sent_state": config.pending_state,
                              "sent_count": config.sent_count + 1, "pending_id": None,
                              "pending_state": None, "pending_body": None, "done": final})
 
-    async def failed(self, config: PushConfig, error: str) -> None:
-        await self._pool.execute(
-            f"UPDATE {self._s}.push_configs SET failures = failures + 1, last_error = $4 "
-            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", *config.key, error)
+    async def failed(self, owner: str, config: PushConfig, error: str) -> bool:
+        """A send failed (counted, its error kept); False when `owner` no longer holds it."""
+        written = await self._pool.fetchval(
+            f"UPDATE {self._s}.push_configs SET failures = failures + 1, last_error = $5 "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3 AND claimed_by = $4 "
+            "RETURNING true", *config.key, owner, error)
+        return bool(written)
 
-    async def finish(self, config: PushConfig, why: str) -> None:
-        """Nothing more to send (the task is gone): done, saying why."""
-        await self._pool.execute(
-            f"UPDATE {self._s}.push_configs SET done = true, last_error = $4 "
-            "WHERE caller = $1 AND task_id = $2 AND config_id = $3", *config.key, why)
+    async def finish(self, owner: str, config: PushConfig, why: str) -> bool:
+        """Nothing more to send (the task is gone): done, saying why; False when `owner`
+        no longer holds it."""
+        written = await self._pool.fetchval(
+            f"UPDATE {self._s}.push_configs SET done = true, last_error = $5 "
+            "WHERE caller = $1 AND task_id = $2 AND config_id = $3 AND claimed_by = $4 "
+            "RETURNING true", *config.key, owner, why)
+        return bool(written)
