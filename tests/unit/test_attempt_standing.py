@@ -4,7 +4,7 @@
 import asyncio
 import time
 
-from tether.child.work import Hold, StallWatch
+from tether.adapters.holds import Hold, StallWatch
 from tether.domain import attempts
 from tether.domain.fold import fold
 from tether.testing import RunEvents

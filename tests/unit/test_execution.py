@@ -10,9 +10,10 @@ from typing import ClassVar
 import pytest
 from pydantic import BaseModel
 
+from tether.adapters.holds import Hold
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.execution import Execution
-from tether.child.work import Hold, RunnerEnvironment
+from tether.child.work import RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import WorkItem, work_item_json
 from tether.domain import decide, recovery_decisions

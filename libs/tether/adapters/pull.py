@@ -59,7 +59,7 @@ class Pull:
         # When the request that may have brought the last fetch's messages was sent
         # (monotonic): the server's ack wait for them started no earlier; and when the
         # first of them was read off the connection, which is when it was delivered
-        # unless the process stalled in between (`tether.child.work.Hold`).
+        # unless the process stalled in between (`tether.adapters.holds.Hold`).
         self.sent_at = self.arrived_at = time.monotonic()
         self._lingering_sent_at: float | None = None
 

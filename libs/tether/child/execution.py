@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar
 from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
+from tether.adapters.holds import Hold
 from tether.agent_registry import agent_version
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunCancelled, RunContext, RunSuperseded, bind_context
@@ -37,7 +38,6 @@ from tether.child.recorder import RunRecorder
 from tether.child.work import (
     MAX_ERROR_CHARS,
     ChildResult,
-    Hold,
     Outcome,
     OutcomeKind,
     RunnerEnvironment,

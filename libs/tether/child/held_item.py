@@ -14,8 +14,8 @@ from contextlib import suppress
 
 from nats.aio.msg import Msg
 
+from tether.adapters.holds import Hold
 from tether.adapters.pull import delivery_of
-from tether.child.work import Hold
 from tether.domain import attempts
 from tether.domain.events import Event, ParentRef
 from tether.domain.run_state import RunState

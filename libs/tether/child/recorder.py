@@ -46,7 +46,7 @@ from tether.ports import SYSTEM_CLOCK, EventLog
 from tether.resilience import Persisting
 
 if TYPE_CHECKING:
-    from tether.child.work import Hold
+    from tether.adapters.holds import Hold
     from tether.delivery.deliverer import Deliverer
 
 

@@ -35,12 +35,13 @@ from pydantic import ValidationError
 
 from tether import tracing
 from tether.adapters.control import control_broker
+from tether.adapters.holds import Hold, StallWatch
 from tether.adapters.pull import Pull
 from tether.adapters.requests import scatter
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.child.execution import Execution
-from tether.child.work import Hold, Outcome, RunnerEnvironment, StallWatch
+from tether.child.work import Outcome, RunnerEnvironment
 from tether.config import Settings
 from tether.contract.messages import (
     CancelReply,
