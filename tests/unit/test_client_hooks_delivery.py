@@ -2,6 +2,7 @@
 (nats-py's fetch also hands over every message a timed-out fetch left in its queue)."""
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -16,17 +17,20 @@ METHOD = "on_done"
 
 
 class OverfullSubscription:
-    """The first fetch returns `first` messages whatever the batch; later ones one each."""
+    """The first fetch returns `first` messages whatever the batch; later ones one each
+    (each fetch's request sent, and its first message read, now: `adapters.pull.Pull`)."""
 
     def __init__(self, first: int, total: int) -> None:
         self.batches: list[int] = []
         self.remaining = total
         self.first = first
+        self.sent_at = self.arrived_at = time.monotonic()
 
     async def fetch(self, batch: int, timeout: float):
         if batch < 1:  # what nats-py raises: "nats: invalid batch size"
             raise ValueError("nats: invalid batch size")
         self.batches.append(batch)
+        self.sent_at = self.arrived_at = time.monotonic()
         count = min(self.first if len(self.batches) == 1 else 1, self.remaining)
         self.remaining -= count
         await asyncio.sleep(0)
@@ -43,7 +47,7 @@ async def test_a_fetch_returning_more_than_asked_waits_for_room_instead_of_faili
     failures: list[str] = []
     registry._logger = SimpleNamespace(warning=lambda event, **kw: failures.append(kw["error"]))
 
-    async def handle(method: str, msg) -> None:
+    async def handle(method: str, msg, hold) -> None:
         nonlocal running, handled, peak
         running += 1
         peak = max(peak, running)

@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from tether import tracing
 from tether.adapters.deliveries import DeliveryRecords, delivery_key
 from tether.adapters.denials import PublishDenied, unless_refused
+from tether.adapters.holds import Hold, StallWatch
 from tether.adapters.hook_consumers import (
     consumer_config,
     consumer_name,
@@ -180,6 +181,7 @@ class HookStats:
     skipped: int = 0  # already in the ledger: acknowledged without a call
     malformed: int = 0  # not a HookMessage: terminated, never retried
     deferred: int = 0  # another handler was calling the function: put back for later
+    left: int = 0  # held past the lease (this process was paused): left to its redelivery
 
 
 class HookRegistry:
@@ -204,6 +206,7 @@ class HookRegistry:
         self._calling: set[str] = set()  # the deliveries being checked or called
         self._called = _Recent(CALLED_KEPT)  # the deliveries made and recorded here
         self._reports = _Reports(tether, self._logger)
+        self._stalls = StallWatch()  # a pause of this process voids its holds on hooks
 
     def register(self, method: str, function: HookFunction) -> HookFunction:
         check_identifier(method, "hook method")
@@ -258,10 +261,12 @@ class HookRegistry:
         self.ready.set()
         self._logger.info("hooks.serving", methods=sorted(self.functions),
                           lease_s=self.lease_s)
+        self._stalls.start()
         try:
             await asyncio.gather(*(self._deliver(method, subscription, stop)
                                    for method, subscription in subscriptions.items()))
         finally:
+            self._stalls.stop()
             self.ready.clear()
             for subscription in subscriptions.values():
                 with suppress(Exception):
@@ -323,7 +328,7 @@ class HookRegistry:
             f"{self.parent_agent}: an application user serves only the parent agents and "
             "hook methods its configuration lists (tether.access)")
 
-    async def _deliver(self, method: str, subscription, stop: asyncio.Event) -> None:
+    async def _deliver(self, method: str, subscription: Pull, stop: asyncio.Event) -> None:
         in_flight: set[asyncio.Task] = set()
         health = Health(self._logger, f"hooks:{method}")
         backoff = Backoff(max_s=1.0)
@@ -346,23 +351,25 @@ class HookRegistry:
                 backoff.reset()
                 health.recovered()
                 for msg in messages:
-                    task = asyncio.create_task(self._handle_guarded(method, msg))
+                    hold = Hold.of_delivery(subscription.sent_at, subscription.arrived_at,
+                                            self.lease_s, self._stalls)
+                    task = asyncio.create_task(self._handle_guarded(method, msg, hold))
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
         finally:
             if in_flight:
                 await asyncio.gather(*in_flight, return_exceptions=True)
 
-    async def _handle_guarded(self, method: str, msg: Msg) -> None:
+    async def _handle_guarded(self, method: str, msg: Msg, hold: Hold) -> None:
         try:
             if not tracing.ENABLED:
-                await self.handle(method, msg)
+                await self.handle(method, msg, hold)
             else:  # the run's trace goes on in this handler
                 with tracing.span(f"process {msg.subject}", tracing.CONSUMER,
                                   carrier=msg.headers or {},
                                   attributes=tracing.messaging_attributes(
                                       "process", msg.subject, **{"tether.hook.method": method})):
-                    await self.handle(method, msg)
+                    await self.handle(method, msg, hold)
         except Exception as error:  # never lose a hook to a bug or a NATS hiccup
             if is_transient(error):
                 self._logger.warning("hooks.handling_failed", method=method,
@@ -372,7 +379,10 @@ class HookRegistry:
             with suppress(Exception):
                 await msg.nak(delay=self.lease_s)
 
-    async def handle(self, method: str, msg: Msg) -> None:
+    async def handle(self, method: str, msg: Msg, hold: Hold | None = None) -> None:
+        """Deliver one hook message. `hold`: this handler's hold on it; one that went
+        stale (the process was paused past the lease, and another handler may have the
+        hook now) calls nothing and leaves the message to its redelivery."""
         try:
             hook = HookMessage.model_validate_json(msg.data)
         except ValidationError as error:
@@ -408,6 +418,13 @@ class HookRegistry:
             if await self._delivered_before(run, result.status, method, message_id, delivery,
                                             headers):
                 await self._already_delivered(msg, logger)
+                return
+            if hold is not None and not hold.fresh:
+                self.stats.left += 1
+                logger.info("hooks.left_to_redelivery", detail=(
+                    f"held for {hold.age_s:.1f}s without renewing it (this process was "
+                    "stopped or paused): another handler may be calling it; left to its "
+                    "redelivery"))
                 return
             await self._call(method, msg, hook, message_id, logger)
         finally:
