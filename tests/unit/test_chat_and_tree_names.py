@@ -1,4 +1,5 @@
-"""A run's name as a parent, and which chat a run speaks on and notifies: pure decisions."""
+"""A run's name as a parent, its id at a remote agent, and which chat a run speaks on and
+notifies: pure decisions."""
 
 import pytest
 
@@ -6,7 +7,7 @@ from tether.domain import decide
 from tether.domain.chat import ChatKey, chat_of, notice_chat, started_by_error
 from tether.domain.events import ParentRef, RunRef
 from tether.domain.fold import evolve
-from tether.domain.ids import check_identifier, nested_parent_name
+from tether.domain.ids import check_identifier, nested_parent_name, remote_run_id
 from tether.testing import RunEvents
 
 ALICE = ParentRef(agent="Assistant", name="alice")
@@ -38,6 +39,19 @@ def test_a_long_run_id_is_cut_to_an_identifier_and_still_named_whole() -> None:
 
     assert check_identifier(name) == name and len(name) == 128
     assert name != other
+
+
+def test_a_runs_remote_id_names_its_parent_and_its_life() -> None:
+    ids = {remote_run_id(p.agent, p.name, "research-1", life)
+           for p in (ALICE, BOB) for life in ("life-a", "life-b")}
+
+    assert len(ids) == 4
+    assert all(run_id.startswith("research-1-") for run_id in ids)
+    assert remote_run_id("Assistant", "alice", "research-1", "life-a") in ids  # stable
+    long = "r" * 128
+    cut = remote_run_id("Assistant", "alice", long, "life-a")
+    assert check_identifier(cut) == cut and len(cut) == 128
+    assert cut != remote_run_id("Assistant", "alice", long[:-1] + "s", "life-a")
 
 
 def test_a_run_owns_its_nested_runs_by_its_name_and_speaks_on_its_own_chat() -> None:

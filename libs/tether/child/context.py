@@ -22,6 +22,7 @@ from tether.domain.ids import (
     nested_call_digest,
     nested_parent_name,
     nested_run_id,
+    remote_run_id,
 )
 from tether.domain.waiting import waiting_below
 from tether.log import get_logger
@@ -215,6 +216,13 @@ class RunContext:
         checked them when the fork was asked for); {} for any other run."""
         fork = self.history.forked_from if self.history is not None else None
         return dict(fork.overrides) if fork is not None else {}
+
+    @property
+    def remote_run_id(self) -> str:
+        """The id this run goes by at a remote agent (`tether.domain.ids.remote_run_id`):
+        its run id, and a digest of its parent and this life of the run id."""
+        return remote_run_id(self.parent.agent, self.parent.name, self.run_id,
+                             self.history.incarnation if self.history is not None else "")
 
     @property
     def in_run(self) -> bool:

@@ -119,6 +119,22 @@ def nested_parent_name(parent_agent: str, parent_name: str, run_id: str) -> str:
     return f"{run_id[:_MAX_IDENTIFIER - len(digest) - 1]}:{digest}"
 
 
+def remote_run_id(parent_agent: str, parent_name: str, run_id: str, incarnation: str) -> str:
+    """The id run `run_id` of parent `parent_agent/parent_name` goes by at a remote agent
+    (an MCP call's `_meta["io.tether/run_id"]`; the ids of its messages to an A2A agent):
+    `<run id>-<digest of its parent, its run id and its life>`.
+
+    A remote that takes a repeated id for a repeated call (a Tether gateway does: the call
+    made again after a crash finds its run) would take two parents' runs of one run id,
+    or two lives of one (cleared, then asked for again), for one call, and give the
+    second the first one's answer. A long run id is cut to fit an identifier; the digest
+    still names all of it.
+    """
+    digest = hashlib.blake2b(f"{parent_agent}/{parent_name}/{run_id}/{incarnation}".encode(),
+                             digest_size=_TREE_DIGEST_BYTES).hexdigest()
+    return f"{run_id[:_MAX_IDENTIFIER - len(digest) - 1]}-{digest}"
+
+
 @lru_cache(maxsize=4096)  # each process folds a run's request several times
 def incarnation_of(requested_event_id: str) -> str:
     """A short token for one life of a run id, from the id of the `run.requested` that began

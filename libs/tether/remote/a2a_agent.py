@@ -201,7 +201,7 @@ class _RemoteTask:
         history = self.ctx.history
         recorded = history.steps.get(TASK_STEP) if history is not None else None
         if recorded is None:
-            await self._send(_message(self.ctx.run_id, "input", _parts(input)))
+            await self._send(_message(self.ctx.remote_run_id, "input", _parts(input)))
         else:
             await self._refresh(recorded["task_id"])
             await self._answer_if_owed()
@@ -358,7 +358,7 @@ class _RemoteTask:
                 if question:
                     self.answered.add(question)
 
-        await self._send(_message(self.ctx.run_id, f"answer-{n}", parts, task=self.task),
+        await self._send(_message(self.ctx.remote_run_id, f"answer-{n}", parts, task=self.task),
                          taken)
         await taken()  # a remote that answered with nothing has it all the same
 
@@ -412,8 +412,9 @@ def _client(card: "AgentCard", http: "httpx.AsyncClient", streaming: bool) -> "C
 
 
 def _message(run_id: str, what: str, parts: list, task: "Task | None" = None) -> "Message":
-    """A message whose id names the run and what it carries, so a remote that recognises
-    message ids takes a repeated one once."""
+    """A message whose id names the run (`RunContext.remote_run_id`: its parent and its
+    life too) and what it carries, so a remote that recognises message ids takes a
+    repeated one once, and another run's never for this one's."""
     return Message(role=Role.ROLE_USER, message_id=f"tether-{run_id}-{what}", parts=parts,
                    task_id=task.id if task else "", context_id=task.context_id if task else "")
 

@@ -191,7 +191,7 @@ class _ToolCall:
         await self.ctx.ensure_current()  # a runner paused past its hold calls nothing
         return await client.session.call_tool(
             self.agent.tool, arguments, progress_callback=report, allow_claimed=True,
-            meta=cast(types.RequestParamsMeta, {RUN_ID_META: self.ctx.run_id}))
+            meta=cast(types.RequestParamsMeta, {RUN_ID_META: self.ctx.remote_run_id}))
 
     async def _follow_task(self, client: "Client") -> Any:
         assert self.task_id is not None

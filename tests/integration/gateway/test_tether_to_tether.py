@@ -1,7 +1,8 @@
 """One Tether's gateway serving its Researcher, and the same agent used back as a remote
 child through each protocol (`tether.remote`): the remote side is a Tether run of the
-caller's parent, and an MCP call names its run so the gateway's run has the caller's run
-id (a call made again after a crash finds the same run)."""
+caller's parent, and an MCP call names its run so the gateway's run has the calling run's
+id with a digest of its parent and its life (a call made again after a crash finds the
+same run; another parent's run of the same id, or a later life of it, is another)."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from pydantic import BaseModel
 
 from tether.agent_registry import AgentRegistry
 from tether.client import connect
+from tether.domain.ids import remote_run_id
 from tether.log import get_logger
 from tether.remote.a2a_agent import a2a_agent
 from tether.remote.mcp_tool import mcp_tool_agent
@@ -82,13 +84,23 @@ async def test_a_tether_agent_served_over_a2a_is_a_remote_child_of_another_run(t
     assert result.summary == "HTTP/3: two sources agree"
 
 
-async def test_a_tether_agent_served_over_mcp_is_a_remote_child_with_the_same_run_id(tether):
+async def served_id(tether, me, run_id: str) -> str:
+    """The run id the gateway's run of an MCP call has: the calling run's, with a digest
+    of its parent and its life."""
+    state = (await tether.read_run(me.ref, run_id)).state
+    return remote_run_id(me.ref.agent, me.ref.name, run_id, state.incarnation)
+
+
+async def test_a_tether_agent_served_over_mcp_is_a_remote_child_named_by_the_calling_run(
+        tether):
     me = tether.parent("Assistant", "far")
     result = await asyncio.wait_for(
         me.run_agent_tool("ResearchTool", {"query": "gRPC"}, run_id="over-mcp"), DEADLINE_S)
     assert result.ok, result
     assert result.summary == "gRPC: two sources agree"
-    served = (await tether.read_run(DESKTOP_PARENT, "over-mcp")).state
+    served_run_id = await served_id(tether, me, "over-mcp")
+    assert served_run_id.startswith("over-mcp-"), served_run_id
+    served = (await tether.read_run(DESKTOP_PARENT, served_run_id)).state
     assert served.agent_type == "Researcher" and served.status == "completed"
     assert result.output["summary"] == served.summary
 
@@ -113,15 +125,39 @@ async def test_a_remote_task_that_asks_pauses_the_run_and_the_answer_reaches_it(
         assert (item["tool_call_id"], item["reason"]) == ("publish", "approval")
         assert item["input"]["message"] == "Approve publish({})?"
         await me.continue_run(run_id, approvals=["publish"])
-        served_id = run_id  # the call names its run
+        served_run_id = await served_id(tether, me, run_id)  # the call names its run
     else:
         assert (item["tool_call_id"], item["reason"]) == ("a2a-question-0", "input")
         await me.continue_run(run_id,
                               tool_outputs={"a2a-question-0": {"approvals": ["publish"]}})
-        served_id = item["input"]["task_id"]
+        served_run_id = item["input"]["task_id"]
     result = await asyncio.wait_for(call, DEADLINE_S)
     assert result.ok and result.summary == "published", result
-    served = (await tether.read_run(DESKTOP_PARENT, served_id)).state
+    served = (await tether.read_run(DESKTOP_PARENT, served_run_id)).state
     assert served.agent_type == "Approver" and served.status == "completed"
     assert served.resumptions[-1].decisions["approvals"] == ["publish"]
     assert len((await tether.read_run(me.ref, run_id)).state.resumptions) == 1
+
+
+@pytest.mark.parametrize("agent_type", ["ResearchTool", "RemoteResearcher"])
+async def test_runs_of_two_parents_with_the_same_run_id_are_two_remote_runs(tether,
+                                                                            agent_type):
+    """A run id names a run only under its parent: two parents that both choose one, each
+    through the same caller, get each its own remote run and its own answer, not the
+    first one's; and so does a run id cleared and asked for again."""
+    far, near = tether.parent("Assistant", "far"), tether.parent("Assistant", "near")
+    first = await asyncio.wait_for(
+        far.run_agent_tool(agent_type, {"query": "HTTP/3"}, run_id="shared"), DEADLINE_S)
+    second = await asyncio.wait_for(
+        near.run_agent_tool(agent_type, {"query": "QUIC"}, run_id="shared"), DEADLINE_S)
+    assert (first.summary, second.summary) == ("HTTP/3: two sources agree",
+                                               "QUIC: two sources agree")
+    await far.clear("completed")
+
+    async def cleared():
+        return (await tether.read_run(far.ref, "shared")).state is None
+
+    await eventually(cleared, timeout=DEADLINE_S)
+    again = await asyncio.wait_for(
+        far.run_agent_tool(agent_type, {"query": "gRPC"}, run_id="shared"), DEADLINE_S)
+    assert again.summary == "gRPC: two sources agree"
