@@ -17,7 +17,7 @@ agent class), else a scripted client playing the class's `script` (demos, tests)
 
 import importlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -28,10 +28,10 @@ from tether.agents.clients.scripted import Entry, ScriptedModelClient
 from tether.agents.definition import AgentDefinition
 from tether.agents.in_process import build_result, input_messages
 from tether.agents.loop import AgentLoop
-from tether.agents.loop_ports import CallPlan, LoopPorts, Session
+from tether.agents.loop_ports import CallPlan, Inbox, LoopPorts, Session, StepJournal, TextSink
 from tether.agents.model_messages import Message, ModelClient
 from tether.agents.results import AgentRunResult
-from tether.agents.steps import AgentStepRecord, Decisions, state_after
+from tether.agents.steps import AgentStepRecord, Decisions, RunStatus, state_after
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AwaitingInput, ChildAgent
 from tether.child.context import RunContext
@@ -201,10 +201,8 @@ class ModelAgent(ChildAgent):
         def status(value: str) -> None:
             ctx.child_status = value
 
-        ports = LoopPorts(client=client_for(type(self)), journal=_RunJournal(ctx, records),
-                          text=text, progress=ctx.report_progress, cancelled=ctx.cancelled,
-                          inbox=ctx if ctx.in_run else None, on_status=status,
-                          ensure_current=ctx.ensure_current)
+        ports = run_ports(ctx, client_for(type(self)), _RunJournal(ctx, records), text=text,
+                          inbox=ctx if ctx.in_run else None, on_status=status)
         outcome = await AgentLoop(definition, ports).drive(session, plan, decisions)
         started = history.started_at if history is not None and history.started_at else SYSTEM_CLOCK.now()
         result = self.result = build_result(definition, plan, session, outcome, started)
@@ -229,6 +227,17 @@ class ModelAgent(ChildAgent):
         if self.result.output:
             return self.result.output
         return f"stopped: {self.result.stop_reason}" if self.result.stop_reason else ""
+
+
+def run_ports(ctx: RunContext, client: ModelClient, journal: StepJournal, *,
+              text: TextSink, inbox: Inbox | None,
+              on_status: Callable[[RunStatus], None]) -> LoopPorts:
+    """The agent loop's ports in a Tether run: its progress, cancel and status are the
+    run's, and each model call and tool call passes the attempt's gate first
+    (`RunContext.ensure_current`)."""
+    return LoopPorts(client=client, journal=journal, text=text, progress=ctx.report_progress,
+                     cancelled=ctx.cancelled, inbox=inbox, on_status=on_status,
+                     ensure_current=ctx.ensure_current)
 
 
 _clients: dict[tuple[str, type], ModelClient] = {}

@@ -36,8 +36,14 @@ from pydantic import BaseModel, Field
 
 from tether.adapters.requests import subscribe_routed
 from tether.agents.loop import AgentLoop
-from tether.agents.loop_ports import CallPlan, LoopPorts, Session
-from tether.agents.model_agent import ModelAgent, ModelAgentFailed, _RunJournal, client_for
+from tether.agents.loop_ports import CallPlan, Session
+from tether.agents.model_agent import (
+    ModelAgent,
+    ModelAgentFailed,
+    _RunJournal,
+    client_for,
+    run_ports,
+)
 from tether.agents.steps import AgentStepRecord, Decisions, pause_of, state_after
 from tether.agents.tools import StateAccessor
 from tether.child.agent import AwaitingInput
@@ -173,9 +179,8 @@ class ModelParent(ModelAgent):
                         retry=definition.model_retries, model=options.model,
                         preset=options.preset, context=options.context, parent=ctx.parent,
                         inbox=inbox, resumes=resumes)
-        ports = LoopPorts(client=client_for(type(self)), journal=self._journal, text=text,
-                          progress=ctx.report_progress, cancelled=ctx.cancelled,
-                          inbox=ctx, on_status=status)
+        ports = run_ports(ctx, client_for(type(self)), self._journal, text=text, inbox=ctx,
+                          on_status=status)
         outcome = await AgentLoop(definition, ports).drive(self._session, plan, decisions)
         self._replayed = True
         if outcome.status == "cancelled":
