@@ -265,6 +265,40 @@ async def test_two_replicas_share_the_consumer_and_each_hook_runs_once(log, teth
     assert sorted(calls) == sorted(state.run_id for state in states)
 
 
+async def test_a_call_longer_than_the_lease_keeps_its_hook_from_the_other_replica(
+        log, tether):
+    """A function that runs for several leases, beside another replica: its handler
+    renews the hook while it runs, so the server does not hand it to the other replica,
+    which would call it a second time."""
+    lease_ms, release = 600, asyncio.Event()
+    calls: list[str] = []
+
+    async def slow(run: RunInfo, result: LifecycleResult) -> None:
+        calls.append(run.run_id)
+        await release.wait()
+
+    state = await finished_run(log, "import-slow")
+    async with connect(settings=tether.settings) as other:
+        replicas = [client.hooks(PARENT.agent, lease_ms=lease_ms, ledger="direct")
+                    for client in (tether, other)]
+        for replica in replicas:
+            replica.register(METHOD, slow)
+        async with replicas[0].running(), replicas[1].running():
+            await publish_hook(log, state, first=True)
+            await eventually(lambda: calls, timeout=10, interval=0.01)
+            # Renewed for more than two leases: the other replica would have had it twice.
+            await eventually(lambda: sum(r.stats.renewed for r in replicas) >= 7, timeout=20,
+                             interval=0.05)
+            release.set()
+            await ledger_entry(log, "import-slow")
+            await settled(tether)
+    assert calls == ["import-slow"]
+    assert sum(replica.stats.called for replica in replicas) == 1
+    info = await tether.js.consumer_info(tether.subjects.hooks_stream,
+                                         consumer_name(PARENT.agent, METHOD))
+    assert info.delivered.consumer_seq == 1, info  # delivered once: never handed out again
+
+
 async def forget_every_delivery(tether: Tether, method: str = METHOD) -> None:
     """What a broker that restarts before writing its consumers' state does: the next
     handler to bind gets every message again, each as a first delivery."""

@@ -21,8 +21,10 @@ while the parent service that writes the ledger is down. The key is read for eve
 message; the ledger for every message that could repeat an earlier one: a redelivery, or
 a publication the parent does not mark as its first for the outcome
 (`Tether-First-Publication`). A function that raises is retried after
-the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1); a process that dies
-mid-call leaves the message to be redelivered when the lease runs out. Handlers must
+the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1). A call that outlasts a
+third of the lease renews it until the hook is acknowledged; a process that dies (or is
+paused past the lease) mid-call leaves the message to be redelivered when the lease runs
+out, and one woken past the lease before its call leaves it too (`Hold`). Handlers must
 still be idempotent: a crash after the function and before the ledger calls it again.
 """
 
@@ -72,6 +74,7 @@ from tether.domain.ids import (
 from tether.log import get_logger
 from tether.ports import SYSTEM_CLOCK
 from tether.resilience import (
+    TRANSIENT_ERRORS,
     Backoff,
     Health,
     Persisting,
@@ -182,6 +185,7 @@ class HookStats:
     malformed: int = 0  # not a HookMessage: terminated, never retried
     deferred: int = 0  # another handler was calling the function: put back for later
     left: int = 0  # held past the lease (this process was paused): left to its redelivery
+    renewed: int = 0  # in-progress acknowledgements of calls that outlasted a third of the lease
 
 
 class HookRegistry:
@@ -426,7 +430,7 @@ class HookRegistry:
                     "stopped or paused): another handler may be calling it; left to its "
                     "redelivery"))
                 return
-            await self._call(method, msg, hook, message_id, logger)
+            await self._call(method, msg, hook, message_id, logger, hold)
         finally:
             self._calling.discard(key)
 
@@ -452,7 +456,34 @@ class HookRegistry:
                 and (message_id is None or names_this_life(message_id, state, status, method)))
 
     async def _call(self, method: str, msg: Msg, hook: HookMessage, message_id: str | None,
-                    logger) -> None:
+                    logger, hold: Hold | None) -> None:
+        """Call the function, record the delivery, acknowledge. A call (with its records)
+        that outlasts a third of the lease renews the hook until it is acknowledged, so
+        the server does not hand it to another replica meanwhile; most end before, so a
+        timer starts the renewing, not a task per call."""
+        renewing: list[asyncio.Task] = []
+        first_renewal = None if hold is None else asyncio.get_running_loop().call_later(
+            self.lease_s / 3, lambda: renewing.append(asyncio.ensure_future(
+                self._renew(msg, hold))))
+        try:
+            await self._call_and_record(method, msg, hook, message_id, logger)
+        finally:
+            if first_renewal is not None:
+                first_renewal.cancel()
+            for task in renewing:
+                task.cancel()
+
+    async def _renew(self, msg: Msg, hold: Hold) -> None:
+        """An in-progress acknowledgement now and every third of the lease (a failed one
+        is tried at the next)."""
+        while True:
+            with suppress(*TRANSIENT_ERRORS):
+                await hold.renew(msg)
+                self.stats.renewed += 1
+            await asyncio.sleep(self.lease_s / 3)
+
+    async def _call_and_record(self, method: str, msg: Msg, hook: HookMessage,
+                               message_id: str | None, logger) -> None:
         run, result = hook.run, hook.result
         try:
             outcome = self.functions[method](run, result)
