@@ -17,7 +17,9 @@ from typing import Self
 
 import pytest
 from eventually import eventually
+from nats.aio.msg import Msg
 
+from tether.adapters import chat_consumers
 from tether.adapters.chat_consumers import TooManyReaders
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
@@ -291,6 +293,48 @@ async def test_chat_messages_are_replayed_and_shared_by_a_durable_reader(log, te
     # handed out but never acknowledged (it comes back after the ack wait), so the next
     # reader of the durable consumer gets the third.
     assert await first(1, durable="app") == messages[2:]
+
+
+async def test_a_durable_readers_long_handling_keeps_its_message_from_the_other_reader(
+        log, tether, monkeypatch):
+    """A message a reader takes longer than the ack wait to handle is renewed while it is
+    handled: the other reader of the name does not get it meanwhile."""
+    monkeypatch.setattr(chat_consumers, "ACK_WAIT_S", 0.6)
+    renewals = count_calls(monkeypatch, Msg, "in_progress")
+    message = ChatMessage(id="detached-finish:r1:completed", role="user",
+                          content="run r1 completed", metadata={"run_id": "r1"})
+    await log.jetstream.publish(log.subjects.chat(PARENT), message.model_dump_json().encode(),
+                                headers={"Nats-Msg-Id": message.id},
+                                stream=log.subjects.chat_stream)
+    me = tether.parent(PARENT.agent, PARENT.name)
+    async with connect(settings=tether.settings) as other, \
+            aclosing(me.chat(durable="app")) as handling, \
+            aclosing(other.parent(PARENT.agent, PARENT.name).chat(durable="app")) as waiting:
+        async with asyncio.timeout(10):
+            assert await anext(handling) == message  # and handled for a while
+        other_got = asyncio.create_task(anext(waiting))
+        # Renewed for two ack waits: without, the other reader would have it by now.
+        await eventually(lambda: len(renewals) >= 6, timeout=20)
+        assert not other_got.done(), other_got
+        other_got.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await other_got
+    consumer = await log.jetstream.consumer_info(log.subjects.chat_stream,
+                                                 f"chat-{PARENT.agent}-{PARENT.name}-app")
+    assert consumer.delivered.consumer_seq == 1, consumer  # handed out once
+
+
+def count_calls(monkeypatch, owner: type, name: str) -> list[object]:
+    """The calls of `owner.name` from now on (each call's first argument), still made."""
+    calls: list[object] = []
+    original = getattr(owner, name)
+
+    async def counting(self, *args, **kwargs):
+        calls.append(self)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return calls
 
 
 async def test_durable_chat_readers_of_one_parent_are_bounded_and_dropped(log, settings):

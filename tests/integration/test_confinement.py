@@ -10,6 +10,7 @@ written into a stream, a key-value bucket, a control subject or bob's live feed.
 """
 
 import asyncio
+import contextlib
 import json
 import uuid
 from contextlib import aclosing, suppress
@@ -21,6 +22,8 @@ import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, authorized_nats
 from eventually import eventually
 
+from tether.adapters import chat_consumers
+from tether.adapters.chat_consumers import ServedChat
 from tether.adapters.event_log import EventLog
 from tether.adapters.streams import StreamSettings, ensure_streams
 from tether.client import NotPermitted, RateLimited, RequestFailed, connect
@@ -511,6 +514,42 @@ async def test_a_durable_chat_reader_is_served_by_the_parent(tenants):
     finally:
         await alice.close()
 
+
+
+async def test_a_served_readers_long_handling_keeps_its_message_from_the_other_reader(
+        tenants, monkeypatch):
+    """In an account of its own, a reader that takes longer than the ack wait to handle a
+    message has the parent renew it (`chat_next` with `renew`): the other reader of the
+    name does not get it meanwhile."""
+    monkeypatch.setattr(chat_consumers, "ACK_WAIT_S", 0.6)
+    renewals: list[list[str]] = []
+    served_next = ServedChat.next
+
+    async def next_counting(chat, *args, renew=None, **kwargs):
+        if renew:
+            renewals.append(renew)
+        return await served_next(chat, *args, renew=renew, **kwargs)
+
+    monkeypatch.setattr(ServedChat, "next", next_counting)
+    subjects = tenants.subjects
+    await tenants.admin.jetstream().publish(subjects.chat(ALICE_PARENT), json.dumps(
+        {"id": "m-1", "role": "assistant", "content": "message 1", "metadata": {}}).encode())
+    settings = as_user(tenants.settings, tenants.url, "alice")
+    async with connect(settings=settings) as first, connect(settings=settings) as second, \
+            aclosing(first.chat(ALICE_PARENT, durable="inbox")) as handling, \
+            aclosing(second.chat(ALICE_PARENT, durable="inbox")) as waiting:
+        async with asyncio.timeout(10):
+            assert (await anext(handling)).id == "m-1"  # and handled for a while
+        other_got = asyncio.create_task(anext(waiting))
+        # Renewed for two ack waits: without, the other reader would have it by now.
+        await eventually(lambda: len(renewals) >= 6, timeout=20)
+        assert not other_got.done(), other_got
+        other_got.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await other_got
+    consumer = await tenants.admin.jetstream().consumer_info(subjects.chat_stream,
+                                                             "chat-AliceBot-user-1-inbox")
+    assert consumer.delivered.consumer_seq == 1, consumer  # handed out once
 
 
 @pytest.mark.parametrize("tenants", [{"chat_readers_per_parent": 2}], indirect=True)

@@ -30,6 +30,7 @@ from tether.domain.chat import ChatKey
 from tether.domain.events import ParentRef
 
 ACK_WAIT_S = 60.0
+IN_PROGRESS = b"+WPI"  # JetStream's in-progress acknowledgement
 # How long a query waits for a message when none is there: the reader waits on the live
 # chat between queries, not the parent.
 PULL_WAIT_S = 0.05
@@ -117,14 +118,19 @@ class ServedChat:
         self._made: set[str] = set()  # consumers made by this replica (made again on loss)
 
     async def next(self, chat: ChatKey, durable: str, new_only: bool,
-                   ack: list[str], drop: bool = False) -> list[ChatDelivery]:
+                   ack: list[str], drop: bool = False,
+                   renew: list[str] | None = None) -> list[ChatDelivery]:
         stream = self._subjects.chat_stream
         name = consumer_name(chat, durable)
         prefix = f"$JS.ACK.{stream}.{name}."
-        for token in ack:
+        for token in [*ack, *(renew or [])]:
             if not (token.startswith(prefix) and _ACK_TAIL.match(token[len(prefix) - 1:])):
                 raise ValueError(f"{token!r} acknowledges no message of {chat.describe()}'s "
                                  f"durable chat reader {durable!r}")
+        if renew:  # still being handled: the ack wait starts again, nothing handed over
+            for token in renew:
+                await self._nc.publish(token, IN_PROGRESS)
+            return []
         if drop:  # what the reader handled is acknowledged first, then it is gone
             for token in ack:
                 await self._nc.publish(token, b"")

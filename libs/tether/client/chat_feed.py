@@ -7,7 +7,8 @@ the message id (`detached-finish:<run_id>:<status>:<incarnation>`,
 incarnation) is the key to inject each one into the conversation once. With `durable`, the readers that share
 that name share one durable consumer: each message goes to one of them, and is
 acknowledged when the reader asks for the next one, so a reader that crashes while
-handling a message gets it again (at least once). An application in a NATS account of
+handling a message gets it again (at least once); while it is handled, it is renewed
+every third of the ack wait, so a long handling keeps it from the other readers. An application in a NATS account of
 its own has the parent pull for it (`chat_next`), with the same sharing and the same
 at-least-once. Durable readers are bounded: at most `TETHER_CHAT_READERS_PER_PARENT` per
 parent instance (a new one past it raises `TooManyReaders`, naming the setting), each
@@ -16,12 +17,14 @@ dropped by the server once unused for `TETHER_CHAT_READER_INACTIVE_MS`, and
 """
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import suppress
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from functools import partial
 
 from nats.js.errors import FetchTimeoutError, NotFoundError
 from pydantic import ValidationError
 
+from tether.adapters import chat_consumers
 from tether.adapters.chat_consumers import consumer_name, drop_reader, make_reader
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.feed import open_feed
@@ -32,6 +35,7 @@ from tether.domain.commands import ChatNextQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.log import get_logger
+from tether.resilience import describe
 
 FETCH_WAIT_S = 1.0
 
@@ -90,10 +94,38 @@ async def _durable(tether: Link, chat: ChatKey, durable: str, new_only: bool,
                     logger.warning("chat.malformed", stream_seq=msg.metadata.sequence.stream)
                     await msg.term()
                     continue
-                yield chat_message
+                async with _kept(msg.in_progress, logger):
+                    yield chat_message
                 await msg.ack()
     finally:
         await subscription.unsubscribe()
+
+
+@asynccontextmanager
+async def _kept(renew: Callable[[], Awaitable[object]], logger) -> AsyncIterator[None]:
+    """While the application handles a message its durable reader handed over: `renew` it
+    every third of the ack wait, so that a long handling does not have the message handed
+    to another reader of the name meanwhile. A renewal that fails is tried again at the
+    next (an older parent refuses them: the message comes back after the ack wait, as it
+    did)."""
+    async def keep() -> None:
+        warned = False
+        while True:
+            await asyncio.sleep(chat_consumers.ACK_WAIT_S / 3)
+            try:
+                await renew()
+            except Exception as error:  # noqa: BLE001 - said once, tried again at the next
+                if not warned:
+                    warned = True
+                    logger.warning("chat.renew_failed", error=describe(error),
+                                   detail="the message may go to another reader of the "
+                                          "name once its ack wait runs out")
+
+    keeping = asyncio.create_task(keep())
+    try:
+        yield
+    finally:
+        keeping.cancel()
 
 
 async def drop_chat_reader(tether: Link, chat: ChatKey | ParentRef, durable: str) -> bool:
@@ -147,7 +179,11 @@ async def _served_durable(tether: Link, chat: ChatKey, durable: str, new_only: b
                 except ValidationError:
                     logger.warning("chat.malformed", stream_seq=delivery.seq)
                 else:
-                    yield chat_message
+                    renewal = ChatNextQuery(parent=chat.parent, run_id=chat.run_id,
+                                            durable=durable, renew=[delivery.token])
+                    async with _kept(partial(tether.request, "chat_next", renewal,
+                                             ChatNextReply), logger):
+                        yield chat_message
                 ack.append(delivery.token)
     finally:
         with suppress(Exception):  # the connection may already be closing

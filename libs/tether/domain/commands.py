@@ -338,6 +338,8 @@ class ChatNextQuery(Model):
     `ack` names (the tokens of earlier replies), makes the reader's consumer (`durable`,
     shared by every reader of that name) if it is new, and hands over what is there now;
     with `drop`, it deletes the reader's consumer instead (after acknowledging `ack`).
+    With `renew`, it only marks the messages those tokens name as still being handled
+    (an in-progress acknowledgement: their ack wait starts again) and hands over nothing.
     Asked on `<prefix>.rpc.chat_next.<agent>.<name>`; with `run_id`, the reader reads
     the conversation of that run of the parent instead of the parent's own chat."""
 
@@ -349,6 +351,8 @@ class ChatNextQuery(Model):
     drop: bool = False
     ack: Annotated[list[Annotated[str, Field(max_length=512)]], Field(max_length=100)] = Field(
         default_factory=list)
+    renew: Annotated[list[Annotated[str, Field(max_length=512)]],
+                     Field(max_length=100)] = Field(default_factory=list)
 
 
 Command = Annotated[

@@ -225,7 +225,7 @@ class ParentQueries:
                                     self._settings)
         return ChatNextReply(messages=await self._chat.next(
             ChatKey(query.parent, query.run_id), query.durable, query.new_only, query.ack,
-            drop=query.drop))
+            drop=query.drop, renew=query.renew))
 
     def _failed(self, error: Exception, message: NatsMessage):
         subject = message.raw_message.subject
