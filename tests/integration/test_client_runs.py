@@ -16,6 +16,7 @@ from contextlib import aclosing
 from typing import Self
 
 import pytest
+from chat_readers import ACK_WAIT_S, held_while_the_other_waits
 from eventually import eventually
 from nats.aio.msg import Msg
 
@@ -299,7 +300,7 @@ async def test_a_durable_readers_long_handling_keeps_its_message_from_the_other_
         log, tether, monkeypatch):
     """A message a reader takes longer than the ack wait to handle is renewed while it is
     handled: the other reader of the name does not get it meanwhile."""
-    monkeypatch.setattr(chat_consumers, "ACK_WAIT_S", 0.6)
+    monkeypatch.setattr(chat_consumers, "ACK_WAIT_S", ACK_WAIT_S)
     renewals = count_calls(monkeypatch, Msg, "in_progress")
     message = ChatMessage(id="detached-finish:r1:completed", role="user",
                           content="run r1 completed", metadata={"run_id": "r1"})
@@ -310,15 +311,7 @@ async def test_a_durable_readers_long_handling_keeps_its_message_from_the_other_
     async with connect(settings=tether.settings) as other, \
             aclosing(me.chat(durable="app")) as handling, \
             aclosing(other.parent(PARENT.agent, PARENT.name).chat(durable="app")) as waiting:
-        async with asyncio.timeout(10):
-            assert await anext(handling) == message  # and handled for a while
-        other_got = asyncio.create_task(anext(waiting))
-        # Renewed for two ack waits: without, the other reader would have it by now.
-        await eventually(lambda: len(renewals) >= 6, timeout=20)
-        assert not other_got.done(), other_got
-        other_got.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await other_got
+        assert await held_while_the_other_waits(handling, waiting, renewals) == message
     consumer = await log.jetstream.consumer_info(log.subjects.chat_stream,
                                                  f"chat-{PARENT.agent}-{PARENT.name}-app")
     assert consumer.delivered.consumer_seq == 1, consumer  # handed out once

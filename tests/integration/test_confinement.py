@@ -10,7 +10,6 @@ written into a stream, a key-value bucket, a control subject or bob's live feed.
 """
 
 import asyncio
-import contextlib
 import json
 import uuid
 from contextlib import aclosing, suppress
@@ -20,6 +19,7 @@ import msgspec
 import nats
 import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, BOB_PARENT, PASSWORDS, authorized_nats
+from chat_readers import ACK_WAIT_S, held_while_the_other_waits
 from eventually import eventually
 
 from tether.adapters import chat_consumers
@@ -521,7 +521,7 @@ async def test_a_served_readers_long_handling_keeps_its_message_from_the_other_r
     """In an account of its own, a reader that takes longer than the ack wait to handle a
     message has the parent renew it (`chat_next` with `renew`): the other reader of the
     name does not get it meanwhile."""
-    monkeypatch.setattr(chat_consumers, "ACK_WAIT_S", 0.6)
+    monkeypatch.setattr(chat_consumers, "ACK_WAIT_S", ACK_WAIT_S)
     renewals: list[list[str]] = []
     served_next = ServedChat.next
 
@@ -538,15 +538,7 @@ async def test_a_served_readers_long_handling_keeps_its_message_from_the_other_r
     async with connect(settings=settings) as first, connect(settings=settings) as second, \
             aclosing(first.chat(ALICE_PARENT, durable="inbox")) as handling, \
             aclosing(second.chat(ALICE_PARENT, durable="inbox")) as waiting:
-        async with asyncio.timeout(10):
-            assert (await anext(handling)).id == "m-1"  # and handled for a while
-        other_got = asyncio.create_task(anext(waiting))
-        # Renewed for two ack waits: without, the other reader would have it by now.
-        await eventually(lambda: len(renewals) >= 6, timeout=20)
-        assert not other_got.done(), other_got
-        other_got.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await other_got
+        assert (await held_while_the_other_waits(handling, waiting, renewals)).id == "m-1"
     consumer = await tenants.admin.jetstream().consumer_info(subjects.chat_stream,
                                                              "chat-AliceBot-user-1-inbox")
     assert consumer.delivered.consumer_seq == 1, consumer  # handed out once

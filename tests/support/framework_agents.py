@@ -68,25 +68,32 @@ KilledResearcher = pydantic_ai.child(research)
 
 # --- the OpenAI Agents SDK: a Model that follows the script, and a function tool --------
 
+def sdk_looking_up(input: list) -> ModelResponse:
+    """The script's answer to `input`: a call of `sdk_lookup` with the prompt, then, given
+    the tool's output, `found: <output>`."""
+    outputs = [item["output"] for item in input
+               if isinstance(item, dict) and item.get("type") == "function_call_output"]
+    output: list = [ResponseOutputMessage(
+        type="message", id="msg-1", role="assistant", status="completed",
+        content=[ResponseOutputText(type="output_text", text=f"found: {outputs[-1]}",
+                                    annotations=[])])] if outputs else [
+        ResponseFunctionToolCall(
+            type="function_call", id="fc-1", call_id="look-1", name="sdk_lookup",
+            arguments=json.dumps({"query": input[-1]["content"]}), status="completed")]
+    return ModelResponse(output=output, usage=Usage(requests=1, input_tokens=10,
+                                                    output_tokens=1, total_tokens=11),
+                         response_id=None)
+
+
 class SdkScript(Model):
     async def get_response(self, system_instructions, input, *args: Any,
                            **kwargs: Any) -> ModelResponse:
-        outputs = [item["output"] for item in input
-                   if isinstance(item, dict) and item.get("type") == "function_call_output"]
-        if outputs:
+        if any(isinstance(item, dict) and item.get("type") == "function_call_output"
+               for item in input):
             await _say("answer", then_wait=True)
-            output: list = [ResponseOutputMessage(
-                type="message", id="msg-1", role="assistant", status="completed",
-                content=[ResponseOutputText(type="output_text", text=f"found: {outputs[-1]}",
-                                            annotations=[])])]
         else:
             await _say("look up")
-            output = [ResponseFunctionToolCall(
-                type="function_call", id="fc-1", call_id="look-1", name="sdk_lookup",
-                arguments=json.dumps({"query": input[-1]["content"]}), status="completed")]
-        return ModelResponse(output=output, usage=Usage(requests=1, input_tokens=10,
-                                                        output_tokens=1, total_tokens=11),
-                             response_id=None)
+        return sdk_looking_up(input)
 
     def stream_response(self, *args: Any, **kwargs: Any):
         raise NotImplementedError

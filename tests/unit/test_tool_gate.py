@@ -10,12 +10,8 @@ from typing import Any
 
 import pytest
 from agents import Agent as SdkAgent
-from agents import Model, ModelResponse, Usage, function_tool, set_tracing_disabled
-from openai.types.responses import (
-    ResponseFunctionToolCall,
-    ResponseOutputMessage,
-    ResponseOutputText,
-)
+from agents import Model, ModelResponse, function_tool, set_tracing_disabled
+from framework_agents import sdk_looking_up
 from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelResponse as PydanticResponse
@@ -117,18 +113,7 @@ class LookingUp(Model):
     async def get_response(self, system_instructions, input, *args: Any,
                            **kwargs: Any) -> ModelResponse:
         RAN.append("model")
-        outputs = [item["output"] for item in input
-                   if isinstance(item, dict) and item.get("type") == "function_call_output"]
-        output: list = [ResponseOutputMessage(
-            type="message", id="msg-1", role="assistant", status="completed",
-            content=[ResponseOutputText(type="output_text", text=f"found: {outputs[-1]}",
-                                        annotations=[])])] if outputs else [
-            ResponseFunctionToolCall(
-                type="function_call", id="fc-1", call_id="look-1", name="sdk_lookup",
-                arguments=json.dumps({"query": input[-1]["content"]}), status="completed")]
-        return ModelResponse(output=output, usage=Usage(requests=1, input_tokens=10,
-                                                        output_tokens=1, total_tokens=11),
-                             response_id=None)
+        return sdk_looking_up(input)
 
     def stream_response(self, *args: Any, **kwargs: Any):
         raise NotImplementedError

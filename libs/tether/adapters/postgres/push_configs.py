@@ -140,24 +140,18 @@ class PushConfigs:
 
     async def renew(self, owner: str, config: PushConfig, lease_s: float) -> bool:
         """Hold `config` for `lease_s` more, if `owner` still holds it."""
-        held = await self._pool.fetchval(
-            f"UPDATE {self._s}.push_configs SET claimed_until = now() + "
-            "make_interval(secs => $5) WHERE caller = $1 AND task_id = $2 AND config_id = $3 "
-            "AND claimed_by = $4 RETURNING true", *config.key, owner, lease_s)
-        return bool(held)
+        return await self._update_held(
+            owner, config, "claimed_until = now() + make_interval(secs => $5)", lease_s)
 
     async def owe(self, owner: str, config: PushConfig, state: str, body: dict[str, Any]
                   ) -> PushConfig | None:
         """Write the next notification into the config's outbox; None when `owner` no
         longer holds the config, or it moved on since `config` was read."""
         pending_id = f"{config.task_id}:{config.config_id}:{config.sent_count + 1}"
-        written = await self._pool.fetchval(
-            f"UPDATE {self._s}.push_configs SET pending_id = $5, pending_state = $6, "
-            "pending_body = $7::jsonb WHERE caller = $1 AND task_id = $2 AND config_id = $3 "
-            "AND claimed_by = $4 AND pending_id IS NULL AND sent_count = $8 AND NOT done "
-            "RETURNING true", *config.key, owner, pending_id, state, json.dumps(body),
-            config.sent_count)
-        if not written:
+        if not await self._update_held(
+                owner, config, "pending_id = $5, pending_state = $6, pending_body = $7::jsonb",
+                pending_id, state, json.dumps(body), config.sent_count,
+                also="pending_id IS NULL AND sent_count = $8 AND NOT done"):
             return None
         return PushConfig(**{**config.__dict__, "pending_id": pending_id,
                              "pending_state": state, "pending_body": body})
@@ -165,13 +159,11 @@ class PushConfigs:
     async def sent(self, owner: str, config: PushConfig, final: bool) -> PushConfig | None:
         """The receiver took the owed notification; None when `owner` no longer holds
         the config, or it no longer owes that notification."""
-        written = await self._pool.fetchval(
-            f"UPDATE {self._s}.push_configs SET sent_state = pending_state, "
-            "sent_count = sent_count + 1, pending_id = NULL, pending_state = NULL, "
-            "pending_body = NULL, done = $6, failures = 0, last_error = NULL "
-            "WHERE caller = $1 AND task_id = $2 AND config_id = $3 AND claimed_by = $4 "
-            "AND pending_id = $5 RETURNING true", *config.key, owner, config.pending_id, final)
-        if not written:
+        if not await self._update_held(
+                owner, config, "sent_state = pending_state, sent_count = sent_count + 1, "
+                "pending_id = NULL, pending_state = NULL, pending_body = NULL, done = $5, "
+                "failures = 0, last_error = NULL", final, config.pending_id,
+                also="pending_id = $6"):
             return None
         return PushConfig(**{**config.__dict__, "sent_state": config.pending_state,
                              "sent_count": config.sent_count + 1, "pending_id": None,
@@ -179,17 +171,21 @@ class PushConfigs:
 
     async def failed(self, owner: str, config: PushConfig, error: str) -> bool:
         """A send failed (counted, its error kept); False when `owner` no longer holds it."""
-        written = await self._pool.fetchval(
-            f"UPDATE {self._s}.push_configs SET failures = failures + 1, last_error = $5 "
-            "WHERE caller = $1 AND task_id = $2 AND config_id = $3 AND claimed_by = $4 "
-            "RETURNING true", *config.key, owner, error)
-        return bool(written)
+        return await self._update_held(
+            owner, config, "failures = failures + 1, last_error = $5", error)
 
     async def finish(self, owner: str, config: PushConfig, why: str) -> bool:
         """Nothing more to send (the task is gone): done, saying why; False when `owner`
         no longer holds it."""
+        return await self._update_held(owner, config, "done = true, last_error = $5", why)
+
+    async def _update_held(self, owner: str, config: PushConfig, assignments: str,
+                           *values: Any, also: str = "") -> bool:
+        """`assignments` (their values from `$5` on) to `config`, if `owner` holds it and
+        `also` holds; whether they were made."""
         written = await self._pool.fetchval(
-            f"UPDATE {self._s}.push_configs SET done = true, last_error = $5 "
-            "WHERE caller = $1 AND task_id = $2 AND config_id = $3 AND claimed_by = $4 "
-            "RETURNING true", *config.key, owner, why)
+            f"UPDATE {self._s}.push_configs SET {assignments} WHERE caller = $1 AND "
+            "task_id = $2 AND config_id = $3 AND claimed_by = $4"
+            + (f" AND {also}" if also else "") + " RETURNING true",
+            *config.key, owner, *values)
         return bool(written)
