@@ -46,3 +46,18 @@ async def test_only_the_holder_moves_a_config_on_and_a_lapsed_one_changes_nothin
     assert (stored.sent_count, stored.sent_state, stored.done, stored.pending_id) == (
         2, "TASK_STATE_COMPLETED", True, None)
     assert await store.claim("first", LEASE_S) == []  # nothing left to send
+
+
+async def test_a_holder_renews_all_it_holds_and_takes_more_up_to_the_limit(pool, settings):
+    """However many configs a gateway holds, each scan renews them all, and takes up to
+    `limit` of those nobody holds besides: one holding as many as the limit still takes
+    new ones, and none of its own lapses for want of room in the scan."""
+    store = PushConfigs(pool, settings.projection_schema)
+    await store.prepare()
+    for n in range(3):
+        await store.put(PushConfig(caller="desktop", task_id=f"t-{n}", config_id="default",
+                                   url="http://127.0.0.1:9/hook"))
+    assert [c.task_id for c in await store.claim("first", 30, limit=2)] == ["t-0", "t-1"]
+    assert sorted(c.task_id for c in await store.claim("first", 30, limit=2)) == [
+        "t-0", "t-1", "t-2"]
+    assert await store.claim("second", 30, limit=2) == []  # all held, all renewed

@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS {s}.push_configs (
     PRIMARY KEY (caller, task_id, config_id)
 )
 """
+# What each scan reads: the configs still open, by holder and age (done ones pile up).
+_OPEN_INDEX = """
+CREATE INDEX IF NOT EXISTS push_configs_open ON {s}.push_configs (claimed_by, created_at)
+WHERE NOT done
+"""
 _COLUMNS = ("caller, task_id, config_id, url, token, auth_scheme, auth_credentials, "
             "sent_state, sent_count, pending_id, pending_state, pending_body::text, done")
 
@@ -89,6 +94,7 @@ class PushConfigs:
                                f"tether-migrate:{self.schema}")
             await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self._s}")
             await conn.execute(_TABLE.format(s=self._s))
+            await conn.execute(_OPEN_INDEX.format(s=self._s))
 
     async def put(self, config: PushConfig) -> None:
         """Add a config, or change where and how an existing one is sent (what it has
@@ -120,17 +126,22 @@ class PushConfigs:
         return deleted != "DELETE 0"
 
     async def claim(self, owner: str, lease_s: float, limit: int = 100) -> list[PushConfig]:
-        """The configs with something still to send that nobody else holds, now held by
-        `owner` for `lease_s` (its own are renewed)."""
-        rows = await self._pool.fetch(
-            f"UPDATE {self._s}.push_configs SET claimed_by = $1, "
-            "claimed_until = now() + make_interval(secs => $2) "
-            f"WHERE (caller, task_id, config_id) IN (SELECT caller, task_id, config_id "
-            f"FROM {self._s}.push_configs WHERE NOT done AND (claimed_by = $1 OR "
-            "claimed_until IS NULL OR claimed_until < now()) "
-            "ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) "
-            f"RETURNING {_COLUMNS}", owner, lease_s, limit)
-        return [_config(row) for row in rows]
+        """The configs with something still to send that `owner` holds, each renewed for
+        `lease_s`, and up to `limit` more that nobody holds, now held by `owner`."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            held = await conn.fetch(
+                f"UPDATE {self._s}.push_configs SET claimed_until = now() + "
+                "make_interval(secs => $2) WHERE claimed_by = $1 AND NOT done "
+                f"RETURNING {_COLUMNS}", owner, lease_s)
+            taken = await conn.fetch(
+                f"UPDATE {self._s}.push_configs SET claimed_by = $1, "
+                "claimed_until = now() + make_interval(secs => $2) "
+                f"WHERE (caller, task_id, config_id) IN (SELECT caller, task_id, config_id "
+                f"FROM {self._s}.push_configs WHERE NOT done AND claimed_by IS DISTINCT FROM "
+                "$1 AND (claimed_until IS NULL OR claimed_until < now()) "
+                "ORDER BY created_at LIMIT $3 FOR UPDATE SKIP LOCKED) "
+                f"RETURNING {_COLUMNS}", owner, lease_s, limit)
+        return [_config(row) for row in [*held, *taken]]
 
     async def release(self, owner: str) -> None:
         """A gateway stopping lets go of what it held, for the others to take at once."""
