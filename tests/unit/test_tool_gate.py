@@ -1,7 +1,7 @@
-"""An agent's model calls and tools go through its attempt's gate (`RunContext.ensure_current`)
-first: an attempt that lost the run (its process was paused past its hold on the run's
-work item) makes no model call and runs no tool, which the attempt that took over may
-have made already. The agent runtime (`ModelAgent`), and Pydantic AI's and the OpenAI
+"""An agent's model calls and tools, and a child's nested runs, go through its attempt's
+gate (`RunContext.ensure_current`) first: an attempt that lost the run (its process was
+paused past its hold on the run's work item) makes no model call, runs no tool and asks
+for no nested run, which the attempt that took over may have made already. The agent runtime (`ModelAgent`), and Pydantic AI's and the OpenAI
 Agents SDK's agents through Tether's integrations, each with its framework's own scripted
 model. (The gate itself, against a real pause: tests/e2e/test_remote_child_process.py.)"""
 
@@ -161,3 +161,20 @@ async def test_an_attempt_that_lost_the_run_makes_no_call_after_the_gate(
         await run(framework, Gated(lost_at), monkeypatch)
     assert stopped_by_the_gate(raised.value), raised.value
     assert RAN == ran
+
+
+async def test_an_attempt_that_lost_the_run_asks_for_no_nested_run():
+    """A nested run (a follow-up turn of one, say) asked for by an attempt that lost the
+    run would be asked for twice: the gate stops the attempt first."""
+    asked: list[str] = []
+
+    class Client:
+        async def run_agent_tool(self, agent_type: str, input: dict, **options: Any):
+            asked.append(agent_type)
+
+    ctx = Gated(lost_at=1)
+    ctx._client = Client()
+    ctx._recorder = object()  # in a run (the gate is Gated's own)
+    with pytest.raises(RunSuperseded):
+        await ctx.run_agent_tool("Researcher", {"query": "QUIC"}, follow_up="r-1")
+    assert (asked, RAN) == ([], ["gate"])

@@ -435,6 +435,7 @@ class RunContext:
             options["run_id"] = self.nested_run_id(agent_type, input)
         if self._recorder is not None:
             options.setdefault("started_by", RunRef(parent=self.parent, run_id=self.run_id))
+            await self.ensure_current()  # an attempt that lost the run asks for nothing
         if options.get("detached") or self._recorder is None:
             return await self.client.run_agent_tool(agent_type, input, **options)
         relay = asyncio.create_task(self._relay_waiting(options.get("run_id")
