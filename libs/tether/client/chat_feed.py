@@ -8,9 +8,9 @@ incarnation) is the key to inject each one into the conversation once. With `dur
 that name share one durable consumer: each message goes to one of them, and is
 acknowledged when the reader asks for the next one, so a reader that crashes while
 handling a message gets it again (at least once); while it is handled, it is renewed
-every third of the ack wait, so a long handling keeps it from the other readers. An application in a NATS account of
-its own has the parent pull for it (`chat_next`), with the same sharing and the same
-at-least-once. Durable readers are bounded: at most `TETHER_CHAT_READERS_PER_PARENT` per
+every third of the ack wait, so a long handling keeps it from the other readers. An
+application in a NATS account of its own has the parent pull (and renew) for it
+(`chat_next`), with the same sharing and the same at-least-once. Durable readers are bounded: at most `TETHER_CHAT_READERS_PER_PARENT` per
 parent instance (a new one past it raises `TooManyReaders`, naming the setting), each
 dropped by the server once unused for `TETHER_CHAT_READER_INACTIVE_MS`, and
 `drop_chat_reader` deletes one.
