@@ -114,9 +114,7 @@ def nested_parent_name(parent_agent: str, parent_name: str, run_id: str) -> str:
     tree apart, across parents and tenants. A long run id is cut to fit an identifier; the
     digest still names all of it.
     """
-    digest = hashlib.blake2b(f"{parent_agent}/{parent_name}/{run_id}".encode(),
-                             digest_size=_TREE_DIGEST_BYTES).hexdigest()
-    return f"{run_id[:_MAX_IDENTIFIER - len(digest) - 1]}:{digest}"
+    return _with_digest(run_id, ":", f"{parent_agent}/{parent_name}/{run_id}")
 
 
 def remote_run_id(parent_agent: str, parent_name: str, run_id: str, incarnation: str) -> str:
@@ -130,9 +128,13 @@ def remote_run_id(parent_agent: str, parent_name: str, run_id: str, incarnation:
     second the first one's answer. A long run id is cut to fit an identifier; the digest
     still names all of it.
     """
-    digest = hashlib.blake2b(f"{parent_agent}/{parent_name}/{run_id}/{incarnation}".encode(),
-                             digest_size=_TREE_DIGEST_BYTES).hexdigest()
-    return f"{run_id[:_MAX_IDENTIFIER - len(digest) - 1]}-{digest}"
+    return _with_digest(run_id, "-", f"{parent_agent}/{parent_name}/{run_id}/{incarnation}")
+
+
+def _with_digest(run_id: str, separator: str, named: str) -> str:
+    """`<run id><separator><digest of named>`, the run id cut to fit an identifier."""
+    digest = hashlib.blake2b(named.encode(), digest_size=_TREE_DIGEST_BYTES).hexdigest()
+    return f"{run_id[:_MAX_IDENTIFIER - len(digest) - 1]}{separator}{digest}"
 
 
 @lru_cache(maxsize=4096)  # each process folds a run's request several times
