@@ -37,10 +37,7 @@ class GatewayProcess(ServiceProcess):
         self.args = args
 
     async def start(self) -> "GatewayProcess":
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tether.cli", "gateway", *self.args, env=self.env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-        self._reader = asyncio.create_task(self._read())
+        await self._spawn(sys.executable, "-m", "tether.cli", "gateway", *self.args)
         await asyncio.wait_for(self._started.wait(), timeout=30)
         return self
 

@@ -3,7 +3,6 @@ server hands the hook to another handler, which calls the function. Woken while 
 is still under way, the paused handler does not call the function a second time: it
 leaves the hook to its redelivery, and the function runs once."""
 
-import asyncio
 import json
 import signal
 import sys
@@ -32,10 +31,7 @@ class HookHandlerProcess(ServiceProcess):
         super().__init__("hook-handler", env)
 
     async def start(self) -> "HookHandlerProcess":
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, str(SUPPORT / "hook_handler_process.py"), env=self.env,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-        self._reader = asyncio.create_task(self._read())
+        await self._spawn(sys.executable, str(SUPPORT / "hook_handler_process.py"))
         await self.logged("hooks.serving", timeout=30)
         return self
 

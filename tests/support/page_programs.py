@@ -146,10 +146,7 @@ class ScriptService(ServiceProcess):
 
     async def start(self) -> "ScriptService":
         args = ["--agents", ",".join(self.agents)] if self.agents else []
-        self.process = await asyncio.create_subprocess_exec(
-            str(self.script), "services", "all", *args, cwd=self.cwd, env=self.env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE)
-        self._reader = asyncio.create_task(self._read())
+        await self._spawn(str(self.script), "services", "all", *args, cwd=self.cwd,
+                          stdin=asyncio.subprocess.DEVNULL)
         await asyncio.wait_for(self._started.wait(), timeout=SERVICES_READY_S)
         return self

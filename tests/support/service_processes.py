@@ -35,12 +35,17 @@ class ServiceProcess:
         self.health_port: int | None = None
 
     async def start(self) -> "ServiceProcess":
-        self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tether.cli", "services", self.name,
-            env=self.env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-        self._reader = asyncio.create_task(self._read())
+        await self._spawn(sys.executable, "-m", "tether.cli", "services", self.name)
         await asyncio.wait_for(self._started.wait(), timeout=30)
         return self
+
+    async def _spawn(self, *argv: str, **options) -> None:
+        """Start `argv` with this one's environment, and collect its stderr's lines (its
+        stdout is dropped); `options` go to the process as well (`cwd`, `stdin`)."""
+        self.process = await asyncio.create_subprocess_exec(
+            *argv, env=self.env, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, **options)
+        self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
         assert self.process and self.process.stderr
