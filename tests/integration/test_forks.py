@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 from eventually import eventually
 from pydantic import BaseModel
-from runner_stack import Stack
+from runner_stack import Stack, running_stack
 
 from tether import ChildAgent, RunContext
 from tether.adapters.postgres.projector import Projector
 from tether.agents import AgentDefinition, ModelAgent, ToolContext, tool
 from tether.agents.clients.scripted import Reply, ScriptedModelClient
 from tether.agents.model_messages import ModelRequest
-from tether.client import RunNotFound, agent_tool, connect
-from tether.client.parent import build_run_command
+from tether.client import RunNotFound, agent_tool
+from tether.client.arguments import build_run_command
 from tether.domain.branches import diff
 from tether.domain.commands import ForkRequest
 from tether.domain.ids import run_message_id
@@ -111,14 +111,9 @@ async def stack(settings, log, pool) -> AsyncIterator[Stack]:
         answer])
     Lead.model_client.calls.clear()
     Lead.model_client._attempts.clear()
-    async with connect(settings=settings) as tether:
-        started = Stack(settings, log, pool, tether, [Researcher, Worker, Lead, Pipeline])
-        await started.start_parent()
-        await started.start_runner()
-        try:
-            yield started
-        finally:
-            await started.close()
+    async with running_stack(settings, log, pool,
+                             [Researcher, Worker, Lead, Pipeline]) as started:
+        yield started
 
 
 async def research(stack: Stack, run_id: str):
@@ -307,3 +302,28 @@ async def test_the_cli_forks_rewinds_and_compares_runs(stack, settings, log, poo
     code, _, err = await tether_cli(settings, "runs", "diff", "original", "nope",
                                     "--parent", "Assistant/remote")
     assert code == 1 and "no run 'nope' of Assistant/remote" in err
+
+
+async def test_a_fork_at_a_sequence_past_the_runs_last_event_is_refused(stack):
+    await research(stack, "original")
+    last = (await stack.tether.read_run(stack.parent.ref, "original")).last_seq
+
+    beyond = await asyncio.wait_for(
+        stack.parent.fork("original", at=f"seq:{last + 1_000}"), DEADLINE_S)
+
+    assert not beyond.ok, beyond
+    assert f"is past the run's last event (sequence {last})" in beyond.error, beyond
+    assert model_turns(Researcher.model_client) == [0, 1, 2]  # nothing ran again
+    at_the_end = await asyncio.wait_for(stack.parent.fork("original", at=f"seq:{last}"),
+                                        DEADLINE_S)
+    assert at_the_end.ok, at_the_end
+
+
+async def test_a_fork_keeps_its_originals_budget(stack):
+    budgeted = await asyncio.wait_for(stack.parent.run_agent_tool(
+        "Worker", {"n": 7}, run_id="budgeted", max_tokens=5_000, max_cost=1.5), DEADLINE_S)
+    assert budgeted.ok, budgeted
+    fork = await asyncio.wait_for(stack.parent.fork("budgeted", at="step:0"), DEADLINE_S)
+    assert fork.ok, fork
+    forked = await stack.state(fork.run_id)
+    assert (forked.max_tokens, forked.max_cost) == (5_000, 1.5)

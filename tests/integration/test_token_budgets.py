@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from eventually import eventually
 from pydantic import BaseModel
-from runner_stack import Stack
+from runner_stack import Stack, running_stack
 
 from tether import ChildAgent, RunContext
 from tether.agents import AgentDefinition, ModelAgent, ToolContext, tool
@@ -25,7 +25,7 @@ from tether.agents.model_messages import (
     TokenUsage,
     ToolCall,
 )
-from tether.client import agent_tool, connect
+from tether.client import agent_tool
 from tether.domain import spending
 
 DEADLINE_S = 30
@@ -149,15 +149,13 @@ class Planner(ModelAgent):
 async def stack(settings, log, pool) -> AsyncIterator[Stack]:
     global CALLS
     CALLS = Calls()
-    async with connect(settings=settings) as tether:
-        started = Stack(settings, log, pool, tether,
-                        [Worker, FanOut, OneByOne, Spender, Budgeted, Planner])
-        await started.start_parent()
+    async with running_stack(settings, log, pool,
+                             [Worker, FanOut, OneByOne, Spender, Budgeted, Planner],
+                             runner=False) as started:
         try:
             yield started
         finally:
             CALLS.gate.set()
-            await started.close()
 
 
 async def test_eight_nested_calls_at_once_under_a_budget_that_allows_four_start_four(stack):
@@ -228,3 +226,166 @@ async def test_a_budget_passed_in_a_grandchild_interrupts_the_budgeted_run_and_i
     spender = await eventually(spender_stopped, timeout=DEADLINE_S)
     assert spender.budgets_above[0].run_id == "agent-tool:budgeted"
     assert CALLS.spender_turns == 4  # the fourth request was in flight when it stopped
+
+
+class Drafter(ChildAgent):
+    """Two model steps of 100 tokens each, skipping the ones it has (a fork's reused
+    steps); reserves 300 of a budget above it."""
+
+    estimated_tokens = 300
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        done = ctx.history.steps if ctx.history is not None else {}
+        for index in (0, 1):
+            if index not in done:
+                await ctx.record_step(index, {"kind": "model", "turn": {"usage": {
+                    "input_tokens": 100, "output_tokens": 0}}})
+        return "drafted"
+
+
+class Supervisor(ChildAgent):
+    """Runs a Drafter under its budget of 1,000 tokens, then waits for the test's gate."""
+
+    max_tokens = 1_000
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        result = await ctx.run_agent_tool("Drafter", {}, run_id="draft")
+        await CALLS.gate.wait()
+        return result.summary if result.ok else result.error
+
+
+@pytest.fixture
+async def fork_stack(settings, log, pool) -> AsyncIterator[Stack]:
+    global CALLS
+    CALLS = Calls()
+    async with running_stack(settings, log, pool, [Drafter, Supervisor],
+                             reconciler=True) as started:
+        try:
+            yield started
+        finally:
+            CALLS.gate.set()
+
+
+async def test_a_fork_below_a_budget_is_charged_only_the_steps_it_made(fork_stack):
+    stack = fork_stack
+    call = asyncio.create_task(stack.parent.run_agent_tool("Supervisor", {}, run_id="boss"))
+
+    async def settled(shares: int):
+        state = await stack.state("boss")
+        return (state is not None and len(state.spending) == shares
+                and all(share.released for share in state.spending.values()) and state)
+
+    boss = await eventually(lambda: settled(1), timeout=DEADLINE_S)
+    assert spending.spent(boss).tokens == 200
+    below = stack.tether.parent(boss.as_parent().agent, boss.as_parent().name)
+
+    fork = await asyncio.wait_for(below.fork("draft", at="step:1"), DEADLINE_S)
+
+    assert fork.ok, fork
+    boss = await eventually(lambda: settled(2), timeout=DEADLINE_S)
+    # The fork made step 1 (100 tokens); its step 0 was the original's, paid already.
+    assert spending.spent(boss).tokens == 300, boss.spending
+    share = next(s for key, s in boss.spending.items() if key.endswith(fork.run_id))
+    assert (share.tokens, share.steps) == (100, (1,))
+    CALLS.gate.set()
+    assert (await asyncio.wait_for(call, DEADLINE_S)).ok
+
+
+GATES: dict[str, asyncio.Event] = {}
+ASKED: list[Any] = []
+
+
+class Hog(ChildAgent):
+    """Reserves 500 tokens of the budgets above it and holds them until its gate opens."""
+
+    estimated_tokens = 500
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        await GATES["hog"].wait()
+        return "hogged"
+
+
+class Leaf(ChildAgent):
+    """Reserves 300 tokens of the budgets above it; waits for its gate."""
+
+    estimated_tokens = 300
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        await GATES["leaf"].wait()
+        return "leafed"
+
+
+class Near(ChildAgent):
+    """A budget of 400 tokens below Far's: asks for a Leaf, and when Far had no room for
+    it, asks for the same Leaf again once its gate opens."""
+
+    max_tokens = 400
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        ASKED.append(await ctx.run_agent_tool("Leaf", {}, run_id="leaf"))
+        await GATES["retry"].wait()
+        result = await ctx.run_agent_tool("Leaf", {}, run_id="leaf")
+        return result.summary if result.ok else result.error
+
+
+class Far(ChildAgent):
+    """A budget of 1,000 tokens: a Hog (500) and a Near (400) at once."""
+
+    max_tokens = 1_000
+
+    async def run(self, ctx: RunContext, input: Any) -> list:
+        results = await asyncio.gather(ctx.run_agent_tool("Hog", {}, run_id="hog"),
+                                       ctx.run_agent_tool("Near", {}, run_id="near"))
+        return [r.ok for r in results]
+
+
+@pytest.fixture
+async def two_budgets(settings, log, pool) -> AsyncIterator[Stack]:
+    GATES.clear()
+    GATES.update(hog=asyncio.Event(), leaf=asyncio.Event(), retry=asyncio.Event())
+    ASKED.clear()
+    async with running_stack(settings, log, pool, [Hog, Leaf, Near, Far],
+                             reconciler=True) as started:
+        try:
+            yield started
+        finally:
+            for gate in GATES.values():
+                gate.set()
+
+
+async def test_a_request_refused_by_a_budget_further_up_reserves_again_when_asked_again(
+        two_budgets):
+    stack = two_budgets
+    call = asyncio.create_task(stack.parent.run_agent_tool("Far", {}, run_id="far"))
+    await eventually(lambda: ASKED, timeout=DEADLINE_S)
+    refused = ASKED[0]
+    assert not refused.ok and refused.reason == "budget-exceeded", refused
+    far = await stack.state("far")
+    near_of = (await stack.tether.read_run(far.as_parent(), "near")).state.as_parent()
+
+    async def near_budget():
+        return (await stack.tether.read_run(far.as_parent(), "near")).state
+
+    near = await near_budget()
+    assert spending.reserved(near).tokens == 0  # its share was freed with the refusal
+    GATES["hog"].set()
+
+    async def room_at_far():
+        state = await stack.state("far")
+        return spending.left(state)[0] >= 300 and state
+
+    await eventually(room_at_far, timeout=DEADLINE_S)
+    GATES["retry"].set()
+
+    async def leaf_running():
+        leaf = (await stack.tether.read_run(near_of, "leaf")).state
+        return leaf is not None and leaf.status == "running" and leaf
+
+    await eventually(leaf_running, timeout=DEADLINE_S)
+    near = await near_budget()
+    # Asked again, the Leaf holds its share of Near's budget as it holds Far's.
+    assert spending.reserved(near).tokens == 300, near.spending
+    assert spending.reserved(await stack.state("far")).tokens == 400 + 300  # Near's, Leaf's
+    GATES["leaf"].set()
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.output == [True, True], result

@@ -30,7 +30,7 @@ from tether.domain.events import (
     RunStarted,
     RunStepRecorded,
 )
-from tether.domain.fold import fold
+from tether.domain.fold import evolve, fold
 from tether.domain.ids import nested_parent_name
 from tether.domain.run_state import RunState
 
@@ -182,4 +182,13 @@ HARD_ENDING_IDS = ["completed", "error", "aborted"]
 def state_after(*events: Any) -> RunState:
     state = fold(list(events))
     assert state is not None
+    return state
+
+
+def applied(state: RunState, events: list) -> RunState:
+    """`state` after `events`, each of which must apply (none a duplicate or ignored)."""
+    for event in events:
+        result = evolve(state, event)
+        assert result.applied, result.note
+        state = result.state
     return state

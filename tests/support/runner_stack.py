@@ -2,11 +2,13 @@
 and child-runners the test starts and stops."""
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from eventually import eventually
 
 from tether.agent_registry import AgentRegistry
-from tether.client import Tether
+from tether.client import Tether, connect
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.log import get_logger
@@ -85,3 +87,21 @@ class Stack:
         for stop, _ in self.stops:
             stop.set()
         await asyncio.wait_for(asyncio.gather(*(task for _, task in self.stops)), timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def running_stack(settings, log, pool, agents: list, *, runner: bool = True,
+                        reconciler: bool = False) -> AsyncIterator[Stack]:
+    """A `Stack` of `agents` on its own client connection: the parent service, and a
+    child-runner and the reconciler when asked; all stopped when the block ends."""
+    async with connect(settings=settings) as tether:
+        stack = Stack(settings, log, pool, tether, agents)
+        await stack.start_parent()
+        if runner:
+            await stack.start_runner()
+        if reconciler:
+            await stack.start_reconciler()
+        try:
+            yield stack
+        finally:
+            await stack.close()

@@ -171,7 +171,7 @@ def test_a_new_run_holds_its_request_and_every_other_field_at_its_default(
         "events_applied": 1, "messages": [], "own_tokens": 0, "own_cost": 0.0,
         "spending": {}, "turn": 1, "turns": [], "turn_requested_at": None,
         "turn_first_step": 0, "turn_first_output": 0, "turn_first_resumption": 0,
-        "ended_by": None, "forked_from": None, "rewinds": 0}
+        "ended_by": None, "forked_from": None, "rewinds": 0, "reused_steps": []}
     assert state.output_parts is not evolve(None, event).state.output_parts  # each its own
 
 

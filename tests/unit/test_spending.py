@@ -4,7 +4,7 @@ counted once, what a run that ended did not use freed, and the moment a budget i
 passed."""
 
 import pytest
-from run_histories import T0, completed, make, requested, running, state_after
+from run_histories import T0, applied, completed, make, requested, running, state_after
 
 from tether.domain import decide, spending
 from tether.domain.amounts import Amount, step_amount
@@ -25,14 +25,6 @@ def budgeted(max_tokens: int | None = 4_000, max_cost: float | None = None,
              *events) -> RunState:
     return state_after(requested(max_tokens=max_tokens, max_cost=max_cost), running(1),
                        *events)
-
-
-def applied(state: RunState, events: list) -> RunState:
-    for event in events:
-        result = evolve(state, event)
-        assert result.applied, result.note
-        state = result.state
-    return state
 
 
 def model_step(index: int, tokens_in: int, tokens_out: int, cost: float | None = None

@@ -164,6 +164,34 @@ def request_run(command: RunCommand, budgets: Budgets, cause: Cause,
     )
 
 
+def taken_by_another(state: RunState, command: RunCommand) -> str | None:
+    """Why a request of a new run (or a fork) is not a repeat of the run its id already
+    names (None: it is): the run is of another agent type, was requested with other
+    input, or is not the fork asked for. Such a request starts nothing, and is answered
+    with this, never with that run's outcome, which answers another call. Follow-ups and
+    rewinds name the run on purpose and are not asked this."""
+    if command.turn is not None or command.rewind is not None:
+        return None
+    taken = f"run id {command.run_id!r} is taken by another request's run"
+    if state.agent_type != command.agent_type:
+        return (f"{taken}, of {state.agent_type}, not {command.agent_type}: choose another "
+                "run id")
+    first_input = state.turns[0].input if state.turns else state.input
+    if first_input != command.input:
+        return (f"{taken}, of {state.agent_type} with other input: a request asked again "
+                "must be the same; choose another run id for another call")
+    origin, fork = state.forked_from, command.fork
+    if fork is None and origin is not None:
+        return f"{taken}, a fork of {origin.run.run_id}: choose another run id"
+    if fork is not None and (origin is None or (origin.run.run_id, origin.at, origin.overrides)
+                             != (fork.run_id, fork.at, fork.overrides)):
+        was = (f"a fork of {origin.run.run_id} at {origin.at}" if origin is not None
+               else "not a fork")
+        return (f"{taken} ({was}), not the fork of {fork.run_id} at {fork.at} asked for: "
+                "choose another fork_id")
+    return None
+
+
 def reject_run(run_id: str, parent: ParentRef, agent_type: str | None, code: str, error: str,
                cause: Cause) -> RunRejected:
     return RunRejected(**envelope(run_id, parent, cause, "rejected"),

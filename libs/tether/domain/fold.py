@@ -94,6 +94,7 @@ def _new_run(event: RunRequested, logged_at: int) -> RunState:
     if fork is not None:  # what the run it was forked from had recorded by the fork point
         return replace(_requested_run(event, logged_at), forked_from=fork.forked(),
                        steps={step.index: step.step for step in fork.steps},
+                       reused_steps=tuple(sorted(step.index for step in fork.steps)),
                        milestones=tuple(fork.milestones),
                        output_parts={part.index: part.text for part in fork.output},
                        resumptions=tuple(fork.resumptions))

@@ -72,6 +72,12 @@ def _cut(events: Sequence[tuple[int, Event]], point: ForkPoint) -> int:
         if seq < first:
             raise ForkRefused("bad-fork-point", f"seq:{seq} is before the run's request "
                                                 f"(sequence {first})")
+        last = events[-1][0]
+        if seq > last:
+            # Not "wherever the run is now": a running run's log goes on past its last
+            # sequence read here, so the fork would be cut at a point nobody asked for.
+            raise ForkRefused("bad-fork-point", f"seq:{seq} is past the run's last event "
+                                                f"(sequence {last})")
         return max(s for s, _ in events if s <= seq)
     if point.kind == "milestone":
         for seq, event in events:

@@ -57,7 +57,9 @@ class SteeringMessage(Record, frozen=True, kw_only=True):
 class Spending(Record, frozen=True, kw_only=True):
     """A run below a budgeted run, as its budget sees it: what it reserved as it was
     requested, what its model steps used (`steps`: the indexes charged), and whether it
-    ended (`released`: what it did not use is free)."""
+    ended (`released`: what it did not use is free). `reservations`: how often it
+    reserved; more than once when a budget further up refused its request, its share
+    here was released, and the request was asked again (`spending.reserve`)."""
 
     reserved_tokens: int = 0
     reserved_cost: float = 0.0
@@ -65,6 +67,7 @@ class Spending(Record, frozen=True, kw_only=True):
     cost: float = 0.0
     steps: tuple[int, ...] = ()
     released: bool = False
+    reservations: int = 0
 
 
 class DeliveryLedger(Record, frozen=True, kw_only=True):
@@ -185,6 +188,9 @@ class RunState(Record, frozen=True, kw_only=True):
     # it was rewound (a failed run taken up again from its last step, `run.rewound`).
     forked_from: Forked | None = None
     rewinds: int = 0
+    # A fork's steps taken over from the run it was forked from (their indexes): they
+    # were paid for by that run, so no budget is charged for them again (`spending`).
+    reused_steps: tuple[int, ...] = ()
 
     @property
     def is_hard_terminal(self) -> bool:

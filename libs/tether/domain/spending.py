@@ -10,6 +10,11 @@ reserved and did not use is freed when it ends (`release`). The budget is exceed
 what was spent passes it (`exceeded`): the run is then given up, `interrupted` with the
 reason `budget-exceeded`, and the runs below it are cancelled.
 
+A fork's reused steps were paid for by the run it was forked from: only the steps it
+makes itself are charged (`paid_here`). A request one budget had room for and one
+further up did not is refused, and its share of the nearer one released; asked again, it
+reserves there again (`reserve`, a new round of the share).
+
 Everything here is a pure function of a run's state; the parent reserves, the
 reconciler charges, releases and gives up.
 """
@@ -27,8 +32,8 @@ from tether.domain.budget_events import (
 )
 from tether.domain.decide import Cause
 from tether.domain.events import Event, RunRef
-from tether.domain.ids import run_token
 from tether.domain.run_state import RunState
+from tether.domain.spending_transitions import in_round, share_event_id
 
 # The code of a run request refused because a budget above it had no room for its share
 # (`run.rejected`), and the reason its caller's failure carries.
@@ -95,20 +100,30 @@ def exceeded(state: RunState) -> str | None:
 def _envelope(state: RunState, cause: Cause, kind: str, run: RunRef,
               *more: object) -> dict[str, Any]:
     """The envelope of an event about the descendant `run`, its id from the budgeted
-    run's life, `kind`, the descendant and `more` (a step): one of each."""
-    token = run_token(run.parent.agent, run.parent.name, run.run_id)
-    return {"event_id": state.event_id(kind, token, *more), "run_id": state.run_id,
+    run's life, `kind`, the descendant and `more` (a step, a round): one of each."""
+    return {"event_id": share_event_id(state, kind, run, *more), "run_id": state.run_id,
             "parent": state.parent,
             "occurred_at": cause.now, "causation_id": cause.causation_id,
             "correlation_id": state.run_id}
 
 
+def holds(state: RunState | None, run: RunRef) -> bool:
+    """Whether the descendant `run` holds a share of the budget: reserved, not released."""
+    share = None if state is None else state.spending.get(key_of(run))
+    return share is not None and not share.released
+
+
 def reserve(state: RunState | None, run: RunRef, amount: Amount, cause: Cause) -> list[Event]:
     """Reserve `amount` of the budget for the descendant `run`, if it fits (`room_for`);
-    nothing for one that has reserved already (the same request again)."""
-    if state is None or key_of(run) in state.spending or room_for(state, amount) is not None:
+    nothing for one that holds its share already (the same request again). A share
+    released because a budget further up refused the request is reserved again."""
+    if state is None or room_for(state, amount) is not None:
         return []
-    return [RunBudgetReserved(**_envelope(state, cause, "reserve", run),
+    share = state.spending.get(key_of(run))
+    if share is not None and not (share.released and share.reservations):
+        return []
+    again = () if share is None else in_round(share.reservations)
+    return [RunBudgetReserved(**_envelope(state, cause, "reserve", run, *again),
                               data=RunBudgetReservedData(run=run, tokens=amount.tokens,
                                                          cost=amount.cost))]
 
@@ -133,14 +148,25 @@ def release(state: RunState | None, run: RunRef, cause: Cause) -> list[Event]:
     share = state.spending.get(key_of(run))
     if share is None or share.released:
         return []
-    return [RunBudgetReleased(**_envelope(state, cause, "release", run),
+    this_round = in_round(share.reservations - 1)
+    return [RunBudgetReleased(**_envelope(state, cause, "release", run, *this_round),
                               data=RunBudgetReleasedData(run=run))]
+
+
+def paid_here(state: RunState) -> dict[int, dict[str, Any]]:
+    """The run's steps that its budgets above pay for: all but a fork's reused steps,
+    which the run it was forked from paid for."""
+    if not state.reused_steps:
+        return state.steps
+    reused = set(state.reused_steps)
+    return {index: step for index, step in state.steps.items() if index not in reused}
 
 
 def settle(state: RunState | None, run: RunRef, steps: dict[int, dict[str, Any]],
            cause: Cause) -> list[Event]:
     """The descendant `run` ended: charge what its steps used that was not charged yet
-    (a charge its reconciler did not live to append), then free what it reserved."""
+    (a charge its reconciler did not live to append), then free what it reserved.
+    `steps`: the descendant's `paid_here`."""
     if state is None:
         return []
     events: list[Event] = []

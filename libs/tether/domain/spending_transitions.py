@@ -7,18 +7,44 @@ import msgspec
 
 from tether.domain.amounts import key_of
 from tether.domain.budget_events import RunBudgetReleased, RunBudgetReserved, RunUsageCharged
+from tether.domain.event_envelope import RunRef
 from tether.domain.evolved import Evolved, applied, ignored
+from tether.domain.ids import run_token
 from tether.domain.run_state import RunState, Spending
 
 _replace = msgspec.structs.replace
 
 
+def share_event_id(state: RunState, kind: str, run: RunRef, *more: object) -> str:
+    """The id of an event the budgeted run appends about the descendant `run`: from its
+    life, `kind`, the descendant and `more` (a step, a round)."""
+    return state.event_id(kind, run_token(run.parent.agent, run.parent.name, run.run_id), *more)
+
+
+def in_round(round_: int) -> tuple[int, ...]:
+    """What the ids of a share's reservation and release in round `round_` carry beside
+    the first round's (0): the log drops an append whose id it has seen, so a request
+    asked again after a refusal further up would reserve nothing under the first ids."""
+    return (round_,) if round_ > 0 else ()
+
+
 def budget_reserved(state: RunState, event: RunBudgetReserved, logged_at: int) -> Evolved:
     key = key_of(event.data.run)
-    if key in state.spending:
+    share = state.spending.get(key)
+    if share is None:
+        share = Spending(reserved_tokens=event.data.tokens, reserved_cost=event.data.cost,
+                         reservations=1)
+        return applied(state, spending={**state.spending, key: share})
+    # Reserved again only by the reservation `spending.reserve` makes after a release
+    # (of a share that had reserved: not one whose release was read first), told by its
+    # id: any other, the first one seen again or a stale one, reads as a duplicate
+    # wherever it falls in the log, so a replay changes nothing.
+    again = share_event_id(state, "reserve", event.data.run, *in_round(share.reservations))
+    if not (share.released and share.reservations and event.event_id == again):
         return ignored(state, f"duplicate: {key} has reserved already")
-    share = Spending(reserved_tokens=event.data.tokens, reserved_cost=event.data.cost)
-    return applied(state, spending={**state.spending, key: share})
+    reserved = _replace(share, reserved_tokens=event.data.tokens, reserved_cost=event.data.cost,
+                        released=False, reservations=share.reservations + 1)
+    return applied(state, spending={**state.spending, key: reserved})
 
 
 def usage_charged(state: RunState, event: RunUsageCharged, logged_at: int) -> Evolved:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from tether.agent_registry import AgentRegistry
 from tether.contract.messages import RUN_SEQUENCE_HEADER, WorkItem, work_item_json
 from tether.domain import decide, recovery_decisions, spending, turn_decisions
-from tether.domain.amounts import Amount, key_of
+from tether.domain.amounts import Amount
 from tether.domain.chat import started_by_error
 from tether.domain.commands import RunCommand, parse_command
 from tether.domain.events import ForkOrigin, ParentRef, RunRef, RunRequested
@@ -41,7 +41,9 @@ from tether.ports import SYSTEM_CLOCK, Clock, EventLog
 class RunOutcome:
     """What a run request came to, for logs and tests."""
 
-    decision: str  # created | rejected | existing | reattached | redispatched
+    # created | rejected | existing | reattached | redispatched | taken (the run id names
+    # another request's run: `decide.taken_by_another`)
+    decision: str
     status: str | None = None
     code: str | None = None
 
@@ -106,7 +108,7 @@ class RunRequests:
 
         history = await self._log.read_run(command.parent, command.run_id)
         if history.state is not None:
-            return await self._existing(history.state, history.last_seq, cause)
+            return await self._existing(command, history.state, history.last_seq, cause)
         if problem is not None:
             code, reason = problem
             await self._reject(command.run_id, command.parent, command.agent_type, code, reason,
@@ -173,7 +175,7 @@ class RunRequests:
             state, appended = await self._log.recent.update(
                 owner.parent, owner.run_id,
                 partial(spending.reserve, run=run, amount=share, cause=cause))
-            if appended or (state is not None and key_of(run) in state.spending):
+            if appended or spending.holds(state, run):
                 taken.append(owner)
                 continue
             for done in taken:
@@ -262,13 +264,19 @@ class RunRequests:
             command.parent, command.run_id, partial(decide.create, requested=requested))
         assert state is not None  # ours, or another replica's created between read and append
         if not appended:
-            return await self._existing(state, requested_seq, cause)
+            return await self._existing(command, state, requested_seq, cause)
         await self._dispatch(state, requested, requested_seq)
         return RunOutcome("created", status="starting")
 
-    async def _existing(self, state: RunState, seq: int, cause: decide.Cause) -> RunOutcome:
+    async def _existing(self, command: RunCommand, state: RunState, seq: int,
+                        cause: decide.Cause) -> RunOutcome:
         """A repeated run id never starts a second child turn. The requester is told the
-        run exists (`_tell_existing`), since what this appends may be nothing."""
+        run exists (`_tell_existing`), since what this appends may be nothing; its client
+        answers a request that is not a repeat of that run (`decide.taken_by_another`)
+        with why, and the parent does nothing else for it: no re-dispatch, no re-attach."""
+        if decide.taken_by_another(state, command) is not None:
+            await self._tell_existing(state, seq)
+            return RunOutcome("taken", status=state.status)
         outcome = await self._answer_existing(state, cause)
         await self._tell_existing(state, seq)
         return outcome

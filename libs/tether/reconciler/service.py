@@ -332,7 +332,8 @@ class Reconciler:
                 decision = partial(spending.charge, run=run, step=event.data.index,
                                    amount=used, cause=cause) if used else None
             else:
-                decision = partial(spending.settle, run=run, steps=state.steps, cause=cause)
+                decision = partial(spending.settle, run=run, steps=spending.paid_here(state),
+                                   cause=cause)
             if decision is not None:
                 await self._charge(state, decision)
         if (state.is_open and event.type in ("run.step_recorded", "run.usage_charged")
