@@ -162,10 +162,11 @@ async def test_a_duplicate_request_for_an_interrupted_run_returns_the_interrupti
         await log.append(event, expected_last_seq=None)
     # An earlier request with this run id is still in the server's duplicate window.
     await tether.publish_command("run", RunCommand(run_id="stuck", parent=PARENT,
-                                                   agent_type="Researcher"),
+                                                   agent_type="Researcher",
+                                                   input={"query": "HTTP/3"}),
                                   run_message_id("stuck", parent=PARENT))
     result = await tether.parent(PARENT.agent, PARENT.name).run_agent_tool(
-        "Researcher", {}, run_id="stuck", timeout=10)
+        "Researcher", {"query": "HTTP/3"}, run_id="stuck", timeout=10)
     assert (result.status, result.retryable, result.reason, result.child_still_running) == (
         "interrupted", True, "inspect-timeout", False)
 

@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from eventually import eventually
 from pydantic import BaseModel
-from runner_stack import Stack
+from runner_stack import Stack, running_stack
 
 from tether import ChildAgent, RunContext
 from tether.agents import AgentDefinition, ModelAgent
@@ -23,7 +24,7 @@ from tether.agents.model_messages import (
     TokenUsage,
     ToolCall,
 )
-from tether.client import agent_tool, connect
+from tether.client import agent_tool
 
 DEADLINE_S = 30
 
@@ -71,6 +72,21 @@ class Counter(ChildAgent):
         return f"turn {ctx.turn}: {len(steps) + 1} steps"
 
 
+class Flaky(ChildAgent):
+    """Records a step, waits for the test, then fails until its bug is fixed."""
+
+    release: asyncio.Event
+    fixed = False
+
+    async def run(self, ctx: RunContext, input: Any) -> str:
+        if not (ctx.history and 0 in ctx.history.steps):
+            await ctx.record_step(0, {"did": "stage 0"})
+        await Flaky.release.wait()
+        if not Flaky.fixed:
+            raise RuntimeError("the export tool had a bug")
+        return "exported"
+
+
 class OneShot(ChildAgent):
     async def run(self, ctx: RunContext, input: Any) -> str:
         return "once"
@@ -101,14 +117,10 @@ class Planner(ModelAgent):
 @pytest.fixture
 async def stack(settings, log, pool) -> AsyncIterator[Stack]:
     Rememberer.model_client = Recall()
-    async with connect(settings=settings) as tether:
-        started = Stack(settings, log, pool, tether, [Rememberer, Counter, OneShot, Planner])
-        await started.start_parent()
-        await started.start_runner()
-        try:
-            yield started
-        finally:
-            await started.close()
+    Flaky.release, Flaky.fixed = asyncio.Event(), False
+    async with running_stack(settings, log, pool,
+                             [Rememberer, Counter, OneShot, Planner, Flaky]) as started:
+        yield started
 
 
 async def ask(stack: Stack, agent_type: str, input: dict, **options: Any):
@@ -162,6 +174,30 @@ async def test_a_follow_up_that_is_not_taken_says_why(stack):
     assert not nothing.ok and nothing.error == "no run 'no-such-run' to follow up"
     with pytest.raises(ValueError, match="not both"):
         await stack.parent.run_agent_tool("Counter", {}, run_id="a", follow_up="b")
+
+
+async def test_a_follow_up_or_a_rewind_asked_again_after_a_refusal_is_applied(stack):
+    # Within the stream's duplicate window: the refused request's id must not make the
+    # stream drop the one asked again (the caller then waited for ever).
+    assert (await ask(stack, "Counter", {}, run_id="count")).ok
+    bad = await ask(stack, "Counter", {"fail": "sometimes"}, follow_up="count")
+    assert not bad.ok and "fail" in bad.error, bad
+    assert (await ask(stack, "Counter", {}, follow_up="count")).summary == "turn 2: 2 steps"
+
+    flaky = asyncio.create_task(ask(stack, "Flaky", {}, run_id="export"))
+
+    async def one_step_recorded():
+        state = await stack.state("export")
+        return state is not None and 0 in state.steps
+
+    await eventually(one_step_recorded, timeout=DEADLINE_S)
+    early = await asyncio.wait_for(stack.parent.rewind("export"), DEADLINE_S)
+    assert not early.ok and "only a failed run is rewound" in early.error, early
+    Flaky.release.set()
+    assert not (await flaky).ok
+    Flaky.fixed = True
+    rewound = await asyncio.wait_for(stack.parent.rewind("export"), DEADLINE_S)
+    assert rewound.ok and rewound.summary == "exported", rewound
 
 
 async def test_each_turn_of_a_detached_run_is_notified_on_its_own(stack):

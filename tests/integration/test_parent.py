@@ -14,10 +14,12 @@ from pydantic import BaseModel, Field
 from stream_messages import next_messages
 
 from tether.adapters.event_log import EventLog
+from tether.adapters.postgres.projector import Projector
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.client import connect
 from tether.client.link import AwaitTiming
+from tether.client.parent import cursor_of
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     RUN_SEQUENCE_HEADER,
@@ -347,8 +349,9 @@ async def test_a_run_command_applied_again_is_answered_from_the_log_and_dispatch
                                                               input={"query": "other"})).encode(),
                                        seq=10_002)
     # A starting run's item goes out again (the first may never have): the stream drops it.
+    # A request with other input is another call's: nothing is done for it.
     assert (first.decision, again.decision, other.decision) == (
-        "created", "redispatched", "redispatched")
+        "created", "redispatched", "taken")
     history = await log.read_run(PARENT, "applied-twice")
     assert types(history.events) == ["run.requested"]
     assert history.state.input == {"query": "HTTP/3"}
@@ -392,9 +395,9 @@ async def test_a_client_requesting_a_finished_run_again_is_answered_by_the_notic
         # pushed out of the test's reach.
         client.awaiting = AwaitTiming(live_idle_s=60.0)
         me = client.parent(PARENT.agent, PARENT.name)
-        again = await me.run_agent_tool("Researcher", {"query": "again"}, run_id="done-3",
+        again = await me.run_agent_tool("Researcher", {"query": "HTTP/3"}, run_id="done-3",
                                         timeout=10)
-        handle = await me.run_agent_tool("Researcher", {"query": "again"}, run_id="done-3",
+        handle = await me.run_agent_tool("Researcher", {"query": "HTTP/3"}, run_id="done-3",
                                          detached=True, timeout=10)
     assert again.ok and again.summary == "stored"
     # Detached too: it has ended, so its stored outcome, not `running`.
@@ -619,3 +622,82 @@ async def test_a_per_parent_query_subject_answers_only_for_its_own_parent(parent
     assert foreign.run is None
     assert foreign.error == (f"invalid request: the payload's parent {PARENT.agent}/"
                              f"{PARENT.name} differs from the subject's Intruder/{PARENT.name}")
+
+
+@pytest.fixture
+async def projector(pool, log, settings):
+    """The projector of the test's schema, which the list query reads."""
+    running = Projector(pool, log, settings.projection_schema, leadership_check_s=0.1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(running.run(stop))
+    yield running
+    stop.set()
+    await asyncio.wait_for(task, timeout=10)
+
+
+async def append_runs(log: EventLog, runs: list[tuple[str, str, int]],
+                      completed: frozenset[str] = frozenset()) -> int:
+    """Runs (id, agent type, requested at) of PARENT, straight into the log, the
+    `completed` ones to their end; the log's last sequence then."""
+    for run_id, agent_type, at in runs:
+        run = RunEvents(run_id, PARENT, start_ms=at)
+        events = [run.requested(agent_type)]
+        if run_id in completed:
+            events += [run.started(), run.running(), run.completed()]
+        for event in events:
+            await log.append(event, expected_last_seq=None)
+    return await log.stream_last_seq()
+
+
+def list_order(runs: list[tuple[str, str, int]], agent_type: str) -> list[str]:
+    """The list's order: newest first, then by run id (the ids here sort alike in Python
+    and in the database's collation)."""
+    return [run_id for run_id, _, at in sorted(runs, key=lambda run: (-run[2], run[0]))
+            if _ == agent_type]
+
+
+async def test_the_list_query_pages_one_agent_types_runs_from_a_cursor_with_their_total(
+        parent, log, projector, settings):
+    """Runs of two agent types, three at a time requested at the same instant: one type's
+    are paged in the list's order, each once, though a run requested between two pages
+    comes first; `total` counts every run of the type and status, whatever the page."""
+    runs = [(f"listed-{i:02d}", "Helper" if i % 3 == 1 else "Researcher", 5_000 + i // 3)
+            for i in range(17)]
+    completed = frozenset({"listed-00", "listed-05", "listed-09", "listed-15"})
+    await projector.wait_for_position(await append_runs(log, runs, completed))
+    researchers = list_order(runs, "Researcher")
+    async with connect(settings=settings) as client:
+        me = client.parent(PARENT.agent, PARENT.name)
+        first = await me.list_page(limit=3, agent_type="Researcher")
+        late = [("listed-new", "Researcher", 9_000)]
+        await projector.wait_for_position(await append_runs(log, late))
+        pages, before = [first], first.after
+        while before is not None:
+            pages.append(await me.list_page(limit=3, agent_type="Researcher", before=before))
+            before = pages[-1].after
+        done = await me.list_page(["completed"], limit=2, agent_type="Researcher")
+        done_next = await me.list_runs("completed", 2, agent_type="Researcher",
+                                       before=done.runs[-1])
+        helpers = await me.list_runs(agent_type="Helper")
+        newest = await me.list_runs(limit=2)
+    assert [run.run_id for page in pages for run in page.runs] == researchers
+    assert [len(page.runs) for page in pages] == [3, 3, 3, 2]
+    assert [page.total for page in pages] == [11, 12, 12, 12]
+    assert {run.agent_type for page in pages for run in page.runs} == {"Researcher"}
+    assert [run.run_id for run in done.runs] == ["listed-15", "listed-09"]
+    assert done.total == 4 and done.after == cursor_of(done.runs[-1])
+    assert [run.run_id for run in done_next] == ["listed-05", "listed-00"]
+    assert [run.run_id for run in helpers] == list_order(runs, "Helper")
+    assert [run.run_id for run in newest] == ["listed-new", "listed-15"]
+
+
+async def test_a_list_query_of_the_first_version_is_answered_as_before(parent, log,
+                                                                       projector):
+    """An application from before the list query's paging sends none of its fields and
+    takes a reply without `total`, which its models would refuse."""
+    await projector.wait_for_position(await append_runs(log, [("old-1", "Researcher", 7)]))
+    body = json.dumps({"parent": msgspec.to_builtins(PARENT), "limit": 5}).encode()
+    reply = json.loads((await log.nats.request(log.subjects.rpc_for("list", PARENT), body,
+                                               timeout=5)).data)
+    assert set(reply) == {"runs", "error"}, reply
+    assert [run["run_id"] for run in reply["runs"]] == ["old-1"]

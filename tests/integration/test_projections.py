@@ -20,12 +20,14 @@ from tether.adapters.postgres.projection import (
     write_rows,
 )
 from tether.adapters.postgres.projector import Projector, rebuild, verify
+from tether.adapters.postgres.reads import ProjectionReads
 from tether.adapters.postgres.replay import PipelinedReplay
 from tether.adapters.postgres.statements import Statements
 from tether.contract.codec import encode_event
-from tether.domain.commands import DeliveredCommand
+from tether.domain.commands import DeliveredCommand, ListCursor
 from tether.domain.delivery_batches import batch_of
 from tether.domain.detached_options import DetachedOptions
+from tether.domain.events import ParentRef
 from tether.domain.fold import fold
 from tether.domain.ids import finish_message_id
 from tether.domain.run_state import finish_key
@@ -559,3 +561,29 @@ async def test_a_schema_from_before_the_lease_terms_is_migrated_and_projected(
     total = await append_finished_runs(log, 2)
     await run_projector_until(pool, log, schema, total)
     assert await pool.fetchval(f'SELECT term FROM "{schema}".leases') == 1
+
+
+async def test_a_schema_from_before_the_typed_list_index_gets_it_and_lists_on_it(
+        log, pool, settings):
+    """Migration 004 on a schema migrated before it: the index is made, a migration run
+    again changes nothing, and one applied where the index already is (made by hand)
+    goes through. A list of one agent type's runs from a cursor reads the index in the
+    list's order, sorting nothing."""
+    schema = settings.projection_schema
+    await pool.execute(f'DROP INDEX "{schema}".runs_by_parent_type_requested')
+    await pool.execute(f'DELETE FROM "{schema}".schema_migrations WHERE version = 4')
+    async with pool.acquire() as conn:
+        assert await migrate(conn, schema) == ["004_runs_by_type_and_time.sql"]
+        assert await migrate(conn, schema) == []
+        await conn.execute(f'DELETE FROM "{schema}".schema_migrations WHERE version = 4')
+        assert await migrate(conn, schema) == ["004_runs_by_type_and_time.sql"]
+    await run_projector_until(pool, log, schema, await append_finished_runs(log, 30))
+    statement, args = ProjectionReads(pool, schema).list_statement(
+        ParentRef(agent="Assistant", name="user-1"), ["completed", "error"], 10,
+        agent_type="Researcher", before=ListCursor(requested_at=2_000, run_id="run-3"))
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL enable_seqscan = off")
+        await conn.execute("SET LOCAL enable_bitmapscan = off")
+        plan = "\n".join(row[0] for row in await conn.fetch("EXPLAIN " + statement, *args))
+    assert "runs_by_parent_type_requested" in plan, plan
+    assert "Sort" not in plan, plan

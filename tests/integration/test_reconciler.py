@@ -679,7 +679,7 @@ async def test_a_deadline_being_decided_is_not_collected(steady, log, pool):
 async def test_only_runs_whose_awaiter_is_gone_are_recovered(recovering, log, pool, settings):
     app = await connect(settings=settings)
     awaiting = asyncio.create_task(app.parent(PARENT.agent, PARENT.name).run_agent_tool(
-        "Nobody", {}, run_id="awaited-1"))
+        "Nobody", {"query": "HTTP/3"}, run_id="awaited-1"))  # the input awaited_runs records
     # The request is in the commands stream once the client is its awaiter.
     commands = await log.jetstream.subscribe(log.subjects.command_for("run", PARENT),
                                              ordered_consumer=True)

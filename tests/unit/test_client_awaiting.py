@@ -2,7 +2,11 @@
 every message of the run folded once, in order, and a lost live message noticed."""
 
 from tether.client.awaiting import LiveEvent, RunFold, RunWaiter
+from tether.domain import decide
 from tether.domain import events as ev
+from tether.domain.commands import ForkRequest, RunCommand
+from tether.domain.events import ParentRef
+from tether.domain.fold import evolve
 from tether.ports import StoredEvent
 from tether.testing import RunEvents
 
@@ -233,3 +237,71 @@ def test_a_live_message_whose_predecessor_was_not_folded_reveals_a_loss() -> Non
     assert fold.fold_read([stored(3, run.running()), stored(4, completed.event)]).ok
     assert not fold.missed_before(completed)
     assert fold.fold(completed.seq, completed.event).summary == "done"
+
+
+# --- a run id that names another request's run --------------------------------------------
+
+def request_of(agent_type: str = "Researcher", input: dict | None = None, **fields) -> RunCommand:
+    return RunCommand(run_id="r1", parent=ParentRef(agent="Assistant", name="user-1"), agent_type=agent_type,
+                      input={"query": "HTTP/3"} if input is None else input, **fields)
+
+
+def asking(request: RunCommand, mark: int, detached: bool = False) -> RunWaiter:
+    return RunWaiter("r1", request.agent_type, mark=mark, detached=detached, request=request)
+
+
+def test_a_run_id_taken_by_a_run_of_another_agent_type_answers_with_why_not_its_outcome() -> None:
+    run = RunEvents("r1")
+    w = asking(request_of("Failing"), mark=4)
+    w.on_published(duplicate=True)
+    answer = feed(w, [run.requested(), run.started(), run.running(), run.completed("stored")])
+    assert (answer.ok, answer.status, answer.retryable) == (False, "error", False)
+    assert "taken by another request's run, of Researcher, not Failing" in answer.error
+
+
+def test_a_run_id_taken_by_a_run_with_other_input_answers_with_why_even_detached() -> None:
+    run = RunEvents("r1")
+    w = asking(request_of(input={"query": "QUIC"}), mark=2, detached=True)
+    w.on_published(duplicate=True)
+    answer = feed(w, [run.requested(), run.running()])
+    assert (answer.status, answer.result) == ("error", None)
+    assert "with other input" in answer.error
+
+
+def test_the_same_request_again_is_answered_by_the_run_as_before() -> None:
+    run = RunEvents("r1")
+    w = asking(request_of(input={"query": "HTTP/3", "when": (2026, 12)}), mark=4)
+    w.on_published(duplicate=True)
+    history = [run.requested(input={"query": "HTTP/3", "when": [2026, 12]}), run.started(),
+               run.running(), run.completed("stored")]
+    assert feed(w, history).summary == "stored", "compared as the JSON the parent read"
+
+
+def test_a_run_id_requested_again_after_a_clear_is_checked_against_its_new_life() -> None:
+    run = RunEvents("r1")
+    w = asking(request_of(input={"query": "QUIC"}), mark=2)
+    w.on_published(duplicate=False)
+    feed(w, [run.requested(), run.make(ev.RunCleared)])
+    assert w.on_event(3, run.requested(input={"query": "QUIC"})) is None
+    assert w.on_event(4, run.completed("quic")).summary == "quic"
+
+
+def test_a_fork_id_taken_by_another_run_is_not_answered_as_that_fork() -> None:
+    run = RunEvents("r1")
+    fork = ForkRequest(run_id="r0", at="step:1")
+    w = asking(request_of(fork=fork), mark=4)
+    w.on_published(duplicate=True)
+    answer = feed(w, [run.requested(), run.started(), run.running(), run.completed("stored")])
+    assert "(not a fork), not the fork of r0 at step:1" in answer.error
+
+
+def test_a_follow_up_is_not_asked_whether_it_repeats_the_first_turns_input() -> None:
+    assert decide.taken_by_another(
+        state_of(RunEvents("r1").requested()), request_of(input={"query": "more"}, turn=2)) is None
+
+
+def state_of(*events):
+    state = None
+    for event in events:
+        state = evolve(state, event).state
+    return state

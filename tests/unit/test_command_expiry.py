@@ -3,7 +3,7 @@ clock, and its client-side argument in seconds."""
 
 import pytest
 
-from tether.client.parent import expires_in_ms
+from tether.client.arguments import expires_in_ms
 from tether.domain.commands import MAX_EXPIRES_IN_MS, overdue_ms
 
 

@@ -15,6 +15,7 @@ from tether.contract.codec import decode_event, encode_event
 from tether.contract.messages import (
     HookMessage,
     LifecycleResult,
+    ListReply,
     ProgressSignal,
     RunInfo,
     WorkItem,
@@ -36,6 +37,7 @@ from tether.domain.commands import (
     DeliveryReport,
     HasRunQuery,
     InspectQuery,
+    ListCursor,
     ListQuery,
     RunCommand,
     parse_command,
@@ -194,6 +196,42 @@ def test_milestone_notification_options(on_milestones: Any, names: list[str], mo
     options = DetachedOptions(on_milestones=on_milestones)
 
     assert (options.milestone_names(), options.milestone_mode()) == (names, mode)
+
+
+class FirstListQuery(BaseModel):
+    """The list query as a parent from before paging reads it: unknown fields refused."""
+
+    model_config = {"extra": "forbid"}
+    type: str
+    parent: dict[str, str]
+    status: list[str] | None
+    limit: int
+
+
+def test_a_list_query_writes_its_paging_fields_only_when_used() -> None:
+    plain = ListQuery(parent=PARENT, status=["completed"], limit=5)
+    FirstListQuery.model_validate_json(plain.model_dump_json())  # an older parent takes it
+    paged = ListQuery(parent=PARENT, agent_type="Researcher", count=True,
+                      before=ListCursor(requested_at=0, run_id="r1"))
+    written = json.loads(paged.model_dump_json())
+    assert written["agent_type"] == "Researcher" and written["count"] is True
+    assert written["before"] == {"requested_at": 0, "run_id": "r1"}
+    assert ListQuery.model_validate_json(paged.model_dump_json()) == paged
+    with pytest.raises(ValidationError, match="extra"):
+        FirstListQuery.model_validate_json(paged.model_dump_json())
+
+
+def test_a_list_reply_writes_its_total_only_when_counted() -> None:
+    assert json.loads(ListReply().model_dump_json()) == {"runs": [], "error": None}
+    assert json.loads(ListReply(total=0).model_dump_json())["total"] == 0
+
+
+@pytest.mark.parametrize("cursor", [{"requested_at": -1, "run_id": "r1"},
+                                    {"requested_at": 1, "run_id": "r 1"},
+                                    {"requested_at": 1}])
+def test_a_list_cursor_is_a_time_and_a_run_id(cursor: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError, match="before"):
+        ListQuery(parent=PARENT, before=cursor)
 
 
 # --- subjects -------------------------------------------------------------------------

@@ -339,6 +339,8 @@ class EventLog:
                         return found, 0
                     if status == "204":
                         return found, int(headers.get("Nats-Num-Pending", 0))
+                    if status == "503":  # no responders: no such stream (as last_seq_of)
+                        raise NoStreamResponseError
                     if status is not None:
                         raise APIError(code=int(status), description=headers.get("Description"))
                     found.append(msg)

@@ -20,11 +20,16 @@ interrupted run that is not being re-attached is answered with its interruption,
 nobody is going to re-attach it for us.
 """
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic_core
 
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
+from tether.domain.commands import RunCommand
+from tether.domain.decide import taken_by_another
 from tether.domain.events import (
     Event,
     RunCleared,
@@ -52,10 +57,15 @@ class _Rejection:
 
 class RunWaiter:
     def __init__(self, run_id: str, agent_type: str, *, mark: int, detached: bool,
-                 turn: int | None = None, rewind: int | None = None) -> None:
+                 turn: int | None = None, rewind: int | None = None,
+                 request: RunCommand | None = None) -> None:
         """`turn`: a follow-up's turn, answered by that turn's outcome (None: the run's).
-        `rewind`: a rewind's number, answered by the outcome of the run once rewound so."""
+        `rewind`: a rewind's number, answered by the outcome of the run once rewound so.
+        `request`: the request, checked against the run its id names: one that is not a
+        repeat of it is answered with why (`decide.taken_by_another`)."""
         self.run_id = run_id
+        self.request = request
+        self._repeat_checked = request is None
         self.agent_type = agent_type
         self.mark = mark
         self.detached = detached
@@ -91,6 +101,7 @@ class RunWaiter:
             self._rejection = _Rejection(seq, event.data.error, event.data.code)
             return
         if isinstance(event, RunRequested):
+            self._repeat_checked = self.request is None
             self._rejection = None
             self._interrupted_seq = 0
             self._reattaching = False
@@ -106,11 +117,32 @@ class RunWaiter:
 
     def _decide(self) -> Answer | None:
         if self.answer is None and self._caught_up:
-            if (self.turn is not None and (answer := self._other_turn()) is not False) or (self.rewind is not None and (answer := self._before_rewind()) is not False):
+            if (taken := self._taken()) is not None:
+                self.answer = taken
+            elif (self.turn is not None and (answer := self._other_turn()) is not False) or (self.rewind is not None and (answer := self._before_rewind()) is not False):
                 self.answer = answer
             else:
                 self.answer = self._detached() if self.detached else self._awaited()
         return self.answer
+
+    def _taken(self) -> Answer | None:
+        """The answer to a request whose run id names another request's run (once per
+        life of the run id: its `run.requested`)."""
+        request, state = self.request, self.state
+        if self._repeat_checked or request is None or state is None:
+            return None
+        self._repeat_checked = True
+        why = taken_by_another(state, request)
+        if why is not None and (sent := json_input(request.input)) != request.input:
+            # compared as the parent got it (tuples as lists, dates as text, ...)
+            why = taken_by_another(state, request.model_copy(update={"input": sent}))
+        if why is None:
+            return None
+        if self.detached:
+            return DetachedHandle(run_id=self.run_id, agent_type=self.agent_type,
+                                  status="error", error=why)
+        return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
+                                status="error", error=why, retryable=False)
 
     def _other_turn(self) -> Answer | Literal[False] | None:
         """A follow-up's answer while the run is at another turn than it asked for: None
@@ -266,3 +298,8 @@ class RunFold:
 
     def missed_before(self, live: LiveEvent) -> bool:
         return live.previous_seq > self.last_seq
+
+
+def json_input(value: dict[str, Any]) -> Any:
+    """A run's input as the parent reads it from the request's JSON."""
+    return json.loads(pydantic_core.to_json(value))

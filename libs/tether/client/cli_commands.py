@@ -15,10 +15,11 @@ from typing import Any, TextIO
 import nats.errors
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
+from tether.client.arguments import build_run_command, new_run_id
 from tether.client.connection import Tether, connect, input_size
 from tether.client.errors import TetherError
 from tether.client.hooks import consumer_name
-from tether.client.parent import ParentHandle, build_run_command, new_run_id
+from tether.client.parent import ParentHandle
 from tether.client.render import FINAL_STATUSES, Board, run_line, timeline_lines, timeline_rows
 from tether.client.timeline import TimelineView
 from tether.command_line import Command

@@ -11,14 +11,16 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api as js_api
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import NoStreamResponseError, NotFoundError
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from tether import tracing
 from tether.adapters.denials import PublishDenied, refusal_of, unless_refused
 from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import NatsRefused, connect_nats
 from tether.adapters.requests import subscribe_routed
+from tether.client.arguments import check_seconds
 from tether.client.chat_feed import drop_chat_reader, follow_chat
 from tether.client.conversation import Conversation
 from tether.client.errors import (
@@ -43,6 +45,7 @@ from tether.domain.commands import HasRunQuery
 from tether.domain.events import ParentRef
 from tether.log import get_logger
 from tether.ports import RunHistory, run_history
+from tether.resilience import TRANSIENT_ERRORS
 
 if TYPE_CHECKING:
     from tether.contract.messages import ChatMessage
@@ -59,6 +62,10 @@ PRESENCE_LOOK_S = 2.0
 PRESENCE_KEPT_S = 5.0
 # The server's answer to a JetStream request from an account without JetStream.
 JS_NOT_ENABLED_FOR_ACCOUNT = 10039
+# The field of each command that carries the caller's own values, for an error naming
+# the one that is not JSON.
+_CALLERS_VALUES = {"run": "input", "send": "data", "continue": "tool_outputs",
+                   "message": "metadata"}
 
 
 class Tether:
@@ -88,6 +95,8 @@ class Tether:
         self._answers: set[asyncio.Task] = set()
         # (when asked, on the loop's clock; the answer) of the last presence look
         self._presence: tuple[float, str | None] | None = None
+        # the same of the last look at each agent type's child-runners
+        self._runners: dict[str, tuple[float, str | None]] = {}
 
     def feed(self, stream: str, filter_subject: str, **options) -> "OrderedFeed | ServedFeed":
         """Replay-then-live reading of one filter of one of the parent feeds' streams
@@ -97,7 +106,21 @@ class Tether:
     async def read_run(self, parent: ParentRef, run_id: str) -> RunHistory:
         """Every stored event of one run, and the state they fold to."""
         if not self.served:
-            return await self.log.read_run(parent, run_id)
+            try:
+                return await self.log.read_run(parent, run_id)
+            except NoStreamResponseError:
+                # No responders: the stream is missing, or has no leader for a moment (a
+                # cluster electing one), which its callers ride out as any broker fault.
+                try:
+                    await self.js.stream_info(self.subjects.events_stream)
+                except NotFoundError:
+                    raise ServiceUnavailable(
+                        f"stream {self.subjects.events_stream} does not exist: start the "
+                        "Tether services (they create the streams) or check the prefix"
+                    ) from None
+                except TRANSIENT_ERRORS:
+                    pass
+                raise
         return run_history(await self.run_reads.read(self.subjects.run_events(parent, run_id)))
 
     async def subscribe_live(self, subject: str, route: Callable[[Msg], Any]) -> Any:
@@ -127,6 +150,27 @@ class Tether:
                 unavailable = None  # a parent answered, if only with a refusal
             self._presence = (now, unavailable)
         return self._presence[1]
+
+    async def runners_unavailable(self, agent_type: str, probe: bytes) -> str | None:
+        """Why no child-runner would take a run of `agent_type` now, or None. Every runner
+        of the type answers its inspection subject; none subscribed is NATS's no-responders
+        at once. Kept for PRESENCE_KEPT_S per agent type, like `parent_unavailable`."""
+        if self.served:
+            return None  # an application in an account of its own may not ask the runners
+        now = asyncio.get_running_loop().time()
+        kept = self._runners.get(agent_type)
+        if kept is None or now - kept[0] > PRESENCE_KEPT_S:
+            subject = self.subjects.inspect_child(agent_type)
+            try:
+                await self.nc.request(subject, probe, timeout=PRESENCE_LOOK_S)
+                unavailable = None
+            except nats.errors.NoRespondersError:
+                unavailable = (f"no child-runner of {agent_type} runs (none answered on "
+                               f"{subject})")
+            except TRANSIENT_ERRORS:
+                unavailable = None  # slow to answer is not absent
+            kept = self._runners[agent_type] = (now, unavailable)
+        return kept[1]
 
     def parent(self, agent: str, name: str) -> "ParentHandle":
         """The parent agent instance (`agent` class, `name` instance) runs are made for."""
@@ -198,7 +242,12 @@ class Tether:
         subject = self.subjects.command_for(kind, command.parent)
         # Unset optional fields are left out rather than written null (`_LEFT_OUT_UNSET`).
         unset = {name for name in _LEFT_OUT_UNSET if getattr(command, name, 0) is None}
-        payload = command.model_dump_json(exclude=unset or None).encode()
+        try:
+            payload = command.model_dump_json(exclude=unset or None).encode()
+        except PydanticSerializationError as error:
+            field = _CALLERS_VALUES.get(kind, "command")
+            raise TypeError(f"the {field} of the {kind} command is not JSON-serialisable "
+                            f"({error}): nothing was sent") from None
         if len(payload) > self.settings.max_input_bytes or len(payload) > self.nc.max_payload:
             self._check_size(kind, command, payload)
         try:
@@ -265,6 +314,7 @@ class Tether:
         RequestFailed. `wait_when_limited`: a query refused for asking too often is asked
         again when the parent says it may be (the client's own reads while it awaits or
         follows a run)."""
+        timeout = check_seconds(timeout, "timeout")
         while True:
             try:
                 return await self._request_once(kind, query, reply_model, timeout=timeout,
@@ -325,8 +375,7 @@ class _Connection:
 
     def __init__(self, settings: Settings, name: str, inbox_prefix: str | None = None,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
-        if connect_timeout <= 0:
-            raise ValueError("connect_timeout must be positive")
+        check_seconds(connect_timeout, "connect_timeout", none_allowed=False)
         self._settings = settings
         self._name = name
         self._options: dict[str, Any] = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}

@@ -75,6 +75,22 @@ class ConversationSnapshot(RunSnapshot):
     messages: list[Message] = Field(default_factory=list)
 
 
+def _owner_named(owner: object) -> tuple[str, str]:
+    """The (agent, name) of a conversation's `owner` given as `"agent/name"` or a pair."""
+    what = "owner is the parent instance that owns the conversation: a ParentRef, " \
+           "(agent, name) or 'agent/name'"
+    if isinstance(owner, str):
+        agent, slash, name = owner.partition("/")
+        if not slash:
+            raise ValueError(f"{what}, not {owner!r}")
+        return agent, name
+    if not isinstance(owner, tuple | list):
+        raise TypeError(f"{what}, not {type(owner).__name__}")
+    if len(owner) != 2:
+        raise ValueError(f"{what}, not {owner!r}")
+    return owner[0], owner[1]
+
+
 def conversation_owner(agent_type: str) -> ParentRef:
     return ParentRef(agent=CONVERSATIONS, name=agent_type)
 
@@ -96,7 +112,7 @@ class Conversation:
             self.owner = ParentHandle(tether, owner)
         else:
             agent, name = ((CONVERSATIONS, agent_type) if owner is None
-                           else owner.split("/", 1) if isinstance(owner, str) else owner)
+                           else _owner_named(owner))
             self.owner = parent_handle(tether, agent, name)
         # Where the conversation is, once read from its run (`chat`).
         self._chat: ChatKey | None = None

@@ -30,13 +30,14 @@ still be idempotent: a crash after the function and before the ledger calls it a
 
 import asyncio
 import inspect
+import math
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
+from typing import Any, Literal, get_args
 
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
@@ -94,6 +95,9 @@ REPORTS_PER_COMMAND = 64  # at most MAX_DELIVERY_REPORTS
 # that forgot the acknowledgement, a republication) is acknowledged without a look at the
 # records.
 CALLED_KEPT = 10_000
+# The shortest lease a handler takes, as the setting (`hook_lease_ms`) does.
+MIN_LEASE_MS = 100
+Ledger = Literal["parent", "direct"]
 
 
 class _Recent:
@@ -188,17 +192,49 @@ class HookStats:
     renewed: int = 0  # in-progress acknowledgements of calls that outlasted a third of the lease
 
 
+def _lease_ms(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} is a number of milliseconds, not {type(value).__name__}")
+    if not (math.isfinite(value) and value >= MIN_LEASE_MS):
+        raise ValueError(f"{name} must be at least {MIN_LEASE_MS} milliseconds (how long a "
+                         f"hook is held before it is delivered again), not {value!r}")
+    return value
+
+
+def _check_takes_run_and_result(method: str, function: HookFunction) -> None:
+    """A hook is called with two positional arguments, `(run, result)`: a function that
+    cannot take them is refused here, not failed on every delivery."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # no signature to read (some builtins): its first call will say
+    try:
+        signature.bind(None, None)
+    except TypeError as error:
+        raise TypeError(f"the {method} hook must take two positional arguments (run, result) "
+                        f"and no other required ones; {getattr(function, '__qualname__', function)}"
+                        f"{signature} does not: {error}") from None
+
+
 class HookRegistry:
     def __init__(self, tether: Link, parent_agent: str, *, lease_ms: int | None = None,
-                 concurrency: int = 8, ledger: Literal["parent", "direct"] = "parent") -> None:
+                 concurrency: int = 8, ledger: Ledger = "parent") -> None:
         """`ledger`: who records `run.finish_delivered` — the parent service, asked with
         `<prefix>.cmd.delivered.<agent>.<name>` (the default, and the only way under the
         shipped access control, where applications may not append events), or this
         process directly ("direct": for tests and setups without a parent service)."""
         self.tether = tether
+        if ledger not in get_args(Ledger):
+            raise ValueError(f"ledger must be 'parent' or 'direct', not {ledger!r}")
         self.ledger = ledger
         self.parent_agent = check_identifier(parent_agent, "parent agent")
-        self.lease_s = (lease_ms if lease_ms is not None else tether.settings.hook_lease_ms) / 1000
+        if lease_ms is None:
+            self.lease_s = _lease_ms(tether.settings.hook_lease_ms,
+                                     "hook_lease_ms (TETHER_HOOK_LEASE_MS)") / 1000
+        else:
+            self.lease_s = _lease_ms(lease_ms, "lease_ms") / 1000
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise TypeError(f"concurrency is an int, not {type(concurrency).__name__}")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.concurrency = concurrency
@@ -217,6 +253,7 @@ class HookRegistry:
         registry_key(self.parent_agent, method)
         if not callable(function):
             raise TypeError(f"the {method} hook must be a function (run, result)")
+        _check_takes_run_and_result(method, function)
         if method in self.functions:
             raise ValueError(f"a {method} hook is already registered for {self.parent_agent}")
         self.functions[method] = function

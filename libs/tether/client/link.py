@@ -49,12 +49,15 @@ class AwaitTiming:
     event starts it over. A request no parent has taken after `presence_after_s` makes
     the caller look whether any parent service answers at all; one that expired is
     taken as never taken `expiry_grace_s` after its expiry (a parent that took it just
-    in time has appended its first event by then)."""
+    in time has appended its first event by then). A run the parent accepted that is
+    still not started `untaken_after_s` later makes it look whether any child-runner of
+    its agent type answers at all."""
 
     live_idle_s: float = 1.0
     live_idle_max_s: float = 30.0
     presence_after_s: float = 2.0
     expiry_grace_s: float = 2.0
+    untaken_after_s: float = 5.0
 
 
 class Link(Protocol):
@@ -94,6 +97,12 @@ class Link(Protocol):
     async def parent_unavailable(self, parent: ParentRef) -> str | None:
         """Why no parent service would take `parent`'s commands now (none answers its
         queries), or None when one answers; asked at most once in a while per connection."""
+        ...
+
+    async def runners_unavailable(self, agent_type: str, probe: bytes) -> str | None:
+        """Why no child-runner would take a run of `agent_type` now (none answers its
+        runners' inspection, `probe`), or None: one answers, or this connection may not
+        ask (an account of its own). Asked at most once in a while per agent type."""
         ...
 
     async def request(self, kind: str, query: Any, reply_model: type[Reply], *,

@@ -4,6 +4,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import suppress
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -11,13 +12,21 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, ValidationError
 
 from tether import tracing
+from tether.client.arguments import (
+    build_run_command,
+    check_seconds,
+    expires_in_ms,
+    first_error,
+    fork_request,
+    ids_of,
+)
 from tether.client.awaiting import Answer
 from tether.client.chat_feed import follow_chat
 from tether.client.child_tool import AgentTool, agent_tool
-from tether.client.errors import MessageRefused, RunNotFound
+from tether.client.errors import MessageRefused, RequestFailed, RunNotFound
 from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
-from tether.client.placing import RunRequest, Unserved, WaitingReport
+from tether.client.placing import RunRequest, Unserved, Untaken, WaitingReport
 from tether.client.timeline import RunView, TimelineView, follow_timeline
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import (
@@ -31,13 +40,13 @@ from tether.contract.messages import (
     RunSnapshot,
 )
 from tether.domain.commands import (
-    MAX_EXPIRES_IN_MS,
+    MAX_LIST_LIMIT,
     CancelCommand,
     ClearCommand,
     ContinueCommand,
-    ForkRequest,
     HasRunQuery,
     InspectQuery,
+    ListCursor,
     ListQuery,
     RunCommand,
     SendCommand,
@@ -125,7 +134,8 @@ class ParentHandle:
         it): the notifications of a detached run go to that run's chat.
         `expires_in` (seconds): a request no parent service has taken by then is never
         applied (a parent that finds it later refuses it `expired`), and the call returns
-        that failure. While no parent service answers, `on_waiting` is told once, in
+        that failure. While no parent service answers, and while no child-runner of the
+        agent type runs to start an accepted awaited run, `on_waiting` is told once, in
         words (default: a `run.unserved` warning in the client's log).
         `cancel_with_caller=False`: cancelling the awaiting task only stops the wait; the
         run goes on, still awaited, so a request under the same run id awaits it again
@@ -140,6 +150,7 @@ class ParentHandle:
         `parent_tool_call_id`, the turn that tool call asked for already), so give it to
         make a retry after a crash ask for the same turn.
         """
+        timeout = check_seconds(timeout, "timeout")
         if follow_up is not None:
             if run_id not in (None, follow_up):
                 raise ValueError("follow_up names the run to ask again: give it or run_id, "
@@ -178,6 +189,8 @@ class ParentHandle:
         first says where the run stood before the request (`RunRequest`), and only a run that
         already has events is read.
         """
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         live: asyncio.Queue[Msg] = asyncio.Queue()
         subscription = await self.tether.subscribe_live(
             self.tether.subjects.run_live(self.ref, command.run_id), live.put_nowait)
@@ -185,13 +198,12 @@ class ParentHandle:
         # run only once nobody answers here (docs/recovery.md).
         awaiter = None if detached else await self.tether.subscribe_live(
             self.tether.subjects.awaiter(self.ref, command.run_id), self.tether.answer_present)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
         try:
             request = RunRequest(self.tether, self.ref, command, detached)
             answer = await request.publish()
             unserved = Unserved(self.tether, self.ref, command, detached, report,
                                 published_at=loop.time())
+            untaken = Untaken(self.tether, command, report)
             timing = self.tether.awaiting
             idle = timing.live_idle_s
             while answer is None:
@@ -199,6 +211,8 @@ class ParentHandle:
                 wait = idle if remaining is None else min(remaining, idle)
                 if not request.placed:
                     wait = min(wait, unserved.next_look_in(loop.time(), timing.live_idle_max_s))
+                else:
+                    wait = min(wait, untaken.next_look_in(request.state, loop.time(), wait))
                 try:
                     # Only the wait is bounded: a timeout must not look like a cancellation.
                     # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns a
@@ -213,6 +227,8 @@ class ParentHandle:
                     answer = await request.on_quiet()
                     if answer is None and not request.placed:
                         answer = await unserved.look(loop.time())
+                    elif answer is None:
+                        await untaken.look(request.state, loop.time())
                     idle = min(idle * 2, timing.live_idle_max_s)
                     continue
                 idle = timing.live_idle_s
@@ -250,7 +266,13 @@ class ParentHandle:
         `seq:<n>` (a stream sequence, as the UI's slider shows it). Awaited or detached as
         `run_agent_tool`; idempotent: the same fork asked again (its `fork_id`, by default
         made from the run, `at`, `input` and `agent_overrides`) is that fork."""
+        timeout = check_seconds(timeout, "timeout")
+        check_identifier(run_id, "run id")
+        if isinstance(at, bool) or not isinstance(at, str | int):
+            raise TypeError(f"at is a fork point (step:<n>, milestone:<name> or seq:<n>, or an "
+                            f"int: a step), not {type(at).__name__}")
         point = f"step:{at}" if isinstance(at, int) else str(ForkPoint.parse(at))
+        fork = fork_request(run_id, point, agent_overrides)
         source = await self._read_own(run_id, "fork")
         if isinstance(input, BaseModel):
             input = input.model_dump(mode="json")
@@ -260,7 +282,7 @@ class ParentHandle:
             self.ref, source.agent_type, given, run_id=fork_id,
             parent_tool_call_id=source.parent_tool_call_id, display_order=source.display_order,
             display=source.display, detached=detached, started_by=source.started_by,
-            fork=ForkRequest(run_id=run_id, at=point, overrides=agent_overrides or {}))
+            max_tokens=source.max_tokens, max_cost=source.max_cost, fork=fork)
         return await self._run(command, command.detached is not False, timeout,
                                on_waiting or _log_unserved)
 
@@ -274,6 +296,7 @@ class ParentHandle:
         parent took it). A detached run's hooks and notices are sent again for the new
         outcome. A run that is not failed is refused, saying why; asked again while the
         rewind runs, it awaits that rewind."""
+        timeout = check_seconds(timeout, "timeout")
         state = await self._read_own(run_id, "rewind")
         number = state.rewinds + 1 if state.status == "error" or state.rewinds == 0 \
             else state.rewinds
@@ -325,10 +348,15 @@ class ParentHandle:
         `below`: the run ids down the run's tree to the paused one (a `waiting_path`);
         `expires_in` (seconds): not applied by a parent that takes it later than that."""
         check_identifier(run_id, "run id")
-        command = ContinueCommand(run_id=run_id, parent=self.ref, below=list(below),
-                                  approvals=list(approvals),
-                                  rejections=list(rejections), tool_outputs=tool_outputs or {},
-                                  human_input=human_input, expires_in_ms=expires_in_ms(expires_in))
+        try:
+            command = ContinueCommand(
+                run_id=run_id, parent=self.ref, below=ids_of(below, "below"),
+                approvals=ids_of(approvals, "approvals"),
+                rejections=ids_of(rejections, "rejections"),
+                tool_outputs={} if tool_outputs is None else tool_outputs,
+                human_input=human_input, expires_in_ms=expires_in_ms(expires_in))
+        except ValidationError as error:
+            raise ValueError(f"invalid continue request: {first_error(error)}") from None
         await self.tether.publish_command("continue", command,
                                           f"continue:{run_id}:{uuid.uuid4().hex}")
 
@@ -350,10 +378,14 @@ class ParentHandle:
         does, unless `expires_in` seconds ran out first). `below`: the run ids down the
         run's tree to the one the message is for (a timeline's `waiting_path`)."""
         check_identifier(run_id, "run id")
+        check_seconds(timeout, "timeout", none_allowed=False)
         message_id = check_identifier(message_id or uuid.uuid4().hex, "message id")
-        command = SendCommand(run_id=run_id, parent=self.ref, below=list(below),
-                              message_id=message_id, text=text, data=data, mode=mode,
-                              expires_in_ms=expires_in_ms(expires_in))
+        try:
+            command = SendCommand(run_id=run_id, parent=self.ref, below=ids_of(below, "below"),
+                                  message_id=message_id, text=text, data=data, mode=mode,
+                                  expires_in_ms=expires_in_ms(expires_in))
+        except ValidationError as error:
+            raise ValueError(f"invalid send request: {first_error(error)}") from None
         parent, target = self.ref, run_id
         for next_id in command.below:  # where the parent records it: down the tree
             above = (await self.tether.read_run(parent, target)).state
@@ -362,21 +394,25 @@ class ParentHandle:
                                      "no-such-run")
             parent, target = above.as_parent(), next_id
         subjects = self.tether.subjects
-        async with asyncio.timeout(timeout) as deadline:
-            try:
-                async with open_feed(self.tether, subjects.events_stream,
-                                     subjects.run_events(parent, target)) as feed:
-                    ack = await self.tether.publish_command(
-                        "send", command,
-                        f"send:{self.ref.agent}.{self.ref.name}:{run_id}:{message_id}")
-                    return await _message_recorded(feed.sink, target, message_id, ack.seq)
-            except TimeoutError:
-                if deadline.expired():
-                    raise TimeoutError(
-                        f"no parent service recorded message {message_id!r} for run "
-                        f"{target!r} within {timeout}s: it waits in the commands stream and "
-                        "is applied when one runs") from None
+        recorded_on = subjects.run_events(parent, target)
+        # Expiry is a cancellation inside the block and a TimeoutError only out of it:
+        # the explanation is raised here, outside.
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline, open_feed(self.tether, subjects.events_stream,
+                                           recorded_on) as feed:
+                ack = await self.tether.publish_command(
+                    "send", command,
+                    f"send:{self.ref.agent}.{self.ref.name}:{run_id}:{message_id}")
+                return await _message_recorded(feed.sink, target, message_id, ack.seq)
+        except TimeoutError:
+            if not deadline.expired():
                 raise
+            raise TimeoutError(
+                f"no parent service recorded message {message_id!r} for run {target!r} "
+                f"within {timeout:g}s (waited for it on {recorded_on}): it waits in the "
+                f"commands stream ({subjects.commands_stream}) and is applied when a parent "
+                f"service with prefix {subjects.prefix!r} takes it") from None
 
     async def continue_waiting(self, view: "RunView", **answers: Any) -> None:
         """Answer the run a timeline shows waiting: the run itself when it is paused, or
@@ -404,7 +440,7 @@ class ParentHandle:
                                    status=list(status) if status is not None else None,
                                    older_than=older_than, expires_in_ms=expires_in_ms(expires_in))
         except ValidationError as error:
-            raise ValueError(f"invalid clear request: {_first_error(error)}") from None
+            raise ValueError(f"invalid clear request: {first_error(error)}") from None
         await self.tether.publish_command(
             "clear", command, f"clear:{self.ref.agent}:{self.ref.name}:{uuid.uuid4().hex}")
 
@@ -412,22 +448,67 @@ class ParentHandle:
 
     async def inspect(self, run_id: str, *, timeout: float | None = None) -> RunSnapshot | None:
         """The run as the parent knows it; None when this parent has no such run."""
+        timeout = check_seconds(timeout, "timeout")
         query = InspectQuery(run_id=check_identifier(run_id, "run id"), parent=self.ref)
         reply = await self.tether.request("inspect", query, InspectReply, timeout=timeout)
         return reply.run
 
     async def list_runs(self, status: Iterable[str] | str | None = None, limit: int = 100, *,
+                        agent_type: str | None = None,
+                        before: ListCursor | RunSnapshot | None = None,
                         timeout: float | None = None) -> list[RunSnapshot]:
-        if isinstance(status, str):
-            status = [status]
-        try:
-            query = ListQuery(parent=self.ref, limit=limit,
-                              status=list(status) if status is not None else None)
-        except ValidationError as error:
-            raise ValueError(f"invalid list request: {_first_error(error)}") from None
+        """The parent's runs, newest first: `limit` of them, of these statuses and of
+        `agent_type` (None: any), after `before` (a run listed earlier, or its cursor;
+        None: from the newest). `list_page` also counts them and says where the next
+        page starts."""
+        query = self._list_query(status, limit, agent_type, before)
+        timeout = check_seconds(timeout, "timeout")
         return (await self.tether.request("list", query, ListReply, timeout=timeout)).runs
 
+    async def list_page(self, status: Iterable[str] | str | None = None, limit: int = 100, *,
+                        agent_type: str | None = None,
+                        before: ListCursor | RunSnapshot | None = None,
+                        timeout: float | None = None) -> "RunsPage":
+        """A page of `list_runs` with the number of runs of the statuses and agent type
+        (`total`, whatever the page) and the cursor of the next page (`after`: None when
+        no run follows). Asks a parent service from this release on: an older one refuses
+        the query."""
+        query = self._list_query(status, limit, agent_type, before)
+        if limit >= MAX_LIST_LIMIT:
+            raise ValueError(f"invalid list request: limit: a page is at most "
+                             f"{MAX_LIST_LIMIT - 1} runs, not {limit}")
+        timeout = check_seconds(timeout, "timeout")
+        # One run more than the page, to know whether another page follows.
+        query = query.model_copy(update={"limit": limit + 1, "count": True})
+        reply = await self.tether.request("list", query, ListReply, timeout=timeout)
+        if reply.total is None:
+            raise RequestFailed(f"the parent service answered {self.ref.agent}/"
+                                f"{self.ref.name}'s list query without its total")
+        runs = reply.runs[:limit]
+        after = cursor_of(runs[-1]) if len(reply.runs) > limit else None
+        return RunsPage(runs=runs, total=reply.total, after=after)
+
+    def _list_query(self, status: Iterable[str] | str | None, limit: int,
+                    agent_type: str | None, before: ListCursor | RunSnapshot | None
+                    ) -> ListQuery:
+        if isinstance(status, str):
+            status = [status]
+        if agent_type is not None:
+            check_identifier(agent_type, "agent type")
+        if isinstance(before, RunSnapshot):
+            before = cursor_of(before)
+        elif before is not None and not isinstance(before, ListCursor):
+            raise TypeError(f"before is a ListCursor or a RunSnapshot listed earlier, not "
+                            f"{type(before).__name__}")
+        try:
+            return ListQuery(parent=self.ref, limit=limit,
+                             status=list(status) if status is not None else None,
+                             agent_type=agent_type, before=before)
+        except ValidationError as error:
+            raise ValueError(f"invalid list request: {first_error(error)}") from None
+
     async def has_run(self, run_id: str, *, timeout: float | None = None) -> bool:
+        timeout = check_seconds(timeout, "timeout")
         query = HasRunQuery(run_id=check_identifier(run_id, "run id"), parent=self.ref)
         return (await self.tether.request("has_run", query, HasRunReply, timeout=timeout)).has_run
 
@@ -454,48 +535,20 @@ class ParentHandle:
                           input_model=input_model, name=name).bind(self)
 
 
-def build_run_command(parent: ParentRef, agent_type: str, input: Any, *, run_id: str | None,
-                      parent_tool_call_id: str | None, display_order: int | None,
-                      display: str | None,
-                      detached: bool | dict[str, Any] | DetachedOptions,
-                      started_by: RunRef | None = None,
-                      expires_in: float | None = None, max_tokens: int | None = None,
-                      max_cost: float | None = None, turn: int | None = None,
-                      fork: ForkRequest | None = None, rewind: int | None = None) -> RunCommand:
-    """The run command, with every argument checked here rather than by a rejection."""
-    check_identifier(agent_type, "agent type")
-    run_id = check_identifier(run_id, "run id") if run_id is not None else new_run_id()
-    if isinstance(input, BaseModel):
-        input = input.model_dump(mode="json")
-    if input is None:
-        input = {}
-    if not isinstance(input, dict):
-        raise TypeError(f"the input of a run is a JSON object, not {type(input).__name__}")
-    if isinstance(detached, dict) and detached.get("on_finish") is not None:
-        check_identifier(detached["on_finish"], "on_finish method")
-    try:
-        command = RunCommand(run_id=run_id, parent=parent, agent_type=agent_type, input=input,
-                             parent_tool_call_id=parent_tool_call_id,
-                             display_order=display_order, display=display, detached=detached,
-                             started_by=started_by, expires_in_ms=expires_in_ms(expires_in),
-                             max_tokens=max_tokens, max_cost=max_cost, turn=turn, fork=fork,
-                             rewind=rewind)
-    except ValidationError as error:
-        raise ValueError(f"invalid run request: {_first_error(error)}") from None
-    if (mixed := command.mixed()) is not None:
-        raise ValueError(f"invalid run request: {mixed}")
-    return command
+@dataclass(frozen=True)
+class RunsPage:
+    """A page of the parent's runs (`ParentHandle.list_page`): `total` runs of its
+    statuses and agent type in all; `after`: the next page's cursor (`before=`), None on
+    the last page."""
+
+    runs: list[RunSnapshot]
+    total: int
+    after: ListCursor | None
 
 
-def expires_in_ms(expires_in: float | None) -> int | None:
-    """A command's `expires_in_ms` from seconds; a ValueError names the argument."""
-    if expires_in is None:
-        return None
-    ms = round(expires_in * 1000)
-    if not 0 < ms <= MAX_EXPIRES_IN_MS:
-        raise ValueError(f"expires_in must be more than 0 and at most "
-                         f"{MAX_EXPIRES_IN_MS // 1000} seconds, not {expires_in!r}")
-    return ms
+def cursor_of(run: RunSnapshot) -> ListCursor:
+    """Where the list goes on after `run` (`before=`)."""
+    return ListCursor(requested_at=run.requested_at, run_id=run.run_id)
 
 
 def _log_unserved(text: str) -> None:
@@ -507,13 +560,3 @@ def _status_of(answer: Answer) -> str:
     detached run's (`running`, `error`)."""
     status = getattr(answer, "status", None)
     return status if isinstance(status, str) else "completed"
-
-
-def new_run_id() -> str:
-    return f"run-{uuid.uuid4().hex}"
-
-
-def _first_error(error: ValidationError) -> str:
-    problem = error.errors()[0]
-    where = ".".join(str(part) for part in problem["loc"])
-    return f"{where}: {problem['msg']}" if where else problem["msg"]

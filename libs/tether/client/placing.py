@@ -1,5 +1,6 @@
 """One run request placed with the parent: published, and the run's messages folded
-until they answer it (`RunRequest`); and a request no parent has taken yet (`Unserved`).
+until they answer it (`RunRequest`); a request no parent has taken yet (`Unserved`); and
+a run no child-runner has taken yet (`Untaken`).
 `ParentHandle.run_agent_tool` drives both."""
 
 from collections.abc import Callable
@@ -12,10 +13,16 @@ from tether.client.awaiting import Answer, LiveEvent, RunFold, RunWaiter
 from tether.client.errors import ServiceUnavailable
 from tether.client.link import Link
 from tether.client.run_events import live_event
-from tether.contract.messages import RUN_SEQUENCE_HEADER, AgentToolFailure, DetachedHandle
+from tether.contract.messages import (
+    RUN_SEQUENCE_HEADER,
+    AgentToolFailure,
+    ChildInspectRequest,
+    DetachedHandle,
+)
 from tether.domain.commands import RunCommand
-from tether.domain.events import ParentRef
+from tether.domain.events import ParentRef, RunRejected
 from tether.domain.ids import run_message_id
+from tether.domain.run_state import RunState
 from tether.ports import StoredEvent
 from tether.resilience import TRANSIENT_ERRORS
 
@@ -58,6 +65,11 @@ class RunRequest:
     def placed(self) -> bool:
         """Whether the run has been seen in the log (its events, or a parent's notice)."""
         return self._run is not None
+
+    @property
+    def state(self) -> RunState | None:
+        """The run as its events folded so far (None: unplaced, or no events yet)."""
+        return self._run.waiter.state if self._run is not None else None
 
     async def publish(self) -> Answer | None:
         ack = await self._send()
@@ -132,13 +144,21 @@ class RunRequest:
         run = self._run = self._fold(mark=history[-1].seq if history else 0)
         run.fold_read(history)
         waiter = run.waiter
-        ack = await self._send(vacated_at=waiter.mark if waiter.state is None else 0)
+        if self._command.plain or self._command.fork is not None:
+            vacated_at = waiter.mark if waiter.state is None else 0
+        else:
+            # A follow-up or a rewind asked again after the parent refused it is a new
+            # request, not a repeat of the refused one for the stream to drop.
+            vacated_at = next((stored.seq for stored in reversed(history)
+                               if isinstance(stored.event, RunRejected)), 0)
+        ack = await self._send(vacated_at=vacated_at)
         return waiter.on_published(bool(ack.duplicate))
 
     async def _send(self, vacated_at: int = 0) -> PubAck:
         """The request, under the id of the run's life it asks for (`vacated_at`: the
-        sequence of the rejection or clear that vacated the run id, 0 for none). A repeat
-        of the id this request was stored under is known as ours by that sequence."""
+        sequence of the rejection or clear that vacated the run id, or of the last refusal
+        a follow-up or rewind is asked again after; 0 for none). A repeat of the id this
+        request was stored under is known as ours by that sequence."""
         command = self._command
         message_id = run_message_id(command.run_id, vacated_at, command.parent)
         if command.turn is not None:  # a follow-up: one request per turn
@@ -151,7 +171,7 @@ class RunRequest:
     def _fold(self, mark: int) -> RunFold:
         return RunFold(RunWaiter(self._command.run_id, self._command.agent_type, mark=mark,
                                  detached=self._detached, turn=self._command.turn,
-                                 rewind=self._command.rewind))
+                                 rewind=self._command.rewind, request=self._command))
 
 
 class Unserved:
@@ -201,6 +221,42 @@ class Unserved:
                 self._report(f"run {command.run_id}: the request is stored and waits "
                              f"{until}; {unavailable}")
         return None
+
+
+class Untaken:
+    """A run the parent accepted that no child-runner has started: once it has been
+    `starting` for `AwaitTiming.untaken_after_s`, the caller is told once if no runner of
+    its agent type answers at all (a busy one leaves it waiting in the queue unsaid)."""
+
+    def __init__(self, tether: Link, command: RunCommand, report: WaitingReport) -> None:
+        self._tether, self._command, self._report = tether, command, report
+        self._starting_since: float | None = None
+        self._told = False
+
+    def next_look_in(self, state: RunState | None, now: float, otherwise: float) -> float:
+        """Seconds until this run's look is due (the quiet wait is cut to it); `otherwise`
+        when none is."""
+        if self._told or state is None or state.status != "starting":
+            self._starting_since = None
+            return otherwise
+        if self._starting_since is None:
+            self._starting_since = now
+        due = self._starting_since + self._tether.awaiting.untaken_after_s
+        return min(max(due - now, 0.01), otherwise)
+
+    async def look(self, state: RunState | None, now: float) -> None:
+        since = self._starting_since
+        if (self._told or since is None or state is None or state.status != "starting"
+                or now < since + self._tether.awaiting.untaken_after_s):
+            return
+        command = self._command
+        probe = ChildInspectRequest(run_id=command.run_id, parent=command.parent)
+        unavailable = await self._tether.runners_unavailable(
+            command.agent_type, probe.model_dump_json().encode())
+        if unavailable is not None:
+            self._told = True
+            self._report(f"run {command.run_id}: the parent accepted it and it waits until a "
+                         f"child-runner takes it; {unavailable}")
 
 
 _UNREAD: Any = object()

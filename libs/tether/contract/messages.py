@@ -371,8 +371,20 @@ class InspectReply(Model):
 
 
 class ListReply(Model):
+    """`total`: with a query that asked for it (`count`), the number of runs of its
+    statuses and agent type, whatever its cursor and limit; written only then, so a
+    client from before it takes the reply."""
+
     runs: list[RunSnapshot] = Field(default_factory=list)
     error: str | None = None
+    total: NonNegative | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_uncounted_total(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        written: dict[str, Any] = write(self)
+        if self.total is None:
+            written.pop("total", None)
+        return written
 
 
 class HasRunReply(Model):

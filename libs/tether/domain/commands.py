@@ -285,11 +285,41 @@ class InspectQuery(Model):
     parent: ParentRef
 
 
+class ListCursor(Model):
+    """The run a page of the list ended with: the next page is the runs after it in the
+    list's order (`requested_at` newest first, then `run_id`), so runs requested since
+    come before it and neither repeat nor shift the pages that follow."""
+
+    requested_at: EpochMs
+    run_id: Identifier
+
+
+MAX_LIST_LIMIT = 10_000
+# The list query's fields from after its first version: written only when used, so that a
+# parent from before them (which refuses fields it does not know) takes a query without.
+_LIST_PAGING_DEFAULTS: dict[str, Any] = {"agent_type": None, "before": None, "count": False}
+
+
 class ListQuery(Model):
+    """The parent's runs, newest first: of these statuses (None: any) and of `agent_type`
+    (None: any); `before`: only those after that cursor; `count`: the reply's `total` is
+    the number of runs of the statuses and agent type, whatever the cursor and limit."""
+
     type: Literal["list"] = "list"
     parent: ParentRef
     status: list[RunStatus] | None = None
-    limit: Annotated[int, Field(gt=0, le=10_000)] = 100
+    limit: Annotated[int, Field(gt=0, le=MAX_LIST_LIMIT)] = 100
+    agent_type: Identifier | None = None
+    before: ListCursor | None = None
+    count: bool = False
+
+    @model_serializer(mode="wrap")
+    def _without_unused_paging(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        written: dict[str, Any] = write(self)
+        for name, default in _LIST_PAGING_DEFAULTS.items():
+            if getattr(self, name) == default:
+                written.pop(name, None)
+        return written
 
 
 class HasRunQuery(Model):

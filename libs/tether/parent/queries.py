@@ -86,7 +86,8 @@ class ParentQueries:
     def subscribe(self, broker: NatsBroker, subjects: Subjects) -> None:
         for kind, handler, summary in (
                 ("inspect", self.inspect, "A run as the parent sees it, or null"),
-                ("list", self.list_runs, "The parent's runs, newest first, by status"),
+                ("list", self.list_runs,
+                 "The parent's runs, newest first, by status and agent type, a page at a time"),
                 ("has_run", self.has_run, "Whether the parent has the run"),
                 ("history", self.history, "Stored messages of one of the parent's feeds"),
                 ("serve_hook", self.serve_hook,
@@ -166,7 +167,14 @@ class ParentQueries:
     async def list_runs(self, query: ListQuery, message: NatsMessage) -> ListReply:
         assert self._projections is not None
         _check_subject_parent(message.raw_message.subject, query.parent)
-        runs = await self._projections.list_runs(query.parent, query.status, query.limit)
+        if query.count:
+            runs, total = await self._projections.list_and_count_runs(
+                query.parent, query.status, query.limit, agent_type=query.agent_type,
+                before=query.before)
+            return ListReply(runs=[RunSnapshot.of(state) for state in runs], total=total)
+        runs = await self._projections.list_runs(query.parent, query.status, query.limit,
+                                                 agent_type=query.agent_type,
+                                                 before=query.before)
         return ListReply(runs=[RunSnapshot.of(state) for state in runs])
 
     async def history(self, query: HistoryQuery, message: NatsMessage) -> HistoryReply:

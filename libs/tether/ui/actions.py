@@ -12,8 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from tether.client.arguments import build_run_command
 from tether.client.errors import MessageRefused, TetherError
-from tether.client.parent import build_run_command
 from tether.domain.commands import ContinueCommand
 from tether.domain.ids import run_message_id
 from tether.domain.recorded import ForkPoint

@@ -8,12 +8,13 @@ runs and the checkpoint at one moment runs in a repeatable-read transaction.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import asyncpg
 
 from tether.adapters.postgres.migrator import check_schema_name
 from tether.adapters.postgres.projection import PROJECTION_NAME
+from tether.domain.commands import ListCursor
 from tether.domain.events import ParentRef
 from tether.domain.run_state import RunState, state_from_json
 
@@ -40,13 +41,23 @@ _CHILDREN = """
     SELECT state::text FROM {s}.runs r
     JOIN unnest($1::text[], $2::text[]) AS k(a, n) ON r.parent_agent = k.a AND r.parent_name = k.n
 """
+# The parent's list: its runs, newest first, then by run id. Each filter is written only
+# when given (its parameter numbered in turn), so a typed list is planned on the index
+# `runs_by_parent_type_requested` (migration 004) rather than a generic plan's `$n IS NULL
+# OR ...`.
 _LIST = """
-    SELECT state::text AS state FROM {s}.runs
-    WHERE parent_agent = $1 AND parent_name = $2
-      AND ($3::text[] IS NULL OR status = ANY($3::text[]))
+    SELECT state::text AS state FROM {s}.runs WHERE {where}
     ORDER BY requested_at DESC, run_id
-    LIMIT $4
+    LIMIT {limit}
 """
+_COUNT = "SELECT count(*) FROM {s}.runs WHERE {where}"
+_OF_PARENT = "parent_agent = $1 AND parent_name = $2"
+_OF_STATUSES = "status = ANY({}::text[])"
+_OF_AGENT_TYPE = "agent_type = {}"
+# After the cursor's run in the list's order (`requested_at DESC, run_id`): requested
+# earlier, or at the same instant with a greater run id. The first term bounds the index
+# scan; the second is the list's tie order exactly, so no run is skipped or repeated.
+_AFTER_CURSOR = "requested_at <= {0} AND (requested_at < {0} OR run_id > {1})"
 # What the reconciler watches: open runs, and finished detached runs whose finish delivery
 # is still owed (`Reconciler._pending_delivery`, in SQL). A leadership change costs what
 # is open, not every finished run ever: the partial index `runs_reconciler_watch`
@@ -129,11 +140,48 @@ class ProjectionReads:
         return [state_from_json(row[0]) for row in rows]
 
     async def list_runs(self, parent: ParentRef, statuses: Sequence[str] | None,
-                        limit: int) -> list[RunState]:
-        """The parent's runs, newest first, of these statuses (None: any)."""
-        rows = await self._reader.fetch(self.sql(_LIST), parent.agent, parent.name, statuses,
-                                        limit)
+                        limit: int, *, agent_type: str | None = None,
+                        before: ListCursor | None = None) -> list[RunState]:
+        """The parent's runs, newest first, of these statuses and agent type (None: any),
+        `limit` of them after `before` (None: from the newest)."""
+        statement, args = self.list_statement(parent, statuses, limit, agent_type=agent_type,
+                                              before=before)
+        rows = await self._reader.fetch(statement, *args)
         return [state_from_json(row["state"]) for row in rows]
+
+    def list_statement(self, parent: ParentRef, statuses: Sequence[str] | None, limit: int,
+                       *, agent_type: str | None = None, before: ListCursor | None = None
+                       ) -> tuple[str, list[Any]]:
+        """`list_runs`'s SQL and its arguments."""
+        where, args = _list_filter(parent, statuses, agent_type)
+        if before is not None:
+            args += [before.requested_at, before.run_id]
+            where += " AND " + _AFTER_CURSOR.format(f"${len(args) - 1}", f"${len(args)}")
+        args.append(limit)
+        return (self.sql(_LIST).replace("{where}", where).replace("{limit}", f"${len(args)}"),
+                args)
+
+    async def count_runs(self, parent: ParentRef, statuses: Sequence[str] | None, *,
+                         agent_type: str | None = None) -> int:
+        """How many runs `list_runs` lists with these filters, from the first page on."""
+        where, args = _list_filter(parent, statuses, agent_type)
+        return int(await self._reader.fetchval(self.sql(_COUNT).replace("{where}", where),
+                                               *args))
+
+    async def list_and_count_runs(self, parent: ParentRef, statuses: Sequence[str] | None,
+                                  limit: int, *, agent_type: str | None = None,
+                                  before: ListCursor | None = None
+                                  ) -> tuple[list[RunState], int]:
+        """`list_runs` and `count_runs` read at one moment (a repeatable-read transaction),
+        so the total counts the runs the page was taken from."""
+        assert isinstance(self._reader, asyncpg.Pool)
+        async with self._reader.acquire() as conn, conn.transaction(
+                isolation="repeatable_read", readonly=True):
+            reads = ProjectionReads(conn, self.schema)
+            runs = await reads.list_runs(parent, statuses, limit, agent_type=agent_type,
+                                         before=before)
+            total = await reads.count_runs(parent, statuses, agent_type=agent_type)
+        return runs, total
 
     async def watched(self) -> tuple[int, list[RunState]]:
         """The log position the projections are at, and the runs the reconciler watches
@@ -158,3 +206,17 @@ class ProjectionReads:
         """Runs by (status, agent type)."""
         rows = await self._reader.fetch(self.sql(_BY_STATUS_AND_TYPE))
         return {(row[0], row[1] or ""): row[2] for row in rows}
+
+
+def _list_filter(parent: ParentRef, statuses: Sequence[str] | None,
+                 agent_type: str | None) -> tuple[str, list[Any]]:
+    """The list's conditions but its cursor, and their arguments ($1, $2, ... in turn)."""
+    where = _OF_PARENT
+    args: list[Any] = [parent.agent, parent.name]
+    if statuses is not None:
+        args.append(list(statuses))
+        where += " AND " + _OF_STATUSES.format(f"${len(args)}")
+    if agent_type is not None:
+        args.append(agent_type)
+        where += " AND " + _OF_AGENT_TYPE.format(f"${len(args)}")
+    return where, args
