@@ -4,11 +4,16 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import gateway_agents
 import httpx
+import httpx2
 from a2a.client import ClientConfig, ClientFactory
 from a2a.client.client import Client
+from a2a.utils.constants import VERSION_HEADER
+from mcp import Client as McpClient
+from mcp.client.streamable_http import streamable_http_client
 
 from tether.asgi_serving import listen_on
 from tether.domain.events import ParentRef
@@ -54,3 +59,23 @@ async def a2a_client(base: str, agent_type: str, token: str = DESKTOP, *,
             yield client
         finally:
             await client.close()
+
+
+async def a2a_rpc(base: str, agent_type: str, method: str, params: dict,
+                  token: str = DESKTOP) -> dict:
+    """One A2A JSON-RPC request as raw JSON, for what the SDK's client would not send; the
+    response's `result` or `error`."""
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}",
+                                          VERSION_HEADER: "1.0"}, timeout=30) as http:
+        response = await http.post(f"{base}/a2a/{agent_type}/jsonrpc", json={
+            "jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    return response.json()
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(url: str, token: str, **options: Any) -> AsyncIterator[McpClient]:
+    """The official MCP SDK's client of the gateway at `url`, as the caller of `token`."""
+    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                   timeout=httpx2.Timeout(30, read=300)) as http,
+                McpClient(streamable_http_client(url, http_client=http), **options) as client):
+        yield client

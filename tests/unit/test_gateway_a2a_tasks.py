@@ -36,7 +36,7 @@ def test_a_task_says_the_runs_progress_its_wait_or_its_outcome():
     assert words_of(run(progress={"message": "reading"},
                         milestones=[MilestoneView(sequence=0, name="found", at=1)])) == \
         "found - reading"
-    assert words_of(run(waiting_for="waiting_for_human")) == "waiting for waiting_for_human"
+    assert words_of(run(waiting_for="waiting_for_human")) == "waiting for a human's input"
     assert words_of(run(status="error", error="the source is down")) == "the source is down"
 
 

@@ -9,8 +9,10 @@ task is a Tether run of the caller's parent, read from the log and the projectio
   message id, so a message sent again starts nothing new; its context id is the caller's
   parent, `agent/name`), or, naming a task that waits for input, answers it: a data part
   `{"approvals": [...], "rejections": [...], "tool_outputs": {...}}` or text (the human's
-  words). The run's input is the message's data part, or its text for an agent whose
-  input has one text field.
+  words), checked against what the run waits on (`tether.gateway.answers`): an answer
+  that decides nothing is refused, never sent on as an empty resume. The run's input is
+  the message's data part, or its text for an agent whose input has one text field; a
+  part it would drop is refused (`tether.gateway.a2a_parts`).
 - **A task's state** is the run's: `submitted` until a runner takes it, `working`,
   `input-required` while it waits for a human or a tool's output, `completed`, `failed`,
   `canceled` (a cancelled run), `rejected` (a request the parent refused).
@@ -19,7 +21,8 @@ task is a Tether run of the caller's parent, read from the log and the projectio
   output, from the run's events as the log holds them; it ends at a final state or when
   input is required. A client that subscribes again, to this gateway or another one,
   gets the task as it is then and what follows: nothing missed, nothing twice.
-- **ListTasks** lists the caller's runs of the agent type from the projections.
+- **ListTasks** lists the caller's runs of the agent type from the projections, newest
+  first, a page at a time, through the parent's list query (`tether.gateway.a2a_task_list`).
 - **Push notification configs** (set on a message, or on a task) are kept in Postgres and
   sent from there at each change of the task's state (`tether.gateway.a2a_push`).
 """
@@ -66,15 +69,16 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-from google.protobuf.json_format import MessageToDict
 
 from tether.adapters.event_log import until_stopped
 from tether.client.child_tool import ANY_OBJECT_SCHEMA
 from tether.client.parent import ParentHandle
 from tether.contract.messages import DetachedHandle, RunSnapshot
-from tether.domain.events import OPEN_STATUSES
+from tether.domain.events import OPEN_STATUSES, RunRejected
 from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.gateway.a2a_parts import answer_of, input_of
 from tether.gateway.a2a_push import Pushes
+from tether.gateway.a2a_task_list import list_tasks, page_size_of
 from tether.gateway.a2a_tasks import (
     FINAL,
     STOPS_STREAM,
@@ -90,9 +94,9 @@ from tether.gateway.a2a_tasks import (
     view_state,
     words_of,
 )
+from tether.gateway.answers import InvalidAnswer, require_some
 from tether.gateway.callers import Caller, Callers
 
-MAX_LISTED = 100
 # How long an answer sent with `returnImmediately` waits for the run to take it; past
 # that (the parent service slow or down), the task is returned as it is.
 ANSWER_TAKEN_WAIT_S = 5.0
@@ -202,19 +206,35 @@ class TetherAgentHandler(RequestHandler):
             push = TaskPushNotificationConfig()
             push.CopyFrom(params.configuration.task_push_notification_config)
             push.task_id = run_id
-            await self._pushes.check_url(push.url)  # before the run starts
+            await self._pushes.check(push)  # before the run starts
         handle = await self._start(parent, run_id, self._input(message))
         if push is not None and self._pushes is not None and handle.status != "error":
             await self._pushes.set(caller.name, push)
+        refused = handle.status == "error" and handle.result is None
         snapshot = await parent.inspect(run_id)
+        if refused and snapshot is not None:
+            # The message id started another task before (of another agent, or with
+            # other input): never answered with that task.
+            raise InvalidParamsError(message=f"message id {message.message_id!r}: "
+                                             f"{handle.error}")
         if snapshot is None:
             if handle.status == "error":
-                context_id = _parent_context(caller)
-                return parent, Task(id=run_id, context_id=context_id, status=task_status(
-                    TaskState.TASK_STATE_REJECTED, handle.error or "refused", run_id,
-                    context_id))
+                return parent, _rejected(run_id, parent, handle.error or "refused")
             raise InvalidParamsError(message=f"run {run_id} was accepted but cannot be read")
         return parent, snapshot
+
+    async def _task(self, parent: ParentHandle, task_id: str) -> RunSnapshot | Task:
+        """The task as it is: its run, or, for a message the parent refused (no run, the
+        refusal the last thing on its subject), the rejected task that message got."""
+        try:
+            return await self._snapshot(parent, task_id)
+        except TaskNotFoundError:
+            history = await parent.tether.read_run(parent.ref, task_id)
+            last = history.events[-1] if history.events else None
+            if (history.state is None and isinstance(last, RunRejected)
+                    and last.data.agent_type == self._agent_type):
+                return _rejected(task_id, parent, last.data.error)
+            raise
 
     async def _start(self, parent: ParentHandle, run_id: str,
                      input: dict[str, Any]) -> DetachedHandle:
@@ -227,19 +247,10 @@ class TetherAgentHandler(RequestHandler):
         return handle
 
     def _input(self, message: Message) -> dict[str, Any]:
-        data = [part.data for part in message.parts if part.WhichOneof("content") == "data"]
-        if data:
-            value = MessageToDict(data[0])
-            if not isinstance(value, dict):
-                raise InvalidParamsError(message="the message's data part must be an object "
-                                                 "(the agent's input)")
-            return value
-        text = "".join(part.text for part in message.parts
-                       if part.WhichOneof("content") == "text")
-        if self._text_field is None:
-            raise InvalidParamsError(message=f"{self._agent_type} takes a data part with its "
-                                             "input (see its card), not text")
-        return {self._text_field: text}
+        try:
+            return input_of(message.parts, self._agent_type, self._text_field)
+        except InvalidAnswer as error:
+            raise InvalidParamsError(message=str(error)) from None
 
     async def _answer(self, parent: ParentHandle, message: Message) -> RunSnapshot:
         snapshot = await self._snapshot(parent, message.task_id)
@@ -250,21 +261,12 @@ class TetherAgentHandler(RequestHandler):
             raise UnsupportedOperationError(
                 message=f"task {snapshot.run_id} is {a2a_state_name(snapshot)}: it takes no "
                         "more messages")
-        data = [MessageToDict(part.data) for part in message.parts
-                if part.WhichOneof("content") == "data"]
-        text = "".join(part.text for part in message.parts
-                       if part.WhichOneof("content") == "text")
-        answers = data[0] if data and isinstance(data[0], dict) else {}
-        unknown = set(answers) - {"approvals", "rejections", "tool_outputs", "human_input"}
-        if unknown:
-            raise InvalidParamsError(message=f"unknown answer {min(unknown)!r}: a data part "
-                                             "may hold approvals, rejections, tool_outputs, "
-                                             "human_input")
-        await parent.continue_run(
-            snapshot.run_id, approvals=answers.get("approvals") or [],
-            rejections=answers.get("rejections") or [],
-            tool_outputs=answers.get("tool_outputs") or {},
-            human_input=answers.get("human_input") or text or None)
+        try:
+            decisions = require_some(answer_of(message.parts, snapshot.pending),
+                                     snapshot.run_id, snapshot.waiting_for, snapshot.pending)
+        except InvalidAnswer as error:
+            raise InvalidParamsError(message=str(error)) from None
+        await parent.continue_run(snapshot.run_id, **decisions.as_continue())
         return snapshot
 
     async def on_message_send(self, params: SendMessageRequest,
@@ -307,7 +309,10 @@ class TetherAgentHandler(RequestHandler):
     async def on_subscribe_to_task(self, params: SubscribeToTaskRequest,
                                    context: ServerCallContext) -> AsyncGenerator[Event]:
         _, parent = self._parent(context)
-        snapshot = await self._snapshot(parent, params.id)
+        snapshot = await self._task(parent, params.id)
+        if isinstance(snapshot, Task):  # rejected: it never ran, nothing follows
+            yield snapshot
+            return
         yield task_of(snapshot)
         if a2a_state(snapshot) not in STOPS_STREAM:
             async with aclosing(self._follow(parent, snapshot)) as events:
@@ -327,7 +332,8 @@ class TetherAgentHandler(RequestHandler):
                 run = view.runs.get(since.run_id)
                 if run is None:
                     continue
-                for event in sent.updates(run, context_id):
+                pending = await self._pending(parent, since.run_id) if run.waiting_for else []
+                for event in sent.updates(run, context_id, pending):
                     yield event
                 state = view_state(run)
                 if state in FINAL:
@@ -341,31 +347,35 @@ class TetherAgentHandler(RequestHandler):
                 if state == TaskState.TASK_STATE_INPUT_REQUIRED and sent.moved:
                     return
 
+    @staticmethod
+    async def _pending(parent: ParentHandle, run_id: str) -> list[dict[str, Any]]:
+        """The calls a paused run waits on, from its snapshot (read from the log, which is
+        as far on as any view of it)."""
+        snapshot = await parent.inspect(run_id)
+        return snapshot.pending if snapshot is not None else []
+
     # --- tasks ----------------------------------------------------------------------
 
     async def on_get_task(self, params: GetTaskRequest,
                           context: ServerCallContext) -> Task | None:
         _, parent = self._parent(context)
-        return task_of(await self._snapshot(parent, params.id))
+        task = await self._task(parent, params.id)
+        return task if isinstance(task, Task) else task_of(task)
 
     async def on_list_tasks(self, params: ListTasksRequest,
                             context: ServerCallContext) -> ListTasksResponse:
         caller, parent = self._parent(context)
         if params.context_id and params.context_id != _parent_context(caller):
-            return ListTasksResponse(tasks=[], total_size=0, page_size=0)
-        limit = min(params.page_size or MAX_LISTED, MAX_LISTED)
-        runs = [run for run in await parent.list_runs(limit=MAX_LISTED)
-                if run.agent_type == self._agent_type]
-        tasks = [task_of(run) for run in runs]
-        if params.status:
-            tasks = [task for task in tasks if task.status.state == params.status]
-        return ListTasksResponse(tasks=tasks[:limit], total_size=len(tasks),
-                                 page_size=len(tasks[:limit]))
+            return ListTasksResponse(tasks=[], total_size=0,
+                                     page_size=page_size_of(params))
+        return await list_tasks(parent, self._agent_type, params)
 
     async def on_cancel_task(self, params: CancelTaskRequest,
                              context: ServerCallContext) -> Task | None:
         _, parent = self._parent(context)
-        snapshot = await self._snapshot(parent, params.id)
+        snapshot = await self._task(parent, params.id)
+        if isinstance(snapshot, Task):
+            raise TaskNotCancelableError(message=f"task {params.id} is rejected: it never ran")
         if is_final(snapshot):
             raise TaskNotCancelableError(message=f"task {params.id} is already "
                                                  f"{a2a_state_name(snapshot)}")
@@ -434,6 +444,13 @@ def _compact(schema: dict[str, Any]) -> str:
     properties = schema.get("properties") or {}
     return "{" + ", ".join(f"{name}: {spec.get('type', 'any')}"
                            for name, spec in properties.items()) + "}"
+
+
+def _rejected(run_id: str, parent: ParentHandle, error: str) -> Task:
+    """The task of a message the parent refused: it never ran."""
+    context_id = f"{parent.ref.agent}/{parent.ref.name}"
+    return Task(id=run_id, context_id=context_id, status=task_status(
+        TaskState.TASK_STATE_REJECTED, error, run_id, context_id))
 
 
 def _parent_context(caller: Caller) -> str:

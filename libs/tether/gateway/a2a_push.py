@@ -21,6 +21,8 @@ refused (`push.taken_over`).
 
 import asyncio
 import contextlib
+import dataclasses
+import re
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -35,11 +37,17 @@ from google.protobuf.json_format import MessageToDict
 from tether.adapters.postgres.push_configs import PushConfig, PushConfigs
 from tether.client.parent import ParentHandle
 from tether.domain import lease
+from tether.domain.ids import InvalidIdentifier, check_identifier
 from tether.gateway.a2a_tasks import FINAL, a2a_state, task_of, view_state
 from tether.gateway.callers import Callers
 from tether.resilience import Backoff, sleep_unless_stopped
 
 NOTIFICATION_ID_HEADER = "X-Tether-Notification-Id"
+# What no retry mends: a request httpx will not build (a header or URL it refuses).
+NEVER_SENDABLE = (httpx.LocalProtocolError, httpx.InvalidURL, httpx.UnsupportedProtocol)
+CONTROL_OR_SPACE = re.compile(r"[\x00-\x20\x7f]")
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+HOST = re.compile(r"[A-Za-z0-9._~-]+|[0-9A-Fa-f:.]+")
 T = TypeVar("T")
 FRESH_SHARE = 2 / 3  # of the lease: how long after its renewal a gateway acts on it
 
@@ -171,6 +179,14 @@ class Pusher:
                 response = await self.http.post(config.url, json=config.pending_body,
                                                  headers=headers)
                 response.raise_for_status()
+            except NEVER_SENDABLE as error:
+                # Sent again, it fails again: the config is finished with the reason.
+                why = (f"{type(error).__name__}: {error}: the config can never be sent; "
+                       "set it again with a valid URL, token and credentials")
+                self._held(await self.store.finish(self.owner, config, why))
+                self.logger.warning("push.abandoned", task_id=config.task_id,
+                                    config_id=config.config_id, url=config.url, error=why)
+                return dataclasses.replace(config, done=True)
             except httpx.HTTPError as error:
                 why = f"{type(error).__name__}: {error}"
                 self._held(await self.store.failed(self.owner, config, why))
@@ -213,7 +229,7 @@ class Pushes:
 
     async def set(self, caller: str, config: TaskPushNotificationConfig
                   ) -> TaskPushNotificationConfig:
-        await self.check_url(config.url)
+        await self.check(config)
         config_id = config.id or "default"
         await self.store.put(PushConfig(
             caller=caller, task_id=config.task_id, config_id=config_id, url=config.url,
@@ -233,15 +249,48 @@ class Pushes:
     async def delete(self, caller: str, task_id: str, config_id: str) -> bool:
         return await self.store.delete(caller, task_id, config_id or "default")
 
+    async def check(self, config: TaskPushNotificationConfig) -> None:
+        """Refuse a config that could never be sent (`InvalidParamsError`, naming the
+        field), rather than keep it and retry it for ever."""
+        await self.check_url(config.url)
+        try:  # it goes into a header: `X-Tether-Notification-Id`
+            check_identifier(config.id or "default", "id (the push notification config's)")
+        except InvalidIdentifier as error:
+            raise InvalidParamsError(message=str(error)) from None
+        for name, value in (("token", config.token),
+                            ("authentication.scheme", config.authentication.scheme),
+                            ("authentication.credentials", config.authentication.credentials)):
+            if CONTROL.search(value):
+                raise InvalidParamsError(message=f"{name}: holds a control character (a "
+                                                 "header cannot carry it)")
+
     async def check_url(self, url: str) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise InvalidParamsError(message=f"url: a push notification URL is http(s), not "
-                                             f"{url!r}")
+        why = url_problem(url)
+        if why is not None:
+            raise InvalidParamsError(message=f"url: {why}")
         if not self.private_urls and not await validate_push_notification_url(url):
             raise InvalidParamsError(
                 message=f"url: {url} is not reachable from here or is a private, loopback "
                         "or link-local address, which the gateway does not call unless "
                         "TETHER_GATEWAY_PUSH_PRIVATE_URLS is set")
+
+
+def url_problem(url: str) -> str | None:
+    """Why a push notification URL can never be sent to (None: it can be tried)."""
+    if CONTROL_OR_SPACE.search(url):
+        return f"{url!r} holds a space or a control character"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as error:
+        return f"{url!r} is not a URL ({error})"
+    if parsed.scheme not in ("http", "https"):
+        return f"a push notification URL is http(s), not {url!r}"
+    host = parsed.host
+    if not host or HOST.fullmatch(host) is None:
+        return f"{url!r} names no valid host"
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        return f"{url!r} has port {parsed.port}, outside 1..65535"
+    return None
 
 
 def _proto(config: PushConfig | None) -> TaskPushNotificationConfig:

@@ -3,6 +3,7 @@ and what a stream has already sent of one (`StreamState`), so each update says o
 what is new."""
 
 import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from a2a.types import (
@@ -23,6 +24,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from tether.client.timeline import RunView
 from tether.contract.messages import RunSnapshot
 from tether.domain.events import OPEN_STATUSES
+from tether.gateway.answers import waiting_words
 
 Event = Task | Message | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
 FINAL = frozenset({TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED,
@@ -37,7 +39,10 @@ class StreamState:
         self.state, self.words, self.output = state, words, output
         self.moved = False
 
-    def updates(self, run: RunView, context_id: str) -> list[Event]:
+    def updates(self, run: RunView, context_id: str,
+                pending: Sequence[Mapping[str, Any]] = ()) -> list[Event]:
+        """What is new in `run`; `pending`: the calls it waits on (a view does not hold
+        them; the run's snapshot does)."""
         events: list[Event] = []
         text = run.output_text
         if len(text) > self.output:
@@ -47,13 +52,14 @@ class StreamState:
                                   parts=[Part(text=text[self.output:])])))
             self.output = len(text)
         state = view_state(run)
-        if state not in FINAL and (state != self.state or viewwords(run) != self.words):
-            events.append(self.status(run, context_id))
+        if state not in FINAL and (state != self.state
+                                   or viewwords(run, pending) != self.words):
+            events.append(self.status(run, context_id, pending=pending))
         return events
 
-    def status(self, run: RunView, context_id: str, *, force: bool = False
-               ) -> TaskStatusUpdateEvent:
-        state, words = view_state(run), viewwords(run)
+    def status(self, run: RunView, context_id: str, *, force: bool = False,
+               pending: Sequence[Mapping[str, Any]] = ()) -> TaskStatusUpdateEvent:
+        state, words = view_state(run), viewwords(run, pending)
         self.moved = self.moved or state != self.state or words != self.words or force
         self.state, self.words = state, words
         return TaskStatusUpdateEvent(task_id=run.run_id, context_id=context_id,
@@ -92,24 +98,24 @@ def is_final(run: RunSnapshot) -> bool:
 
 
 def words_of(run: RunSnapshot) -> str:
-    return words(run.status, run.waiting_for, run.error or run.summary,
+    return words(run.status, run.waiting_for, run.pending, run.error or run.summary,
                   (run.progress or {}).get("message"),
                   run.milestones[-1].name if run.milestones else None)
 
 
-def viewwords(run: RunView) -> str:
-    return words(run.status, run.waiting_for, run.error or run.summary,
+def viewwords(run: RunView, pending: Sequence[Mapping[str, Any]] = ()) -> str:
+    return words(run.status, run.waiting_for, pending, run.error or run.summary,
                   run.progress.message if run.progress else None,
                   run.milestones[-1].name if run.milestones else None)
 
 
-def words(status: str, waiting_for: str | None, outcome: str | None, message: str | None,
-           milestone: str | None) -> str:
+def words(status: str, waiting_for: str | None, pending: Sequence[Mapping[str, Any]],
+          outcome: str | None, message: str | None, milestone: str | None) -> str:
     """A task status's message: the outcome, what the run waits for, or its progress."""
     if status not in OPEN_STATUSES:
         return outcome or ""
     if waiting_for:
-        return f"waiting for {waiting_for}"
+        return f"waiting for {waiting_words(waiting_for, pending)}"
     return " - ".join(word for word in (milestone, message) if word)
 
 

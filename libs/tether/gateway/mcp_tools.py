@@ -50,6 +50,7 @@ from tether.contract.messages import (
 )
 from tether.domain.events import OPEN_STATUSES
 from tether.domain.ids import InvalidIdentifier, check_identifier
+from tether.gateway.answers import Decisions, waiting_words
 from tether.gateway.callers import Caller, Callers
 from tether.remote.mcp_tasks import (
     RUN_ID_META,
@@ -163,9 +164,11 @@ class McpTools:
                                                  detached=True)
         except ValueError as error:
             raise MCPError(code=types.INVALID_PARAMS, message=str(error)) from None
-        snapshot = await parent.inspect(run_id)
-        if snapshot is None and isinstance(handle, DetachedHandle) and handle.status == "error":
+        assert isinstance(handle, DetachedHandle)
+        if handle.status == "error" and handle.result is None:
+            # refused: the input, or a run id that names another call's run
             raise MCPError(code=types.INVALID_PARAMS, message=handle.error or "refused")
+        snapshot = await parent.inspect(run_id)
         if snapshot is None:
             raise MCPError(code=types.INTERNAL_ERROR,
                            message=f"run {run_id} was accepted but cannot be read back yet")
@@ -188,8 +191,10 @@ class McpTools:
 
     async def _tasks_cancel(self, ctx: ServerRequestContext, params: TaskIdParams) -> dict[str, Any]:
         parent, snapshot = await self._snapshot(params.task_id)
-        if snapshot.status in OPEN_STATUSES:
-            await parent.cancel(snapshot.run_id)
+        if snapshot.status not in OPEN_STATUSES:
+            raise MCPError(code=types.INVALID_PARAMS, message=(
+                f"task {snapshot.run_id} is already {_task_status(snapshot)}"))
+        await parent.cancel(snapshot.run_id)
         return {}
 
     async def _tasks_update(self, ctx: ServerRequestContext,
@@ -200,7 +205,9 @@ class McpTools:
                            message=f"task {snapshot.run_id} is {snapshot.status}, not waiting "
                                    "for input")
         decisions = answers_of(snapshot, params.input_responses or {})
-        await parent.continue_run(snapshot.run_id, **decisions)
+        if decisions.empty:  # every form cancelled: the task still asks
+            return {}
+        await parent.continue_run(snapshot.run_id, **decisions.as_continue())
         return {}
 
 
@@ -231,10 +238,14 @@ class _ProgressNotifier:
                 if seen != self._sent:
                     self._sent = seen
                     fraction = progress.fraction if progress else None
+                    waiting = None
+                    if run.waiting_for:  # the calls it waits on are in its snapshot
+                        snapshot = await parent.inspect(run_id)
+                        pending = snapshot.pending if snapshot is not None else []
+                        waiting = f"waiting for {waiting_words(run.waiting_for, pending)}"
                     words = [m for m in (
                         run.milestones[-1].name if run.milestones else None,
-                        progress.message if progress else None,
-                        f"waiting for {run.waiting_for}" if run.waiting_for else None) if m]
+                        progress.message if progress else None, waiting) if m]
                     await self._send(fraction, " - ".join(words) or run.status)
                 if run.status not in OPEN_STATUSES:
                     return
@@ -290,12 +301,15 @@ def task_of(run: RunSnapshot) -> dict[str, Any]:
         "lastUpdatedAt": _iso(run.ended_at or run.started_at or run.requested_at),
         "pollIntervalMs": TASK_POLL_MS,
     }
-    if run.waiting_for:
-        task["statusMessage"] = f"waiting for {run.waiting_for}"
+    open_now = run.status in OPEN_STATUSES
+    if run.waiting_for and open_now:
+        task["statusMessage"] = f"waiting for {waiting_words(run.waiting_for, run.pending)}"
         task["inputRequests"] = {item["tool_call_id"]: _elicitation(item)
                                  for item in run.pending if item.get("tool_call_id")}
-    elif run.progress and run.progress.get("message"):
+    elif open_now and run.progress and run.progress.get("message"):
         task["statusMessage"] = run.progress["message"]
+    elif not open_now and (run.error or run.summary):
+        task["statusMessage"] = run.error or run.summary
     if run.status == "completed":
         # The result an awaited call of the same run answers with.
         task["result"] = tool_result(AgentToolSuccess(
@@ -343,13 +357,20 @@ def _elicitation(item: dict[str, Any]) -> dict[str, Any]:
     return request.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
-def answers_of(run: RunSnapshot, responses: dict[str, Any]) -> dict[str, Any]:
+def answers_of(run: RunSnapshot, responses: dict[str, Any]) -> Decisions:
     """The `continue_run` answers of a task's `inputResponses` (each an elicitation's
-    result, keyed as its `inputRequests`): an accepted approval approves the call, a
-    declined one rejects it; an accepted output is the call's output; a cancelled form
-    answers nothing."""
+    result, keyed as its `inputRequests`): an accepted approval approves the call or
+    rejects it (`approve`, a boolean), a declined one rejects it; an accepted output is
+    the call's output (`output`, a string); a cancelled form, or a declined output,
+    answers nothing for its call."""
+    if not responses:
+        raise MCPError(code=types.INVALID_PARAMS, message=(
+            f"inputResponses: empty; task {run.run_id} is waiting for "
+            f"{waiting_words(run.waiting_for, run.pending)}"))
     pending = {item.get("tool_call_id"): item for item in run.pending}
-    approvals, rejections, outputs = [], [], {}
+    approvals: list[str] = []
+    rejections: list[str] = []
+    outputs: dict[str, Any] = {}
     for key, response in responses.items():
         item = pending.get(key)
         if item is None:
@@ -364,13 +385,23 @@ def answers_of(run: RunSnapshot, responses: dict[str, Any]) -> dict[str, Any]:
                                    f"{str(error).splitlines()[0]}") from None
         content = result.content or {}
         if item.get("reason") == "approval":
-            if result.action == "accept" and content.get("approve") is True:
-                approvals.append(key)
-            elif result.action != "cancel":
+            if result.action == "accept":
+                approve = content.get("approve")
+                if not isinstance(approve, bool):
+                    raise MCPError(code=types.INVALID_PARAMS, message=(
+                        f"inputResponses.{key}.content.approve: an accepted approval "
+                        f"says true or false, not {approve!r}"))
+                (approvals if approve else rejections).append(key)
+            elif result.action == "decline":
                 rejections.append(key)
         elif result.action == "accept":
-            outputs[key] = content.get("output")
-    return {"approvals": approvals, "rejections": rejections, "tool_outputs": outputs}
+            output = content.get("output")
+            if not isinstance(output, str):
+                raise MCPError(code=types.INVALID_PARAMS, message=(
+                    f"inputResponses.{key}.content.output: an accepted output is a "
+                    f"string, not {output!r}"))
+            outputs[key] = output
+    return Decisions(approvals=approvals, rejections=rejections, tool_outputs=outputs)
 
 
 def _wants_tasks(ctx: ServerRequestContext) -> bool:

@@ -253,8 +253,19 @@ async def test_a_caller_sees_only_its_own_tasks_and_agents_and_a_stranger_nothin
             await stranger.get_task(GetTaskRequest(id=mine[0].task.id))
 
 
-async def test_an_input_the_agent_refuses_is_a_rejected_task(base):
+async def test_an_input_the_agent_refuses_is_a_rejected_task_that_reads_back(base):
     async with a2a_client(base, "Researcher") as client:
         events = await _collect(client.send_message(message(data={"query": ""})))
-    assert described(events[0]) == ("task", "TASK_STATE_REJECTED")
-    assert "query" in events[0].task.status.message.parts[0].text
+        assert described(events[0]) == ("task", "TASK_STATE_REJECTED")
+        rejected = events[0].task
+        assert "query" in rejected.status.message.parts[0].text
+        read = await client.get_task(GetTaskRequest(id=rejected.id))
+        assert (read.id, read.status.state) == (rejected.id, TaskState.TASK_STATE_REJECTED)
+        assert read.status.message.parts[0].text == rejected.status.message.parts[0].text
+        [subscribed] = await _collect(client.subscribe(SubscribeToTaskRequest(id=rejected.id)))
+        assert described(subscribed) == ("task", "TASK_STATE_REJECTED")
+        with pytest.raises(A2AError, match="never ran"):
+            await client.cancel_task(CancelTaskRequest(id=rejected.id))
+    async with a2a_client(base, "Failing") as other_agent:
+        with pytest.raises(A2AError):  # a task of Researcher's is none of Failing's
+            await other_agent.get_task(GetTaskRequest(id=rejected.id))

@@ -24,9 +24,10 @@ from a2a.types import (
 )
 from a2a.utils.errors import A2AError
 from eventually import eventually
-from gateway_stack import LIMITED, a2a_client, running_gateway
+from gateway_stack import LIMITED, a2a_client, a2a_rpc, running_gateway
 from push_receiver import Receiver
 
+from tether.adapters.postgres.push_configs import PushConfig, PushConfigs
 from tether.gateway.a2a_push import NOTIFICATION_ID_HEADER
 
 
@@ -151,3 +152,47 @@ async def test_private_addresses_are_refused_unless_allowed(services, gateway_se
         with pytest.raises(A2AError, match="TETHER_GATEWAY_PUSH_PRIVATE_URLS"):
             await send(base, "Researcher", message("x", TaskPushNotificationConfig(
                 url=receiver.url)))
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    ({"token": "a\r\nX-Injected: 1"}, "token: holds a control character"),
+    ({"authentication": {"scheme": "Bearer", "credentials": "a\nb"}},
+     "authentication.credentials: holds a control character"),
+    ({"id": "two words"}, "invalid id (the push notification config's) 'two words'"),
+    ({"id": "a\r\nb"}, "invalid id (the push notification config's)"),
+    ({"url": "http://"}, "url: 'http://' names no valid host"),
+    ({"url": "http://[::1"}, "url: 'http://[::1' is not a URL"),
+    ({"url": "http://exa mple.com/x"}, "url: 'http://exa mple.com/x' holds a space"),
+    ({"url": "http://127.0.0.1:99999/x"}, "outside 1..65535"),
+])
+async def test_a_config_that_could_never_be_sent_is_refused(base, receiver, config, named):
+    """Private URLs are allowed here: the URL is checked all the same."""
+    task_id = await send(base, "Researcher", message("gRPC"))
+    refused = await a2a_rpc(base, "Researcher", "CreateTaskPushNotificationConfig",
+                            {"taskId": task_id, "url": receiver.url, **config})
+    assert refused["error"]["code"] == -32602, refused
+    assert named in refused["error"]["message"]
+    async with a2a_client(base, "Researcher") as client:
+        listed = await client.list_task_push_notification_configs(
+            ListTaskPushNotificationConfigsRequest(task_id=task_id))
+    assert list(listed.configs) == []
+
+
+async def test_a_kept_config_that_can_never_be_sent_is_finished_saying_why(
+        base, receiver, pool, settings):
+    """A config kept before the gateway checked configs (a token a header cannot carry)
+    fails the same way each time: it is finished, not sent again for ever."""
+    task_id = await send(base, "Researcher", message("gRPC"))
+    store = PushConfigs(pool, settings.projection_schema)
+    await store.put(PushConfig(caller="desktop", task_id=task_id, config_id="old",
+                               url=receiver.url, token="bad\r\ntoken"))
+
+    async def finished():
+        return await pool.fetchrow(
+            f'SELECT done, failures, last_error FROM "{store.schema}".push_configs WHERE'
+            " task_id = $1 AND config_id = 'old' AND done", task_id)
+
+    row = await eventually(finished, timeout=20)
+    assert row["failures"] == 0 and "LocalProtocolError" in row["last_error"]
+    assert "can never be sent" in row["last_error"]
+    assert receiver.received == []

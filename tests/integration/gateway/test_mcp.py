@@ -3,7 +3,6 @@ parent service and a child-runner on real NATS: each tool call is a durable Teth
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -13,9 +12,8 @@ import httpx2
 import mcp_types as types
 import pytest
 from eventually import eventually
-from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, LIMITED, running_gateway
+from gateway_stack import AGENTS, DESKTOP, DESKTOP_PARENT, LIMITED, mcp_client, running_gateway
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tether.agent_registry import AgentRegistry
@@ -37,14 +35,6 @@ from tether.remote.mcp_tasks import (
 )
 from tether_services.child_runner import open_runner
 from tether_services.parent import open_parent
-
-
-@contextlib.asynccontextmanager
-async def mcp_client(url: str, token: str, **options: Any) -> AsyncIterator[Client]:
-    async with (httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
-                                   timeout=httpx2.Timeout(30, read=300)) as http,
-                Client(streamable_http_client(url, http_client=http), **options) as client):
-        yield client
 
 
 async def _run_events(log, parent: ParentRef, run_id: str) -> list[str]:
@@ -344,3 +334,78 @@ async def test_a_call_no_parent_service_takes_says_so_and_ends_once_one_does(
             stop.set()
             await asyncio.gather(*serving)
     assert result.content[0].text == "served late: two sources agree"
+
+
+async def _update(client: Client, task_id: str, responses: dict[str, Any]) -> None:
+    await client.session.send_request(TasksUpdate(params=TaskUpdateParams(
+        task_id=task_id, input_responses=responses)), types.EmptyResult)
+
+
+@pytest.mark.parametrize(("responses", "named"), [
+    ({}, "inputResponses: empty; task"),
+    ({"publish": {"action": "accept"}}, "inputResponses.publish.content.approve"),
+    ({"publish": {"action": "accept", "content": {"approve": "yes"}}},
+     "inputResponses.publish.content.approve: an accepted approval says true or false"),
+])
+async def test_an_update_that_decides_nothing_is_refused_and_the_task_still_asks(
+        gateway, responses, named):
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
+        created = await client.session.call_tool("Approver", {}, allow_claimed=True)
+        await _task_when(client, created.task_id, "input_required")
+        with pytest.raises(MCPError) as refused:
+            await _update(client, created.task_id, responses)
+        assert refused.value.error.code == types.INVALID_PARAMS
+        assert named in refused.value.error.message
+        # Had the refused update resumed the run, it would have ended "not published"
+        # before this answer is taken: continues are applied in order.
+        await _update(client, created.task_id,
+                      {"publish": {"action": "accept", "content": {"approve": True}}})
+        done = await _task_when(client, created.task_id, "completed")
+    assert done.result["content"][0]["text"] == "published"
+
+
+async def test_an_update_whose_forms_were_all_cancelled_leaves_the_task_asking(
+        gateway, log):
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
+        created = await client.session.call_tool("Approver", {}, allow_claimed=True)
+        await _task_when(client, created.task_id, "input_required")
+        await _update(client, created.task_id, {"publish": {"action": "cancel"}})
+        await _update(client, created.task_id,
+                      {"publish": {"action": "accept", "content": {"approve": True}}})
+        done = await _task_when(client, created.task_id, "completed")
+    assert done.result["content"][0]["text"] == "published"
+    events = await _run_events(log, DESKTOP_PARENT, created.task_id)
+    assert events.count("run.running") == 2, "resumed once, by the approval"
+
+
+async def test_an_input_required_task_says_what_it_waits_for_in_words(gateway):
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
+        created = await client.session.call_tool("Approver", {}, allow_claimed=True)
+        waiting = await _task_when(client, created.task_id, "input_required")
+    assert waiting.status_message == "waiting for a human's approval of publish"
+
+
+async def test_cancelling_a_task_that_has_ended_says_it_has(gateway):
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
+        created = await client.session.call_tool("Researcher", {"query": "done"},
+                                                 allow_claimed=True)
+        await _task_when(client, created.task_id, "completed")
+        with pytest.raises(MCPError) as refused:
+            await client.session.send_request(
+                TasksCancel(params=TaskIdParams(task_id=created.task_id)), types.EmptyResult)
+    assert refused.value.error.code == types.INVALID_PARAMS
+    assert refused.value.error.message == f"task {created.task_id} is already completed"
+
+
+async def test_a_task_that_has_ended_shows_its_outcome_not_its_last_progress(gateway):
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
+        created = await client.session.call_tool("Held", {}, allow_claimed=True)
+
+        async def held():
+            task = await _task(client, created.task_id)
+            return task.status_message == "held"
+
+        await eventually(held)
+        gateway_agents.RELEASE.set()
+        done = await _task_when(client, created.task_id, "completed")
+    assert done.status_message == "released"
