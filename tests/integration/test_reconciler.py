@@ -30,7 +30,10 @@ from tether.contract.messages import HookMessage, ObservabilityEvent, WorkItem, 
 from tether.delivery.deliverer import Deliverer
 from tether.delivery.formatters import DefaultFormatters
 from tether.delivery.registered_hooks import RegisteredHooks
+from tether.domain import spending
+from tether.domain.amounts import Amount, key_of
 from tether.domain.commands import DeliveredCommand
+from tether.domain.decide import Cause
 from tether.domain.delivery_batches import batch_of
 from tether.domain.events import (
     ParentRef,
@@ -39,6 +42,7 @@ from tether.domain.events import (
     RunFinishDelivered,
     RunNotified,
     RunProgressPersisted,
+    RunReattachStarted,
     RunRef,
     RunStepRecorded,
 )
@@ -1038,3 +1042,41 @@ async def test_a_budget_passed_while_no_reconciler_led_is_given_up_by_the_next(
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_run_re_attached_after_its_interruption_holds_its_budget_share_again(
+        reconciler, log):
+    """The interruption settles the run's share of the budget above (released); the
+    re-attach makes the run go on, so its share is held again, or siblings could reserve
+    the room it is about to use."""
+    boss = RunEvents("boss", PARENT, start_ms=now_ms())
+    await append_all(log, boss.requested(max_tokens=1_000), boss.started(), boss.running())
+    below = RunRef(parent=PARENT, run_id="below")
+    budget = (await log.read_run(PARENT, "boss")).state
+    await append_all(log, *spending.reserve(budget, below, Amount(tokens=300),
+                                            Cause(command_seq=1, now=now_ms())))
+    run = RunEvents("below", PARENT, start_ms=now_ms())
+    await append_all(log, run.requested(budgets_above=[RunRef(parent=PARENT, run_id="boss")]),
+                     run.started(), run.running(),
+                     run.make(RunStepRecorded, index=0, step={"turn": {"usage": {
+                         "input_tokens": 100, "output_tokens": 0}}}),
+                     run.interrupted("inspect-timeout", child_still_running=False))
+
+    async def share():
+        state = (await log.read_run(PARENT, "boss")).state
+        return state.spending.get(key_of(below))
+
+    async def released():
+        held = await share()
+        return held is not None and held.released
+
+    await eventually(released, timeout=10)
+    await append_all(log, run.make(RunReattachStarted, attempt=1))
+
+    async def held_again():
+        held = await share()
+        return held is not None and not held.released and held.reservations == 2
+
+    await eventually(held_again, timeout=10)
+    state = (await log.read_run(PARENT, "boss")).state
+    assert spending.reserved(state) == Amount(tokens=200)  # 300, of which 100 used

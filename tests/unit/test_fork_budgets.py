@@ -135,6 +135,7 @@ def test_a_fork_at_the_runs_last_sequence_is_taken_there() -> None:
 # --- a share released after a refusal further up ------------------------------------------
 
 NEAR_CHILD = RunRef(parent=ParentRef(agent="Worker", name="near:tree"), run_id="c1")
+OTHER_CHILD = RunRef(parent=ParentRef(agent="Worker", name="near:tree"), run_id="c2")
 
 
 def refused_further_up() -> RunState:
@@ -208,6 +209,33 @@ def test_a_release_read_before_its_reservation_still_keeps_it_free() -> None:
     reversed_ = evolve(evolve(budgeted(), release).state, reserve)
     assert not reversed_.applied
     assert spending.reserved(reversed_.state) == Amount(0)
+
+
+def interrupted_after_using(tokens: int) -> RunState:
+    """The nearer budget's share of a run below that used `tokens` of its 300, then was
+    interrupted (its share released), as the reconciler settles it."""
+    near = applied(budgeted(), spending.reserve(budgeted(), NEAR_CHILD, Amount(300), CAUSE))
+    near = applied(near, spending.charge(near, NEAR_CHILD, 0, Amount(tokens), CAUSE))
+    return applied(near, spending.release(near, NEAR_CHILD, CAUSE))
+
+
+def test_a_run_re_attached_after_its_interruption_holds_what_it_has_not_used_again() -> None:
+    near = interrupted_after_using(100)
+    assert spending.reserved(near) == Amount(0)
+
+    events = spending.reserve_again(near, NEAR_CHILD, Cause(command_seq=9, now=T0 + 2_000))
+
+    near = applied(near, events)
+    assert spending.holds(near, NEAR_CHILD)
+    assert spending.reserved(near) == Amount(200)  # 300 reserved, 100 of it used
+    assert spending.reserve_again(near, NEAR_CHILD, CAUSE) == []  # it holds it
+
+
+def test_a_run_re_attached_when_its_unused_share_does_not_fit_stays_unreserved() -> None:
+    near = interrupted_after_using(100)
+    near = applied(near, spending.reserve(near, OTHER_CHILD, Amount(800), CAUSE))
+    assert spending.reserve_again(near, NEAR_CHILD, CAUSE) == []
+    assert spending.reserve_again(budgeted(), NEAR_CHILD, CAUSE) == [], "it had no share"
 
 
 # --- a state stored before these fields ---------------------------------------------------

@@ -128,6 +128,24 @@ def reserve(state: RunState | None, run: RunRef, amount: Amount, cause: Cause) -
                                                          cost=amount.cost))]
 
 
+def reserve_again(state: RunState | None, run: RunRef, cause: Cause) -> list[Event]:
+    """The descendant `run` was re-attached after its interruption released its share: it
+    reserves it again, as much as it reserved before, if what it has not used of that
+    fits (it goes on either way, and its steps are charged; unreserved, siblings could
+    take the room it is about to use). Nothing for a share it holds, or never had."""
+    share = None if state is None else state.spending.get(key_of(run))
+    if state is None or share is None or not (share.released and share.reservations):
+        return []
+    unused = Amount(tokens=max(0, share.reserved_tokens - share.tokens),
+                    cost=max(0.0, share.reserved_cost - share.cost))
+    if room_for(state, unused) is not None:
+        return []
+    return [RunBudgetReserved(**_envelope(state, cause, "reserve", run,
+                                          *in_round(share.reservations)),
+                              data=RunBudgetReservedData(run=run, tokens=share.reserved_tokens,
+                                                         cost=share.reserved_cost))]
+
+
 def charge(state: RunState | None, run: RunRef, step: int, amount: Amount,
            cause: Cause) -> list[Event]:
     """Charge the usage of step `step` of the descendant `run`, once."""

@@ -38,7 +38,7 @@ from tether.config import Settings
 from tether.contract.messages import LifecycleResult
 from tether.delivery.deliverer import Deliverer
 from tether.domain import budgets, decide, recovery_decisions, spending
-from tether.domain.amounts import step_amount
+from tether.domain.amounts import key_of, step_amount
 from tether.domain.events import (
     TERMINAL_EVENT_STATUS,
     Event,
@@ -336,10 +336,37 @@ class Reconciler:
                                    cause=cause)
             if decision is not None:
                 await self._charge(state, decision)
+        if state.budgets_above and event.type == "run.reattach_started":
+            await self._reserve_again(state)
         if (state.is_open and event.type in ("run.step_recorded", "run.usage_charged")
                 and spending.exceeded(state) is not None):
             self._index.set((key, "spent"), self._clock.now())
             self._rearm()
+
+    async def _reserve_again(self, state: RunState) -> None:
+        """A run re-attached after its interruption released its shares: each budget
+        above holds its share again (`spending.reserve_again`), or says it does not."""
+        run = RunRef(parent=state.parent, run_id=state.run_id)
+        decision = partial(spending.reserve_again, run=run,
+                           cause=decide.timer_cause(SYSTEM_CLOCK.now(), self.origin))
+        for owner in state.budgets_above:
+            try:
+                budget, _ = await self._log.recent.update(owner.parent, owner.run_id, decision)
+            except Exception as error:
+                if not is_transient(error):
+                    raise
+                self._logger.warning("reconciler.charge_failed", run_id=state.run_id,
+                                     budget_of=owner.run_id, error=describe(error))
+                continue
+            share = None if budget is None else budget.spending.get(key_of(run))
+            if budget is not None and budget.is_open and share is not None and \
+                    share.released and share.reservations:
+                self._logger.warning(
+                    "budget.unreserved", run_id=state.run_id, budget_of=owner.run_id,
+                    left=spending.left(budget),
+                    detail="the run was re-attached without its share of this budget: "
+                           "what it has not used does not fit what is left; its steps are "
+                           "still charged")
 
     async def _charge(self, state: RunState,
                       decision: Callable[[RunState | None], list[Event]]) -> None:
