@@ -105,11 +105,32 @@ class RunHistory:
 
 def stored_event(seq: int, subject: str, raw: bytes, pending: int = 0,
                  logged_at: int | None = None) -> StoredEvent:
-    """A message of a run's subject, decoded (or with the reason it does not decode)."""
+    """A message of a run's subject (or of its live republication), decoded, or with the
+    reason it does not decode. An event that names another run or parent than the
+    subject it is stored on does not decode either: applied to the run it names, it
+    would change a run (or another tenant's) that a read of that run never shows."""
     try:
-        return StoredEvent(seq, subject, decode_event(raw), None, raw, pending, logged_at)
+        event = decode_event(raw)
+        if not _stored_where_it_belongs(event, subject):
+            raise EventDecodeError("invalid", f"names {event.parent.agent}/{event.parent.name}/"
+                                              f"{event.run_id}, stored on {subject}")
+        return StoredEvent(seq, subject, event, None, raw, pending, logged_at)
     except EventDecodeError as error:
         return StoredEvent(seq, subject, None, error, raw, pending, logged_at)
+
+
+def _stored_where_it_belongs(event: Event, subject: str) -> bool:
+    """Whether `subject` is the event's run subject, `<prefix>.evt.<agent>.<name>.<run id>`,
+    or its live republication, `<prefix>.live.evt.<...>` (`Subjects.run_events`,
+    `Subjects.run_live`). Every message of every follower passes here: compared as
+    strings, no subject parsed. (No identifier or prefix holds a '.'.)"""
+    parent = event.parent
+    tail = f".{parent.agent}.{parent.name}.{event.run_id}"
+    if not subject.endswith(tail):
+        return False
+    head = subject[:len(subject) - len(tail)]
+    return ((head.endswith(".evt") and head.count(".") == 1)
+            or (head.endswith(".live.evt") and head.count(".") == 2))
 
 
 def stored_events(seq: int, subject: str, raw: bytes, pending: int = 0,
@@ -120,12 +141,18 @@ def stored_events(seq: int, subject: str, raw: bytes, pending: int = 0,
     the batch's sequence. A message that does not decode is one, with its error."""
     if not is_delivery_ledger(subject):
         return [stored_event(seq, subject, raw, pending, logged_at)]
-    try:
-        events = decode_batch(raw).as_events()
-    except msgspec.DecodeError as error:
-        return [StoredEvent(seq, subject, None, EventDecodeError(
-            "invalid", f"not a {DELIVERIES_RECORDED}: {error}"), raw, pending, logged_at)]
     agent_subject = subject[:-len(LEDGER_TOKEN)]  # `<prefix>.evt.<agent>.`
+    try:
+        batch = decode_batch(raw)
+    except (msgspec.DecodeError, RecursionError) as error:
+        problem = "nested too deeply" if isinstance(error, RecursionError) else str(error)
+        return [StoredEvent(seq, subject, None, EventDecodeError(
+            "invalid", f"not a {DELIVERIES_RECORDED}: {problem}"), raw, pending, logged_at)]
+    if not agent_subject.endswith(f".{batch.parent_agent}."):
+        return [StoredEvent(seq, subject, None, EventDecodeError(
+            "invalid", f"names parent agent {batch.parent_agent}, stored on {subject}"),
+            raw, pending, logged_at)]
+    events = batch.as_events()
     return [StoredEvent(seq, f"{agent_subject}{event.parent.name}.{event.run_id}", event, None,
                         raw, pending, logged_at) for event in events]
 

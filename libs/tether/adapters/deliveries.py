@@ -18,6 +18,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
 from tether.domain.events import ParentRef
+from tether.log import get_logger
 from tether.ports import SYSTEM_CLOCK
 
 _RETRY_SUFFIX = re.compile(r":retry\d+$")
@@ -30,17 +31,35 @@ def delivery_key(parent: ParentRef, method: str, message_id: str) -> str:
     return ".".join(part.replace(":", "=") for part in (parent.agent, parent.name, method, base))
 
 
+def marked_delivered(value: bytes | None, bucket: str, key: str) -> bool:
+    """Whether a record says its hook was delivered. A record that cannot be read (not
+    JSON, not an object: corrupted, or written by something else) counts as absent, with
+    a warning: the hook is called again, which hooks are documented to bear (they are
+    idempotent), and its record is then written afresh; refusing it would block the hook
+    for ever."""
+    try:
+        record = json.loads(value or b"{}")
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past the stack
+        record = None
+    if not isinstance(record, dict):
+        get_logger().warning("deliveries.unreadable_record", bucket=bucket, key=key)
+        return False
+    return record.get("state") == "delivered"
+
+
 class DeliveryRecords:
-    def __init__(self, bucket: KeyValue | None) -> None:
-        """`bucket` None: services that predate the bucket; only the ledger is consulted."""
+    def __init__(self, bucket: KeyValue | None, name: str = "") -> None:
+        """`bucket` None: services that predate the bucket; only the ledger is consulted.
+        `name`: the bucket's, for the log."""
         self._bucket = bucket
+        self._name = name
 
     @classmethod
     async def open(cls, js: JetStreamContext, name: str) -> "DeliveryRecords":
         try:
-            return cls(await js.key_value(name))
+            return cls(await js.key_value(name), name)
         except NotFoundError:
-            return cls(None)
+            return cls(None, name)
 
     @property
     def available(self) -> bool:
@@ -50,11 +69,12 @@ class DeliveryRecords:
         """Whether the delivery is marked delivered."""
         if self._bucket is None:
             return False
+        key = delivery_key(parent, method, message_id)
         try:
-            entry = await self._bucket.get(delivery_key(parent, method, message_id))
+            entry = await self._bucket.get(key)
         except KeyNotFoundError:
             return False
-        return json.loads(entry.value or b"{}").get("state") == "delivered"
+        return marked_delivered(entry.value, self._name, key)
 
     async def record(self, parent: ParentRef, method: str, message_id: str,
                      status: str) -> None:

@@ -23,7 +23,7 @@ from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from tether.adapters.deliveries import delivery_key
+from tether.adapters.deliveries import delivery_key, marked_delivered
 from tether.contract.subjects import Subjects
 from tether.domain.events import ParentRef
 from tether.ports import SYSTEM_CLOCK
@@ -67,7 +67,8 @@ class TenantDeliveryRecords:
             raise APIError(code=int(status), description=headers.get("Description", ""))
         if headers.get("KV-Operation") in ("DEL", "PURGE"):
             return False
-        return json.loads(reply.data or b"{}").get("state") == "delivered"
+        return marked_delivered(reply.data, self._bucket,
+                                self._subject(parent, method, message_id))
 
     async def record(self, parent: ParentRef, method: str, message_id: str,
                      status: str) -> None:

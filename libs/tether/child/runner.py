@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from tether import tracing
 from tether.adapters.control import control_broker
 from tether.adapters.holds import Hold, StallWatch
-from tether.adapters.pull import Pull
+from tether.adapters.pull import Pull, delivery_of
 from tether.adapters.requests import scatter
 from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
@@ -339,12 +339,20 @@ class ChildRunner:
         try:
             try:
                 item = read_work_item(msg.data)
-            except msgspec.DecodeError as error:
+            except (msgspec.DecodeError, RecursionError) as error:
                 # Redelivering it would fail the same way.
-                await settle(msg.term(), logger=self._logger, what="work_item.term")
-                DEAD_LETTERED.inc(kind="work_item")
-                self._logger.error("work_item.unreadable", agent_type=agent_type,
-                                   error=str(error).splitlines()[0])
+                await self._term_work_item(
+                    msg, "work_item.unreadable", agent_type=agent_type,
+                    error=("nested too deeply" if isinstance(error, RecursionError)
+                           else str(error).splitlines()[0]))
+                return
+            if item.agent_type != agent_type:
+                # The consumer's type decides whose code runs, the item's the run it
+                # starts: run both, and one agent's code would serve another's run.
+                await self._term_work_item(
+                    msg, "work_item.wrong_agent_type", agent_type=agent_type,
+                    item_agent_type=item.agent_type, run_id=item.run_id,
+                    parent=f"{item.parent.agent}/{item.parent.name}")
                 return
             agent_cls = self._registry.get(agent_type)
             assert agent_cls is not None  # the consumer exists only for registered types
@@ -373,6 +381,13 @@ class ChildRunner:
         finally:
             RUNNER_SLOTS_IN_USE.dec()
             await self._slots.give_back(1)
+
+    async def _term_work_item(self, msg: Msg, what: str, **context: object) -> None:
+        """Set aside a work item no runner can act on, saying where it is stored."""
+        await settle(msg.term(), logger=self._logger, what="work_item.term")
+        DEAD_LETTERED.inc(kind="work_item")
+        self._logger.error(what, stream=self._settings.subjects.work_stream,
+                           stream_seq=delivery_of(msg).stream_seq, **context)
 
     async def _traced(self, execution: Execution, agent_type: str, item: WorkItem,
                       msg: Msg) -> Outcome:

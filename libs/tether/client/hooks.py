@@ -428,7 +428,9 @@ class HookRegistry:
             hook = HookMessage.model_validate_json(msg.data)
         except ValidationError as error:
             self.stats.malformed += 1
-            self._logger.error("hooks.malformed", method=method, error=str(error).splitlines()[0])
+            self._logger.error("hooks.malformed", method=method, error=str(error).splitlines()[0],
+                               stream=self.tether.subjects.hooks_stream,
+                               stream_seq=delivery_of(msg).stream_seq)
             await msg.term()
             return
         run, result = hook.run, hook.result

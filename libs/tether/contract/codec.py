@@ -47,7 +47,13 @@ def encode_event(event: Event) -> bytes:
     return raw
 
 
+_TOO_DEEP = "not JSON this service can read: nested too deeply"
+
+
 def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
+    """The event `raw` holds, current or upcast; anything else, however broken (not JSON,
+    nested past the interpreter's stack, an unknown type), raises `EventDecodeError`, so
+    a consumer has one exception to treat as an undecodable message."""
     if not isinstance(raw, dict):
         # The common case, an event in its current shape, parsed and checked in one
         # pass; anything else (an old version, a malformed message) takes the path below,
@@ -56,6 +62,8 @@ def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
             return _DECODER.decode(raw)
         except msgspec.DecodeError:  # its ValidationError too
             pass
+        except RecursionError:  # nested past the stack inside an `Any` field (`data`)
+            raise EventDecodeError("malformed", _TOO_DEEP) from None
     if isinstance(raw, dict):
         payload = raw
     else:
@@ -64,7 +72,7 @@ def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise EventDecodeError("malformed", f"not JSON: {error}") from None
         except RecursionError:
-            raise EventDecodeError("malformed", "not JSON this service can read: nested too deeply") from None
+            raise EventDecodeError("malformed", _TOO_DEEP) from None
     if not isinstance(payload, dict):
         raise EventDecodeError("malformed", f"an event is a JSON object, not {type(payload).__name__}")
     try:
@@ -76,4 +84,6 @@ def decode_event(raw: bytes | str | dict[str, Any]) -> Event:
         event: Event = msgspec.convert(current, Event)
     except msgspec.ValidationError as error:
         raise EventDecodeError("invalid", str(error)) from None
+    except RecursionError:
+        raise EventDecodeError("malformed", _TOO_DEEP) from None
     return event

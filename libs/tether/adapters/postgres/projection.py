@@ -77,6 +77,34 @@ class Fence:
                                   f"projector's {self.term}: the batch was rolled back")
 
 
+# Postgres text and jsonb cannot hold U+0000, which JSON, Python and the log can: a NUL in
+# any string a run carries is stored as U+FFFD (the log keeps it as sent). Only JSON text
+# that has the escape takes the slow path.
+NUL, NUL_ESCAPE, NUL_REPLACEMENT = "\x00", "\\u0000", "\ufffd"
+
+
+def storable_json(text: str) -> str:
+    """`text` (JSON) with each NUL inside its strings and keys replaced by U+FFFD; the
+    object is walked, so a string holding a backslash and "u0000" stays as it is."""
+    if NUL_ESCAPE not in text:
+        return text
+    return to_json(_without_nul(json.loads(text))).decode()
+
+
+def storable_text(text: str) -> str:
+    return text.replace(NUL, NUL_REPLACEMENT) if NUL in text else text
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, list):
+        return [_without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {storable_text(key): _without_nul(item) for key, item in value.items()}
+    return value
+
+
 def input_preview(state: RunState, limit: int) -> str:
     text = json.dumps(state.input, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return text if len(text) <= limit else text[: max(limit - 1, 0)] + "…"
@@ -129,12 +157,19 @@ def run_row(state: RunState, last_seq: int, preview_chars: int) -> str:
     JSON array): the state document, spliced in as serialised, its stream sequence and
     its input preview; Postgres reads the other columns off the document."""
     preview = to_json(input_preview(state, preview_chars)).decode()
-    return f'{{"last_seq": {last_seq}, "input_preview": {preview}, "state": {state_json(state).decode()}}}'
+    return storable_json(f'{{"last_seq": {last_seq}, "input_preview": {preview}, '
+                         f'"state": {state_json(state).decode()}}}')
 
 
 def run_record(state: RunState, last_seq: int, preview_chars: int) -> tuple[object, ...]:
     """One `runs` row as a record of RUN_RECORD_COLUMNS, for COPY."""
-    return (*_run_scalars(state, last_seq, preview_chars).values(), *_run_documents(state))
+    scalars = tuple(_run_scalars(state, last_seq, preview_chars).values())
+    documents = _run_documents(state)
+    # Every text column is read off the state: its document without the escape holds no NUL.
+    if NUL_ESCAPE not in documents[3]:
+        return (*scalars, *documents)
+    return (*(storable_text(value) if isinstance(value, str) else value for value in scalars),
+            *(None if document is None else storable_json(document) for document in documents))
 
 
 RUN_RECORD_COLUMNS = tuple(
@@ -303,8 +338,9 @@ def rows_of(folded: Folded, preview_chars: int, *, copy_new: bool = False) -> Ro
         decisions += _new_decision_rows(key, state, previous)
         if copy_new and key not in before:
             new_runs.append(run_record(state, folded.last_seq[key], preview_chars))
-            new_milestones += [(*key, m.sequence, m.name,
-                                None if m.data is None else to_json(m.data).decode(), m.at)
+            new_milestones += [(*key, m.sequence, storable_text(m.name),
+                                None if m.data is None else storable_json(to_json(m.data).decode()),
+                                m.at)
                                for m in state.milestones]
             continue
         milestones += _new_milestone_rows(key, state, previous)
@@ -313,8 +349,9 @@ def rows_of(folded: Folded, preview_chars: int, *, copy_new: bool = False) -> Ro
         checkpoint=folded.result.checkpoint,
         gone=[key for key, state in changed.items() if state is None], reset=reset,
         runs=f"[{','.join(runs)}]" if runs else None,
-        milestones=to_json(milestones).decode() if milestones else None,
-        decisions=to_json(decisions).decode() if decisions else None, dead=folded.dead,
+        milestones=storable_json(to_json(milestones).decode()) if milestones else None,
+        decisions=storable_json(to_json(decisions).decode()) if decisions else None,
+        dead=folded.dead,
         new_runs=new_runs, new_milestones=new_milestones)
 
 
@@ -340,9 +377,9 @@ async def write_rows(conn: asyncpg.Connection, sql: Statements, rows: Rows) -> N
     if dead := rows.dead:
         await conn.execute(
             sql.insert_dead_letters,
-            [s.seq for s in dead], [s.subject for s in dead],
+            [s.seq for s in dead], [storable_text(s.subject) for s in dead],
             [s.error.kind if s.error else "unknown" for s in dead],
-            [str(s.error) for s in dead], [s.raw for s in dead],
+            [storable_text(str(s.error)) for s in dead], [s.raw for s in dead],
         )
     if rows.checkpoint is not None:
         await conn.execute(sql.advance_checkpoint, PROJECTION_NAME, rows.checkpoint)

@@ -37,7 +37,7 @@ from tether.log import get_logger
 from tether.metrics import HANDLER_SECONDS, count_projected
 from tether.ports import StoredEvent
 from tether.recent_runs import RecentlyProjected
-from tether.resilience import supervise
+from tether.resilience import describe, is_transient, supervise
 
 T = TypeVar("T")
 REPLAY_KNOWN_RUNS = 10_000  # states a replay keeps between its batches
@@ -168,18 +168,15 @@ class Projector:
                      fence: Fence) -> None:
         previous = self.stats.position
         clock = HANDLER_SECONDS.start()
-        for attempt in range(1, 6):
-            try:
-                result = await apply_batch(conn, self._sql, batch, preview_chars=self._preview_chars,
-                                           before_commit=self._before_commit, known=self._known,
-                                           fence=fence)
-                break
-            except RETRYABLE as error:
-                if attempt == 5:
-                    raise
-                if self._logger:
-                    self._logger.warning("projector.batch_retried", error=str(error), attempt=attempt)
-                await asyncio.sleep(0.05 * attempt)
+        try:
+            result = await self._apply_retrying(conn, batch, fence)
+        except Exception as error:
+            if not isinstance(error, LeadershipLost) and not is_transient(error) and batch:
+                # The term ends and the next one starts from this same batch: name it.
+                (self._logger or get_logger(service="projector")).error(
+                    "projector.batch_failed", first_seq=batch[0].seq, last_seq=batch[-1].seq,
+                    error=describe(error))
+            raise
         fresh = [stored for stored in batch if stored.seq > previous]
         if self._feed is not None:  # (before anything is awaited: in commit order)
             # The fold's steps go with the events when it folded exactly these (another
@@ -192,6 +189,23 @@ class Projector:
         self._record(result, fresh)
         async with self._progressed:
             self._progressed.notify_all()
+
+    async def _apply_retrying(self, conn: asyncpg.Connection, batch: list[StoredEvent],
+                              fence: Fence) -> BatchResult:
+        attempt = 1
+        while True:
+            try:
+                return await apply_batch(conn, self._sql, batch,
+                                         preview_chars=self._preview_chars,
+                                         before_commit=self._before_commit, known=self._known,
+                                         fence=fence)
+            except RETRYABLE as error:
+                if attempt == 5:
+                    raise
+                if self._logger:
+                    self._logger.warning("projector.batch_retried", error=str(error), attempt=attempt)
+                await asyncio.sleep(0.05 * attempt)
+                attempt += 1
 
     async def _analyze(self, conn: asyncpg.Connection) -> None:
         """Fresh statistics for `runs`. With stale ones (a table that grew from empty) the
@@ -381,7 +395,10 @@ class VerifyReport:
 
 async def verify(pool: asyncpg.Pool, log: EventLog, schema: str, *, batch_size: int = 5000,
                  preview_chars: int = 500, on_progress: Progress | None = None) -> VerifyReport:
-    """Compare the live tables with a fresh replay of the log up to the live checkpoint."""
+    """Compare the live tables with a fresh replay of the log up to the live checkpoint.
+
+    The replay writes through the projector's own statements, so it compares what the
+    projection stores (a NUL in a string as U+FFFD, say), not the events as logged."""
     sql = Statements(schema)
     scratch = f"{schema}_verify"
     async with pool.acquire() as conn:
