@@ -19,10 +19,13 @@ import pyte
 import pytest
 
 from tests.e2e.conftest import ServiceProcess
+from tether.adapters.event_log import EventLog
 from tether.adapters.nats_connection import connect_nats
-from tether.adapters.streams import remove_streams
+from tether.adapters.streams import StreamSettings, ensure_streams, remove_streams
 from tether.client import connect
 from tether.config import Settings
+from tether.domain.events import ParentRef
+from tether.testing import RunEvents
 
 AGENTS = "examples.agents:Researcher,examples.agents:Sleeper"
 ROOT = Path(__file__).resolve().parents[2]
@@ -405,3 +408,50 @@ async def test_watch_at_eighty_columns_keeps_each_run_id_on_its_line(stack, serv
         async with connect(settings=settings) as tether:
             for run_id in run_ids:
                 await tether.parent("Assistant", "narrow").cancel(run_id)
+
+
+async def test_runs_show_and_diff_without_the_projections_name_the_schema(service_env):
+    env = {**service_env, "TETHER_PROJECTION_SCHEMA": "nosuch"}
+    for args in (["runs", "show", "r1", "--parent", "Assistant/cli"],
+                 ["runs", "diff", "r1", "r2", "--parent", "Assistant/cli"]):
+        code, out, err = await tether_cli(env, *args)
+        assert (code, out) == (1, ""), err
+        assert err == (f"tether {' '.join(args[:2])}: the projections are not in schema "
+                       "'nosuch' (TETHER_PROJECTION_SCHEMA) of TETHER_DATABASE_URL: start the "
+                       "projector (it creates them) or run `tether projections migrate`\n")
+
+
+@pytest.fixture
+async def unserved_env(service_env: dict[str, str]):
+    """Streams of their own prefix, holding a completed run and a failed one of
+    Assistant/cli, and no service running to take a command."""
+    prefix = "u" + uuid.uuid4().hex[:10]
+    subjects = Settings(prefix=prefix).subjects
+    nc = await connect_nats(service_env["TETHER_NATS_URL"], name="tether-e2e")
+    await ensure_streams(nc.jetstream(), subjects, StreamSettings())
+    log = EventLog(nc, subjects)
+    parent = ParentRef(agent="Assistant", name="cli")
+    done, failed = RunEvents("done", parent), RunEvents("failed", parent)
+    for event in (done.requested(), done.started(), done.completed(),
+                  failed.requested(), failed.failed()):
+        await log.append(event, expected_last_seq=None)
+    yield {**service_env, "TETHER_PREFIX": prefix}
+    await remove_streams(nc.jetstream(), subjects)
+    await nc.drain()
+
+
+@pytest.mark.parametrize("args", [["fork", "Assistant/cli", "done", "--at", "step:1"],
+                                  ["rewind", "Assistant/cli", "failed"]])
+async def test_a_detached_fork_or_rewind_with_no_parent_says_it_waits_and_expires(
+        unserved_env, args):
+    code, out, err = await tether_cli(unserved_env, "runs", *args, "--detached",
+                                      "--expires-in", "1")
+    assert code == 1, (out, err)
+    lines = err.splitlines()
+    assert lines[0].startswith(f"tether runs {args[0]}: waiting: run "), err
+    assert "for at most 1s" in lines[0] and "no parent service answers" in lines[0], err
+    if args[0] == "fork":
+        assert json.loads(out)["error"].startswith("the run request expired"), out
+    else:
+        assert lines[-1] == ("tether runs rewind: no parent service took the rewind of run "
+                             "failed within 1s (--expires-in): none will apply it"), err

@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 from eventually import eventually
+from projecting import running_projector
 from runner_stack import Stack
 from ui_server import running_ui
 
 from tether import ChildAgent, RunContext
 from tether.adapters.event_log import EventLog
-from tether.adapters.postgres.projector import Projector
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.agents.devtools import load_tree, render_run
 from tether.client import connect
@@ -36,18 +36,6 @@ from tether.ui.page_stream import ParentStream
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 OTHER = ParentRef(agent="Assistant", name="user-2")
-
-
-@asynccontextmanager
-async def running_projector(pool, log: EventLog, schema: str) -> AsyncIterator[Projector]:
-    projector = Projector(pool, log, schema, leadership_check_s=0.1)
-    stop = asyncio.Event()
-    task = asyncio.create_task(projector.run(stop))
-    try:
-        yield projector
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 async def append(log: EventLog, *events: ev.Event) -> int:
@@ -272,7 +260,9 @@ async def test_actions_send_the_commands_of_the_client(ui, log, projector):
     await asyncio.wait_for(projector.wait_for_position(seq), 10)
 
     answer = await ui.post("/api/runs/Assistant/user-1/open/cancel", json={})
-    assert answer.json() == {"ok": True, "message": "cancel requested for open"}
+    # (No parent service runs: the answer says the cancel waits, and for how long.)
+    assert answer.json() == {"ok": True, "message": "cancel requested for open; queued: no "
+                             "parent service is running; it expires in 60 s"}
     assert (await last_command(log, "cancel"))["run_id"] == "open"
 
     assert (await ui.post("/api/runs/Assistant/user-1/stuck/rerequest", json={})).status_code == 200

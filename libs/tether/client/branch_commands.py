@@ -14,18 +14,27 @@ import json
 import sys
 from typing import Any, TextIO
 
+import asyncpg
+
 from tether.agents.devtools import compact, load_run, preview, show_run
+from tether.client.arguments import fork_request
 from tether.client.cli_commands import (
     UsageError,
     client_command,
     connect_cli,
+    expires_in_of,
+    expiry_argument,
+    flag_checked,
     handle_of,
     parse_input,
     parse_parent,
+    waiting_line,
 )
 from tether.command_line import Command
 from tether.config import Settings
+from tether.contract.messages import DetachedHandle
 from tether.domain.branches import BranchDiff, Side, StepPair, diff, what_it_says
+from tether.domain.ids import check_identifier
 from tether.domain.recorded import ForkPoint
 
 PREVIEW_CHARS = 100
@@ -56,11 +65,13 @@ def _runs_arguments(runs: argparse.ArgumentParser) -> None:
                       help="the fork's run id (default: made from the point, input and "
                            "overrides, so the same fork asked again is one fork)")
     fork.add_argument("--detached", action="store_true", help="return a handle at once")
+    expiry_argument(fork, "the fork's request")
     rewind = actions.add_parser("rewind", help="take a failed run up again from its last "
                                                "recorded step")
     rewind.add_argument("parent", metavar="AGENT/NAME")
     rewind.add_argument("run_id")
     rewind.add_argument("--detached", action="store_true", help="return a handle at once")
+    expiry_argument(rewind, "the rewind's request")
     compare = actions.add_parser("diff", help="two runs side by side, from where they part "
                                               "(steps, output, usage, outcome)")
     compare.add_argument("run_a")
@@ -77,9 +88,19 @@ def _run_runs(args: argparse.Namespace, settings: Settings) -> int:
     except ValueError as error:
         print(f"tether runs {action}: {error}", file=sys.stderr)
         return 2
-    if action == "show":
-        return asyncio.run(show_run(settings, parent, args.run_id, as_json=args.json))
-    return asyncio.run(_diff(settings, parent, args.run_a, args.run_b))
+    try:
+        if action == "show":
+            return asyncio.run(show_run(settings, parent, args.run_id, as_json=args.json))
+        return asyncio.run(_diff(settings, parent, args.run_a, args.run_b))
+    except asyncpg.UndefinedTableError:
+        print(f"tether runs {action}: {no_projections(settings)}", file=sys.stderr)
+        return 1
+
+
+def no_projections(settings: Settings) -> str:
+    return (f"the projections are not in schema {settings.projection_schema!r} "
+            "(TETHER_PROJECTION_SCHEMA) of TETHER_DATABASE_URL: start the projector (it "
+            "creates them) or run `tether projections migrate`")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -100,34 +121,72 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _fork(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
+    check_identifier(args.run_id, "run id")
     try:
-        ForkPoint.parse(args.at)
+        point = str(ForkPoint.parse(args.at))
     except ValueError as error:
         raise UsageError(f"--{error}") from None
     input = parse_input(args.input) if args.input is not None else None
     overrides = _overrides(args)
+    flag_checked(lambda: fork_request(args.run_id, point, overrides), "--at")
+    if args.fork_id is not None:
+        flag_checked(lambda: check_identifier(args.fork_id, "run id"), "--id")
+    expires_in = expires_in_of(args)
 
     async def fork() -> int:
         async with connect_cli(settings) as tether:
             result = await handle_of(tether, ref).fork(
                 args.run_id, at=args.at, input=input, agent_overrides=overrides or None,
-                fork_id=args.fork_id, detached=args.detached)
+                fork_id=args.fork_id, detached=args.detached, expires_in=expires_in,
+                on_waiting=waiting_line(None, "runs fork"))
         print(result.model_dump_json(indent=2))
-        return 0 if getattr(result, "ok", False) or args.detached else 1
+        return _exit_code(result)
 
     return fork()
 
 
 def _rewind(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
+    check_identifier(args.run_id, "run id")
+    expires_in = expires_in_of(args)
 
     async def rewind() -> int:
         async with connect_cli(settings) as tether:
-            result = await handle_of(tether, ref).rewind(args.run_id, detached=args.detached)
+            me = handle_of(tether, ref)
+            # A rewind's run has events already: the client takes its request as placed
+            # and would not look for a parent. Look here, and end the wait with the
+            # request's expiry rather than never.
+            timeout = None
+            if (unavailable := await tether.parent_unavailable(ref)) is not None:
+                until = ("until a parent service takes it" if expires_in is None else
+                         f"for at most {expires_in:g}s (--expires-in)")
+                waiting_line(None, "runs rewind")(
+                    f"run {args.run_id}: the rewind is stored and waits {until}; "
+                    f"{unavailable}")
+                if expires_in is not None:
+                    timeout = expires_in + tether.awaiting.expiry_grace_s
+            try:
+                result = await me.rewind(args.run_id, detached=args.detached,
+                                         expires_in=expires_in, timeout=timeout,
+                                         on_waiting=waiting_line(None, "runs rewind"))
+            except TimeoutError:
+                if timeout is None:
+                    raise
+                print(f"tether runs rewind: no parent service took the rewind of run "
+                      f"{args.run_id} within {expires_in:g}s (--expires-in): none will "
+                      "apply it", file=sys.stderr)
+                return 1
         print(result.model_dump_json(indent=2))
-        return 0 if getattr(result, "ok", False) or args.detached else 1
+        return _exit_code(result)
 
     return rewind()
+
+
+def _exit_code(result: Any) -> int:
+    """0 for a run that succeeded, or a detached one its parent took; else 1."""
+    if isinstance(result, DetachedHandle):
+        return 0 if result.error is None else 1
+    return 0 if getattr(result, "ok", False) else 1
 
 
 async def _diff(settings: Settings, parent, run_a: str, run_b: str,

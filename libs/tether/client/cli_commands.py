@@ -15,7 +15,7 @@ from typing import Any, TextIO
 import nats.errors
 from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
-from tether.client.arguments import build_run_command, new_run_id
+from tether.client.arguments import build_run_command, check_seconds, expires_in_ms, new_run_id
 from tether.client.connection import Tether, connect, input_size
 from tether.client.errors import TetherError
 from tether.client.hooks import consumer_name
@@ -24,6 +24,7 @@ from tether.client.render import FINAL_STATUSES, Board, run_line, timeline_lines
 from tether.client.timeline import TimelineView
 from tether.command_line import Command
 from tether.config import Settings
+from tether.domain.commands import MAX_EXPIRES_IN_MS, MAX_STEERING_TEXT
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
 from tether.ports import SYSTEM_CLOCK
@@ -59,7 +60,7 @@ def _run_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--on-finish", metavar="METHOD", help="finish hook method (implies --detached)")
     run.add_argument("--timeout", type=float, help="stop waiting after this many seconds")
     run.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
-    _expiry_argument(run, "a run request")
+    expiry_argument(run, "a run request")
 
 
 def _watch_arguments(watch: argparse.ArgumentParser) -> None:
@@ -78,7 +79,7 @@ def _inspect_arguments(inspect: argparse.ArgumentParser) -> None:
 def _cancel_arguments(cancel: argparse.ArgumentParser) -> None:
     cancel.add_argument("parent", metavar="AGENT/NAME")
     cancel.add_argument("run_id")
-    _expiry_argument(cancel, "the cancel")
+    expiry_argument(cancel, "the cancel")
 
 
 def _send_arguments(send: argparse.ArgumentParser) -> None:
@@ -91,7 +92,7 @@ def _send_arguments(send: argparse.ArgumentParser) -> None:
     send.add_argument("--id", dest="message_id", metavar="ID",
                       help="the message's id (default: a new one); sent again, it is "
                            "recorded once")
-    _expiry_argument(send, "the message")
+    expiry_argument(send, "the message")
 
 
 def _clear_arguments(clear: argparse.ArgumentParser) -> None:
@@ -99,24 +100,40 @@ def _clear_arguments(clear: argparse.ArgumentParser) -> None:
     clear.add_argument("--status", help="only these statuses, comma-separated")
     clear.add_argument("--older-than-ms", type=int, metavar="N",
                        help="only runs requested more than N ms ago")
-    _expiry_argument(clear, "the clear")
+    expiry_argument(clear, "the clear")
 
 
 def _hooks_arguments(hooks: argparse.ArgumentParser) -> None:
     hooks.add_argument("parent_agent", metavar="AGENT")
 
 
-def _expiry_argument(parser: argparse.ArgumentParser, what: str) -> None:
+def expiry_argument(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--expires-in", type=float, default=CLI_EXPIRES_IN_S, metavar="S",
         help=f"{what} that no parent service takes within S seconds is never applied "
              f"(default {CLI_EXPIRES_IN_S:g}; 0: no expiry)")
 
 
-def _expires_in(args: argparse.Namespace) -> float | None:
+def expires_in_of(args: argparse.Namespace) -> float | None:
     if args.expires_in < 0:
         raise UsageError("--expires-in must not be negative")
-    return args.expires_in or None
+    if not args.expires_in:
+        return None
+    try:
+        expires_in_ms(args.expires_in)
+    except ValueError:
+        raise UsageError(f"--expires-in must be more than 0 and at most "
+                         f"{MAX_EXPIRES_IN_MS // 1000} seconds (0: no expiry), not "
+                         f"{args.expires_in!r}") from None
+    return args.expires_in
+
+
+def flag_checked(check: Callable[[], Any], flag: str) -> Any:
+    """`check()`'s value; its ValueError is a UsageError naming the flag."""
+    try:
+        return check()
+    except ValueError as error:
+        raise UsageError(f"{flag}: {error}") from None
 
 
 def client_command(handler) -> "Callable[[argparse.Namespace, Settings], int]":
@@ -132,6 +149,11 @@ def client_command(handler) -> "Callable[[argparse.Namespace, Settings], int]":
         except TetherError as error:
             print(f"tether {args.command}: {error}", file=sys.stderr)
             return 1
+        except (ValueError, TypeError) as error:
+            # A net under the synchronous checks: an argument refused only once the
+            # command runs is still a usage error, in one line.
+            print(f"tether {args.command}: {error}", file=sys.stderr)
+            return 2
         except (TimeoutError, nats.errors.Error) as error:
             print(f"tether {args.command}: {error or type(error).__name__}", file=sys.stderr)
             return 1
@@ -203,9 +225,12 @@ def _run(args: argparse.Namespace, settings: Settings):
     command = build_run_command(ref, args.agent_type, input,
                                 run_id=args.run_id or new_run_id(), parent_tool_call_id=None,
                                 display_order=None, display=None, detached=detached)
-    if args.timeout is not None and args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
-    expires_in = _expires_in(args)
+    if args.timeout is not None:
+        try:
+            check_seconds(args.timeout, "--timeout", none_allowed=False)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    expires_in = expires_in_of(args)
 
     async def run() -> int:
         async with connect_cli(settings) as tether:
@@ -219,7 +244,7 @@ def _run(args: argparse.Namespace, settings: Settings):
                     result = await me.run_agent_tool(
                         command.agent_type, command.input, run_id=command.run_id,
                         detached=command.detached, timeout=args.timeout,
-                        expires_in=expires_in, on_waiting=_waiting_line(board))
+                        expires_in=expires_in, on_waiting=waiting_line(board))
                 except asyncio.CancelledError:
                     # Ctrl-C: an awaited run is cancelled with its caller (run_agent_tool
                     # has sent the cancel by now); a detached one goes on, if it started.
@@ -257,8 +282,8 @@ def _say(board: Board | None, text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
 
-def _waiting_line(board: Board | None):
-    return lambda text: _say(board, f"tether run: waiting: {text}")
+def waiting_line(board: Board | None, command: str = "run"):
+    return lambda text: _say(board, f"tether {command}: waiting: {text}")
 
 
 async def _stop(task: asyncio.Task) -> None:
@@ -338,7 +363,7 @@ def _inspect(args: argparse.Namespace, settings: Settings):
 def _cancel(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
     check_identifier(args.run_id, "run id")
-    expires_in = _expires_in(args)
+    expires_in = expires_in_of(args)
 
     async def cancel() -> int:
         async with connect_cli(settings) as tether:
@@ -366,7 +391,14 @@ def _send(args: argparse.Namespace, settings: Settings):
         raise ValueError(f"--data is not JSON: {error}") from None
     if args.text is None and data is None:
         raise ValueError("give the message's text, --data, or both")
-    expires_in = _expires_in(args)
+    if args.text is not None and not args.text.strip():
+        raise UsageError("the message's text is empty: give some text, or --data alone")
+    if args.text is not None and len(args.text) > MAX_STEERING_TEXT:
+        raise UsageError(f"the message's text is {len(args.text):,} characters; the limit "
+                         f"is {MAX_STEERING_TEXT:,}")
+    if args.message_id is not None:
+        flag_checked(lambda: check_identifier(args.message_id, "message id"), "--id")
+    expires_in = expires_in_of(args)
 
     async def send() -> int:
         async with connect_cli(settings) as tether:  # (a refusal: `MessageRefused`, said)
@@ -384,7 +416,7 @@ def _send(args: argparse.Namespace, settings: Settings):
 def _clear(args: argparse.Namespace, settings: Settings):
     ref = parse_parent(args.parent)
     statuses = parse_statuses(args.status)
-    expires_in = _expires_in(args)
+    expires_in = expires_in_of(args)
     older_than = None
     if args.older_than_ms is not None:
         if args.older_than_ms < 0:

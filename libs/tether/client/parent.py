@@ -257,6 +257,7 @@ class ParentHandle:
                    agent_overrides: dict[str, Any] | None = None, fork_id: str | None = None,
                    detached: bool | dict[str, Any] | DetachedOptions = False,
                    timeout: float | None = None, on_waiting: WaitingReport | None = None,
+                   expires_in: float | None = None,
                    ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
         """Run `run_id` (one of this parent's runs) again from a point, beside it: a new run
         that reuses what it had recorded by then (no recorded model call or tool call is
@@ -264,8 +265,9 @@ class ParentHandle:
         `agent_overrides` (a model agent's `instructions`, `model`, `max_steps`). `at`:
         `step:<n>` (steps before n reused; an int is a step), `milestone:<name>` or
         `seq:<n>` (a stream sequence, as the UI's slider shows it). Awaited or detached as
-        `run_agent_tool`; idempotent: the same fork asked again (its `fork_id`, by default
-        made from the run, `at`, `input` and `agent_overrides`) is that fork."""
+        `run_agent_tool`, `expires_in` too; idempotent: the same fork asked again (its
+        `fork_id`, by default made from the run, `at`, `input` and `agent_overrides`) is
+        that fork."""
         timeout = check_seconds(timeout, "timeout")
         check_identifier(run_id, "run id")
         if isinstance(at, bool) or not isinstance(at, str | int):
@@ -282,20 +284,21 @@ class ParentHandle:
             self.ref, source.agent_type, given, run_id=fork_id,
             parent_tool_call_id=source.parent_tool_call_id, display_order=source.display_order,
             display=source.display, detached=detached, started_by=source.started_by,
-            max_tokens=source.max_tokens, max_cost=source.max_cost, fork=fork)
+            max_tokens=source.max_tokens, max_cost=source.max_cost, fork=fork,
+            expires_in=expires_in)
         return await self._run(command, command.detached is not False, timeout,
                                on_waiting or _log_unserved)
 
     async def rewind(self, run_id: str, *, timeout: float | None = None,
                      detached: bool | dict[str, Any] | DetachedOptions = False,
-                     on_waiting: WaitingReport | None = None,
+                     on_waiting: WaitingReport | None = None, expires_in: float | None = None,
                      ) -> AgentToolSuccess | AgentToolFailure | DetachedHandle:
         """Take the failed run `run_id` up again from its last recorded step, as a new
         attempt of the same run (its steps are not made again; the tool that failed, fixed
         since, runs again), and await its new outcome (or, `detached`, return once the
         parent took it). A detached run's hooks and notices are sent again for the new
         outcome. A run that is not failed is refused, saying why; asked again while the
-        rewind runs, it awaits that rewind."""
+        rewind runs, it awaits that rewind. `expires_in` as `run_agent_tool`'s."""
         timeout = check_seconds(timeout, "timeout")
         state = await self._read_own(run_id, "rewind")
         number = state.rewinds + 1 if state.status == "error" or state.rewinds == 0 \
@@ -304,7 +307,7 @@ class ParentHandle:
             self.ref, state.agent_type, state.input, run_id=run_id,
             parent_tool_call_id=state.parent_tool_call_id, display_order=state.display_order,
             display=state.display, detached=detached, started_by=state.started_by,
-            rewind=number)
+            rewind=number, expires_in=expires_in)
         return await self._run(command, command.detached is not False, timeout,
                                on_waiting or _log_unserved)
 
@@ -408,11 +411,14 @@ class ParentHandle:
         except TimeoutError:
             if not deadline.expired():
                 raise
+            later = ("" if expires_in is None else
+                     f", unless that is more than {expires_in:g} s after it was sent: then it "
+                     "is dropped")
             raise TimeoutError(
                 f"no parent service recorded message {message_id!r} for run {target!r} "
                 f"within {timeout:g}s (waited for it on {recorded_on}): it waits in the "
                 f"commands stream ({subjects.commands_stream}) and is applied when a parent "
-                f"service with prefix {subjects.prefix!r} takes it") from None
+                f"service with prefix {subjects.prefix!r} takes it{later}") from None
 
     async def continue_waiting(self, view: "RunView", **answers: Any) -> None:
         """Answer the run a timeline shows waiting: the run itself when it is paused, or

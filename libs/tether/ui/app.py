@@ -286,11 +286,12 @@ async def run_json(request: Request) -> Response:
 
 async def run_state_json(request: Request) -> Response:
     parent, state = await run_of(request)
-    try:
-        seq = int(request.query_params["seq"])
-    except (KeyError, ValueError):
+    given = request.query_params.get("seq", "")
+    # ASCII digits only: int() would take "-5", " 3" and "٣" too.
+    if not (given.isascii() and given.isdigit()):
         raise HTTPException(400, "seq: expected the stream sequence to fold up to, "
-                                 "e.g. ?seq=42") from None
+                                 "e.g. ?seq=42")
+    seq = int(given)
     ui = ui_of(request)
     events = await ui.tether.run_reads.read(ui.tether.subjects.run_events(parent, state.run_id))
     folded = state_as_of(events, seq)
