@@ -1,31 +1,19 @@
 """NUL characters in a run's strings: Postgres text and jsonb cannot hold them, so the
 projection stores U+FFFD in their place, and the runs after them are projected."""
 
-import asyncio
 import json
 import logging
 
 import structlog
+from projecting import run_projector_until
 
-from tether.adapters.postgres.projector import Projector, rebuild, verify
+from tether.adapters.postgres.projector import rebuild, verify
 from tether.contract.codec import encode_event
 from tether.testing import RunEvents
 
 REPLACED = "\ufffd"
 # A backslash and "u0000" typed by a user: what the JSON text of a NUL looks like, but no NUL.
 LITERAL = "a\\u0000b"
-
-
-async def project_until(pool, log, schema, seq: int, **options) -> Projector:
-    projector = Projector(pool, log, schema, leadership_check_s=0.1, **options)
-    stop = asyncio.Event()
-    task = asyncio.create_task(projector.run(stop))
-    try:
-        await asyncio.wait_for(projector.wait_for_position(seq), timeout=30)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, timeout=10)
-    return projector
 
 
 async def append_runs_carrying_nul(log) -> int:
@@ -55,7 +43,7 @@ async def test_a_run_carrying_nul_is_projected_with_u_fffd_and_the_runs_after_it
         log, pool, settings):
     schema = settings.projection_schema
     last = await append_runs_carrying_nul(log)
-    await project_until(pool, log, schema, last)
+    await run_projector_until(pool, log, schema, last, timeout=30)
 
     runs = {r["run_id"]: r for r in await pool.fetch(
         f'SELECT run_id, status, summary, error, output::text, state::text, input_preview '
@@ -85,7 +73,7 @@ async def test_a_replay_of_runs_carrying_nul_equals_the_live_projection(log, poo
     the columns Python computed: both store U+FFFD, so `verify` finds no difference."""
     schema = settings.projection_schema
     last = await append_runs_carrying_nul(log)
-    await project_until(pool, log, schema, last, batch_size=2)
+    await run_projector_until(pool, log, schema, last, timeout=30, batch_size=2)
 
     assert (await verify(pool, log, schema)).differences == []
     assert (await verify(pool, log, schema, batch_size=3)).differences == []
@@ -110,8 +98,8 @@ async def test_a_batch_that_fails_is_named_by_its_first_and_last_sequence(log, p
     lines = structlog.testing.LogCapture()
     logger = structlog.wrap_logger(None, processors=[lines],
                                    wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))
-    await project_until(pool, log, settings.projection_schema, last, logger=logger,
-                        before_commit=fail_once)
+    await run_projector_until(pool, log, settings.projection_schema, last, timeout=30,
+                              logger=logger, before_commit=fail_once)
     failed = [line for line in lines.entries if line["event"] == "projector.batch_failed"]
     assert [(line["first_seq"], line["last_seq"]) for line in failed] == [(first, last)]
     assert "ValueError: this batch cannot be written" in failed[0]["error"]

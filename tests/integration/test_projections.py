@@ -7,6 +7,7 @@ import logging
 import pytest
 import structlog
 from eventually import eventually
+from projecting import run_projector_until
 
 from tether.adapters.postgres import projector as projector_module
 from tether.adapters.postgres.migrator import migrate
@@ -38,16 +39,6 @@ from tether.testing import RunEvents, append_finished_runs
 
 async def project_until(projector: Projector, seq: int) -> None:
     await projector.wait_for_position(seq)
-
-
-async def run_projector_until(pool, log, schema, seq: int, **options) -> Projector:
-    projector = Projector(pool, log, schema, leadership_check_s=0.1, **options)
-    stop = asyncio.Event()
-    task = asyncio.create_task(projector.run(stop))
-    await asyncio.wait_for(project_until(projector, seq), timeout=60)
-    stop.set()
-    await asyncio.wait_for(task, timeout=10)
-    return projector
 
 
 async def test_the_projector_projects_runs_milestones_and_its_checkpoint(log, pool, settings):
