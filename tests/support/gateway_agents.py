@@ -86,3 +86,20 @@ class Streamer(ChildAgent):
         await RELEASE.wait()
         await ctx.output("second piece.")
         return "streamed"
+
+
+class Asker(ChildAgent):
+    """Waits for the output of a search run outside it, and says what it got."""
+
+    description = "Waits for a search's output from outside"
+
+    async def run(self, ctx: RunContext, input: dict) -> str | AwaitingInput:
+        resumptions = ctx.history.resumptions if ctx.history else []
+        if not resumptions:
+            return AwaitingInput("waiting_for_tools", key="search", pending=[
+                {"tool_call_id": "search", "tool_name": "search", "input": {"q": "tether"},
+                 "reason": "external"}])
+        decisions = resumptions[-1].decisions
+        if "search" in decisions.get("rejections", []):
+            return "the search was rejected"
+        return f"found {decisions.get('tool_outputs', {}).get('search')}"

@@ -21,7 +21,7 @@ from tether.gateway.server import serve_gateway
 
 AGENTS = [gateway_agents.Researcher, gateway_agents.HeldResearcher, gateway_agents.Waiter,
           gateway_agents.Failing, gateway_agents.Held, gateway_agents.Approver,
-          gateway_agents.Streamer]
+          gateway_agents.Streamer, gateway_agents.Asker]
 DESKTOP, LIMITED = "desktop-token", "limited-token"
 DESKTOP_PARENT = ParentRef(agent="Gateway", name="desktop")
 

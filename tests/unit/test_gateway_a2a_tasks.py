@@ -4,9 +4,10 @@ import pytest
 from a2a.types import TaskState
 from google.protobuf.json_format import MessageToDict
 
+from tether.client.timeline import ProgressView, RunView
 from tether.contract.messages import MilestoneView, RunSnapshot
 from tether.domain.events import ParentRef
-from tether.gateway.a2a_tasks import a2a_state, task_of, words_of
+from tether.gateway.a2a_tasks import StreamState, a2a_state, task_of, words_of
 
 PARENT = ParentRef(agent="Gateway", name="desktop")
 
@@ -49,3 +50,39 @@ def test_a_completed_task_carries_its_output_and_result_and_the_run_in_its_metad
         ("result", [{"text": "two sources agree"}, {"data": {"n": 2.0}}])]
     assert MessageToDict(task.metadata)["run_id"] == "a2a-1"
     assert task.status.message.parts[0].text == "two sources agree"
+
+
+def _message_id(**fields) -> str:
+    return task_of(run(**fields)).status.message.message_id
+
+
+def test_a_status_read_again_is_the_same_message_and_a_new_one_another():
+    held = {"progress": {"message": "held", "at": 5}}
+    assert _message_id(**held) == _message_id(**held)
+    assert _message_id(**held) != _message_id(progress={"message": "held", "at": 9})
+    ended = {"status": "completed", "summary": "done", "ended_at": 7}
+    assert _message_id(**ended) == _message_id(**ended)
+    assert _message_id(**ended) != _message_id(**{**ended, "ended_at": 8})  # a later turn
+
+
+def test_a_second_pause_asking_the_same_is_another_message():
+    pause = {"waiting_for": "waiting_for_human", "pending": [
+        {"tool_call_id": "publish", "tool_name": "publish", "reason": "approval"}]}
+    first = [MilestoneView(sequence=0, name="needs-approval", at=1)]
+    second = [*first, MilestoneView(sequence=1, name="needs-approval", at=2)]
+    assert _message_id(**pause, milestones=first) == _message_id(**pause, milestones=first)
+    assert _message_id(**pause, milestones=first) != _message_id(**pause, milestones=second)
+
+
+def test_a_streamed_status_is_the_same_message_as_the_task_read_at_that_moment():
+    snapshot = run(progress={"message": "held", "at": 5},
+                   milestones=[MilestoneView(sequence=0, name="found", at=1)])
+    view = RunView(run_id="a2a-1", agent_type="Researcher", status="running",
+                   progress=ProgressView(message="held", at=5, source="signal"),
+                   milestones=(MilestoneView(sequence=0, name="found", at=1),),
+                   requested_at=0)
+    stream = StreamState(state=TaskState.TASK_STATE_SUBMITTED, words="", output=0)
+    streamed = stream.status(view, "Gateway/desktop").status.message
+    read = task_of(snapshot).status.message
+    assert (streamed.message_id, streamed.parts[0].text) == \
+        (read.message_id, "found - held")

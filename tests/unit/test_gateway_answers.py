@@ -1,15 +1,22 @@
 """The gateway's checks of what a caller sends: a paused run's answer (A2A and MCP), an
-A2A message's parts as a run's input, a push notification URL. Whatever would resume a
+A2A message's parts as a run's input, a push notification URL, the shape of an A2A
+request's params. Whatever would resume a
 run with no decision, drop a part, or be retried for ever is refused, naming the field."""
 
 import pytest
-from a2a.types import Part
+from a2a.types import Part, SendMessageRequest
 from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Value
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 
+from tether.contract.messages import RunSnapshot
+from tether.domain.events import ParentRef
 from tether.gateway.a2a_parts import answer_of, input_of
 from tether.gateway.a2a_push import url_problem
+from tether.gateway.a2a_requests import params_problem
 from tether.gateway.answers import InvalidAnswer, decisions_of, require_some, waiting_words
+from tether.gateway.mcp_tools import answers_of
 
 PENDING = [{"tool_call_id": "publish", "tool_name": "publish", "input": {},
             "reason": "approval"},
@@ -117,3 +124,41 @@ def test_a_push_url_that_can_never_be_sent_to_says_why(url, why):
                                  "http://127.0.0.1:9/hook"])
 def test_a_push_url_that_can_be_tried_passes(url):
     assert url_problem(url) is None
+
+
+def _waiting(pending) -> RunSnapshot:
+    return RunSnapshot(run_id="mcp-1", parent=ParentRef(agent="Gateway", name="desktop"),
+                       agent_type="Asker", status="running", detached=True, requested_at=0,
+                       waiting_for="waiting_for_human", pending=pending)
+
+
+def test_an_mcp_form_declined_rejects_its_call_approval_or_output():
+    decisions = answers_of(_waiting(PENDING), {"publish": {"action": "decline"},
+                                               "call-2": {"action": "decline"}})
+    assert decisions.as_continue() == {"approvals": [], "rejections": ["publish", "call-2"],
+                                       "tool_outputs": {}, "human_input": None}
+
+
+def test_an_mcp_form_cancelled_refuses_the_whole_update_saying_the_task_still_asks():
+    with pytest.raises(MCPError) as refused:
+        answers_of(_waiting(PENDING), {"publish": {"action": "accept",
+                                                   "content": {"approve": True}},
+                                       "call-2": {"action": "cancel"}})
+    assert refused.value.error.code == INVALID_PARAMS
+    assert refused.value.error.message.startswith(
+        "inputResponses.call-2.action: cancel answers nothing; task mcp-1 still waits for "
+        "a human's approval of publish and the output of search")
+
+
+@pytest.mark.parametrize(("params", "named"), [
+    ([], "params: must be an object (a SendMessageRequest), not a list"),
+    ({"message": "hi"}, "params.message: must be an object, not a string"),
+    ({"message": {"parts": [{"text": "a"}, {"text": 3}]}},
+     "params.message.parts[1].text: must be a string, not a number"),
+    ({"message": {"metadata": []}}, "params.message.metadata: must be an object, not a list"),
+    ({"configuration": {"returnImmediately": "yes"}},
+     "params.configuration.returnImmediately: must be true or false, not a string"),
+])
+def test_a2a_params_of_the_wrong_shape_are_named(params, named):
+    assert params_problem(params, SendMessageRequest.DESCRIPTOR) == named
+

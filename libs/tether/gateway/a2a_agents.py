@@ -7,7 +7,8 @@ task is a Tether run of the caller's parent, read from the log and the projectio
 
 - **A message** starts a run (its task id is the run id, made from the caller and the
   message id, so a message sent again starts nothing new; its context id is the caller's
-  parent, `agent/name`), or, naming a task that waits for input, answers it: a data part
+  parent, `agent/name`, and a message naming another context is refused), or, naming a
+  task that waits for input, answers it: a data part
   `{"approvals": [...], "rejections": [...], "tool_outputs": {...}}` or text (the human's
   words), checked against what the run waits on (`tether.gateway.answers`): an answer
   that decides nothing is refused, never sent on as an empty resume. The run's input is
@@ -198,6 +199,7 @@ class TetherAgentHandler(RequestHandler):
             raise InvalidParamsError(message="message.message_id is required")
         if message.task_id:
             return parent, await self._answer(parent, message)
+        _check_context(caller, message.context_id)
         run_id = _run_id(caller, message.message_id)
         push = None
         if params.configuration.HasField("task_push_notification_config"):
@@ -255,8 +257,8 @@ class TetherAgentHandler(RequestHandler):
     async def _answer(self, parent: ParentHandle, message: Message) -> RunSnapshot:
         snapshot = await self._snapshot(parent, message.task_id)
         if message.context_id and message.context_id != context_id_of(snapshot):
-            raise InvalidParamsError(message=f"task {snapshot.run_id} is not of context "
-                                             f"{message.context_id}")
+            raise InvalidParamsError(message=f"message.contextId: {message.context_id!r} is "
+                                             f"not the context of task {snapshot.run_id}")
         if snapshot.waiting_for is None or snapshot.status not in OPEN_STATUSES:
             raise UnsupportedOperationError(
                 message=f"task {snapshot.run_id} is {a2a_state_name(snapshot)}: it takes no "
@@ -455,6 +457,17 @@ def _rejected(run_id: str, parent: ParentHandle, error: str) -> Task:
 
 def _parent_context(caller: Caller) -> str:
     return f"{caller.parent.agent}/{caller.parent.name}"
+
+
+def _check_context(caller: Caller, context_id: str) -> None:
+    """A new message's context is the caller's own, or none. Any other is refused, and
+    the same way whether it is another caller's or nobody's, so a refusal tells nothing
+    of other callers; a message is never put in a context it did not name."""
+    own = _parent_context(caller)
+    if context_id and context_id != own:
+        raise InvalidParamsError(message=(
+            f"message.contextId: {context_id!r} is no context of this caller: leave it "
+            f"out, or name {own!r}, the context of all its tasks"))
 
 
 def _run_id(caller: Caller, message_id: str) -> str:

@@ -2,7 +2,7 @@
 and what a stream has already sent of one (`StreamState`), so each update says only
 what is new."""
 
-import uuid
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,8 +62,11 @@ class StreamState:
         state, words = view_state(run), viewwords(run, pending)
         self.moved = self.moved or state != self.state or words != self.words or force
         self.state, self.words = state, words
+        moment = status_moment(state, run.ended_at, len(run.milestones),
+                               run.progress.at if run.progress else None)
         return TaskStatusUpdateEvent(task_id=run.run_id, context_id=context_id,
-                                     status=task_status(state, words, run.run_id, context_id))
+                                     status=task_status(state, words, run.run_id, context_id,
+                                                        moment))
 
 
 # --- runs as tasks --------------------------------------------------------------------
@@ -121,8 +124,11 @@ def words(status: str, waiting_for: str | None, pending: Sequence[Mapping[str, A
 
 def task_of(run: RunSnapshot) -> Task:
     context_id = context_id_of(run)
+    state = a2a_state(run)
+    moment = status_moment(state, run.ended_at, len(run.milestones),
+                           (run.progress or {}).get("at"))
     task = Task(id=run.run_id, context_id=context_id,
-                status=task_status(a2a_state(run), words_of(run), run.run_id, context_id))
+                status=task_status(state, words_of(run), run.run_id, context_id, moment))
     if run.output_text:
         task.artifacts.append(Artifact(artifact_id=OUTPUT_ARTIFACT, name="output",
                                        parts=[Part(text=run.output_text)]))
@@ -145,14 +151,37 @@ def result_artifact(run: RunSnapshot) -> Artifact:
     return Artifact(artifact_id=RESULT_ARTIFACT, name="result", parts=parts)
 
 
-def task_status(state: TaskState, words: str, task_id: str, context_id: str) -> TaskStatus:
+def task_status(state: TaskState, words: str, task_id: str, context_id: str,
+                moment: str = "") -> TaskStatus:
     status = TaskStatus(state=state)
     status.timestamp.CopyFrom(now_stamp())
     if words:
         status.message.CopyFrom(Message(
-            role=Role.ROLE_AGENT, message_id=uuid.uuid4().hex, task_id=task_id,
-            context_id=context_id, parts=[Part(text=words)]))
+            role=Role.ROLE_AGENT, message_id=status_message_id(task_id, state, words, moment),
+            task_id=task_id, context_id=context_id, parts=[Part(text=words)]))
     return status
+
+
+def status_message_id(task_id: str, state: TaskState, words: str, moment: str) -> str:
+    """The id of a task's status message, made from what it says and when the run came
+    to say it: read again, streamed, or read through another gateway, the same status is
+    the same message, so a client that deduplicates by message id shows it once; the
+    same words said again later (`moment`) are another message."""
+    said = "\0".join((task_id, TaskState.Name(state), words, moment))
+    return f"status-{hashlib.sha256(said.encode()).hexdigest()[:32]}"
+
+
+def status_moment(state: TaskState, ended_at: int | None, milestones: int,
+                  progress_at: int | None) -> str:
+    """When a run came to its status, from what a snapshot and a timeline view both
+    hold: its end; for a pause, its milestones (each pause adds one, so a second pause
+    with the same words is another message); else its milestones and its progress report
+    (a persisted report keeps the time of the signal it persists)."""
+    if state in FINAL:
+        return f"ended:{ended_at}"
+    if state == TaskState.TASK_STATE_INPUT_REQUIRED:
+        return f"milestones:{milestones}"
+    return f"milestones:{milestones}:progress:{progress_at}"
 
 
 def now_stamp() -> Timestamp:

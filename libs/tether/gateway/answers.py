@@ -55,13 +55,13 @@ def decisions_of(answers: Mapping[str, Any], pending: Iterable[Mapping[str, Any]
         outputs = {}
     if not isinstance(outputs, Mapping):
         raise InvalidAnswer(f"{where}tool_outputs: must be an object of tool call id to "
-                            f"output, not {_kind(outputs)}")
+                            f"output, not {json_kind(outputs)}")
     for key in outputs:
         _check_waited_on(key, f"{where}tool_outputs.{key}", waited_on)
     human_input = answers.get("human_input")
     if human_input is not None and not isinstance(human_input, str):
         raise InvalidAnswer(f"{where}human_input: must be a string (the human's words), "
-                            f"not {_kind(human_input)}")
+                            f"not {json_kind(human_input)}")
     return Decisions(approvals=approvals, rejections=rejections, tool_outputs=dict(outputs),
                      human_input=human_input if human_input and human_input.strip() else None)
 
@@ -100,11 +100,11 @@ def _ids(value: Any, name: str, waited_on: list[str]) -> list[str]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise InvalidAnswer(f"{name}: must be a list of tool call ids, not {_kind(value)}")
+        raise InvalidAnswer(f"{name}: must be a list of tool call ids, not {json_kind(value)}")
     for index, item in enumerate(value):
         if not isinstance(item, str):
             raise InvalidAnswer(f"{name}[{index}]: must be a tool call id (a string), not "
-                                f"{_kind(item)}")
+                                f"{json_kind(item)}")
         _check_waited_on(item, f"{name}[{index}]", waited_on)
     return list(dict.fromkeys(value))
 
@@ -120,7 +120,8 @@ def _listed(names: list[str]) -> str:
     return unique[0] if len(unique) == 1 else ", ".join(unique[:-1]) + " and " + unique[-1]
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words ("a list", "null"), for an error that names it."""
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
             list: "a list", dict: "an object", type(None): "null"}.get(type(value),
                                                                      type(value).__name__)

@@ -21,7 +21,11 @@ With the tasks extension (`io.modelcontextprotocol/tasks`, MCP 2026-07-28) adver
 the client, a call starts the run detached and answers with a task whose id is the run
 id at once; `tasks/get` reads the run from the parent (so a task outlives the gateway
 that started it), `tasks/cancel` cancels it; a run waiting for a human is `input_required`, each call it
-waits on an elicitation form, and `tasks/update` with their results continues it.
+waits on an elicitation form, and `tasks/update` with their results continues it (a
+declined form rejects its call; a cancelled one is refused, and the task still asks).
+
+A request whose params do not parse is refused naming the field (`params.taskId: Field
+required`), where the SDK would answer "Invalid request parameters".
 """
 
 import asyncio
@@ -37,7 +41,9 @@ import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.context import CallNext, HandlerResult
 from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
 
 from tether.agent_registry import AgentRegistry
 from tether.client.child_tool import ANY_OBJECT_SCHEMA, tool_name
@@ -88,6 +94,7 @@ class McpTools:
         self.server.add_request_handler("tasks/cancel", TaskIdParams, self._tasks_cancel)
         self.server.add_request_handler("tasks/update", TaskUpdateParams, self._tasks_update)
         self.server.extensions[TASKS_EXTENSION] = {}
+        self.server.middleware.append(name_unparsed_params)
 
     # --- who is calling -------------------------------------------------------------
 
@@ -204,9 +211,8 @@ class McpTools:
             raise MCPError(code=types.INVALID_PARAMS,
                            message=f"task {snapshot.run_id} is {snapshot.status}, not waiting "
                                    "for input")
+        # Each form answered is a decision (a cancelled one refuses the update).
         decisions = answers_of(snapshot, params.input_responses or {})
-        if decisions.empty:  # every form cancelled: the task still asks
-            return {}
         await parent.continue_run(snapshot.run_id, **decisions.as_continue())
         return {}
 
@@ -360,9 +366,11 @@ def _elicitation(item: dict[str, Any]) -> dict[str, Any]:
 def answers_of(run: RunSnapshot, responses: dict[str, Any]) -> Decisions:
     """The `continue_run` answers of a task's `inputResponses` (each an elicitation's
     result, keyed as its `inputRequests`): an accepted approval approves the call or
-    rejects it (`approve`, a boolean), a declined one rejects it; an accepted output is
-    the call's output (`output`, a string); a cancelled form, or a declined output,
-    answers nothing for its call."""
+    rejects it (`approve`, a boolean); an accepted output is the call's output (`output`,
+    a string); a declined form, approval or output, rejects its call, so the run goes on
+    knowing it was refused. A cancelled form (dismissed, no choice made) is refused with
+    the whole update: resumed without its answer, the run would take the missing answer
+    as a refusal nobody made, and a refusal cannot be taken back."""
     if not responses:
         raise MCPError(code=types.INVALID_PARAMS, message=(
             f"inputResponses: empty; task {run.run_id} is waiting for "
@@ -384,17 +392,22 @@ def answers_of(run: RunSnapshot, responses: dict[str, Any]) -> Decisions:
                            message=f"inputResponses.{key}: not an elicitation result: "
                                    f"{str(error).splitlines()[0]}") from None
         content = result.content or {}
-        if item.get("reason") == "approval":
-            if result.action == "accept":
-                approve = content.get("approve")
-                if not isinstance(approve, bool):
-                    raise MCPError(code=types.INVALID_PARAMS, message=(
-                        f"inputResponses.{key}.content.approve: an accepted approval "
-                        f"says true or false, not {approve!r}"))
-                (approvals if approve else rejections).append(key)
-            elif result.action == "decline":
-                rejections.append(key)
-        elif result.action == "accept":
+        if result.action == "cancel":
+            raise MCPError(code=types.INVALID_PARAMS, message=(
+                f"inputResponses.{key}.action: cancel answers nothing; task {run.run_id} "
+                f"still waits for {waiting_words(run.waiting_for, run.pending)} (nothing "
+                "of this update was taken): accept or decline the form, or cancel the "
+                "task with tasks/cancel"))
+        if result.action == "decline":
+            rejections.append(key)
+        elif item.get("reason") == "approval":
+            approve = content.get("approve")
+            if not isinstance(approve, bool):
+                raise MCPError(code=types.INVALID_PARAMS, message=(
+                    f"inputResponses.{key}.content.approve: an accepted approval "
+                    f"says true or false, not {approve!r}"))
+            (approvals if approve else rejections).append(key)
+        else:
             output = content.get("output")
             if not isinstance(output, str):
                 raise MCPError(code=types.INVALID_PARAMS, message=(
@@ -402,6 +415,27 @@ def answers_of(run: RunSnapshot, responses: dict[str, Any]) -> Decisions:
                     f"string, not {output!r}"))
             outputs[key] = output
     return Decisions(approvals=approvals, rejections=rejections, tool_outputs=outputs)
+
+
+async def name_unparsed_params(ctx: ServerRequestContext, call_next: CallNext) -> HandlerResult:
+    """The SDK's middleware slot: a request whose params do not parse is refused naming
+    each field and what is wrong with it, where the SDK would answer "Invalid request
+    parameters" and leave the caller to guess."""
+    try:
+        return await call_next(ctx)
+    except ValidationError as error:
+        problems = "; ".join(f"{_param_path(problem['loc'])}: {problem['msg']}"
+                             for problem in error.errors())
+        raise MCPError(code=types.INVALID_PARAMS, message=f"{ctx.method}: {problems}") from None
+
+
+def _param_path(location: tuple[int | str, ...]) -> str:
+    path = "params"
+    # The SDK checks its own methods' params as a request's (`params.name`), and the
+    # handlers' own ones as they are (`taskId`).
+    for step in location[1:] if location[:1] == ("params",) else location:
+        path += f"[{step}]" if isinstance(step, int) else f".{step}"
+    return path
 
 
 def _wants_tasks(ctx: ServerRequestContext) -> bool:

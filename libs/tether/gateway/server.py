@@ -19,11 +19,7 @@ from tether.extras import MissingExtra
 
 try:
     import httpx
-    from a2a.server.routes import (
-        create_agent_card_routes,
-        create_jsonrpc_routes,
-        create_rest_routes,
-    )
+    from a2a.server.routes import create_agent_card_routes, create_rest_routes
     from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
     from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser, BearerAuthBackend
     from mcp.server.auth.provider import AccessToken
@@ -39,6 +35,7 @@ try:
     from tether.asgi_serving import ServerTLS, listen_on, serve_app
     from tether.gateway.a2a_agents import TetherAgentHandler, agent_card
     from tether.gateway.a2a_push import Pusher, Pushes
+    from tether.gateway.a2a_requests import NamedParamsDispatcher
     from tether.gateway.mcp_tools import McpTools
 except ModuleNotFoundError:
     raise MissingExtra("gateway") from None
@@ -169,7 +166,8 @@ def a2a_routes(agents: AgentRegistry, callers: Callers, connections: Connections
                                      stopping=stopping, pushes=pushes)
         mounts.append(Mount(f"/a2a/{agent_type}", routes=[
             *create_agent_card_routes(agent_card(agent_type, cls, base_url)),
-            *create_jsonrpc_routes(handler, rpc_url="/jsonrpc"),
+            Route("/jsonrpc", endpoint=NamedParamsDispatcher(handler).handle_requests,
+                  methods=["POST"]),
             *create_rest_routes(handler, path_prefix="/rest")]))
     return mounts
 

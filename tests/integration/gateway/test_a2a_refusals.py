@@ -7,7 +7,9 @@ answer still works."""
 import hashlib
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
+import gateway_agents
 import pytest
 from a2a.types import (
     GetTaskRequest,
@@ -16,11 +18,13 @@ from a2a.types import (
     Message,
     Part,
     Role,
+    SendMessageConfiguration,
     SendMessageRequest,
+    SubscribeToTaskRequest,
     TaskState,
 )
 from eventually import eventually
-from gateway_stack import DESKTOP_PARENT, a2a_client, a2a_rpc, running_gateway
+from gateway_stack import DESKTOP_PARENT, LIMITED, a2a_client, a2a_rpc, running_gateway
 from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Value
 
@@ -233,3 +237,77 @@ async def test_tasks_of_a_state_that_shares_its_run_status_are_paged_and_counted
     assert ids(canceled) == ["ended-10", "ended-06", "ended-02"]
     assert (canceled[1].total_size, canceled[1].next_page_token) == (3, "")
     assert ids([completed]) == ["ended-08", "ended-04", "ended-00"]
+
+
+async def test_a_message_in_a_context_not_the_callers_is_refused_naming_it(base, log):
+    theirs = await a2a_rpc(base, "Researcher", "SendMessage",
+                           user_message({"data": {"query": "theirs"}}), token=LIMITED)
+    their_context = theirs["result"]["task"]["contextId"]
+    assert their_context == "Assistant/limited"
+    refusals = {}
+    for context_id in (their_context, "no/such-context"):
+        message_id = uuid.uuid4().hex
+        params = user_message({"data": {"query": "mine"}}, message_id=message_id)
+        params["message"]["contextId"] = context_id
+        refused = await a2a_rpc(base, "Researcher", "SendMessage", params)
+        assert refused["error"]["code"] == INVALID_PARAMS, refused
+        refusals[context_id] = refused["error"]["message"].replace(context_id, "<id>")
+        assert f"message.contextId: {context_id!r}" in refused["error"]["message"]
+        run_id = "a2a-" + hashlib.sha256(f"desktop\0{message_id}".encode()).hexdigest()[:32]
+        assert (await log.read_run(DESKTOP_PARENT, run_id)).state is None
+    # Another caller's context is refused as one that does not exist: nothing of it shows.
+    assert refusals[their_context] == refusals["no/such-context"]
+    assert theirs["result"]["task"]["id"] not in refusals[their_context]
+    params = user_message({"data": {"query": "mine"}})
+    params["message"]["contextId"] = "Gateway/desktop"
+    mine = await a2a_rpc(base, "Researcher", "SendMessage", params)
+    assert mine["result"]["task"]["contextId"] == "Gateway/desktop"
+
+
+@pytest.mark.parametrize(("params", "named"), [
+    ([{"message": {}}], "params: must be an object (a SendMessageRequest), not a list"),
+    ("message", "params: must be an object (a SendMessageRequest), not a string"),
+    (None, "params: must be an object (a SendMessageRequest), not null"),
+    ({"message": "hello"}, "params.message: must be an object, not a string"),
+    ({"message": {"messageId": "m", "role": "ROLE_USER", "parts": "hello"}},
+     "params.message.parts: must be a list, not a string"),
+    ({"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": 3}]}},
+     "params.message.parts[0].text:"),
+])
+async def test_params_that_do_not_parse_are_refused_naming_the_field(base, params, named):
+    refused = await a2a_rpc(base, "Researcher", "SendMessage", params)
+    assert refused["error"]["code"] == INVALID_PARAMS, refused
+    assert refused["error"]["message"].startswith(named), refused["error"]
+
+
+async def test_a_tasks_status_message_keeps_its_id_however_often_it_is_read(base):
+    async with a2a_client(base, "Held", streaming=False) as client:
+        [started] = [r async for r in client.send_message(SendMessageRequest(
+            message=Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex,
+                            parts=[Part(data=ParseDict({}, Value()))]),
+            configuration=SendMessageConfiguration(return_immediately=True)))]
+        task_id = started.task.id
+
+        async def held():
+            task = await client.get_task(GetTaskRequest(id=task_id))
+            said = [part.text for part in task.status.message.parts]
+            return task if said == ["held"] else None
+
+        first = (await eventually(held)).status.message
+        again = (await client.get_task(GetTaskRequest(id=task_id))).status.message
+        assert (again.message_id, again.parts[0].text) == (first.message_id, "held")
+        async with (a2a_client(base, "Held") as streaming,
+                    aclosing(streaming.subscribe(SubscribeToTaskRequest(id=task_id))) as stream):
+            subscribed = await anext(stream)
+        assert subscribed.task.status.message.message_id == first.message_id
+        gateway_agents.RELEASE.set()
+        done = await eventually(lambda: _completed(client, task_id))
+        read_again = await client.get_task(GetTaskRequest(id=task_id))
+    assert done.status.message.parts[0].text == "released"
+    assert done.status.message.message_id != first.message_id
+    assert read_again.status.message.message_id == done.status.message.message_id
+
+
+async def _completed(client, task_id: str):
+    task = await client.get_task(GetTaskRequest(id=task_id))
+    return task if task.status.state == TaskState.TASK_STATE_COMPLETED else None

@@ -49,8 +49,8 @@ async def test_a_caller_sees_one_tool_per_agent_type_it_may_call(gateway, mode):
     # What `make schemas` checks in is what the gateway serves.
     assert listed.model_dump(by_alias=True, mode="json", exclude_none=True)["tools"] == \
         gateway_documents(AgentRegistry(AGENTS))["mcp-tools.json"]["tools"]
-    assert sorted(tools) == ["Approver", "Failing", "Held", "HeldResearcher", "Researcher",
-                            "Streamer", "Waiter"]
+    assert sorted(tools) == ["Approver", "Asker", "Failing", "Held", "HeldResearcher",
+                            "Researcher", "Streamer", "Waiter"]
     researcher = tools["Researcher"]
     assert researcher.description == "Looks a question up and says what it found"
     assert researcher.input_schema["properties"]["query"]["description"] == "what to look into"
@@ -336,6 +336,10 @@ async def test_a_call_no_parent_service_takes_says_so_and_ends_once_one_does(
     assert result.content[0].text == "served late: two sources agree"
 
 
+class _Raw(types.Request[dict[str, Any], str]):
+    """A request as the test writes it: params the SDK's own models would not send."""
+
+
 async def _update(client: Client, task_id: str, responses: dict[str, Any]) -> None:
     await client.session.send_request(TasksUpdate(params=TaskUpdateParams(
         task_id=task_id, input_responses=responses)), types.EmptyResult)
@@ -364,18 +368,51 @@ async def test_an_update_that_decides_nothing_is_refused_and_the_task_still_asks
     assert done.result["content"][0]["text"] == "published"
 
 
-async def test_an_update_whose_forms_were_all_cancelled_leaves_the_task_asking(
-        gateway, log):
+async def test_a_cancelled_form_is_refused_naming_it_and_the_task_still_asks(gateway, log):
     async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
         created = await client.session.call_tool("Approver", {}, allow_claimed=True)
         await _task_when(client, created.task_id, "input_required")
-        await _update(client, created.task_id, {"publish": {"action": "cancel"}})
+        with pytest.raises(MCPError) as refused:
+            await _update(client, created.task_id, {"publish": {"action": "cancel"}})
+        assert refused.value.error.code == types.INVALID_PARAMS
+        assert refused.value.error.message.startswith(
+            "inputResponses.publish.action: cancel answers nothing; task ")
+        assert "still waits for a human's approval of publish" in refused.value.error.message
         await _update(client, created.task_id,
                       {"publish": {"action": "accept", "content": {"approve": True}}})
         done = await _task_when(client, created.task_id, "completed")
     assert done.result["content"][0]["text"] == "published"
     events = await _run_events(log, DESKTOP_PARENT, created.task_id)
     assert events.count("run.running") == 2, "resumed once, by the approval"
+
+
+async def test_a_declined_output_form_is_a_rejection_the_run_sees(gateway):
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
+        created = await client.session.call_tool("Asker", {}, allow_claimed=True)
+        waiting = await _task_when(client, created.task_id, "input_required")
+        assert waiting.input_requests["search"]["params"]["message"] == \
+            'The output of search({"q": "tether"})'
+        await _update(client, created.task_id, {"search": {"action": "decline"}})
+        done = await _task_when(client, created.task_id, "completed")
+    assert done.result["content"][0]["text"] == "the search was rejected"
+
+
+@pytest.mark.parametrize(("method", "params", "named"), [
+    ("tasks/get", {}, "params.taskId: Field required"),
+    ("tasks/update", {"taskId": "t", "inputResponses": ["x"]},
+     "params.inputResponses: Input should be a valid dictionary"),
+    ("tools/call", {"name": "Researcher", "arguments": ["x"]},
+     "params.arguments: Input should be a valid dictionary"),
+])
+async def test_a_request_whose_params_do_not_parse_is_refused_naming_the_field(
+        gateway, method, params, named):
+    async with mcp_client(gateway, DESKTOP, extensions=[TasksExtension()]) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.session.send_request(_Raw(method=method, params=params),
+                                              types.EmptyResult)
+    assert refused.value.error.code == types.INVALID_PARAMS
+    said = refused.value.error.message
+    assert said.startswith(f"{method}: ") and named in said, said
 
 
 async def test_an_input_required_task_says_what_it_waits_for_in_words(gateway):

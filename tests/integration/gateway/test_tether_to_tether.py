@@ -38,7 +38,9 @@ ApproveTool = mcp_tool_agent("ApproveTool", "http://127.0.0.1:1/mcp", "Approver"
                              token_variable="GATEWAY_TOKEN")
 RemoteApprover = a2a_agent("RemoteApprover", "http://127.0.0.1:1/a2a/Approver",
                            token_variable="GATEWAY_TOKEN")
-REMOTE = (RemoteResearcher, ResearchTool, ApproveTool, RemoteApprover)
+AskTool = mcp_tool_agent("AskTool", "http://127.0.0.1:1/mcp", "Asker",
+                         token_variable="GATEWAY_TOKEN")
+REMOTE = (RemoteResearcher, ResearchTool, ApproveTool, RemoteApprover, AskTool)
 
 
 @pytest.fixture
@@ -67,6 +69,7 @@ async def tether(services, gateway_settings, monkeypatch) -> AsyncIterator:
         monkeypatch.setattr(RemoteApprover, "url", f"{base}/a2a/Approver")
         monkeypatch.setattr(ResearchTool, "server", mcp_url)
         monkeypatch.setattr(ApproveTool, "server", mcp_url)
+        monkeypatch.setattr(AskTool, "server", mcp_url)
         async with connect(settings=gateway_settings) as client:
             yield client
 
@@ -137,6 +140,24 @@ async def test_a_remote_task_that_asks_pauses_the_run_and_the_answer_reaches_it(
     assert served.agent_type == "Approver" and served.status == "completed"
     assert served.resumptions[-1].decisions["approvals"] == ["publish"]
     assert len((await tether.read_run(me.ref, run_id)).state.resumptions) == 1
+
+
+async def test_a_remote_output_the_run_rejects_reaches_the_remote_run_as_a_rejection(
+        tether):
+    """Tether declines a remote form for a rejection; the gateway's run takes it as one,
+    where it once took nothing and the remote task asked for ever."""
+    me = tether.parent("Assistant", "far")
+    call = asyncio.create_task(me.run_agent_tool("AskTool", {}, run_id="rejects"))
+
+    async def paused():
+        state = (await tether.read_run(me.ref, "rejects")).state
+        return state is not None and state.paused is not None and state
+
+    [item] = (await eventually(paused, timeout=DEADLINE_S)).paused.pending
+    assert (item["tool_call_id"], item["reason"]) == ("search", "input")
+    await me.continue_run("rejects", rejections=["search"])
+    result = await asyncio.wait_for(call, DEADLINE_S)
+    assert result.ok and result.summary == "the search was rejected", result
 
 
 @pytest.mark.parametrize("agent_type", ["ResearchTool", "RemoteResearcher"])
