@@ -5,10 +5,10 @@ leaves the hook to its redelivery, and the function runs once."""
 
 import json
 import signal
-import sys
 
 from eventually import eventually
-from service_processes import SUPPORT, ServiceProcess, support_path
+from hook_handlers import HookHandlerProcess
+from service_processes import support_path
 
 from tether.adapters.hook_consumers import consumer_name
 from tether.adapters.nats_connection import connect_nats
@@ -21,19 +21,6 @@ from tether.testing import RunEvents
 PARENT = ParentRef(agent="Importer", name="acme")
 METHOD = "on_import_done"
 LEASE_MS = 1500
-
-
-class HookHandlerProcess(ServiceProcess):
-    """tests/support/hook_handler_process.py, its JSON log lines collected; started once
-    it serves."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        super().__init__("hook-handler", env)
-
-    async def start(self) -> "HookHandlerProcess":
-        await self._spawn(sys.executable, str(SUPPORT / "hook_handler_process.py"))
-        await self.logged("hooks.serving", timeout=30)
-        return self
 
 
 async def test_a_hook_handler_paused_past_its_lease_does_not_call_the_function_again(

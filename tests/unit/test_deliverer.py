@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tether.adapters.deliveries import HeldMark
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     ChatMessage,
@@ -33,13 +34,17 @@ class Hooks:
 
 
 class Records:
-    """What the application's hook handler marked delivered."""
+    """What the application's hook handler marked delivered, or marked it is calling."""
 
     def __init__(self, *message_ids: str) -> None:
         self._ids = set(message_ids)
+        self.marks: dict[str, HeldMark] = {}
 
     async def recorded(self, parent: ParentRef, method: str, message_id: str) -> bool:
         return message_id in self._ids
+
+    async def held(self, parent: ParentRef, method: str, message_id: str) -> HeldMark | None:
+        return self.marks.get(message_id)
 
 
 def _deliverer(log: InMemoryEventLog, *hooks: str, records: Records | None = None) -> Deliverer:
@@ -125,6 +130,23 @@ async def test_a_retry_without_a_record_gets_a_new_message_id(log):
     [hook] = log.messages(log.subjects.hooks_stream)
     assert hook.headers["Nats-Msg-Id"].endswith(":retry2")
     assert FIRST_PUBLICATION_HEADER not in hook.headers
+
+
+async def test_a_retry_publishes_no_copy_while_the_handler_renews_its_mark_of_the_call(log):
+    state = await _finished(log, on_finish="on_done")
+    records = Records()
+    records.marks[finish_message_id(state, "completed", "on_done")] = HeldMark(
+        lease_ms=60_000, revision=3)
+    deliverer = _deliverer(log, records=records)
+
+    # On its way all the same: the handler's consumer brings it back until it is acked.
+    assert await deliverer.deliver_finish(state, DONE, retry=1) == 1
+    records.marks[finish_message_id(state, "completed", "on_done")] = HeldMark(
+        lease_ms=60_000, revision=4)
+    assert await deliverer.deliver_finish(state, DONE, retry=2) == 1
+
+    assert log.messages(log.subjects.hooks_stream) == []
+    assert [e["type"] for e in _events(log)][-1] == "run.completed"
 
 
 async def test_a_notification_for_a_cleared_life_is_not_recorded_in_the_next(log):

@@ -8,14 +8,23 @@ a call, and the reconciler does not republish a hook whose key is there (it reco
 ledger entry itself instead). The key names the parent, the method and the hook's
 message id without its retry suffix, so every publication of one outcome of one life
 shares it.
+
+While its function runs, the handler keeps a mark of its own under that key (`held`,
+with its lease): the mark is put before the call and again with each renewal of a call
+that runs on, and the delivered record replaces it. The reconciler does not republish a
+hook whose mark keeps being renewed (`delivery/handler_holds.py`): the consumer already
+brings the hook back until it is acknowledged, and a copy would go to another replica
+and call the function a second time while the first call is under way.
 """
 
 import json
 import re
+from contextlib import suppress
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NotFoundError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
+from pydantic import BaseModel, Field, ValidationError
 
 from tether.domain.events import ParentRef
 from tether.log import get_logger
@@ -47,6 +56,31 @@ def marked_delivered(value: bytes | None, bucket: str, key: str) -> bool:
     return record.get("state") == "delivered"
 
 
+class HeldMark(BaseModel):
+    """A handler's mark that it is calling a hook's function: `lease_ms`, its lease;
+    `revision`, the bucket's revision of the mark (each renewal puts a new one)."""
+
+    lease_ms: int = Field(gt=0)
+    revision: int
+
+
+def held_value(status: str, message_id: str, lease_ms: int) -> bytes:
+    return json.dumps({"state": "held", "status": status, "message_id": message_id,
+                       "lease_ms": lease_ms, "at": SYSTEM_CLOCK.now()}).encode()
+
+
+def held_mark(value: bytes | None, revision: int | None) -> HeldMark | None:
+    """The mark a record holds, or None: a delivered record, or one that cannot be read
+    (`marked_delivered` says so)."""
+    try:
+        record = json.loads(value or b"{}")
+        if not isinstance(record, dict) or record.get("state") != "held":
+            return None
+        return HeldMark(lease_ms=record.get("lease_ms"), revision=revision)
+    except (ValueError, RecursionError, ValidationError):
+        return None
+
+
 class DeliveryRecords:
     def __init__(self, bucket: KeyValue | None, name: str = "") -> None:
         """`bucket` None: services that predate the bucket; only the ledger is consulted.
@@ -75,6 +109,38 @@ class DeliveryRecords:
         except KeyNotFoundError:
             return False
         return marked_delivered(entry.value, self._name, key)
+
+    async def held(self, parent: ParentRef, method: str, message_id: str) -> HeldMark | None:
+        """The mark of a handler calling the hook's function now, if the record is one."""
+        if self._bucket is None:
+            return None
+        try:
+            entry = await self._bucket.get(delivery_key(parent, method, message_id))
+        except KeyNotFoundError:
+            return None
+        return held_mark(entry.value, entry.revision)
+
+    async def mark_held(self, parent: ParentRef, method: str, message_id: str, status: str,
+                        lease_ms: int) -> None:
+        """Put the mark, unless the delivery is recorded: a handler that wakes from a pause
+        mid-call must not put its mark over the record another replica made meanwhile
+        (the reconciler would take the hook for undelivered). Compare-and-set on the
+        key's revision, so a record put between the read and the mark wins."""
+        if self._bucket is None:
+            return
+        key = delivery_key(parent, method, message_id)
+        try:
+            entry = await self._bucket.get(key)
+        except KeyNotFoundError:  # no record, or a deleted one
+            entry = None
+        if entry is not None and marked_delivered(entry.value, self._name, key):
+            return
+        value = held_value(status, message_id, lease_ms)
+        with suppress(KeyWrongLastSequenceError):  # written since: a record, or a mark
+            if entry is None or entry.value is None:
+                await self._bucket.create(key, value)
+            else:
+                await self._bucket.update(key, value, last=entry.revision)
 
     async def record(self, parent: ParentRef, method: str, message_id: str,
                      status: str) -> None:

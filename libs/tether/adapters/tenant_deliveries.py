@@ -23,12 +23,14 @@ from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
-from tether.adapters.deliveries import delivery_key, marked_delivered
+from tether.adapters.deliveries import delivery_key, held_value, marked_delivered
 from tether.contract.subjects import Subjects
 from tether.domain.events import ParentRef
 from tether.ports import SYSTEM_CLOCK
 
 REQUEST_TIMEOUT_S = 5.0
+# JetStream's error code for a put whose expected last sequence is not the subject's.
+WRONG_LAST_SEQUENCE = 10071
 
 
 async def open_to_tenants(js: JetStreamContext, bucket: str) -> None:
@@ -54,28 +56,53 @@ class TenantDeliveryRecords:
 
     async def recorded(self, parent: ParentRef, method: str, message_id: str) -> bool:
         """Whether the delivery is marked delivered."""
-        get = f"$JS.API.DIRECT.GET.KV_{self._bucket}.{self._subject(parent, method, message_id)}"
+        subject = self._subject(parent, method, message_id)
+        value, _ = await self._last(subject)
+        return value is not None and marked_delivered(value, self._bucket, subject)
+
+    async def mark_held(self, parent: ParentRef, method: str, message_id: str, status: str,
+                        lease_ms: int) -> None:
+        """Put the mark unless the delivery is recorded, compare-and-set on the key's last
+        sequence (`DeliveryRecords.mark_held` says why)."""
+        subject = self._subject(parent, method, message_id)
+        value, revision = await self._last(subject)
+        if value is not None and marked_delivered(value, self._bucket, subject):
+            return
+        try:
+            await self._put(subject, held_value(status, message_id, lease_ms),
+                            {"Nats-Expected-Last-Subject-Sequence": str(revision)})
+        except APIError as error:
+            if error.err_code != WRONG_LAST_SEQUENCE:
+                raise  # else written since: a record, or another replica's mark
+
+    async def _last(self, subject: str) -> tuple[bytes | None, int]:
+        """The key's last value (None: none, or deleted) and its sequence (0: none)."""
+        get = f"$JS.API.DIRECT.GET.KV_{self._bucket}.{subject}"
         try:
             reply = await self._nc.request(get, b"", timeout=REQUEST_TIMEOUT_S)
         except NoRespondersError:
-            return False  # services without the bucket: the ledger alone tells
+            return None, 0  # services without the bucket: the ledger alone tells
         headers = reply.headers or {}
         status = headers.get("Status")
         if status == "404":
-            return False
+            return None, 0
         if status is not None:
             raise APIError(code=int(status), description=headers.get("Description", ""))
+        revision = int(headers.get("Nats-Sequence", "0"))
         if headers.get("KV-Operation") in ("DEL", "PURGE"):
-            return False
-        return marked_delivered(reply.data, self._bucket,
-                                self._subject(parent, method, message_id))
+            return None, revision
+        return reply.data, revision
 
     async def record(self, parent: ParentRef, method: str, message_id: str,
                      status: str) -> None:
         value = json.dumps({"state": "delivered", "status": status, "message_id": message_id,
                             "at": SYSTEM_CLOCK.now()}).encode()
-        reply = await self._nc.request(self._subject(parent, method, message_id), value,
-                                       timeout=REQUEST_TIMEOUT_S)
+        await self._put(self._subject(parent, method, message_id), value)
+
+    async def _put(self, subject: str, value: bytes,
+                   headers: dict[str, str] | None = None) -> None:
+        reply = await self._nc.request(subject, value, timeout=REQUEST_TIMEOUT_S,
+                                       headers=headers)
         ack = json.loads(reply.data or b"{}")
         if "error" in ack:
             APIError.from_error(ack["error"])  # raises the error's own type

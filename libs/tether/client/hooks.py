@@ -22,18 +22,24 @@ message; the ledger for every message that could repeat an earlier one: a redeli
 a publication the parent does not mark as its first for the outcome
 (`Tether-First-Publication`). A function that raises is retried after
 the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1). A call that outlasts a
-third of the lease renews it until the hook is acknowledged; a process that dies (or is
-paused past the lease) mid-call leaves the message to be redelivered when the lease runs
-out, and one woken past the lease before its call leaves it too (`Hold`). Handlers must
+third of the lease renews it until the hook is acknowledged, and its mark in the
+deliveries bucket with it (put as the call starts), so the reconciler publishes no copy
+for another replica meanwhile; a plain function runs in a worker thread, so one that
+blocks stops no renewal. A process that dies (or is paused past the lease) mid-call
+leaves the message to be redelivered when the lease runs out, and one woken past the
+lease before its call leaves it too (`Hold`); one that gets the message back while it is
+still handling it goes on with that delivery (`_HeldHook`). Handlers must
 still be idempotent: a crash after the function and before the ledger calls it again.
 """
 
 import asyncio
+import contextvars
 import inspect
 import math
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
@@ -117,6 +123,25 @@ class _Recent:
             self._keys.popitem(last=False)
 
 
+class _HeldHook:
+    """A hook message as this handler holds it while it handles it: settled through its
+    newest delivery, and marked in the deliveries bucket while its function runs.
+
+    The server hands a message again to the handler holding it when a renewal came late
+    (the process was paused, an in-progress acknowledgement was lost): that delivery is
+    the one the server now waits on, so the handling goes on with it (`adopt`), rather
+    than putting it back for another replica to call while the function still runs."""
+
+    def __init__(self, msg: Msg, hold: Hold | None) -> None:
+        self.msg, self.hold = msg, hold
+        self.calling = False  # the function is running: its mark is renewed
+
+    def adopt(self, msg: Msg, hold: Hold | None) -> None:
+        self.msg = msg
+        if self.hold is not None and hold is not None:
+            self.hold.confirmed(hold.renewed_at)
+
+
 class _Reports:
     """Delivery reports on their way to the parent service, sent together.
 
@@ -192,6 +217,20 @@ class HookStats:
     renewed: int = 0  # in-progress acknowledgements of calls that outlasted a third of the lease
 
 
+async def _called(function: HookFunction, run: RunInfo, result: LifecycleResult,
+                  threads: ThreadPoolExecutor | None) -> object:
+    """What the function returns. A plain function runs in a worker thread (of `threads`,
+    else the loop's default executor): one that blocks (a synchronous client, a long
+    computation) would stop the loop, and with it the renewals of its hook, which the
+    server would then hand to another replica to call again while the first call runs
+    (and every other hook and fetch of this handler)."""
+    if (inspect.iscoroutinefunction(function)
+            or inspect.iscoroutinefunction(type(function).__call__)):  # an async __call__
+        return function(run, result)
+    call = partial(contextvars.copy_context().run, function, run, result)  # as to_thread
+    return await asyncio.get_running_loop().run_in_executor(threads, call)
+
+
 def _lease_ms(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} is a number of milliseconds, not {type(value).__name__}")
@@ -244,9 +283,13 @@ class HookRegistry:
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
         self._records: DeliveryRecords | TenantDeliveryRecords = DeliveryRecords(None)
         self._calling: set[str] = set()  # the deliveries being checked or called
+        self._held: dict[int, _HeldHook] = {}  # the messages being handled, by stream seq
         self._called = _Recent(CALLED_KEPT)  # the deliveries made and recorded here
         self._reports = _Reports(tether, self._logger)
         self._stalls = StallWatch()  # a pause of this process voids its holds on hooks
+        # Plain functions' threads, while serving: their own, so that functions that block
+        # never hold up what else the loop's default executor runs (name lookups).
+        self._threads: ThreadPoolExecutor | None = None
 
     def register(self, method: str, function: HookFunction) -> HookFunction:
         check_identifier(method, "hook method")
@@ -303,10 +346,14 @@ class HookRegistry:
         self._logger.info("hooks.serving", methods=sorted(self.functions),
                           lease_s=self.lease_s)
         self._stalls.start()
+        self._threads = ThreadPoolExecutor(max_workers=self.concurrency * len(self.functions),
+                                           thread_name_prefix="tether-hook")
         try:
             await asyncio.gather(*(self._deliver(method, subscription, stop)
                                    for method, subscription in subscriptions.items()))
         finally:
+            self._threads.shutdown(wait=False)  # (every call has ended: `_deliver` waits)
+            self._threads = None
             self._stalls.stop()
             self.ready.clear()
             for subscription in subscriptions.values():
@@ -437,6 +484,22 @@ class HookRegistry:
         delivery = delivery_of(msg)
         logger = self._logger.bind(method=method, run_id=run.run_id, status=result.status,
                                    stream_seq=delivery.stream_seq)
+        held = self._held.get(delivery.stream_seq)
+        if held is not None:
+            held.adopt(msg, hold)
+            logger.info("hooks.redelivered_while_held", delivered=delivery.delivered,
+                        detail="this handler is still handling the message (a renewal came "
+                               "late): it goes on with this delivery")
+            return
+        held = self._held[delivery.stream_seq] = _HeldHook(msg, hold)
+        try:
+            await self._handle_held(method, held, hook, delivery, logger)
+        finally:
+            del self._held[delivery.stream_seq]
+
+    async def _handle_held(self, method: str, held: _HeldHook, hook: HookMessage,
+                           delivery: Delivery, logger) -> None:
+        run, result, msg, hold = hook.run, hook.result, held.msg, held.hold
         headers = msg.headers or {}
         message_id = headers.get("Nats-Msg-Id")
         key = (delivery_key(run.parent, method, message_id) if message_id is not None
@@ -452,7 +515,7 @@ class HookRegistry:
                              logger=logger, what="hook.nak")
                 return
             if key in self._called:
-                await self._already_delivered(msg, logger)
+                await self._already_delivered(held.msg, logger)
                 return
             # Claimed before the first look at the records: a copy arriving while this
             # one is being checked waits for it.
@@ -460,7 +523,7 @@ class HookRegistry:
         try:
             if await self._delivered_before(run, result.status, method, message_id, delivery,
                                             headers):
-                await self._already_delivered(msg, logger)
+                await self._already_delivered(held.msg, logger)
                 return
             if hold is not None and not hold.fresh:
                 self.stats.left += 1
@@ -469,7 +532,7 @@ class HookRegistry:
                     "stopped or paused): another handler may be calling it; left to its "
                     "redelivery"))
                 return
-            await self._call(method, msg, hook, message_id, logger, hold)
+            await self._call(method, held, hook, message_id, logger)
         finally:
             self._calling.discard(key)
 
@@ -494,45 +557,67 @@ class HookRegistry:
         return (state is not None and state.finish_delivered(status, method)
                 and (message_id is None or names_this_life(message_id, state, status, method)))
 
-    async def _call(self, method: str, msg: Msg, hook: HookMessage, message_id: str | None,
-                    logger, hold: Hold | None) -> None:
+    async def _call(self, method: str, held: _HeldHook, hook: HookMessage,
+                    message_id: str | None, logger) -> None:
         """Call the function, record the delivery, acknowledge. A call (with its records)
         that outlasts a third of the lease renews the hook until it is acknowledged, so
         the server does not hand it to another replica meanwhile; most end before, so a
         timer starts the renewing, not a task per call."""
         renewing: list[asyncio.Task] = []
-        first_renewal = None if hold is None else asyncio.get_running_loop().call_later(
+        first_renewal = None if held.hold is None else asyncio.get_running_loop().call_later(
             self.lease_s / 3, lambda: renewing.append(asyncio.ensure_future(
-                self._renew(msg, hold))))
+                self._renew(method, held, hook, message_id, logger))))
         try:
-            await self._call_and_record(method, msg, hook, message_id, logger)
+            await self._call_and_record(method, held, hook, message_id, logger)
         finally:
             if first_renewal is not None:
                 first_renewal.cancel()
             for task in renewing:
                 task.cancel()
 
-    async def _renew(self, msg: Msg, hold: Hold) -> None:
-        """An in-progress acknowledgement now and every third of the lease (a failed one
-        is tried at the next)."""
+    async def _renew(self, method: str, held: _HeldHook, hook: HookMessage,
+                     message_id: str | None, logger) -> None:
+        """An in-progress acknowledgement now and every third of the lease, with the mark
+        of the call while the function runs (a failed one is tried at the next)."""
+        assert held.hold is not None  # renewed only when held by a fetch
         while True:
             with suppress(*TRANSIENT_ERRORS):
-                await hold.renew(msg)
+                await held.hold.renew(held.msg)
                 self.stats.renewed += 1
+            if held.calling:
+                await self._mark_held(method, hook, message_id, logger)
             await asyncio.sleep(self.lease_s / 3)
 
-    async def _call_and_record(self, method: str, msg: Msg, hook: HookMessage,
+    async def _mark_held(self, method: str, hook: HookMessage, message_id: str | None,
+                         logger) -> None:
+        """The mark that this handler is calling the function (`DeliveryRecords`): while it
+        is renewed, a retry of the reconciler's publishes no copy for another replica to
+        call meanwhile. A mark that does not land leaves that retry as it was."""
+        if message_id is None:
+            return
+        try:
+            await self._records.mark_held(hook.run.parent, method, message_id,
+                                          hook.result.status, int(self.lease_s * 1000))
+        except TRANSIENT_ERRORS as error:
+            logger.warning("hooks.mark_failed", error=describe(error))
+
+    async def _call_and_record(self, method: str, held: _HeldHook, hook: HookMessage,
                                message_id: str | None, logger) -> None:
         run, result = hook.run, hook.result
+        await self._mark_held(method, hook, message_id, logger)
+        held.calling = True
         try:
-            outcome = self.functions[method](run, result)
+            outcome = await _called(self.functions[method], run, result, self._threads)
             if inspect.isawaitable(outcome):
                 await outcome
         except Exception:  # the user's function failed: retry after the lease
             self.stats.failed += 1
             logger.exception("hooks.function_failed", retry_in_s=self.lease_s)
-            await settle(msg.nak(delay=self.lease_s), logger=logger, what="hook.nak")
+            await settle(held.msg.nak(delay=self.lease_s), logger=logger, what="hook.nak")
             return
+        finally:
+            # (Before the delivered record: no renewal of the mark is put after it.)
+            held.calling = False
         self.stats.called += 1
         # The function ran: from here on, a broker restart must not make it run again.
         # Both records are idempotent; they are retried until they land.
@@ -545,7 +630,7 @@ class HookRegistry:
         # claim): a copy acknowledged from memory never leaves the ledger without them.
         if message_id is not None:
             self._called.add(delivery_key(run.parent, method, message_id))
-        await settle(msg.ack(), logger=logger, what="hook.ack")
+        await settle(held.msg.ack(), logger=logger, what="hook.ack")
         logger.info("hooks.delivered")
 
     async def _already_delivered(self, msg: Msg, logger) -> None:

@@ -14,6 +14,7 @@ the run ended and delivers what the ledger still lacks (`deliver_owed`), and the
 reconciler republishes a finish hook not acknowledged within its lease.
 """
 
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Literal
@@ -31,6 +32,7 @@ from tether.contract.messages import (
     hook_message_json,
 )
 from tether.delivery.formatters import Formatters
+from tether.delivery.handler_holds import Sighting, still_held
 from tether.delivery.registered_hooks import RegisteredHooks
 from tether.domain.chat import notice_chat
 from tether.domain.commands import DeliveredCommand
@@ -58,6 +60,9 @@ from tether.ports import SYSTEM_CLOCK, Clock, EventLog
 if TYPE_CHECKING:
     from tether.config import Settings
 
+# How many hooks' handler marks a deliverer remembers between its retries (a safety net:
+# one per hook whose call runs past a retry).
+SIGHTINGS_KEPT = 10_000
 OUTCOMES = (RunCompleted, RunFailed, RunAborted, RunInterrupted)  # TERMINAL_EVENT_STATUS's
 
 
@@ -90,6 +95,7 @@ class Deliverer:
                                     delivery_lease_ms or duplicate_window_ms) // 2
         self._records = records or DeliveryRecords(None)
         self._clock = clock
+        self._sightings: dict[str, Sighting] = {}  # the handlers' marks seen by a retry
         self.delivered = 0
 
     @classmethod
@@ -165,13 +171,17 @@ class Deliverer:
 
     async def deliver_finish(self, state: RunState, result: LifecycleResult,
                              retry: int = 0, *, first: bool = False) -> int:
-        """Publish what the ledger says is still owed for this outcome; how many messages.
+        """Publish what the ledger says is still owed for this outcome; how many messages
+        are on their way (published now, or held by a handler calling the function).
 
         `retry` > 0 (the reconciler, after a lease) gives hook messages a new id, since
         the first one may still be inside the stream's duplicate window. `first`: no other
         message with these ids can reach the handler, which then need not read the ledger
         (`FIRST_PUBLICATION_HEADER`). A retry first looks for the handler's own record
-        of the delivery (`DeliveryRecords`).
+        of the delivery (`DeliveryRecords`), then for its mark of a call under way: a hook
+        whose handler is still calling the function (a slow one, or one that raised and
+        is tried again after its lease) is not published again, since the copy would go
+        to another replica and call the function a second time meanwhile.
         """
         options = state.detached
         if options is None:
@@ -186,6 +196,9 @@ class Deliverer:
             methods.append(GLOBAL_FINISH_HOOK)
         for method in methods:
             if retry and await self._recorded_by_handler(state, result.status, method):
+                continue
+            if retry and await self._held_by_handler(state, result.status, method):
+                published += 1
                 continue
             await self._publish_hook(state, method, result, retry, first)
             published += 1
@@ -221,6 +234,32 @@ class Deliverer:
             record_delivery_of_this_life, command=command, now=self._clock.now()))
         self._logger.info("delivery.recorded_by_handler", run_id=state.run_id, method=method,
                           status=status)
+        return True
+
+    async def _held_by_handler(self, state: RunState, status: str, method: str) -> bool:
+        """Whether a handler's mark says it is calling this hook's function now
+        (`handler_holds.still_held`)."""
+        message_id = finish_message_id(state, status, method)
+        key = f"{state.parent.agent}.{state.parent.name}.{method}.{message_id}"
+        mark = await self._records.held(state.parent, method, message_id)
+        if mark is None:
+            self._sightings.pop(key, None)
+            return False
+        held, sighting = still_held(mark.revision, mark.lease_ms, self._sightings.get(key),
+                                    time.monotonic())
+        if not held:
+            self._sightings.pop(key, None)
+            self._logger.warning("delivery.handler_gone", run_id=state.run_id, method=method,
+                                 status=status, detail=(
+                                     "a handler's mark of its call was not renewed for two "
+                                     "of its leases: published again"))
+            return False
+        if len(self._sightings) >= SIGHTINGS_KEPT:
+            self._sightings.clear()
+        self._sightings[key] = sighting
+        self._logger.info("delivery.held_by_handler", run_id=state.run_id, method=method,
+                          status=status, detail="a handler is calling the function: "
+                                                "not published again")
         return True
 
     @staticmethod
