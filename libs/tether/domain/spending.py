@@ -12,8 +12,10 @@ reason `budget-exceeded`, and the runs below it are cancelled.
 
 A fork's reused steps were paid for by the run it was forked from: only the steps it
 makes itself are charged (`paid_here`). A request one budget had room for and one
-further up did not is refused, and its share of the nearer one released; asked again, it
-reserves there again (`reserve`, a new round of the share).
+further up did not is refused, and its share of the nearer one released (`withdraw`: only
+a share that request reserved itself); asked again, it reserves there again (`reserve`, a
+new round of the share). A new turn of a run below (a follow-up, a rewind) reserves a new
+round too, on top of what the run used so far (`reserve_turn`).
 
 Everything here is a pure function of a run's state; the parent reserves, the
 reconciler charges, releases and gives up.
@@ -32,6 +34,7 @@ from tether.domain.budget_events import (
 )
 from tether.domain.decide import Cause
 from tether.domain.events import Event, RunRef
+from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
 from tether.domain.spending_transitions import in_round, share_event_id
 
@@ -115,24 +118,76 @@ def holds(state: RunState | None, run: RunRef) -> bool:
 
 def reserve(state: RunState | None, run: RunRef, amount: Amount, cause: Cause) -> list[Event]:
     """Reserve `amount` of the budget for the descendant `run`, if it fits (`room_for`);
-    nothing for one that holds its share already (the same request again). A share
-    released because a budget further up refused the request is reserved again."""
+    nothing for one that holds its share already (the same request again). A released
+    share (a budget further up refused the request, or the run's turn ended) is reserved
+    again: `amount` on top of what the run used so far."""
     if state is None or room_for(state, amount) is not None:
         return []
     share = state.spending.get(key_of(run))
     if share is not None and not (share.released and share.reservations):
         return []
     again = () if share is None else in_round(share.reservations)
+    used = Amount() if share is None else Amount(tokens=share.tokens, cost=share.cost)
     return [RunBudgetReserved(**_envelope(state, cause, "reserve", run, *again),
-                              data=RunBudgetReservedData(run=run, tokens=amount.tokens,
-                                                         cost=amount.cost))]
+                              data=RunBudgetReservedData(
+                                  run=run, tokens=used.tokens + amount.tokens,
+                                  cost=round(used.cost + amount.cost, 10)))]
+
+
+def reserve_turn(state: RunState | None, run: RunRef, amount: Amount,
+                 steps: dict[int, dict[str, Any]], cause: Cause) -> list[Event]:
+    """A new turn (a follow-up, a rewind) of the descendant `run`, whose last turn ended:
+    it reserves `amount` as a fresh run below would, if it fits (`why_no_turn_share`
+    says why not). A share the ended turn still holds (the reconciler has not settled it
+    yet) is settled first (`settle`; `steps`: the run's `paid_here`), so that the new
+    turn's share is its own, not what is left of the last one's. A budget whose run has
+    ended limits no new turn (it is no longer given up when passed): nothing there."""
+    if state is None or not state.is_open:
+        return []
+    settling, settled = _last_turn_settled(state, run, steps, cause)
+    reserving = reserve(settled, run, amount, cause)
+    return settling + reserving if reserving else []
+
+
+def why_no_turn_share(state: RunState | None, run: RunRef, amount: Amount,
+                      steps: dict[int, dict[str, Any]], cause: Cause) -> str | None:
+    """Why `reserve_turn` reserves nothing for the new turn: what the budget has left once
+    the ended turn is settled; None when it fits (and then it reserves, unless the
+    share was stored before shares counted their rounds: such a turn goes on unreserved,
+    as every new turn did before), or the budget is gone or its run has ended."""
+    if state is None or not state.is_open:
+        return None
+    return room_for(_last_turn_settled(state, run, steps, cause)[1], amount)
+
+
+def _last_turn_settled(state: RunState, run: RunRef, steps: dict[int, dict[str, Any]],
+                       cause: Cause) -> tuple[list[Event], RunState]:
+    """The events that settle the ended turn's share if it still holds it, and the
+    budgeted run after them."""
+    events = settle(state, run, steps, cause) if holds(state, run) else []
+    for event in events:
+        state = evolve(state, event).state or state
+    return events, state
+
+
+def withdraw(state: RunState | None, run: RunRef, round_: int | None,
+             cause: Cause) -> list[Event]:
+    """A request refused by a budget further up frees the share it reserved here, in
+    round `round_` (`Spending.reservations` right after its reservation); nothing for a
+    share it found held (None: another request's for the same run id, which the run
+    that request starts relies on, or a release and a new round since)."""
+    share = None if state is None or round_ is None else state.spending.get(key_of(run))
+    if share is None or share.released or share.reservations != round_:
+        return []
+    return release(state, run, cause)
 
 
 def reserve_again(state: RunState | None, run: RunRef, cause: Cause) -> list[Event]:
-    """The descendant `run` was re-attached after its interruption released its share: it
-    reserves it again, as much as it reserved before, if what it has not used of that
-    fits (it goes on either way, and its steps are charged; unreserved, siblings could
-    take the room it is about to use). Nothing for a share it holds, or never had."""
+    """The descendant `run` was re-attached after its interruption released its share, or
+    its new turn's share (`reserve_turn`) was released by the late settling of its last
+    turn: it reserves it again, as much as it reserved before, if what it has not used
+    of that fits (it goes on either way, and its steps are charged; unreserved, siblings
+    could take the room it is about to use). Nothing for a share it holds, or never had."""
     share = None if state is None else state.spending.get(key_of(run))
     if state is None or share is None or not (share.released and share.reservations):
         return []

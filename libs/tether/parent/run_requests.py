@@ -9,6 +9,7 @@ requests for one run id on any number of parent replicas converge on one child t
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -17,8 +18,8 @@ from pydantic import ValidationError
 
 from tether.agent_registry import AgentRegistry
 from tether.contract.messages import RUN_SEQUENCE_HEADER, WorkItem, work_item_json
-from tether.domain import decide, recovery_decisions, spending, turn_decisions
-from tether.domain.amounts import Amount
+from tether.domain import decide, forks, recovery_decisions, spending, turn_decisions
+from tether.domain.amounts import Amount, key_of
 from tether.domain.chat import started_by_error
 from tether.domain.commands import RunCommand, parse_command
 from tether.domain.events import ForkOrigin, ParentRef, RunRef, RunRequested
@@ -34,7 +35,7 @@ from tether.parent.command_parsing import (
     json_object,
 )
 from tether.parent.slots import SlotKeeper
-from tether.ports import SYSTEM_CLOCK, Clock, EventLog
+from tether.ports import SYSTEM_CLOCK, Clock, Decide, EventLog
 
 
 @dataclass(frozen=True)
@@ -160,30 +161,73 @@ class RunRequests:
                 above = ((starter,) if spending.has_budget(state) else ()) + state.budgets_above
         return decide.Spend(max_tokens=max_tokens, max_cost=max_cost, above=above)
 
+    def _share(self, agent_type: str, max_tokens: int | None,
+               max_cost: float | None) -> Amount:
+        """What a run reserves of each budget above it: its own budget, else its agent
+        type's estimate."""
+        agent = self._agents.get(agent_type)
+        return Amount(tokens=max_tokens or (agent.estimated_tokens if agent else 0),
+                      cost=max_cost or (agent.estimated_cost if agent else 0.0))
+
     async def _reserve(self, command: RunCommand, spend: decide.Spend,
                        cause: decide.Cause) -> str | None:
-        """Reserve the run's share of every budget above it (its own budget, else its
-        agent type's estimate), nearest first; None when all had room, else why one had
-        none (what was reserved on the others is freed again)."""
-        agent = self._agents.get(command.agent_type)
-        share = Amount(
-            tokens=spend.max_tokens or (agent.estimated_tokens if agent else 0),
-            cost=spend.max_cost or (agent.estimated_cost if agent else 0.0))
+        """Reserve the new run's share of every budget above it (`spending.reserve`); a
+        share it holds already (the same request again) counts. None when all had room,
+        else why one had none."""
+        share = self._share(command.agent_type, spend.max_tokens, spend.max_cost)
         run = RunRef(parent=command.parent, run_id=command.run_id)
-        taken: list[RunRef] = []
-        for owner in spend.above:
-            state, appended = await self._log.recent.update(
-                owner.parent, owner.run_id,
-                partial(spending.reserve, run=run, amount=share, cause=cause))
-            if appended or spending.holds(state, run):
-                taken.append(owner)
-                continue
-            for done in taken:
-                await self._log.recent.update(done.parent, done.run_id,
-                                              partial(spending.release, run=run, cause=cause))
+
+        def why_not(owner: RunRef, state: RunState | None) -> str | None:
             if state is None:
                 return f"the budgeted run {owner.run_id} above it is gone"
+            if spending.holds(state, run):
+                return None
             return spending.room_for(state, share) or f"run {owner.run_id} had no room"
+
+        return await self._reserve_above(
+            spend.above, run, partial(spending.reserve, run=run, amount=share, cause=cause),
+            why_not, cause)
+
+    async def _reserve_turn(self, state: RunState, cause: decide.Cause) -> str | None:
+        """Reserve the share of every budget above a nested run for its new turn (a
+        follow-up, a rewind), as its first turn reserved it: the last turn's share was
+        freed as it ended (`spending.reserve_turn`). None when all had room (or it has no
+        open budget above it), else why one had none."""
+        share = self._share(state.agent_type, state.max_tokens, state.max_cost)
+        run = RunRef(parent=state.parent, run_id=state.run_id)
+        steps = spending.paid_here(state)
+
+        def why_not(owner: RunRef, budget: RunState | None) -> str | None:
+            return spending.why_no_turn_share(budget, run, share, steps, cause)
+
+        return await self._reserve_above(
+            state.budgets_above, run,
+            partial(spending.reserve_turn, run=run, amount=share, steps=steps, cause=cause),
+            why_not, cause)
+
+    async def _reserve_above(self, above: tuple[RunRef, ...], run: RunRef, reserve: Decide,
+                             why_not: Callable[[RunRef, RunState | None], str | None],
+                             cause: decide.Cause) -> str | None:
+        """`reserve` on every budgeted run `above` the run, nearest first; None when each
+        reserved or had no need to (`why_not` None), else why one could not. What this
+        request reserved on the others is then freed again, and only that
+        (`spending.withdraw`): a share it found held may be another request's for the
+        same run id, which that run relies on."""
+        taken: list[tuple[RunRef, int | None]] = []  # (budget, the round reserved there)
+        for owner in above:
+            state, appended = await self._log.recent.update(owner.parent, owner.run_id,
+                                                            reserve)
+            if appended and state is not None:
+                taken.append((owner, state.spending[key_of(run)].reservations))
+                continue
+            if (why := why_not(owner, state)) is None:
+                taken.append((owner, None))  # held already: not this request's to free
+                continue
+            for done, round_ in taken:
+                await self._log.recent.update(
+                    done.parent, done.run_id,
+                    partial(spending.withdraw, run=run, round_=round_, cause=cause))
+            return why
         return None
 
     async def _follow_up(self, command: RunCommand, cause: decide.Cause,
@@ -200,10 +244,12 @@ class RunRequests:
                                    f"({command.expires_in_ms}): not applied"))
         agent = self._agents.get(command.agent_type)
         accepts = frozenset(agent.follow_ups) if agent is not None else frozenset()
+        begin_turn = partial(turn_decisions.request_turn, command=command,
+                             budgets=self._budgets, accepts=accepts, cause=cause)
+        if problem is None:
+            problem = await self._new_turn_share(command, begin_turn, cause)
         state, appended, last_seq = await self._log.recent.update_at(
-            command.parent, command.run_id,
-            partial(turn_decisions.request_turn, command=command, budgets=self._budgets,
-                    accepts=accepts, cause=cause) if problem is None else decide.nothing)
+            command.parent, command.run_id, begin_turn if problem is None else decide.nothing)
         if appended and state is not None:
             await self._publish_work(state, dispatch=1, why=f"turn{command.turn}")
             return RunOutcome("created", status="starting")
@@ -219,12 +265,31 @@ class RunRequests:
                            why or "not applied", cause)
         return RunOutcome("rejected", code=code)
 
+    async def _new_turn_share(self, command: RunCommand, begin_turn: Decide,
+                              cause: decide.Cause) -> tuple[str, str] | None:
+        """A nested run's new turn (`begin_turn`: the decision that appends it) reserves
+        its share of the budgets above it first; the refusal when one has no room. None
+        when it did, or there is no new turn to begin (the decision that appends it says
+        why), or no budget above."""
+        state = (await self._log.read_run(command.parent, command.run_id)).state
+        if state is None or not state.budgets_above or not begin_turn(state):
+            return None
+        why = await self._reserve_turn(state, cause)
+        return None if why is None else (BUDGET_EXCEEDED, why)
+
     async def _rewind(self, command: RunCommand, cause: decide.Cause,
                       overdue: int | None) -> RunOutcome:
         """Rewind `command.rewind` of a failed run: appended and dispatched when it is the
         next one; the same rewind asked again is told the run; refused, saying why."""
         if overdue is not None:
             return await self._expired(command, overdue, cause)
+        assert command.rewind is not None
+        problem = await self._new_turn_share(command, partial(
+            forks.rewind, cause=cause, budgets=self._budgets, number=command.rewind), cause)
+        if problem is not None:
+            await self._reject(command.run_id, command.parent, command.agent_type, *problem,
+                               cause)
+            return RunOutcome("rejected", code=problem[0])
         state, appended, last_seq, refused = await branching.rewind(
             self._log, command, cause, self._budgets)
         if appended and state is not None:

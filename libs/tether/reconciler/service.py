@@ -74,6 +74,10 @@ _KINDS = (*budgets.KINDS, "delivery", "spent")
 # The events of a run with budgets above it that the budgets count: its model steps, and
 # its end.
 _SPENDING_EVENTS = frozenset({"run.step_recorded", *TERMINAL_EVENT_STATUS})
+# The events after which a run below a budget holds its share again: a re-attach, and a
+# new turn whose share the parent reserved before its last turn was settled here.
+_HOLDING_AGAIN_EVENTS = frozenset({"run.reattach_started", "run.turn_requested",
+                                   "run.rewound"})
 
 # A batch of the log not yet full waits this long for more. Each batch costs a few turns
 # of the loop whatever its size; under load, waiting gathers the events of many runs
@@ -299,11 +303,11 @@ class Reconciler:
         if state is None and not isinstance(event, RunRequested):
             if event.type not in ("run.completed", "run.failed", "run.aborted",
                                   "run.interrupted", "run.reattach_started",
-                                  "run.turn_requested"):
+                                  "run.turn_requested", "run.rewound"):
                 return
             if evolved is None:
                 # A run we stopped watching moved again (a late outcome repairing an
-                # interrupted run, a re-attach, a follow-up turn): read it once.
+                # interrupted run, a re-attach, a follow-up turn, a rewind): read it once.
                 state = (await self._log.read_run(event.parent, event.run_id,
                                                   before_seq=seq)).state
         if evolved is None:
@@ -336,7 +340,7 @@ class Reconciler:
                                    cause=cause)
             if decision is not None:
                 await self._charge(state, decision)
-        if state.budgets_above and event.type == "run.reattach_started":
+        if state.budgets_above and event.type in _HOLDING_AGAIN_EVENTS:
             await self._reserve_again(state)
         if (state.is_open and event.type in ("run.step_recorded", "run.usage_charged")
                 and spending.exceeded(state) is not None):
@@ -344,8 +348,12 @@ class Reconciler:
             self._rearm()
 
     async def _reserve_again(self, state: RunState) -> None:
-        """A run re-attached after its interruption released its shares: each budget
-        above holds its share again (`spending.reserve_again`), or says it does not."""
+        """A run re-attached after its interruption released its shares, or one whose new
+        turn reserved its shares before this settled its last turn (which released
+        them again): each budget above holds its share again (`spending.reserve_again`),
+        or says it does not. Events observed again after a restart come in order: a
+        share held again here for a run that had ended is released again as its end is
+        observed again after it."""
         run = RunRef(parent=state.parent, run_id=state.run_id)
         decision = partial(spending.reserve_again, run=run,
                            cause=decide.timer_cause(SYSTEM_CLOCK.now(), self.origin))
