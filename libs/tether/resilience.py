@@ -72,26 +72,42 @@ async def sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> bool:
 
 
 class Health:
-    """One loop's state as a dependency sees it: one log line per change, not per error."""
+    """One loop's state as a dependency sees it: one log line per change, not per error.
+
+    `dependency.restored` says a dependency that was lost (`dependency.lost`) answers
+    again, so it is said only after a transient error. A loop that failed for its own
+    reasons (`loop.failed`: an error that is not a dependency's) and works again says
+    `loop.recovered`: its dependencies were never down, and a supervised loop that fails
+    that way each term must not report an outage at each re-acquire."""
 
     def __init__(self, logger, loop: str) -> None:
         self._logger, self.loop = logger, loop
         self.failing_since: float | None = None
+        self.dependency_lost = False
 
-    def failed(self, error: BaseException) -> None:
-        if self.failing_since is None:
+    def failed(self, error: BaseException, *, transient: bool | None = None) -> None:
+        """`transient`: whether the error is a dependency's (by default, `is_transient`;
+        a caller that retries more errors as a dependency's says so)."""
+        first = self.failing_since is None
+        if first:
             self.failing_since = asyncio.get_running_loop().time()
-            if is_transient(error):
+        if transient is None:
+            transient = is_transient(error)
+        if transient:
+            if not self.dependency_lost:  # (also when the loop had failed on its own first)
+                self.dependency_lost = True
                 self._logger.warning("dependency.lost", loop=self.loop, error=describe(error))
-            else:
-                self._logger.error("loop.failed", loop=self.loop, error=describe(error),
-                                   exc_info=error)
+        elif first:
+            self._logger.error("loop.failed", loop=self.loop, error=describe(error),
+                               exc_info=error)
 
     def recovered(self) -> None:
-        if self.failing_since is not None:
-            down_ms = int((asyncio.get_running_loop().time() - self.failing_since) * 1000)
-            self.failing_since = None
-            self._logger.info("dependency.restored", loop=self.loop, down_ms=down_ms)
+        if self.failing_since is None:
+            return
+        down_ms = int((asyncio.get_running_loop().time() - self.failing_since) * 1000)
+        event = "dependency.restored" if self.dependency_lost else "loop.recovered"
+        self.failing_since, self.dependency_lost = None, False
+        self._logger.info(event, loop=self.loop, down_ms=down_ms)
 
 
 # How long work abandoned at a stop may take to end before its caller goes on: a NATS
@@ -204,7 +220,7 @@ class Persisting:
             if self._while_retrying is not None:
                 self._side = asyncio.ensure_future(self._while_retrying())
         assert self._health is not None
-        self._health.failed(error)
+        self._health.failed(error, transient=True)  # (what `__exit__` kept is retried as one)
         give_up = self._give_up
         delay = self._backoff.next_delay()
         if give_up is None:

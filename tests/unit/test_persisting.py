@@ -55,7 +55,11 @@ async def test_an_error_that_is_not_transient_ends_the_attempts_at_once() -> Non
 
 
 async def test_also_makes_more_errors_transient_here() -> None:
-    assert await written([KeyError("gone")], logger=Log, also=(KeyError,)) == ("written", 2)
+    log = Log()
+    assert await written([KeyError("gone")], logger=lambda: log, also=(KeyError,)) == (
+        "written", 2)
+    # Retried as a dependency's error, it is said as one (not as the loop's own failure).
+    assert [event for event, _ in log.lines] == ["dependency.lost", "dependency.restored"]
 
 
 async def test_give_up_set_raises_the_last_error_and_stops_what_ran_while_retrying() -> None:
