@@ -450,8 +450,19 @@ async def test_a_detached_fork_or_rewind_with_no_parent_says_it_waits_and_expire
     lines = err.splitlines()
     assert lines[0].startswith(f"tether runs {args[0]}: waiting: run "), err
     assert "for at most 1s" in lines[0] and "no parent service answers" in lines[0], err
-    if args[0] == "fork":
-        assert json.loads(out)["error"].startswith("the run request expired"), out
-    else:
-        assert lines[-1] == ("tether runs rewind: no parent service took the rewind of run "
-                             "failed within 1s (--expires-in): none will apply it"), err
+    assert len(lines) == 1, err
+    assert json.loads(out)["error"] == ("the run request expired: no parent service took it "
+                                        "within 1s (its expires_in), so none will apply it"), out
+
+
+async def test_send_with_no_parent_says_at_once_that_it_waits_and_ends_when_it_expires(
+        unserved_env):
+    code, out, err = await tether_cli(unserved_env, "send", "Assistant/cli", "failed", "hi",
+                                      "--id", "m1", "--expires-in", "3")
+    assert (code, out) == (1, ""), err
+    waiting, *rest = err.splitlines()
+    assert waiting.startswith("tether send: waiting: message 'm1' for run 'failed' is stored "
+                              "and waits for at most 3s (its expires_in); no parent service "
+                              "answers "), err
+    assert rest == [("tether send: message 'm1' for run 'failed' expired: no parent service "
+                     "recorded it within 3s (its expires_in), so none will")], err

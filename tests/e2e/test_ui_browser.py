@@ -405,3 +405,18 @@ async def test_long_event_data_wraps_inside_the_page(page, ui_url, tether, width
     await expect(run_card(page, f"long-{width}")).to_have_attribute("data-status", "completed")
     scrolled, shown = await page.evaluate(overflow)
     assert scrolled <= shown, f"the timeline is {scrolled} px wide in a {shown} px window"
+
+
+async def test_a_message_of_the_log_no_run_can_take_is_named_on_the_page(page, ui_url, tether):
+    """Published raw on a run's subject (a buggy client, a hand-run `nats pub`): no run
+    shows it, and the page says it was there rather than leave a gap."""
+    parent = ParentRef(agent="Assistant", name="unreadable")
+    await tether.parent(parent.agent, parent.name).run_agent_tool("Sleeper", {"seconds": 0},
+                                                                    run_id="fine")
+    await page.goto(f"{ui_url}/parents/{parent.agent}/{parent.name}")
+    await expect(page.locator("body")).to_have_attribute("data-loaded", "true")
+    ack = await tether.js.publish(tether.subjects.run_events(parent, "fine"), b"not json")
+    await expect(page.locator("#notice")).to_have_text(
+        f"event at seq {ack.seq} could not be read: not JSON: Expecting value: line 1 "
+        "column 1 (char 0)")
+    await expect(run_card(page, "fine")).to_have_attribute("data-status", "completed")

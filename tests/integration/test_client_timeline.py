@@ -9,9 +9,14 @@ import itertools
 from collections.abc import AsyncIterator
 
 import pytest
+from cuttable_proxy import cuttable_proxy
+from runner_stack import running_stack
 
+from examples.agents import Sleeper
 from tether.adapters.event_log import EventLog
 from tether.client import Tether, TimelineView, connect
+from tether.client.render import timeline_lines
+from tether.contract.codec import encode_event
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef, RunMilestone, RunOutput, RunProgressPersisted
 from tether.testing import RunEvents
@@ -175,3 +180,101 @@ async def test_a_late_subscriber_ends_in_exactly_the_view_of_an_early_one(log, t
     assert [r.run_id for r in late.unbound_runs] == ["run-2"]
     fractions = [fraction_of(v, "run-1") for v in early.views if fraction_of(v, "run-1")]
     assert fractions == sorted(fractions) and set(fractions) >= {0.2, 0.4, 0.6, 0.8}
+
+
+async def test_an_event_stored_where_it_does_not_belong_is_not_applied_and_is_shown(log, tether):
+    """What a buggy client or a hand-run `nats pub` may put on a run's subject: another
+    run's `run.completed`, another tenant's run of an id, a message that is no event. The
+    timeline applies none of them (as the projector, which dead-letters them) and says
+    each was there."""
+    la, lb = RunEvents("la", PARENT), RunEvents("lb", PARENT)
+    await append(log, la.requested(), la.running(), lb.requested(), lb.running())
+    watcher = Watcher(tether.parent(PARENT.agent, PARENT.name).timeline())
+    try:
+        await watcher.until(lambda v: v.caught_up and len(v.runs) == 2)
+        la_subject = log.subjects.run_events(PARENT, "la")
+        lc_subject = log.subjects.run_events(PARENT, "lc")
+        foreign = RunEvents("lc", ParentRef(agent="Victim", name="tenant-9"), id_prefix="f")
+        liar_seq = (await log.jetstream.publish(
+            la_subject, encode_event(lb.completed("completed by a liar")))).seq
+        foreign_seq = (await log.jetstream.publish(
+            lc_subject, encode_event(foreign.requested()))).seq
+        garbage_seq = (await log.jetstream.publish(la_subject, b"not json")).seq
+        await append(log, la.completed("done"))
+        view = await watcher.until(lambda v: v.runs["la"].status == "completed")
+    finally:
+        await watcher.stop()
+
+    assert {run_id: run.status for run_id, run in view.runs.items()} == {
+        "la": "completed", "lb": "running"}
+    assert [(u.seq, u.subject) for u in view.unreadable] == [
+        (liar_seq, la_subject), (foreign_seq, lc_subject), (garbage_seq, la_subject)]
+    assert view.unreadable[0].reason == f"names Assistant/user-1/lb, stored on {la_subject}"
+    assert view.unreadable[2].reason.startswith("not JSON")
+    assert timeline_lines(view)[-3:] == [
+        f"event at seq {liar_seq} could not be read: {view.unreadable[0].reason}",
+        f"event at seq {foreign_seq} could not be read: names Victim/tenant-9/lc, stored on "
+        + lc_subject,
+        f"event at seq {garbage_seq} could not be read: {view.unreadable[2].reason}"]
+
+
+
+async def test_a_progress_signal_stored_where_it_does_not_belong_is_not_shown_as_progress(
+        log, tether):
+    """Run lb's signal on la's progress subject, and one that is no signal: neither is
+    any run's progress; the timeline says each was there."""
+    la, lb = RunEvents("la", PARENT), RunEvents("lb", PARENT)
+    await append(log, la.requested(), la.running(), lb.requested(), lb.running())
+    la_subject = log.subjects.run_progress(PARENT, "la")
+    lc_subject = log.subjects.run_progress(PARENT, "lc")
+    liar = ProgressSignal(run_id="lb", parent=PARENT, fraction=0.9, message="by a liar", at=5_000)
+    stream = log.subjects.progress_stream
+    liar_seq = (await log.jetstream.publish(la_subject, liar.model_dump_json().encode(),
+                                            stream=stream)).seq
+    garbage_seq = (await log.jetstream.publish(lc_subject, b"not json", stream=stream)).seq
+
+    view = await final_view(tether)
+
+    assert (view.runs["la"].progress, view.runs["lb"].progress) == (None, None)
+    assert timeline_lines(view)[-2:] == [
+        f"progress signal at seq {liar_seq} could not be read: names Assistant/user-1/lb, "
+        + f"stored on {la_subject}",
+        f"progress signal at seq {garbage_seq} could not be read: {view.unreadable[1].reason}"]
+    assert view.unreadable[1].reason.startswith("not a progress signal: Invalid JSON")
+
+
+async def test_a_served_timeline_shows_a_run_end_lost_on_the_way_while_others_keep_it_busy(
+        log, pool, settings):
+    """An application in an account of its own reads the live subjects over core NATS, at
+    most once. Its connection drops while a run ends: the end is lost, and no later
+    message of that run shows the gap, while the parent's other run keeps the timeline
+    busy. The feed asks the history again each idle heartbeat, busy or not, so the run
+    shows its end instead of staying `running` for ever."""
+    quiet, busy = RunEvents("quiet", PARENT), RunEvents("busy", PARENT)
+    await append(log, quiet.requested(), quiet.running(), busy.requested(), busy.running())
+    chunks = itertools.count()
+
+    async def keep_busy() -> None:
+        while True:
+            await append(log, busy.output(f"{next(chunks)} "))
+            await asyncio.sleep(0.1)  # a load's pace: the feed never waits a heartbeat
+
+    async with (running_stack(settings, log, pool, [Sleeper], runner=False),
+                cuttable_proxy(settings.nats_url) as proxy,
+                connect(settings=settings.model_copy(update={"nats_url": proxy.url})) as app):
+        served = Tether(app.nc, app.settings, served=True)
+        watcher = Watcher(served.parent(PARENT.agent, PARENT.name).timeline())
+        busying = asyncio.create_task(keep_busy())
+        try:
+            await watcher.until(lambda v: v.caught_up and len(v.runs) == 2)
+            await proxy.cut()
+            await append(log, quiet.completed("ended while the application was cut off"))
+            proxy.restore()
+            after_cut = next(chunks)
+            await watcher.until(lambda v: f" {after_cut + 2} " in v.runs["busy"].output_text)
+            view = await watcher.until(lambda v: v.runs["quiet"].status == "completed",
+                                       timeout=20)
+        finally:
+            busying.cancel()
+            await watcher.stop()
+    assert view.runs["quiet"].summary == "ended while the application was cut off"

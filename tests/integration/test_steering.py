@@ -1,8 +1,9 @@
 """Steering a running child, over real NATS and Postgres: a parent's message is recorded
 once per id, handed to the child at its next step boundary with receipts in the run's
 log, taken in once across a runner that stops mid-run, refused by a run that takes no
-message; an `interrupt` stops a model child's tool call and model call in flight, and the
-model goes on with the message."""
+message; one a turn ended without is unread, then carried to a follow-up turn, and the
+run's state, timeline and `runs show` say so; an `interrupt` stops a model child's tool
+call and model call in flight, and the model goes on with the message."""
 
 import asyncio
 import json
@@ -21,6 +22,7 @@ from tether.agents.devtools import render_run
 from tether.agents.model_messages import Message, ModelRequest, ModelResponse, ToolCall
 from tether.client import agent_tool, connect, message_tool
 from tether.client.errors import MessageRefused
+from tether.domain.steering_transitions import message_standing
 
 DEADLINE_S = 30
 
@@ -91,7 +93,8 @@ async def stack(settings, log, pool) -> AsyncIterator[Stack]:
     global CALLS
     CALLS = Calls()
     async with connect(settings=settings) as tether:
-        started = Stack(settings, log, pool, tether, [Listener, Patient, Hanging, Hearer, Delegator])
+        started = Stack(settings, log, pool, tether,
+                        [Listener, Patient, Hanging, Hearer, Delegator, Forgetful])
         await started.start_parent()
         try:
             yield started
@@ -149,6 +152,68 @@ async def test_a_run_that_takes_no_message_refuses_it_and_says_why(stack):
     assert refused.value.code == "not-running"
     with pytest.raises(MessageRefused, match="no run 'nobody'"):
         await stack.parent.send("nobody", "hello?")
+
+
+class Forgetful(ChildAgent):
+    """Takes the first message in, then ends its first turn at the test's gate without
+    reading more; a follow-up turn reads what is waiting."""
+
+    input_model = Nothing
+    follow_ups = frozenset({"completed"})
+
+    async def run(self, ctx: RunContext, input: Nothing) -> str:
+        if ctx.turn == 1:
+            first = await ctx.next_message()
+            await ctx.report_progress(milestone="heard", message=f"heard {first.text}")
+            await CALLS.gate.wait()
+            return f"turn 1 read {first.message_id}"
+        read = await ctx.messages()
+        return "turn 2 read " + ", ".join(
+            f"{m.message_id} (sent in turn {m.sent_in_turn})" for m in read)
+
+
+async def test_a_message_a_turn_ended_without_is_unread_then_carried_to_the_next_turn(stack):
+    await stack.start_runner()
+    call = asyncio.create_task(stack.parent.run_agent_tool("Forgetful", {}, run_id="forgets"))
+    await stack.parent.send("forgets", "focus on QUIC", message_id="read")
+
+    async def heard():
+        state = await stack.state("forgets")
+        return state.milestones and state
+
+    await eventually(heard, timeout=DEADLINE_S)
+    await stack.parent.send("forgets", "and gRPC", message_id="late")
+    CALLS.gate.set()
+    assert (await asyncio.wait_for(call, DEADLINE_S)).summary == "turn 1 read read"
+
+    async def timeline_of_run():
+        async for view in stack.parent.timeline(run_id="forgets", live=False):
+            run = view.runs.get("forgets")
+        return run
+
+    # Turn 1 ended without `late`: the sender can tell it was never read.
+    state = await stack.state("forgets")
+    assert {m.message_id: message_standing(state, m) for m in state.messages} == {
+        "read": "read", "late": "unread"}
+    run = await timeline_of_run()
+    assert [(m.message_id, m.standing) for m in run.messages] == [
+        ("read", "read"), ("late", "unread")]
+    assert "unread: turn 1 ended without it" in render_run(state), render_run(state)
+
+    second = await asyncio.wait_for(stack.parent.run_agent_tool(
+        "Forgetful", {}, follow_up="forgets"), DEADLINE_S)
+    assert second.ok and second.summary == "turn 2 read late (sent in turn 1)", second
+
+    state = await stack.state("forgets")
+    assert state.turns[0].unread_messages == ("late",)
+    late = state.message("late")
+    assert late is not None and (late.sent_in_turn, late.consumed_in_turn) == (1, 2)
+    run = await timeline_of_run()
+    assert [(m.message_id, m.standing, m.consumed_in_turn) for m in run.messages] == [
+        ("read", "read", 1), ("late", "carried", 2)]
+    assert run.turns[0].unread_messages == ("late",)
+    shown = render_run(state)
+    assert "carried from turn 1: taken in by turn 2" in shown, shown
 
 
 async def test_an_interrupt_stops_the_tool_call_in_flight_and_the_model_goes_on(stack):

@@ -26,6 +26,7 @@ from tether.agents.devtools import load_tree, render_run
 from tether.client import connect
 from tether.config import Settings
 from tether.contract.codec import encode_event
+from tether.contract.messages import ProgressSignal
 from tether.domain import events as ev
 from tether.domain.commands import DeliveredCommand
 from tether.domain.delivery_batches import batch_of
@@ -439,6 +440,58 @@ async def test_a_page_shows_a_delivery_recorded_in_its_agents_ledger_batch(log, 
         assert await eventually(delivered, timeout=10, interval=0) == [("led-page", 4_242)]
         await messages.aclose()
     assert seen == {"led-page"}
+
+
+async def test_a_page_applies_no_event_stored_where_it_does_not_belong_and_says_so(
+        log, pool, settings):
+    """Another run's `run.completed` on a run's subject, another tenant's run on one of
+    this parent's subjects, a message that is no event (a buggy client, a hand-run
+    `nats pub`): the page applies none of them, as the projector, and its next frame
+    names each."""
+    la, lb = a_run("la"), a_run("lb")
+    await append(log, la.requested(), la.running(), lb.requested(), lb.running())
+    async with connect(settings=settings) as tether:
+        page = ParentStream(tether, ProjectionReads(pool, settings.projection_schema), PARENT,
+                            frame_ms=10)
+        messages = page.messages()
+        updates = [await anext(messages)]  # the snapshot, at the projection's checkpoint
+        la_subject = log.subjects.run_events(PARENT, "la")
+        lc_subject = log.subjects.run_events(PARENT, "lc")
+        foreign = RunEvents("lc", ParentRef(agent="Victim", name="tenant-9"), id_prefix="f")
+        liar_seq = (await log.jetstream.publish(
+            la_subject, encode_event(lb.completed("completed by a liar")))).seq
+        foreign_seq = (await log.jetstream.publish(
+            lc_subject, encode_event(foreign.requested()))).seq
+        garbage_seq = (await log.jetstream.publish(la_subject, b"not json")).seq
+        liar = ProgressSignal(run_id="lb", parent=PARENT, fraction=0.9, at=1_800_000_000_000)
+        la_progress = log.subjects.run_progress(PARENT, "la")
+        signal_seq = (await log.jetstream.publish(la_progress, liar.model_dump_json().encode(),
+                                                  stream=log.subjects.progress_stream)).seq
+        await append(log, la.completed("done"))
+
+        async def all_arrived() -> bool:  # the two streams' messages, in either order
+            updates.append(await anext(messages))
+            return any(r["run_id"] == "la" and r["status"] == "completed"
+                       for m in updates for r in m.get("runs", [])) and any(
+                u["line"].startswith("progress signal")
+                for m in updates for u in m.get("unreadable", []))
+
+        await eventually(all_arrived, timeout=10, interval=0)
+        await messages.aclose()
+    latest = {r["run_id"]: (r["status"], r["progress"])
+              for m in updates for r in m.get("runs", [])}
+    assert latest == {"la": ("completed", None), "lb": ("running", None)}
+    unreadable = [u for m in updates for u in m.get("unreadable", [])]
+    events = [u for u in unreadable if u["line"].startswith("event")]
+    assert [(u["seq"], u["subject"]) for u in events] == [
+        (liar_seq, la_subject), (foreign_seq, lc_subject), (garbage_seq, la_subject)]
+    assert events[0]["line"] == (f"event at seq {liar_seq} could not be read: names "
+                                 f"Assistant/user-1/lb, stored on {la_subject}")
+    assert events[2]["reason"].startswith("not JSON")
+    [signal] = [u for u in unreadable if u["line"].startswith("progress signal")]
+    assert signal["line"] == (f"progress signal at seq {signal_seq} could not be read: names "
+                              f"Assistant/user-1/lb, stored on {la_progress}")
+    assert sum(m.get("unreadable_count", 0) for m in updates) == 4
 
 
 async def test_a_quiet_stream_sends_heartbeats(log, pool, settings):

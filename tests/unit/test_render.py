@@ -1,8 +1,9 @@
 """A run's line on a terminal: fitted to its width, what the child said is cut before the
 run id is."""
 
-from tether.client.render import run_line
-from tether.client.timeline import run_view
+from tether.client.feed import UnreadableEvent
+from tether.client.render import run_line, timeline_lines
+from tether.client.timeline import TimelineView, run_view
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef
 from tether.domain.fold import evolve
@@ -42,3 +43,15 @@ def test_a_narrow_terminal_narrows_the_bar_before_the_run_id_goes():
     line = run_line(running("research-with-a-rather-long-run-id-0", "m"), width=10, columns=60)
     assert line == ("Researcher running     [#####-----]  50% · "
                     "research-with-a-rather-long-run-id-0")
+
+
+def test_unreadable_events_are_listed_after_the_runs_with_how_many_more_there_were():
+    unreadable = tuple(UnreadableEvent(seq, "p.evt.Assistant.user-1.r-1", "not JSON")
+                       for seq in (8, 9))
+    view = TimelineView({"r-1": running("r-1", "m")}, unreadable=unreadable,
+                        unreadable_count=5)
+    assert timeline_lines(view)[1:] == ["3 earlier events could not be read",
+                                        "event at seq 8 could not be read: not JSON",
+                                        "event at seq 9 could not be read: not JSON"]
+    alone = TimelineView({}, unreadable=unreadable[1:], unreadable_count=1)
+    assert timeline_lines(alone) == ["(no runs yet)", "event at seq 9 could not be read: not JSON"]

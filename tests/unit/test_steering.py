@@ -1,6 +1,10 @@
 """Steering messages in the domain: a parent's message to its running child is recorded
 once per message id, takes receipts once each (delivered, consumed), only while its
-attempt holds the run, and is refused by a run that is not open."""
+attempt holds the run, and is refused by a run that is not open; one a turn ended
+without is carried to the next turn, and each message says where it stands."""
+
+import json
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -17,13 +21,15 @@ from run_histories import (
     state_after,
 )
 
-from tether.domain import decide
-from tether.domain.commands import SendCommand, parse_command
+from tether.domain import decide, turn_decisions
+from tether.domain.commands import RunCommand, SendCommand, parse_command
 from tether.domain.fold import evolve, fold
-from tether.domain.run_state import RunState
+from tether.domain.run_state import RunState, state_from_json
 from tether.domain.steering_events import RunMessageConsumed, RunMessageDelivered, RunMessageSent
+from tether.domain.steering_transitions import message_standing
 
 CAUSE = decide.Cause(command_seq=7, now=T0 + 5_000)
+STATE_DOCUMENTS = Path(__file__).parents[1] / "golden" / "states"
 
 
 def send(message_id: str = "m1", mode: str = "queue", **fields) -> SendCommand:
@@ -137,3 +143,62 @@ def test_a_send_command_that_says_nothing_or_names_no_mode_is_refused_naming_the
                                **payload})
     assert parse_command("send", {"run_id": RUN_ID, "parent": {"agent": "A", "name": "n"},
                                   "message_id": "m1", "data": {"k": 1}}).mode == "queue"
+
+
+def follow_up(state: RunState) -> RunState:
+    command = RunCommand(run_id=RUN_ID, parent=PARENT, agent_type=state.agent_type,
+                         input={"query": "and gRPC?"}, turn=state.turn + 1)
+    (event,) = turn_decisions.request_turn(
+        state, command, decide.Budgets(detached_max_budget_ms=60_000,
+                                       detached_no_progress_budget_ms=0),
+        frozenset({"completed"}), CAUSE)
+    return evolve(state, event).state
+
+
+def consumed(state: RunState, message_id: str, attempt: int = 1) -> RunState:
+    (event,) = receipt(state, "consumed", message_id, attempt)
+    return evolve(state, event).state
+
+
+def standings(state: RunState) -> dict[str, str]:
+    return {m.message_id: message_standing(state, m) for m in state.messages}
+
+
+def test_a_message_its_turn_ended_without_is_carried_to_the_next_turn_and_says_so() -> None:
+    state = sent(state_after(requested(), running(1)), send("read"))
+    state = consumed(sent(state, send("late")), "read")
+    assert standings(state) == {"read": "read", "late": "waiting"}
+    state = evolve(state, completed()).state
+    # The turn ended without it: unread, and no turn runs to read it.
+    assert standings(state) == {"read": "read", "late": "unread"}
+
+    state = follow_up(state)
+    (turn,) = state.turns
+    assert turn.unread_messages == ("late",)  # the finished turn names what it left
+    assert [m.message_id for m in state.waiting_messages] == ["late"]  # handed over now
+    assert standings(state) == {"read": "read", "late": "carried"}
+
+    state = sent(evolve(state, running(1)).state, send("new"))
+    state = consumed(consumed(state, "late"), "new")
+    late, new = state.message("late"), state.message("new")
+    assert late is not None and new is not None
+    assert (late.sent_in_turn, late.consumed_in_turn) == (1, 2)
+    assert (new.sent_in_turn, new.consumed_in_turn) == (2, 2)
+    assert standings(state) == {"read": "read", "late": "carried", "new": "read"}
+    state = follow_up(evolve(state, completed()).state)
+    assert state.turns[1].unread_messages == ()
+
+
+def test_a_state_stored_before_messages_had_turns_reads_them_as_its_first_turns() -> None:
+    document = json.loads((STATE_DOCUMENTS / "full.json").read_bytes())
+    for message in document["messages"]:
+        del message["sent_in_turn"], message["consumed_in_turn"]
+    for turn in document["turns"]:
+        del turn["unread_messages"]
+
+    state = state_from_json(json.dumps(document))
+
+    (message,) = state.messages
+    assert (message.sent_in_turn, message.consumed_in_turn) == (1, None)
+    assert state.turns[0].unread_messages == ()
+    assert message_standing(state, message) == "read"  # taken in: by its own turn

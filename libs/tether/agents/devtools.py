@@ -21,7 +21,8 @@ from tether.config import Settings
 from tether.contract.messages import UsageView
 from tether.domain import spending
 from tether.domain.events import ParentRef
-from tether.domain.run_state import RunState, state_json
+from tether.domain.run_state import RunState, SteeringMessage, state_json
+from tether.domain.steering_transitions import message_standing
 
 PREVIEW_CHARS = 120
 
@@ -98,7 +99,9 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
         stage = (f"taken in {_after(state.requested_at, message.consumed_at)}"
                  if message.consumed_at is not None else
                  f"delivered {_after(state.requested_at, message.delivered_at)}"
-                 if message.delivered_at is not None else "waiting")
+                 if message.delivered_at is not None else
+                 "waiting" if state.is_open else "never handed over")
+        stage += _turns_of(state, message)
         said = message.text if message.text is not None else compact(message.data)
         lines.append(f"message   {message.message_id} [{message.mode}] "
                      f"sent {_after(state.requested_at, message.sent_at)}, {stage}  "
@@ -108,6 +111,18 @@ def render_run(state: RunState, below: list[RunState] | None = None) -> str:
     if state.error:
         lines.append(f"error     {state.error}")
     return "\n".join(lines)
+
+
+def _turns_of(state: RunState, message: SteeringMessage) -> str:
+    """Where a message stands across turns, when a turn ended without taking it in."""
+    standing = message_standing(state, message)
+    if standing == "unread":
+        return f", unread: turn {state.turn} ended without it"
+    if standing == "carried":
+        taken = (f"taken in by turn {message.consumed_in_turn}"
+                 if message.consumed_in_turn is not None else f"waiting in turn {state.turn}")
+        return f", carried from turn {message.sent_in_turn}: {taken}"
+    return ""
 
 
 def _budget_lines(state: RunState) -> list[str]:

@@ -19,6 +19,7 @@ from tether.client.errors import (
     RunNotFound,
     ServiceUnavailable,
     TetherError,
+    UnreadableOutcome,
 )
 from tether.client.hooks import HookRegistry
 from tether.client.parent import MessageReceipt, ParentHandle
@@ -43,6 +44,7 @@ __all__ = [
     "Tether",
     "TetherError",
     "TimelineView",
+    "UnreadableOutcome",
     "agent_tool",
     "connect",
     "message_tool",

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 
+from tether.contract.codec import EventDecodeError
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
 from tether.domain.commands import RunCommand
 from tether.domain.decide import taken_by_another
@@ -83,6 +84,21 @@ class RunWaiter:
     @property
     def caught_up(self) -> bool:
         return self._caught_up
+
+    @property
+    def taken(self) -> bool:
+        """Whether a parent has acted on the request, as far as the run's events show: it
+        answered it, or the run has begun the turn or the rewind it asks for. (A plain
+        request or a fork is taken once its run is in the log at all: `RunRequest`.)"""
+        state = self.state
+        if self.answer is not None or (self.turn is None and self.rewind is None):
+            return True
+        if state is None:
+            return False
+        if self.turn is not None:
+            return state.turn >= self.turn
+        assert self.rewind is not None
+        return state.rewinds >= self.rewind
 
     def on_event(self, seq: int, event: Event | None, pending: int = 1) -> Answer | None:
         """Fold one message of the run's subject (None: undecodable, only moves the position)."""
@@ -179,8 +195,10 @@ class RunWaiter:
         if self.detached:
             return DetachedHandle(run_id=self.run_id, agent_type=self.agent_type,
                                   status="error", error=rejection.error)
+        reason = "budget-exceeded" if rejection.code == BUDGET_EXCEEDED else None
         return AgentToolFailure(run_id=self.run_id, agent_type=self.agent_type,
-                                status="error", error=rejection.error, retryable=False)
+                                status="error", error=rejection.error, retryable=False,
+                                reason=reason)
 
     def _detached(self) -> Answer | None:
         state = self.state
@@ -260,11 +278,34 @@ def turn_outcome(state: RunState, turn: TurnRecord) -> AgentToolSuccess | AgentT
 @dataclass(frozen=True, slots=True)
 class LiveEvent:
     """A run event as the stream republished it: its stream sequence, and the sequence of
-    the run's message before it (`Nats-Last-Sequence`; 0 when it was the first)."""
+    the run's message before it (`Nats-Last-Sequence`; 0 when it was the first); `error`
+    says why `event` is None."""
 
     seq: int
     previous_seq: int
     event: Event | None
+    error: EventDecodeError | None = None
+
+
+# How much of why a message does not decode a caller is told: enough to tell what it is;
+# its sequence finds the rest (`nats stream get`).
+UNREADABLE_REASON_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableMessage:
+    """A message of the run's subject this client cannot decode (an event of a newer
+    Tether, or a damaged one), skipped by the fold: its stream sequence, and why."""
+
+    seq: int
+    reason: str
+
+    @classmethod
+    def of(cls, seq: int, error: EventDecodeError | None) -> "UnreadableMessage":
+        reason = str(error) if error is not None else "not an event"
+        if len(reason) > UNREADABLE_REASON_CHARS:
+            reason = reason[:UNREADABLE_REASON_CHARS - 1] + "…"
+        return cls(seq, reason)
 
 
 class RunFold:
@@ -281,10 +322,17 @@ class RunFold:
     def __init__(self, waiter: RunWaiter) -> None:
         self.waiter = waiter
         self.last_seq = 0
+        # The messages folded that did not decode, in order: the caller is told of each,
+        # since one of them may be the answer it waits for (`placing.Undecodable`).
+        self.unreadable: list[UnreadableMessage] = []
 
-    def fold(self, seq: int, event: Event | None, pending: int = 1) -> Answer | None:
+    def fold(self, seq: int, event: Event | None, pending: int = 1,
+             error: EventDecodeError | None = None) -> Answer | None:
+        """One message; `event` None (with its decode `error`) only moves the position."""
         if seq > self.last_seq:
             self.last_seq = seq
+            if event is None:
+                self.unreadable.append(UnreadableMessage.of(seq, error))
             return self.waiter.on_event(seq, event, pending)
         return self.waiter.answer
 
@@ -293,8 +341,15 @@ class RunFold:
         answer = self.waiter.answer
         for index, message in enumerate(stored):
             answer = self.fold(message.seq, message.event,
-                               pending=0 if index == len(stored) - 1 else 1)
+                               pending=0 if index == len(stored) - 1 else 1,
+                               error=message.error)
         return answer
+
+    @property
+    def last_unreadable(self) -> UnreadableMessage | None:
+        """The last message folded, when it did not decode."""
+        last = self.unreadable[-1] if self.unreadable else None
+        return last if last is not None and last.seq == self.last_seq else None
 
     def missed_before(self, live: LiveEvent) -> bool:
         return live.previous_seq > self.last_seq

@@ -152,30 +152,9 @@ def _rewind(args: argparse.Namespace, settings: Settings):
 
     async def rewind() -> int:
         async with connect_cli(settings) as tether:
-            me = handle_of(tether, ref)
-            # A rewind's run has events already: the client takes its request as placed
-            # and would not look for a parent. Look here, and end the wait with the
-            # request's expiry rather than never.
-            timeout = None
-            if (unavailable := await tether.parent_unavailable(ref)) is not None:
-                until = ("until a parent service takes it" if expires_in is None else
-                         f"for at most {expires_in:g}s (--expires-in)")
-                waiting_line(None, "runs rewind")(
-                    f"run {args.run_id}: the rewind is stored and waits {until}; "
-                    f"{unavailable}")
-                if expires_in is not None:
-                    timeout = expires_in + tether.awaiting.expiry_grace_s
-            try:
-                result = await me.rewind(args.run_id, detached=args.detached,
-                                         expires_in=expires_in, timeout=timeout,
-                                         on_waiting=waiting_line(None, "runs rewind"))
-            except TimeoutError:
-                if timeout is None:
-                    raise
-                print(f"tether runs rewind: no parent service took the rewind of run "
-                      f"{args.run_id} within {expires_in:g}s (--expires-in): none will "
-                      "apply it", file=sys.stderr)
-                return 1
+            result = await handle_of(tether, ref).rewind(
+                args.run_id, detached=args.detached, expires_in=expires_in,
+                on_waiting=waiting_line(None, "runs rewind"))
         print(result.model_dump_json(indent=2))
         return _exit_code(result)
 

@@ -405,7 +405,8 @@ def _send(args: argparse.Namespace, settings: Settings):
             receipt = await handle_of(tether, ref).send(
                 args.run_id, args.text, data=data,
                 mode="interrupt" if args.interrupt else "queue",
-                message_id=args.message_id, expires_in=expires_in)
+                message_id=args.message_id, expires_in=expires_in,
+                on_waiting=waiting_line(None, "send"))
         print(f"message {receipt.message_id} recorded for run {args.run_id} ({receipt.mode}): "
               "its child takes it in at its next step")
         return 0

@@ -32,10 +32,9 @@ from tether.agents.model_messages import Message
 from tether.agents.steps import AgentStepRecord
 from tether.agents.steps import conversation as folded_conversation
 from tether.client.chat_feed import drop_chat_reader, follow_chat
-from tether.client.feed import FeedMessage, open_feed
+from tether.client.feed import FeedMessage, UnreadableEvent, feed_events, open_feed
 from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle
-from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot
 from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
 from tether.domain.commands import MessageCommand
@@ -43,6 +42,7 @@ from tether.domain.events import ParentRef
 from tether.domain.fold import evolve
 from tether.domain.ids import check_identifier, nested_parent_name, user_message_id
 from tether.domain.run_state import RunState
+from tether.log import get_logger
 
 # The shared owner of conversations started without one: `Conversations/<agent type>`.
 CONVERSATIONS = "Conversations"
@@ -197,8 +197,14 @@ class Conversation:
                 if message.pending == 0:
                     caught[message.source] = True
                 if message.source == "event":
-                    with suppress(EventDecodeError):
-                        state = evolve(state, decode_event(message.data)).state
+                    for event in feed_events(message):
+                        if isinstance(event, UnreadableEvent):
+                            get_logger(component="conversation").warning(
+                                "conversation.unreadable_event", conversation=repr(self),
+                                stream_seq=event.seq, subject=event.subject,
+                                error=event.reason)
+                        else:
+                            state = evolve(state, event).state
                     continue
                 with suppress(ValidationError):
                     answer = ChatMessage.model_validate_json(message.data)

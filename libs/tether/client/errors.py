@@ -44,3 +44,16 @@ class MessageRefused(TetherError):
 class RunNotFound(TetherError, LookupError):
     """The parent has no such run (a parent forks, rewinds and compares its own runs
     only); the message names the run and the parent."""
+
+
+class UnreadableOutcome(TetherError):
+    """An awaited run's last message is one this client cannot decode (an event of a newer
+    Tether, or a damaged one), and nothing followed it: it may be the run's outcome. The
+    run is not cancelled. `run_id`, `seq` (the message's stream sequence) and `reason`
+    (why it does not decode) say which message."""
+
+    def __init__(self, message: str, run_id: str, seq: int, reason: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.seq = seq
+        self.reason = reason

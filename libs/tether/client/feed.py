@@ -29,13 +29,15 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
+from pydantic import ValidationError
 
 from tether.adapters.denials import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.link import Link
-from tether.contract.messages import HistoryReply
+from tether.contract.messages import HistoryReply, ProgressSignal
 from tether.domain.commands import HistoryQuery
-from tether.domain.events import ParentRef
+from tether.domain.events import Event, ParentRef
+from tether.ports import StoredEvent, stored_events
 
 # Heartbeats missed in a row before the consumer is taken for lost and made anew.
 MISSED_HEARTBEATS = 3
@@ -50,6 +52,67 @@ class FeedMessage:
     subject: str
     data: bytes
     pending: int
+
+
+# How much of why a message could not be read a reader shows: enough to tell what is
+# wrong with it; its sequence finds the rest (`nats stream get`).
+UNREADABLE_REASON_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableEvent:
+    """A message of the events (or progress) stream that a live reader could not take:
+    not an event (a progress signal), or one that names another run or parent than the
+    subject it is stored on. `seq` is its sequence in its own stream."""
+
+    seq: int
+    subject: str
+    reason: str
+    what: str = "event"
+
+    @classmethod
+    def of(cls, stored: StoredEvent) -> "UnreadableEvent":
+        return cls(stored.seq, stored.subject, _cut(str(stored.error)))
+
+    @property
+    def line(self) -> str:
+        return f"{self.what} at seq {self.seq} could not be read: {self.reason}"
+
+
+def _cut(reason: str) -> str:
+    if len(reason) > UNREADABLE_REASON_CHARS:
+        return reason[:UNREADABLE_REASON_CHARS - 1] + "…"
+    return reason
+
+
+def feed_events(message: FeedMessage) -> list[Event | UnreadableEvent]:
+    """The events a message of the events stream holds, taken as the log's other readers
+    take them (`tether.ports.stored_events`): one that does not decode, or that names
+    another run or parent than the subject it is stored on (a hostile or buggy publish),
+    comes as an `UnreadableEvent` saying why, so no reader folds it into the run it
+    names."""
+    return [stored.event if stored.event is not None else UnreadableEvent.of(stored)
+            for stored in stored_events(message.seq, message.subject, message.data,
+                                        message.pending)]
+
+
+def feed_signal(message: FeedMessage) -> ProgressSignal | UnreadableEvent:
+    """A message of the progress stream: the signal, or why it is not one of the run its
+    subject names (`<prefix>.progress.<agent>.<name>.<run id>`), which no run shows."""
+    try:
+        signal = ProgressSignal.model_validate_json(message.data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return UnreadableEvent(message.seq, message.subject, _cut(
+            f"not a progress signal: {where + ': ' if where else ''}{first['msg']}"),
+            "progress signal")
+    named = f".progress.{signal.parent.agent}.{signal.parent.name}.{signal.run_id}"
+    if not (message.subject.endswith(named) and message.subject.count(".") == 4):
+        return UnreadableEvent(message.seq, message.subject, _cut(
+            f"names {signal.parent.agent}/{signal.parent.name}/{signal.run_id}, stored on "
+            f"{message.subject}"), "progress signal")
+    return signal
 
 
 class OrderedFeed:
@@ -233,8 +296,10 @@ class ServedFeed:
     The live subscription is made first, so nothing stored after the last page can be
     missed. Core delivery is at most once: a republished message whose subject's
     previous sequence was not delivered shows a lost one, which that subject's history
-    fills in, and after `idle_heartbeat` without a message the history is asked again
-    from where it was last complete. Each subject's messages arrive in order and once.
+    fills in; a subject's last message lost on the way (a reconnection, a slow
+    consumer) shows in no later one, so every `idle_heartbeat`, busy or quiet, the
+    history is asked again from where it was last complete. Each subject's messages
+    arrive in order and once.
     """
 
     def __init__(self, tether: Link, stream: str, filter_subject: str, *,
@@ -319,13 +384,16 @@ class ServedFeed:
                 return count
 
     async def _forward(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_catch_up = loop.time() + self._idle
         while True:
             try:
-                async with asyncio.timeout(self._idle):
+                async with asyncio.timeout(max(next_catch_up - loop.time(), 0)):
                     msg = await self._incoming.get()
             except TimeoutError:
                 with suppress(ServiceUnavailable):
                     await self._catch_up()
+                next_catch_up = loop.time() + self._idle
                 continue
             headers = msg.headers or {}
             try:

@@ -51,13 +51,16 @@ class AwaitTiming:
     taken as never taken `expiry_grace_s` after its expiry (a parent that took it just
     in time has appended its first event by then). A run the parent accepted that is
     still not started `untaken_after_s` later makes it look whether any child-runner of
-    its agent type answers at all."""
+    its agent type answers at all. A run whose last message this client cannot decode
+    (a newer Tether's event) and that says nothing more for `unreadable_last_s` ends the
+    wait with `UnreadableOutcome`: that message may be its outcome."""
 
     live_idle_s: float = 1.0
     live_idle_max_s: float = 30.0
     presence_after_s: float = 2.0
     expiry_grace_s: float = 2.0
     untaken_after_s: float = 5.0
+    unreadable_last_s: float = 10.0
 
 
 class Link(Protocol):

@@ -26,7 +26,14 @@ from tether.client.child_tool import AgentTool, agent_tool
 from tether.client.errors import MessageRefused, RequestFailed, RunNotFound
 from tether.client.feed import FeedMessage, open_feed
 from tether.client.link import Link
-from tether.client.placing import RunRequest, Unserved, Untaken, WaitingReport
+from tether.client.placing import (
+    RunRequest,
+    Undecodable,
+    UnsentMessage,
+    Unserved,
+    Untaken,
+    WaitingReport,
+)
 from tether.client.timeline import RunView, TimelineView, follow_timeline
 from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import (
@@ -73,13 +80,23 @@ class MessageReceipt(BaseModel):
 
 
 async def _message_recorded(sink: "asyncio.Queue[FeedMessage]", run_id: str,
-                            message_id: str, command_seq: int) -> MessageReceipt:
+                            message_id: str, command_seq: int,
+                            unsent: UnsentMessage) -> MessageReceipt:
     """Fold the run's events until the message is in them (`MessageReceipt`), or the
-    parent refused this command on the run's subject (`MessageRefused`)."""
+    parent refused this command on the run's subject (`MessageRefused`); while neither,
+    `unsent` looks whether any parent service answers, and ends the wait at the
+    message's expiry."""
+    loop = asyncio.get_running_loop()
     state = None
     while True:
         try:
-            event = decode_event((await sink.get()).data)
+            async with asyncio.timeout(unsent.next_look_in(loop.time())):
+                stored = await sink.get()
+        except TimeoutError:
+            await unsent.look(loop.time())
+            continue
+        try:
+            event = decode_event(stored.data)
         except EventDecodeError:
             continue  # not an event this client reads: not the answer
         if isinstance(event, RunRejected) and event.causation_id == f"cmd:{command_seq}":
@@ -87,6 +104,7 @@ async def _message_recorded(sink: "asyncio.Queue[FeedMessage]", run_id: str,
         state = evolve(state, event).state
         if state is not None and (message := state.message(message_id)) is not None:
             return MessageReceipt(run_id=run_id, message_id=message_id, mode=message.mode)
+
 
 def parent_handle(tether: Link, agent: str, name: str) -> "ParentHandle":
     """The parent agent instance (`agent` class, `name` instance) runs are made for."""
@@ -136,7 +154,10 @@ class ParentHandle:
         applied (a parent that finds it later refuses it `expired`), and the call returns
         that failure. While no parent service answers, and while no child-runner of the
         agent type runs to start an accepted awaited run, `on_waiting` is told once, in
-        words (default: a `run.unserved` warning in the client's log).
+        words (default: a `run.unserved` warning in the client's log); it is told too of
+        each message of the run this client cannot decode (a newer Tether's event), and
+        when such a message stays the run's last for `AwaitTiming.unreadable_last_s` (10 s)
+        the call raises `UnreadableOutcome`: it may be the run's outcome.
         `cancel_with_caller=False`: cancelling the awaiting task only stops the wait; the
         run goes on, still awaited, so a request under the same run id awaits it again
         (and the reconciler recovers it if none comes: docs/recovery.md).
@@ -204,15 +225,18 @@ class ParentHandle:
             unserved = Unserved(self.tether, self.ref, command, detached, report,
                                 published_at=loop.time())
             untaken = Untaken(self.tether, command, report)
+            undecodable = Undecodable(self.tether, command.run_id, request.subject, report)
             timing = self.tether.awaiting
             idle = timing.live_idle_s
             while answer is None:
+                undecodable.look(request.run, loop.time())
                 remaining = None if deadline is None else max(deadline - loop.time(), 0)
                 wait = idle if remaining is None else min(remaining, idle)
-                if not request.placed:
+                if not request.taken:
                     wait = min(wait, unserved.next_look_in(loop.time(), timing.live_idle_max_s))
                 else:
                     wait = min(wait, untaken.next_look_in(request.state, loop.time(), wait))
+                wait = undecodable.next_look_in(loop.time(), wait)
                 try:
                     # Only the wait is bounded: a timeout must not look like a cancellation.
                     # (asyncio.timeout, not wait_for: Python 3.11's wait_for returns a
@@ -225,7 +249,7 @@ class ParentHandle:
                             f"run {command.run_id} gave no answer within {timeout:g}s; it goes "
                             "on: inspect it, or await it again with the same run_id") from None
                     answer = await request.on_quiet()
-                    if answer is None and not request.placed:
+                    if answer is None and not request.taken:
                         answer = await unserved.look(loop.time())
                     elif answer is None:
                         await untaken.look(request.state, loop.time())
@@ -298,7 +322,9 @@ class ParentHandle:
         since, runs again), and await its new outcome (or, `detached`, return once the
         parent took it). A detached run's hooks and notices are sent again for the new
         outcome. A run that is not failed is refused, saying why; asked again while the
-        rewind runs, it awaits that rewind. `expires_in` as `run_agent_tool`'s."""
+        rewind runs, it awaits that rewind. `expires_in` and `on_waiting` as
+        `run_agent_tool`'s: while no parent service answers, it is told so, and an expired
+        rewind is answered as such."""
         timeout = check_seconds(timeout, "timeout")
         state = await self._read_own(run_id, "rewind")
         number = state.rewinds + 1 if state.status == "error" or state.rewinds == 0 \
@@ -367,7 +393,8 @@ class ParentHandle:
                    mode: Literal["queue", "interrupt"] = "queue",
                    message_id: str | None = None, below: Iterable[str] = (),
                    expires_in: float | None = None,
-                   timeout: float = SEND_TIMEOUT_S) -> MessageReceipt:
+                   timeout: float = SEND_TIMEOUT_S,
+                   on_waiting: WaitingReport | None = None) -> MessageReceipt:
         """Send a message to a running run of this parent (steering): `text`, `data` or
         both. The parent records it in the run's log, once per `message_id` (default: a
         new one; send again with the same id and it is recorded once), and the child
@@ -378,8 +405,12 @@ class ParentHandle:
         the timeline). `MessageRefused` when the run takes no message (it ended, is being
         cancelled, is not there); `TimeoutError` when no parent service took it within
         `timeout` seconds (it waits in the commands stream and is applied when one
-        does, unless `expires_in` seconds ran out first). `below`: the run ids down the
-        run's tree to the one the message is for (a timeline's `waiting_path`)."""
+        does, unless `expires_in` seconds ran out first). While no parent service answers
+        (none runs, or it is stopped), `on_waiting` is told once, two seconds after the
+        send, as `run_agent_tool`'s is; a message still not recorded `expires_in` seconds
+        (plus two) after it was sent raises `MessageRefused` (`expired`) then, since no
+        parent will record it. `below`: the run ids down the run's tree to the one the
+        message is for (a timeline's `waiting_path`)."""
         check_identifier(run_id, "run id")
         check_seconds(timeout, "timeout", none_allowed=False)
         message_id = check_identifier(message_id or uuid.uuid4().hex, "message id")
@@ -407,7 +438,10 @@ class ParentHandle:
                 ack = await self.tether.publish_command(
                     "send", command,
                     f"send:{self.ref.agent}.{self.ref.name}:{run_id}:{message_id}")
-                return await _message_recorded(feed.sink, target, message_id, ack.seq)
+                unsent = UnsentMessage(self.tether, self.ref, target, message_id, expires_in,
+                                       on_waiting or _log_unserved)
+                return await _message_recorded(feed.sink, target, message_id, ack.seq,
+                                               unsent)
         except TimeoutError:
             if not deadline.expired():
                 raise

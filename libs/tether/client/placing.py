@@ -1,16 +1,19 @@
 """One run request placed with the parent: published, and the run's messages folded
-until they answer it (`RunRequest`); a request no parent has taken yet (`Unserved`); and
-a run no child-runner has taken yet (`Untaken`).
-`ParentHandle.run_agent_tool` drives both."""
+until they answer it (`RunRequest`); a request no parent has taken yet (`Unserved`); a
+run no child-runner has taken yet (`Untaken`); and messages of the run this client cannot
+decode (`Undecodable`). `ParentHandle.run_agent_tool` drives them all. A steering message
+no parent has recorded yet (`UnsentMessage`) is waited for the same way by
+`ParentHandle.send`."""
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js.api import PubAck
 
-from tether.client.awaiting import Answer, LiveEvent, RunFold, RunWaiter
-from tether.client.errors import ServiceUnavailable
+from tether.client.awaiting import Answer, LiveEvent, RunFold, RunWaiter, UnreadableMessage
+from tether.client.errors import MessageRefused, ServiceUnavailable, UnreadableOutcome
 from tether.client.link import Link
 from tether.client.run_events import live_event
 from tether.contract.messages import (
@@ -62,14 +65,25 @@ class RunRequest:
         self._stored_at: int | None = None  # where the stream stored the request as new
 
     @property
-    def placed(self) -> bool:
-        """Whether the run has been seen in the log (its events, or a parent's notice)."""
-        return self._run is not None
+    def taken(self) -> bool:
+        """Whether a parent has acted on the request: the run seen in the log (its events,
+        or a parent's notice) and, for a follow-up or a rewind (whose run is there before
+        the request), the turn or rewind begun, or the request answered."""
+        return self._run is not None and self._run.waiter.taken
 
     @property
     def state(self) -> RunState | None:
         """The run as its events folded so far (None: unplaced, or no events yet)."""
         return self._run.waiter.state if self._run is not None else None
+
+    @property
+    def subject(self) -> str:
+        return self._subject
+
+    @property
+    def run(self) -> RunFold | None:
+        """The fold of the run's messages (None: unplaced)."""
+        return self._run
 
     async def publish(self) -> Answer | None:
         ack = await self._send()
@@ -90,7 +104,7 @@ class RunRequest:
             if answer is _UNREAD:
                 return None  # the next look reads past this event too
         if answer is None and event is not None:
-            answer = run.fold(event.seq, event.event)
+            answer = run.fold(event.seq, event.event, error=event.error)
         return answer
 
     async def on_quiet(self) -> Answer | None:
@@ -123,7 +137,7 @@ class RunRequest:
     async def _placed(self, message: Msg, event: LiveEvent | None) -> RunFold | None:
         if event is not None and event.previous_seq == 0:
             run = self._fold(mark=0)
-            run.fold(event.seq, event.event)
+            run.fold(event.seq, event.event, error=event.error)
             return run
         if event is not None:
             mark = event.previous_seq
@@ -174,31 +188,63 @@ class RunRequest:
                                  rewind=self._command.rewind, request=self._command))
 
 
+class ParentPresence:
+    """A command no parent service has taken yet: once it has waited
+    `AwaitTiming.presence_after_s`, the caller is told once, `waiting` first, if no parent
+    service answers at all (none runs, or one is stopped)."""
+
+    def __init__(self, tether: Link, parent: ParentRef, report: WaitingReport, *,
+                 waiting: str, published_at: float) -> None:
+        self._tether, self._parent, self._report = tether, parent, report
+        self._waiting = waiting
+        self._look_at = published_at + tether.awaiting.presence_after_s
+        self._told = False
+
+    @property
+    def told(self) -> bool:
+        return self._told
+
+    def next_look_in(self, now: float) -> float | None:
+        """Seconds until the first look is due; None once that time has passed (each look
+        after it is the caller's to pace) or the caller was told."""
+        return None if self._told or self._look_at <= now else self._look_at - now
+
+    async def look(self, now: float) -> None:
+        if self._told or now < self._look_at:
+            return
+        unavailable = await self._tether.parent_unavailable(self._parent)
+        if unavailable is not None:
+            self._told = True
+            self._report(f"{self._waiting}; {unavailable}")
+
+
 class Unserved:
-    """A request that no parent has taken yet (its run shows nothing in the log): once it
-    has waited `AwaitTiming.presence_after_s`, the caller is told once if no parent
-    service answers at all, and once it has expired it is answered as such, since a
-    parent that takes it later refuses it `expired`."""
+    """A request that no parent has taken yet (its run shows nothing in the log, or, for a
+    follow-up or a rewind, nothing of it): once it has waited
+    `AwaitTiming.presence_after_s`, the caller is told once if no parent service answers
+    at all (`ParentPresence`), and once it has expired it is answered as such, since a
+    parent that takes it later applies nothing."""
 
     def __init__(self, tether: Link, parent: ParentRef, command: RunCommand, detached: bool,
                  report: WaitingReport, *, published_at: float) -> None:
-        self._tether, self._parent = tether, parent
         self._command = command
         self._detached = detached
-        self._report = report
-        timing = tether.awaiting
-        self._look_at = published_at + timing.presence_after_s
         expires_in_ms = command.expires_in_ms
+        until = ("until a parent service takes it" if expires_in_ms is None
+                 else f"for at most {expires_in_ms / 1000:g}s (its expires_in)")
+        self._presence = ParentPresence(
+            tether, parent, report, published_at=published_at,
+            waiting=f"run {command.run_id}: the request is stored and waits {until}")
         self._expired_at = (None if expires_in_ms is None else
-                            published_at + expires_in_ms / 1000 + timing.expiry_grace_s)
-        self._told = False
+                            published_at + expires_in_ms / 1000 + tether.awaiting.expiry_grace_s)
 
     def next_look_in(self, now: float, otherwise: float) -> float:
         """Seconds until this request's next look is due (the quiet wait is cut to it);
         `otherwise` when none is."""
-        due = [at for at in (None if self._told else self._look_at, self._expired_at)
-               if at is not None and at > now]
-        return max(min(due) - now, 0.01) if due else otherwise
+        due = [in_s for in_s in (self._presence.next_look_in(now),
+                                 None if self._expired_at is None else self._expired_at - now)
+               if in_s is not None and in_s > 0]
+        return max(min(due), 0.01) if due else otherwise
 
     async def look(self, now: float) -> Answer | None:
         command = self._command
@@ -212,15 +258,45 @@ class Unserved:
                                       status="error", error=error)
             return AgentToolFailure(run_id=command.run_id, agent_type=command.agent_type,
                                     status="error", error=error, retryable=False)
-        if not self._told and now >= self._look_at:
-            unavailable = await self._tether.parent_unavailable(self._parent)
-            if unavailable is not None:
-                self._told = True
-                until = ("until a parent service takes it" if command.expires_in_ms is None
-                         else f"for at most {command.expires_in_ms / 1000:g}s (its expires_in)")
-                self._report(f"run {command.run_id}: the request is stored and waits "
-                             f"{until}; {unavailable}")
+        await self._presence.look(now)
         return None
+
+
+class UnsentMessage:
+    """A steering message no parent service has recorded yet: the caller is told once if
+    none answers (`ParentPresence`), and once it has expired (plus
+    `AwaitTiming.expiry_grace_s`) it is refused `expired`, since a parent that takes it
+    later refuses it so."""
+
+    def __init__(self, tether: Link, parent: ParentRef, run_id: str, message_id: str,
+                 expires_in: float | None, report: WaitingReport) -> None:
+        now = asyncio.get_running_loop().time()
+        until = ("until a parent service takes it" if expires_in is None
+                 else f"for at most {expires_in:g}s (its expires_in)")
+        self._presence = ParentPresence(
+            tether, parent, report, published_at=now,
+            waiting=f"message {message_id!r} for run {run_id!r} is stored and waits {until}")
+        self._look_again_s = tether.awaiting.presence_after_s
+        self._expired_at = (None if expires_in is None
+                            else now + expires_in + tether.awaiting.expiry_grace_s)
+        self._run_id, self._message_id, self._expires_in = run_id, message_id, expires_in
+
+    def next_look_in(self, now: float) -> float | None:
+        """Seconds until the next look; None when none is due (told, and no expiry)."""
+        look = self._presence.next_look_in(now)
+        if look is None and not self._presence.told:
+            look = self._look_again_s  # a parent answered: look again later
+        due = [in_s for in_s in (look, None if self._expired_at is None
+                                 else self._expired_at - now) if in_s is not None]
+        return max(min(due), 0.01) if due else None
+
+    async def look(self, now: float) -> None:
+        if self._expired_at is not None and now >= self._expired_at:
+            raise MessageRefused(
+                f"message {self._message_id!r} for run {self._run_id!r} expired: no parent "
+                f"service recorded it within {self._expires_in:g}s (its expires_in), so "
+                "none will", "expired")
+        await self._presence.look(now)
 
 
 class Untaken:
@@ -257,6 +333,51 @@ class Untaken:
             self._told = True
             self._report(f"run {command.run_id}: the parent accepted it and it waits until a "
                          f"child-runner takes it; {unavailable}")
+
+
+class Undecodable:
+    """Messages of the run this client cannot decode (an event of a newer Tether, or a
+    damaged one), which the fold skips: the caller is told of each once, naming its
+    sequence and why; one that stays the run's last message for
+    `AwaitTiming.unreadable_last_s` (a read of the run finding nothing after it) ends the
+    wait with `UnreadableOutcome`, since it may be the outcome waited for."""
+
+    def __init__(self, tether: Link, run_id: str, subject: str, report: WaitingReport) -> None:
+        self._run_id, self._subject, self._report = run_id, subject, report
+        self._after_s = tether.awaiting.unreadable_last_s
+        self._told = 0  # how many of the run's undecodable messages the caller was told of
+        self._last: UnreadableMessage | None = None
+        self._last_since = 0.0
+
+    def next_look_in(self, now: float, otherwise: float) -> float:
+        """Seconds until an undecodable last message has been last long enough (the
+        quiet wait is cut to it, so a read comes first); `otherwise` when none is."""
+        if self._last is None:
+            return otherwise
+        return min(max(self._last_since + self._after_s - now, 0.01), otherwise)
+
+    def look(self, run: RunFold | None, now: float) -> None:
+        """After the run's messages were folded: tell of the new undecodable ones, and
+        raise `UnreadableOutcome` once one has been the last for long enough."""
+        if run is None:
+            return
+        for message in run.unreadable[self._told:]:
+            self._report(f"run {self._run_id}: this client cannot read message {message.seq} "
+                         f"of the run's log ({self._subject}): {message.reason}; it is "
+                         f"skipped, and the call ends if no message follows it within "
+                         f"{self._after_s:g}s")
+        self._told = len(run.unreadable)
+        last = run.last_unreadable
+        if last != self._last:
+            self._last, self._last_since = last, now
+        elif last is not None and now >= self._last_since + self._after_s:
+            raise UnreadableOutcome(
+                f"run {self._run_id}: this client cannot read the run's last message "
+                f"({last.seq} on {self._subject}: {last.reason}) and none followed it "
+                f"within {self._after_s:g}s: it may be the run's outcome, written by a newer "
+                "Tether; upgrade this client to read it. The run is not cancelled: inspect "
+                "it, or await it again with the same run_id",
+                self._run_id, last.seq, last.reason)
 
 
 _UNREAD: Any = object()

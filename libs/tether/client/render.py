@@ -79,7 +79,7 @@ def timeline_rows(view: TimelineView, *, width: int = BAR_WIDTH,
                                  columns=None if columns is None else columns - len(indent))
 
     if not view.runs:
-        return [("", "(no runs yet)")]
+        return [("", "(no runs yet)"), *unreadable_rows(view)]
     rows: list[tuple[str, str]] = []
     for tool_call_id in view.tool_call_ids:
         rows.append((f"tool call {tool_call_id}", f"tool call {tool_call_id}:"))
@@ -91,6 +91,16 @@ def timeline_rows(view: TimelineView, *, width: int = BAR_WIDTH,
         rows.append(("without a tool call", "without a tool call:"))
         indent = "  "
     rows.extend((run.run_id, line(run, indent)) for run in unbound)
+    return rows + unreadable_rows(view)
+
+
+def unreadable_rows(view: TimelineView) -> list[tuple[str, str]]:
+    """A line for each unreadable event the view keeps, after how many more there were:
+    something was there, and no run shows it."""
+    rows = [(f"unreadable {item.seq}", item.line) for item in view.unreadable]
+    earlier = view.unreadable_count - len(view.unreadable)
+    if earlier:
+        rows.insert(0, ("unreadable earlier", f"{earlier} earlier event{'s' if earlier > 1 else ''} could not be read"))
     return rows
 
 

@@ -71,4 +71,5 @@ def live_event(msg: Msg) -> LiveEvent | None:
         seq, previous = int(headers["Nats-Sequence"]), int(headers["Nats-Last-Sequence"])
     except (KeyError, ValueError):
         return None
-    return LiveEvent(seq, previous, stored_event(seq, msg.subject, msg.data).event)
+    stored = stored_event(seq, msg.subject, msg.data)
+    return LiveEvent(seq, previous, stored.event, stored.error)

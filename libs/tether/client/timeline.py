@@ -15,22 +15,25 @@ start.
 """
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import msgspec
-from pydantic import ValidationError
 
-from tether.client.feed import FeedMessage, open_feed
+from tether.client.feed import FeedMessage, UnreadableEvent, feed_events, feed_signal, open_feed
 from tether.client.link import Link
-from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import MilestoneView, ProgressSignal
 from tether.domain.commands import Model
 from tether.domain.events import Event, ParentRef, RunCleared
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
+from tether.domain.steering_transitions import MessageStanding, message_standing
 from tether.domain.waiting import waiting_below
+
+# The unreadable events a view keeps (the latest): it says how many there were in all.
+UNREADABLE_KEPT = 5
 
 
 class ProgressView(Model):
@@ -45,7 +48,10 @@ class ProgressView(Model):
 
 class MessageView(Model):
     """A parent's steering message to the run and its receipts: when the runner handed it
-    to the child (`delivered_at`), when the child took it in (`consumed_at`)."""
+    to the child (`delivered_at`), when the child took it in (`consumed_at`); the turn it
+    was sent in and the one that took it in, and where it stands (`standing`: `waiting`,
+    `read`, `carried` to a later turn, or `unread` by a turn that ended,
+    `tether.domain.steering_transitions.message_standing`)."""
 
     message_id: str
     mode: str
@@ -54,6 +60,9 @@ class MessageView(Model):
     sent_at: int
     delivered_at: int | None = None
     consumed_at: int | None = None
+    sent_in_turn: int = 1
+    consumed_in_turn: int | None = None
+    standing: MessageStanding = "waiting"
 
 
 class TurnView(Model):
@@ -68,6 +77,7 @@ class TurnView(Model):
     ended_at: int | None = None
     tokens: int = 0  # its own model usage
     cost: float = 0.0
+    unread_messages: tuple[str, ...] = ()  # the steering messages carried to the next turn
 
 
 class RunView(Model):
@@ -122,12 +132,16 @@ class TimelineView:
     """All runs by id. Equality compares the runs only.
 
     `changed`: the runs that changed since the previous view; `caught_up`: the view covers
-    everything the streams held when the subscription started.
+    everything the streams held when the subscription started; `unreadable`: the latest
+    (`UNREADABLE_KEPT`) of the `unreadable_count` messages of the events feed that could
+    not be read, which no run shows.
     """
 
     runs: Mapping[str, RunView]
     changed: frozenset[str] = field(default=frozenset(), compare=False)
     caught_up: bool = field(default=False, compare=False)
+    unreadable: tuple[UnreadableEvent, ...] = field(default=(), compare=False)
+    unreadable_count: int = field(default=0, compare=False)
 
     def runs_for_tool_call(self, tool_call_id: str) -> list[RunView]:
         return sorted((run for run in self.runs.values()
@@ -152,19 +166,25 @@ class TimelineView:
 
 
 class TimelineFolder:
-    """The pure part: events and signals in, run views out."""
+    """The pure part: events and signals in, run views out.
+
+    A run's view is built again when a view is asked for, not at each event: it holds
+    every output chunk of the run, so building it per event would make reading a run of
+    n chunks cost n² (seconds, with the loop blocked, at a few thousand)."""
 
     def __init__(self) -> None:
         self._states: dict[str, RunState] = {}
         self._signals: dict[str, ProgressSignal] = {}
         self._views: dict[str, RunView] = {}
+        self._touched: set[str] = set()  # the runs folded since the last view
+        self._unreadable: deque[UnreadableEvent] = deque(maxlen=UNREADABLE_KEPT)
+        self.unreadable_count = 0
 
-    def apply_event(self, event: Event) -> str | None:
-        """Fold one event; returns the run id when its view changed."""
+    def apply_event(self, event: Event) -> None:
         run_id = event.run_id
         evolved = evolve(self._states.get(run_id), event)
         if not evolved.applied:
-            return None
+            return
         if evolved.state is None:
             self._states.pop(run_id, None)
             signal = self._signals.get(run_id)
@@ -172,27 +192,35 @@ class TimelineFolder:
                 del self._signals[run_id]
         else:
             self._states[run_id] = evolved.state
-        return self._refresh(run_id)
+        self._touched.add(run_id)
 
-    def apply_signal(self, signal: ProgressSignal) -> str | None:
+    def note_unreadable(self, unreadable: UnreadableEvent) -> None:
+        self._unreadable.append(unreadable)
+        self.unreadable_count += 1
+
+    def apply_signal(self, signal: ProgressSignal) -> None:
         """Keep the latest signal of a run (callers pass them in stream order)."""
         self._signals[signal.run_id] = signal
-        return self._refresh(signal.run_id)
+        self._touched.add(signal.run_id)
 
-    def _refresh(self, run_id: str) -> str | None:
+    def _refresh(self, run_id: str) -> bool:
+        """Build the run's view again; whether it changed."""
         state = self._states.get(run_id)
         view = None if state is None else run_view(state, self._signals.get(run_id))
         if view == self._views.get(run_id):
-            return None
+            return False
         if view is None:
             del self._views[run_id]
         else:
             self._views[run_id] = view
-        return run_id
+        return True
 
-    def view(self, changed: set[str] | frozenset[str] = frozenset(),
-             caught_up: bool = False) -> TimelineView:
-        return TimelineView(dict(self._views), frozenset(changed), caught_up)
+    def view(self, caught_up: bool = False) -> TimelineView:
+        """Every run's view; `changed`: those that changed since the last view."""
+        changed = frozenset(run_id for run_id in self._touched if self._refresh(run_id))
+        self._touched.clear()
+        return TimelineView(dict(self._views), changed, caught_up, tuple(self._unreadable),
+                            self.unreadable_count)
 
 
 def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
@@ -209,11 +237,13 @@ def run_view(state: RunState, signal: ProgressSignal | None) -> RunView:
         cancel_requested=state.cancel_requested_at is not None,
         waiting_for=state.paused.reason if state.paused else _waiting_below(state)[0],
         waiting_path=() if state.paused else _waiting_below(state)[1],
-        messages=tuple(MessageView(**msgspec.structs.asdict(m)) for m in state.messages),
+        messages=tuple(MessageView(**msgspec.structs.asdict(m),
+                                   standing=message_standing(state, m))
+                       for m in state.messages),
         turn=state.turn,
         turns=tuple(TurnView(turn=t.turn, input=t.input, status=t.status, summary=t.summary,
                              error=t.error, requested_at=t.requested_at, ended_at=t.ended_at,
-                             tokens=t.tokens, cost=t.cost)
+                             tokens=t.tokens, cost=t.cost, unread_messages=t.unread_messages)
                     for t in state.turns),
         forked_from=state.forked_from.run.run_id if state.forked_from else None,
         fork_at=state.forked_from.at if state.forked_from else None, rewinds=state.rewinds,
@@ -264,27 +294,31 @@ async def follow_timeline(tether: Link, parent: ParentRef, *, run_id: str | None
                 batch = [await sink.get()]
             while not sink.empty():
                 batch.append(sink.get_nowait())
-            changed: set[str] = set()
+            unreadable_before = folder.unreadable_count
             for message in batch:
-                if (run := _apply(folder, message)) is not None:
-                    changed.add(run)
+                _apply(folder, message)
                 if message.pending == 0:
                     caught[message.source] = True
             caught_up = all(caught.values())
-            if changed or (caught_up and not announced):
-                yield folder.view(changed, caught_up)
+            view = folder.view(caught_up)
+            noticed = folder.unreadable_count != unreadable_before
+            if view.changed or noticed or (caught_up and not announced):
+                yield view
                 announced = announced or caught_up
             if caught_up and not live:
                 return
 
 
-def _apply(folder: TimelineFolder, message: FeedMessage) -> str | None:
+def _apply(folder: TimelineFolder, message: FeedMessage) -> None:
     if message.source == "event":
-        try:
-            return folder.apply_event(decode_event(message.data))
-        except EventDecodeError:
-            return None  # the projector dead-letters it; a timeline just skips it
-    try:
-        return folder.apply_signal(ProgressSignal.model_validate_json(message.data))
-    except ValidationError:
-        return None
+        for event in feed_events(message):
+            if isinstance(event, UnreadableEvent):
+                folder.note_unreadable(event)  # the projector dead-letters it too
+            else:
+                folder.apply_event(event)
+        return
+    signal = feed_signal(message)
+    if isinstance(signal, UnreadableEvent):
+        folder.note_unreadable(signal)
+    else:
+        folder.apply_signal(signal)

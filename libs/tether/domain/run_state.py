@@ -52,6 +52,10 @@ class SteeringMessage(Record, frozen=True, kw_only=True):
     sent_at: int
     delivered_at: int | None = None
     consumed_at: int | None = None
+    # The turn it was sent in and the turn that took it in: one a turn ended without is
+    # carried to the next (`tether.domain.steering_transitions.message_standing`).
+    sent_in_turn: int = 1
+    consumed_in_turn: int | None = None
 
 
 class Spending(Record, frozen=True, kw_only=True):
@@ -105,6 +109,8 @@ class TurnRecord(Record, frozen=True, kw_only=True):
     # Its own model usage (its steps').
     tokens: int = 0
     cost: float = 0.0
+    # The steering messages it ended without taking in (their ids): carried to the next.
+    unread_messages: tuple[str, ...] = ()
 
 
 class RunState(Record, frozen=True, kw_only=True):

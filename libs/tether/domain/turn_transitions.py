@@ -1,7 +1,8 @@
 """The fold's transitions that start a finished run again, as a new life of its run id: a
 follow-up turn (`run.turn_requested`: the finished turn is kept in the run's `turns`, a
-`TurnRecord` with its usage, and the run goes on with the new input), and a rewind
-(`run.rewound`: a failed run goes on from its last recorded step, with the same input)."""
+`TurnRecord` with its usage and the steering messages it left unread, and the run goes on
+with the new input), and a rewind (`run.rewound`: a failed run goes on from its last
+recorded step, with the same input)."""
 
 from typing import Any
 
@@ -16,7 +17,9 @@ from tether.domain.turn_events import RunTurnRequested
 def turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) -> Evolved:
     """A follow-up turn: the finished turn is kept in `turns`, and the run starts again
     with the new input, as a new life of the run id for what each outcome owes (its
-    hooks' and notices' ids, its ledger), keeping its steps, output and milestones."""
+    hooks' and notices' ids, its ledger), keeping its steps, output and milestones. The
+    steering messages the finished turn did not take in stay waiting: the new turn's child
+    is handed them, and the kept turn names them (`unread_messages`)."""
     data = event.data
     if data.turn <= state.turn:
         return ignored(state, f"duplicate: turn {data.turn} was already requested")
@@ -31,6 +34,7 @@ def turn_requested(state: RunState, event: RunTurnRequested, logged_at: int) -> 
         reason=state.reason, requested_at=state.turn_requested_at or state.requested_at,
         ended_at=state.ended_at, first_step=state.turn_first_step,
         first_output=state.turn_first_output, ledger=state.ledger, ended_by=state.ended_by,
+        unread_messages=tuple(m.message_id for m in state.waiting_messages),
         **_usage_since(state, state.turn_first_step))
     return applied(
         state, turn=data.turn, turns=(*state.turns, finished), turn_requested_at=event.occurred_at,

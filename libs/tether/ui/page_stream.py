@@ -7,7 +7,9 @@ signals from the start of the progress stream (which keeps the last one per run)
 `evolve` as the services and sent at most once per frame (`frame_ms`), each run's latest
 document only, so a burst of events costs the browser one redraw per frame. Nested runs
 (owned by `<agent type>/<run id>` of a run on the page) come from the projections, read
-again each `nested_refresh_ms` while a run on the page is open.
+again each `nested_refresh_ms` while a run on the page is open. A message of the events
+stream that cannot be read (`feed_events`) is applied to no run; the next frame says it
+was there (`unreadable`, at most `UNREADABLE_PER_FRAME` of them, and how many in all).
 """
 
 import asyncio
@@ -15,17 +17,14 @@ from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from typing import Any
 
-from pydantic import ValidationError
-
 from tether.adapters.postgres.reads import ProjectionReads
 from tether.client.connection import Tether
-from tether.client.feed import FeedMessage
-from tether.contract.codec import EventDecodeError, decode_event
+from tether.client.feed import FeedMessage, UnreadableEvent, feed_events, feed_signal
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import Event, ParentRef
 from tether.domain.fold import evolve
 from tether.domain.run_state import RunState
-from tether.ports import SYSTEM_CLOCK, stored_events
+from tether.ports import SYSTEM_CLOCK
 from tether.ui.views import run_document
 
 # How deep a parent's page follows its nested runs at first; a deeper run stays reachable
@@ -37,6 +36,8 @@ NESTED_REFRESH_MS = 1_000
 # A quiet stream still sends something this often, so proxies keep it open and a browser
 # that went away is noticed.
 HEARTBEAT_S = 15.0
+# The unreadable events one frame names (the latest); it counts them all.
+UNREADABLE_PER_FRAME = 5
 STOP = FeedMessage("stop", 0, "", b"", 0)  # put on a page's queue when the UI shuts down
 
 
@@ -55,6 +56,7 @@ class ParentStream:
         self._signals: dict[str, ProgressSignal] = {}
         self._nested: dict[tuple[str, str, str], RunState] = {}
         self._sent: dict[Any, dict[str, Any]] = {}
+        self._unreadable: list[UnreadableEvent] = []  # since the last frame
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
         snapshot = await self._store.snapshot(self._parent, MAX_NESTING)
@@ -98,7 +100,8 @@ class ParentStream:
                 waits = [next_heartbeat - now]
                 if self._any_open():
                     waits.append(next_nested - now)
-                if changed or nested or (all(caught.values()) and not announced):
+                if changed or nested or self._unreadable or (all(caught.values())
+                                                             and not announced):
                     waits.append(next_frame - now)
                 for message in await self._arrived(min(waits)):
                     if message is STOP:
@@ -111,7 +114,8 @@ class ParentStream:
                     nested |= await self._refresh_nested()
                     next_nested = now + self._nested_refresh
                 caught_up = all(caught.values())
-                if now >= next_frame and (changed or nested or (caught_up and not announced)):
+                if now >= next_frame and (changed or nested or self._unreadable
+                                          or (caught_up and not announced)):
                     yield self._update(changed, nested, caught_up)
                     changed, nested = set(), set()
                     announced = announced or caught_up
@@ -135,19 +139,17 @@ class ParentStream:
 
     def _apply(self, message: FeedMessage) -> list[str]:
         """The runs on the page the message changed."""
-        if message.source == "event":
-            try:
-                event = decode_event(message.data)
-            except EventDecodeError:
-                return []  # dead-lettered by the projector; a page skips it
-            return self._evolve(event)
-        if message.source == "ledger":
-            return [run_id for stored in stored_events(message.seq, message.subject, message.data)
-                    if stored.event is not None and stored.event.parent == self._parent
-                    for run_id in self._evolve(stored.event)]
-        try:
-            signal = ProgressSignal.model_validate_json(message.data)
-        except ValidationError:
+        if message.source in ("event", "ledger"):
+            changed = []
+            for event in feed_events(message):
+                if isinstance(event, UnreadableEvent):
+                    self._unreadable.append(event)  # the projector dead-letters it too
+                elif event.parent == self._parent:  # a ledger's batch is its agent's
+                    changed += self._evolve(event)
+            return changed
+        signal = feed_signal(message)
+        if isinstance(signal, UnreadableEvent):
+            self._unreadable.append(signal)
             return []
         self._signals[signal.run_id] = signal
         return [signal.run_id] if signal.run_id in self._states else []
@@ -180,8 +182,13 @@ class ParentStream:
             if self._sent.get(key) != document:
                 self._sent[key] = document
                 nested_documents.append(document)
+        unreadable, self._unreadable = self._unreadable, []
         return {"type": "update", "runs": runs, "removed": removed, "nested": nested_documents,
-                "caught_up": caught_up, "sent_at": SYSTEM_CLOCK.now()}
+                "caught_up": caught_up, "sent_at": SYSTEM_CLOCK.now(),
+                "unreadable": [{"seq": item.seq, "subject": item.subject, "reason": item.reason,
+                                "line": item.line}
+                               for item in unreadable[-UNREADABLE_PER_FRAME:]],
+                "unreadable_count": len(unreadable)}
 
     def _document(self, run_id: str) -> dict[str, Any]:
         return run_document(self._states[run_id], self._signals.get(run_id))

@@ -206,6 +206,7 @@ function parentPage() {
     act(`/api/parents/${parentPath(agent, name)}/clear`, {}));
 
   const source = new EventSource(`/api/parents/${parentPath(agent, name)}/stream`);
+  let unreadable = 0;  // events of the log this page could not read, since it was opened
   source.addEventListener("snapshot", (message) => {
     const data = JSON.parse(message.data);
     tree.runs.clear(); tree.nested.clear();
@@ -229,6 +230,12 @@ function parentPage() {
       if (root) dirty.add(root); else full = true;
     }
     if (data.caught_up) { live.dataset.state = "caught-up"; live.textContent = "live, caught up"; }
+    if (data.unreadable_count) {
+      // Something was in the log that no run shows: say so rather than leave a gap.
+      unreadable += data.unreadable_count;
+      const last = data.unreadable[data.unreadable.length - 1].line;
+      notice(unreadable > 1 ? `${unreadable} events could not be read; the last: ${last}` : last, true);
+    }
     schedule();
   });
   source.addEventListener("failure", (message) => {
