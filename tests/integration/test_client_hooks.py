@@ -15,8 +15,7 @@ from eventually import eventually
 
 from tether.adapters.deliveries import DeliveryRecords
 from tether.adapters.event_log import EventLog
-from tether.client import ServiceUnavailable, Tether, connect
-from tether.client import hooks as hooks_module
+from tether.client import ServiceUnavailable, Tether, connect, hook_calls
 from tether.client.hooks import consumer_config, consumer_name
 from tether.contract.messages import FIRST_PUBLICATION_HEADER, HookMessage, LifecycleResult, RunInfo
 from tether.delivery.deliverer import Deliverer
@@ -443,7 +442,7 @@ async def test_reports_of_hooks_finished_together_share_one_delivered_command(
     """With the parent's ledger (no parent service here, so the commands stay in the
     stream): the reports of hooks whose functions return together go out in one command,
     each once, and a report alone goes out in the plain form with its own id."""
-    monkeypatch.setattr(hooks_module, "REPORT_LINGER_S", 1.0)  # one batch, however slow
+    monkeypatch.setattr(hook_calls, "REPORT_LINGER_S", 1.0)  # one batch, however slow
     other = ParentRef(agent=PARENT.agent, name="globex")
     together = 5
     release = asyncio.Event()

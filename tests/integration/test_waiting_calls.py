@@ -15,7 +15,7 @@ from tether.client import MessageRefused, Tether, UnreadableOutcome, connect
 from tether.client.link import AwaitTiming
 from tether.contract.codec import encode_event
 from tether.contract.messages import DetachedHandle
-from tether.domain.events import Event, ParentRef
+from tether.domain.events import Event, ParentRef, RunMessageSent
 from tether.testing import RunEvents
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
@@ -262,3 +262,24 @@ async def test_a_message_no_parent_records_is_refused_once_it_expired(log, tethe
     assert str(refused.value) == ("message 'm1' for run 'long' expired: no parent service "
                                   "recorded it within 0.5s (its expires_in), so none will")
     assert len(said) == 1 and "no parent service answers" in said[0], said
+
+
+async def test_a_message_recorded_for_another_run_on_this_runs_subject_is_no_receipt(log, tether):
+    """A hostile or buggy publish puts another run's events, with the message's id, on
+    this run's subject, which holds nothing of its own yet, while `send` waits: they are
+    no receipt of it, and it waits for its own run (here: until the message expires, with
+    no parent service)."""
+    told = Told()
+    sending = asyncio.create_task(tether.parent(PARENT.agent, PARENT.name).send(
+        "long", "wrap up", message_id="m1", expires_in=2, timeout=DEADLINE_S,
+        on_waiting=told))
+    await asyncio.wait_for(told.event.wait(), 5)  # it waits: its feed is open
+    other = RunEvents("other", PARENT)
+    for event in (other.requested(), other.started(), other.running(),
+                  other.make(RunMessageSent, message_id="m1", text="hi")):
+        await log.publish(log.subjects.run_events(PARENT, "long"), encode_event(event),
+                          headers={"Nats-Msg-Id": event.event_id},
+                          stream=log.subjects.events_stream)
+    with pytest.raises(MessageRefused) as refused:
+        await sending
+    assert refused.value.code == "expired"

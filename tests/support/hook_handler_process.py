@@ -14,7 +14,7 @@ import time
 
 from tether.client import connect
 from tether.client import hooks as hooks_module
-from tether.client.hooks import HookFunction
+from tether.client.hook_calls import HookFunction
 from tether.log import configure_logging, get_logger
 
 PARENT_AGENT, METHOD = "Importer", "on_import_done"

@@ -4,6 +4,7 @@ hook, published as its writer would."""
 
 import json
 import sys
+import time
 
 from service_processes import SUPPORT, ServiceProcess
 
@@ -40,8 +41,9 @@ class HookHandlerProcess(ServiceProcess):
 
 
 async def finish_detached_run(log, run_id: str) -> None:
-    """A detached run of `PARENT` naming `METHOD`, ended `completed`, with no hook yet."""
-    run = RunEvents(run_id, PARENT)
+    """A detached run of `PARENT` naming `METHOD`, ended `completed` now (the reconciler
+    publishes its hook again a delivery lease after that), with no hook yet."""
+    run = RunEvents(run_id, PARENT, start_ms=int(time.time() * 1000))
     for event in (run.requested("ImportAgent", detached=DetachedOptions(on_finish=METHOD)),
                   run.started(), run.running(), run.completed("imported")):
         await log.append(event, expected_last_seq=None)

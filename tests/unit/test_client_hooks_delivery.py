@@ -9,7 +9,8 @@ import pytest
 from eventually import eventually
 
 from tether.client.errors import NotPermitted
-from tether.client.hooks import HookRegistry, _Reports
+from tether.client.hook_calls import DeliveryReports
+from tether.client.hooks import HookRegistry
 from tether.domain.commands import DeliveredCommand, DeliveryReport
 from tether.domain.events import ParentRef
 
@@ -95,7 +96,7 @@ def _report(run_id: str) -> DeliveryReport:
 
 async def test_reports_waiting_together_raise_what_their_command_raised() -> None:
     commands = Commands(error=NotPermitted("may not send delivered commands"))
-    reports = _Reports(commands, logger=None)
+    reports = DeliveryReports(commands, logger=None)
     sends = [asyncio.create_task(reports.send(_report(f"r{n}"))) for n in range(3)]
     await eventually(lambda: len(commands.published) == 1)
     commands.release.set()
@@ -109,7 +110,7 @@ async def test_reports_waiting_together_raise_what_their_command_raised() -> Non
 
 async def test_reports_waiting_when_their_sender_is_cancelled_are_cancelled_too() -> None:
     commands = Commands()
-    reports = _Reports(commands, logger=None)
+    reports = DeliveryReports(commands, logger=None)
     sends = [asyncio.create_task(reports.send(_report(f"r{n}"))) for n in range(2)]
     await eventually(lambda: len(commands.published) == 1)
     later = asyncio.create_task(reports.send(_report("r-later")))  # waits for the next batch

@@ -9,9 +9,11 @@ ledger entry itself instead). The key names the parent, the method and the hook'
 message id without its retry suffix, so every publication of one outcome of one life
 shares it.
 
-While its function runs, the handler keeps a mark of its own under that key (`held`,
-with its lease): the mark is put before the call and again with each renewal of a call
-that runs on, and the delivered record replaces it. The reconciler does not republish a
+While its function runs on, the handler keeps a mark of its own under that key (`held`,
+with its lease): the mark is put with each renewal of a call that runs past a third of
+the lease, before a call that is not the first (a redelivery, a retry's copy) and when
+the function raised (the consumer retries it), and the delivered record replaces it. A
+first call that ends soon, most of them, writes no mark. The reconciler does not republish a
 hook whose mark keeps being renewed (`delivery/handler_holds.py`): the consumer already
 brings the hook back until it is acknowledged, and a copy would go to another replica
 and call the function a second time while the first call is under way.

@@ -22,7 +22,8 @@ from tether.client.errors import (
     UnreadableOutcome,
 )
 from tether.client.hooks import HookRegistry
-from tether.client.parent import MessageReceipt, ParentHandle
+from tether.client.parent import ParentHandle
+from tether.client.sending import MessageReceipt
 from tether.client.timeline import ProgressView, RunView, TimelineView
 from tether.domain.ids import tool_run_id
 

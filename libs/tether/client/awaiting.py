@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic_core
 
-from tether.contract.codec import EventDecodeError
+from tether.contract.codec import EventDecodeError, brief_reason
 from tether.contract.messages import AgentToolFailure, AgentToolSuccess, DetachedHandle
 from tether.domain.commands import RunCommand
 from tether.domain.decide import taken_by_another
@@ -287,11 +287,6 @@ class LiveEvent:
     error: EventDecodeError | None = None
 
 
-# How much of why a message does not decode a caller is told: enough to tell what it is;
-# its sequence finds the rest (`nats stream get`).
-UNREADABLE_REASON_CHARS = 200
-
-
 @dataclass(frozen=True, slots=True)
 class UnreadableMessage:
     """A message of the run's subject this client cannot decode (an event of a newer
@@ -302,10 +297,7 @@ class UnreadableMessage:
 
     @classmethod
     def of(cls, seq: int, error: EventDecodeError | None) -> "UnreadableMessage":
-        reason = str(error) if error is not None else "not an event"
-        if len(reason) > UNREADABLE_REASON_CHARS:
-            reason = reason[:UNREADABLE_REASON_CHARS - 1] + "…"
-        return cls(seq, reason)
+        return cls(seq, brief_reason(str(error)) if error is not None else "not an event")
 
 
 class RunFold:

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from tether.adapters.denials import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.link import Link
+from tether.contract.codec import brief_reason
 from tether.contract.messages import HistoryReply, ProgressSignal
 from tether.domain.commands import HistoryQuery
 from tether.domain.events import Event, ParentRef
@@ -54,11 +55,6 @@ class FeedMessage:
     pending: int
 
 
-# How much of why a message could not be read a reader shows: enough to tell what is
-# wrong with it; its sequence finds the rest (`nats stream get`).
-UNREADABLE_REASON_CHARS = 200
-
-
 @dataclass(frozen=True, slots=True)
 class UnreadableEvent:
     """A message of the events (or progress) stream that a live reader could not take:
@@ -72,17 +68,11 @@ class UnreadableEvent:
 
     @classmethod
     def of(cls, stored: StoredEvent) -> "UnreadableEvent":
-        return cls(stored.seq, stored.subject, _cut(str(stored.error)))
+        return cls(stored.seq, stored.subject, brief_reason(str(stored.error)))
 
     @property
     def line(self) -> str:
         return f"{self.what} at seq {self.seq} could not be read: {self.reason}"
-
-
-def _cut(reason: str) -> str:
-    if len(reason) > UNREADABLE_REASON_CHARS:
-        return reason[:UNREADABLE_REASON_CHARS - 1] + "…"
-    return reason
 
 
 def feed_events(message: FeedMessage) -> list[Event | UnreadableEvent]:
@@ -104,12 +94,12 @@ def feed_signal(message: FeedMessage) -> ProgressSignal | UnreadableEvent:
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        return UnreadableEvent(message.seq, message.subject, _cut(
+        return UnreadableEvent(message.seq, message.subject, brief_reason(
             f"not a progress signal: {where + ': ' if where else ''}{first['msg']}"),
             "progress signal")
     named = f".progress.{signal.parent.agent}.{signal.parent.name}.{signal.run_id}"
     if not (message.subject.endswith(named) and message.subject.count(".") == 4):
-        return UnreadableEvent(message.seq, message.subject, _cut(
+        return UnreadableEvent(message.seq, message.subject, brief_reason(
             f"names {signal.parent.agent}/{signal.parent.name}/{signal.run_id}, stored on "
             f"{message.subject}"), "progress signal")
     return signal

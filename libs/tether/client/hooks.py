@@ -23,22 +23,19 @@ a publication the parent does not mark as its first for the outcome
 (`Tether-First-Publication`). A function that raises is retried after
 the lease (`hook_lease_ms`) and never dropped (`max_deliver` -1). A call that outlasts a
 third of the lease renews it until the hook is acknowledged, and its mark in the
-deliveries bucket with it (put as the call starts), so the reconciler publishes no copy
-for another replica meanwhile; a plain function runs in a worker thread, so one that
+deliveries bucket with it (put too before a call that is not the hook's first, and when
+the function raised), so the reconciler publishes no copy for another replica meanwhile; a plain function runs in a worker thread, so one that
 blocks stops no renewal. A process that dies (or is paused past the lease) mid-call
 leaves the message to be redelivered when the lease runs out, and one woken past the
 lease before its call leaves it too (`Hold`); one that gets the message back while it is
-still handling it goes on with that delivery (`_HeldHook`). Handlers must
+still handling it goes on with that delivery (`HeldHook`). Handlers must
 still be idempotent: a crash after the function and before the ledger calls it again.
 """
 
 import asyncio
-import contextvars
 import inspect
 import math
-import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -62,11 +59,17 @@ from tether.adapters.hook_consumers import (
 from tether.adapters.pull import Delivery, Pull, delivery_of, durable_pull
 from tether.adapters.tenant_deliveries import TenantDeliveryRecords
 from tether.client.errors import NotPermitted, ServiceUnavailable
+from tether.client.hook_calls import (
+    DeliveryReports,
+    HeldHook,
+    HookFunction,
+    RecentKeys,
+    call_hook,
+)
 from tether.client.link import Link
 from tether.contract.messages import (
     FIRST_PUBLICATION_HEADER,
     HookMessage,
-    LifecycleResult,
     RunInfo,
     ServeHookReply,
 )
@@ -91,119 +94,17 @@ from tether.resilience import (
     sleep_unless_stopped,
 )
 
-HookFunction = Callable[[RunInfo, LifecycleResult], Awaitable[object] | object]
 FETCH_WAIT_S = 0.5
-# A delivery report waits this long for others to share its `delivered` command. Only the
-# hook message's acknowledgement waits for the report, never a call of a function.
-REPORT_LINGER_S = 0.005
-REPORTS_PER_COMMAND = 64  # at most MAX_DELIVERY_REPORTS
 # How many deliveries a handler remembers having made: a copy of one of them (a broker
 # that forgot the acknowledgement, a republication) is acknowledged without a look at the
 # records.
 CALLED_KEPT = 10_000
+# A hook's first call still running this long after it started is marked in the
+# deliveries bucket (a shorter call writes no mark: most of them).
+FIRST_MARK_AFTER_S = 0.5
 # The shortest lease a handler takes, as the setting (`hook_lease_ms`) does.
 MIN_LEASE_MS = 100
 Ledger = Literal["parent", "direct"]
-
-
-class _Recent:
-    """A bounded set, oldest out first."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._keys: OrderedDict[str, None] = OrderedDict()
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._keys
-
-    def add(self, key: str) -> None:
-        self._keys[key] = None
-        self._keys.move_to_end(key)
-        while len(self._keys) > self._size:
-            self._keys.popitem(last=False)
-
-
-class _HeldHook:
-    """A hook message as this handler holds it while it handles it: settled through its
-    newest delivery, and marked in the deliveries bucket while its function runs.
-
-    The server hands a message again to the handler holding it when a renewal came late
-    (the process was paused, an in-progress acknowledgement was lost): that delivery is
-    the one the server now waits on, so the handling goes on with it (`adopt`), rather
-    than putting it back for another replica to call while the function still runs."""
-
-    def __init__(self, msg: Msg, hold: Hold | None) -> None:
-        self.msg, self.hold = msg, hold
-        self.calling = False  # the function is running: its mark is renewed
-
-    def adopt(self, msg: Msg, hold: Hold | None) -> None:
-        self.msg = msg
-        if self.hold is not None and hold is not None:
-            self.hold.confirmed(hold.renewed_at)
-
-
-class _Reports:
-    """Delivery reports on their way to the parent service, sent together.
-
-    The first report waiting starts a batch; `REPORT_LINGER_S` later, the batch goes out
-    as one `delivered` command (those after the first in its `more`), published until the
-    commands stream has it, and every report in it is then sent. A batch of one is the
-    plain command, with the id it always had. One parent agent's reports: the subject
-    names the first one's parent, and admits every parent of its agent."""
-
-    def __init__(self, tether: Link, logger) -> None:
-        self._tether = tether
-        self._logger = logger
-        self._waiting: list[tuple[DeliveryReport, asyncio.Future[None]]] = []
-        self._sender: asyncio.Task[None] | None = None
-
-    async def send(self, report: DeliveryReport) -> None:
-        """Return once the report is in the commands stream; raise what publishing it
-        raised that is not transient (`NotPermitted`, say)."""
-        sent = asyncio.get_running_loop().create_future()
-        self._waiting.append((report, sent))
-        if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send_waiting())
-        await sent
-
-    async def _send_waiting(self) -> None:
-        await asyncio.sleep(REPORT_LINGER_S)
-        while self._waiting:
-            batch = self._waiting[:REPORTS_PER_COMMAND]
-            del self._waiting[:REPORTS_PER_COMMAND]
-            outcome: BaseException | None = None
-            try:
-                await self._publish([report for report, _ in batch])
-            except BaseException as error:  # noqa: BLE001 - each waiting report raises it
-                outcome = error
-            if isinstance(outcome, asyncio.CancelledError):
-                # The loop is closing: so is every hook waiting here, in this batch or the
-                # next (a future already done stays as it is).
-                for _, sent in (*batch, *self._waiting):
-                    sent.cancel()
-                self._waiting.clear()
-                raise outcome
-            for _, sent in batch:
-                if sent.done():
-                    continue  # its hook's handling was cancelled
-                if outcome is None:
-                    sent.set_result(None)
-                else:
-                    sent.set_exception(outcome)
-
-    async def _publish(self, reports: list[DeliveryReport]) -> None:
-        command = DeliveredCommand.of(reports)
-        parent = f"{command.parent.agent}.{command.parent.name}"
-        if len(reports) == 1:
-            msg_id = f"delivered:{parent}:{command.method}:{command.message_id}"
-        else:  # one id for every attempt at this batch, and no other's
-            msg_id = f"delivered:{parent}:batch:{uuid.uuid4().hex}"
-        # (A stream without responders is a cluster electing its leader, here: the
-        # commands stream existed when this handler started.)
-        async for attempt in Persisting("hooks.ledger", lambda: self._logger,
-                                        also=(ServiceUnavailable,)):
-            with attempt:
-                await self._tether.publish_command("delivered", command, msg_id)
 
 
 @dataclass(slots=True)
@@ -215,20 +116,6 @@ class HookStats:
     deferred: int = 0  # another handler was calling the function: put back for later
     left: int = 0  # held past the lease (this process was paused): left to its redelivery
     renewed: int = 0  # in-progress acknowledgements of calls that outlasted a third of the lease
-
-
-async def _called(function: HookFunction, run: RunInfo, result: LifecycleResult,
-                  threads: ThreadPoolExecutor | None) -> object:
-    """What the function returns. A plain function runs in a worker thread (of `threads`,
-    else the loop's default executor): one that blocks (a synchronous client, a long
-    computation) would stop the loop, and with it the renewals of its hook, which the
-    server would then hand to another replica to call again while the first call runs
-    (and every other hook and fetch of this handler)."""
-    if (inspect.iscoroutinefunction(function)
-            or inspect.iscoroutinefunction(type(function).__call__)):  # an async __call__
-        return function(run, result)
-    call = partial(contextvars.copy_context().run, function, run, result)  # as to_thread
-    return await asyncio.get_running_loop().run_in_executor(threads, call)
 
 
 def _lease_ms(value: Any, name: str) -> float:
@@ -283,9 +170,9 @@ class HookRegistry:
         self._logger = get_logger(component="hooks", parent_agent=parent_agent)
         self._records: DeliveryRecords | TenantDeliveryRecords = DeliveryRecords(None)
         self._calling: set[str] = set()  # the deliveries being checked or called
-        self._held: dict[int, _HeldHook] = {}  # the messages being handled, by stream seq
-        self._called = _Recent(CALLED_KEPT)  # the deliveries made and recorded here
-        self._reports = _Reports(tether, self._logger)
+        self._held: dict[int, HeldHook] = {}  # the messages being handled, by stream seq
+        self.call_hook = RecentKeys(CALLED_KEPT)  # the deliveries made and recorded here
+        self._reports = DeliveryReports(tether, self._logger)
         self._stalls = StallWatch()  # a pause of this process voids its holds on hooks
         # Plain functions' threads, while serving: their own, so that functions that block
         # never hold up what else the loop's default executor runs (name lookups).
@@ -491,17 +378,18 @@ class HookRegistry:
                         detail="this handler is still handling the message (a renewal came "
                                "late): it goes on with this delivery")
             return
-        held = self._held[delivery.stream_seq] = _HeldHook(msg, hold)
+        held = self._held[delivery.stream_seq] = HeldHook(msg, hold)
         try:
             await self._handle_held(method, held, hook, delivery, logger)
         finally:
             del self._held[delivery.stream_seq]
 
-    async def _handle_held(self, method: str, held: _HeldHook, hook: HookMessage,
+    async def _handle_held(self, method: str, held: HeldHook, hook: HookMessage,
                            delivery: Delivery, logger) -> None:
         run, result, msg, hold = hook.run, hook.result, held.msg, held.hold
         headers = msg.headers or {}
         message_id = headers.get("Nats-Msg-Id")
+        held.first = delivery.delivered == 1 and headers.get(FIRST_PUBLICATION_HEADER) == "1"
         key = (delivery_key(run.parent, method, message_id) if message_id is not None
                else None)
         if key is not None:
@@ -514,7 +402,7 @@ class HookRegistry:
                 await settle(msg.nak(delay=min(max(self.lease_s / 4, 0.05), 1.0)),
                              logger=logger, what="hook.nak")
                 return
-            if key in self._called:
+            if key in self.call_hook:
                 await self._already_delivered(held.msg, logger)
                 return
             # Claimed before the first look at the records: a copy arriving while this
@@ -557,25 +445,36 @@ class HookRegistry:
         return (state is not None and state.finish_delivered(status, method)
                 and (message_id is None or names_this_life(message_id, state, status, method)))
 
-    async def _call(self, method: str, held: _HeldHook, hook: HookMessage,
+    async def _call(self, method: str, held: HeldHook, hook: HookMessage,
                     message_id: str | None, logger) -> None:
         """Call the function, record the delivery, acknowledge. A call (with its records)
         that outlasts a third of the lease renews the hook until it is acknowledged, so
-        the server does not hand it to another replica meanwhile; most end before, so a
-        timer starts the renewing, not a task per call."""
-        renewing: list[asyncio.Task] = []
-        first_renewal = None if held.hold is None else asyncio.get_running_loop().call_later(
-            self.lease_s / 3, lambda: renewing.append(asyncio.ensure_future(
-                self._renew(method, held, hook, message_id, logger))))
+        the server does not hand it to another replica meanwhile; a hook's first call
+        that runs past `FIRST_MARK_AFTER_S` is marked then (`_mark_held`: the
+        reconciler's delivery lease may be shorter than this handler's). Most calls end
+        before either, so timers start them, not a task per call."""
+        loop = asyncio.get_running_loop()
+        started: list[asyncio.Task] = []
+
+        def start(work: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+            return lambda: started.append(asyncio.ensure_future(work()))
+
+        timers = []
+        if held.hold is not None:
+            timers.append(loop.call_later(self.lease_s / 3, start(
+                partial(self._renew, method, held, hook, message_id, logger))))
+        if held.first:  # (any other call was marked before it started)
+            timers.append(loop.call_later(min(FIRST_MARK_AFTER_S, self.lease_s / 3), start(
+                partial(self._mark_held, method, hook, message_id, logger, held))))
         try:
             await self._call_and_record(method, held, hook, message_id, logger)
         finally:
-            if first_renewal is not None:
-                first_renewal.cancel()
-            for task in renewing:
+            for timer in timers:
+                timer.cancel()
+            for task in started:
                 task.cancel()
 
-    async def _renew(self, method: str, held: _HeldHook, hook: HookMessage,
+    async def _renew(self, method: str, held: HeldHook, hook: HookMessage,
                      message_id: str | None, logger) -> None:
         """An in-progress acknowledgement now and every third of the lease, with the mark
         of the call while the function runs (a failed one is tried at the next)."""
@@ -589,11 +488,11 @@ class HookRegistry:
             await asyncio.sleep(self.lease_s / 3)
 
     async def _mark_held(self, method: str, hook: HookMessage, message_id: str | None,
-                         logger) -> None:
+                         logger, held: HeldHook | None = None) -> None:
         """The mark that this handler is calling the function (`DeliveryRecords`): while it
         is renewed, a retry of the reconciler's publishes no copy for another replica to
         call meanwhile. A mark that does not land leaves that retry as it was."""
-        if message_id is None:
+        if message_id is None or (held is not None and not held.calling):
             return
         try:
             await self._records.mark_held(hook.run.parent, method, message_id,
@@ -601,18 +500,21 @@ class HookRegistry:
         except TRANSIENT_ERRORS as error:
             logger.warning("hooks.mark_failed", error=describe(error))
 
-    async def _call_and_record(self, method: str, held: _HeldHook, hook: HookMessage,
+    async def _call_and_record(self, method: str, held: HeldHook, hook: HookMessage,
                                message_id: str | None, logger) -> None:
         run, result = hook.run, hook.result
-        await self._mark_held(method, hook, message_id, logger)
+        if not held.first:  # a retry, which the reconciler may be about to copy
+            await self._mark_held(method, hook, message_id, logger)
         held.calling = True
         try:
-            outcome = await _called(self.functions[method], run, result, self._threads)
+            outcome = await call_hook(self.functions[method], run, result, self._threads)
             if inspect.isawaitable(outcome):
                 await outcome
         except Exception:  # the user's function failed: retry after the lease
             self.stats.failed += 1
             logger.exception("hooks.function_failed", retry_in_s=self.lease_s)
+            # Its retry is the consumer's: marked, so the reconciler makes no copy of it.
+            await self._mark_held(method, hook, message_id, logger)
             await settle(held.msg.nak(delay=self.lease_s), logger=logger, what="hook.nak")
             return
         finally:
@@ -629,7 +531,7 @@ class HookRegistry:
         # Remembered once both records are on their way (until then a copy waits on the
         # claim): a copy acknowledged from memory never leaves the ledger without them.
         if message_id is not None:
-            self._called.add(delivery_key(run.parent, method, message_id))
+            self.call_hook.add(delivery_key(run.parent, method, message_id))
         await settle(held.msg.ack(), logger=logger, what="hook.ack")
         logger.info("hooks.delivered")
 

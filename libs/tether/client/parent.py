@@ -23,19 +23,17 @@ from tether.client.arguments import (
 from tether.client.awaiting import Answer
 from tether.client.chat_feed import follow_chat
 from tether.client.child_tool import AgentTool, agent_tool
-from tether.client.errors import MessageRefused, RequestFailed, RunNotFound
-from tether.client.feed import FeedMessage, open_feed
+from tether.client.errors import RequestFailed, RunNotFound
 from tether.client.link import Link
 from tether.client.placing import (
     RunRequest,
     Undecodable,
-    UnsentMessage,
     Unserved,
     Untaken,
     WaitingReport,
 )
+from tether.client.sending import SEND_TIMEOUT_S, MessageReceipt, send_message
 from tether.client.timeline import RunView, TimelineView, follow_timeline
-from tether.contract.codec import EventDecodeError, decode_event
 from tether.contract.messages import (
     AgentToolFailure,
     AgentToolSuccess,
@@ -56,54 +54,15 @@ from tether.domain.commands import (
     ListCursor,
     ListQuery,
     RunCommand,
-    SendCommand,
 )
 from tether.domain.detached_options import DetachedOptions
-from tether.domain.events import ParentRef, RunRef, RunRejected
-from tether.domain.fold import evolve
+from tether.domain.events import ParentRef, RunRef
 from tether.domain.ids import check_identifier, fork_run_id
 from tether.domain.recorded import ForkPoint
 from tether.domain.run_state import RunState
 from tether.log import get_logger
 
 CANCEL_PUBLISH_TIMEOUT_S = 5.0
-# How long `send` waits for a parent service to record the message.
-SEND_TIMEOUT_S = 30.0
-
-
-class MessageReceipt(BaseModel):
-    """A steering message the parent recorded in the run's log (`ParentHandle.send`)."""
-
-    run_id: str
-    message_id: str
-    mode: str
-
-
-async def _message_recorded(sink: "asyncio.Queue[FeedMessage]", run_id: str,
-                            message_id: str, command_seq: int,
-                            unsent: UnsentMessage) -> MessageReceipt:
-    """Fold the run's events until the message is in them (`MessageReceipt`), or the
-    parent refused this command on the run's subject (`MessageRefused`); while neither,
-    `unsent` looks whether any parent service answers, and ends the wait at the
-    message's expiry."""
-    loop = asyncio.get_running_loop()
-    state = None
-    while True:
-        try:
-            async with asyncio.timeout(unsent.next_look_in(loop.time())):
-                stored = await sink.get()
-        except TimeoutError:
-            await unsent.look(loop.time())
-            continue
-        try:
-            event = decode_event(stored.data)
-        except EventDecodeError:
-            continue  # not an event this client reads: not the answer
-        if isinstance(event, RunRejected) and event.causation_id == f"cmd:{command_seq}":
-            raise MessageRefused(event.data.error, event.data.code)
-        state = evolve(state, event).state
-        if state is not None and (message := state.message(message_id)) is not None:
-            return MessageReceipt(run_id=run_id, message_id=message_id, mode=message.mode)
 
 
 def parent_handle(tether: Link, agent: str, name: str) -> "ParentHandle":
@@ -187,7 +146,7 @@ class ParentHandle:
                                     detached=detached, started_by=started_by,
                                     expires_in=expires_in, max_tokens=max_tokens,
                                     max_cost=max_cost, turn=turn)
-        report = on_waiting or _log_unserved
+        report = on_waiting or log_unserved
         if not tracing.ENABLED:
             return await self._run(command, command.detached is not False, timeout, report,
                                    cancel_with_caller)
@@ -311,7 +270,7 @@ class ParentHandle:
             max_tokens=source.max_tokens, max_cost=source.max_cost, fork=fork,
             expires_in=expires_in)
         return await self._run(command, command.detached is not False, timeout,
-                               on_waiting or _log_unserved)
+                               on_waiting or log_unserved)
 
     async def rewind(self, run_id: str, *, timeout: float | None = None,
                      detached: bool | dict[str, Any] | DetachedOptions = False,
@@ -335,7 +294,7 @@ class ParentHandle:
             display=state.display, detached=detached, started_by=state.started_by,
             rewind=number, expires_in=expires_in)
         return await self._run(command, command.detached is not False, timeout,
-                               on_waiting or _log_unserved)
+                               on_waiting or log_unserved)
 
     async def _read_own(self, run_id: str, what: str) -> RunState:
         state = (await self.tether.read_run(self.ref, check_identifier(run_id, "run id"))).state
@@ -411,48 +370,9 @@ class ParentHandle:
         (plus two) after it was sent raises `MessageRefused` (`expired`) then, since no
         parent will record it. `below`: the run ids down the run's tree to the one the
         message is for (a timeline's `waiting_path`)."""
-        check_identifier(run_id, "run id")
-        check_seconds(timeout, "timeout", none_allowed=False)
-        message_id = check_identifier(message_id or uuid.uuid4().hex, "message id")
-        try:
-            command = SendCommand(run_id=run_id, parent=self.ref, below=ids_of(below, "below"),
-                                  message_id=message_id, text=text, data=data, mode=mode,
-                                  expires_in_ms=expires_in_ms(expires_in))
-        except ValidationError as error:
-            raise ValueError(f"invalid send request: {first_error(error)}") from None
-        parent, target = self.ref, run_id
-        for next_id in command.below:  # where the parent records it: down the tree
-            above = (await self.tether.read_run(parent, target)).state
-            if above is None:
-                raise MessageRefused(f"no run {target!r} of {parent.agent}/{parent.name}",
-                                     "no-such-run")
-            parent, target = above.as_parent(), next_id
-        subjects = self.tether.subjects
-        recorded_on = subjects.run_events(parent, target)
-        # Expiry is a cancellation inside the block and a TimeoutError only out of it:
-        # the explanation is raised here, outside.
-        deadline = asyncio.timeout(timeout)
-        try:
-            async with deadline, open_feed(self.tether, subjects.events_stream,
-                                           recorded_on) as feed:
-                ack = await self.tether.publish_command(
-                    "send", command,
-                    f"send:{self.ref.agent}.{self.ref.name}:{run_id}:{message_id}")
-                unsent = UnsentMessage(self.tether, self.ref, target, message_id, expires_in,
-                                       on_waiting or _log_unserved)
-                return await _message_recorded(feed.sink, target, message_id, ack.seq,
-                                               unsent)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            later = ("" if expires_in is None else
-                     f", unless that is more than {expires_in:g} s after it was sent: then it "
-                     "is dropped")
-            raise TimeoutError(
-                f"no parent service recorded message {message_id!r} for run {target!r} "
-                f"within {timeout:g}s (waited for it on {recorded_on}): it waits in the "
-                f"commands stream ({subjects.commands_stream}) and is applied when a parent "
-                f"service with prefix {subjects.prefix!r} takes it{later}") from None
+        return await send_message(self.tether, self.ref, run_id, text, data=data, mode=mode,
+                                  message_id=message_id, below=below, expires_in=expires_in,
+                                  timeout=timeout, on_waiting=on_waiting or log_unserved)
 
     async def continue_waiting(self, view: "RunView", **answers: Any) -> None:
         """Answer the run a timeline shows waiting: the run itself when it is paused, or
@@ -591,7 +511,7 @@ def cursor_of(run: RunSnapshot) -> ListCursor:
     return ListCursor(requested_at=run.requested_at, run_id=run.run_id)
 
 
-def _log_unserved(text: str) -> None:
+def log_unserved(text: str) -> None:
     get_logger(component="client").warning("run.unserved", waiting_for=text)
 
 

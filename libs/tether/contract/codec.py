@@ -21,6 +21,19 @@ class EventDecodeError(ValueError):
         self.kind = kind
 
 
+# How much of why a message does not decode a reader is told: enough to tell what is
+# wrong with it; its stream sequence finds the rest (`nats stream get`).
+BRIEF_REASON_CHARS = 200
+
+
+def brief_reason(reason: str) -> str:
+    """Why a message could not be read, cut to `BRIEF_REASON_CHARS` for a log line or a
+    caller's notice (the message itself may be megabytes, and the error quotes it)."""
+    if len(reason) > BRIEF_REASON_CHARS:
+        return reason[:BRIEF_REASON_CHARS - 1] + "…"
+    return reason
+
+
 class InvalidEvent(ValueError):
     """An event built with a value its shape does not allow (a negative sequence, a
     fraction above 1, a field of the wrong type, ...): refused before it is written."""

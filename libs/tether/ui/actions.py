@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 
 from tether.client.arguments import build_run_command, expires_in_ms, fork_request
 from tether.client.errors import InputTooLarge, MessageRefused, TetherError
-from tether.client.parent import SEND_TIMEOUT_S
+from tether.client.sending import SEND_TIMEOUT_S
 from tether.domain.commands import MAX_STEERING_TEXT, ContinueCommand
 from tether.domain.events import ParentRef
 from tether.domain.ids import run_message_id
