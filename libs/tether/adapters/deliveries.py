@@ -10,10 +10,10 @@ message id without its retry suffix, so every publication of one outcome of one 
 shares it.
 
 While its function runs on, the handler keeps a mark of its own under that key (`held`,
-with its lease): the mark is put with each renewal of a call that runs past a third of
-the lease, before a call that is not the first (a redelivery, a retry's copy) and when
-the function raised (the consumer retries it), and the delivered record replaces it. A
-first call that ends soon, most of them, writes no mark. The reconciler does not republish a
+with its lease): the mark is put once a call has run half a second and with each
+renewal of the hook, before a call that is not the first (a redelivery, a retry's copy)
+and when the function raised (the consumer retries it), and the delivered record
+replaces it. A first call that ends sooner, most of them, writes no mark. The reconciler does not republish a
 hook whose mark keeps being renewed (`delivery/handler_holds.py`): the consumer already
 brings the hook back until it is acknowledged, and a copy would go to another replica
 and call the function a second time while the first call is under way.
