@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 from cuttable_proxy import cuttable_proxy
+from misplaced_events import publish_misplaced
 from runner_stack import running_stack
 
 from examples.agents import Sleeper
 from tether.adapters.event_log import EventLog
 from tether.client import Tether, TimelineView, connect
 from tether.client.render import timeline_lines
-from tether.contract.codec import encode_event
 from tether.contract.messages import ProgressSignal
 from tether.domain.events import ParentRef, RunMilestone, RunOutput, RunProgressPersisted
 from tether.testing import RunEvents
@@ -192,14 +192,9 @@ async def test_an_event_stored_where_it_does_not_belong_is_not_applied_and_is_sh
     watcher = Watcher(tether.parent(PARENT.agent, PARENT.name).timeline())
     try:
         await watcher.until(lambda v: v.caught_up and len(v.runs) == 2)
-        la_subject = log.subjects.run_events(PARENT, "la")
-        lc_subject = log.subjects.run_events(PARENT, "lc")
-        foreign = RunEvents("lc", ParentRef(agent="Victim", name="tenant-9"), id_prefix="f")
-        liar_seq = (await log.jetstream.publish(
-            la_subject, encode_event(lb.completed("completed by a liar")))).seq
-        foreign_seq = (await log.jetstream.publish(
-            lc_subject, encode_event(foreign.requested()))).seq
-        garbage_seq = (await log.jetstream.publish(la_subject, b"not json")).seq
+        placed = await publish_misplaced(log, PARENT, la, lb)
+        la_subject, lc_subject = placed.la_subject, placed.lc_subject
+        liar_seq, foreign_seq, garbage_seq = placed.liar, placed.foreign, placed.garbage
         await append(log, la.completed("done"))
         view = await watcher.until(lambda v: v.runs["la"].status == "completed")
     finally:

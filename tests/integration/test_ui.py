@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from eventually import eventually
+from misplaced_events import publish_misplaced
 from projecting import running_projector
 from runner_stack import Stack
 from ui_server import running_ui
@@ -455,14 +456,9 @@ async def test_a_page_applies_no_event_stored_where_it_does_not_belong_and_says_
                             frame_ms=10)
         messages = page.messages()
         updates = [await anext(messages)]  # the snapshot, at the projection's checkpoint
-        la_subject = log.subjects.run_events(PARENT, "la")
-        lc_subject = log.subjects.run_events(PARENT, "lc")
-        foreign = RunEvents("lc", ParentRef(agent="Victim", name="tenant-9"), id_prefix="f")
-        liar_seq = (await log.jetstream.publish(
-            la_subject, encode_event(lb.completed("completed by a liar")))).seq
-        foreign_seq = (await log.jetstream.publish(
-            lc_subject, encode_event(foreign.requested()))).seq
-        garbage_seq = (await log.jetstream.publish(la_subject, b"not json")).seq
+        placed = await publish_misplaced(log, PARENT, la, lb)
+        la_subject, lc_subject = placed.la_subject, placed.lc_subject
+        liar_seq, foreign_seq, garbage_seq = placed.liar, placed.foreign, placed.garbage
         liar = ProgressSignal(run_id="lb", parent=PARENT, fraction=0.9, at=1_800_000_000_000)
         la_progress = log.subjects.run_progress(PARENT, "la")
         signal_seq = (await log.jetstream.publish(la_progress, liar.model_dump_json().encode(),

@@ -4,18 +4,9 @@ caller's own loop."""
 import asyncio
 
 import pytest
+from recorded_log import RecordedLog
 
 from tether.resilience import Persisting
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, dict]] = []
-
-    def warning(self, event: str, **fields: object) -> None:
-        self.lines.append((event, fields))
-
-    info = error = warning
 
 
 async def written(failures: list[BaseException], **options: object) -> tuple[str, int]:
@@ -31,7 +22,7 @@ async def written(failures: list[BaseException], **options: object) -> tuple[str
 
 
 async def test_a_first_attempt_that_succeeds_says_nothing_and_starts_nothing() -> None:
-    log, kept = Log(), []
+    log, kept = RecordedLog(), []
 
     async def keep() -> None:
         kept.append("kept")
@@ -41,7 +32,7 @@ async def test_a_first_attempt_that_succeeds_says_nothing_and_starts_nothing() -
 
 
 async def test_transient_errors_are_retried_until_the_write_lands_and_said_once_each_way() -> None:
-    log = Log()
+    log = RecordedLog()
     assert await written([TimeoutError(), ConnectionError("reset")],
                          logger=lambda: log) == ("written", 3)
     assert [(event, fields["loop"]) for event, fields in log.lines] == [
@@ -51,11 +42,11 @@ async def test_transient_errors_are_retried_until_the_write_lands_and_said_once_
 
 async def test_an_error_that_is_not_transient_ends_the_attempts_at_once() -> None:
     with pytest.raises(ValueError, match="bad input"):
-        await written([ValueError("bad input")], logger=Log)
+        await written([ValueError("bad input")], logger=RecordedLog)
 
 
 async def test_also_makes_more_errors_transient_here() -> None:
-    log = Log()
+    log = RecordedLog()
     assert await written([KeyError("gone")], logger=lambda: log, also=(KeyError,)) == (
         "written", 2)
     # Retried as a dependency's error, it is said as one (not as the loop's own failure).
@@ -72,7 +63,7 @@ async def test_give_up_set_raises_the_last_error_and_stops_what_ran_while_retryi
         await asyncio.Event().wait()
 
     async def write() -> None:
-        async for attempt in Persisting("test.write", Log, give_up=give_up,
+        async for attempt in Persisting("test.write", RecordedLog, give_up=give_up,
                                         while_retrying=keep):
             with attempt:
                 raise TimeoutError("broker away")
@@ -93,6 +84,6 @@ async def test_what_ran_while_retrying_is_stopped_once_the_write_lands() -> None
         side.append(asyncio.current_task())  # type: ignore[arg-type]
         await asyncio.Event().wait()
 
-    assert await written([TimeoutError()], logger=Log, while_retrying=keep) == ("written", 2)
+    assert await written([TimeoutError()], logger=RecordedLog, while_retrying=keep) == ("written", 2)
     await asyncio.sleep(0)
     assert side and side[0].cancelled()

@@ -4,21 +4,9 @@ loop that failed for its own reasons says `loop.failed`, then `loop.recovered`."
 
 import asyncio
 
+from recorded_log import RecordedLog
+
 from tether.resilience import Health, supervise
-
-
-class Log:
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, dict]] = []
-
-    def warning(self, event: str, **fields: object) -> None:
-        self.lines.append((event, fields))
-
-    info = error = warning
-
-    @property
-    def events(self) -> list[str]:
-        return [event for event, _ in self.lines]
 
 
 class Dependency:
@@ -40,8 +28,8 @@ class Dependency:
             raise ending
 
 
-async def supervised(endings: list[BaseException | None]) -> Log:
-    log, dependency = Log(), Dependency(endings)
+async def supervised(endings: list[BaseException | None]) -> RecordedLog:
+    log, dependency = RecordedLog(), Dependency(endings)
     await asyncio.wait_for(supervise("test", dependency.term, dependency.stop, log), 30)
     return log
 
@@ -59,7 +47,7 @@ async def test_only_a_lost_dependency_is_said_restored_at_a_re_acquire() -> None
 
 
 async def test_a_dependency_lost_after_the_loop_failed_on_its_own_is_said_too() -> None:
-    health_log = Log()
+    health_log = RecordedLog()
     health = Health(health_log, "test")
     health.failed(RuntimeError("bug"))
     health.failed(RuntimeError("bug"))  # said once
