@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from budget_agents import ASKED, GATES, Hog, gated_stack
 from eventually import eventually
 from pydantic import BaseModel
 from runner_stack import Stack, running_stack
@@ -17,8 +18,6 @@ from tether.domain import spending
 
 DEADLINE_S = 30
 SHARE = 600  # what a Chatty or a Fragile reserves of each budget above it
-GATES: dict[str, asyncio.Event] = {}
-ASKED: list[Any] = []
 
 
 class Job(BaseModel):
@@ -60,16 +59,6 @@ class Fragile(ChildAgent):
         return "rewound"
 
 
-class Hog(ChildAgent):
-    """Reserves 500 tokens of the budgets above it until its gate opens."""
-
-    estimated_tokens = 500
-
-    async def run(self, ctx: RunContext, input: Any) -> str:
-        await GATES["hog"].wait()
-        return "hogged"
-
-
 class Boss(ChildAgent):
     """A budget of 1,000 tokens: a Chatty (or a Fragile that fails), then (at `start-hog`,
     once the first turn's share is freed) beside a Hog,
@@ -96,16 +85,9 @@ class Boss(ChildAgent):
 
 @pytest.fixture
 async def stack(settings, log, pool) -> AsyncIterator[Stack]:
-    GATES.clear()
-    GATES.update({name: asyncio.Event() for name in ("start-hog", "ask", "retry", "hog", "turn")})
-    ASKED.clear()
-    async with running_stack(settings, log, pool, [Chatty, Fragile, Hog, Boss],
-                             reconciler=True) as started:
-        try:
-            yield started
-        finally:
-            for gate in GATES.values():
-                gate.set()
+    async with gated_stack(settings, log, pool, [Chatty, Fragile, Hog, Boss],
+                           ("start-hog", "ask", "retry", "hog", "turn")) as started:
+        yield started
 
 
 @pytest.mark.parametrize("kind", ["follow-up", "rewind"])

@@ -10,16 +10,21 @@ import pytest
 from authorized_nats import ALICE, ALICE_PARENT, BOB, PASSWORDS, authorized_nats, nats_server
 from eventually import eventually
 from in_process_services import all_ready
+from large_output_agents import large_output
 
 from tether.access_jwt import generate
 from tether.client import connect
+from tether.client.errors import RequestFailed
+from tether.client.feed import FeedMessage, feed_events
 from tether.config import Settings
-from tether.contract.messages import AgentToolSuccess
-from tether.domain.commands import RunCommand
+from tether.contract.messages import AgentToolSuccess, HistoryReply
+from tether.domain.commands import HistoryQuery, RunCommand
+from tether.domain.events import RunCompleted
 from tether.domain.ids import run_message_id
 from tether_services import child_runner, parent, projector, reconciler
 
-AGENTS = ("examples.agents:Sleeper", "examples.agents:Researcher")
+AGENTS = ("examples.agents:Sleeper", "examples.agents:Researcher",
+          "large_output_agents:LargeOutput")
 SERVICES = {"parent": parent, "child-runner": child_runner, "reconciler": reconciler,
             "projector": projector}
 
@@ -157,3 +162,63 @@ async def test_a_hook_handled_once_is_not_handled_again_while_the_parent_is_down
             await eventually(lambda: second.stats.skipped == 1, timeout=30, interval=0.05)
     assert calls == ["hooked-1"]
     assert second.stats.called == 0
+
+
+async def test_an_application_reads_a_run_whose_event_nears_the_max_payload(installation):
+    """A result that the stored event holds within NATS's max payload, but that a history
+    reply could not carry whole once quoted again, is read in parts."""
+    async with connect(settings=installation.as_user("alice")) as tether:
+        assert tether.served
+        # Each character is two bytes in the event: it takes nine tenths of the limit.
+        characters = int(tether.nc.max_payload * 0.45)
+        mine = tether.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+        outcome = await asyncio.wait_for(mine.run_agent_tool(
+            "LargeOutput", {"characters": characters}, run_id="large-1"), 60)
+        assert isinstance(outcome, AgentToolSuccess), outcome
+        assert outcome.summary == large_output(characters)
+        # Asked again, the run is there: its outcome is read from what is stored.
+        again = await asyncio.wait_for(mine.run_agent_tool(
+            "LargeOutput", {"characters": characters}, run_id="large-1"), 60)
+        assert again == outcome
+        history = await asyncio.wait_for(tether.read_run(ALICE_PARENT, "large-1"), 60)
+        # The parent's feed (the UI's page), replayed through `history` as well.
+        subjects = installation.subjects
+        async with tether.feed(subjects.events_stream,
+                               subjects.parent_events(ALICE_PARENT)) as feed:
+            completed = await asyncio.wait_for(_completed_in(feed.sink), 60)
+    assert history.state.status == "completed"
+    assert history.state.summary == large_output(characters)
+    assert [event.type for event in history.events][-1] == "run.completed"
+    assert completed.data.summary == large_output(characters)
+
+
+async def _completed_in(sink: asyncio.Queue[FeedMessage]) -> RunCompleted:
+    while True:
+        for event in feed_events(await sink.get()):
+            if isinstance(event, RunCompleted):
+                return event
+
+
+async def test_the_rest_of_a_message_that_cannot_be_sent_is_refused_saying_why(installation):
+    async with connect(settings=installation.as_user("alice")) as tether:
+        mine = tether.parent(ALICE_PARENT.agent, ALICE_PARENT.name)
+        await asyncio.wait_for(mine.run_agent_tool("Sleeper", {"seconds": 0},
+                                                   run_id="parts-1"), 30)
+        events = await tether.run_reads.read(
+            installation.subjects.run_events(ALICE_PARENT, "parts-1"))
+        requested = (await tether.request("history", HistoryQuery(
+            parent=ALICE_PARENT, run_id="parts-1", limit=1), HistoryReply)).messages[0]
+        size = len(requested.data.encode())
+        with pytest.raises(RequestFailed, match=(
+                f"invalid request: data_offset {size} is not within the message's {size} "
+                "bytes")):
+            await tether.request("history", HistoryQuery(
+                parent=ALICE_PARENT, run_id="parts-1", start_seq=requested.seq,
+                data_offset=size), HistoryReply)
+        gone = events[-1].seq + 1  # no message of the run is stored there (or later)
+        with pytest.raises(RequestFailed, match=(
+                f"the message at seq {gone} of {installation.subjects.prefix}.evt.AliceBot."
+                "user-1.parts-1 is no longer stored: read the feed again from there")):
+            await tether.request("history", HistoryQuery(
+                parent=ALICE_PARENT, run_id="parts-1", start_seq=gone, data_offset=1),
+                HistoryReply)

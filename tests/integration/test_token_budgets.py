@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from budget_agents import ASKED, GATES, Far, Hog, Leaf, gated_stack
 from eventually import eventually
 from pydantic import BaseModel
 from runner_stack import Stack, running_stack
@@ -291,30 +292,6 @@ async def test_a_fork_below_a_budget_is_charged_only_the_steps_it_made(fork_stac
     assert (await asyncio.wait_for(call, DEADLINE_S)).ok
 
 
-GATES: dict[str, asyncio.Event] = {}
-ASKED: list[Any] = []
-
-
-class Hog(ChildAgent):
-    """Reserves 500 tokens of the budgets above it and holds them until its gate opens."""
-
-    estimated_tokens = 500
-
-    async def run(self, ctx: RunContext, input: Any) -> str:
-        await GATES["hog"].wait()
-        return "hogged"
-
-
-class Leaf(ChildAgent):
-    """Reserves 300 tokens of the budgets above it; waits for its gate."""
-
-    estimated_tokens = 300
-
-    async def run(self, ctx: RunContext, input: Any) -> str:
-        await GATES["leaf"].wait()
-        return "leafed"
-
-
 class Near(ChildAgent):
     """A budget of 400 tokens below Far's: asks for a Leaf, and when Far had no room for
     it, asks for the same Leaf again once its gate opens."""
@@ -328,29 +305,11 @@ class Near(ChildAgent):
         return result.summary if result.ok else result.error
 
 
-class Far(ChildAgent):
-    """A budget of 1,000 tokens: a Hog (500) and a Near (400) at once."""
-
-    max_tokens = 1_000
-
-    async def run(self, ctx: RunContext, input: Any) -> list:
-        results = await asyncio.gather(ctx.run_agent_tool("Hog", {}, run_id="hog"),
-                                       ctx.run_agent_tool("Near", {}, run_id="near"))
-        return [r.ok for r in results]
-
-
 @pytest.fixture
 async def two_budgets(settings, log, pool) -> AsyncIterator[Stack]:
-    GATES.clear()
-    GATES.update(hog=asyncio.Event(), leaf=asyncio.Event(), retry=asyncio.Event())
-    ASKED.clear()
-    async with running_stack(settings, log, pool, [Hog, Leaf, Near, Far],
-                             reconciler=True) as started:
-        try:
-            yield started
-        finally:
-            for gate in GATES.values():
-                gate.set()
+    async with gated_stack(settings, log, pool, [Hog, Leaf, Near, Far],
+                           ("hog", "leaf", "retry")) as started:
+        yield started
 
 
 async def test_a_request_refused_by_a_budget_further_up_reserves_again_when_asked_again(

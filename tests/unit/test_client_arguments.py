@@ -256,6 +256,8 @@ async def test_a_value_that_is_not_json_is_a_type_error_naming_its_field(kind, f
     ({"before": {"requested_at": 1, "run_id": "r1"}}, TypeError, "before"),
     ({"limit": 0}, ValueError, "limit"),
     ({"status": ["finished"]}, ValueError, "status"),
+    ({"waiting": "sometimes"}, ValueError, "waiting"),
+    ({"canceled": [True]}, ValueError, "canceled"),
 ])
 async def test_a_list_with_a_bad_filter_or_cursor_is_refused_before_it_is_asked(
         link, me, arguments, error, named) -> None:

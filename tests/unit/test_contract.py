@@ -221,6 +221,26 @@ def test_a_list_query_writes_its_paging_fields_only_when_used() -> None:
         FirstListQuery.model_validate_json(paged.model_dump_json())
 
 
+class PagingListQuery(FirstListQuery):
+    """The list query as a parent from before `waiting` and `canceled` reads it."""
+
+    agent_type: str | None = None
+    before: dict[str, Any] | None = None
+    count: bool = False
+
+
+def test_a_list_query_writes_its_state_filters_only_when_used() -> None:
+    page = ListQuery(parent=PARENT, status=["completed"], agent_type="Researcher", count=True)
+    PagingListQuery.model_validate_json(page.model_dump_json())  # a paging parent takes it
+    working = ListQuery(parent=PARENT, status=["running"], waiting=False)
+    failed = ListQuery(parent=PARENT, status=["error", "aborted"], canceled=False)
+    assert json.loads(working.model_dump_json())["waiting"] is False
+    assert json.loads(failed.model_dump_json())["canceled"] is False
+    assert ListQuery.model_validate_json(working.model_dump_json()) == working
+    with pytest.raises(ValidationError, match="waiting"):
+        PagingListQuery.model_validate_json(working.model_dump_json())
+
+
 def test_a_list_reply_writes_its_total_only_when_counted() -> None:
     assert json.loads(ListReply().model_dump_json()) == {"runs": [], "error": None}
     assert json.loads(ListReply(total=0).model_dump_json())["total"] == 0

@@ -2,7 +2,8 @@
 decisions (`tether.domain.spending`): a follow-up or a rewind of a nested run reserves
 its share as a fresh nested run does, on top of what it used; one that does not fit is
 refused, saying why; a new turn asked before its last turn was settled settles it
-first; and a request refused further up frees only the share it reserved itself."""
+first; and a request refused further up frees only a share it claims
+(tests/unit/test_spending_claims.py has the claims of requests racing for one run id)."""
 
 from run_histories import T0, applied, completed, requested, running, state_after
 
@@ -95,9 +96,8 @@ def test_the_ids_of_every_round_of_a_share_are_its_own() -> None:
 
 def test_a_request_refused_further_up_frees_the_share_it_reserved() -> None:
     near = applied(budgeted(), spending.reserve(budgeted(), NESTED, SHARE, CAUSE))
-    round_ = near.spending[key_of(NESTED)].reservations
 
-    freed = applied(near, spending.withdraw(near, NESTED, round_, CAUSE))
+    freed = applied(near, spending.withdraw(near, NESTED, CAUSE))
 
     assert not spending.holds(freed, NESTED) and spending.reserved(freed) == Amount(0)
 
@@ -108,17 +108,17 @@ def test_a_request_refused_further_up_leaves_a_share_it_found_held() -> None:
     budgets further up and start the run, which would then run unreserved here."""
     near = applied(budgeted(), spending.reserve(budgeted(), NESTED, SHARE, CAUSE))
 
-    assert spending.withdraw(near, NESTED, None, LATER) == []
+    assert spending.withdraw(near, NESTED, LATER) == []
     # Nor a round since replaced: freed and reserved again by a later request.
     freed = applied(near, spending.release(near, NESTED, CAUSE))
     again = applied(freed, spending.reserve(freed, NESTED, SHARE, LATER))
-    assert spending.withdraw(again, NESTED, 1, CAUSE) == []
+    assert spending.withdraw(again, NESTED, CAUSE) == []
     assert spending.holds(again, NESTED)
 
 
 def test_a_withdrawal_seen_again_changes_nothing() -> None:
     near = applied(budgeted(), spending.reserve(budgeted(), NESTED, SHARE, CAUSE))
-    (withdrawal,) = spending.withdraw(near, NESTED, 1, CAUSE)
+    (withdrawal,) = spending.withdraw(near, NESTED, CAUSE)
     freed = applied(near, [withdrawal])
     assert not evolve(freed, withdrawal).applied
 

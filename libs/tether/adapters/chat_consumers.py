@@ -20,11 +20,11 @@ import re
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from tether.adapters.pull import Pull
 from tether.config import Settings
-from tether.contract.messages import ChatDelivery
+from tether.contract.messages import ChatDelivery, ChatNextReply
 from tether.contract.subjects import Subjects
 from tether.domain.chat import ChatKey
 from tether.domain.events import ParentRef
@@ -37,6 +37,40 @@ PULL_WAIT_S = 0.05
 # The ack subject's tail after the consumer: delivery count, sequences, time, pending
 # (and, on newer servers, a token), nothing that could name another subject.
 _ACK_TAIL = re.compile(r"^(\.[0-9A-Za-z_-]+){5,8}$")
+
+
+class ReaderDeleted(LookupError):
+    """A durable chat reader's consumer deleted under it (dropped by `drop_reader`, by an
+    operator, or by the server once unused for `TETHER_CHAT_READER_INACTIVE_MS`): its
+    position is gone, so it is not made again behind the reader's back."""
+
+    def __init__(self, chat: ChatKey, durable: str) -> None:
+        super().__init__(
+            f"the durable chat reader {durable!r} of {chat.describe()} was deleted while it "
+            "read (dropped, or unused for longer than TETHER_CHAT_READER_INACTIVE_MS): its "
+            "position is lost; read again to make it anew (from the chat's start, or only "
+            "new messages with new_only)")
+
+
+class ChatMessageTooLarge(RuntimeError):
+    """A chat message the parent cannot hand over in a `chat_next` reply."""
+
+    def __init__(self, chat: ChatKey, seq: int, reply_bytes: int, max_payload: int) -> None:
+        super().__init__(
+            f"the chat message at seq {seq} of {chat.describe()} makes a chat_next reply of "
+            f"{reply_bytes} bytes, more than this NATS server's max_payload ({max_payload}): "
+            "read this chat from a connection with JetStream access, or raise max_payload")
+
+
+async def deleted_under(error: APIError, nc: NATS, subjects: Subjects, chat: ChatKey,
+                        durable: str) -> Exception:
+    """What a pull from the reader's consumer that failed with `error` means: the reader
+    deleted under it (a pull from a deleted consumer gets "no responders", not "not
+    found"), or `error` itself. Listed rather than asked for by name: the parent may list
+    the chat stream's consumers, not read their info."""
+    if consumer_name(chat, durable) in await readers_of(nc, subjects, chat.parent):
+        return error
+    return ReaderDeleted(chat, durable)
 
 
 def consumer_name(chat: ChatKey, durable: str) -> str:
@@ -148,11 +182,22 @@ class ServedChat:
             messages = await pull.fetch(1, timeout=PULL_WAIT_S)
         except TimeoutError:
             return []  # nothing there now
-        except NotFoundError:
+        except APIError as error:
             self._made.discard(name)  # deleted meanwhile: made again at the next query
-            raise
+            raise await deleted_under(error, self._nc, self._subjects, chat, durable) from None
         finally:
             await pull.unsubscribe()
-        return [ChatDelivery(seq=msg.metadata.sequence.stream,
-                             data=msg.data.decode(errors="replace"), token=msg.reply)
-                for msg in messages]
+        deliveries = [ChatDelivery(seq=msg.metadata.sequence.stream,
+                                   data=msg.data.decode(errors="replace"), token=msg.reply)
+                      for msg in messages]
+        self._check_fits(chat, deliveries)
+        return deliveries
+
+    def _check_fits(self, chat: ChatKey, deliveries: list[ChatDelivery]) -> None:
+        """A reply past the server's max_payload is never delivered, and the reader would
+        only see the parent not answer: say which message it is instead (it stays the
+        reader's, handed over again after the ack wait)."""
+        reply_bytes = len(ChatNextReply(messages=deliveries).model_dump_json().encode())
+        if reply_bytes > self._nc.max_payload:
+            raise ChatMessageTooLarge(chat, deliveries[0].seq, reply_bytes,
+                                      self._nc.max_payload)

@@ -13,7 +13,8 @@ application in a NATS account of its own has the parent pull (and renew) for it
 (`chat_next`), with the same sharing and the same at-least-once. Durable readers are bounded: at most `TETHER_CHAT_READERS_PER_PARENT` per
 parent instance (a new one past it raises `TooManyReaders`, naming the setting), each
 dropped by the server once unused for `TETHER_CHAT_READER_INACTIVE_MS`, and
-`drop_chat_reader` deletes one.
+`drop_chat_reader` deletes one. A reader whose consumer is deleted while it reads raises
+`ReaderDeleted` rather than making it again behind its back (its position is gone).
 """
 
 import asyncio
@@ -21,16 +22,21 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from functools import partial
 
-from nats.js.errors import FetchTimeoutError, NotFoundError
+from nats.js.errors import APIError, FetchTimeoutError, NotFoundError
 from pydantic import ValidationError
 
 from tether.adapters import chat_consumers
-from tether.adapters.chat_consumers import consumer_name, drop_reader, make_reader
+from tether.adapters.chat_consumers import (
+    consumer_name,
+    deleted_under,
+    drop_reader,
+    make_reader,
+)
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.feed import open_feed
 from tether.client.link import Link
 from tether.contract.messages import ChatMessage, ChatNextReply
-from tether.domain.chat import ChatKey
+from tether.domain.chat import ChatKey, handover_lapsed
 from tether.domain.commands import ChatNextQuery
 from tether.domain.events import ParentRef
 from tether.domain.ids import check_identifier
@@ -87,6 +93,9 @@ async def _durable(tether: Link, chat: ChatKey, durable: str, new_only: bool,
                 messages = await subscription.fetch(1, timeout=FETCH_WAIT_S)
             except (FetchTimeoutError, TimeoutError):
                 continue
+            except APIError as error:
+                raise await deleted_under(error, tether.nc, tether.subjects, chat,
+                                          durable) from None
             for msg in messages:
                 try:
                     chat_message = ChatMessage.model_validate_json(msg.data)
@@ -94,24 +103,51 @@ async def _durable(tether: Link, chat: ChatKey, durable: str, new_only: bool,
                     logger.warning("chat.malformed", stream_seq=msg.metadata.sequence.stream)
                     await msg.term()
                     continue
-                async with _kept(msg.in_progress, logger):
+                seq = msg.metadata.sequence.stream
+                async with _kept(msg.in_progress, logger, seq) as handover:
                     yield chat_message
-                await msg.ack()
+                if not handover.lapsed:
+                    await msg.ack()
     finally:
         await subscription.unsubscribe()
 
 
+class Handover:
+    """A message handed to the application: `lapsed` once its renewals stopped past the
+    ack wait (`tether.domain.chat.handover_lapsed`), when it is left unacknowledged."""
+
+    lapsed = False
+
+
 @asynccontextmanager
-async def _kept(renew: Callable[[], Awaitable[object]], logger) -> AsyncIterator[None]:
+async def _kept(renew: Callable[[], Awaitable[object]], logger,
+                seq: int) -> AsyncIterator[Handover]:
     """While the application handles a message its durable reader handed over: `renew` it
     every third of the ack wait, so that a long handling does not have the message handed
     to another reader of the name meanwhile. A renewal that fails is tried again at the
     next (an older parent refuses them: the message comes back after the ack wait, as it
-    did)."""
+    did). A reader paused past the ack wait (its process stopped, its loop blocked) sees
+    it from the gap between two renewals, says so, and does not acknowledge the message:
+    it may be another reader's by then."""
+    loop, handover = asyncio.get_running_loop(), Handover()
+    renewed_at = loop.time()
+
+    def note_gap() -> None:
+        nonlocal renewed_at
+        now = loop.time()
+        if not handover.lapsed and handover_lapsed(now - renewed_at, chat_consumers.ACK_WAIT_S):
+            handover.lapsed = True
+            logger.warning("chat.handover_lapsed", stream_seq=seq, unrenewed_s=round(
+                now - renewed_at, 3), detail="the reader was paused past the ack wait: the "
+                "message may have gone to another reader, so it is not acknowledged here "
+                "(it comes back if that one does not acknowledge it)")
+        renewed_at = now
+
     async def keep() -> None:
         warned = False
         while True:
             await asyncio.sleep(chat_consumers.ACK_WAIT_S / 3)
+            note_gap()
             try:
                 await renew()
             except Exception as error:  # noqa: BLE001 - said once, tried again at the next
@@ -123,9 +159,10 @@ async def _kept(renew: Callable[[], Awaitable[object]], logger) -> AsyncIterator
 
     keeping = asyncio.create_task(keep())
     try:
-        yield
+        yield handover
     finally:
         keeping.cancel()
+        note_gap()
 
 
 async def drop_chat_reader(tether: Link, chat: ChatKey | ParentRef, durable: str) -> bool:
@@ -182,8 +219,10 @@ async def _served_durable(tether: Link, chat: ChatKey, durable: str, new_only: b
                     renewal = ChatNextQuery(parent=chat.parent, run_id=chat.run_id,
                                             durable=durable, renew=[delivery.token])
                     async with _kept(partial(tether.request, "chat_next", renewal,
-                                             ChatNextReply), logger):
+                                             ChatNextReply), logger, delivery.seq) as handover:
                         yield chat_message
+                    if handover.lapsed:
+                        continue
                 ack.append(delivery.token)
     finally:
         with suppress(Exception):  # the connection may already be closing

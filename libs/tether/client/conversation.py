@@ -20,6 +20,7 @@ client and the model parent find it from the run.
 """
 
 import asyncio
+import json
 import uuid
 import warnings
 from collections.abc import AsyncIterator, Iterable
@@ -35,8 +36,9 @@ from tether.client.chat_feed import drop_chat_reader, follow_chat
 from tether.client.feed import FeedMessage, UnreadableEvent, feed_events, open_feed
 from tether.client.link import Link
 from tether.client.parent import ParentHandle, parent_handle
+from tether.contract.codec import brief_reason
 from tether.contract.messages import ChatMessage, DetachedHandle, RunSnapshot
-from tether.domain.chat import ChatKey, chat_of, chat_of_new_run
+from tether.domain.chat import ChatKey, answers, chat_of, chat_of_new_run
 from tether.domain.commands import MessageCommand
 from tether.domain.events import ParentRef
 from tether.domain.fold import evolve
@@ -68,6 +70,18 @@ class ConversationEnded(RuntimeError):
         super().__init__(f"conversation {conversation.name!r} of {where} {why}")
 
 
+class UnreadableReply(RuntimeError):
+    """The model's answer to the message, stored in a shape this client cannot read (a
+    newer or buggy writer): no other answer will come. `unreadable` says where it is and
+    why it could not be read."""
+
+    def __init__(self, conversation: "Conversation", message_id: str,
+                 unreadable: UnreadableEvent) -> None:
+        self.unreadable = unreadable
+        super().__init__(f"the answer to {message_id!r} in conversation {conversation.name!r}: "
+                         f"{unreadable.line}")
+
+
 class ConversationSnapshot(RunSnapshot):
     """A conversation's run as inspect shows it, with the messages its model is shown
     (user messages, its own turns and tool calls, tool results, status lines)."""
@@ -89,6 +103,12 @@ def _owner_named(owner: object) -> tuple[str, str]:
     if len(owner) != 2:
         raise ValueError(f"{what}, not {owner!r}")
     return owner[0], owner[1]
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where + ': ' if where else ''}{first['msg']}"
 
 
 def conversation_owner(agent_type: str) -> ParentRef:
@@ -179,6 +199,8 @@ class Conversation:
         It waits while the conversation is open (a paused one included: it answers once
         continued); a conversation that is not (never started, closed, failed, given up
         or cleared) raises `ConversationEnded` at once, unless the answer is in its chat.
+        A chat message it cannot read is logged with its stream sequence; one that is
+        still the answer to this message raises `UnreadableReply` (none other will come).
         """
         tether, subjects = self.tether, self.tether.subjects
         chat, owner = await self.chat(), self.owner.ref
@@ -206,11 +228,26 @@ class Conversation:
                         else:
                             state = evolve(state, event).state
                     continue
-                with suppress(ValidationError):
+                try:
                     answer = ChatMessage.model_validate_json(message.data)
-                    if answer.metadata.get("source") == "model" \
-                            and message_id in answer.metadata.get("in_reply_to", ()):
-                        return answer
+                except ValidationError as error:
+                    self._unreadable_message(message, message_id, error)
+                    continue
+                if answers(answer.model_dump(), message_id):
+                    return answer
+
+    def _unreadable_message(self, message: FeedMessage, message_id: str,
+                            error: ValidationError) -> None:
+        """Log a chat message `reply` cannot read, and end the wait with `UnreadableReply`
+        when it is the answer waited for (no other will come)."""
+        unreadable = UnreadableEvent(message.seq, message.subject, brief_reason(
+            f"not a chat message: {_first_error(error)}"), "chat message")
+        get_logger(component="conversation").warning(
+            "conversation.unreadable_message", conversation=repr(self),
+            stream_seq=unreadable.seq, subject=unreadable.subject, error=unreadable.reason)
+        with suppress(ValueError, RecursionError):  # not JSON (or too deep): answers nothing
+            if answers(json.loads(message.data), message_id):
+                raise UnreadableReply(self, message_id, unreadable)
 
     async def ask(self, text: str, *, message_id: str | None = None) -> str:
         """Send a message and wait for the model's answer to it (`ConversationEnded` when

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from tether.adapters.denials import PublishDenied, unless_refused
 from tether.client.errors import NotPermitted, ServiceUnavailable
 from tether.client.link import Link
+from tether.client.run_events import whole_data
 from tether.contract.codec import brief_reason
 from tether.contract.messages import HistoryReply, ProgressSignal
 from tether.domain.commands import HistoryQuery
@@ -336,10 +337,11 @@ class ServedFeed:
     async def _receive(self, msg: Msg) -> None:
         self._incoming.put_nowait(msg)
 
-    async def _ask(self, start_seq: int, limit: int = 500,
-                   run_id: str | None = None) -> HistoryReply:
+    async def _ask(self, start_seq: int, limit: int = 500, run_id: str | None = None,
+                   data_offset: int = 0) -> HistoryReply:
         query = HistoryQuery(parent=self._parent, feed=self._feed,
-                             run_id=run_id or self._run_id, start_seq=start_seq, limit=limit)
+                             run_id=run_id or self._run_id, start_seq=start_seq, limit=limit,
+                             data_offset=data_offset)
         try:
             return await self._tether.request("history", query, HistoryReply,
                                               wait_when_limited=True)
@@ -361,11 +363,15 @@ class ServedFeed:
         was not delivered: the filter's, or one run's; how many messages that was."""
         seq = self._complete + 1 if start_seq is None else start_seq
         count = 0
+
+        async def ask_rest(seq: int, data_offset: int) -> HistoryReply:
+            return await self._ask(seq, run_id=run_id, data_offset=data_offset)
+
         while True:
             reply = await self._ask(seq, run_id=run_id)
             for stored in reply.messages:
-                count += self._deliver(stored.seq, stored.subject, stored.data.encode(),
-                                       stored.pending)
+                count += self._deliver(stored.seq, stored.subject,
+                                       await whole_data(stored, ask_rest), stored.pending)
             if reply.messages:
                 seq = reply.messages[-1].seq + 1
                 if run_id is None:

@@ -416,24 +416,29 @@ class ParentHandle:
     async def list_runs(self, status: Iterable[str] | str | None = None, limit: int = 100, *,
                         agent_type: str | None = None,
                         before: ListCursor | RunSnapshot | None = None,
+                        waiting: bool | None = None, canceled: bool | None = None,
                         timeout: float | None = None) -> list[RunSnapshot]:
         """The parent's runs, newest first: `limit` of them, of these statuses and of
         `agent_type` (None: any), after `before` (a run listed earlier, or its cursor;
-        None: from the newest). `list_page` also counts them and says where the next
-        page starts."""
-        query = self._list_query(status, limit, agent_type, before)
+        None: from the newest). `waiting`: only runs paused for a human or for tool
+        output (True) or only the others (False); `canceled`: only runs aborted on a
+        cancel request (True) or only the others (False); None: either. A parent service
+        from before `waiting` and `canceled` refuses a query that gives one. `list_page`
+        also counts them and says where the next page starts."""
+        query = self._list_query(status, limit, agent_type, before, waiting, canceled)
         timeout = check_seconds(timeout, "timeout")
         return (await self.tether.request("list", query, ListReply, timeout=timeout)).runs
 
     async def list_page(self, status: Iterable[str] | str | None = None, limit: int = 100, *,
                         agent_type: str | None = None,
                         before: ListCursor | RunSnapshot | None = None,
+                        waiting: bool | None = None, canceled: bool | None = None,
                         timeout: float | None = None) -> "RunsPage":
-        """A page of `list_runs` with the number of runs of the statuses and agent type
-        (`total`, whatever the page) and the cursor of the next page (`after`: None when
-        no run follows). Asks a parent service from this release on: an older one refuses
-        the query."""
-        query = self._list_query(status, limit, agent_type, before)
+        """A page of `list_runs` with the number of runs the filters select (`total`,
+        whatever the page) and the cursor of the next page (`after`: None when no run
+        follows). Asks a parent service that pages its list (`before`, `total`): an
+        older one refuses the query."""
+        query = self._list_query(status, limit, agent_type, before, waiting, canceled)
         if limit >= MAX_LIST_LIMIT:
             raise ValueError(f"invalid list request: limit: a page is at most "
                              f"{MAX_LIST_LIMIT - 1} runs, not {limit}")
@@ -449,8 +454,8 @@ class ParentHandle:
         return RunsPage(runs=runs, total=reply.total, after=after)
 
     def _list_query(self, status: Iterable[str] | str | None, limit: int,
-                    agent_type: str | None, before: ListCursor | RunSnapshot | None
-                    ) -> ListQuery:
+                    agent_type: str | None, before: ListCursor | RunSnapshot | None,
+                    waiting: bool | None, canceled: bool | None) -> ListQuery:
         if isinstance(status, str):
             status = [status]
         if agent_type is not None:
@@ -463,7 +468,8 @@ class ParentHandle:
         try:
             return ListQuery(parent=self.ref, limit=limit,
                              status=list(status) if status is not None else None,
-                             agent_type=agent_type, before=before)
+                             agent_type=agent_type, before=before, waiting=waiting,
+                             canceled=canceled)
         except ValidationError as error:
             raise ValueError(f"invalid list request: {first_error(error)}") from None
 

@@ -13,13 +13,15 @@ the connection may do:
 """
 
 
+from collections.abc import Awaitable, Callable
+
 from nats.aio.msg import Msg
 
 from tether.adapters.event_log import EventLog
 from tether.client.awaiting import LiveEvent
-from tether.client.errors import NotPermitted
+from tether.client.errors import NotPermitted, RequestFailed
 from tether.client.link import Link
-from tether.contract.messages import HistoryReply
+from tether.contract.messages import HistoryReply, StoredMessage
 from tether.domain.commands import HistoryQuery
 from tether.ports import StoredEvent, stored_event
 
@@ -41,20 +43,25 @@ class ServedReads:
 
     async def read(self, subject: str, start_seq: int = 1) -> list[StoredEvent]:
         parent, run_id = self._tether.subjects.parse_run_events(subject)
-        found: list[StoredEvent] = []
-        while True:
+
+        async def ask(start_seq: int, data_offset: int = 0) -> HistoryReply:
             query = HistoryQuery(parent=parent, feed="events", run_id=run_id,
-                                 start_seq=start_seq)
+                                 start_seq=start_seq, data_offset=data_offset)
             try:
-                reply = await self._tether.request("history", query, HistoryReply,
-                                                   wait_when_limited=True)
+                return await self._tether.request("history", query, HistoryReply,
+                                                  wait_when_limited=True)
             except NotPermitted:
                 raise NotPermitted(
                     f"this connection's NATS user may not read {subject}: an application "
                     "user reads only the runs of the parent agents its configuration lists "
                     "(tether.access)") from None
-            found += [stored_event(m.seq, m.subject, m.data.encode(), m.pending)
-                      for m in reply.messages]
+
+        found: list[StoredEvent] = []
+        while True:
+            reply = await ask(start_seq)
+            for message in reply.messages:
+                data = await whole_data(message, ask)
+                found.append(stored_event(message.seq, message.subject, data, message.pending))
             if not reply.messages or not reply.pending:
                 return found
             start_seq = reply.messages[-1].seq + 1
@@ -62,6 +69,25 @@ class ServedReads:
     async def last_seq(self, subject: str) -> int:
         stored = await self.read(subject)
         return stored[-1].seq if stored else 0
+
+
+async def whole_data(message: StoredMessage,
+                     ask: Callable[[int, int], Awaitable[HistoryReply]]) -> bytes:
+    """A history reply's message's data: a message too large for a reply whole comes in
+    parts, the rest asked for part by part with `ask(seq, data_offset)`."""
+    data = message.data.encode()
+    part = message
+    while part.is_partial:
+        assert part.data_end is not None
+        offset = part.data_end
+        reply = await ask(message.seq, offset)
+        part = reply.messages[0] if reply.messages else part
+        if part.seq != message.seq or part.data_end is None or part.data_end <= offset:
+            raise RequestFailed(
+                f"the parent's reply for the data of the message at seq {message.seq} of "
+                f"{message.subject} from byte {offset} did not carry it")
+        data += part.data.encode()
+    return data
 
 
 def live_event(msg: Msg) -> LiveEvent | None:

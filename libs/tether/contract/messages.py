@@ -398,18 +398,40 @@ class HasRunReply(Model):
 
 
 class StoredMessage(Model):
-    """One stored message of a feed; `pending`: how many matching ones follow it."""
+    """One stored message of a feed; `pending`: how many matching ones follow it.
+
+    A message too large for a reply once quoted in it (one near NATS's max payload) comes
+    in parts: `data` is then its bytes from the query's `data_offset` up to `data_end`,
+    of `data_size` in all, and a query with `data_offset` at `data_end` asks for the next
+    part. Both are left out of a whole message, so a client from before parts reads every
+    other message as before."""
 
     seq: int
     subject: str
     data: str
     pending: int = 0
+    data_size: int | None = None
+    data_end: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_parts(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        written: dict[str, Any] = write(self)
+        if self.data_end is None:
+            written.pop("data_size", None)
+            written.pop("data_end", None)
+        return written
+
+    @property
+    def is_partial(self) -> bool:
+        """Whether more of the message's data follows `data` (ask from `data_end`)."""
+        return self.data_end is not None and self.data_end < (self.data_size or 0)
 
 
 class HistoryReply(Model):
     """`<prefix>.rpc.history`: up to `limit` messages; `pending` matching ones follow the
-    last. A query with `limit` 0 gets no messages and the stream's last sequence in
-    `last_seq` (where a reader of new messages only starts)."""
+    last, whose data may come in parts (`StoredMessage`). A query with `limit` 0 gets no
+    messages and the stream's last sequence in `last_seq` (where a reader of new messages
+    only starts)."""
 
     messages: list[StoredMessage] = Field(default_factory=list)
     pending: int = 0

@@ -69,3 +69,26 @@ def notice_chat(state: RunState) -> ChatKey:
     if state.parent.name == nested_parent_name(owner.agent, owner.name, started_by.run_id):
         return ChatKey(owner, started_by.run_id)
     return ChatKey(state.parent)  # started by a run requested before v3: its old chat
+
+
+def answers(message: object, message_id: str) -> bool:
+    """Whether a chat message (decoded JSON, read or not as a `ChatMessage`) is the model's
+    answer to the message with this chat message id. Taken from the raw message too, so
+    that an answer this client cannot read is still known for the answer, and the wait for
+    it ends rather than waiting for another that will never come."""
+    if not isinstance(message, dict) or not isinstance(message.get("metadata"), dict):
+        return False
+    metadata = message["metadata"]
+    in_reply_to = metadata.get("in_reply_to", ())
+    return (metadata.get("source") == "model" and isinstance(in_reply_to, list | tuple)
+            and message_id in in_reply_to)
+
+
+def handover_lapsed(unrenewed_s: float, ack_wait_s: float) -> bool:
+    """Whether a durable chat reader went `unrenewed_s` without renewing the message it
+    handles long enough for its ack wait to run out (the reader paused: SIGSTOP, a
+    blocked loop), so that the server may have handed the message to another reader of
+    the name. An acknowledgement names the message, not the delivery: acknowledging it
+    now would take it from that reader, and lose it if that one crashes. The margin
+    covers the time between the server's delivery and the handover."""
+    return unrenewed_s > ack_wait_s * 0.9

@@ -297,13 +297,20 @@ class ListCursor(Model):
 MAX_LIST_LIMIT = 10_000
 # The list query's fields from after its first version: written only when used, so that a
 # parent from before them (which refuses fields it does not know) takes a query without.
-_LIST_PAGING_DEFAULTS: dict[str, Any] = {"agent_type": None, "before": None, "count": False}
+_LIST_PAGING_DEFAULTS: dict[str, Any] = {"agent_type": None, "before": None, "count": False,
+                                          "waiting": None, "canceled": None}
 
 
 class ListQuery(Model):
     """The parent's runs, newest first: of these statuses (None: any) and of `agent_type`
     (None: any); `before`: only those after that cursor; `count`: the reply's `total` is
-    the number of runs of the statuses and agent type, whatever the cursor and limit."""
+    the number of runs the filters select, whatever the cursor and limit.
+
+    `waiting`: True, only runs paused waiting for a human or for tool output; False, only
+    runs not paused (None: either). `canceled`: True, only runs aborted on a cancel
+    request; False, every run but those (None: either). With the statuses they tell the
+    states apart that share one (an A2A task `working` or `input-required`, `canceled`
+    or `failed`), so such a list is paged and counted exactly by the parent."""
 
     type: Literal["list"] = "list"
     parent: ParentRef
@@ -312,6 +319,8 @@ class ListQuery(Model):
     agent_type: Identifier | None = None
     before: ListCursor | None = None
     count: bool = False
+    waiting: bool | None = None
+    canceled: bool | None = None
 
     @model_serializer(mode="wrap")
     def _without_unused_paging(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -340,7 +349,11 @@ class HasRunQuery(Model):
 class HistoryQuery(Model):
     """Stored messages of one of the parent's feeds, for an application that may not read
     the streams itself (an account of its own, `tether.access`): its events, progress
-    signals or chat, the whole parent's or one run's (`run_id`), from `start_seq`."""
+    signals or chat, the whole parent's or one run's (`run_id`), from `start_seq`.
+
+    `data_offset`: the rest of the message at `start_seq`, which a reply carried only in
+    part (`StoredMessage.data_end`), from that byte of its data on; `limit` is then
+    ignored."""
 
     type: Literal["history"] = "history"
     parent: ParentRef
@@ -348,6 +361,16 @@ class HistoryQuery(Model):
     run_id: Identifier | None = None
     start_seq: Annotated[int, Field(ge=1)] = 1
     limit: Annotated[int, Field(ge=0, le=1000)] = 500
+    data_offset: Annotated[int, Field(ge=0)] = 0
+
+    @model_serializer(mode="wrap")
+    def _without_data_offset(self, write: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Written only when used: a parent from before parts refuses fields it does not
+        # know, and only a parent that sends parts is ever asked for the rest of one.
+        written: dict[str, Any] = write(self)
+        if self.data_offset == 0:
+            written.pop("data_offset", None)
+        return written
 
 
 class ServeHookQuery(Model):

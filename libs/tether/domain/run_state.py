@@ -63,7 +63,11 @@ class Spending(Record, frozen=True, kw_only=True):
     requested, what its model steps used (`steps`: the indexes charged), and whether it
     ended (`released`: what it did not use is free). `reservations`: how often it
     reserved; more than once when a budget further up refused its request, its share
-    here was released, and the request was asked again (`spending.reserve`)."""
+    here was released, and the request was asked again (`spending.reserve`). `owners`:
+    the requests that claim the held share (`RunBudgetReservedData.owner`), so that one
+    refused further up frees it only when no other request for the run id relies on it;
+    none: the run's own share, which no request withdraws. `claims`: how many claims were
+    made or withdrawn over its life, which keeps their event ids apart."""
 
     reserved_tokens: int = 0
     reserved_cost: float = 0.0
@@ -72,6 +76,8 @@ class Spending(Record, frozen=True, kw_only=True):
     steps: tuple[int, ...] = ()
     released: bool = False
     reservations: int = 0
+    owners: tuple[str, ...] = ()
+    claims: int = 0
 
 
 class DeliveryLedger(Record, frozen=True, kw_only=True):

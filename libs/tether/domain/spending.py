@@ -12,10 +12,12 @@ reason `budget-exceeded`, and the runs below it are cancelled.
 
 A fork's reused steps were paid for by the run it was forked from: only the steps it
 makes itself are charged (`paid_here`). A request one budget had room for and one
-further up did not is refused, and its share of the nearer one released (`withdraw`: only
-a share that request reserved itself); asked again, it reserves there again (`reserve`, a
-new round of the share). A new turn of a run below (a follow-up, a rewind) reserves a new
-round too, on top of what the run used so far (`reserve_turn`).
+further up did not is refused, and its claim on the nearer one withdrawn (`withdraw`): a
+share records the requests that claim it (the one that reserved it, and any other for the
+same run id that found it held: `claim`), and is freed when the last withdraws; asked
+again, it reserves there again (`reserve`, a new round of the share). A new turn of a run
+below (a follow-up, a rewind) reserves a new round too, on top of what the run used so far
+(`reserve_turn`).
 
 Everything here is a pure function of a run's state; the parent reserves, the
 reconciler charges, releases and gives up.
@@ -35,8 +37,8 @@ from tether.domain.budget_events import (
 from tether.domain.decide import Cause
 from tether.domain.events import Event, RunRef
 from tether.domain.fold import evolve
-from tether.domain.run_state import RunState
-from tether.domain.spending_transitions import in_round, share_event_id
+from tether.domain.run_state import RunState, Spending
+from tether.domain.spending_transitions import claim_event_id, in_round, share_event_id
 
 # The code of a run request refused because a budget above it had no room for its share
 # (`run.rejected`), and the reason its caller's failure carries.
@@ -117,21 +119,50 @@ def holds(state: RunState | None, run: RunRef) -> bool:
 
 
 def reserve(state: RunState | None, run: RunRef, amount: Amount, cause: Cause) -> list[Event]:
-    """Reserve `amount` of the budget for the descendant `run`, if it fits (`room_for`);
-    nothing for one that holds its share already (the same request again). A released
-    share (a budget further up refused the request, or the run's turn ended) is reserved
-    again: `amount` on top of what the run used so far."""
-    if state is None or room_for(state, amount) is not None:
+    """Reserve `amount` of the budget for the descendant `run`, if it fits (`room_for`),
+    claimed by the request (`cause`: its `causation_id`, which a redelivery keeps). A
+    share held already: the request claims it too (`claim`), or nothing when it claims
+    it already (the same request again). A released share (a budget further up refused
+    the request, or the run's turn ended) is reserved again: `amount` on top of what the
+    run used so far."""
+    share = None if state is None else state.spending.get(key_of(run))
+    if state is None or (share is not None and not share.released):
+        return claim(state, run, cause)
+    if room_for(state, amount) is not None:
         return []
-    share = state.spending.get(key_of(run))
-    if share is not None and not (share.released and share.reservations):
+    if share is not None and not share.reservations:
         return []
     again = () if share is None else in_round(share.reservations)
     used = Amount() if share is None else Amount(tokens=share.tokens, cost=share.cost)
     return [RunBudgetReserved(**_envelope(state, cause, "reserve", run, *again),
                               data=RunBudgetReservedData(
                                   run=run, tokens=used.tokens + amount.tokens,
-                                  cost=round(used.cost + amount.cost, 10)))]
+                                  cost=round(used.cost + amount.cost, 10),
+                                  owner=cause.causation_id))]
+
+
+def claim(state: RunState | None, run: RunRef, cause: Cause) -> list[Event]:
+    """A request (`cause`) for the descendant `run` found its share held, reserved by
+    another request for the same run id (two replicas, a caller that asked twice): it
+    claims the share too, so that the other, refused further up, leaves it held for the
+    run this one may start (`withdraw`). Nothing for a share it claims already, or one
+    no request claims (the run's own, which no request withdraws), or a budget whose run
+    has ended."""
+    share = None if state is None else state.spending.get(key_of(run))
+    owner = cause.causation_id
+    if (state is None or not state.is_open or share is None or share.released
+            or not share.owners or owner in share.owners):
+        return []
+    return [RunBudgetReserved(**_claim_envelope(state, cause, "join", run, share),
+                              data=RunBudgetReservedData(run=run, tokens=share.reserved_tokens,
+                                                         cost=share.reserved_cost,
+                                                         owner=owner))]
+
+
+def _claim_envelope(state: RunState, cause: Cause, kind: str, run: RunRef,
+                    share: Spending) -> dict[str, Any]:
+    return {**_envelope(state, cause, kind, run),
+            "event_id": claim_event_id(state, kind, run, cause.causation_id, share.claims)}
 
 
 def reserve_turn(state: RunState | None, run: RunRef, amount: Amount,
@@ -170,16 +201,17 @@ def _last_turn_settled(state: RunState, run: RunRef, steps: dict[int, dict[str, 
     return events, state
 
 
-def withdraw(state: RunState | None, run: RunRef, round_: int | None,
-             cause: Cause) -> list[Event]:
-    """A request refused by a budget further up frees the share it reserved here, in
-    round `round_` (`Spending.reservations` right after its reservation); nothing for a
-    share it found held (None: another request's for the same run id, which the run
-    that request starts relies on, or a release and a new round since)."""
-    share = None if state is None or round_ is None else state.spending.get(key_of(run))
-    if share is None or share.released or share.reservations != round_:
+def withdraw(state: RunState | None, run: RunRef, cause: Cause) -> list[Event]:
+    """A request (`cause`) refused by a budget further up withdraws its claim on the
+    share of the descendant `run` here (`reserve`, `claim`): the share is freed when no
+    other request claims it; one that does relies on it for the run it may start. Its
+    own claim is withdrawn whichever delivery of its command made it (a parent that
+    died after reserving leaves none behind); nothing for a share it does not claim."""
+    share = None if state is None else state.spending.get(key_of(run))
+    if state is None or share is None or share.released or cause.causation_id not in share.owners:
         return []
-    return release(state, run, cause)
+    return [RunBudgetReleased(**_claim_envelope(state, cause, "withdraw", run, share),
+                              data=RunBudgetReleasedData(run=run, owner=cause.causation_id))]
 
 
 def reserve_again(state: RunState | None, run: RunRef, cause: Cause) -> list[Event]:

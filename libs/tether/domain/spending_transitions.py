@@ -28,13 +28,28 @@ def in_round(round_: int) -> tuple[int, ...]:
     return (round_,) if round_ > 0 else ()
 
 
+def claim_event_id(state: RunState, kind: str, run: RunRef, owner: str, claims: int) -> str:
+    """The id of a request's claim (`join`) on a share another request holds, or of its
+    withdrawal (`withdraw`): from the request and the share's `claims` before it, so a
+    request that withdrew and claims again is not dropped as the first claim's duplicate."""
+    return share_event_id(state, kind, run, owner, claims)
+
+
 def budget_reserved(state: RunState, event: RunBudgetReserved, logged_at: int) -> Evolved:
     key = key_of(event.data.run)
     share = state.spending.get(key)
+    owner = event.data.owner
+    owners = () if owner is None else (owner,)
     if share is None:
         share = Spending(reserved_tokens=event.data.tokens, reserved_cost=event.data.cost,
-                         reservations=1)
+                         reservations=1, owners=owners)
         return applied(state, spending={**state.spending, key: share})
+    if (owner is not None and not share.released and share.owners
+            and owner not in share.owners
+            and event.event_id == claim_event_id(state, "join", event.data.run, owner,
+                                                 share.claims)):
+        joined = _replace(share, owners=(*share.owners, owner), claims=share.claims + 1)
+        return applied(state, spending={**state.spending, key: joined})
     # Reserved again only by the reservation `spending.reserve` makes after a release
     # (of a share that had reserved: not one whose release was read first), told by its
     # id: any other, the first one seen again or a stale one, reads as a duplicate
@@ -43,7 +58,7 @@ def budget_reserved(state: RunState, event: RunBudgetReserved, logged_at: int) -
     if not (share.released and share.reservations and event.event_id == again):
         return ignored(state, f"duplicate: {key} has reserved already")
     reserved = _replace(share, reserved_tokens=event.data.tokens, reserved_cost=event.data.cost,
-                        released=False, reservations=share.reservations + 1)
+                        released=False, reservations=share.reservations + 1, owners=owners)
     return applied(state, spending={**state.spending, key: reserved})
 
 
@@ -63,4 +78,14 @@ def budget_released(state: RunState, event: RunBudgetReleased, logged_at: int) -
     share = state.spending.get(key, Spending())  # (one that reserved nothing, or not yet)
     if share.released:
         return ignored(state, f"duplicate: {key} was already released")
-    return applied(state, spending={**state.spending, key: _replace(share, released=True)})
+    owner = event.data.owner
+    if owner is None:  # the run ended: free whoever claimed it
+        return applied(state, spending={**state.spending,
+                                        key: _replace(share, released=True, owners=())})
+    if owner not in share.owners:
+        return ignored(state, f"duplicate: {owner} has no claim on the share of {key}")
+    # A withdrawn claim frees the share only when it was the last: another request for
+    # the same run id that joined it relies on it for the run it may start.
+    owners = tuple(other for other in share.owners if other != owner)
+    withdrawn = _replace(share, owners=owners, released=not owners, claims=share.claims + 1)
+    return applied(state, spending={**state.spending, key: withdrawn})

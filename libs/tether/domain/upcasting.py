@@ -115,5 +115,19 @@ def upcast_run_running_v1_v2(payload: Payload) -> Payload:
     return {**payload, "data": {"agent_version": None, **payload["data"]}}
 
 
+@upcaster("run.budget_reserved", from_version=1)
+def upcast_run_budget_reserved_v1_v2(payload: Payload) -> Payload:
+    """Version 2 adds `owner` (the request claiming the share): a version-1 share is
+    claimed by no request, so no request withdraws it."""
+    return payload
+
+
+@upcaster("run.budget_released", from_version=1)
+def upcast_run_budget_released_v1_v2(payload: Payload) -> Payload:
+    """Version 2 adds `owner` (a request withdrawing its claim): a version-1 release is
+    the run's end, which frees the share."""
+    return payload
+
+
 def registered_upcasters() -> dict[tuple[str, int], Upcaster]:
     return dict(_UPCASTERS)

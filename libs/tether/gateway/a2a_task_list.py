@@ -5,38 +5,60 @@ A page token is the cursor of the page's last task (when its run was requested, 
 run id), so tasks started since come before it: a page read later goes on where the one
 before ended, none repeated or skipped.
 
-A state that is a run status of its own (submitted, completed; rejected is none: a
-rejected task never ran) is filtered, paged and counted by the parent. Working and
-input-required share the run status `running`, canceled and failed share `aborted`: for
-those the gateway reads the runs of the status a chunk at a time and keeps the tasks in
-the state, and it counts them by reading every such run of the agent type (few while
-running; as many as the caller's failed runs when it asks for the failed ones).
+A state is a filter of the list query: run statuses (rejected is none: a rejected task
+never ran), refined where two states share one. Working and input-required share the run
+status `running` (input-required: paused for a human or for tool output, `waiting`),
+canceled and failed share `aborted` (canceled: aborted on a cancel request,
+`canceled`). The parent filters, pages and counts every state, one list query a page.
+
+A parent from before `waiting` and `canceled` refuses them: for working, input-required,
+canceled and failed the gateway then reads the runs of the status a chunk at a time and
+keeps the tasks in the state, and counts them by reading every such run of the agent
+type, as it did before those fields (logged as `a2a.list_tasks.parent_outdated`).
 """
+
+import re
+from dataclasses import dataclass
 
 from a2a.types import ListTasksRequest, ListTasksResponse, Task, TaskState
 from a2a.utils.errors import InvalidParamsError
 from a2a.utils.task import decode_page_token, encode_page_token
 
+from tether.client.errors import RequestFailed
 from tether.client.parent import ParentHandle, cursor_of
 from tether.contract.messages import RunSnapshot
 from tether.domain.commands import ListCursor
 from tether.gateway.a2a_tasks import a2a_state, task_of
+from tether.log import get_logger
 
 MAX_LISTED = 100
-# Runs read at a time for a state that shares its run status (one list query each).
+# Runs read at a time for a state that shares its run status, from a parent that cannot
+# tell the states apart (one list query each).
 SCAN_CHUNK = 100
-RUN_STATUSES_OF: dict[int, list[str]] = {
-    TaskState.TASK_STATE_SUBMITTED: ["starting"],
-    TaskState.TASK_STATE_WORKING: ["running"],
-    TaskState.TASK_STATE_INPUT_REQUIRED: ["running"],
-    TaskState.TASK_STATE_COMPLETED: ["completed"],
-    TaskState.TASK_STATE_CANCELED: ["aborted"],
-    TaskState.TASK_STATE_FAILED: ["error", "aborted", "interrupted"],
-    TaskState.TASK_STATE_REJECTED: [],
+
+
+@dataclass(frozen=True)
+class StateFilter:
+    """The list query's filter of one task state (`tether.gateway.a2a_tasks.a2a_state`):
+    its run statuses, and whether its runs are paused (`waiting`) or aborted on a cancel
+    request (`canceled`); None: either."""
+
+    statuses: list[str]
+    waiting: bool | None = None
+    canceled: bool | None = None
+
+
+FILTER_OF: dict[int, StateFilter] = {
+    TaskState.TASK_STATE_SUBMITTED: StateFilter(["starting"]),
+    TaskState.TASK_STATE_WORKING: StateFilter(["running"], waiting=False),
+    TaskState.TASK_STATE_INPUT_REQUIRED: StateFilter(["running"], waiting=True),
+    TaskState.TASK_STATE_COMPLETED: StateFilter(["completed"]),
+    TaskState.TASK_STATE_CANCELED: StateFilter(["aborted"], canceled=True),
+    TaskState.TASK_STATE_FAILED: StateFilter(["error", "aborted", "interrupted"],
+                                             canceled=False),
+    TaskState.TASK_STATE_REJECTED: StateFilter([]),
 }
-SHARES_A_RUN_STATUS = frozenset({
-    TaskState.TASK_STATE_WORKING, TaskState.TASK_STATE_INPUT_REQUIRED,
-    TaskState.TASK_STATE_CANCELED, TaskState.TASK_STATE_FAILED})
+REFINEMENTS = ("waiting", "canceled")
 
 
 def page_size_of(params: ListTasksRequest) -> int:
@@ -50,26 +72,45 @@ async def list_tasks(parent: ParentHandle, agent_type: str,
                      params: ListTasksRequest) -> ListTasksResponse:
     page_size = page_size_of(params)
     before = cursor_of_token(params.page_token) if params.page_token else None
-    statuses = RUN_STATUSES_OF.get(params.status) if params.status else None
-    if statuses == []:
+    wanted = FILTER_OF.get(params.status) if params.status else None
+    if wanted is not None and not wanted.statuses:
         return ListTasksResponse(tasks=[], total_size=0, page_size=page_size)
-    if params.status in SHARES_A_RUN_STATUS:
-        runs, after, total = await _in_state(parent, agent_type, statuses, params.status,
-                                             page_size, before)
-    else:
-        page = await parent.list_page(statuses, page_size, agent_type=agent_type,
-                                      before=before)
+    try:
+        page = await parent.list_page(wanted.statuses if wanted else None, page_size,
+                                      agent_type=agent_type, before=before,
+                                      waiting=wanted.waiting if wanted else None,
+                                      canceled=wanted.canceled if wanted else None)
         runs, after, total = page.runs, page.after, page.total
+    except RequestFailed as error:
+        if wanted is None or not refuses_refinements(error):
+            raise
+        get_logger(service="gateway").warning(
+            "a2a.list_tasks.parent_outdated", agent_type=agent_type,
+            parent=f"{parent.agent}/{parent.name}", state=TaskState.Name(params.status),
+            reason="the parent service refuses the list query's `waiting` and `canceled`: "
+                   "upgrade it; until then every run of the state's statuses is read")
+        runs, after, total = await _in_state(parent, agent_type, wanted.statuses,
+                                             params.status, page_size, before)
     tasks: list[Task] = [task_of(run) for run in runs]
     return ListTasksResponse(tasks=tasks, total_size=total, page_size=page_size,
                              next_page_token=page_token(after) if after is not None else "")
 
 
-async def _in_state(parent: ParentHandle, agent_type: str, statuses: list[str] | None,
+def refuses_refinements(error: RequestFailed) -> bool:
+    """Whether a parent refused the list query for `waiting` or `canceled`: a parent from
+    before them forbids fields it does not know, and its reply names the field on a line
+    of its own (pydantic's validation error: `query.waiting`, then `extra_forbidden`)."""
+    text = str(error)
+    return "invalid request:" in text and "extra_forbidden" in text and any(
+        re.search(rf"^(\S+\.)?{field}$", text, re.MULTILINE) for field in REFINEMENTS)
+
+
+async def _in_state(parent: ParentHandle, agent_type: str, statuses: list[str],
                     state: int, page_size: int, before: ListCursor | None
                     ) -> tuple[list[RunSnapshot], ListCursor | None, int]:
     """The page of runs in `state` after `before`, the next page's cursor, and how many
-    runs are in `state`."""
+    runs are in `state`, picked from the runs of `statuses` (a parent that cannot filter
+    them by state)."""
     page: list[RunSnapshot] = []
     more, cursor = False, before
     while not more:

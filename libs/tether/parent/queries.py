@@ -22,6 +22,7 @@ import asyncpg
 from faststream.middlewares import ExceptionMiddleware
 from faststream.nats import NatsBroker
 from faststream.nats.annotations import NatsMessage
+from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
@@ -52,6 +53,7 @@ from tether.domain.commands import (
     ServeHookQuery,
 )
 from tether.domain.events import ParentRef
+from tether.domain.history_parts import part_end, quoted_size
 from tether.domain.run_state import RunState
 from tether.parent.rate_limit import RequestRates, requester_of
 from tether.run_tree import descendants
@@ -170,11 +172,12 @@ class ParentQueries:
         if query.count:
             runs, total = await self._projections.list_and_count_runs(
                 query.parent, query.status, query.limit, agent_type=query.agent_type,
-                before=query.before)
+                before=query.before, waiting=query.waiting, canceled=query.canceled)
             return ListReply(runs=[RunSnapshot.of(state) for state in runs], total=total)
         runs = await self._projections.list_runs(query.parent, query.status, query.limit,
                                                  agent_type=query.agent_type,
-                                                 before=query.before)
+                                                 before=query.before, waiting=query.waiting,
+                                                 canceled=query.canceled)
         return ListReply(runs=[RunSnapshot.of(state) for state in runs])
 
     async def history(self, query: HistoryQuery, message: NatsMessage) -> HistoryReply:
@@ -192,27 +195,48 @@ class ParentQueries:
             filter_subject = per_parent(query.parent)
         else:  # a run's events or progress, or its conversation (`tether.domain.chat`)
             filter_subject = per_run(query.parent, query.run_id)
+        if query.data_offset:
+            return await self._rest_of_message(stream, filter_subject, query)
         if query.limit == 0:
             info = await self._log.jetstream.stream_info(stream)
             return HistoryReply(last_seq=info.state.last_seq)
         found, pending = await self._log.read_stored(stream, filter_subject,
                                                      start_seq=query.start_seq,
                                                      size=query.limit)
+        budget = self._history_budget()
         messages: list[StoredMessage] = []
         size = 0
         for msg in found:
-            headers = msg.headers or {}
-            stored = StoredMessage(seq=int(headers["Nats-Sequence"]),
-                                   subject=headers["Nats-Subject"],
-                                   data=msg.data.decode(errors="replace"),
-                                   pending=int(headers.get("Nats-Num-Pending", 0)))
-            size += len(msg.data) + len(stored.subject) + 64
-            if messages and size > HISTORY_REPLY_BYTES:
+            stored = _stored_message(msg)
+            size += quoted_size(stored.data) + len(stored.subject) + 64
+            if size > budget:
+                if not messages:  # too large for any reply whole: its first part
+                    first = _stored_part(msg, 0, budget)
+                    messages.append(first if first.is_partial else stored)
                 break
             messages.append(stored)
         if messages:
             pending = messages[-1].pending
         return HistoryReply(messages=messages, pending=pending)
+
+    def _history_budget(self) -> int:
+        """The bytes a history reply's messages may take: under the server's max payload
+        with room for the rest of the reply, whatever it is configured to."""
+        assert self._log is not None
+        return min(HISTORY_REPLY_BYTES, self._log.nats.max_payload // 2)
+
+    async def _rest_of_message(self, stream: str, filter_subject: str,
+                               query: HistoryQuery) -> HistoryReply:
+        """The part of the message at `start_seq` from `data_offset` on."""
+        assert self._log is not None
+        found, _ = await self._log.read_stored(stream, filter_subject,
+                                               start_seq=query.start_seq, size=1)
+        if not found or _stored_message(found[0]).seq != query.start_seq:
+            return HistoryReply(error=(
+                f"the message at seq {query.start_seq} of {filter_subject} is no longer "
+                "stored: read the feed again from there"))
+        return HistoryReply(messages=[_stored_part(found[0], query.data_offset,
+                                                   self._history_budget())])
 
     async def serve_hook(self, query: ServeHookQuery, message: NatsMessage) -> ServeHookReply:
         assert self._log is not None
@@ -242,6 +266,24 @@ class ParentQueries:
             return reply_model(error=f"invalid request: {error}")
         self._logger.error("rpc.failed", subject=subject, exc_info=error)
         return reply_model(error=f"{type(error).__name__}: {error}")
+
+
+def _stored_message(msg: Msg) -> StoredMessage:
+    """A direct get's message as a history reply carries it whole."""
+    headers = msg.headers or {}
+    return StoredMessage(seq=int(headers["Nats-Sequence"]), subject=headers["Nats-Subject"],
+                         data=msg.data.decode(errors="replace"),
+                         pending=int(headers.get("Nats-Num-Pending", 0)))
+
+
+def _stored_part(msg: Msg, offset: int, budget: int) -> StoredMessage:
+    """The part of a message too large for a reply whole that starts at byte `offset`
+    (`tether.domain.history_parts`); a `data_offset` past its end is an invalid
+    request."""
+    end = part_end(msg.data, offset, budget)
+    return _stored_message(msg).model_copy(update={
+        "data": msg.data[offset:end].decode(errors="replace"), "data_size": len(msg.data),
+        "data_end": end})
 
 
 def _check_subject_parent(subject: str, parent: ParentRef) -> None:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from tether.agent_registry import AgentRegistry
 from tether.contract.messages import RUN_SEQUENCE_HEADER, WorkItem, work_item_json
 from tether.domain import decide, forks, recovery_decisions, spending, turn_decisions
-from tether.domain.amounts import Amount, key_of
+from tether.domain.amounts import Amount
 from tether.domain.chat import started_by_error
 from tether.domain.commands import RunCommand, parse_command
 from tether.domain.events import ForkOrigin, ParentRef, RunRef, RunRequested
@@ -172,8 +172,9 @@ class RunRequests:
     async def _reserve(self, command: RunCommand, spend: decide.Spend,
                        cause: decide.Cause) -> str | None:
         """Reserve the new run's share of every budget above it (`spending.reserve`); a
-        share it holds already (the same request again) counts. None when all had room,
-        else why one had none."""
+        share held already counts: this request's own (its command delivered again), or
+        another request's for the same run id, which it then claims too. None when all
+        had room, else why one had none."""
         share = self._share(command.agent_type, spend.max_tokens, spend.max_cost)
         run = RunRef(parent=command.parent, run_id=command.run_id)
 
@@ -209,24 +210,20 @@ class RunRequests:
                              why_not: Callable[[RunRef, RunState | None], str | None],
                              cause: decide.Cause) -> str | None:
         """`reserve` on every budgeted run `above` the run, nearest first; None when each
-        reserved or had no need to (`why_not` None), else why one could not. What this
-        request reserved on the others is then freed again, and only that
-        (`spending.withdraw`): a share it found held may be another request's for the
-        same run id, which that run relies on."""
-        taken: list[tuple[RunRef, int | None]] = []  # (budget, the round reserved there)
-        for owner in above:
-            state, appended = await self._log.recent.update(owner.parent, owner.run_id,
+        reserved or had no need to (`why_not` None), else why one could not. This
+        request's claims on the others are then withdrawn (`spending.withdraw`): a share
+        another request for the same run id claims too stays held for the run that one
+        may start, and one this request's command reserved in an earlier delivery (a
+        parent that died after reserving) is freed."""
+        for index, budget in enumerate(above):
+            state, appended = await self._log.recent.update(budget.parent, budget.run_id,
                                                             reserve)
-            if appended and state is not None:
-                taken.append((owner, state.spending[key_of(run)].reservations))
+            if appended or (why := why_not(budget, state)) is None:
                 continue
-            if (why := why_not(owner, state)) is None:
-                taken.append((owner, None))  # held already: not this request's to free
-                continue
-            for done, round_ in taken:
+            for other in above[:index] + above[index + 1:]:
                 await self._log.recent.update(
-                    done.parent, done.run_id,
-                    partial(spending.withdraw, run=run, round_=round_, cause=cause))
+                    other.parent, other.run_id,
+                    partial(spending.withdraw, run=run, cause=cause))
             return why
         return None
 

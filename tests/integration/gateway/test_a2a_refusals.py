@@ -29,7 +29,6 @@ from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Value
 
 from tether.domain import events as ev
-from tether.gateway import a2a_task_list
 from tether.testing import RunEvents
 
 INVALID_PARAMS = -32602
@@ -204,39 +203,47 @@ async def test_a_caller_with_many_runs_pages_through_one_agent_types_tasks(base,
 
 
 async def test_tasks_of_a_state_that_shares_its_run_status_are_paged_and_counted(
-        base, log, monkeypatch):
+        base, log):
     """An aborted run is a `canceled` task when it was cancelled, a `failed` one when not
-    (as is a run that erred): picked from the runs of those statuses a chunk at a time,
-    such a state's pages are full and its total counts every task in it, none other."""
-    monkeypatch.setattr(a2a_task_list, "SCAN_CHUNK", 3)
-    for i in range(12):
-        run = RunEvents(f"ended-{i:02d}", DESKTOP_PARENT, start_ms=2_000_000 + i // 4)
+    (as is a run that erred); a running run is `input-required` while it is paused, else
+    `working`: filtered by the parent, such a state's pages are full and its total counts
+    every task in it, none other."""
+    for i in range(18):
+        run = RunEvents(f"ended-{i:02d}", DESKTOP_PARENT, start_ms=2_000_000 + i // 6)
         ends = [[run.completed()], [run.failed()],
                 [run.make(ev.RunCancelRequested), run.make(ev.RunAborted)],
-                [run.make(ev.RunAborted, error="the child gave up", cause="child")]][i % 4]
+                [run.make(ev.RunAborted, error="the child gave up", cause="child")],
+                [], [run.make(ev.RunPaused, reason="waiting_for_tools")]][i % 6]
         for event in (run.requested("Researcher"), run.started(), run.running(), *ends):
             await log.append(event, expected_last_seq=None)
     async with a2a_client(base, "Researcher", streaming=False) as client:
-        failed = [await _listed(client, 4, 6, status=TaskState.TASK_STATE_FAILED)]
-        failed.append(await client.list_tasks(ListTasksRequest(
-            page_size=4, page_token=failed[0].next_page_token,
-            status=TaskState.TASK_STATE_FAILED)))
-        canceled = [await _listed(client, 2, 3, status=TaskState.TASK_STATE_CANCELED)]
-        canceled.append(await client.list_tasks(ListTasksRequest(
-            page_size=2, page_token=canceled[0].next_page_token,
-            status=TaskState.TASK_STATE_CANCELED)))
+        pages = {}
+        for state, page_size, total in ((TaskState.TASK_STATE_FAILED, 4, 6),
+                                        (TaskState.TASK_STATE_CANCELED, 2, 3),
+                                        (TaskState.TASK_STATE_WORKING, 2, 3),
+                                        (TaskState.TASK_STATE_INPUT_REQUIRED, 2, 3)):
+            pages[state] = [await _listed(client, page_size, total, status=state)]
+            pages[state].append(await client.list_tasks(ListTasksRequest(
+                page_size=page_size, page_token=pages[state][0].next_page_token,
+                status=state)))
         completed = await _listed(client, 4, 3, status=TaskState.TASK_STATE_COMPLETED)
 
-    def ids(pages) -> list[str]:
-        return [task.id for page in pages for task in page.tasks]
+    def ids(state) -> list[str]:
+        return [task.id for page in pages[state] for task in page.tasks]
 
-    assert ids(failed) == ["ended-09", "ended-11", "ended-05", "ended-07", "ended-01",
-                           "ended-03"]
+    failed, canceled = pages[TaskState.TASK_STATE_FAILED], pages[TaskState.TASK_STATE_CANCELED]
+    assert ids(TaskState.TASK_STATE_FAILED) == ["ended-13", "ended-15", "ended-07",
+                                                "ended-09", "ended-01", "ended-03"]
     assert [len(page.tasks) for page in failed] == [4, 2]
     assert (failed[1].total_size, failed[1].next_page_token) == (6, "")
-    assert ids(canceled) == ["ended-10", "ended-06", "ended-02"]
+    assert ids(TaskState.TASK_STATE_CANCELED) == ["ended-14", "ended-08", "ended-02"]
     assert (canceled[1].total_size, canceled[1].next_page_token) == (3, "")
-    assert ids([completed]) == ["ended-08", "ended-04", "ended-00"]
+    assert ids(TaskState.TASK_STATE_WORKING) == ["ended-16", "ended-10", "ended-04"]
+    assert ids(TaskState.TASK_STATE_INPUT_REQUIRED) == ["ended-17", "ended-11", "ended-05"]
+    assert {task.status.state for task in pages[TaskState.TASK_STATE_INPUT_REQUIRED][1].tasks
+            } == {TaskState.TASK_STATE_INPUT_REQUIRED}
+    assert [page.total_size for page in pages[TaskState.TASK_STATE_WORKING]] == [3, 3]
+    assert [task.id for task in completed.tasks] == ["ended-12", "ended-06", "ended-00"]
 
 
 async def test_a_message_in_a_context_not_the_callers_is_refused_naming_it(base, log):

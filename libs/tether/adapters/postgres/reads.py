@@ -54,6 +54,12 @@ _COUNT = "SELECT count(*) FROM {s}.runs WHERE {where}"
 _OF_PARENT = "parent_agent = $1 AND parent_name = $2"
 _OF_STATUSES = "status = ANY({}::text[])"
 _OF_AGENT_TYPE = "agent_type = {}"
+# The list's refinements of a status, the same tests as `RunSnapshot`'s `waiting_for` and
+# `cancel_requested` (and the A2A task state made of them), each true or false, never
+# NULL, so that NOT selects exactly the others: a run paused for a human or for tool
+# output (`paused` is JSON null while it is not), and a run aborted on a cancel request.
+_WAITING = "coalesce(state->'paused'->>'reason', '') <> ''"
+_CANCELED = "(status = 'aborted' AND cancel_requested_at IS NOT NULL)"
 # After the cursor's run in the list's order (`requested_at DESC, run_id`): requested
 # earlier, or at the same instant with a greater run id. The first term bounds the index
 # scan; the second is the list's tie order exactly, so no run is skipped or repeated.
@@ -141,19 +147,23 @@ class ProjectionReads:
 
     async def list_runs(self, parent: ParentRef, statuses: Sequence[str] | None,
                         limit: int, *, agent_type: str | None = None,
-                        before: ListCursor | None = None) -> list[RunState]:
+                        before: ListCursor | None = None, waiting: bool | None = None,
+                        canceled: bool | None = None) -> list[RunState]:
         """The parent's runs, newest first, of these statuses and agent type (None: any),
-        `limit` of them after `before` (None: from the newest)."""
+        paused or not (`waiting`), aborted on a cancel request or not (`canceled`; None:
+        either), `limit` of them after `before` (None: from the newest)."""
         statement, args = self.list_statement(parent, statuses, limit, agent_type=agent_type,
-                                              before=before)
+                                              before=before, waiting=waiting,
+                                              canceled=canceled)
         rows = await self._reader.fetch(statement, *args)
         return [state_from_json(row["state"]) for row in rows]
 
     def list_statement(self, parent: ParentRef, statuses: Sequence[str] | None, limit: int,
-                       *, agent_type: str | None = None, before: ListCursor | None = None
+                       *, agent_type: str | None = None, before: ListCursor | None = None,
+                       waiting: bool | None = None, canceled: bool | None = None
                        ) -> tuple[str, list[Any]]:
         """`list_runs`'s SQL and its arguments."""
-        where, args = _list_filter(parent, statuses, agent_type)
+        where, args = _list_filter(parent, statuses, agent_type, waiting, canceled)
         if before is not None:
             args += [before.requested_at, before.run_id]
             where += " AND " + _AFTER_CURSOR.format(f"${len(args) - 1}", f"${len(args)}")
@@ -162,15 +172,17 @@ class ProjectionReads:
                 args)
 
     async def count_runs(self, parent: ParentRef, statuses: Sequence[str] | None, *,
-                         agent_type: str | None = None) -> int:
+                         agent_type: str | None = None, waiting: bool | None = None,
+                         canceled: bool | None = None) -> int:
         """How many runs `list_runs` lists with these filters, from the first page on."""
-        where, args = _list_filter(parent, statuses, agent_type)
+        where, args = _list_filter(parent, statuses, agent_type, waiting, canceled)
         return int(await self._reader.fetchval(self.sql(_COUNT).replace("{where}", where),
                                                *args))
 
     async def list_and_count_runs(self, parent: ParentRef, statuses: Sequence[str] | None,
                                   limit: int, *, agent_type: str | None = None,
-                                  before: ListCursor | None = None
+                                  before: ListCursor | None = None,
+                                  waiting: bool | None = None, canceled: bool | None = None
                                   ) -> tuple[list[RunState], int]:
         """`list_runs` and `count_runs` read at one moment (a repeatable-read transaction),
         so the total counts the runs the page was taken from."""
@@ -179,8 +191,9 @@ class ProjectionReads:
                 isolation="repeatable_read", readonly=True):
             reads = ProjectionReads(conn, self.schema)
             runs = await reads.list_runs(parent, statuses, limit, agent_type=agent_type,
-                                         before=before)
-            total = await reads.count_runs(parent, statuses, agent_type=agent_type)
+                                         before=before, waiting=waiting, canceled=canceled)
+            total = await reads.count_runs(parent, statuses, agent_type=agent_type,
+                                           waiting=waiting, canceled=canceled)
         return runs, total
 
     async def watched(self) -> tuple[int, list[RunState]]:
@@ -208,8 +221,9 @@ class ProjectionReads:
         return {(row[0], row[1] or ""): row[2] for row in rows}
 
 
-def _list_filter(parent: ParentRef, statuses: Sequence[str] | None,
-                 agent_type: str | None) -> tuple[str, list[Any]]:
+def _list_filter(parent: ParentRef, statuses: Sequence[str] | None, agent_type: str | None,
+                 waiting: bool | None = None, canceled: bool | None = None
+                 ) -> tuple[str, list[Any]]:
     """The list's conditions but its cursor, and their arguments ($1, $2, ... in turn)."""
     where = _OF_PARENT
     args: list[Any] = [parent.agent, parent.name]
@@ -219,4 +233,7 @@ def _list_filter(parent: ParentRef, statuses: Sequence[str] | None,
     if agent_type is not None:
         args.append(agent_type)
         where += " AND " + _OF_AGENT_TYPE.format(f"${len(args)}")
+    for condition, wanted in ((_WAITING, waiting), (_CANCELED, canceled)):
+        if wanted is not None:
+            where += f" AND {condition}" if wanted else f" AND NOT {condition}"
     return where, args
