@@ -2,6 +2,7 @@
 (`tether.access`) and the operators' account, on a nats-server with the generated
 accounts, with the four services running as their own users."""
 
+import argparse
 import asyncio
 import contextlib
 from pathlib import Path
@@ -14,6 +15,7 @@ from large_output_agents import large_output
 
 from tether.access_jwt import generate
 from tether.client import connect
+from tether.client.cli_commands import COMMANDS
 from tether.client.errors import RequestFailed
 from tether.client.feed import FeedMessage, feed_events
 from tether.config import Settings
@@ -222,3 +224,16 @@ async def test_the_rest_of_a_message_that_cannot_be_sent_is_refused_saying_why(i
             await tether.request("history", HistoryQuery(
                 parent=ALICE_PARENT, run_id="parts-1", start_seq=gone, data_offset=1),
                 HistoryReply)
+
+
+async def test_tether_hooks_as_an_application_user_says_it_needs_the_operator(
+        installation, capsys):
+    """`tether hooks` reads through the JetStream API, which an application's account does
+    not have: it says so and whose credentials it needs, not "nats: timeout"."""
+    args = argparse.Namespace(command="hooks", parent_agent=ALICE_PARENT.agent)
+    [hooks] = [command for command in COMMANDS if command.name == "hooks"]
+    code = await asyncio.to_thread(hooks.run, args, installation.as_user("alice"))
+    assert code == 1
+    assert capsys.readouterr().err.startswith(
+        "tether hooks: this NATS user's account has no JetStream API (an application in an "
+        "account of its own, tether.access), and tether hooks reads the hook registry")

@@ -17,7 +17,7 @@ from nats.js.errors import BucketNotFoundError, NoKeysError, NotFoundError
 
 from tether.client.arguments import build_run_command, check_seconds, expires_in_ms, new_run_id
 from tether.client.connection import Tether, connect, input_size
-from tether.client.errors import TetherError
+from tether.client.errors import NotPermitted, TetherError
 from tether.client.hooks import consumer_name
 from tether.client.parent import ParentHandle
 from tether.client.render import FINAL_STATUSES, Board, run_line, timeline_lines, timeline_rows
@@ -474,6 +474,12 @@ def _hooks(args: argparse.Namespace, settings: Settings):
 
     async def hooks() -> int:
         async with connect_cli(settings) as tether:
+            if tether.served:
+                raise NotPermitted(
+                    "this NATS user's account has no JetStream API (an application in an "
+                    "account of its own, tether.access), and tether hooks reads the hook "
+                    "registry and the hook consumers through it: run it with the "
+                    "operator's credentials")
             prefix = f"hook.{agent}."
             try:
                 bucket = await tether.js.key_value(tether.subjects.registry_bucket)
