@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import pytest
 from eventually import eventually
+from parent_service import running_parent
 from pydantic import BaseModel
 
 from examples.model_agents import Publisher, Researcher
@@ -46,10 +47,8 @@ from tether.domain.events import Event, ParentRef
 from tether.domain.fold import evolve
 from tether.domain.ids import work_message_id
 from tether.domain.run_state import RunState
-from tether.log import get_logger
 from tether.testing import RunEvents
 from tether_services.child_runner import open_runner
-from tether_services.parent import open_parent
 
 PARENT = ParentRef(agent="Assistant", name="user-7")
 TERMINAL = {"run.completed", "run.failed", "run.aborted"}
@@ -104,13 +103,8 @@ async def runner(nc, log, settings):
 
 @pytest.fixture
 async def parent(settings, log, pool):
-    service = await open_parent(settings, log, pool, AgentRegistry(AGENTS),
-                            get_logger(service="parent-test"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    yield service
-    stop.set()
-    await asyncio.wait_for(task, timeout=10)
+    async with running_parent(settings, log, pool, AGENTS) as service:
+        yield service
 
 
 async def command(log: EventLog, kind: str, **payload: Any) -> None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from eventually import eventually
+from hook_handlers import METHOD, PARENT, finish_detached_run, publish_finish_hook
 
 from tether.adapters.deliveries import DeliveryRecords, delivery_key, held_mark
 from tether.adapters.event_log import EventLog
@@ -18,14 +19,8 @@ from tether.adapters.pull import delivery_of, durable_pull
 from tether.adapters.tenant_deliveries import TenantDeliveryRecords
 from tether.client import Tether, connect
 from tether.client.hooks import consumer_config
-from tether.contract.messages import FIRST_PUBLICATION_HEADER, HookMessage, LifecycleResult, RunInfo
-from tether.domain.detached_options import DetachedOptions
-from tether.domain.events import ParentRef
-from tether.domain.ids import finish_message_id
-from tether.testing import RunEvents
+from tether.contract.messages import LifecycleResult, RunInfo
 
-PARENT = ParentRef(agent="Importer", name="acme")
-METHOD = "on_import_done"
 LEASE_S = 1.0
 
 
@@ -33,20 +28,6 @@ LEASE_S = 1.0
 async def tether(log: EventLog, settings) -> AsyncIterator[Tether]:
     async with connect(settings=settings) as client:
         yield client
-
-
-async def publish_finished_run_hook(log: EventLog, run_id: str) -> None:
-    """A detached run ended `completed`, and its hook as its writer publishes it."""
-    run = RunEvents(run_id, PARENT)
-    for event in (run.requested("ImportAgent", detached=DetachedOptions(on_finish=METHOD)),
-                  run.started(), run.running(), run.completed("imported")):
-        await log.append(event, expected_last_seq=None)
-    state = (await log.read_run(PARENT, run_id)).state
-    message = HookMessage(method=METHOD, run=RunInfo.of(state), result=LifecycleResult.of(state))
-    await log.jetstream.publish(
-        log.subjects.hook(PARENT.agent, METHOD), message.model_dump_json().encode(),
-        headers={"Nats-Msg-Id": finish_message_id(state, state.status, METHOD),
-                 FIRST_PUBLICATION_HEADER: "1"}, stream=log.subjects.hooks_stream)
 
 
 async def finish_delivered(log: EventLog, run_id: str) -> int:
@@ -70,7 +51,8 @@ async def test_a_hook_handed_again_to_the_handler_calling_it_is_not_passed_on(lo
                                               lease_s=LEASE_S, max_ack_pending=32))
     handling: asyncio.Task | None = None
     try:
-        await publish_finished_run_hook(log, "import-1")
+        await finish_detached_run(log, "import-1")
+        await publish_finish_hook(log, "import-1")
         [first] = await pull.fetch(1, timeout=10)
         # Handled without a hold, so never renewed: the renewal of a paused process, late.
         handling = asyncio.create_task(hooks.handle(METHOD, first))

@@ -3,15 +3,14 @@
 and projections. Each filter lists, pages and counts exactly the runs the A2A gateway
 shows in that task state."""
 
-import asyncio
 import json
 
 import msgspec
 import pytest
 from a2a.types import TaskState
+from parent_service import running_parent
 from projecting import running_projector
 
-from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.client import connect
 from tether.client.errors import RequestFailed
@@ -19,9 +18,7 @@ from tether.domain import events as ev
 from tether.domain.events import Event, ParentRef
 from tether.gateway.a2a_task_list import FILTER_OF, refuses_refinements
 from tether.gateway.a2a_tasks import a2a_state
-from tether.log import get_logger
 from tether.testing import RunEvents
-from tether_services.parent import open_parent
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 
@@ -36,13 +33,8 @@ class Helper(ChildAgent):
 
 @pytest.fixture
 async def parent(settings, log, pool):
-    service = await open_parent(settings, log, pool, AgentRegistry([Researcher, Helper]),
-                                get_logger(service="parent-test"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    yield service
-    stop.set()
-    await asyncio.wait_for(task, timeout=10)
+    async with running_parent(settings, log, pool, [Researcher, Helper]) as service:
+        yield service
 
 
 def run_in_state(run: RunEvents, kind: str) -> list[Event]:

@@ -10,12 +10,12 @@ import pytest
 from delivery_ledger import read_run_with_ledger
 from eventually import eventually
 from nats.js.errors import NotFoundError
+from parent_service import running_parent
 from pydantic import BaseModel, Field
 from stream_messages import next_messages
 
 from tether.adapters.event_log import EventLog
 from tether.adapters.postgres.projector import Projector
-from tether.agent_registry import AgentRegistry
 from tether.child.agent import ChildAgent
 from tether.client import connect
 from tether.client.link import AwaitTiming
@@ -32,9 +32,7 @@ from tether.domain.events import ParentRef
 from tether.domain.fold import evolve, fold
 from tether.domain.ids import finish_message_id
 from tether.domain.run_state import RunState
-from tether.log import get_logger
 from tether.testing import RunEvents
-from tether_services.parent import open_parent
 
 PARENT = ParentRef(agent="Assistant", name="user-1")
 
@@ -54,13 +52,8 @@ class Helper(ChildAgent):
 @pytest.fixture
 async def parent(settings, log, pool):
     configured = settings.model_copy(update={"max_concurrent_agent_tools": None})
-    service = await open_parent(configured, log, pool, AgentRegistry([Researcher, Helper]),
-                            get_logger(service="parent-test"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(service.run(stop))
-    yield service
-    stop.set()
-    await asyncio.wait_for(task, timeout=10)
+    async with running_parent(configured, log, pool, [Researcher, Helper]) as service:
+        yield service
 
 
 async def send(log: EventLog, kind: str, payload: dict, *, msg_id: str | None = None) -> None:
