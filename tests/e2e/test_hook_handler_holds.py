@@ -5,6 +5,8 @@ The function runs once, and is recorded once; one that keeps raising is retried 
 consumer alone."""
 
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from eventually import eventually
@@ -34,6 +36,21 @@ async def finish_delivered(log, run_id: str) -> int:
     return [event.type for event in history.events].count("run.finish_delivered")
 
 
+@asynccontextmanager
+async def two_handlers_with_a_finished_hook(log, env: dict[str, str]) -> AsyncIterator[list]:
+    """Two hook handler processes of `env`, and a finished run's hook published to them;
+    both stopped (and their lines printed) when the test is done with them."""
+    handlers = [await HookHandlerProcess(env).start(), await HookHandlerProcess(env).start()]
+    try:
+        await finish_detached_run(log, "import-1")
+        await publish_finish_hook(log, "import-1")
+        yield handlers
+    finally:
+        for handler in handlers:
+            await handler.stop()
+            handler.print_lines()
+
+
 # The hook lease: renewed (and its mark with it) before the reconciler's first look, or
 # (9 s) only after it, when the call's first mark is what keeps the copy back.
 @pytest.mark.parametrize("hook_lease_ms", [LEASE_MS, 9000])
@@ -44,12 +61,8 @@ async def test_a_hook_slower_than_the_delivery_lease_is_not_republished_to_anoth
     # two of its leases (the handler renews its mark of the call meanwhile).
     reconciler = await services("reconciler", TETHER_DELIVERY_LEASE_MS="2000",
                                 TETHER_DELIVERY_MAX_BACKOFF_MS="2000")
-    handlers = [await HookHandlerProcess(handler_env(service_env, hook_lease_ms)).start(),
-                await HookHandlerProcess(handler_env(service_env, hook_lease_ms)).start()]
-    try:
-        await finish_detached_run(log, "import-1")
-        await publish_finish_hook(log, "import-1")
-
+    env = handler_env(service_env, hook_lease_ms)
+    async with two_handlers_with_a_finished_hook(log, env) as handlers:
         await eventually(lambda: retried(reconciler, 4), timeout=30)
         # One call, still under way.
         assert sorted(handler.called() for handler in handlers) == [[], ["import-1"]]
@@ -57,10 +70,6 @@ async def test_a_hook_slower_than_the_delivery_lease_is_not_republished_to_anoth
         calling.signal(signal.SIGUSR1)  # the function returns
         await calling.logged("hooks.delivered", timeout=30)
         await eventually(lambda: finish_delivered(log, "import-1"), timeout=30)
-    finally:
-        for handler in handlers:
-            await handler.stop()
-            handler.print_lines()
     assert sorted(handler.called() for handler in handlers) == [[], ["import-1"]]
     assert await finish_delivered(log, "import-1") == 1
 
@@ -71,16 +80,9 @@ async def test_a_hook_that_keeps_raising_is_retried_by_its_consumer_not_copied(
     reconciler = await services("reconciler", TETHER_DELIVERY_LEASE_MS="1000",
                                 TETHER_DELIVERY_MAX_BACKOFF_MS="1000")
     env = {**handler_env(service_env), "HOOK_RAISES": "1"}
-    handlers = [await HookHandlerProcess(env).start(), await HookHandlerProcess(env).start()]
-    try:
-        await finish_detached_run(log, "import-1")
-        await publish_finish_hook(log, "import-1")
+    async with two_handlers_with_a_finished_hook(log, env) as handlers:
         await eventually(lambda: retried(reconciler, 5), timeout=30)
         hooks = await log.jetstream.stream_info(log.subjects.hooks_stream)
-    finally:
-        for handler in handlers:
-            await handler.stop()
-            handler.print_lines()
     # The one message, called again after each lease: no copy called beside it.
     assert hooks.state.messages == 1
     assert sum(len(handler.called()) for handler in handlers) >= 2
@@ -91,14 +93,7 @@ async def test_a_plain_function_that_blocks_past_the_lease_is_not_called_by_anot
     await services("parent")
     # A synchronous hook (`time.sleep`, a blocking client) that takes over two leases.
     env = {**handler_env(service_env), "HOOK_BLOCKS_S": str(3 * LEASE_MS / 1000)}
-    handlers = [await HookHandlerProcess(env).start(), await HookHandlerProcess(env).start()]
-    try:
-        await finish_detached_run(log, "import-1")
-        await publish_finish_hook(log, "import-1")
+    async with two_handlers_with_a_finished_hook(log, env) as handlers:
         await eventually(lambda: finish_delivered(log, "import-1"), timeout=30)
-    finally:
-        for handler in handlers:
-            await handler.stop()
-            handler.print_lines()
     assert sorted(handler.called() for handler in handlers) == [[], ["import-1"]]
     assert await finish_delivered(log, "import-1") == 1
