@@ -20,7 +20,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from tether import tracing
-from tether.adapters.deliveries import DeliveryRecords
+from tether.adapters.deliveries import DeliveryRecords, delivery_key
 from tether.adapters.event_log import EventLog as JetStreamEventLog
 from tether.adapters.streams import StreamSettings, key_value
 from tether.contract.messages import (
@@ -240,7 +240,7 @@ class Deliverer:
         """Whether a handler's mark says it is calling this hook's function now
         (`handler_holds.still_held`)."""
         message_id = finish_message_id(state, status, method)
-        key = f"{state.parent.agent}.{state.parent.name}.{method}.{message_id}"
+        key = delivery_key(state.parent, method, message_id)
         mark = await self._records.held(state.parent, method, message_id)
         if mark is None:
             self._sightings.pop(key, None)
